@@ -1,0 +1,74 @@
+"""Parsing and formatting of sizes and counts: '7B', '80GB', '512G', '1.5e9'."""
+
+from __future__ import annotations
+
+import re
+
+from wizard.errors import InputError
+
+GiB = 1024**3
+MiB = 1024**2
+
+_COUNT_SUFFIX = {"": 1, "K": 10**3, "M": 10**6, "B": 10**9, "G": 10**9, "T": 10**12}
+# Memory sizes: GPU vendors and `free` both mean binary units when they say GB, so do we.
+_BYTES_SUFFIX = {
+    "": 1, "B": 1,
+    "K": 1024, "KB": 1024, "KIB": 1024,
+    "M": MiB, "MB": MiB, "MIB": MiB,
+    "G": GiB, "GB": GiB, "GIB": GiB,
+    "T": 1024**4, "TB": 1024**4, "TIB": 1024**4,
+}
+
+
+def parse_count(text: str | int | float, field: str) -> int:
+    """'7B' -> 7_000_000_000, '350M' -> 350_000_000, '1.5e9' -> 1_500_000_000. Positive only."""
+    if isinstance(text, bool):
+        raise InputError(field, f"{text!r} is not a number", "a positive count such as 7B, 350M or 1.5e9")
+    if isinstance(text, (int, float)):
+        value = float(text)
+    else:
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([kKmMbBgGtT]?)\s*", str(text))
+        if not m:
+            raise InputError(field, f"{text!r} is not a count", "a positive count such as 7B, 350M or 1.5e9")
+        value = float(m.group(1)) * _COUNT_SUFFIX[m.group(2).upper()]
+    if value <= 0:
+        raise InputError(field, f"{text!r} must be greater than zero", "a positive count such as 7B, 350M or 1.5e9")
+    return int(round(value))
+
+
+def parse_bytes(text: str | int, field: str) -> int:
+    """'80GB' / '80G' / '80GiB' -> 80 GiB in bytes. Positive only."""
+    if isinstance(text, bool):
+        raise InputError(field, f"{text!r} is not a size", "a size such as 80G, 512GB or 24GiB")
+    if isinstance(text, int):
+        value = float(text)
+    else:
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
+        if not m or m.group(2).upper() not in _BYTES_SUFFIX:
+            raise InputError(field, f"{text!r} is not a size", "a size such as 80G, 512GB or 24GiB")
+        value = float(m.group(1)) * _BYTES_SUFFIX[m.group(2).upper()]
+    if value <= 0:
+        raise InputError(field, f"{text!r} must be greater than zero", "a size such as 80G, 512GB or 24GiB")
+    return int(value)
+
+
+def fmt_bytes(n: int | float | None) -> str:
+    """Human size in binary units with one decimal: 1.5 GiB. None -> 'N/A'."""
+    if n is None:
+        return "N/A"
+    n = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if abs(n) < 1024 or unit == "PiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} PiB"
+
+
+def fmt_count(n: int | None) -> str:
+    """Parameter counts as people say them: 6.74B, 124M, 12.3K."""
+    if n is None:
+        return "N/A"
+    for div, suffix in ((10**12, "T"), (10**9, "B"), (10**6, "M"), (10**3, "K")):
+        if abs(n) >= div:
+            return f"{n / div:.3g}{suffix}" if n / div < 100 else f"{n / div:.0f}{suffix}"
+    return str(n)
