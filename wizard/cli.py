@@ -1,0 +1,236 @@
+"""Command line: `wizard` (TUI), `--plain`, `--non-interactive`, and the probe/plan/check/launch/attach/stop
+subcommands of DESIGN.md's CLI contract.
+
+Start-up matters: this module imports nothing heavy. Flags for the wizard's questions are generated
+from the question table, so the TUI, the plain prompts, the answers file and the flags cannot drift.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any, Sequence
+
+from wizard import __version__
+from wizard.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_NOTHING_FITS, InputError, WizardError
+
+SUBCOMMANDS = ("probe", "plan", "check", "launch", "attach", "stop")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but usage errors are one line and exit 2 like every other bad input."""
+
+    def error(self, message: str):  # noqa: D401 - argparse API
+        self.exit(EXIT_BAD_INPUT, f"wizard: error: {message} (see `{self.prog} --help`)\n")
+
+
+def _add_question_flags(parser: argparse.ArgumentParser) -> None:
+    from wizard.answers import cli_arguments
+    groups: dict[str, argparse._ArgumentGroup] = {}
+    for flag, kwargs in cli_arguments():
+        title = kwargs.pop("group", None) or "options"
+        group = groups.get(title) or parser.add_argument_group(title)
+        groups[title] = group
+        group.add_argument(flag, default=argparse.SUPPRESS, **kwargs)
+
+
+def _add_common_flags(parser: argparse.ArgumentParser, *, json_help: str) -> None:
+    g = parser.add_argument_group("input and output")
+    g.add_argument("--answers", metavar="FILE", default=argparse.SUPPRESS,
+                   help="YAML/JSON answers keyed by question id (flags win over the file)")
+    _add_hardware_flags(g)
+    g.add_argument("--output-dir", metavar="D", default=argparse.SUPPRESS,
+                   help="where default_config.yaml and ds_config.json go (default: accelerate's config dir)")
+    g.add_argument("--dry-run", action="store_true", default=argparse.SUPPRESS, help="write nothing")
+    g.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help=json_help)
+
+
+def _add_hardware_flags(g) -> None:
+    g.add_argument("--hardware", metavar="FILE", default=argparse.SUPPRESS,
+                   help="replay a saved `wizard probe --json` instead of probing this machine")
+    g.add_argument("--assume", metavar="SPEC", default=argparse.SUPPRESS,
+                   help="plan for another machine, e.g. 8xH100-80GB, 4xA100-40GB,ram=512G, 2xRTX4090")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="wizard", description=(
+        "Plan, configure, launch and watch multi-GPU Hugging Face training. Without a subcommand: the "
+        "interactive wizard (a full-screen TUI; --plain for inline prompts; --non-interactive for scripts)."),
+        epilog="subcommands: probe, plan, check, launch, attach, stop (wizard SUBCOMMAND --help)")
+    p.add_argument("--version", action="version", version=f"wizard {__version__}")
+    mode = p.add_argument_group("mode")
+    mode.add_argument("--non-interactive", action="store_true", default=False,
+                      help="never prompt: flags > --answers FILE > recommended defaults")
+    mode.add_argument("--plain", action="store_true", default=False,
+                      help="ask the questions inline (no full-screen app); also used when TERM=dumb")
+    _add_common_flags(p, json_help="print the machine-readable result")
+    _add_question_flags(p)
+    return p
+
+
+def build_subparser(name: str) -> argparse.ArgumentParser:
+    if name in ("check", "launch", "attach", "stop"):
+        return _registered_subparser(name)
+    p = _Parser(prog=f"wizard {name}")
+    if name == "probe":
+        p.description = "What this machine has: GPUs (NVML), interconnect, CPU, RAM, disk, library versions."
+        g = p.add_argument_group("input and output")
+        _add_hardware_flags(g)
+        g.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON")
+        g.add_argument("--output-dir", metavar="D", default=argparse.SUPPRESS,
+                       help="directory whose free disk is reported (default: accelerate's config dir)")
+        g.add_argument("--nvme-path", metavar="P", default=argparse.SUPPRESS,
+                       help="candidate NVMe offload path whose free disk is reported")
+        p.set_defaults(func=cmd_probe)
+        return p
+    if name == "plan":
+        p.description = "The memory ladder and the choice, with every rung's per-GPU arithmetic. Writes nothing."
+        _add_common_flags(p, json_help="print the machine-readable plan")
+        _add_question_flags(p)
+        p.set_defaults(func=cmd_plan)
+        return p
+    raise ValueError(name)
+
+
+def _registered_subparser(name: str) -> argparse.ArgumentParser:
+    """check/launch/attach/stop own their flags; they register on a parser whose prog is `wizard`."""
+    sub = _Parser(prog="wizard").add_subparsers(dest="command")
+    if name == "check":
+        from wizard.check_cli import register
+    else:
+        from launch.commands import register
+    register(sub)
+    return sub.choices[name]
+
+
+def _given(ns: argparse.Namespace) -> dict[str, Any]:
+    """Question answers: the answers file first, flags over it."""
+    from wizard.answers import load_answers_file, merge_given, values_from_namespace
+    from_file = load_answers_file(ns.answers) if getattr(ns, "answers", None) else {}
+    return merge_given(values_from_namespace(ns), from_file)
+
+
+def _request(ns: argparse.Namespace):
+    from wizard.pipeline import Request
+    return Request(given=_given(ns), hardware_file=getattr(ns, "hardware", None), assume=getattr(ns, "assume", None),
+                   output_dir=getattr(ns, "output_dir", None), dry_run=bool(getattr(ns, "dry_run", False)))
+
+
+# ----------------------------------------------------------------------------- commands
+
+def cmd_probe(ns: argparse.Namespace) -> int:
+    from wizard import hardware
+    from wizard.pipeline import default_output_dir, load_hardware
+    hw = load_hardware(getattr(ns, "hardware", None), getattr(ns, "assume", None),
+                       getattr(ns, "output_dir", None) or default_output_dir(), getattr(ns, "nvme_path", None))
+    if getattr(ns, "json", False):
+        print(json.dumps(hw.to_json(), indent=2, sort_keys=True))
+        return 0
+    for line in hardware.describe(hw):
+        print(line)
+    for line in hardware.warnings(hw):
+        print(f"warning: {line}")
+    return 0
+
+
+def cmd_plan(ns: argparse.Namespace) -> int:
+    from wizard import report
+    from wizard.pipeline import build
+    req = _request(ns)
+    result = build(req)
+    if getattr(ns, "json", False):
+        from wizard.pipeline import to_json
+        doc = to_json(result)
+        doc["files"] = {"accelerate_config": None, "deepspeed_config": None}
+        print(json.dumps(doc, indent=2, sort_keys=True, default=str))
+    else:
+        report.print_plan(result)
+    return _nothing_fits_exit(result)
+
+
+def _nothing_fits_exit(result) -> int:
+    if result.plan.choice is not None:
+        return 0
+    from wizard import report
+    print(f"wizard: {report.nothing_fits_message(result)}", file=sys.stderr)
+    return EXIT_NOTHING_FITS
+
+
+def cmd_non_interactive(ns: argparse.Namespace) -> int:
+    from wizard import report
+    from wizard.pipeline import build, to_json, validate, write
+    req = _request(ns)
+    if not req.dry_run:
+        from wizard.fsutil import check_writable_dir
+        from wizard.pipeline import default_output_dir
+        check_writable_dir(os.path.abspath(os.path.expanduser(req.output_dir or default_output_dir())))
+    result = build(req)
+    as_json = bool(getattr(ns, "json", False))
+    if result.plan.choice is None:
+        if as_json:
+            print(json.dumps(to_json(result), indent=2, sort_keys=True, default=str))
+        else:
+            report.print_plan(result)
+        return _nothing_fits_exit(result)
+    validate(result)
+    if result.errors:
+        if as_json:
+            print(json.dumps(to_json(result), indent=2, sort_keys=True, default=str))
+        report.print_findings(result.findings, file=sys.stderr)
+        print("wizard: the generated configuration failed validation; nothing was written", file=sys.stderr)
+        return 1
+    if not req.dry_run:
+        write(result, req.given)
+    if as_json:
+        doc = to_json(result)
+        if req.dry_run:
+            doc["files"] = {"accelerate_config": None, "deepspeed_config": None}
+        print(json.dumps(doc, indent=2, sort_keys=True, default=str))
+    else:
+        report.print_plan(result)
+        report.print_written(result, dry_run=req.dry_run)
+    return 0
+
+
+def cmd_interactive(ns: argparse.Namespace) -> int:
+    plain = ns.plain or os.environ.get("TERM") == "dumb"
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+        print("wizard: no terminal here (stdin/stdout is not a TTY); use `wizard --non-interactive ...` "
+              "or connect with `ssh -t`", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    req = _request(ns)
+    if plain:
+        from wizard.prompts import run_plain
+        return run_plain(req)
+    from wizard.tui import run_tui
+    return run_tui(req)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if argv and argv[0] in SUBCOMMANDS:
+            parser = build_subparser(argv[0])
+            ns = parser.parse_args(argv[1:])
+            return int(ns.func(ns) or 0)
+        ns = build_parser().parse_args(argv)
+        if ns.non_interactive:
+            return cmd_non_interactive(ns)
+        return cmd_interactive(ns)
+    except InputError as e:
+        print(f"wizard: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except WizardError as e:
+        print(f"wizard: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("wizard: interrupted; nothing written", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,185 @@
+"""The one pipeline every front end drives: hardware -> answers -> model -> plan -> files -> validation -> write.
+
+The CLI (`--non-interactive`, `plan`), the plain prompts and the TUI all call these functions; none
+re-implements a step. Heavy libraries are imported only by `size`/`validate` steps, lazily.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from wizard import answers as answers_mod
+from wizard import hardware as hardware_mod
+from wizard.errors import InputError
+from wizard.hardware import Hardware
+from wizard.model import ModelShape
+from wizard.plan import Plan
+
+PLAN_FILE = "wizard_plan.json"
+PRE_PLAN_STAGES = ("model", "training", "strategy", "machines")
+
+
+def default_output_dir() -> str:
+    """accelerate's config dir: $HF_HOME/accelerate or ${XDG_CACHE_HOME:-~/.cache}/huggingface/accelerate."""
+    hf_home = os.environ.get("HF_HOME") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join("~", ".cache"), "huggingface")
+    return os.path.join(os.path.expanduser(hf_home), "accelerate")
+
+
+@dataclass
+class Request:
+    """Everything a front end collected; `given` maps question ids to raw values (flags > answers file)."""
+    given: dict[str, Any] = field(default_factory=dict)
+    hardware_file: str | None = None
+    assume: str | None = None
+    output_dir: str | None = None
+    dry_run: bool = False
+
+
+@dataclass
+class Result:
+    hardware: Hardware
+    model: ModelShape
+    plan: Plan
+    answers: dict[str, Any]
+    output_dir: str
+    yaml_path: str
+    ds_path: str | None
+    accelerate_doc: dict[str, Any] | None = None
+    ds_doc: dict[str, Any] | None = None
+    yaml_text: str | None = None
+    ds_text: str | None = None
+    findings: list = field(default_factory=list)
+    writes: list = field(default_factory=list)
+
+    @property
+    def errors(self) -> list:
+        return [f for f in self.findings if f.severity == "error"]
+
+
+def load_hardware(hardware_file: str | None, assume: str | None, output_dir: str | None = None,
+                  nvme_path: str | None = None) -> Hardware:
+    if hardware_file and assume:
+        raise InputError("hardware", "use either --hardware FILE or --assume SPEC, not both")
+    if hardware_file:
+        return hardware_mod.load_file(hardware_file)
+    if assume:
+        return hardware_mod.assume(assume)
+    return hardware_mod.probe(output_dir=output_dir or default_output_dir(), nvme_path=nvme_path)
+
+
+def context(hw: Hardware, model: ModelShape | None, plan: Plan | None, answers: dict[str, Any]):
+    from wizard.questions import Context
+    return Context(hardware=hw, model=model, plan=plan, answers=dict(answers))
+
+
+def resolve_pre_plan(hw: Hardware, given: dict[str, Any]) -> dict[str, Any]:
+    """Answers for the questions asked before the plan (model, training, strategy, machines)."""
+    return answers_mod.resolve(PRE_PLAN_STAGES, context(hw, None, None, {}), given)
+
+
+def size(answers: dict[str, Any]) -> ModelShape:
+    from wizard import model as model_mod
+    if answers.get("model"):
+        return model_mod.size_model(answers["model"])
+    if answers.get("params"):
+        return model_mod.from_params(answers["params"], hidden_size=answers.get("hidden_size"),
+                                     layers=answers.get("layers"), heads=answers.get("heads"),
+                                     vocab_size=answers.get("vocab_size"))
+    raise InputError("model", "no model given", "--model ID_OR_PATH or --params 7B")
+
+
+def make_plan(hw: Hardware, model: ModelShape, answers: dict[str, Any]) -> Plan:
+    from wizard import plan as plan_mod
+    return plan_mod.make_plan(hw, model, answers_mod.training_options(answers),
+                              answers_mod.strategy_options(answers), answers_mod.topology(answers, hw))
+
+
+def resolve_details(hw: Hardware, model: ModelShape, plan: Plan, answers: dict[str, Any],
+                    given: dict[str, Any]) -> dict[str, Any]:
+    details = answers_mod.resolve(("details",), context(hw, model, plan, answers), given)
+    return {**answers, **details}
+
+
+def render(result: Result) -> None:
+    """Fill the documents and their text from the answers and the plan (nothing written)."""
+    from wizard import emit
+    result.ds_doc = emit.deepspeed_config(result.answers, result.plan, result.model)
+    ds_path = result.ds_path if result.ds_doc is not None else None
+    result.accelerate_doc = emit.accelerate_config(result.answers, result.plan, ds_path)
+    result.yaml_text = emit.render_yaml(result.accelerate_doc)
+    result.ds_text = None if result.ds_doc is None else emit.render_json(result.ds_doc)
+
+
+def validate(result: Result) -> None:
+    """Load the rendered files with accelerate, DeepSpeed and transformers (in a scratch dir)."""
+    import tempfile
+    from wizard import validate as validate_mod
+    with tempfile.TemporaryDirectory(prefix="wizard-validate-") as tmp:
+        ds_tmp = None
+        yaml_text = result.yaml_text
+        if result.ds_text is not None:
+            ds_tmp = os.path.join(tmp, "ds_config.json")
+            Path(ds_tmp).write_text(result.ds_text)
+            # The YAML names the final path; point the scratch copy at the scratch JSON.
+            yaml_text = yaml_text.replace(result.ds_path, ds_tmp)
+        yaml_tmp = os.path.join(tmp, "default_config.yaml")
+        Path(yaml_tmp).write_text(yaml_text)
+        result.findings = list(validate_mod.validate_all(yaml_tmp, ds_tmp, result.answers, result.plan, result.model))
+
+
+def build(request: Request, hw: Hardware | None = None) -> Result:
+    """Everything but writing: the same decisions for every front end."""
+    output_dir = os.path.abspath(os.path.expanduser(request.output_dir or default_output_dir()))
+    if hw is None:
+        hw = load_hardware(request.hardware_file, request.assume, output_dir,
+                           request.given.get("nvme_path"))
+    answers = resolve_pre_plan(hw, request.given)
+    model = size(answers)
+    plan = make_plan(hw, model, answers)
+    result = Result(hardware=hw, model=model, plan=plan, answers=answers, output_dir=output_dir,
+                    yaml_path=os.path.join(output_dir, "default_config.yaml"),
+                    ds_path=os.path.join(output_dir, "ds_config.json"))
+    if plan.choice is None:
+        return result
+    result.answers = resolve_details(hw, model, plan, answers, request.given)
+    render(result)
+    return result
+
+
+def plan_record(result: Result, given: dict[str, Any]) -> str:
+    """What the launcher reads after a CUDA OOM to name the next rung and the command that makes it."""
+    doc = {"plan": result.plan.to_json(), "model": result.model.to_json(),
+           "given": {k: v for k, v in given.items() if v is not None}}
+    return json.dumps(doc, indent=2, sort_keys=True, default=str) + "\n"
+
+
+def write(result: Result, given: dict[str, Any]) -> list:
+    """Atomic writes with .bak kept; refuses when validation found an error."""
+    from wizard import emit
+    if result.errors:
+        raise RuntimeError("refusing to write configs with validation errors")
+    writes = emit.write_files(result.yaml_text, result.ds_text, result.output_dir, dry_run=False)
+    from wizard.fsutil import write_atomic
+    write_atomic(os.path.join(result.output_dir, PLAN_FILE), plan_record(result, given))
+    result.writes = writes
+    return writes
+
+
+def to_json(result: Result) -> dict[str, Any]:
+    files = {"accelerate_config": None, "deepspeed_config": None}
+    if result.writes or result.yaml_text:
+        files["accelerate_config"] = result.yaml_path
+        files["deepspeed_config"] = result.ds_path if result.ds_text is not None else None
+    return {
+        "hardware": result.hardware.to_json(),
+        "model": result.model.to_json(),
+        "plan": result.plan.to_json(),
+        "answers": {k: v for k, v in result.answers.items()},
+        "files": files,
+        "findings": [f.__dict__ for f in result.findings],
+    }

@@ -1,0 +1,100 @@
+"""Plain-text reports for the CLI: the ladder with its arithmetic, findings, what was written."""
+
+from __future__ import annotations
+
+import sys
+from typing import TextIO
+
+from wizard.units import fmt_bytes, fmt_count
+
+
+def hardware_line(hw) -> str:
+    if hw.gpus:
+        names = sorted({g.name for g in hw.gpus})
+        return (f"{hw.num_gpus} x {'/'.join(names)} ({fmt_bytes(hw.min_gpu_memory)} each"
+                f"{', bf16' if hw.all_bf16 else ''}), RAM {fmt_bytes(hw.ram_total)} [{hw.source}]")
+    return f"no GPU ({hw.gpu_reason or 'none found'}), {hw.cpu_cores} CPU cores, RAM {fmt_bytes(hw.ram_total)} [{hw.source}]"
+
+
+def model_line(m) -> str:
+    exact = "exact" if m.exact else "estimated from --params"
+    return (f"{m.source or m.model_type}: {fmt_count(m.params)} parameters ({m.params:,}, {exact}); "
+            f"hidden {m.hidden_size}, {m.layers} layers, {m.heads} heads ({m.kv_heads} KV), vocab {m.vocab_size:,}, "
+            f"largest layer {fmt_count(m.largest_layer_params)}"
+            + (f", layer class {m.layer_class}" if m.layer_class else ""))
+
+
+def print_plan(result, file: TextIO | None = None) -> None:
+    out = file or sys.stdout
+    plan = result.plan
+    print(f"Hardware: {hardware_line(result.hardware)}", file=out)
+    print(f"Model:    {model_line(result.model)}", file=out)
+    topo = plan.topology
+    kind = "CPU processes" if topo.cpu else "GPU processes"
+    print(f"Budget:   {fmt_bytes(plan.usable_bytes)} usable per process of {fmt_bytes(plan.gpu_capacity_bytes)}; "
+          f"{topo.world_size} {kind} on {topo.num_machines} machine(s); precision {plan.precision}", file=out)
+    for note in plan.notes:
+        print(f"Note:     {note}", file=out)
+    print("", file=out)
+    width = max((len(r.name) for r in plan.rungs), default=10)
+    for r in plan.rungs:
+        mark = "=>" if plan.choice is not None and r.key == plan.choice.key else "  "
+        verdict = "fits" if r.fits else "does not fit"
+        gc = " +GC" if r.gradient_checkpointing else ""
+        print(f"{mark} {r.name + gc:<{width + 4}} {fmt_bytes(r.per_gpu_bytes):>10} per GPU   {verdict}", file=out)
+        parts = ", ".join(f"{k} {fmt_bytes(v)}" for k, v in r.breakdown.items() if v)
+        print(f"     {parts}", file=out)
+        if r.cpu_bytes:
+            print(f"     host RAM {fmt_bytes(r.cpu_bytes)}", file=out)
+        print(f"     {r.reason}", file=out)
+    print("", file=out)
+    if plan.choice is not None:
+        print(f"Choice:   {plan.choice.name}"
+              + (" with gradient checkpointing" if plan.choice.gradient_checkpointing else ""), file=out)
+
+
+def nothing_fits_message(result) -> str:
+    from wizard import answers as answers_mod
+    from wizard.plan import explain_nothing_fits
+    a = result.answers
+    return explain_nothing_fits(result.plan, result.hardware, result.model, answers_mod.training_options(a),
+                                answers_mod.strategy_options(a), answers_mod.topology(a, result.hardware))
+
+
+def print_findings(findings, file: TextIO | None = None) -> None:
+    out = file or sys.stdout
+    for f in findings:
+        where = f"{f.file}" + (f":{f.key}" if f.key else "")
+        line = f"{f.severity}: [{f.rule}] {where}: {f.message}"
+        if getattr(f, "fix", None):
+            line += f" Fix: {f.fix}"
+        print(line, file=out)
+
+
+def print_written(result, dry_run: bool, file: TextIO | None = None) -> None:
+    out = file or sys.stdout
+    if result.plan.topology.cpu:
+        print(f"Wrote a CPU-only configuration: {result.plan.topology.world_size} CPU process(es), "
+              "DeepSpeed's CPU accelerator over gloo, fp32 (no GPU on this machine).", file=out)
+    if dry_run:
+        print(f"Dry run: nothing written. Would write {result.yaml_path}"
+              + (f" and {result.ds_path}" if result.ds_text is not None else ""), file=out)
+        return
+    for w in result.writes:
+        if not w.changed:
+            print(f"Unchanged: {w.path}", file=out)
+            continue
+        backup = f" (previous kept as {w.backup_path})" if w.backup_path else ""
+        print(f"Wrote {w.path}{backup}", file=out)
+        if w.diff:
+            lines = w.diff.splitlines()
+            shown = lines[:40]
+            for line in shown:
+                print(f"    {line}", file=out)
+            if len(lines) > len(shown):
+                print(f"    ... {len(lines) - len(shown)} more diff lines", file=out)
+    warnings = [f for f in result.findings if f.severity == "warning"]
+    print("Validated with accelerate, DeepSpeed and transformers: "
+          + ("OK" if not warnings else f"OK with {len(warnings)} warning(s)"), file=out)
+    print_findings(warnings, file=out)
+    print(f"Next: wizard launch --config-file {result.yaml_path} -- your_train.py [args]", file=out)
