@@ -1,0 +1,161 @@
+"""The real `wizard` CLI, end to end, in subprocesses: start-up hygiene, no-TTY behaviour, bad input, exit codes."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+FIX = ROOT / "tests" / "fixtures"
+HEAVY = ("torch", "transformers", "deepspeed")
+
+
+def run(args, *, env=None, cwd=None, timeout=300, stdin=subprocess.DEVNULL):
+    e = {**os.environ, **(env or {})}
+    return subprocess.run([sys.executable, "-m", "wizard", *args], capture_output=True, text=True,
+                          env=e, cwd=cwd, timeout=timeout, stdin=stdin)
+
+
+def imported_heavy(args) -> list[str]:
+    code = ("import sys, runpy\nsys.argv = ['wizard'] + %r\n"
+            "try:\n    runpy.run_module('wizard', run_name='__main__')\nexcept SystemExit:\n    pass\n"
+            "sys.stdout.flush()\nsys.stderr.write('\\nHEAVY=' + ','.join(m for m in %r if m in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", code % (list(args), HEAVY)], capture_output=True, text=True,
+                         timeout=120)
+    line = [x for x in out.stderr.splitlines() if x.startswith("HEAVY=")][-1]
+    return [m for m in line[len("HEAVY="):].split(",") if m]
+
+
+@pytest.mark.parametrize("args", [
+    ["--help"],
+    ["probe", "--json"],
+    ["plan", "--params", "7B", "--assume", "8xA100-80GB", "--json"],
+])
+def test_light_commands_do_not_import_heavy_libraries(args):
+    assert imported_heavy(args) == []
+
+
+def test_core_never_imports_a_ui_toolkit():
+    code = ("import sys\nimport wizard.hardware, wizard.model, wizard.memory, wizard.plan, wizard.questions, "
+            "wizard.answers, wizard.emit, wizard.validate, wizard.pipeline, wizard.report\n"
+            "bad = [m for m in ('textual', 'questionary', 'prompt_toolkit', 'torch', 'transformers', 'deepspeed') "
+            "if m in sys.modules]\nprint(bad)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+def test_probe_on_a_machine_without_gpu_is_clean():
+    out = run(["probe", "--json"], env={"WIZARD_FAKE_NVML": ""})
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["gpus"] == [] and doc["gpu_reason"]
+    text = run(["probe"], env={"WIZARD_FAKE_NVML": ""})
+    assert text.returncode == 0 and "Traceback" not in text.stderr
+
+
+def test_interactive_without_a_terminal_says_so_and_exits_2():
+    out = run([])
+    assert out.returncode == 2
+    assert "--non-interactive" in out.stderr and "ssh -t" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+    assert "\x1b[" not in out.stdout + out.stderr  # no escape codes from a full-screen app
+
+
+def test_plan_json_shape():
+    out = run(["plan", "--params", "7B", "--assume", "8xA100-80GB", "--json"])
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert set(doc) >= {"hardware", "model", "plan", "files"}
+    choice = doc["plan"]["choice"]
+    assert set(choice) >= {"backend", "zero_stage", "offload_optimizer", "offload_param",
+                           "gradient_checkpointing", "per_gpu_bytes", "cpu_bytes"}
+    for rung in doc["plan"]["rungs"]:
+        assert set(rung) >= {"name", "fits", "per_gpu_bytes", "cpu_bytes", "breakdown", "reason"}
+    assert doc["files"] == {"accelerate_config": None, "deepspeed_config": None}
+
+
+def test_nothing_fits_exits_3_and_says_what_would():
+    out = run(["--non-interactive", "--params", "405B", "--assume", "1xRTX4090,ram=32G", "--dry-run"])
+    assert out.returncode == 3, out.stderr
+    assert "Traceback" not in out.stderr
+    assert "GiB" in out.stderr
+
+
+def _digest(d: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(d.iterdir())}
+
+
+BAD_INPUTS = [
+    (["--params", "abc"], "params"),
+    (["--params", "-7B"], "params"),
+    (["--params", "0"], "params"),
+    (["--params", "7B", "--seq-len", "0"], "seq"),
+    (["--params", "7B", "--micro-batch", "-1"], "micro"),
+    (["--params", "7B", "--micro-batch", "two"], "micro"),
+    (["--params", "7B", "--precision", "bf17"], "precision"),
+    (["--params", "7B", "--backend", "megatron"], "backend"),
+    (["--params", "7B", "--zero-stage", "4"], "zero"),
+    (["--params", "7B", "--num-processes", "16"], "num"),
+    (["--params", "7B", "--num-machines", "2", "--machine-rank", "2", "--main-process-ip", "10.0.0.1"], "rank"),
+    (["--params", "7B", "--num-machines", "2", "--main-process-ip", "999.1.1.1"], "ip"),
+    (["--params", "7B", "--num-machines", "2", "--main-process-ip", "10.0.0.1", "--main-process-port", "70000"],
+     "port"),
+    (["--params", "7B", "--offload", "nvme", "--nvme-path", "/does/not/exist"], "nvme"),
+    (["--model", str(FIX / "models" / "no-config")], "model"),
+    (["--model", str(FIX / "models" / "corrupt")], "model"),
+    (["--model", "nobody/not-a-cached-model"], "model"),
+    (["--assume", "8xH900-80GB", "--params", "7B"], "assume"),
+    (["--assume", "0xA100-80GB", "--params", "7B"], "assume"),
+    (["--answers", str(FIX / "answers" / "unknown-key.yaml")], "answers"),
+    (["--answers", str(FIX / "answers" / "wrong-type.yaml")], "answers"),
+]
+
+
+@pytest.mark.parametrize("args,field", BAD_INPUTS, ids=[" ".join(a) for a, _ in BAD_INPUTS])
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(args, field, tmp_path):
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    (out_dir / "default_config.yaml").write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: 'NO'\n")
+    before = _digest(out_dir)
+    argv = ["--non-interactive", *args, "--output-dir", str(out_dir)]
+    if "--assume" not in args:
+        argv += ["--assume", "8xA100-80GB"]
+    out = run(argv)
+    assert out.returncode == 2, (out.returncode, out.stdout, out.stderr)
+    assert "Traceback" not in out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1, out.stderr
+    assert field in lines[0].lower()
+    assert _digest(out_dir) == before
+
+
+def test_unwritable_output_dir_is_bad_input(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    out = run(["--non-interactive", "--params", "7B", "--assume", "8xA100-80GB", "--output-dir", str(blocker / "sub")])
+    assert out.returncode == 2
+    assert "output" in out.stderr.lower() and "Traceback" not in out.stderr
+
+
+@pytest.mark.slow
+def test_non_interactive_writes_validated_files_and_keeps_a_backup(tmp_path):
+    out_dir = tmp_path / "out"
+    args = ["--non-interactive", "--assume", "8xA100-80GB", "--params", "13B", "--output-dir", str(out_dir)]
+    first = run(args)
+    assert first.returncode == 0, first.stderr
+    yaml_text = (out_dir / "default_config.yaml").read_text()
+    assert "deepspeed_config_file: " + str(out_dir / "ds_config.json") in yaml_text
+    second = run(args[:-2] + ["--grad-accum", "4", "--trainer", "accelerate", "--output-dir", str(out_dir)])
+    assert second.returncode == 0, second.stderr
+    assert (out_dir / "ds_config.json.bak").exists()
+    assert "Wrote" in second.stdout
+    dry = run(args + ["--dry-run", "--micro-batch", "2"])
+    assert dry.returncode == 0
+    assert "nothing written" in dry.stdout.lower()
