@@ -1,0 +1,192 @@
+"""The GPUs `--assume` and the fake NVML know: memory, compute capability, NVLink, names.
+
+Memory is what NVML (and so nvidia-smi, and the planner on a real machine) reports as the
+device's total, not the marketing figure: an "80GB" H100 reports 81559 MiB, an "80GB" A100
+81920 MiB, a "24GB" RTX 4090 24564 MiB. The figures come from public nvidia-smi outputs of
+each part with its default ECC setting; a driver or an ECC toggle moves them by a few
+hundred MiB, which the planner's headroom absorbs.
+
+Lookup (`lookup(text)`) accepts the canonical name ("H100-80GB"), the model alone ("h100",
+"RTX4090", "4090"), NVML's own names ("NVIDIA A100-SXM4-40GB") and form-factor words
+("H100-PCIe-80GB", "A100-SXM4-80GB"), case-insensitive, with or without "-", "_" or spaces.
+When a model comes in several memory sizes and none is given, the most common size is
+taken and the choice is said in the returned note (e.g. "V100" -> V100-32GB). When several
+form factors share a model and memory (A100-80GB SXM and PCIe), the first in `CATALOGUE`
+wins: the SXM board, which is what 4- and 8-GPU training servers carry.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from wizard.errors import InputError
+
+MiB = 1024**2
+GiB = 1024**3
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    name: str                          # canonical: "H100-80GB", "RTX4090-24GB"
+    nvml_name: str                     # what NVML reports: "NVIDIA H100 80GB HBM3"
+    memory: int                        # bytes, NVML's total (see module doc)
+    compute_capability: tuple[int, int]
+    nvlink: bool                       # a multi-GPU server of this part joins every pair by NVLink
+    keys: tuple[str, ...]              # normalised model names that mean this part
+    mem_tags: tuple[int, ...]          # the "NN GB" figures people write for it
+    kind: str = "datacenter"           # "datacenter" | "workstation" | "consumer"
+
+    @property
+    def bf16(self) -> bool:
+        return self.compute_capability >= (8, 0)
+
+    @property
+    def consumer(self) -> bool:
+        return self.kind == "consumer"
+
+
+def _mib(n: int) -> int:
+    return n * MiB
+
+
+# Order matters: for a model + memory shared by several entries the first one wins, and
+# `_MOST_COMMON` picks the size when none is given.
+CATALOGUE: tuple[GpuSpec, ...] = (
+    # Blackwell / Hopper
+    GpuSpec("B200-180GB", "NVIDIA B200", _mib(183359), (10, 0), True, ("B200", "B200SXM"), (180, 192)),
+    GpuSpec("GH200-96GB", "NVIDIA GH200 480GB", _mib(97871), (9, 0), True, ("GH200",), (96, 480)),
+    GpuSpec("H200-141GB", "NVIDIA H200", _mib(143771), (9, 0), True, ("H200", "H200SXM"), (141, 140)),
+    GpuSpec("H100-80GB", "NVIDIA H100 80GB HBM3", _mib(81559), (9, 0), True,
+            ("H100", "H100SXM", "H100SXM5"), (80,)),
+    GpuSpec("H100-PCIe-80GB", "NVIDIA H100 PCIe", _mib(81559), (9, 0), False, ("H100PCIE",), (80,)),
+    # H100 NVL: 94 GB nominal, pairs joined by an NVLink bridge, not every pair in a server.
+    GpuSpec("H100-NVL-94GB", "NVIDIA H100 NVL", _mib(95830), (9, 0), False, ("H100NVL", "H100"), (94, 96)),
+    GpuSpec("H800-80GB", "NVIDIA H800", _mib(81559), (9, 0), True, ("H800", "H800SXM"), (80,)),
+    # Ampere data centre
+    GpuSpec("A100-80GB", "NVIDIA A100-SXM4-80GB", _mib(81920), (8, 0), True,
+            ("A100", "A100SXM", "A100SXM4"), (80,)),
+    GpuSpec("A100-40GB", "NVIDIA A100-SXM4-40GB", _mib(40960), (8, 0), True,
+            ("A100", "A100SXM", "A100SXM4"), (40,)),
+    GpuSpec("A100-PCIe-80GB", "NVIDIA A100 80GB PCIe", _mib(81920), (8, 0), False, ("A100PCIE",), (80,)),
+    GpuSpec("A100-PCIe-40GB", "NVIDIA A100-PCIE-40GB", _mib(40960), (8, 0), False, ("A100PCIE",), (40,)),
+    GpuSpec("A800-80GB", "NVIDIA A800-SXM4-80GB", _mib(81920), (8, 0), True, ("A800", "A800SXM", "A800SXM4"), (80,)),
+    GpuSpec("A40-48GB", "NVIDIA A40", _mib(46068), (8, 6), False, ("A40",), (48,)),
+    GpuSpec("A30-24GB", "NVIDIA A30", _mib(24576), (8, 0), False, ("A30",), (24,)),
+    GpuSpec("A10-24GB", "NVIDIA A10", _mib(23028), (8, 6), False, ("A10",), (24,)),
+    GpuSpec("A10G-24GB", "NVIDIA A10G", _mib(23028), (8, 6), False, ("A10G",), (24,)),
+    # Ada data centre
+    GpuSpec("L40S-48GB", "NVIDIA L40S", _mib(46068), (8, 9), False, ("L40S",), (48,)),
+    GpuSpec("L40-48GB", "NVIDIA L40", _mib(46068), (8, 9), False, ("L40",), (48,)),
+    GpuSpec("L4-24GB", "NVIDIA L4", _mib(23034), (8, 9), False, ("L4",), (24,)),
+    # Volta / Turing (no bf16)
+    GpuSpec("V100-32GB", "Tesla V100-SXM2-32GB", _mib(32768), (7, 0), True,
+            ("V100", "V100SXM2", "V100SXM"), (32,)),
+    GpuSpec("V100-16GB", "Tesla V100-SXM2-16GB", _mib(16384), (7, 0), True,
+            ("V100", "V100SXM2", "V100SXM"), (16,)),
+    GpuSpec("T4-16GB", "Tesla T4", _mib(15360), (7, 5), False, ("T4",), (16, 15)),
+    # Workstation
+    GpuSpec("RTX6000Ada-48GB", "NVIDIA RTX 6000 Ada Generation", _mib(49140), (8, 9), False,
+            ("RTX6000ADA", "RTX6000ADAGENERATION", "6000ADA"), (48,), "workstation"),
+    GpuSpec("RTXA6000-48GB", "NVIDIA RTX A6000", _mib(49140), (8, 6), False, ("RTXA6000", "A6000"), (48,),
+            "workstation"),
+    GpuSpec("RTXA5000-24GB", "NVIDIA RTX A5000", _mib(24564), (8, 6), False, ("RTXA5000", "A5000"), (24,),
+            "workstation"),
+    GpuSpec("RTXA4000-16GB", "NVIDIA RTX A4000", _mib(16376), (8, 6), False, ("RTXA4000", "A4000"), (16,),
+            "workstation"),
+    # GeForce
+    GpuSpec("RTX5090-32GB", "NVIDIA GeForce RTX 5090", _mib(32607), (12, 0), False, ("RTX5090", "5090"), (32,),
+            "consumer"),
+    GpuSpec("RTX4090-24GB", "NVIDIA GeForce RTX 4090", _mib(24564), (8, 9), False, ("RTX4090", "4090"), (24,),
+            "consumer"),
+    GpuSpec("RTX4080-16GB", "NVIDIA GeForce RTX 4080", _mib(16376), (8, 9), False, ("RTX4080", "4080"), (16,),
+            "consumer"),
+    GpuSpec("RTX3090Ti-24GB", "NVIDIA GeForce RTX 3090 Ti", _mib(24564), (8, 6), False,
+            ("RTX3090TI", "3090TI"), (24,), "consumer"),
+    GpuSpec("RTX3090-24GB", "NVIDIA GeForce RTX 3090", _mib(24576), (8, 6), False, ("RTX3090", "3090"), (24,),
+            "consumer"),
+)
+
+# The size taken when a model is named without one: what clouds and clusters mostly carry.
+_MOST_COMMON = {"H100": "H100-80GB", "A100": "A100-80GB", "A100SXM": "A100-80GB", "A100SXM4": "A100-80GB",
+                "A100PCIE": "A100-PCIe-80GB", "V100": "V100-32GB", "V100SXM2": "V100-32GB",
+                "V100SXM": "V100-32GB"}
+
+# Words that carry no identity: vendor and brand prefixes, memory technology, "Generation".
+_NOISE = re.compile(r"NVIDIA|TESLA|GEFORCE|QUADRO|HBM3E|HBM3|HBM2E|HBM2|GDDR6X|GDDR6|GDDR7|GENERATION")
+# A memory figure is a separate token: "A100-40GB", "H100 80GB", never the "10G" inside "A10G".
+_MEM_TOKEN = re.compile(r"(?:^|[-_\s])(\d+)\s*(?:GB|GIB|G)(?=$|[-_\s])", re.IGNORECASE)
+
+
+def names() -> list[str]:
+    return [spec.name for spec in CATALOGUE]
+
+
+def by_name(name: str) -> GpuSpec:
+    for spec in CATALOGUE:
+        if spec.name == name:
+            return spec
+    raise KeyError(name)
+
+
+def _split(text: str) -> tuple[str, int | None]:
+    """'A100-SXM4-40GB' -> ('A100SXM4', 40); 'rtx 4090' -> ('RTX4090', None)."""
+    raw = text.strip()
+    mems = _MEM_TOKEN.findall(raw)
+    without_mem = _MEM_TOKEN.sub(" ", raw)
+    key = re.sub(r"[-_\s]+", "", without_mem.upper())
+    key = _NOISE.sub("", key)
+    return key, (int(mems[0]) if mems else None)
+
+
+def resolve(text: str, field: str = "assume") -> tuple[GpuSpec, str | None]:
+    """The catalogue entry `text` names, and a note when a memory size had to be chosen.
+
+    Raises InputError(field, ...) naming the allowed names when nothing (or not that memory
+    size of the model) is in the catalogue.
+    """
+    if not isinstance(text, str) or not text.strip():
+        raise InputError(field, f"{text!r} is not a GPU name", ", ".join(names()))
+    exact = {spec.name.upper(): spec for spec in CATALOGUE}
+    if text.strip().upper() in exact:
+        return exact[text.strip().upper()], None
+    key, mem = _split(text)
+    candidates = [spec for spec in CATALOGUE if key in spec.keys]
+    if not candidates:
+        raise InputError(field, f"unknown GPU {text.strip()!r}", ", ".join(names()))
+    if mem is not None:
+        sized = [spec for spec in candidates if mem in spec.mem_tags]
+        if not sized:
+            raise InputError(field, f"no {mem} GB variant of {text.strip()!r} in the catalogue",
+                             ", ".join(spec.name for spec in candidates))
+        return sized[0], None
+    sizes = sorted({spec.mem_tags[0] for spec in candidates})
+    if len(sizes) == 1:
+        return candidates[0], None
+    chosen = by_name(_MOST_COMMON[key]) if key in _MOST_COMMON else candidates[0]
+    others = ", ".join(spec.name for spec in candidates if spec is not chosen)
+    note = (f"{text.strip()!r} comes in several memory sizes; assumed {chosen.name} "
+            f"(say so explicitly for another: {others})")
+    return chosen, note
+
+
+def lookup(text: str, field: str = "assume") -> GpuSpec:
+    """`resolve` without the note."""
+    return resolve(text, field)[0]
+
+
+def match_device(nvml_name: str, memory_total: int | None = None) -> GpuSpec | None:
+    """The catalogue entry for a device NVML reported, or None (used for hints only)."""
+    for spec in CATALOGUE:
+        if spec.nvml_name == nvml_name:
+            return spec
+    try:
+        spec, _note = resolve(nvml_name)
+    except InputError:
+        return None
+    if memory_total is not None:
+        # NVML's name rarely carries the size ("NVIDIA H100 PCIe"): pick the variant by memory.
+        key, _ = _split(nvml_name)
+        same_model = [s for s in CATALOGUE if key in s.keys]
+        spec = min(same_model, key=lambda s: abs(s.memory - memory_total), default=spec)
+    return spec
