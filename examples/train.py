@@ -1,0 +1,161 @@
+"""A tiny causal LM trained with the HF Trainer under whichever accelerate config is active.
+
+Random weights (a LlamaConfig, hidden 64, 2 layers, vocab 128), synthetic data, no downloads.
+Every rank prints one line saying which engine is really in use, e.g.
+
+    [engine] rank=1 world_size=2 engine=deepspeed zero_stage=3 partitioned=True ds_numel=8192 local_numel=4096
+
+so a log proves ZeRO-3 partitioning (a parameter's full size vs what this rank holds), FSDP or DDP.
+
+Test hooks: --fail-on-rank R raises on rank R at step --fail-at-step; --hang-on-rank R sleeps
+forever on rank R at step --hang-at-step; --sleep S slows every step.
+
+On a CPU box: no bf16, and with DeepSpeed don't pass use_cpu=True (accelerate would then pick
+MULTI_CPU and skip DeepSpeed). Without DeepSpeed we do pass use_cpu so that a torchrun group
+trains as MULTI_CPU over gloo instead of refusing to start without CUDA.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--seq-len", type=int, default=32)
+    p.add_argument("--batch-size", type=int, default=4, help="per device")
+    p.add_argument("--logging-steps", type=int, default=1)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--fail-on-rank", type=int, default=None)
+    p.add_argument("--fail-at-step", type=int, default=3)
+    p.add_argument("--hang-on-rank", type=int, default=None)
+    p.add_argument("--hang-at-step", type=int, default=3)
+    p.add_argument("--sleep", type=float, default=0.0, help="seconds to sleep in every step")
+    p.add_argument("--output-dir", default=None, help="default: a temporary directory")
+    p.add_argument("--save", action="store_true", help="save the model at the end")
+    return p.parse_args(argv)
+
+
+def rank() -> int:
+    return int(os.environ.get("RANK", "0"))
+
+
+def say(msg: str) -> None:
+    print(f"[rank{rank()}] {msg}", flush=True)
+
+
+def describe_engine(trainer, model) -> str:
+    """One line naming the engine really in use, measured on this rank's parameters."""
+    import torch
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        world = torch.distributed.get_world_size()
+    engine = getattr(trainer, "model_wrapped", model)
+    param = next(p for p in model.parameters())
+    ds_cls = type(engine).__name__
+    if hasattr(param, "ds_numel"):   # ZeRO-3: DeepSpeed replaced the parameter by its local shard
+        stage = 3
+        try:
+            stage = engine.zero_optimization_stage()
+        except Exception:
+            pass
+        local = param.ds_tensor.numel() if hasattr(param, "ds_tensor") else param.numel()
+        return (f"engine=deepspeed zero_stage={stage} partitioned={local < param.ds_numel} "
+                f"ds_numel={param.ds_numel} local_numel={local} world_size={world}")
+    if ds_cls == "DeepSpeedEngine":
+        return (f"engine=deepspeed zero_stage={engine.zero_optimization_stage()} partitioned=False "
+                f"numel={param.numel()} world_size={world}")
+    if "FullyShardedDataParallel" in ds_cls or "FSDP" in ds_cls or hasattr(param, "_local_tensor"):
+        local = param._local_tensor.numel() if hasattr(param, "_local_tensor") else param.numel()
+        return f"engine=fsdp full_numel={param.numel()} local_numel={local} world_size={world}"
+    if ds_cls == "DistributedDataParallel":
+        return f"engine=ddp numel={param.numel()} world_size={world}"
+    return f"engine=single model={ds_cls} world_size={world}"
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    import tempfile
+
+    import torch
+    from torch.utils.data import Dataset
+    from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainerCallback, TrainingArguments
+
+    ds_config = os.environ.get("ACCELERATE_DEEPSPEED_CONFIG_FILE")
+    use_deepspeed = os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true"
+    cuda = torch.cuda.is_available()
+    output_dir = args.output_dir or tempfile.mkdtemp(prefix="wizard-example-")
+
+    # TrainingArguments first: with a ZeRO-3 config it arms zero.Init, so the model below is
+    # built partitioned instead of whole on every rank.
+    targs = TrainingArguments(
+        output_dir=output_dir,
+        max_steps=args.steps,
+        per_device_train_batch_size=args.batch_size,
+        learning_rate=args.lr,
+        logging_steps=args.logging_steps,
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=False,
+        dataloader_num_workers=0,
+        use_cpu=(not cuda and not use_deepspeed),
+        deepspeed=ds_config if (use_deepspeed and ds_config) else None,
+        bf16=False,
+        seed=1234,
+    )
+
+    config = LlamaConfig(
+        vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=args.seq_len * 2,
+    )
+    model = LlamaForCausalLM(config)
+
+    class Synthetic(Dataset):
+        """Repeating token patterns: learnable, so the loss visibly falls."""
+
+        def __len__(self):
+            return 10_000
+
+        def __getitem__(self, i):
+            start = i % 16
+            ids = torch.tensor([(start + j) % config.vocab_size for j in range(args.seq_len)])
+            return {"input_ids": ids, "labels": ids.clone()}
+
+    class Hooks(TrainerCallback):
+        def __init__(self, trainer_ref):
+            self.trainer_ref = trainer_ref
+            self.described = False
+
+        def on_step_begin(self, targs_, state, control, **kw):
+            if not self.described:
+                self.described = True
+                say(describe_engine(self.trainer_ref[0], kw.get("model") or model))
+            step = state.global_step
+            if args.fail_on_rank is not None and rank() == args.fail_on_rank and step >= args.fail_at_step:
+                raise RuntimeError(f"deliberate failure on rank {rank()} at step {step} (--fail-on-rank)")
+            if args.hang_on_rank is not None and rank() == args.hang_on_rank and step >= args.hang_at_step:
+                say(f"hanging at step {step} (--hang-on-rank)")
+                while True:
+                    time.sleep(3600)
+            if args.sleep:
+                time.sleep(args.sleep)
+
+    ref = [None]
+    trainer = Trainer(model=model, args=targs, train_dataset=Synthetic(), callbacks=[Hooks(ref)])
+    ref[0] = trainer
+    say(f"starting: world_size={targs.world_size} process_index={targs.process_index} "
+        f"deepspeed={'yes' if targs.deepspeed else 'no'} steps={args.steps}")
+    trainer.train()
+    if args.save:
+        trainer.save_model(output_dir)
+    say("done")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
