@@ -35,6 +35,7 @@ class GpuSpec:
     nvlink: bool                       # a multi-GPU server of this part joins every pair by NVLink
     keys: tuple[str, ...]              # normalised model names that mean this part
     mem_tags: tuple[int, ...]          # the "NN GB" figures people write for it
+    power_limit_w: int = 300           # default board power limit (the fake NVML's limit)
     kind: str = "datacenter"           # "datacenter" | "workstation" | "consumer"
 
     @property
@@ -54,56 +55,56 @@ def _mib(n: int) -> int:
 # `_MOST_COMMON` picks the size when none is given.
 CATALOGUE: tuple[GpuSpec, ...] = (
     # Blackwell / Hopper
-    GpuSpec("B200-180GB", "NVIDIA B200", _mib(183359), (10, 0), True, ("B200", "B200SXM"), (180, 192)),
-    GpuSpec("GH200-96GB", "NVIDIA GH200 480GB", _mib(97871), (9, 0), True, ("GH200",), (96, 480)),
-    GpuSpec("H200-141GB", "NVIDIA H200", _mib(143771), (9, 0), True, ("H200", "H200SXM"), (141, 140)),
+    GpuSpec("B200-180GB", "NVIDIA B200", _mib(183359), (10, 0), True, ("B200", "B200SXM"), (180, 192), 1000),
+    GpuSpec("GH200-96GB", "NVIDIA GH200 480GB", _mib(97871), (9, 0), True, ("GH200",), (96, 480), 900),
+    GpuSpec("H200-141GB", "NVIDIA H200", _mib(143771), (9, 0), True, ("H200", "H200SXM"), (141, 140), 700),
     GpuSpec("H100-80GB", "NVIDIA H100 80GB HBM3", _mib(81559), (9, 0), True,
-            ("H100", "H100SXM", "H100SXM5"), (80,)),
-    GpuSpec("H100-PCIe-80GB", "NVIDIA H100 PCIe", _mib(81559), (9, 0), False, ("H100PCIE",), (80,)),
+            ("H100", "H100SXM", "H100SXM5"), (80,), 700),
+    GpuSpec("H100-PCIe-80GB", "NVIDIA H100 PCIe", _mib(81559), (9, 0), False, ("H100PCIE",), (80,), 350),
     # H100 NVL: 94 GB nominal, pairs joined by an NVLink bridge, not every pair in a server.
-    GpuSpec("H100-NVL-94GB", "NVIDIA H100 NVL", _mib(95830), (9, 0), False, ("H100NVL", "H100"), (94, 96)),
-    GpuSpec("H800-80GB", "NVIDIA H800", _mib(81559), (9, 0), True, ("H800", "H800SXM"), (80,)),
+    GpuSpec("H100-NVL-94GB", "NVIDIA H100 NVL", _mib(95830), (9, 0), False, ("H100NVL", "H100"), (94, 96), 400),
+    GpuSpec("H800-80GB", "NVIDIA H800", _mib(81559), (9, 0), True, ("H800", "H800SXM"), (80,), 700),
     # Ampere data centre
     GpuSpec("A100-80GB", "NVIDIA A100-SXM4-80GB", _mib(81920), (8, 0), True,
-            ("A100", "A100SXM", "A100SXM4"), (80,)),
+            ("A100", "A100SXM", "A100SXM4"), (80,), 400),
     GpuSpec("A100-40GB", "NVIDIA A100-SXM4-40GB", _mib(40960), (8, 0), True,
-            ("A100", "A100SXM", "A100SXM4"), (40,)),
-    GpuSpec("A100-PCIe-80GB", "NVIDIA A100 80GB PCIe", _mib(81920), (8, 0), False, ("A100PCIE",), (80,)),
-    GpuSpec("A100-PCIe-40GB", "NVIDIA A100-PCIE-40GB", _mib(40960), (8, 0), False, ("A100PCIE",), (40,)),
-    GpuSpec("A800-80GB", "NVIDIA A800-SXM4-80GB", _mib(81920), (8, 0), True, ("A800", "A800SXM", "A800SXM4"), (80,)),
-    GpuSpec("A40-48GB", "NVIDIA A40", _mib(46068), (8, 6), False, ("A40",), (48,)),
-    GpuSpec("A30-24GB", "NVIDIA A30", _mib(24576), (8, 0), False, ("A30",), (24,)),
-    GpuSpec("A10-24GB", "NVIDIA A10", _mib(23028), (8, 6), False, ("A10",), (24,)),
-    GpuSpec("A10G-24GB", "NVIDIA A10G", _mib(23028), (8, 6), False, ("A10G",), (24,)),
+            ("A100", "A100SXM", "A100SXM4"), (40,), 400),
+    GpuSpec("A100-PCIe-80GB", "NVIDIA A100 80GB PCIe", _mib(81920), (8, 0), False, ("A100PCIE",), (80,), 300),
+    GpuSpec("A100-PCIe-40GB", "NVIDIA A100-PCIE-40GB", _mib(40960), (8, 0), False, ("A100PCIE",), (40,), 250),
+    GpuSpec("A800-80GB", "NVIDIA A800-SXM4-80GB", _mib(81920), (8, 0), True, ("A800", "A800SXM", "A800SXM4"), (80,), 400),
+    GpuSpec("A40-48GB", "NVIDIA A40", _mib(46068), (8, 6), False, ("A40",), (48,), 300),
+    GpuSpec("A30-24GB", "NVIDIA A30", _mib(24576), (8, 0), False, ("A30",), (24,), 165),
+    GpuSpec("A10-24GB", "NVIDIA A10", _mib(23028), (8, 6), False, ("A10",), (24,), 150),
+    GpuSpec("A10G-24GB", "NVIDIA A10G", _mib(23028), (8, 6), False, ("A10G",), (24,), 300),
     # Ada data centre
-    GpuSpec("L40S-48GB", "NVIDIA L40S", _mib(46068), (8, 9), False, ("L40S",), (48,)),
-    GpuSpec("L40-48GB", "NVIDIA L40", _mib(46068), (8, 9), False, ("L40",), (48,)),
-    GpuSpec("L4-24GB", "NVIDIA L4", _mib(23034), (8, 9), False, ("L4",), (24,)),
+    GpuSpec("L40S-48GB", "NVIDIA L40S", _mib(46068), (8, 9), False, ("L40S",), (48,), 350),
+    GpuSpec("L40-48GB", "NVIDIA L40", _mib(46068), (8, 9), False, ("L40",), (48,), 300),
+    GpuSpec("L4-24GB", "NVIDIA L4", _mib(23034), (8, 9), False, ("L4",), (24,), 72),
     # Volta / Turing (no bf16)
     GpuSpec("V100-32GB", "Tesla V100-SXM2-32GB", _mib(32768), (7, 0), True,
-            ("V100", "V100SXM2", "V100SXM"), (32,)),
+            ("V100", "V100SXM2", "V100SXM"), (32,), 300),
     GpuSpec("V100-16GB", "Tesla V100-SXM2-16GB", _mib(16384), (7, 0), True,
-            ("V100", "V100SXM2", "V100SXM"), (16,)),
-    GpuSpec("T4-16GB", "Tesla T4", _mib(15360), (7, 5), False, ("T4",), (16, 15)),
+            ("V100", "V100SXM2", "V100SXM"), (16,), 300),
+    GpuSpec("T4-16GB", "Tesla T4", _mib(15360), (7, 5), False, ("T4",), (16, 15), 70),
     # Workstation
     GpuSpec("RTX6000Ada-48GB", "NVIDIA RTX 6000 Ada Generation", _mib(49140), (8, 9), False,
-            ("RTX6000ADA", "RTX6000ADAGENERATION", "6000ADA"), (48,), "workstation"),
-    GpuSpec("RTXA6000-48GB", "NVIDIA RTX A6000", _mib(49140), (8, 6), False, ("RTXA6000", "A6000"), (48,),
+            ("RTX6000ADA", "RTX6000ADAGENERATION", "6000ADA"), (48,), 300, "workstation"),
+    GpuSpec("RTXA6000-48GB", "NVIDIA RTX A6000", _mib(49140), (8, 6), False, ("RTXA6000", "A6000"), (48,), 300,
             "workstation"),
-    GpuSpec("RTXA5000-24GB", "NVIDIA RTX A5000", _mib(24564), (8, 6), False, ("RTXA5000", "A5000"), (24,),
+    GpuSpec("RTXA5000-24GB", "NVIDIA RTX A5000", _mib(24564), (8, 6), False, ("RTXA5000", "A5000"), (24,), 230,
             "workstation"),
-    GpuSpec("RTXA4000-16GB", "NVIDIA RTX A4000", _mib(16376), (8, 6), False, ("RTXA4000", "A4000"), (16,),
+    GpuSpec("RTXA4000-16GB", "NVIDIA RTX A4000", _mib(16376), (8, 6), False, ("RTXA4000", "A4000"), (16,), 140,
             "workstation"),
     # GeForce
-    GpuSpec("RTX5090-32GB", "NVIDIA GeForce RTX 5090", _mib(32607), (12, 0), False, ("RTX5090", "5090"), (32,),
+    GpuSpec("RTX5090-32GB", "NVIDIA GeForce RTX 5090", _mib(32607), (12, 0), False, ("RTX5090", "5090"), (32,), 575,
             "consumer"),
-    GpuSpec("RTX4090-24GB", "NVIDIA GeForce RTX 4090", _mib(24564), (8, 9), False, ("RTX4090", "4090"), (24,),
+    GpuSpec("RTX4090-24GB", "NVIDIA GeForce RTX 4090", _mib(24564), (8, 9), False, ("RTX4090", "4090"), (24,), 450,
             "consumer"),
-    GpuSpec("RTX4080-16GB", "NVIDIA GeForce RTX 4080", _mib(16376), (8, 9), False, ("RTX4080", "4080"), (16,),
+    GpuSpec("RTX4080-16GB", "NVIDIA GeForce RTX 4080", _mib(16376), (8, 9), False, ("RTX4080", "4080"), (16,), 320,
             "consumer"),
     GpuSpec("RTX3090Ti-24GB", "NVIDIA GeForce RTX 3090 Ti", _mib(24564), (8, 6), False,
-            ("RTX3090TI", "3090TI"), (24,), "consumer"),
-    GpuSpec("RTX3090-24GB", "NVIDIA GeForce RTX 3090", _mib(24576), (8, 6), False, ("RTX3090", "3090"), (24,),
+            ("RTX3090TI", "3090TI"), (24,), 450, "consumer"),
+    GpuSpec("RTX3090-24GB", "NVIDIA GeForce RTX 3090", _mib(24576), (8, 6), False, ("RTX3090", "3090"), (24,), 350,
             "consumer"),
 )
 

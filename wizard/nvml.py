@@ -4,12 +4,36 @@ Like nvitop's api layer: nothing here raises for one missing metric; it reports 
 N/A). `open_nvml()` returns the real binding (nvidia-ml-py's `pynvml`), an unavailable API with
 the reason when there is no driver, or, when WIZARD_FAKE_NVML is set, the fake used by tests
 (the only test double in the project): a catalogue spec such as "8xH100-80GB" or a JSON file.
+
+Indices: `GpuStatic.index` and `GpuSample.index` are NVML's indices (PCI bus order, what
+nvidia-smi shows). What CUDA calls device 0 depends on CUDA_VISIBLE_DEVICES; `visible_devices`
+does that mapping.
+
+WIZARD_FAKE_NVML (empty or unset: the real NVML):
+    "8xH100-80GB"                       eight catalogue GPUs (any name `catalogue.resolve` takes)
+    "4xA100-80GB+4xA100-40GB"           mixed models, in that order
+    "2xRTX4090,driver=535.104.05"       options after commas: seed=N, frozen[=yes], driver=V,
+                                        cuda=V, nvlink=yes|no
+    "none"                              no NVML at all (available=False), like a box without a driver
+    "/path/fake.json"                   full control, see `_fake_from_json`
+Samples move (utilisation oscillates, power and temperature follow it) one step per sample()
+call, deterministically from the seed; `frozen` keeps every sample identical, for snapshots.
 """
 
 from __future__ import annotations
 
+import json
+import math
+import os
+import re
+import threading
+import uuid as uuidlib
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
+
+from wizard.errors import InputError
+
+FAKE_ENV = "WIZARD_FAKE_NVML"
 
 
 @dataclass
@@ -48,11 +72,626 @@ class NvmlApi(Protocol):
     def driver_version(self) -> str | None: ...
     def cuda_version(self) -> str | None: ...         # e.g. "12.4"
     def devices(self) -> list[GpuStatic]: ...
-    def p2p_matrix(self) -> list[list[str]] | None: ...  # "OK" / "NS" / ... per pair, None if unknown
-    def nvlink_all(self) -> bool | None: ...          # every pair joined by NVLink
+    # "OK" / "NS" / ... per pair ("X" on the diagonal), None if unknown. `indices` (NVML indices)
+    # restricts the matrix to those devices, in that order; None means all.
+    def p2p_matrix(self, indices: list[int] | None = None) -> list[list[str]] | None: ...
+    def nvlink_all(self, indices: list[int] | None = None) -> bool | None: ...  # every pair NVLinked
     def sample(self) -> list[GpuSample]: ...          # never raises
     def close(self) -> None: ...
 
 
+SAMPLE_METRICS = ("util", "mem_used", "mem_total", "power_w", "power_limit_w", "temp_c",
+                  "sm_clock_mhz", "processes")
+STATIC_METRICS = ("uuid", "pci_bus_id", "compute_capability")
+
+
 def open_nvml() -> NvmlApi:
-    raise NotImplementedError
+    """The fake when WIZARD_FAKE_NVML is set (non-empty), else the real NVML or why it is unavailable.
+
+    Raises InputError (field WIZARD_FAKE_NVML) only for a malformed fake spec or file.
+    """
+    spec = os.environ.get(FAKE_ENV, "").strip()
+    if spec:
+        return fake_from_spec(spec)
+    return RealNvml()
+
+
+class UnavailableNvml:
+    """No NVML: every query answers None / nothing, and `reason` says why in one line."""
+
+    def __init__(self, reason: str):
+        self.available = False
+        self.reason = reason
+
+    def driver_version(self) -> str | None:
+        return None
+
+    def cuda_version(self) -> str | None:
+        return None
+
+    def devices(self) -> list[GpuStatic]:
+        return []
+
+    def p2p_matrix(self, indices: list[int] | None = None) -> list[list[str]] | None:
+        return None
+
+    def nvlink_all(self, indices: list[int] | None = None) -> bool | None:
+        return None
+
+    def sample(self) -> list[GpuSample]:
+        return []
+
+    def close(self) -> None:
+        pass
+
+
+# --------------------------------------------------------------------------------------------
+# CUDA_VISIBLE_DEVICES
+
+
+def visible_devices(devices: list[GpuStatic], value: str | None) -> tuple[list[GpuStatic], str | None]:
+    """The devices CUDA would expose for CUDA_VISIBLE_DEVICES=`value`, in CUDA's order, and a note.
+
+    Follows CUDA's rules: entries are indices or (prefixes of) UUIDs, separated by commas;
+    parsing stops at the first entry that is invalid, out of range or repeated, and the devices
+    before it stay visible. Unset (None) means every device. The note (None when nothing
+    unusual happened) says what was dropped, so the probe can tell the user.
+    Indices are taken in NVML's order, which is CUDA's when CUDA_DEVICE_ORDER=PCI_BUS_ID and,
+    for identical GPUs, also under CUDA's default fastest-first order.
+    """
+    if value is None:
+        return list(devices), None
+    entries = [e.strip() for e in value.split(",")]
+    if entries == [""]:
+        return [], f"CUDA_VISIBLE_DEVICES is empty: it hides all {len(devices)} GPUs"
+    chosen: list[GpuStatic] = []
+    for entry in entries:
+        device, problem = _match_visible_entry(devices, entry)
+        if device is not None and device in chosen:
+            problem = f"{entry!r} repeats a device"
+        if problem:
+            kept = f"; CUDA sees only the {len(chosen)} before it" if chosen else "; CUDA sees no GPU"
+            return chosen, f"CUDA_VISIBLE_DEVICES={value!r}: {problem}{kept}"
+        chosen.append(device)
+    return chosen, None
+
+
+def _match_visible_entry(devices: list[GpuStatic], entry: str) -> tuple[GpuStatic | None, str | None]:
+    if re.fullmatch(r"\d+", entry):
+        i = int(entry)
+        if i >= len(devices):
+            return None, f"index {i} is out of range ({len(devices)} GPUs)"
+        return devices[i], None
+    if entry.upper().startswith("MIG-"):
+        return None, f"{entry!r} is a MIG instance, which the wizard does not plan for"
+    if entry.upper().startswith("GPU-") and len(entry) > 4:
+        hits = [d for d in devices if d.uuid and d.uuid.upper().startswith(entry.upper())]
+        if len(hits) == 1:
+            return hits[0], None
+        return None, f"{entry!r} matches {'no' if not hits else 'more than one'} GPU UUID"
+    return None, f"{entry!r} is neither a GPU index nor a GPU UUID"
+
+
+# --------------------------------------------------------------------------------------------
+# The real NVML
+
+_P2P_CODES = {0: "OK", 1: "CNS", 2: "GNS", 3: "TNS", 4: "NS", 5: "NS", 6: "U"}  # nvidia-smi topo -p2p legend
+
+_INIT_HINTS = {
+    "NVMLError_LibraryNotFound": "no NVIDIA driver on this machine",
+    "NVMLError_DriverNotLoaded": "the NVIDIA kernel driver is not loaded",
+    "NVMLError_LibRmVersionMismatch": "the driver was upgraded without reloading its kernel module (reboot)",
+    "NVMLError_NoPermission": "no permission to open the NVIDIA devices",
+    "NVMLError_FunctionNotFound": "the NVIDIA driver is older than the nvidia-ml-py binding",
+}
+
+# pynvml keeps process-wide state (the library handle, a refcount): one lock for every call.
+_PYNVML_LOCK = threading.RLock()
+
+
+def init_failure_reason(exc: BaseException) -> str:
+    """One line for a failed nvmlInit: NVML's own words plus what they mean here."""
+    text = str(exc).strip() or type(exc).__name__
+    hint = _INIT_HINTS.get(type(exc).__name__)
+    return f"{text}: {hint}" if hint else text
+
+
+def _text(value: Any) -> str:
+    return value.decode(errors="replace") if isinstance(value, (bytes, bytearray)) else str(value)
+
+
+def _cuda_version_text(code: int | None) -> str | None:
+    """NVML's 12040 -> '12.4' (major*1000 + minor*10)."""
+    if not isinstance(code, int) or code <= 0:
+        return None
+    return f"{code // 1000}.{(code % 1000) // 10}"
+
+
+class RealNvml:
+    """nvidia-ml-py's pynvml, every call under one lock, every metric failure turned into None."""
+
+    def __init__(self) -> None:
+        self.available = False
+        self.reason: str | None = None
+        self._nvml: Any = None
+        self._handles: list[Any] = []
+        self._static: list[GpuStatic] | None = None
+        self._closed = False
+        try:
+            import pynvml
+        except ImportError:
+            self.reason = "nvidia-ml-py is not installed (pip install nvidia-ml-py): no GPU information"
+            return
+        if not hasattr(pynvml, "nvmlInitWithFlags"):
+            # The deprecated `pynvml` package (<= 11.x) shipped its own module over NVIDIA's.
+            self.reason = ("the installed pynvml module is not nvidia-ml-py's (clobbered install): "
+                           "pip uninstall -y pynvml && pip install --force-reinstall nvidia-ml-py")
+            return
+        self._nvml = pynvml
+        with _PYNVML_LOCK:
+            try:
+                pynvml.nvmlInit()
+            except Exception as exc:       # NVMLError subclasses, or OSError from ctypes
+                self.reason = init_failure_reason(exc)
+                self._nvml = None
+                return
+            try:
+                count = pynvml.nvmlDeviceGetCount()
+                self._handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+            except Exception as exc:
+                self.reason = f"NVML could not list the GPUs: {init_failure_reason(exc)}"
+                self._shutdown()
+                return
+        self.available = True
+
+    # -- plumbing ------------------------------------------------------------------------
+
+    def _call(self, name: str, *args: Any) -> Any:
+        """pynvml.<name>(*args), or None when NVML can't answer (NotSupported, lost GPU, ...)."""
+        if self._nvml is None:
+            return None
+        fn = getattr(self._nvml, name, None)
+        if fn is None:
+            return None
+        try:
+            with _PYNVML_LOCK:
+                return fn(*args)
+        except Exception:                  # NVMLError_*, ctypes errors: a metric reads as N/A
+            return None
+
+    def _first(self, *calls: tuple[Any, ...]) -> Any:
+        """The first of several (name, *args) calls that answers: newer API first, older next."""
+        for name, *args in calls:
+            value = self._call(name, *args)
+            if value is not None:
+                return value
+        return None
+
+    def _shutdown(self) -> None:
+        if self._nvml is not None:
+            try:
+                with _PYNVML_LOCK:
+                    self._nvml.nvmlShutdown()
+            except Exception:
+                pass
+        self._nvml = None
+
+    # -- system --------------------------------------------------------------------------
+
+    def driver_version(self) -> str | None:
+        value = self._call("nvmlSystemGetDriverVersion")
+        return _text(value) if value is not None else None
+
+    def cuda_version(self) -> str | None:
+        return _cuda_version_text(self._first(("nvmlSystemGetCudaDriverVersion",),
+                                              ("nvmlSystemGetCudaDriverVersion_v2",)))
+
+    # -- devices -------------------------------------------------------------------------
+
+    def devices(self) -> list[GpuStatic]:
+        if self._static is None and self.available:
+            self._static = [self._device_static(i, h) for i, h in enumerate(self._handles)]
+        return list(self._static or [])
+
+    def _device_static(self, index: int, handle: Any) -> GpuStatic:
+        name = self._call("nvmlDeviceGetName", handle)
+        memory = self._call("nvmlDeviceGetMemoryInfo", handle)
+        uuid = self._call("nvmlDeviceGetUUID", handle)
+        pci = self._first(("nvmlDeviceGetPciInfo", handle), ("nvmlDeviceGetPciInfo_v2", handle))
+        cc = self._call("nvmlDeviceGetCudaComputeCapability", handle)
+        return GpuStatic(
+            index=index,
+            name=_text(name) if name is not None else f"GPU {index}",
+            memory_total=int(getattr(memory, "total", 0) or 0),
+            uuid=_text(uuid) if uuid is not None else None,
+            pci_bus_id=(_text(getattr(pci, "busId", "")) or None) if pci is not None else None,
+            compute_capability=(int(cc[0]), int(cc[1])) if cc is not None else None,
+        )
+
+    def _pick(self, indices: list[int] | None) -> list[tuple[int, Any]]:
+        chosen = range(len(self._handles)) if indices is None else indices
+        return [(i, self._handles[i]) for i in chosen if 0 <= i < len(self._handles)]
+
+    def _p2p_index(self, name: str, default: int) -> int:
+        value = getattr(self._nvml, name, default) if self._nvml is not None else default
+        # nvidia-ml-py 13.x defines NVML_P2P_CAPS_INDEX_READ = 0, (a one-element tuple).
+        return int(value[0] if isinstance(value, tuple) else value)
+
+    def p2p_matrix(self, indices: list[int] | None = None) -> list[list[str]] | None:
+        picked = self._pick(indices)
+        if not picked:
+            return None
+        cap = self._p2p_index("NVML_P2P_CAPS_INDEX_READ", 0)
+        matrix: list[list[str]] = []
+        answered = False
+        for i, hi in picked:
+            row = []
+            for j, hj in picked:
+                if i == j:
+                    row.append("X")
+                    continue
+                status = self._call("nvmlDeviceGetP2PStatus", hi, hj, cap)
+                answered = answered or status is not None
+                row.append(_P2P_CODES.get(status, "U") if status is not None else "U")
+            matrix.append(row)
+        return matrix if answered or len(picked) == 1 else None
+
+    def nvlink_all(self, indices: list[int] | None = None) -> bool | None:
+        picked = self._pick(indices)
+        if len(picked) < 2:
+            return None
+        # The direct question first: can each pair do P2P over NVLink?
+        cap = self._p2p_index("NVML_P2P_CAPS_INDEX_NVLINK", 2)
+        pairs = [(hi, hj) for a, (_, hi) in enumerate(picked) for (_, hj) in picked[a + 1:]]
+        answers = [self._call("nvmlDeviceGetP2PStatus", hi, hj, cap) for hi, hj in pairs]
+        if all(a is not None for a in answers):
+            return all(a == 0 for a in answers)
+        # Older drivers: every GPU having an active link is what NVSwitch boxes look like.
+        actives = [self._active_nvlinks(h) for _, h in picked]
+        if any(a == 0 for a in actives):
+            return False
+        if all(a is not None and a > 0 for a in actives):
+            return True
+        return None
+
+    def _active_nvlinks(self, handle: Any) -> int | None:
+        """Active NVLink count, 0 when none, None when NVML can't say (no NVLink support at all)."""
+        max_links = int(getattr(self._nvml, "NVML_NVLINK_MAX_LINKS", 18) or 18)
+        states = [self._call("nvmlDeviceGetNvLinkState", handle, link) for link in range(max_links)]
+        known = [s for s in states if s is not None]
+        if not known:
+            return None
+        return sum(1 for s in known if s)
+
+    # -- samples -------------------------------------------------------------------------
+
+    def sample(self) -> list[GpuSample]:
+        if not self.available:
+            return []
+        out = []
+        for i, handle in enumerate(self._handles):
+            try:
+                out.append(self._sample_one(i, handle))
+            except Exception:              # belt and braces: `_call` already swallows errors
+                out.append(GpuSample(index=i))
+        return out
+
+    def _sample_one(self, index: int, handle: Any) -> GpuSample:
+        util = self._call("nvmlDeviceGetUtilizationRates", handle)
+        memory = self._call("nvmlDeviceGetMemoryInfo", handle)
+        power = self._call("nvmlDeviceGetPowerUsage", handle)
+        limit = self._first(("nvmlDeviceGetEnforcedPowerLimit", handle),
+                            ("nvmlDeviceGetPowerManagementLimit", handle))
+        sensor = getattr(self._nvml, "NVML_TEMPERATURE_GPU", 0)
+        # GetTemperature is deprecated (removed with CUDA 14); older drivers lack the V form.
+        temp = self._first(("nvmlDeviceGetTemperatureV", handle, sensor), ("nvmlDeviceGetTemperature", handle, sensor))
+        clock = self._call("nvmlDeviceGetClockInfo", handle, getattr(self._nvml, "NVML_CLOCK_SM", 1))
+        procs = self._first(("nvmlDeviceGetComputeRunningProcesses", handle),
+                            ("nvmlDeviceGetComputeRunningProcesses_v2", handle))
+        return GpuSample(
+            index=index,
+            util=_int_or_none(getattr(util, "gpu", None)),
+            mem_used=_int_or_none(getattr(memory, "used", None)),
+            mem_total=_int_or_none(getattr(memory, "total", None)),
+            power_w=power / 1000.0 if isinstance(power, (int, float)) else None,      # mW -> W
+            power_limit_w=limit / 1000.0 if isinstance(limit, (int, float)) else None,
+            temp_c=_int_or_none(temp),
+            sm_clock_mhz=_int_or_none(clock),
+            processes=[GpuProcess(pid=int(p.pid), used_memory=_int_or_none(getattr(p, "usedGpuMemory", None)))
+                       for p in (procs or []) if getattr(p, "pid", None) is not None],
+        )
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._shutdown()
+            self.available = False
+
+
+def _int_or_none(value: Any) -> int | None:
+    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+# --------------------------------------------------------------------------------------------
+# The fake (tests, demos, snapshot tests of the live view)
+
+@dataclass
+class FakeDevice:
+    static: GpuStatic
+    power_limit_w: float = 300.0
+    nvlink: bool = False                  # the catalogue says this part is NVLinked in servers
+    consumer: bool = False                # GeForce: P2P over PCIe is disabled by the driver
+    fixed: dict[str, Any] = field(default_factory=dict)   # metric -> constant value
+    fail: set[str] = field(default_factory=set)           # metrics that read as None
+    processes: list[GpuProcess] = field(default_factory=list)
+
+
+class FakeNvml:
+    """A deterministic NVML: devices from the catalogue or a JSON file, samples from a tick count."""
+
+    PERIOD = 20                           # samples per utilisation cycle
+
+    def __init__(self, devices: list[FakeDevice], driver: str | None = "550.54.15", cuda: str | None = "12.4",
+                 nvlink: bool | None = None, p2p: list[list[str]] | str | None = None,
+                 seed: int = 0, frozen: bool = False) -> None:
+        self.available = True
+        self.reason: str | None = None
+        self._devices = devices
+        self._driver = driver
+        self._cuda = cuda
+        self._nvlink = nvlink
+        self._p2p = p2p
+        self.seed = seed
+        self.frozen = frozen
+        self.ticks = 0                    # sample() calls so far
+        self._lock = threading.Lock()
+
+    def driver_version(self) -> str | None:
+        return self._driver
+
+    def cuda_version(self) -> str | None:
+        return self._cuda
+
+    def devices(self) -> list[GpuStatic]:
+        out = []
+        for d in self._devices:
+            s = d.static
+            out.append(GpuStatic(s.index, s.name, s.memory_total,
+                                 None if "uuid" in d.fail else s.uuid,
+                                 None if "pci_bus_id" in d.fail else s.pci_bus_id,
+                                 None if "compute_capability" in d.fail else s.compute_capability))
+        return out
+
+    def _pick(self, indices: list[int] | None) -> list[FakeDevice]:
+        if indices is None:
+            return list(self._devices)
+        return [self._devices[i] for i in indices if 0 <= i < len(self._devices)]
+
+    def p2p_matrix(self, indices: list[int] | None = None) -> list[list[str]] | None:
+        picked = self._pick(indices)
+        if not picked:
+            return None
+        if isinstance(self._p2p, list):
+            pos = [d.static.index for d in picked]
+            return [[self._p2p[i][j] for j in pos] for i in pos]
+        return [["X" if a is b else self._pair_status(a, b) for b in picked] for a in picked]
+
+    def _pair_status(self, a: FakeDevice, b: FakeDevice) -> str:
+        if isinstance(self._p2p, str):
+            return self._p2p
+        return "NS" if (a.consumer or b.consumer) else "OK"
+
+    def nvlink_all(self, indices: list[int] | None = None) -> bool | None:
+        picked = self._pick(indices)
+        if len(picked) < 2:
+            return None
+        if self._nvlink is not None:
+            return self._nvlink
+        return all(d.nvlink for d in picked) and len({d.static.name for d in picked}) == 1
+
+    def sample(self) -> list[GpuSample]:
+        with self._lock:
+            tick = 0 if self.frozen else self.ticks
+            self.ticks += 1
+        return [self._sample_one(d, tick) for d in self._devices]
+
+    def _wave(self, d: FakeDevice, tick: int, period: int) -> float:
+        phase = (self.seed * 7 + d.static.index * 3) % period
+        return math.sin(2 * math.pi * (tick + phase) / period)
+
+    def _sample_one(self, d: FakeDevice, tick: int) -> GpuSample:
+        total = d.static.memory_total
+        util = max(0, min(100, round(55 + 40 * self._wave(d, tick, self.PERIOD))))
+        util = int(d.fixed.get("util", util))
+        values: dict[str, Any] = {
+            "util": util,
+            "mem_used": int(total * (0.6 + 0.05 * self._wave(d, tick, 3 * self.PERIOD))),
+            "mem_total": total,
+            "power_w": round(d.power_limit_w * (0.15 + 0.75 * util / 100), 1),
+            "power_limit_w": float(d.power_limit_w),
+            "temp_c": 30 + round(0.45 * util),
+            "sm_clock_mhz": 210 + round(17.7 * util),
+            "processes": [GpuProcess(p.pid, p.used_memory) for p in d.processes],
+        }
+        values.update({k: v for k, v in d.fixed.items() if k in values})
+        for metric in d.fail:
+            if metric in values:
+                values[metric] = [] if metric == "processes" else None
+        return GpuSample(index=d.static.index, **values)
+
+    def close(self) -> None:
+        pass
+
+
+_FAKE_UUID_NAMESPACE = uuidlib.UUID("7f1d0c52-53c4-4f0e-9a57-6b7a3a3e5a10")
+
+
+def _fake_uuid(seed: int, index: int) -> str:
+    # Distinct, stable, and as unlike each other as real UUIDs are (prefix matching is tested).
+    return f"GPU-{uuidlib.uuid5(_FAKE_UUID_NAMESPACE, f'{seed}/{index}')}"
+
+
+def _fake_bus_id(index: int) -> str:
+    return f"00000000:{(0x18 + 0x10 * index) % 256:02X}:00.0"
+
+
+def _device_from_spec(index: int, spec: Any, seed: int) -> FakeDevice:
+    return FakeDevice(
+        static=GpuStatic(index, spec.nvml_name, spec.memory, _fake_uuid(seed, index), _fake_bus_id(index),
+                         spec.compute_capability),
+        power_limit_w=float(spec.power_limit_w), nvlink=spec.nvlink, consumer=spec.consumer)
+
+
+def parse_gpu_groups(text: str, field: str) -> list[tuple[int, Any, str | None]]:
+    """'8xH100-80GB' or '4xA100-80GB+4xA100-40GB' -> [(count, GpuSpec, note)]. Counts 1..64 each."""
+    from wizard import catalogue
+
+    groups = []
+    for part in text.split("+"):
+        m = re.fullmatch(r"\s*(\d+)\s*[xX×]\s*(\S.*?)\s*", part)
+        if not m:
+            raise InputError(field, f"{part.strip()!r} is not COUNTxGPU",
+                             "COUNTxGPU[,key=value...] such as 8xH100-80GB or 4xA100-40GB,ram=512G")
+        count = int(m.group(1))
+        if not 1 <= count <= 64:
+            raise InputError(field, f"GPU count {count} is out of range", "1 to 64 GPUs")
+        spec, note = catalogue.resolve(m.group(2), field)
+        groups.append((count, spec, note))
+    total = sum(c for c, _, _ in groups)
+    if total > 64:
+        raise InputError(field, f"{total} GPUs in all is out of range", "1 to 64 GPUs")
+    return groups
+
+
+def _yes_no(value: str, field: str, key: str) -> bool:
+    v = value.strip().lower()
+    if v in ("yes", "y", "true", "1", "on", ""):
+        return True
+    if v in ("no", "n", "false", "0", "off"):
+        return False
+    raise InputError(field, f"{key}={value!r} is not yes or no", f"{key}=yes or {key}=no")
+
+
+def fake_from_spec(spec: str) -> NvmlApi:
+    """Build the fake from WIZARD_FAKE_NVML's value (see the module doc)."""
+    text = spec.strip()
+    if text.lower() in ("none", "0", "nogpu", "no-gpu"):
+        return UnavailableNvml(f"NVML Shared Library Not Found: no NVIDIA driver on this machine "
+                               f"({FAKE_ENV}={text})")
+    if text.lower().endswith(".json") or os.path.sep in text:
+        return _fake_from_json_file(text)
+    head, *opts = [p.strip() for p in text.split(",")]
+    options: dict[str, str] = {}
+    for opt in opts:
+        key, _, value = opt.partition("=")
+        key = key.strip().lower()
+        if key not in ("seed", "frozen", "driver", "cuda", "nvlink"):
+            raise InputError(FAKE_ENV, f"unknown option {key!r}", "seed=N, frozen, driver=V, cuda=V, nvlink=yes|no")
+        options[key] = value.strip()
+    try:
+        seed = int(options.get("seed", "0"))
+    except ValueError:
+        raise InputError(FAKE_ENV, f"seed={options['seed']!r} is not an integer", "seed=N") from None
+    devices: list[FakeDevice] = []
+    for count, gpu, _note in parse_gpu_groups(head, FAKE_ENV):
+        for _ in range(count):
+            devices.append(_device_from_spec(len(devices), gpu, seed))
+    return FakeNvml(
+        devices,
+        driver=options.get("driver", "550.54.15"),
+        cuda=options.get("cuda", "12.4"),
+        nvlink=_yes_no(options["nvlink"], FAKE_ENV, "nvlink") if "nvlink" in options else None,
+        seed=seed,
+        frozen=_yes_no(options["frozen"], FAKE_ENV, "frozen") if "frozen" in options else False,
+    )
+
+
+def _fake_from_json_file(path: str) -> NvmlApi:
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError) as exc:
+        raise InputError(FAKE_ENV, f"cannot read fake NVML file {path!r}: {exc}", "a JSON file or a spec such as 8xH100-80GB") from None
+    return _fake_from_json(data, path)
+
+
+def _fake_from_json(data: Any, where: str) -> NvmlApi:
+    """A fake from a JSON document:
+
+    {"driver_version": "550.54.15", "cuda_version": "12.4", "seed": 0, "frozen": false,
+     "nvlink": true | false | null, "p2p": "OK" | [["X", "OK"], ["OK", "X"]] | null,
+     "unavailable": "reason"                       (instead of devices: NVML is not there)
+     "devices": [{"gpu": "H100-80GB",              (catalogue name; fills the fields below)
+                  "name": "...", "memory_total": bytes or "80GB", "compute_capability": [9, 0],
+                  "uuid": "...", "pci_bus_id": "...", "power_limit_w": 700,
+                  "util": 50, "mem_used": "10GB", "power_w": 300, "temp_c": 60, "sm_clock_mhz": 1980,
+                  "fail": ["power_w", "temp_c", "uuid", ...],
+                  "processes": [{"pid": 1234, "used_memory": "10GB" | bytes | null}]}, ...]}
+    A metric given a value stays at that value; the others move with the tick count.
+    """
+    from wizard import catalogue
+    from wizard.units import parse_bytes
+
+    def bad(problem: str) -> InputError:
+        return InputError(FAKE_ENV, f"{where}: {problem}", "see wizard/nvml.py _fake_from_json")
+
+    if not isinstance(data, dict):
+        raise bad("the document must be a JSON object")
+    if data.get("unavailable"):
+        return UnavailableNvml(str(data["unavailable"]))
+    seed = data.get("seed", 0)
+    if not isinstance(seed, int):
+        raise bad("seed must be an integer")
+    raw_devices = data.get("devices")
+    if not isinstance(raw_devices, list):
+        raise bad("'devices' must be a list")
+
+    def size(value: Any, what: str) -> int | None:
+        if value is None:
+            return None
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            return value
+        try:
+            return parse_bytes(value, FAKE_ENV)
+        except InputError:
+            raise bad(f"{what} {value!r} is not a size") from None
+
+    devices = []
+    for index, raw in enumerate(raw_devices):
+        if not isinstance(raw, dict):
+            raise bad(f"devices[{index}] must be an object")
+        spec = catalogue.lookup(raw["gpu"], FAKE_ENV) if raw.get("gpu") else None
+        name = raw.get("name") or (spec.nvml_name if spec else None)
+        memory = size(raw.get("memory_total"), "memory_total") or (spec.memory if spec else None)
+        if not name or not memory:
+            raise bad(f"devices[{index}] needs 'gpu' or both 'name' and 'memory_total'")
+        cc = raw.get("compute_capability", list(spec.compute_capability) if spec else None)
+        fail = raw.get("fail", [])
+        if not isinstance(fail, list) or any(m not in SAMPLE_METRICS + STATIC_METRICS for m in fail):
+            raise bad(f"devices[{index}].fail must list metrics from {', '.join(SAMPLE_METRICS + STATIC_METRICS)}")
+        fixed: dict[str, Any] = {}
+        for metric in ("util", "power_w", "temp_c", "sm_clock_mhz"):
+            if metric in raw:
+                fixed[metric] = raw[metric]
+        if "mem_used" in raw:
+            fixed["mem_used"] = size(raw["mem_used"], "mem_used")
+        procs = [GpuProcess(int(p["pid"]), size(p.get("used_memory"), "used_memory"))
+                 for p in raw.get("processes", [])]
+        devices.append(FakeDevice(
+            static=GpuStatic(index, name, memory, raw.get("uuid", _fake_uuid(seed, index)),
+                             raw.get("pci_bus_id", _fake_bus_id(index)),
+                             (int(cc[0]), int(cc[1])) if cc else None),
+            power_limit_w=float(raw.get("power_limit_w", spec.power_limit_w if spec else 300)),
+            nvlink=spec.nvlink if spec else False,
+            consumer=spec.consumer if spec else "GeForce" in name,
+            fixed=fixed, fail=set(fail), processes=procs))
+    p2p = data.get("p2p")
+    if isinstance(p2p, list) and (len(p2p) != len(devices) or any(len(r) != len(devices) for r in p2p)):
+        raise bad("p2p must be a square matrix with one row per device")
+    return FakeNvml(devices, driver=data.get("driver_version", "550.54.15"), cuda=data.get("cuda_version", "12.4"),
+                    nvlink=data.get("nvlink"), p2p=p2p, seed=seed, frozen=bool(data.get("frozen", False)))
+
+
+__all__ = ["FAKE_ENV", "FakeDevice", "FakeNvml", "GpuProcess", "GpuSample", "GpuStatic", "NvmlApi", "RealNvml",
+           "UnavailableNvml", "fake_from_spec", "init_failure_reason", "open_nvml", "parse_gpu_groups",
+           "visible_devices"]
