@@ -1,9 +1,32 @@
-"""Model sizing: exact parameter counts from a config, built on the meta device (no weights)."""
+"""Model sizing: exact parameter counts from a config, built on the meta device (no weights).
+
+Two ways in:
+- `size_model(id_or_path)`: a local directory with `config.json`, a `config.json` path, or a Hub id
+  that is already in the local Hugging Face cache. transformers builds the model on the `meta`
+  device (shapes only, no memory), and we count what it built: exact, tied weights counted once.
+- `from_params(params, ...)`: `--params 7B` with no config; a well-known Llama/Qwen shape of about
+  that size, with optional overrides (exact=False).
+
+torch and transformers are imported inside `size_model` only: `wizard plan --params 7B` and
+`wizard --help` must stay free of them.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import json
+import math
+import os
+import re
+import warnings
 from dataclasses import asdict, dataclass
-from typing import Any
+from pathlib import Path
+from typing import Any, Iterator
+
+from wizard.errors import InputError
+from wizard.units import fmt_count, parse_count
+
+_MODEL_ALLOWED = "a local directory with config.json, a config.json path, or a Hub id in the local HF cache"
 
 
 @dataclass
@@ -21,17 +44,595 @@ class ModelShape:
     tied_embeddings: bool = False
     source: str = ""                      # path / hub id / "--params 7B"
     exact: bool = True                    # False when estimated from --params
+    num_experts: int = 0                  # MoE: experts per MoE layer (0 = dense)
+    experts_per_token: int = 0            # MoE: experts routed per token
+    max_position_embeddings: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def size_model(id_or_path: str) -> ModelShape:
-    """Local dir with config.json, a config.json path, or a Hub id in the local HF cache (offline)."""
-    raise NotImplementedError
+# ---------------------------------------------------------------------------------------------
+# Finding config.json
+# ---------------------------------------------------------------------------------------------
+
+def hub_cache_dir() -> Path:
+    """The Hub cache huggingface_hub would use, read from the environment now (not at import).
+
+    Same precedence as huggingface_hub.constants: HF_HUB_CACHE, HUGGINGFACE_HUB_CACHE, then
+    $HF_HOME/hub, with HF_HOME defaulting to $XDG_CACHE_HOME/huggingface or ~/.cache/huggingface.
+    Tests and users change HF_HOME after huggingface_hub was imported, so its constants can be stale.
+    """
+    explicit = os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE")
+    if explicit:
+        return Path(explicit).expanduser()
+    hf_home = os.environ.get("HF_HOME")
+    if not hf_home:
+        xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        hf_home = os.path.join(xdg, "huggingface")
+    return Path(hf_home).expanduser() / "hub"
 
 
-def from_params(params: int, hidden_size: int | None = None, layers: int | None = None,
+# A Hub repo id: "name" or "org/name", optionally "@revision"; letters, digits, "-", "_", ".".
+_HUB_ID = re.compile(r"^(?:[A-Za-z0-9][\w.-]*/)?[A-Za-z0-9][\w.-]*(?:@[\w./-]+)?$")
+
+
+def _looks_like_hub_id(text: str) -> bool:
+    return bool(_HUB_ID.match(text)) and not text.endswith(".json") and ".." not in text
+
+
+def _resolve_config_path(id_or_path: str) -> tuple[Path, str]:
+    """Return (path to config.json, source label) or raise InputError."""
+    text = str(id_or_path).strip()
+    if not text:
+        raise InputError("model", "is empty", _MODEL_ALLOWED)
+    path = Path(text).expanduser()
+    if path.is_dir():
+        config = path / "config.json"
+        if not config.is_file():
+            raise InputError("model", f"{text} has no config.json", _MODEL_ALLOWED)
+        return config, str(path)
+    if path.is_file():
+        return path, str(path)
+    if _looks_like_hub_id(text):
+        return _config_from_hub_cache(text), text
+    raise InputError("model", f"{text} does not exist", _MODEL_ALLOWED)
+
+
+def _config_from_hub_cache(hub_id: str) -> Path:
+    """config.json of a Hub model from the local cache only; never touches the network."""
+    repo_id, _, revision = hub_id.partition("@")
+    cache = hub_cache_dir()
+    found = None
+    with _offline():
+        from huggingface_hub import try_to_load_from_cache
+
+        try:
+            found = try_to_load_from_cache(repo_id, "config.json", cache_dir=str(cache),
+                                           revision=revision or None)
+        except Exception:  # a malformed id or an odd cache layout: treat as not cached
+            found = None
+    if isinstance(found, str) and os.path.isfile(found):
+        return Path(found)
+    if not revision:
+        # Snapshots fetched by commit hash have no refs/main; any snapshot with a config will do.
+        fallback = _newest_snapshot_config(cache / _repo_folder(repo_id))
+        if fallback is not None:
+            return fallback
+    raise InputError(
+        "model",
+        f"{hub_id} is not in the local Hugging Face cache ({cache}); download it "
+        f"(hf download {repo_id} config.json) or pass --params 7B",
+        _MODEL_ALLOWED,
+    )
+
+
+def _repo_folder(repo_id: str) -> str:
+    return "models--" + repo_id.replace("/", "--")
+
+
+def _newest_snapshot_config(repo_dir: Path) -> Path | None:
+    snapshots = repo_dir / "snapshots"
+    if not snapshots.is_dir():
+        return None
+    configs = [s / "config.json" for s in snapshots.iterdir() if (s / "config.json").is_file()]
+    return max(configs, key=lambda p: p.stat().st_mtime) if configs else None
+
+
+def cached_model_ids() -> list[str]:
+    """Hub model ids in the local HF cache that have a config.json in some snapshot (sorted).
+
+    A filesystem scan only (no huggingface_hub import): cheap enough for TUI completion.
+    """
+    cache = hub_cache_dir()
+    try:
+        entries = list(cache.iterdir())
+    except OSError:
+        return []
+    ids = []
+    for entry in entries:
+        if not entry.name.startswith("models--") or not entry.is_dir():
+            continue
+        if _newest_snapshot_config(entry) is None:
+            continue
+        ids.append(entry.name[len("models--"):].replace("--", "/"))
+    return sorted(ids, key=str.lower)
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading and building the config
+# ---------------------------------------------------------------------------------------------
+
+def _read_config_dict(config_path: Path, label: str) -> dict[str, Any]:
+    try:
+        text = config_path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError("model", f"cannot read {config_path}: {exc.__class__.__name__}", _MODEL_ALLOWED) from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError("model", f"{config_path} is not valid JSON (line {exc.lineno}, column {exc.colno})",
+                         "a Hugging Face config.json") from None
+    if not isinstance(data, dict):
+        raise InputError("model", f"{config_path} is not a JSON object", "a Hugging Face config.json")
+    if not isinstance(data.get("model_type"), str) or not data["model_type"]:
+        raise InputError("model", f"{config_path} has no model_type", "a Hugging Face config.json with model_type")
+    return data
+
+
+@contextlib.contextmanager
+def _offline() -> Iterator[None]:
+    """HF_HUB_OFFLINE=1 for the duration, restored afterwards (nothing here may reach the network)."""
+    previous = os.environ.get("HF_HUB_OFFLINE")
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop("HF_HUB_OFFLINE", None)
+        else:
+            os.environ["HF_HUB_OFFLINE"] = previous
+
+
+@contextlib.contextmanager
+def _quiet_transformers() -> Iterator[None]:
+    """Silence transformers' logging and warnings while we build, then restore the user's level."""
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        hf_logging.set_verbosity(level)
+
+
+def _build_config(data: dict[str, Any], config_path: Path):
+    from transformers import CONFIG_MAPPING
+
+    model_type = data["model_type"]
+    if model_type not in CONFIG_MAPPING:
+        import transformers
+
+        raise InputError(
+            "model",
+            f"model_type {model_type!r} in {config_path} is unknown to transformers {transformers.__version__}",
+            "a model type transformers supports natively (upgrade transformers, or pass --params)",
+        )
+    try:
+        return CONFIG_MAPPING[model_type].from_dict(dict(data))
+    except Exception as exc:
+        raise InputError("model", f"{config_path} is not a valid {model_type} config: {_one_line(exc)}",
+                         "a Hugging Face config.json") from None
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return (text[0] if text else exc.__class__.__name__)[:200]
+
+
+def _model_classes(config) -> Iterator:
+    """Candidate classes, most faithful first: the checkpoint's own architecture, then the Auto
+    classes that include a language-model head (so lm_head is counted), then the bare model.
+    A generator, so the Auto machinery (~0.4 s of imports) is loaded only when needed."""
+    import transformers
+
+    for name in getattr(config, "architectures", None) or []:
+        cls = getattr(transformers, str(name), None) if re.fullmatch(r"\w+", str(name)) else None
+        config_class = getattr(cls, "config_class", None)
+        if cls is not None and config_class is not None and isinstance(config, config_class):
+            yield cls
+    for auto_name in ("AutoModelForCausalLM", "AutoModelForImageTextToText", "AutoModelForSeq2SeqLM", "AutoModel"):
+        auto = getattr(transformers, auto_name, None)
+        if auto is not None:
+            yield auto
+
+
+def _build_on_meta(config, config_path: Path):
+    import torch
+
+    errors = []
+    for cls in _model_classes(config):
+        try:
+            # The meta device gives every tensor a shape and no storage, so a 405B model costs
+            # only its Python objects; weight init on meta tensors does no work.
+            with torch.device("meta"):
+                if cls.__name__.startswith("Auto"):
+                    return cls.from_config(config)
+                return cls(config)
+        except ValueError as exc:  # "Unrecognized configuration class ... for this kind of AutoModel"
+            errors.append(_one_line(exc))
+        except Exception as exc:
+            errors.append(_one_line(exc))
+            break
+    raise InputError("model", f"transformers could not build {config.model_type} from {config_path}: "
+                              f"{errors[-1] if errors else 'no model class'}", "a supported model config")
+
+
+# ---------------------------------------------------------------------------------------------
+# Measuring the built model
+# ---------------------------------------------------------------------------------------------
+
+def count_params(model) -> int:
+    """Parameters counted once each. Meta tensors all have data_ptr 0, so DeepSpeed's
+    data_ptr dedupe can't be used here; named_parameters() already dedupes by identity, which
+    is how tied weights (lm_head.weight is embed_tokens.weight) are shared."""
+    return sum(p.numel() for _, p in model.named_parameters(remove_duplicate=True))
+
+
+def largest_layer_params(model) -> int:
+    """DeepSpeed's largest layer: the module owning the most parameters directly (not recursing)."""
+    return max((sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules()), default=0)
+
+
+def _decoder_layer_class(model, num_layers: int | None) -> str | None:
+    import torch
+
+    no_split = list(getattr(model, "_no_split_modules", None) or [])
+    best = None
+    for module in model.modules():
+        if not isinstance(module, torch.nn.ModuleList) or len(module) == 0:
+            continue
+        names = {type(child).__name__ for child in module}
+        if len(names) != 1:
+            continue
+        name = names.pop()
+        matches_count = num_layers is not None and len(module) == num_layers
+        score = (matches_count and name in no_split, matches_count, name in no_split)
+        if any(score) and (best is None or score > best[0]):
+            best = (score, name)
+    if best is not None:
+        return best[1]
+    return no_split[0] if no_split else None
+
+
+def _is_tied(model) -> bool:
+    try:
+        out = model.get_output_embeddings()
+        inp = model.get_input_embeddings()
+    except (AttributeError, NotImplementedError):
+        return False
+    out_weight = getattr(out, "weight", None)
+    return out_weight is not None and out_weight is getattr(inp, "weight", None)
+
+
+def _first_int(obj, *names: str) -> int | None:
+    for name in names:
+        value = getattr(obj, name, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+def _shape_from_config(text_config, config_path: Path) -> dict[str, int]:
+    hidden = _first_int(text_config, "hidden_size", "n_embd", "d_model", "dim")
+    layers = _first_int(text_config, "num_hidden_layers", "n_layer", "num_layers", "n_layers")
+    heads = _first_int(text_config, "num_attention_heads", "n_head", "num_heads", "n_heads")
+    vocab = _first_int(text_config, "vocab_size")
+    for field, value in (("hidden_size", hidden), ("num_hidden_layers", layers),
+                         ("num_attention_heads", heads), ("vocab_size", vocab)):
+        if value is None:
+            raise InputError("model", f"{config_path} has no usable {field}", "a decoder config with "
+                             "hidden_size, num_hidden_layers, num_attention_heads and vocab_size, or --params")
+    kv_heads = _first_int(text_config, "num_key_value_heads", "num_kv_heads", "multi_query_group_num") or heads
+    if getattr(text_config, "multi_query", False) is True:  # gpt_bigcode / falcon style MQA
+        kv_heads = 1
+    # gpt2 leaves n_inner None meaning 4*h; T5 calls it d_ff.
+    intermediate = _first_int(text_config, "intermediate_size", "n_inner", "ffn_dim", "d_ff", "ffn_hidden_size") \
+        or 4 * hidden
+    return dict(hidden_size=hidden, layers=layers, heads=heads, kv_heads=kv_heads, vocab_size=vocab,
+                intermediate_size=intermediate)
+
+
+def _text_config(config):
+    getter = getattr(config, "get_text_config", None)
+    if getter is not None:
+        try:
+            return getter(decoder=True)
+        except TypeError:
+            return getter()
+    return getattr(config, "text_config", None) or config
+
+
+def size_model(id_or_path: str, use_cache: bool = True) -> ModelShape:
+    """Local dir with config.json, a config.json path, or a Hub id in the local HF cache (offline).
+
+    The result is remembered in a small on-disk cache keyed by the config's content and the
+    transformers version (see `_sizing_cache_file`), so sizing the same config again skips
+    importing torch and transformers. `use_cache=False` or WIZARD_NO_CACHE=1 always builds.
+    """
+    config_path, source = _resolve_config_path(id_or_path)
+    data = _read_config_dict(config_path, source)
+    cache_file = _sizing_cache_file(data) if use_cache and not os.environ.get("WIZARD_NO_CACHE") else None
+    cached = _read_cached_shape(cache_file) if cache_file else None
+    if cached is not None:
+        cached.source = source
+        return cached
+    shape = _size_config(data, config_path, source)
+    if cache_file:
+        _write_cached_shape(cache_file, shape)
+    return shape
+
+
+def _size_config(data: dict[str, Any], config_path: Path, source: str) -> ModelShape:
+    with _offline():
+        import transformers  # noqa: F401  (imported here, never at module level)
+
+        with _quiet_transformers():
+            config = _build_config(data, config_path)
+            model = _build_on_meta(config, config_path)
+            text = _text_config(config)
+            shape = _shape_from_config(text, config_path)
+            return ModelShape(
+                params=count_params(model),
+                largest_layer_params=largest_layer_params(model),
+                layer_class=_decoder_layer_class(model, shape["layers"]),
+                model_type=config.model_type,
+                tied_embeddings=_is_tied(model),
+                source=source,
+                exact=True,
+                num_experts=_first_int(text, "num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
+                or 0,
+                experts_per_token=_first_int(text, "num_experts_per_tok", "moe_topk", "top_k") or 0,
+                max_position_embeddings=_first_int(text, "max_position_embeddings", "n_positions"),
+                **shape,
+            )
+
+
+# ---------------------------------------------------------------------------------------------
+# Sizing cache: importing torch + transformers is most of the ~5 s a sizing costs
+# ---------------------------------------------------------------------------------------------
+
+# Bump when what size_model computes changes, so old entries are ignored.
+_SIZING_CACHE_VERSION = 1
+
+
+def sizing_cache_dir() -> Path:
+    """$WIZARD_CACHE_DIR/sizing, else ${XDG_CACHE_HOME:-~/.cache}/wizard/sizing."""
+    root = os.environ.get("WIZARD_CACHE_DIR")
+    if not root:
+        xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        root = os.path.join(xdg, "wizard")
+    return Path(root).expanduser() / "sizing"
+
+
+def _sizing_cache_file(data: dict[str, Any]) -> Path | None:
+    import hashlib
+    from importlib import metadata
+
+    try:
+        versions = f"transformers={metadata.version('transformers')};torch={metadata.version('torch')}"
+    except metadata.PackageNotFoundError:
+        return None
+    canonical = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str)
+    key = hashlib.sha256(f"v{_SIZING_CACHE_VERSION};{versions};{canonical}".encode()).hexdigest()
+    return sizing_cache_dir() / f"{key}.json"
+
+
+def _read_cached_shape(path: Path) -> ModelShape | None:
+    try:
+        entry = json.loads(path.read_text(encoding="utf-8"))
+        shape = ModelShape(**entry)
+    except (OSError, ValueError, TypeError):  # missing, unreadable or from another layout: rebuild
+        return None
+    return shape if isinstance(shape.params, int) and shape.params > 0 and shape.exact else None
+
+
+def _write_cached_shape(path: Path, shape: ModelShape) -> None:
+    import tempfile
+
+    entry = shape.to_json()
+    entry["source"] = ""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".sizing-", suffix=".tmp")
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            json.dump(entry, handle)
+        os.replace(tmp, path)
+    except OSError:  # a read-only home is fine: we just size again next time
+        with contextlib.suppress(OSError, UnboundLocalError):
+            os.unlink(tmp)
+
+
+# ---------------------------------------------------------------------------------------------
+# --params 7B: a well-known shape of about that size
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _KnownShape:
+    name: str
+    hidden_size: int
+    layers: int
+    heads: int
+    kv_heads: int
+    intermediate_size: int
+    vocab_size: int
+    tied: bool = False
+
+    @property
+    def params(self) -> int:
+        return llama_param_count(self.hidden_size, self.layers, self.heads, self.kv_heads,
+                                 self.intermediate_size, self.vocab_size, self.tied)
+
+
+# Published configs of well-known Llama-architecture models (Qwen2 adds q/k/v biases, which this
+# Llama-like estimate ignores: a few hundred thousand parameters).
+KNOWN_SHAPES: tuple[_KnownShape, ...] = (
+    _KnownShape("SmolLM2-135M", 576, 30, 9, 3, 1536, 49152, tied=True),
+    _KnownShape("SmolLM2-360M", 960, 32, 15, 5, 2560, 49152, tied=True),
+    _KnownShape("Qwen2.5-0.5B", 896, 24, 14, 2, 4864, 151936, tied=True),
+    _KnownShape("Llama-3.2-1B", 2048, 16, 32, 8, 8192, 128256, tied=True),
+    _KnownShape("Qwen2.5-1.5B", 1536, 28, 12, 2, 8960, 151936, tied=True),
+    _KnownShape("Llama-3.2-3B", 3072, 28, 24, 8, 8192, 128256, tied=True),
+    _KnownShape("Llama-2-7B", 4096, 32, 32, 32, 11008, 32000),
+    _KnownShape("Llama-3.1-8B", 4096, 32, 32, 8, 14336, 128256),
+    _KnownShape("Llama-2-13B", 5120, 40, 40, 40, 13824, 32000),
+    _KnownShape("Qwen2.5-14B", 5120, 48, 40, 8, 13824, 152064),
+    _KnownShape("Qwen2.5-32B", 5120, 64, 40, 8, 27648, 152064),
+    _KnownShape("CodeLlama-34B", 8192, 48, 64, 8, 22016, 32000),
+    _KnownShape("Llama-3-70B", 8192, 80, 64, 8, 28672, 128256),
+    _KnownShape("Llama-3.1-405B", 16384, 126, 128, 8, 53248, 128256),
+)
+
+
+def llama_param_count(hidden: int, layers: int, heads: int, kv_heads: int, intermediate: int,
+                      vocab: int, tied: bool = False) -> int:
+    """Parameters of a LlamaForCausalLM with this shape (no biases), exactly as transformers builds it."""
+    head_dim = hidden // heads
+    attention = hidden * heads * head_dim * 2 + hidden * kv_heads * head_dim * 2  # q, o; k, v
+    mlp = 3 * hidden * intermediate                                               # gate, up, down
+    norms = 2 * hidden
+    embeddings = vocab * hidden * (1 if tied else 2)
+    return layers * (attention + mlp + norms) + embeddings + hidden
+
+
+def _nearest_known(params: int) -> _KnownShape:
+    # Nearest on a log scale: 10B is closer to 8B than to 13B the way people mean sizes.
+    return min(KNOWN_SHAPES, key=lambda s: abs(math.log(s.params / params)))
+
+
+def _positive_int(value, field: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        if isinstance(value, str) and value.strip().isdigit():
+            value = int(value.strip())
+        else:
+            raise InputError(field, f"{value!r} is not a whole number", "a positive integer")
+    if value <= 0:
+        raise InputError(field, f"{value} must be greater than zero", "a positive integer")
+    return value
+
+
+def _round_up(value: float, multiple: int) -> int:
+    return max(multiple, int(math.ceil(value / multiple)) * multiple)
+
+
+def _intermediate_for(hidden: int) -> int:
+    # Llama's SwiGLU width: 8/3·h rounded up to a multiple of 256.
+    return _round_up(8 * hidden / 3, 256)
+
+
+def _per_layer_params(hidden: int, heads: int, kv_heads: int, intermediate: int) -> int:
+    return llama_param_count(hidden, 1, heads, kv_heads, intermediate, 0) - hidden
+
+
+def _default_heads(hidden: int) -> int:
+    # Llama keeps head_dim 128; smaller models use 64; other widths take the first that divides.
+    for head_dim in (128, 64, 96, 80, 32):
+        if hidden % head_dim == 0:
+            return hidden // head_dim
+    return 1
+
+
+def _default_kv_heads(heads: int) -> int:
+    return 8 if heads % 8 == 0 and heads > 8 else heads
+
+
+def from_params(params: int | str, hidden_size: int | None = None, layers: int | None = None,
                 heads: int | None = None, vocab_size: int | None = None) -> ModelShape:
-    """A Llama-like shape for `--params 7B` with optional shape overrides (exact=False)."""
-    raise NotImplementedError
+    """A Llama-like shape for `--params 7B` with optional shape overrides (exact=False).
+
+    `params` is kept exactly as given (it is what the user said). The shape is the well-known
+    model nearest in size; an overridden hidden size or layer count re-derives the other from
+    `params`, so the shape still adds up to roughly that many parameters.
+    """
+    if isinstance(params, str):
+        params = parse_count(params, "params")
+    elif isinstance(params, float) and params.is_integer():
+        params = int(params)
+    params = _positive_int(params, "params")
+    if params is None:
+        raise InputError("params", "is required", "a positive count such as 7B, 350M or 1.5e9")
+    hidden_size = _positive_int(hidden_size, "hidden_size")
+    layers = _positive_int(layers, "layers")
+    heads = _positive_int(heads, "heads")
+    vocab_size = _positive_int(vocab_size, "vocab_size")
+
+    base = _nearest_known(params)
+    vocab = vocab_size or base.vocab_size
+    tied = base.tied and vocab == base.vocab_size
+
+    ratio = params / base.params
+    if hidden_size is None and layers is None and ratio > 2:
+        # Beyond the largest known shape: keep its width, grow the depth.
+        hidden, n_layers = base.hidden_size, None
+    elif hidden_size is None and layers is None and ratio < 0.5:
+        # Below the smallest known shape: keep its depth, shrink the width.
+        n_layers = base.layers
+        hidden = _hidden_for(params, n_layers, vocab, tied)
+    elif hidden_size is None and layers is None:
+        hidden, n_layers = base.hidden_size, base.layers
+    elif hidden_size is not None and layers is not None:
+        hidden, n_layers = hidden_size, layers
+    elif hidden_size is not None:
+        hidden = hidden_size
+        n_layers = None  # derived below, once heads are known
+    else:
+        n_layers = layers
+        hidden = _hidden_for(params, n_layers, vocab, tied)
+
+    same_width = hidden == base.hidden_size
+    n_heads = heads or (base.heads if same_width else _default_heads(hidden))
+    if hidden % n_heads:
+        raise InputError("heads", f"{n_heads} does not divide hidden_size {hidden}",
+                         "a positive integer that divides hidden_size")
+    kv = base.kv_heads if same_width and n_heads == base.heads else _default_kv_heads(n_heads)
+    intermediate = base.intermediate_size if same_width else _intermediate_for(hidden)
+    if n_layers is None:
+        body = params - vocab * hidden * (1 if tied else 2)
+        n_layers = max(1, round(body / _per_layer_params(hidden, n_heads, kv, intermediate)))
+
+    return ModelShape(
+        params=params,
+        # The embedding is the largest layer of a Llama; capped for budgets too small to hold one.
+        largest_layer_params=min(vocab * hidden, params),
+        hidden_size=hidden,
+        layers=n_layers,
+        heads=n_heads,
+        kv_heads=kv,
+        vocab_size=vocab,
+        intermediate_size=intermediate,
+        layer_class="LlamaDecoderLayer",
+        model_type="llama",
+        tied_embeddings=tied,
+        source=f"--params {fmt_count(params)}",
+        exact=False,
+    )
+
+
+def _hidden_for(params: int, layers: int, vocab: int, tied: bool) -> int:
+    """Hidden size (a multiple of 128) whose Llama-like shape with `layers` layers is nearest `params`."""
+    best_hidden, best_gap = 128, None
+    for hidden in range(128, 65536 + 1, 128):
+        heads = _default_heads(hidden)
+        total = llama_param_count(hidden, layers, heads, _default_kv_heads(heads), _intermediate_for(hidden),
+                                  vocab, tied)
+        gap = abs(total - params)
+        if best_gap is None or gap < best_gap:
+            best_hidden, best_gap = hidden, gap
+        if total > params:
+            break
+    return best_hidden
