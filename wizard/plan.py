@@ -5,10 +5,12 @@ Pure: takes Hardware, ModelShape and options, returns a Plan. Formulas live in m
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from wizard.units import GiB
+from wizard import memory as mem
+from wizard.errors import InputError
+from wizard.units import GiB, fmt_bytes
 
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
 GC_MODES = ("auto", "on", "off")
@@ -107,6 +109,529 @@ class Plan:
         }
 
 
+# --- The ladder ------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class RungSpec:
+    """One strategy of the ladder, before any arithmetic."""
+
+    key: str
+    name: str
+    backend: str
+    zero_stage: int | None = None
+    offload_optimizer: str = "none"
+    offload_param: str = "none"
+    fsdp_reshard: bool | None = None
+
+    @property
+    def offloads(self) -> bool:
+        return self.offload_optimizer != "none" or self.offload_param != "none"
+
+
+RUNG_SPECS: dict[str, RungSpec] = {s.key: s for s in (
+    RungSpec("single", "Single GPU", "single"),
+    RungSpec("ddp", "DDP (data parallel)", "ddp"),
+    RungSpec("zero1", "DeepSpeed ZeRO-1", "deepspeed", 1),
+    RungSpec("zero1-offload-opt", "ZeRO-1 + CPU optimizer offload", "deepspeed", 1, "cpu"),
+    RungSpec("zero2", "DeepSpeed ZeRO-2", "deepspeed", 2),
+    RungSpec("zero2-offload-opt", "ZeRO-2 + CPU optimizer offload", "deepspeed", 2, "cpu"),
+    RungSpec("zero3", "DeepSpeed ZeRO-3", "deepspeed", 3),
+    RungSpec("zero3-offload-opt", "ZeRO-3 + CPU optimizer offload", "deepspeed", 3, "cpu"),
+    RungSpec("zero3-offload-all", "ZeRO-3 + CPU offload of optimizer and parameters", "deepspeed", 3, "cpu", "cpu"),
+    RungSpec("zero3-nvme", "ZeRO-3 + NVMe offload of optimizer and parameters", "deepspeed", 3, "nvme", "nvme"),
+    RungSpec("fsdp-noreshard", "FSDP2 without resharding (~ZeRO-2)", "fsdp", fsdp_reshard=False),
+    RungSpec("fsdp-reshard", "FSDP2 with resharding (~ZeRO-3)", "fsdp", fsdp_reshard=True),
+    RungSpec("fsdp-offload", "FSDP2 + CPU offload", "fsdp", offload_optimizer="cpu", offload_param="cpu",
+             fsdp_reshard=True),
+)}
+
+_ZERO_LADDERS = {
+    "auto": ("zero2", "zero3", "zero3-offload-opt", "zero3-offload-all", "zero3-nvme"),
+    "1": ("zero1", "zero1-offload-opt"),
+    "2": ("zero2", "zero2-offload-opt"),
+    "3": ("zero3", "zero3-offload-opt", "zero3-offload-all", "zero3-nvme"),
+}
+_FSDP_LADDER = ("fsdp-noreshard", "fsdp-reshard", "fsdp-offload")
+
+
+def _check_choice(value: str, allowed: tuple[str, ...], flag: str) -> None:
+    if value not in allowed:
+        raise InputError(flag, f"{value!r} is not a valid choice", ", ".join(allowed))
+
+
+def _offload_matches(spec: RungSpec, offload: str) -> bool:
+    if offload == "auto":
+        return True
+    return spec.offload_optimizer == offload
+
+
+def ladder_keys(strategy: StrategyOptions, world_size: int, cpu: bool = False) -> list[str]:
+    """The rung keys to evaluate, cheapest first, for these strategy options. InputError on bad combos."""
+    backend, stage, offload = strategy.backend, str(strategy.zero_stage), strategy.offload
+    _check_choice(backend, BACKENDS, "--backend")
+    _check_choice(stage, ZERO_STAGES, "--zero-stage")
+    _check_choice(offload, OFFLOADS, "--offload")
+    base = "single" if world_size == 1 else "ddp"
+    if cpu and offload in ("cpu", "nvme"):
+        raise InputError("--offload", f"{offload!r} needs GPUs; these are CPU processes", "auto, none")
+    if backend == "ddp":
+        if stage != "auto":
+            raise InputError("--zero-stage", f"{stage!r} applies to --backend deepspeed, not ddp", "auto")
+        if offload in ("cpu", "nvme"):
+            raise InputError("--offload", f"{offload!r} needs --backend deepspeed or fsdp, not ddp", "auto, none")
+        return [base]
+    if backend == "fsdp":
+        if stage != "auto":
+            raise InputError("--zero-stage", f"{stage!r} applies to --backend deepspeed, not fsdp", "auto")
+        if offload == "nvme":
+            raise InputError("--offload", "FSDP has no NVMe offload", "auto, none, cpu")
+        keys = [k for k in _FSDP_LADDER if _offload_matches(RUNG_SPECS[k], offload)]
+    else:
+        keys = [k for k in _ZERO_LADDERS[stage] if _offload_matches(RUNG_SPECS[k], offload)]
+        if not keys:
+            raise InputError("--offload", "NVMe offload is available only with ZeRO stage 3", "auto, none, cpu")
+        if backend == "auto" and stage == "auto" and offload in ("auto", "none"):
+            keys.insert(0, base)
+    if cpu:
+        keys = [k for k in keys if not RUNG_SPECS[k].offloads]
+    return keys
+
+
+# --- Evaluating a rung ------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _Inputs:
+    """Everything the arithmetic needs, resolved and validated once per plan."""
+
+    params: int
+    largest_layer: int
+    hidden: int
+    layers: int
+    heads: int
+    vocab: int
+    ffn: int
+    layer_params: int
+    root_params: int
+    seq: int
+    batch: int
+    precision: str
+    optimizer: str
+    flash: bool
+    per_machine: int
+    machines: int
+    cpu: bool
+    context: int
+    capacity: int
+    usable: int
+    headroom: float
+    ram: int | None                  # host RAM per machine; None when unknown
+    nvme_path: str | None
+    nvme_free: int | None
+
+    @property
+    def world(self) -> int:
+        return self.per_machine * self.machines
+
+    @property
+    def unit(self) -> str:
+        return "process" if self.cpu else "GPU"
+
+
+def _states(spec: RungSpec, x: _Inputs) -> mem.ModelStates:
+    if spec.backend in ("single", "ddp"):
+        return mem.states_single_or_ddp(x.params, x.precision, x.optimizer, x.per_machine)
+    if spec.backend == "fsdp":
+        return mem.states_fsdp(x.params, x.precision, x.optimizer, x.per_machine, x.machines,
+                               reshard=bool(spec.fsdp_reshard), offload=spec.offloads)
+    if spec.zero_stage == 1:
+        return mem.states_zero1(x.params, x.precision, x.optimizer, x.per_machine, x.machines,
+                                offload_optimizer=spec.offload_optimizer == "cpu")
+    if spec.zero_stage == 2:
+        return mem.states_zero2(x.params, x.precision, x.optimizer, x.per_machine, x.machines,
+                                offload_optimizer=spec.offload_optimizer == "cpu")
+    if spec.offload_optimizer == "nvme":
+        return mem.states_zero3_nvme(x.params, x.largest_layer, x.precision, x.optimizer, x.per_machine, x.machines)
+    return mem.states_zero3(x.params, x.largest_layer, x.precision, x.optimizer, x.per_machine, x.machines,
+                            offload_optimizer=spec.offload_optimizer == "cpu",
+                            offload_param=spec.offload_param == "cpu")
+
+
+def _buffers(spec: RungSpec, x: _Inputs) -> int:
+    if spec.backend == "single":
+        return 0
+    if spec.backend == "ddp":
+        return mem.ddp_buffers(x.params, x.precision)
+    if spec.backend == "fsdp":
+        return mem.fsdp_buffers(x.layer_params, x.root_params, x.precision, bool(spec.fsdp_reshard))
+    if spec.zero_stage in (1, 2):
+        return mem.zero12_buffers(x.hidden, spec.zero_stage, x.precision)
+    return mem.zero3_buffers(x.params, x.hidden, x.precision)
+
+
+@dataclass
+class _Estimate:
+    breakdown: dict[str, int]
+    per_gpu: int
+    cpu: int
+    nvme: int
+
+    @property
+    def model_states(self) -> int:
+        b = self.breakdown
+        return b["parameters"] + b["gradients"] + b["optimizer"]
+
+    @property
+    def fixed(self) -> int:
+        """What gradient checkpointing cannot shrink: model states, buffers and context."""
+        b = self.breakdown
+        return self.model_states + b["buffers"] + b["context"]
+
+
+def _estimate(spec: RungSpec, x: _Inputs, gc: bool) -> _Estimate:
+    states = _states(spec, x)
+    activations = mem.activation_bytes(x.seq, x.batch, x.hidden, x.heads, x.layers, x.ffn, x.flash, gc, x.precision)
+    logits = mem.logits_bytes(x.seq, x.batch, x.vocab, x.precision)
+    buffers = _buffers(spec, x)
+    margin = mem.margin_bytes(states.gpu + activations + logits + buffers)
+    breakdown = {
+        "parameters": states.parameters, "gradients": states.gradients, "optimizer": states.optimizer,
+        "activations": activations, "logits": logits, "buffers": buffers, "context": x.context, "margin": margin,
+    }
+    # CPU processes: everything is already host RAM inside the per-process figure.
+    return _Estimate(breakdown, sum(breakdown.values()), 0 if x.cpu else states.cpu, states.nvme)
+
+
+def _uses_nvme(spec: RungSpec) -> bool:
+    return "nvme" in (spec.offload_optimizer, spec.offload_param)
+
+
+def _problems(spec: RungSpec, est: _Estimate, x: _Inputs) -> list[str]:
+    """Why this estimate does not fit, as clauses; empty when it fits."""
+    out = []
+    if est.per_gpu > x.usable:
+        out.append(f"needs {fmt_bytes(est.per_gpu)} per {x.unit} (model states {fmt_bytes(est.model_states)}) "
+                   f"but {fmt_bytes(x.usable)} is usable ({_capacity_text(x)})")
+    if x.ram is not None and est.cpu > x.ram:
+        out.append(f"needs {fmt_bytes(est.cpu)} of host RAM per machine but {fmt_bytes(x.ram)} is available")
+    if _uses_nvme(spec):
+        if not x.nvme_path:
+            out.append("needs an NVMe path for offload (--nvme-path) and none was given")
+        elif x.nvme_free is not None and est.nvme > x.nvme_free:
+            out.append(f"needs {fmt_bytes(est.nvme)} on NVMe at {x.nvme_path} but {fmt_bytes(x.nvme_free)} is free")
+    return out
+
+
+def _capacity_text(x: _Inputs) -> str:
+    pct = f"{x.headroom * 100:g}%"
+    if x.cpu:
+        return f"{fmt_bytes(x.capacity * x.per_machine)} RAM / {x.per_machine} processes - {pct} headroom"
+    return f"{fmt_bytes(x.capacity)} - {pct} headroom"
+
+
+def _evaluate(spec: RungSpec, x: _Inputs, gc_mode: str) -> tuple[Rung, int | None]:
+    """The rung with its breakdown and fit; also its per-GPU bytes without GC when GC was switched on."""
+    gc = gc_mode == "on"
+    est = _estimate(spec, x, gc)
+    without_gc = None
+    if gc_mode == "auto" and est.per_gpu > x.usable and est.fixed <= x.usable:
+        # Model states fit but the total does not: activations are the problem, so checkpoint them.
+        without_gc, gc = est.per_gpu, True
+        est = _estimate(spec, x, True)
+    name = "Single process" if x.cpu and spec.key == "single" else spec.name
+    rung = Rung(key=spec.key, name=name, backend=spec.backend, zero_stage=spec.zero_stage,
+                offload_optimizer=spec.offload_optimizer, offload_param=spec.offload_param,
+                fsdp_reshard=spec.fsdp_reshard, gradient_checkpointing=gc, per_gpu_bytes=est.per_gpu,
+                cpu_bytes=est.cpu, nvme_bytes=est.nvme, breakdown=est.breakdown)
+    problems = _problems(spec, est, x)
+    rung.fits = not problems
+    if problems:
+        gc_text = " even with gradient checkpointing" if without_gc is not None else ""
+        first = problems[0]
+        if gc_text and first.startswith("needs ") and " per " in first:
+            first = first.replace(f" per {x.unit} ", f" per {x.unit}{gc_text} ", 1)
+        rung.reason = _sentence("; and ".join([first] + problems[1:]))
+    return rung, without_gc
+
+
+def _sentence(text: str) -> str:
+    return text[:1].upper() + text[1:] + "."
+
+
+def _fit_reason(rung: Rung, x: _Inputs, without_gc: int | None, choice: Rung) -> str:
+    used = f"{fmt_bytes(rung.per_gpu_bytes)} of {fmt_bytes(x.usable)} usable per {x.unit}"
+    gc = ""
+    if without_gc is not None:
+        gc = f" with gradient checkpointing (without it {fmt_bytes(without_gc)} per {x.unit}, over the limit)"
+    elif rung.gradient_checkpointing:
+        gc = " with gradient checkpointing (forced on)"
+    if rung is choice:
+        spare = fmt_bytes(x.usable - rung.per_gpu_bytes)
+        return f"Fits{gc} with {spare} to spare ({used}); chosen because it is the first rung that fits."
+    return f"Fits{gc} ({used}), but a cheaper rung ({choice.name}) already fits."
+
+
+# --- Resolving the inputs ---------------------------------------------------------------------------
+
+def resolve_precision(precision: str, hw, cpu: bool) -> str:
+    """'auto': fp32 for CPU processes, bf16 where every GPU supports it, else fp16."""
+    _check_choice(precision, PRECISIONS, "--precision")
+    if precision != "auto":
+        return precision
+    if cpu:
+        return "fp32"
+    return "bf16" if hw.all_bf16 else "fp16"
+
+
+def resolve_attention(attention: str, precision: str, cpu: bool) -> bool:
+    """True when the s x s attention scores are never materialised (flash / SDPA memory-efficient).
+
+    'auto' is what HF picks (sdpa) and it only reaches a fused kernel for 16-bit inputs on GPUs;
+    on CPUs and in fp32 it is counted as eager/math, which is conservative.
+    """
+    _check_choice(attention, ATTENTIONS, "--attention")
+    if attention in ("flash", "sdpa"):
+        return True
+    if attention == "eager":
+        return False
+    return not cpu and precision in ("bf16", "fp16")
+
+
+def _positive(value: int, flag: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InputError(flag, f"{value!r} must be a whole number of at least 1", "1, 2, 3, ...")
+    return value
+
+
+def _host_ram(hw) -> int | None:
+    # Probed machines know what is available now; assumed ones only know the total (or nothing).
+    return hw.ram_available or hw.ram_total or None
+
+
+def _resolve(hw, model, training: TrainingOptions, strategy: StrategyOptions, topology: Topology,
+             notes: list[str]) -> _Inputs:
+    cpu = bool(topology.cpu)
+    per_machine = _positive(topology.processes_per_machine, "--num-processes")
+    machines = _positive(topology.num_machines, "--num-machines")
+    seq = _positive(training.seq_len, "--seq-len")
+    batch = _positive(training.micro_batch, "--micro-batch")
+    _positive(training.grad_accum, "--grad-accum")
+    _check_choice(training.gradient_checkpointing, GC_MODES, "--gradient-checkpointing")
+    _check_choice(training.optimizer, OPTIMIZERS, "--optimizer")
+    headroom = strategy.headroom
+    if isinstance(headroom, bool) or not isinstance(headroom, (int, float)) or not 0 <= headroom < 1:
+        raise InputError("--headroom", f"{headroom!r} is not a fraction in [0, 1)", "e.g. 0.10")
+    if model.params < 1 or model.layers < 1 or model.hidden_size < 1 or model.heads < 1:
+        raise InputError("--model", "the model shape needs params, layers, hidden size and heads >= 1")
+    precision = resolve_precision(training.precision, hw, cpu)
+    flash = resolve_attention(training.attention, precision, cpu)
+    ram = _host_ram(hw)
+
+    if cpu:
+        if ram is None:
+            raise InputError("--hardware", "host RAM is unknown, so CPU processes cannot be planned",
+                             "a probed machine, or --assume with ram=SIZE")
+        capacity = ram // per_machine
+        context = mem.CPU_PROCESS_OVERHEAD_BYTES
+        notes.append(f"These are {per_machine * machines} CPU processes (DeepSpeed's CPU accelerator over gloo): "
+                     f"each gets host RAM / {per_machine}, in {precision}; offload rungs are left out because "
+                     "the processes already live in host RAM.")
+        if precision == "fp16":
+            notes.append("fp16 on CPUs is poorly supported by torch and DeepSpeed's CPU accelerator; use fp32 or bf16.")
+    else:
+        if hw.num_gpus == 0:
+            raise InputError("--hardware", f"no GPUs found ({hw.gpu_reason or 'unknown reason'}) for GPU processes",
+                             "a machine with GPUs, --assume SPEC, or CPU processes")
+        if per_machine > hw.num_gpus:
+            raise InputError("--num-processes", f"{per_machine} processes per machine but only {hw.num_gpus} GPUs",
+                             f"1..{hw.num_gpus}")
+        capacity = hw.min_gpu_memory
+        context = strategy.cuda_context_bytes
+        if precision == "bf16" and not hw.all_bf16:
+            notes.append("bf16 was asked for but not every GPU supports it (compute capability < 8.0).")
+        if training.attention == "flash" and precision == "fp32":
+            notes.append("flash-attention has no fp32 kernels: attention 'flash' needs bf16 or fp16.")
+        busy = [g for g in hw.gpus if g.memory_free is not None
+                and g.memory_free < mem.usable_bytes(capacity, headroom)]
+        if busy:
+            ids = ", ".join(str(g.index) for g in busy)
+            notes.append(f"GPU {ids} has less free memory now than the planned usable amount: other processes are "
+                         "using it.")
+    if ram is None:
+        notes.append("Host RAM is unknown, so the host-RAM needs of the rungs are shown but not checked.")
+    elif not hw.ram_available:
+        notes.append("Host RAM available is unknown; the total is used for the host-RAM check.")
+    if training.optimizer in mem.GUESSED_OPTIMIZERS:
+        notes.append(f"Optimizer state for {training.optimizer} is a guess "
+                     f"({mem.OPTIMIZER_STATE_BYTES[training.optimizer]} B/param).")
+    if not getattr(model, "exact", True):
+        notes.append("The model shape is estimated from a parameter count, not read from a config.")
+    notes.append("Activations follow Korthikanti et al. 2022 with the MLP scaled by the intermediate size (a guess "
+                 f"for gated MLPs); attention counted as {'flash/SDPA (no s x s scores)' if flash else 'eager/math'}.")
+
+    nvme_path = strategy.nvme_path or hw.nvme_path
+    nvme_free = hw.disk_free_nvme if nvme_path and nvme_path == hw.nvme_path else None
+    layer_params, root_params = mem.layer_and_root_params(model.params, model.hidden_size, model.layers,
+                                                          model.vocab_size, model.tied_embeddings)
+    return _Inputs(
+        params=model.params, largest_layer=model.largest_layer_params, hidden=model.hidden_size,
+        layers=model.layers, heads=model.heads, vocab=model.vocab_size,
+        ffn=model.intermediate_size or 4 * model.hidden_size, layer_params=layer_params, root_params=root_params,
+        seq=seq, batch=batch, precision=precision, optimizer=training.optimizer, flash=flash,
+        per_machine=per_machine, machines=machines, cpu=cpu, context=context, capacity=capacity,
+        usable=mem.usable_bytes(capacity, headroom), headroom=headroom, ram=ram,
+        nvme_path=nvme_path, nvme_free=nvme_free,
+    )
+
+
+# --- Public API ---------------------------------------------------------------------------------------
+
 def make_plan(hw, model, training: TrainingOptions, strategy: StrategyOptions, topology: Topology) -> Plan:
     """Walk the ladder of DESIGN.md and return every rung with its breakdown and the choice."""
-    raise NotImplementedError
+    notes: list[str] = []
+    x = _resolve(hw, model, training, strategy, topology, notes)
+    keys = ladder_keys(strategy, x.world, x.cpu)
+    evaluated = [_evaluate(RUNG_SPECS[k], x, training.gradient_checkpointing) for k in keys]
+    rungs = [r for r, _ in evaluated]
+    choice = next((r for r in rungs if r.fits), None)
+    if choice is not None:
+        for rung, without_gc in evaluated:
+            if rung.fits:
+                rung.reason = _fit_reason(rung, x, without_gc, choice)
+    if x.nvme_path and x.nvme_free is None and any(_uses_nvme(RUNG_SPECS[k]) for k in keys):
+        notes.append(f"Free space at the NVMe path {x.nvme_path} is unknown, so the NVMe rung's disk need is not "
+                     "checked.")
+    return Plan(rungs=rungs, choice=choice, gpu_capacity_bytes=x.capacity, usable_bytes=x.usable,
+                precision=x.precision, topology=topology, notes=notes)
+
+
+def rung_by_key(plan: Plan, key: str) -> Rung | None:
+    """The evaluated rung with this key, or None when the plan's ladder did not include it."""
+    return next((r for r in plan.rungs if r.key == key), None)
+
+
+def next_rung(plan: Plan, current_key: str) -> Rung | None:
+    """What to try after `current_key` failed (e.g. CUDA OOM): the first later rung that fits,
+    else the next rung up the ladder; None when `current_key` is the last rung or unknown."""
+    keys = [r.key for r in plan.rungs]
+    if current_key not in keys:
+        return None
+    later = plan.rungs[keys.index(current_key) + 1:]
+    return next((r for r in later if r.fits), later[0] if later else None)
+
+
+def _shortfall(rung: Rung, plan: Plan, hw) -> tuple[float, str]:
+    """(need / have of the tightest constraint, a phrase saying it) for a rung that does not fit."""
+    unit = "process" if plan.topology.cpu else "GPU"
+    worst = (rung.per_gpu_bytes / max(plan.usable_bytes, 1),
+             f"needs {fmt_bytes(rung.per_gpu_bytes)} per {unit}, "
+             f"{fmt_bytes(rung.per_gpu_bytes - plan.usable_bytes)} "
+             f"({(rung.per_gpu_bytes / max(plan.usable_bytes, 1) - 1) * 100:.0f}%) more than the "
+             f"{fmt_bytes(plan.usable_bytes)} usable")
+    ram = _host_ram(hw)
+    if ram and not plan.topology.cpu and rung.cpu_bytes > ram and rung.cpu_bytes / ram > worst[0]:
+        worst = (rung.cpu_bytes / ram,
+                 f"needs {fmt_bytes(rung.cpu_bytes)} of host RAM per machine, {fmt_bytes(rung.cpu_bytes - ram)} "
+                 f"({(rung.cpu_bytes / ram - 1) * 100:.0f}%) more than the {fmt_bytes(ram)} available")
+    return worst
+
+
+_MAX_MACHINES_TRIED = 128
+
+
+def _try(hw, model, training, strategy, topology) -> Plan | None:
+    try:
+        plan = make_plan(hw, model, training, strategy, topology)
+    except InputError:
+        return None
+    return plan if plan.choice is not None else None
+
+
+def _fits_text(plan: Plan) -> str:
+    c = plan.choice
+    unit = "process" if plan.topology.cpu else "GPU"
+    gc = " with gradient checkpointing" if c.gradient_checkpointing else ""
+    return f"{c.name}{gc} fits ({fmt_bytes(c.per_gpu_bytes)} of {fmt_bytes(plan.usable_bytes)} per {unit})"
+
+
+@dataclass
+class Suggestion:
+    """One change that makes a rung fit, already verified by recomputing the plan with it."""
+
+    text: str                             # "with 16 GPUs (2 machines x 8): DeepSpeed ZeRO-3 fits (...)"
+    training: TrainingOptions
+    strategy: StrategyOptions
+    topology: Topology
+    choice_key: str
+
+
+def what_would_fit(hw, model, training: TrainingOptions, strategy: StrategyOptions,
+                   topology: Topology) -> list[Suggestion]:
+    """Single changes that make some rung fit, each verified by recomputing the plan."""
+    out: list[Suggestion] = []
+
+    def attempt(label: str, t: TrainingOptions = training, s: StrategyOptions = strategy,
+                topo: Topology = topology) -> bool:
+        plan = _try(hw, model, t, s, topo)
+        if plan is None:
+            return False
+        out.append(Suggestion(f"{label}: {_fits_text(plan)}", t, s, topo, plan.choice.key))
+        return True
+
+    # More GPUs: first the rest of this machine's GPUs, then more machines like it.
+    candidates = []
+    if not topology.cpu:
+        candidates = [replace(topology, processes_per_machine=p)
+                      for p in range(topology.processes_per_machine + 1, hw.num_gpus + 1)]
+    per_machine = topology.processes_per_machine if topology.cpu else max(topology.processes_per_machine,
+                                                                          hw.num_gpus)
+    candidates += [replace(topology, processes_per_machine=per_machine, num_machines=m)
+                   for m in range(topology.num_machines + 1, _MAX_MACHINES_TRIED + 1)]
+    unit = "processes" if topology.cpu else "GPUs"
+    for topo in candidates:
+        where = f" ({topo.num_machines} machines x {topo.processes_per_machine})" if topo.num_machines > 1 else ""
+        if attempt(f"with {topo.world_size} {unit}{where}", topo=topo):
+            break
+    # A smaller micro-batch, keeping the global batch with more accumulation where it divides.
+    total = training.micro_batch * training.grad_accum
+    for b in range(training.micro_batch - 1, 0, -1):
+        keep = f" and --grad-accum {total // b} to keep the global batch" if total % b == 0 else ""
+        t = replace(training, micro_batch=b, grad_accum=total // b if total % b == 0 else training.grad_accum)
+        if attempt(f"with --micro-batch {b}{keep}", t=t):
+            break
+    if training.gradient_checkpointing != "on":
+        attempt("with --gradient-checkpointing on", t=replace(training, gradient_checkpointing="on"))
+    seq = training.seq_len // 2
+    while seq >= 128 and not attempt(f"with --seq-len {seq}", t=replace(training, seq_len=seq)):
+        seq //= 2
+    precision = resolve_precision(training.precision, hw, topology.cpu)
+    if not topology.cpu and not resolve_attention(training.attention, precision, topology.cpu):
+        attempt("with --attention sdpa", t=replace(training, attention="sdpa"))
+    if training.optimizer == "adamw":
+        attempt("with --optimizer adamw-8bit", t=replace(training, optimizer="adamw-8bit"))
+    if (strategy.backend, str(strategy.zero_stage), strategy.offload) != ("auto", "auto", "auto"):
+        attempt("with --backend auto --zero-stage auto --offload auto",
+                s=replace(strategy, backend="auto", zero_stage="auto", offload="auto"))
+    return out
+
+
+def explain_nothing_fits(plan: Plan, hw, model, training: TrainingOptions, strategy: StrategyOptions,
+                         topology: Topology) -> str:
+    """For exit 3: how far the closest rung is from fitting, and what would fit (each one verified)."""
+    misses = [(_shortfall(r, plan, hw), r) for r in plan.rungs if not r.fits]
+    lines = []
+    if misses:
+        (_, phrase), best = min(misses, key=lambda m: m[0][0])
+        lines.append(f"Nothing fits. The closest rung, {best.name}, {phrase}.")
+    else:
+        lines.append("Nothing fits.")
+    nvme_missing = any(_uses_nvme(RUNG_SPECS[r.key]) and "--nvme-path" in r.reason for r in plan.rungs)
+    if nvme_missing:
+        lines.append("NVMe offload (the last rung) was not possible: give --nvme-path on a fast local disk.")
+    fixes = what_would_fit(hw, model, training, strategy, topology)
+    if fixes:
+        lines.append("What would fit: " + "; ".join(f.text for f in fixes) + ".")
+    else:
+        lines.append("No single change tried (more GPUs up to "
+                     f"{_MAX_MACHINES_TRIED} machines, a smaller micro-batch, gradient checkpointing, a shorter "
+                     "sequence, SDPA attention, 8-bit AdamW) makes a rung fit.")
+    return " ".join(lines)

@@ -1,0 +1,517 @@
+"""The memory model: bytes per GPU (and per host) for each strategy of the ladder.
+
+Pure arithmetic over ints and floats; no torch, no deepspeed. Every formula names its source.
+Where a figure is a guess rather than a sourced formula, the comment says "GUESS" so that the UI
+and the report can say so too.
+
+Notation: P = parameters, LL = parameters of the largest module (DeepSpeed's definition),
+N = data-parallel world size, n = processes per machine, s = sequence length, b = micro-batch,
+h = hidden size, a = attention heads, L = layers, V = vocabulary, f = MLP intermediate size.
+
+Bytes per parameter in mixed precision with AdamW (the ZeRO paper, Rajbhandari et al. 2019,
+arXiv:1910.02054, section 3.1 and Fig. 1): 2 (16-bit weights) + 2 (16-bit gradients) + K = 12
+(fp32 master weights 4 + momentum 4 + variance 4) = 16 B/param.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from wizard.units import GiB, MiB
+
+# --- Per-parameter byte counts ------------------------------------------------------------------
+
+# Optimizer state bytes per parameter, on top of any fp32 master copy.
+# adamw: exp_avg + exp_avg_sq in fp32 = 8 B (ZeRO paper section 3.1; HF model_memory_anatomy.md
+#   "AdamW: 8 bytes per param").
+# adamw-8bit: two 1-byte states = 2 B (bitsandbytes; HF model_memory_anatomy.md "8-bit AdamW:
+#   2 bytes per param"); the per-block quantisation constants are ignored (< 1%).
+# sgd: one fp32 momentum buffer = 4 B (HF model_memory_anatomy.md "SGD with momentum: 4 bytes").
+# adafactor: GUESS. The factored second moment is O(rows + cols) per matrix, i.e. nearly nothing,
+#   but HF's Adafactor keeps an fp32 copy of 16-bit params and, with beta1 set, a full first moment;
+#   4 B/param is a deliberately round upper-ish figure, not a measured one.
+OPTIMIZER_STATE_BYTES = {"adamw": 8, "adamw-8bit": 2, "sgd": 4, "adafactor": 4}
+GUESSED_OPTIMIZERS = frozenset({"adafactor"})
+
+FP32_MASTER_BYTES = 4          # the fp32 master weights of mixed-precision training (ZeRO paper 3.1)
+FP32_GRAD_BYTES = 4            # DeepSpeed's fp32 gradient partition ("4_grads_32bit" in stage_1_and_2.py)
+
+# DeepSpeed's estimators use this factor for host RAM only (stage_1_and_2.py / stage3.py defaults).
+DS_ADDITIONAL_BUFFER_FACTOR = 1.5
+
+# Fragmentation allowance on top of the sum: HEURISTIC. Megatron-LM's theoretical_memory_usage.py
+# multiplies activations by 1.05 "buffer for optimizer and miscellaneous temporaries"; the torch
+# caching allocator's fragmentation is workload-dependent, so 5% of the allocator-managed total.
+MARGIN_FRACTION = 0.05
+
+# Per-process overhead of a CPU (gloo) process standing in for the CUDA context: GUESS
+# (torch + Python + DeepSpeed's CPU accelerator import, typically a few hundred MiB RSS).
+CPU_PROCESS_OVERHEAD_BYTES = 512 * MiB
+
+# DDP default bucket size (torch.nn.parallel.DistributedDataParallel bucket_cap_mb=25). The buckets
+# together hold every gradient, so the size of one bucket does not change the total (see ddp_buffers).
+DDP_BUCKET_CAP_BYTES = 25 * MiB
+
+
+def working_bytes(precision: str) -> int:
+    """Bytes of one weight / gradient / activation element in the compute dtype."""
+    return 4 if precision == "fp32" else 2
+
+
+def optimizer_state_bytes(optimizer: str) -> int:
+    return OPTIMIZER_STATE_BYTES[optimizer]
+
+
+@dataclass(frozen=True)
+class StateBytes:
+    """Bytes per parameter of each model-state tensor for one precision x optimizer."""
+
+    param: int          # working weights: 2 in bf16/fp16, 4 in fp32
+    grad: int           # working gradients: same dtype as the weights
+    master: int         # fp32 master copy kept by mixed precision (0 in pure fp32 for torch/DDP)
+    optim: int          # optimizer states (OPTIMIZER_STATE_BYTES)
+
+    @property
+    def k(self) -> int:
+        """The ZeRO paper's K: bytes of optimizer-side state per parameter (master + states)."""
+        return self.master + self.optim
+
+
+def state_bytes(precision: str, optimizer: str) -> StateBytes:
+    # fp32 training has no 16-bit copy and no separate master: weights are the master (ZeRO paper
+    # section 3.1 describes the mixed-precision case; fp32 is K without the 4 B master).
+    if precision == "fp32":
+        return StateBytes(param=4, grad=4, master=0, optim=optimizer_state_bytes(optimizer))
+    return StateBytes(param=2, grad=2, master=FP32_MASTER_BYTES, optim=optimizer_state_bytes(optimizer))
+
+
+@dataclass(frozen=True)
+class ModelStates:
+    """Model states (weights, gradients, optimizer) per GPU, plus host RAM and NVMe per machine."""
+
+    parameters: int
+    gradients: int
+    optimizer: int
+    cpu: int = 0        # bytes of host RAM per machine
+    nvme: int = 0       # bytes of NVMe per machine
+
+    @property
+    def gpu(self) -> int:
+        return self.parameters + self.gradients + self.optimizer
+
+
+# --- DeepSpeed's own estimators, reimplemented to the byte --------------------------------------
+
+def ds_estimate_zero2_model_states_mem_needs(total_params: int, num_gpus_per_node: int = 1, num_nodes: int = 1,
+                                              cpu_offload: bool = True,
+                                              additional_buffer_factor: float = 1.5) -> tuple[int, int]:
+    """(cpu_bytes, gpu_bytes): deepspeed/runtime/zero/stage_1_and_2.py,
+    estimate_zero2_model_states_mem_needs (deepspeed 0.19.8), same operations in the same order so
+    that float rounding agrees too."""
+    return _zero2(total_params, num_gpus_per_node, num_nodes, cpu_offload, additional_buffer_factor,
+                  param16=2, partition=18, cpu_optimizer=16)
+
+
+def ds_estimate_zero3_model_states_mem_needs(total_params: int, largest_layer_params: int,
+                                              num_gpus_per_node: int = 1, num_nodes: int = 1,
+                                              cpu_offload: bool = True, cpu_offload_params: bool = True,
+                                              zero_init: bool = True,
+                                              additional_buffer_factor: float = 1.5) -> tuple[int, int, int]:
+    """(cpu_bytes, gpu_bytes, largest_layer_memory): deepspeed/runtime/zero/stage3.py,
+    estimate_zero3_model_states_mem_needs (deepspeed 0.19.8), same operations in the same order."""
+    return _zero3(total_params, largest_layer_params, num_gpus_per_node, num_nodes, cpu_offload,
+                  cpu_offload_params, zero_init, additional_buffer_factor,
+                  layer_bytes=4, param16=2, partition=18, cpu_optimizer=16, cpu_all=18)
+
+
+def _zero2(total_params, num_gpus_per_node, num_nodes, cpu_offload, additional_buffer_factor,
+           param16, partition, cpu_optimizer):
+    # DeepSpeed's comment: "2 = params_16bit, 18 = 2_grads_16bit + 4_grads_32bit + 4_params_32bit
+    # + 8_optimizer_states_32bit"; 16 on the CPU = 4 master + 4 fp32 grads + 8 Adam states.
+    # param16 / partition / cpu_optimizer generalise 2 / 18 / 16 to other precisions and optimizers.
+    total_gpus = num_nodes * num_gpus_per_node
+    if cpu_offload:
+        gpu_mem = param16 * total_params
+        cpu_mem = total_params * max(4 * total_gpus, cpu_optimizer) * additional_buffer_factor
+    else:
+        gpu_mem = param16 * total_params + int(partition * total_params / total_gpus)
+        # 4 * num_gpus_per_node: every local process first builds the model in fp32 (memory.rst).
+        cpu_mem = total_params * 4 * num_gpus_per_node * additional_buffer_factor
+    return int(cpu_mem), int(gpu_mem)
+
+
+def _zero3(total_params, largest_layer_params, num_gpus_per_node, num_nodes, cpu_offload, cpu_offload_params,
+           zero_init, additional_buffer_factor, layer_bytes, param16, partition, cpu_optimizer, cpu_all):
+    # DeepSpeed memory.rst: the 4 * largest_layer term is "2 bytes fp16 params are gathered and
+    # 2 bytes fp16 grads are computed" for the biggest module; gpus_factor = 1 / num_nodes.
+    total_gpus = num_nodes * num_gpus_per_node
+    gpus_factor = 1 / num_nodes
+    largest_layer_memory = (layer_bytes * largest_layer_params)
+    if cpu_offload:
+        if cpu_offload_params:
+            gpu_mem = largest_layer_memory
+            if zero_init:
+                cpu_mem = total_params * cpu_all * gpus_factor * additional_buffer_factor
+            else:
+                cpu_mem = total_params * max(4 * num_gpus_per_node, cpu_all * gpus_factor) * additional_buffer_factor
+        else:
+            gpu_mem = largest_layer_memory + int(param16 * total_params / total_gpus)
+            if zero_init:
+                cpu_mem = total_params * cpu_optimizer * gpus_factor * additional_buffer_factor
+            else:
+                cpu_mem = total_params * max(4 * num_gpus_per_node,
+                                             cpu_optimizer * gpus_factor) * additional_buffer_factor
+    else:
+        gpu_mem = largest_layer_memory + int(partition * total_params / total_gpus)
+        if zero_init:
+            cpu_mem = largest_layer_params * 4 * num_gpus_per_node * additional_buffer_factor
+        else:
+            cpu_mem = total_params * 4 * num_gpus_per_node * additional_buffer_factor
+    return int(cpu_mem), int(gpu_mem), largest_layer_memory
+
+
+# --- Model states per strategy --------------------------------------------------------------------
+
+def _ds_multipliers(sb: StateBytes) -> tuple[int, int, int]:
+    """(param16, GPU partition bytes, CPU optimizer bytes) for DeepSpeed ZeRO with this precision x optimizer.
+
+    Mixed precision + AdamW gives DeepSpeed's 2 / 18 / 16 exactly. DeepSpeed keeps an fp32 master
+    partition even in fp32 training (stage_1_and_2.py clones the partition to
+    master_weights_and_grads_dtype; stage3.py _create_fp32_partitions clones too), so the master is
+    4 B for every precision here, unlike torch DDP; fp32 makes the "16-bit" weights and gradients
+    4 B each (read from the code, not measured).
+    """
+    master = FP32_MASTER_BYTES
+    partition = sb.grad + FP32_GRAD_BYTES + master + sb.optim
+    cpu_optimizer = master + FP32_GRAD_BYTES + sb.optim
+    return sb.param, partition, cpu_optimizer
+
+
+def states_single_or_ddp(params: int, precision: str, optimizer: str, num_gpus_per_node: int = 1,
+                         additional_buffer_factor: float = DS_ADDITIONAL_BUFFER_FACTOR) -> ModelStates:
+    """Single GPU or DDP: every GPU holds everything (ZeRO paper Fig. 1, 'baseline': (2+2+K)P).
+
+    Mixed precision is torch AMP here (what the HF Trainer and Accelerate do without DeepSpeed): the
+    weights stay fp32 and act as the master, gradients are fp32, so the split is 4 + 4 + states. The
+    total equals the paper's 2 + 2 + (4 + states); only the labels differ. Host RAM: each local
+    process first loads the model in fp32, counted as DeepSpeed's ZeRO-2 estimator counts it
+    (4 * P * n * 1.5, stage_1_and_2.py).
+    """
+    sb = state_bytes(precision, optimizer)
+    param = grad = 4                      # fp32 weights (AMP's master) and fp32 gradients
+    cpu = int(params * 4 * num_gpus_per_node * additional_buffer_factor)
+    return ModelStates(parameters=param * params, gradients=grad * params, optimizer=sb.optim * params, cpu=cpu)
+
+
+def states_zero1(params: int, precision: str, optimizer: str, num_gpus_per_node: int, num_nodes: int,
+                 offload_optimizer: bool = False,
+                 additional_buffer_factor: float = DS_ADDITIONAL_BUFFER_FACTOR) -> ModelStates:
+    """ZeRO-1 (P_os): 2P + 2P + K*P/N (ZeRO paper Fig. 1: '4 + 12/N' bytes per param for Adam).
+
+    DeepSpeed has no ZeRO-1 estimator. With CPU optimizer offload, stage 1 runs the same
+    stage_1_and_2.py code as stage 2, so its figures are the ZeRO-2 offload estimator's.
+    """
+    sb = state_bytes(precision, optimizer)
+    if offload_optimizer:
+        return states_zero2(params, precision, optimizer, num_gpus_per_node, num_nodes, True, additional_buffer_factor)
+    world = num_gpus_per_node * num_nodes
+    k = FP32_MASTER_BYTES + sb.optim          # DeepSpeed keeps the fp32 master even in fp32 training
+    cpu = int(params * 4 * num_gpus_per_node * additional_buffer_factor)
+    return ModelStates(parameters=sb.param * params, gradients=sb.grad * params,
+                       optimizer=int(k * params / world), cpu=cpu)
+
+
+def states_zero2(params: int, precision: str, optimizer: str, num_gpus_per_node: int, num_nodes: int,
+                 offload_optimizer: bool = False,
+                 additional_buffer_factor: float = DS_ADDITIONAL_BUFFER_FACTOR) -> ModelStates:
+    """ZeRO-2: DeepSpeed's estimate_zero2_model_states_mem_needs, exactly for mixed precision + AdamW,
+    with the multipliers generalised for other optimizers and fp32 (_ds_multipliers)."""
+    sb = state_bytes(precision, optimizer)
+    param16, partition, cpu_optimizer = _ds_multipliers(sb)
+    cpu, gpu = _zero2(params, num_gpus_per_node, num_nodes, offload_optimizer, additional_buffer_factor,
+                      param16, partition, cpu_optimizer)
+    world = num_gpus_per_node * num_nodes
+    parameters = param16 * params
+    if offload_optimizer:
+        # The GPU keeps only the 16-bit weights; gradients pass through the IPG buckets (buffers).
+        return ModelStates(parameters=parameters, gradients=0, optimizer=gpu - parameters, cpu=cpu)
+    gradients = int((sb.grad + FP32_GRAD_BYTES) * params / world)
+    return ModelStates(parameters=parameters, gradients=gradients, optimizer=gpu - parameters - gradients, cpu=cpu)
+
+
+def states_zero3(params: int, largest_layer_params: int, precision: str, optimizer: str,
+                 num_gpus_per_node: int, num_nodes: int, offload_optimizer: bool = False,
+                 offload_param: bool = False, zero_init: bool = True,
+                 additional_buffer_factor: float = DS_ADDITIONAL_BUFFER_FACTOR) -> ModelStates:
+    """ZeRO-3: DeepSpeed's estimate_zero3_model_states_mem_needs, exactly for mixed precision + AdamW.
+
+    zero_init defaults to True: the HF Trainer builds the model under deepspeed.zero.Init when a
+    ZeRO-3 config is active (transformers integrations/deepspeed.py, is_deepspeed_zero3_enabled),
+    and Accelerate does with zero3_init_flag. It changes only the host-RAM figure.
+    """
+    sb = state_bytes(precision, optimizer)
+    param16, partition, cpu_optimizer = _ds_multipliers(sb)
+    cpu_all = param16 + cpu_optimizer            # 18 = 2 fp16 params + 16 (memory.rst)
+    layer_bytes = sb.param + sb.grad             # 4 = 2 gathered params + 2 grads of the largest layer
+    if offload_param and not offload_optimizer:
+        raise ValueError("DeepSpeed's estimator has no parameter-only offload case")
+    cpu, gpu, layer_mem = _zero3(params, largest_layer_params, num_gpus_per_node, num_nodes, offload_optimizer,
+                                 offload_param, zero_init, additional_buffer_factor,
+                                 layer_bytes, param16, partition, cpu_optimizer, cpu_all)
+    world = num_gpus_per_node * num_nodes
+    layer_params = sb.param * largest_layer_params
+    layer_grads = layer_mem - layer_params
+    if offload_optimizer and offload_param:
+        return ModelStates(parameters=layer_params, gradients=layer_grads, optimizer=gpu - layer_mem, cpu=cpu)
+    parameters = layer_params + int(param16 * params / world)
+    if offload_optimizer:
+        return ModelStates(parameters=parameters, gradients=layer_grads, optimizer=gpu - parameters - layer_grads,
+                           cpu=cpu)
+    gradients = layer_grads + int((sb.grad + FP32_GRAD_BYTES) * params / world)
+    return ModelStates(parameters=parameters, gradients=gradients, optimizer=gpu - parameters - gradients, cpu=cpu)
+
+
+# DeepSpeed offload_config.py defaults, used for the NVMe rung's pinned swap buffers.
+DS_OFFLOAD_PARAM_BUFFER_COUNT = 5
+DS_OFFLOAD_PARAM_BUFFER_SIZE = int(1e8)          # elements
+DS_OFFLOAD_OPTIMIZER_BUFFER_COUNT = 4
+DS_SUB_GROUP_SIZE = int(1e9)                     # zero config sub_group_size default (elements)
+
+
+def states_zero3_nvme(params: int, largest_layer_params: int, precision: str, optimizer: str,
+                      num_gpus_per_node: int, num_nodes: int,
+                      additional_buffer_factor: float = DS_ADDITIONAL_BUFFER_FACTOR) -> ModelStates:
+    """ZeRO-3 with parameters and optimizer offloaded to NVMe (ZeRO-Infinity). GUESS: DeepSpeed has
+    no estimator for it.
+
+    GPU: as with CPU offload of both (the largest-layer term of estimate_zero3_model_states_mem_needs).
+    NVMe per machine: each local process swaps its partition of 16-bit weights, fp32 master and
+    optimizer states: (param16 + 4 + states) * P / num_nodes.
+    Host RAM per machine: the fp32 gradient partitions (4 * P / num_nodes, x1.5 as DeepSpeed does) plus
+    every local process's pinned swap buffers: offload_param buffer_count * buffer_size 16-bit elements
+    and offload_optimizer buffer_count fp32 buffers of one sub-group (min(sub_group_size, P/N)),
+    defaults from deepspeed/runtime/zero/offload_config.py and config.py.
+    """
+    sb = state_bytes(precision, optimizer)
+    param16, _, _ = _ds_multipliers(sb)
+    world = num_gpus_per_node * num_nodes
+    gpus_factor = 1 / num_nodes
+    layer_params = sb.param * largest_layer_params
+    layer_grads = sb.grad * largest_layer_params
+    per_process_partition = math.ceil(params / world)
+    swap_buffers = (DS_OFFLOAD_PARAM_BUFFER_COUNT * DS_OFFLOAD_PARAM_BUFFER_SIZE * param16
+                    + DS_OFFLOAD_OPTIMIZER_BUFFER_COUNT * min(DS_SUB_GROUP_SIZE, per_process_partition) * 4)
+    cpu = int(params * FP32_GRAD_BYTES * gpus_factor * additional_buffer_factor) + num_gpus_per_node * swap_buffers
+    nvme = int(params * (param16 + FP32_MASTER_BYTES + sb.optim) * gpus_factor)
+    return ModelStates(parameters=layer_params, gradients=layer_grads, optimizer=0, cpu=cpu, nvme=nvme)
+
+
+def layer_and_root_params(params: int, hidden_size: int, layers: int, vocab_size: int,
+                          tied_embeddings: bool) -> tuple[int, int]:
+    """(parameters of one decoder layer, parameters outside the layers: embeddings + head).
+
+    Approximation for FSDP's wrapping units: the embedding and, when untied, the LM head are V*h each;
+    the rest is split evenly over the layers (final norm and biases are noise).
+    """
+    root = vocab_size * hidden_size * (1 if tied_embeddings else 2)
+    root = min(root, params)
+    layer = (params - root) // max(layers, 1)
+    return layer, root
+
+
+def states_fsdp(params: int, precision: str, optimizer: str, num_gpus_per_node: int, num_nodes: int,
+                reshard: bool, offload: bool = False,
+                additional_buffer_factor: float = DS_ADDITIONAL_BUFFER_FACTOR) -> ModelStates:
+    """FSDP2 (torch.distributed.fsdp.fully_shard) with a MixedPrecisionPolicy.
+
+    FSDP2 shards the original fp32 parameters, their fp32 gradients and the optimizer states over N
+    (so there is no separate master copy): (4 + 4 + states) * P / N, i.e. the ZeRO paper's 16P/N for
+    Adam (ZeRO-3 row of Fig. 1). Without resharding (reshard_after_forward=False, ~ZeRO-2) every
+    layer's all-gathered compute-dtype weights stay alive from its forward until its backward, so
+    the peak adds the whole unsharded model: + param16 * P (torch fully_shard docs,
+    reshard_after_forward). With resharding only the layers in flight are unsharded (fsdp_buffers).
+    CPUOffloadPolicy moves the sharded weights, gradients and optimizer states to host RAM.
+    Host RAM: with fsdp_cpu_ram_efficient_loading only rank 0 loads the fp32 model (4P); with
+    offload each machine also holds its processes' shards; x1.5 as DeepSpeed's estimators do. GUESS
+    modelled on DeepSpeed's accounting; not checked against a measurement.
+    """
+    sb = state_bytes(precision, optimizer)
+    world = num_gpus_per_node * num_nodes
+    sharded_param = int(4 * params / world)
+    sharded_grad = int(4 * params / world)
+    sharded_optim = int(sb.optim * params / world)
+    unsharded = 0 if reshard else sb.param * params
+    if offload:
+        per_machine = (4 + 4 + sb.optim) * (1 / num_nodes)
+        cpu = int(params * max(4, per_machine) * additional_buffer_factor)
+        return ModelStates(parameters=unsharded, gradients=0, optimizer=0, cpu=cpu)
+    cpu = int(params * 4 * additional_buffer_factor)
+    return ModelStates(parameters=sharded_param + unsharded, gradients=sharded_grad, optimizer=sharded_optim,
+                       cpu=cpu)
+
+
+# --- Activations and logits -----------------------------------------------------------------------
+
+def activation_bytes_per_layer(seq_len: int, micro_batch: int, hidden_size: int, heads: int,
+                               intermediate_size: int | None, flash: bool) -> int:
+    """One transformer layer's saved activations, 16-bit, no tensor parallelism.
+
+    Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models",
+    arXiv:2205.05198 section 4.1, eq. (1): s*b*h*(34 + 5*a*s/h) bytes, where 34 = 11 (attention)
+    + 19 (MLP with f = 4h) + 4 (layer norms) and 5*a*s^2*b is the softmax / scores / dropout mask.
+    The MLP term is scaled with the real intermediate size as Megatron-LM does
+    (megatron/training/theoretical_memory_usage.py: 18 + 4*f/h, = 34 at f = 4h). GUESS for gated
+    (SwiGLU) MLPs: counting the tensors autograd keeps (gate, up, silu(gate), their product) gives
+    about 17 + 8*f/h, so this likely underestimates Llama-style layers by ~20-30%.
+    Flash attention (Dao et al. 2022, arXiv:2205.14135) and SDPA's memory-efficient kernel never
+    materialise the s x s scores, which removes the 5*a*s/h term (the paper's selective-recompute
+    figure, 34*s*b*h).
+    """
+    f = intermediate_size or 4 * hidden_size
+    per_token = (18 * hidden_size + 4 * f)            # = h * (18 + 4f/h), kept integral
+    total = seq_len * micro_batch * per_token
+    if not flash:
+        total += 5 * heads * seq_len * seq_len * micro_batch
+    return total
+
+
+def activation_bytes(seq_len: int, micro_batch: int, hidden_size: int, heads: int, layers: int,
+                     intermediate_size: int | None, flash: bool, gradient_checkpointing: bool,
+                     precision: str = "bf16") -> int:
+    """All layers' activations per GPU (ZeRO and FSDP do not partition activations).
+
+    Full recomputation (HF gradient_checkpointing=True): each layer keeps only its 16-bit input,
+    2*s*b*h (Korthikanti et al. section 4.2), plus one layer's full activations rematerialised
+    during its backward. fp32 activations double every term (the paper assumes 16-bit).
+    """
+    per_layer = activation_bytes_per_layer(seq_len, micro_batch, hidden_size, heads, intermediate_size, flash)
+    if gradient_checkpointing:
+        total = 2 * seq_len * micro_batch * hidden_size * layers + per_layer
+    else:
+        total = per_layer * layers
+    return total * working_bytes(precision) // 2
+
+
+def logits_bytes(seq_len: int, micro_batch: int, vocab_size: int, precision: str) -> int:
+    """The LM head's logits and the loss: s*b*V elements held at once around the loss.
+
+    HF causal-LM heads compute 16-bit logits (2 B), the loss upcasts them to fp32 (logits.float() in
+    transformers loss_utils.ForCausalLMLoss; cross-entropy saves its fp32 log-softmax, 4 B), and
+    backward produces an fp32 gradient of the same shape (4 B): 10 B per element in mixed precision.
+    In fp32 there is no 16-bit copy: 4 + 4 = 8 B. Approximate: the transient fp32 upcast and the
+    saved log-softmax may coexist for a moment. Megatron's output-layer term
+    (4*s*b*h*(1 + V/h)) counts 4 B per element for the same tensors.
+    """
+    per_element = 8 if precision == "fp32" else 10
+    return seq_len * micro_batch * vocab_size * per_element
+
+
+# --- Framework buffers ----------------------------------------------------------------------------
+
+# What the emitter writes into ds_config.json ("auto" filled by the HF Trainer with these values,
+# transformers integrations/deepspeed.py trainer_config_finalize; Accelerate fills the same keys).
+DS_MAX_LIVE_PARAMETERS = int(1e9)   # stage3_max_live_parameters default (zero/config.py)
+
+
+def deepspeed_bucket_settings(hidden_size: int) -> dict[str, int | bool]:
+    """The bucket sizes the memory model assumes (elements), as HF's "auto" resolves them.
+
+    reduce_bucket_size = h*h, stage3_prefetch_bucket_size = int(0.9*h*h),
+    stage3_param_persistence_threshold = 10*h (transformers trainer_config_finalize);
+    stage3_max_live_parameters = 1e9 and overlap_comm = True (HF's example configs; DeepSpeed's own
+    default is True for stage 3). The emitter should write the same values so the estimate holds.
+    """
+    return {
+        "reduce_bucket_size": hidden_size * hidden_size,
+        "allgather_bucket_size": hidden_size * hidden_size,
+        "stage3_prefetch_bucket_size": int(0.9 * hidden_size * hidden_size),
+        "stage3_param_persistence_threshold": 10 * hidden_size,
+        "stage3_max_live_parameters": DS_MAX_LIVE_PARAMETERS,
+        "overlap_comm": True,
+    }
+
+
+def ddp_buffers(params: int, precision: str) -> int:
+    """DDP's gradient buckets: a second copy of every gradient.
+
+    torch DDP (reducer.cpp, initialize_buckets) allocates one flat tensor per bucket and every
+    parameter belongs to a bucket, so the buckets total one full gradient copy whatever
+    bucket_cap_mb (25 MiB) is; the torch docs for gradient_as_bucket_view say setting it "can
+    reduce peak memory usage, where the saved memory size will be equal to the total gradients
+    size". The HF Trainer leaves it False. Under AMP the gradients are fp32 (4 B).
+    """
+    del precision
+    return 4 * params
+
+
+def zero12_buffers(hidden_size: int, stage: int, precision: str, overlap_comm: bool = True) -> int:
+    """DeepSpeed ZeRO-1/2 independent-partition-gradient buckets.
+
+    stage_1_and_2.py setup_buckets: with contiguous_gradients one torch.empty(reduce_bucket_size) per
+    gradient dtype, and a second one when overlap_comm ("Use double buffers"). Stage 1 stages the
+    fp32 accumulator there (4 B); stage 2 keeps the low-precision dtype. allgather_bucket_size only
+    shards the all-gather into views of the existing flat weights (runtime/utils.py
+    all_gather_dp_groups), so it allocates nothing extra.
+    """
+    elements = deepspeed_bucket_settings(hidden_size)["reduce_bucket_size"]
+    dtype_bytes = 4 if stage == 1 else working_bytes(precision)
+    return elements * dtype_bytes * (2 if overlap_comm else 1)
+
+
+def zero3_buffers(params: int, hidden_size: int, precision: str) -> int:
+    """DeepSpeed ZeRO-3 working buffers beyond the estimator's largest-layer term.
+
+    - IPG bucket: one torch.empty(reduce_bucket_size) per dtype (stage3.py, after
+      initialize_optimizer_states).
+    - Gathered parameters: the partitioned-parameter coordinator keeps at most
+      stage3_max_live_parameters elements all-gathered (partitioned_param_coordinator.py,
+      __max_n_available_params); prefetched parameters count toward the same cap, so
+      stage3_prefetch_bucket_size is inside it. Counted as min(1e9, P) 16-bit elements: an upper
+      bound, conservative on purpose (max_reuse_distance=1e9 lets parameters stay gathered between
+      forward and backward).
+    - Parameters below stage3_param_persistence_threshold (10h: norms, biases) stay unpartitioned;
+      ignored, they are a few MiB.
+    """
+    settings = deepspeed_bucket_settings(hidden_size)
+    wb = working_bytes(precision)
+    ipg = int(settings["reduce_bucket_size"]) * wb
+    live = min(int(settings["stage3_max_live_parameters"]), params) * wb
+    return ipg + live
+
+
+def fsdp_buffers(layer_params: int, root_params: int, precision: str, reshard: bool) -> int:
+    """FSDP2 unsharded buffers: HEURISTIC from how fully_shard schedules all-gathers.
+
+    - The root module (embeddings, LM head) is not resharded after forward (fully_shard sets the
+      root's reshard_after_forward to False), so its compute-dtype weights stay gathered.
+    - With resharding, the current layer and the one prefetched (implicit forward/backward prefetch)
+      are gathered: 2 layers. Without resharding the gathered weights are already counted in the
+      model states.
+    - Backward holds one layer's unsharded gradients plus the reduce-scatter input: 2 layers of
+      gradients in the compute dtype.
+    """
+    wb = working_bytes(precision)
+    gathered = root_params * wb + (2 * layer_params * wb if reshard else 0)
+    return gathered + 2 * layer_params * wb
+
+
+def margin_bytes(subtotal: int) -> int:
+    """Fragmentation allowance: MARGIN_FRACTION of the allocator-managed bytes (HEURISTIC)."""
+    return int(subtotal * MARGIN_FRACTION)
+
+
+def usable_bytes(capacity: int, headroom: float) -> int:
+    """The fit rule: an estimate fits when it is <= (1 - headroom) * capacity."""
+    return int(capacity * (1 - headroom))
+
+
+__all__ = [
+    "GiB", "OPTIMIZER_STATE_BYTES", "GUESSED_OPTIMIZERS", "MARGIN_FRACTION", "CPU_PROCESS_OVERHEAD_BYTES",
+    "StateBytes", "ModelStates", "state_bytes", "working_bytes", "optimizer_state_bytes",
+    "ds_estimate_zero2_model_states_mem_needs", "ds_estimate_zero3_model_states_mem_needs",
+    "states_single_or_ddp", "states_zero1", "states_zero2", "states_zero3", "states_zero3_nvme", "states_fsdp",
+    "layer_and_root_params", "activation_bytes_per_layer", "activation_bytes", "logits_bytes",
+    "deepspeed_bucket_settings", "ddp_buffers", "zero12_buffers", "zero3_buffers", "fsdp_buffers",
+    "margin_bytes", "usable_bytes",
+]
