@@ -1,0 +1,167 @@
+"""Safe file writes: atomic replace, a `.bak` of what was there, and the diff of the change.
+
+A config file is either the old one or the new one, never half of each: the new text goes to a
+temporary file in the same directory (same filesystem, so the rename is atomic), is fsynced, and
+only then renamed over the target. An existing file with different content is copied to
+`<path>.bak` first; identical content is not rewritten at all (no backup, mtime kept).
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import tempfile
+from dataclasses import dataclass
+
+from wizard.errors import InputError
+
+BACKUP_SUFFIX = ".bak"
+
+
+@dataclass
+class WriteResult:
+    path: str
+    backup_path: str | None       # where the previous content was kept; None when nothing was replaced
+    changed: bool                 # the content on disk differs (or would differ, in a dry run) from before
+    diff: str                     # unified diff old -> new; "" for a new file or no change
+    created: bool = False         # there was no file before
+    dry_run: bool = False         # nothing was written; the fields say what would happen
+
+
+def _read_existing(path: str) -> str | None:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except FileNotFoundError:
+        return None
+
+
+def unified_diff(old: str, new: str, path: str) -> str:
+    lines = difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True),
+                                 fromfile=path + BACKUP_SUFFIX, tofile=path)
+    # A last line without newline would glue onto the next header line of the diff.
+    return "".join(line if line.endswith("\n") else line + "\n" for line in lines)
+
+
+def plan_write(path: str, text: str) -> WriteResult:
+    """What write_atomic would do, without touching the disk (for --dry-run)."""
+    old = _read_existing(path)
+    if old is None:
+        return WriteResult(path, None, True, "", created=True, dry_run=True)
+    if old == text:
+        return WriteResult(path, None, False, "", dry_run=True)
+    return WriteResult(path, None, True, unified_diff(old, text, path), dry_run=True)
+
+
+def _fsync_dir(directory: str) -> None:
+    # Makes the rename itself durable; not every platform/filesystem allows opening a dir.
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _default_mode() -> int:
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+def _replace_with_text(path: str, text: str, mode: int) -> None:
+    """Temp file in the target's directory + fsync + os.replace. Raises; never leaves the temp behind."""
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix="." + os.path.basename(path) + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    _fsync_dir(directory)
+
+
+def write_atomic(path: str, text: str) -> WriteResult:
+    """Write `text` to `path` atomically; keep the previous content as `path.bak` when it differs."""
+    old = _read_existing(path)
+    if old is not None and old == text:
+        return WriteResult(path, None, False, "")
+    if old is None:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        _replace_with_text(path, text, _default_mode())
+        return WriteResult(path, None, True, "", created=True)
+    mode = os.stat(path).st_mode & 0o7777
+    backup = path + BACKUP_SUFFIX
+    # The backup is written atomically too: a crash must not leave a truncated .bak either.
+    _replace_with_text(backup, old, mode)
+    _replace_with_text(path, text, mode)
+    return WriteResult(path, backup, True, unified_diff(old, text, path))
+
+
+def restore(result: WriteResult) -> None:
+    """Undo a write_atomic (used when the second file of a pair fails): back to the previous state."""
+    if result.dry_run or not result.changed:
+        return
+    if result.created:
+        try:
+            os.unlink(result.path)
+        except FileNotFoundError:
+            pass
+        return
+    if result.backup_path:
+        old = _read_existing(result.backup_path)
+        if old is not None:
+            _replace_with_text(result.path, old, os.stat(result.backup_path).st_mode & 0o7777)
+
+
+def _nearest_existing(path: str) -> str:
+    probe = os.path.abspath(path)
+    while not os.path.exists(probe):
+        parent = os.path.dirname(probe)
+        if parent == probe:
+            break
+        probe = parent
+    return probe
+
+
+def check_writable_dir(path: str) -> None:
+    """Raise InputError('output_dir', ...) unless `path` exists as a writable dir or could be created.
+
+    Writes nothing (not even the directory): it runs before anything is written, so a bad
+    --output-dir leaves the disk untouched.
+    """
+    target = os.path.abspath(os.path.expanduser(path))
+    if os.path.exists(target):
+        if not os.path.isdir(target):
+            raise InputError("output_dir", f"{target} exists and is not a directory",
+                             "a writable directory (created if missing)")
+        if not os.access(target, os.W_OK | os.X_OK):
+            raise InputError("output_dir", f"{target} is not writable", "a writable directory")
+        return
+    existing = _nearest_existing(target)
+    if not os.path.isdir(existing):
+        raise InputError("output_dir", f"cannot create {target}: {existing} is not a directory",
+                         "a writable directory (created if missing)")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise InputError("output_dir", f"cannot create {target}: {existing} is not writable",
+                         "a writable directory (created if missing)")
+
+
+def check_writable_file(path: str) -> None:
+    """The file's directory is writable and the path is not a directory (checked before writing)."""
+    target = os.path.abspath(os.path.expanduser(path))
+    if os.path.isdir(target):
+        raise InputError("output_dir", f"{target} is a directory, expected a file path", "a file path")
+    check_writable_dir(os.path.dirname(target))

@@ -1,0 +1,565 @@
+"""Load the written files with the real libraries, on a CPU, and report what they reject.
+
+Four stages (shared/reference/accelerate.md §4.3, deepspeed.md §3.5):
+
+a. accelerate: `load_config_from_file`, then the real `accelerate launch` argument parser,
+   `_validate_launch_command` and the `prepare_*_env` of the launcher accelerate would pick; with
+   that environment applied (restored afterwards) `DeepSpeedPlugin()` or
+   `FullyShardedDataParallelPlugin()` is built, as inside the training script.
+b. DeepSpeed: strict JSON (duplicate keys rejected, as DeepSpeed's own loader does).
+c. The trainer's "auto" filling: transformers' `HfTrainerDeepSpeedConfig.trainer_config_process`
+   + `trainer_config_finalize` with the planned TrainingArguments (trainer 'hf'), or accelerate's
+   own `_prepare_deepspeed` filling (trainer 'accelerate'); any "auto" left over is an error.
+d. `DeepSpeedConfig(filled)` seeing the planned world size, plus the checks pydantic misses.
+
+What is bypassed, and why (nothing else is):
+- `is_port_in_use` in accelerate's prepare_*_env is answered "no". Whether a port is busy is a
+  property of the launch-time machine, not of the file; accelerate itself only warns on a single
+  node. A busy port on this machine, now, is reported separately as a warning.
+- For a GPU plan validated on a machine without one, FSDP1's `sync_module_states` device lookup
+  sees a CUDA device 0 (the planned machine has it). CPU plans are checked as they are.
+- DeepSpeed's `dist` is replaced, during `DeepSpeedConfig(...)` only, by a stand-in reporting
+  rank 0 of the planned world size, so the batch-size assertion uses the real world size.
+Each library error becomes a Finding carrying the library's own message.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import functools
+import json
+import logging
+import os
+import socket
+import warnings
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
+
+from wizard.findings import Finding
+
+AUTO = "auto"
+INT_KEYS = ("allgather_bucket_size", "reduce_bucket_size", "sub_group_size", "stage3_prefetch_bucket_size",
+            "stage3_param_persistence_threshold", "stage3_model_persistence_threshold",
+            "stage3_max_live_parameters", "stage3_max_reuse_distance", "prefetch_bucket_size",
+            "param_persistence_threshold", "model_persistence_threshold", "max_live_parameters",
+            "max_reuse_distance")
+OFFLOAD_INT_KEYS = ("buffer_count", "buffer_size", "max_in_cpu")
+
+# TrainingArguments defaults, for the values the plan does not choose.
+HF_DEFAULTS = {"learning_rate": 5e-5, "adam_beta1": 0.9, "adam_beta2": 0.999, "adam_epsilon": 1e-8,
+               "weight_decay": 0.0}
+
+
+# --------------------------------------------------------------------------------------------
+# What the files should describe
+# --------------------------------------------------------------------------------------------
+
+@dataclass
+class Expect:
+    world_size: int
+    micro_batch: int
+    grad_accum: int
+    max_grad_norm: float
+    precision: str              # bf16 | fp16 | fp32
+    trainer: str                # hf | accelerate
+    use_cpu: bool
+    hidden_size: int | None
+    zero_stage: int | None      # None: unknown (no plan)
+    offload_optimizer: str | None
+    offload_param: str | None
+    backend: str | None
+
+
+def _get(answers: dict, key: str, default: Any) -> Any:
+    value = answers.get(key)
+    return default if value is None else value
+
+
+def expectations(answers: dict | None, plan, model, yaml_doc: dict | None) -> Expect:
+    answers = answers or {}
+    rung = plan.choice if plan is not None else None
+    use_cpu = bool(_get(answers, "use_cpu", plan.topology.cpu if plan is not None else False))
+    if plan is not None:
+        world = int(_get(answers, "num_processes", plan.topology.world_size))
+    else:
+        world = int((yaml_doc or {}).get("num_processes") or 1)
+    if rung is not None and rung.backend == "single":
+        world = 1
+    mp = answers.get("mixed_precision")
+    if use_cpu:
+        precision = "fp32"
+    elif mp is not None:
+        precision = {"no": "fp32", "fp16": "fp16", "bf16": "bf16"}.get(str(mp).lower(), "fp32")
+    elif plan is not None:
+        precision = plan.precision if plan.precision in ("bf16", "fp16") else "fp32"
+    else:
+        precision = "fp32"
+    return Expect(
+        world_size=world,
+        micro_batch=int(_get(answers, "micro_batch", 1)),
+        grad_accum=int(_get(answers, "grad_accum", 1)),
+        max_grad_norm=float(_get(answers, "gradient_clipping", 1.0)),
+        precision=precision,
+        trainer=str(_get(answers, "trainer", "hf")),
+        use_cpu=use_cpu,
+        hidden_size=getattr(model, "hidden_size", None),
+        zero_stage=rung.zero_stage if rung is not None else None,
+        offload_optimizer=rung.offload_optimizer if rung is not None else None,
+        offload_param=rung.offload_param if rung is not None else None,
+        backend=rung.backend if rung is not None else None,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Library loading: once per process, quietly, on the CPU
+# --------------------------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def _environ(env: dict[str, str]):
+    """Replace os.environ by `env` for the block; restore it exactly afterwards."""
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+@functools.lru_cache(maxsize=1)
+def _libs() -> SimpleNamespace:
+    """Import accelerate, DeepSpeed and transformers pieces once.
+
+    DS_ACCELERATOR=cpu only while importing: DeepSpeed then picks its CPU accelerator without the
+    "unable to detect" warning, and the variable does not leak into processes started later
+    (a launch from this process must still find the GPUs).
+    """
+    env = dict(os.environ)
+    env.setdefault("DS_ACCELERATOR", "cpu")
+    env.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    with _environ(env), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import accelerate.commands.launch as acc_launch
+        import accelerate.utils.dataclasses as acc_dataclasses
+        import accelerate.utils.launch as acc_utils_launch
+        import deepspeed.runtime.config as ds_config
+        import deepspeed.runtime.config_utils as ds_config_utils
+        from accelerate.commands.config.config_args import load_config_from_file
+        from accelerate.commands.utils import CustomArgumentParser
+        from accelerate.utils import DeepSpeedPlugin, FullyShardedDataParallelPlugin
+        from deepspeed.accelerator import get_accelerator
+        from transformers.integrations import deepspeed as hf_ds
+
+        get_accelerator()  # resolve (and cache) the CPU accelerator while DS_ACCELERATOR is set
+    for name in ("DeepSpeed", "deepspeed", "accelerate", "transformers"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+    parser = CustomArgumentParser("accelerate", allow_abbrev=False)
+    subparsers = parser.add_subparsers()
+    acc_launch.launch_command_parser(subparsers=subparsers)
+    return SimpleNamespace(acc_launch=acc_launch, acc_utils_launch=acc_utils_launch,
+                           acc_dataclasses=acc_dataclasses, load_config_from_file=load_config_from_file,
+                           DeepSpeedPlugin=DeepSpeedPlugin, FSDPPlugin=FullyShardedDataParallelPlugin,
+                           ds_config=ds_config, ds_config_utils=ds_config_utils, hf_ds=hf_ds, parser=parser)
+
+
+def preload() -> None:
+    """Import the libraries now (a front end can do it in the background while the user reads)."""
+    _libs()
+
+
+def _error(rule: str, file: str, key: str | None, exc_or_msg: Any, fix: str | None, when: str | None = None
+           ) -> Finding:
+    message = exc_or_msg if isinstance(exc_or_msg, str) else f"{type(exc_or_msg).__name__}: {exc_or_msg}"
+    return Finding("error", rule, file, key, message.strip(), fix, when)
+
+
+# --------------------------------------------------------------------------------------------
+# a. accelerate
+# --------------------------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def _launch_time_bypasses(libs, planned_gpus: bool):
+    """The bypasses listed in the module docstring, and nothing else; undone on exit."""
+    import torch
+
+    saved_port = libs.acc_utils_launch.is_port_in_use
+    saved_cuda = libs.acc_dataclasses.is_cuda_available
+    saved_device = torch.cuda.current_device
+    libs.acc_utils_launch.is_port_in_use = lambda port=None: False
+    if planned_gpus:
+        libs.acc_dataclasses.is_cuda_available = lambda: True
+        torch.cuda.current_device = lambda: 0
+    try:
+        yield
+    finally:
+        libs.acc_utils_launch.is_port_in_use = saved_port
+        libs.acc_dataclasses.is_cuda_available = saved_cuda
+        torch.cuda.current_device = saved_device
+
+
+def _port_busy_here(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(0.2)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def check_accelerate(yaml_path: str, exp: Expect, display: str | None = None,
+                     ds_path: str | None = None, ds_display: str | None = None) -> list[Finding]:
+    """Stage a: accelerate's loader, launch validation, launch environment and plugin."""
+    libs = _libs()
+    shown = display or yaml_path
+    findings: list[Finding] = []
+    try:
+        cfg = libs.load_config_from_file(yaml_path)
+    except Exception as exc:  # the loader raises ValueError/AttributeError/yaml errors
+        return [_error("ACC-LOAD", shown, None, exc, "regenerate the file with the wizard", "launch")]
+
+    ds_file = (cfg.deepspeed_config or {}).get("deepspeed_config_file")
+    if ds_path and ds_file and os.path.realpath(ds_file) != os.path.realpath(ds_path):
+        findings.append(_error("ACC-DS-PATH", shown, "deepspeed_config.deepspeed_config_file",
+                               f"points at {ds_file}, not at {ds_display or ds_path}",
+                               f"set it to the absolute path {ds_display or ds_path}", "launch"))
+    if ds_file and not os.path.isabs(ds_file):
+        findings.append(Finding("warning", "ACC-DS-RELATIVE", shown, "deepspeed_config.deepspeed_config_file",
+                                f"{ds_file} is relative: it is resolved against the directory you launch from",
+                                "use an absolute path", "launch"))
+
+    env: dict[str, str] | None = None
+    args = None
+    caught: list[warnings.WarningMessage] = []
+    with warnings.catch_warnings(record=True) as caught, \
+            _launch_time_bypasses(libs, planned_gpus=not exp.use_cpu), _environ(dict(os.environ)):
+        warnings.simplefilter("always")
+        try:
+            args = libs.parser.parse_args(["launch", "--config_file", yaml_path, "train.py"])
+            args, defaults, mp_from_config = libs.acc_launch._validate_launch_command(args)
+            # The launcher choice of accelerate.commands.launch.launch_command, verbatim in effect.
+            if args.use_deepspeed and not args.cpu:
+                fields = list(defaults.deepspeed_config.keys()) if defaults else []
+                if mp_from_config:
+                    fields.append("mixed_precision")
+                args.deepspeed_fields_from_accelerate_config = ",".join(fields)
+                _, env = libs.acc_utils_launch.prepare_deepspeed_cmd_env(args)
+            elif (args.use_fsdp or args.multi_gpu) and not args.cpu:
+                env = libs.acc_utils_launch.prepare_multi_gpu_env(args)
+            else:
+                _, env = libs.acc_utils_launch.prepare_simple_launcher_cmd_env(args)
+        except (Exception, SystemExit) as exc:
+            findings.append(_error("ACC-LAUNCH", shown, None, exc, "regenerate the file with the wizard", "launch"))
+        if env is not None:
+            with _environ(env):
+                try:
+                    if args.use_deepspeed:
+                        libs.DeepSpeedPlugin()
+                    elif args.use_fsdp:
+                        libs.FSDPPlugin()
+                except Exception as exc:
+                    rule = "ACC-DS-PLUGIN" if args.use_deepspeed else "ACC-FSDP-PLUGIN"
+                    findings.append(_error(rule, shown, None, exc, _plugin_fix(exc), "prepare"))
+    for w in caught:
+        text = str(w.message)
+        if "already in use" in text:   # cannot happen (bypassed), kept out of the findings on purpose
+            continue
+        findings.append(Finding("warning", "ACC-WARNING", shown, None, text, None, "prepare"))
+
+    if cfg.main_process_port and (cfg.num_machines <= 1 or int(cfg.machine_rank) == 0) \
+            and _port_busy_here(int(cfg.main_process_port)):
+        findings.append(Finding("warning", "ACC-PORT-BUSY", shown, "main_process_port",
+                                f"port {cfg.main_process_port} is in use on this machine right now",
+                                "if you launch here, free it or choose another port (0 picks a free one)", "launch"))
+    if args is not None and cfg.num_processes not in (None, -1) and exp.backend is not None:
+        if int(cfg.num_processes) != exp.world_size:
+            findings.append(_error("ACC-NUM-PROCESSES", shown, "num_processes",
+                                   f"{cfg.num_processes} processes, the plan is for {exp.world_size}",
+                                   "num_processes is the total over all machines", "launch"))
+    return findings
+
+
+def _plugin_fix(exc: Exception) -> str | None:
+    text = str(exc)
+    if "will be ignored" in text:
+        return "with deepspeed_config_file, keep these settings in ds_config.json only and drop them from the YAML"
+    if "ZeRO optimization" in text:
+        return "add a zero_optimization block to ds_config.json"
+    return None
+
+
+# --------------------------------------------------------------------------------------------
+# b-d. DeepSpeed JSON
+# --------------------------------------------------------------------------------------------
+
+def load_ds_json(path: str) -> dict:
+    """Strict JSON with DeepSpeed's duplicate-key rule (HF reads the file with plain json.load)."""
+    libs = _libs()
+    with open(path, encoding="utf-8") as f:
+        return json.load(f, object_pairs_hook=libs.ds_config_utils.dict_raise_error_on_duplicate_keys)
+
+
+def static_ds_checks(cfg: dict, file: str, exp: Expect | None = None) -> list[Finding]:
+    """The rules DeepSpeed's pydantic models do not enforce (or enforce only at engine start)."""
+    out: list[Finding] = []
+    zero = cfg.get("zero_optimization")
+    if not isinstance(zero, dict):
+        return [_error("DS-NO-ZERO", file, "zero_optimization", "no zero_optimization block",
+                       "add one: accelerate refuses a DeepSpeed config without it", "prepare")]
+    stage = zero.get("stage", 0)
+
+    def bad_int(key: str, value: Any) -> bool:
+        return value != AUTO and (isinstance(value, bool) or not isinstance(value, int))
+
+    for key in INT_KEYS:
+        if key in zero and bad_int(key, zero[key]):
+            out.append(_error("DS-INT", file, f"zero_optimization.{key}",
+                              f"{zero[key]!r} is not an integer (counts are elements)",
+                              f"write an integer, e.g. {_int_hint(zero[key])}", "prepare"))
+    bucket = zero.get("allgather_bucket_size")
+    if isinstance(bucket, int) and not isinstance(bucket, bool) and bucket % 2:
+        out.append(_error("DS-ALLGATHER-ODD", file, "zero_optimization.allgather_bucket_size",
+                          f"{bucket} is odd: DeepSpeed asserts it is a multiple of 2 when the engine starts",
+                          f"use {bucket + 1}", "prepare"))
+    if "aio" in zero:
+        out.append(_error("DS-AIO-NESTED", file, "zero_optimization.aio",
+                          "aio belongs at the top level; DeepSpeed rejects it inside zero_optimization",
+                          "move the aio block to the top level", "prepare"))
+    for name in ("offload_optimizer", "offload_param"):
+        block = zero.get(name)
+        if not isinstance(block, dict):
+            continue
+        device = block.get("device", "none")
+        if name == "offload_param" and device not in ("none", None) and stage != 3:
+            out.append(_error("DS-OFFLOAD-PARAM-STAGE", file, f"zero_optimization.{name}",
+                              f"parameter offload works only with ZeRO-3 (stage is {stage!r})",
+                              "remove offload_param or use stage 3", "prepare"))
+        if device == "nvme":
+            if not block.get("nvme_path") or block.get("nvme_path") == "none":
+                out.append(_error("DS-NVME-PATH", file, f"zero_optimization.{name}.nvme_path",
+                                  "NVMe offload without nvme_path", "set nvme_path to a directory on the NVMe drive",
+                                  "prepare"))
+            if stage != 3:
+                out.append(_error("DS-NVME-STAGE", file, f"zero_optimization.{name}",
+                                  f"NVMe offload is available only with ZeRO-3 (stage is {stage!r})",
+                                  "use stage 3 or offload to cpu", "prepare"))
+        for key in OFFLOAD_INT_KEYS:
+            if key in block and bad_int(key, block[key]):
+                out.append(_error("DS-INT", file, f"zero_optimization.{name}.{key}",
+                                  f"{block[key]!r} is not an integer", f"write {_int_hint(block[key])}", "prepare"))
+    if exp is not None and exp.zero_stage is not None and exp.backend == "deepspeed":
+        if stage != exp.zero_stage:
+            out.append(_error("DS-PLAN-STAGE", file, "zero_optimization.stage",
+                              f"stage {stage!r}, the plan chose ZeRO-{exp.zero_stage}",
+                              f"set it to {exp.zero_stage}", "prepare"))
+        for name, planned in (("offload_optimizer", exp.offload_optimizer), ("offload_param", exp.offload_param)):
+            device = (zero.get(name) or {}).get("device", "none")
+            if device != planned:
+                out.append(_error("DS-PLAN-OFFLOAD", file, f"zero_optimization.{name}.device",
+                                  f"{device!r}, the plan chose {planned!r}", f"set it to {planned!r}", "prepare"))
+        offloads = (zero.get("offload_optimizer") or {}).get("device", "none") not in ("none", None)
+        if offloads and cfg.get("zero_force_ds_cpu_optimizer", True) and "optimizer" not in cfg:
+            out.append(Finding("warning", "DS-FORCE-CPU-OPTIMIZER", file, "zero_force_ds_cpu_optimizer",
+                               "optimizer offload with the trainer's torch optimizer: accelerate swaps it for "
+                               "DeepSpeedCPUAdam (any optimizer, even SGD), or DeepSpeed refuses it",
+                               "set zero_force_ds_cpu_optimizer to false", "prepare"))
+        if exp.use_cpu and cfg.get("train_batch_size") == AUTO:
+            out.append(_error("DS-CPU-TRAIN-BATCH", file, "train_batch_size",
+                              "on CPU accelerate counts 1 process, so \"auto\" becomes micro*gas*1 and DeepSpeed's "
+                              f"batch assertion fails with {exp.world_size} ranks", "remove train_batch_size",
+                              "prepare"))
+    if stage == 3 and zero.get("stage3_gather_16bit_weights_on_model_save",
+                               zero.get("gather_16bit_weights_on_model_save")) is not True:
+        out.append(Finding("warning", "DS-Z3-SAVE", file, "zero_optimization.stage3_gather_16bit_weights_on_model_save",
+                           "ZeRO-3 without 16-bit gather on save: save_model writes no usable weights "
+                           "(zero_to_fp32.py needed)", "set it to true", "save"))
+    return out
+
+
+def _int_hint(value: Any) -> str:
+    try:
+        return str(int(float(value)))
+    except (TypeError, ValueError):
+        return "an integer"
+
+
+def find_autos(node: Any, prefix: str = "") -> list[str]:
+    """Dotted keys whose value is still "auto"."""
+    out: list[str] = []
+    if isinstance(node, dict):
+        for key, value in node.items():
+            out += find_autos(value, f"{prefix}{key}.")
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            out += find_autos(value, f"{prefix}{i}.")
+    elif node == AUTO:
+        out.append(prefix[:-1])
+    return out
+
+
+def hf_training_args(exp: Expect, answers: dict | None = None) -> SimpleNamespace:
+    """The planned TrainingArguments, as far as transformers' DeepSpeed filling reads them."""
+    answers = answers or {}
+    # On CPU HF/accelerate count 1 process (deepspeed.md §4.3); train_batch_size is then omitted.
+    world = 1 if exp.use_cpu else exp.world_size
+    values = {k: float(_get(answers, k, v)) for k, v in HF_DEFAULTS.items()}
+    return SimpleNamespace(
+        world_size=world, per_device_train_batch_size=exp.micro_batch,
+        gradient_accumulation_steps=exp.grad_accum, max_grad_norm=exp.max_grad_norm,
+        save_on_each_node=False, fp16=exp.precision == "fp16", fp16_full_eval=False,
+        bf16=exp.precision == "bf16", bf16_full_eval=False,
+        get_warmup_steps=lambda n: 0, **values)
+
+
+def fill_like_hf_trainer(cfg: dict, exp: Expect, answers: dict | None = None, num_training_steps: int = 1000
+                         ) -> dict:
+    """transformers' two-stage "auto" filling (TrainingArguments, then deepspeed_init). Raises ValueError."""
+    libs = _libs()
+    hf = libs.hf_ds.HfTrainerDeepSpeedConfig(copy.deepcopy(cfg))
+    try:
+        args = hf_training_args(exp, answers)
+        hf.trainer_config_process(args)
+        model = SimpleNamespace(config=SimpleNamespace(hidden_size=exp.hidden_size)
+                                if exp.hidden_size else SimpleNamespace())
+        hf.trainer_config_finalize(args, model, num_training_steps)
+        return hf.config
+    finally:
+        libs.hf_ds.unset_hf_deepspeed_config()
+
+
+def fill_like_accelerate(cfg: dict, exp: Expect) -> dict:
+    """accelerate's filling for an own loop: DeepSpeedPlugin, set_mixed_precision and the
+    `_prepare_deepspeed` step for prepare(model, optimizer, dataloader) with a torch optimizer.
+    Raises ValueError ("`key` not found in kwargs ...") for an "auto" accelerate cannot fill.
+    """
+    libs = _libs()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ACCELERATE_")}
+    # What `accelerate launch` exports for a YAML with deepspeed_config_file and no mixed_precision.
+    env.update({"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_MIXED_PRECISION": "no",
+                "ACCELERATE_CONFIG_DS_FIELDS": "deepspeed_config_file,zero3_init_flag"})
+    with _environ(env), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plugin = libs.DeepSpeedPlugin(hf_ds_config=copy.deepcopy(cfg))
+        plugin.set_mixed_precision("no")
+        plugin.fill_match("gradient_accumulation_steps", must_match=False,
+                          gradient_accumulation_steps=exp.grad_accum)
+        gas = plugin.get_value("gradient_accumulation_steps")
+        micro = exp.micro_batch if plugin.is_auto("train_micro_batch_size_per_gpu") \
+            else plugin.get_value("train_micro_batch_size_per_gpu")
+        num_processes = 1 if exp.use_cpu else exp.world_size
+        kwargs: dict[str, Any] = {
+            "gradient_clipping": 1.0,
+            "zero_optimization.stage3_gather_16bit_weights_on_model_save": False,
+            "train_micro_batch_size_per_gpu": micro,
+            "train_batch_size": micro * gas * num_processes,
+        }
+        h = exp.hidden_size
+        if h:
+            kwargs.update({"zero_optimization.reduce_bucket_size": h * h,
+                           "zero_optimization.stage3_prefetch_bucket_size": int(0.9 * h * h),
+                           "zero_optimization.stage3_param_persistence_threshold": 10 * h})
+        plugin.deepspeed_config["zero_allow_untested_optimizer"] = True   # a torch optimizer was passed
+        plugin.deepspeed_config_process(must_match=False, **kwargs)
+        filled = plugin.deepspeed_config
+    filled.pop("steps_per_print", None)   # accelerate's float("inf") is not JSON; irrelevant here
+    return filled
+
+
+class _WorldStandIn:
+    """deepspeed.comm as DeepSpeedConfig sees it: rank 0 of the planned world."""
+
+    def __init__(self, world_size: int):
+        self._world = world_size
+
+    def get_rank(self, group=None) -> int:
+        return 0
+
+    def get_world_size(self, group=None) -> int:
+        return self._world
+
+
+def deepspeed_config_check(filled: dict, world_size: int) -> None:
+    """Build DeepSpeed's own DeepSpeedConfig from the filled dict at the planned world size. Raises."""
+    libs = _libs()
+    module = libs.ds_config
+    saved = module.dist
+    module.dist = _WorldStandIn(world_size)
+    try:
+        module.DeepSpeedConfig(copy.deepcopy(filled))
+    finally:
+        module.dist = saved
+
+
+def check_deepspeed(ds_path: str, exp: Expect, answers: dict | None = None, display: str | None = None
+                    ) -> list[Finding]:
+    """Stages b-d for ds_config.json."""
+    shown = display or ds_path
+    try:
+        cfg = load_ds_json(ds_path)
+    except FileNotFoundError:
+        return [_error("DS-MISSING", shown, None, f"{shown} does not exist", "write it (the YAML points at it)",
+                       "launch")]
+    except ValueError as exc:   # json.JSONDecodeError and the duplicate-key rule
+        return [_error("DS-JSON", shown, None, exc, "write strict JSON: no comments, no duplicate keys", "launch")]
+    if not isinstance(cfg, dict):
+        return [_error("DS-JSON", shown, None, "the top level is not an object", None, "launch")]
+
+    findings = static_ds_checks(cfg, shown, exp)
+    try:
+        if exp.trainer == "accelerate":
+            filled = fill_like_accelerate(cfg, exp)
+            filler = "accelerate"
+        else:
+            filled = fill_like_hf_trainer(cfg, exp, answers)
+            filler = "transformers"
+    except Exception as exc:
+        findings.append(_error("DS-AUTO-FILL", shown, None, exc,
+                               "set these values to \"auto\" or to the planned values", "prepare"))
+        return findings
+    leftovers = find_autos(filled)
+    for key in leftovers:
+        findings.append(_error("DS-AUTO-LEFT", shown, key,
+                               f"\"auto\" is left after {filler}'s filling: DeepSpeed would silently use its default "
+                               "there (or crash, at the top level)", "write a concrete value", "prepare"))
+    if leftovers:
+        return findings
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            deepspeed_config_check(filled, exp.world_size)
+    except Exception as exc:   # pydantic ValidationError, AssertionError, TypeError, ValueError
+        findings.append(_error("DS-CONFIG", shown, None, exc, "see DeepSpeed's message", "prepare"))
+    return findings
+
+
+# --------------------------------------------------------------------------------------------
+# Entry point
+# --------------------------------------------------------------------------------------------
+
+def _read_yaml(path: str) -> dict | None:
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = yaml.safe_load(f)
+    except Exception:
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def validate_all(yaml_path: str, ds_path: str | None, answers: dict | None, plan, model, *,
+                 yaml_display: str | None = None, ds_display: str | None = None) -> list[Finding]:
+    """Every check on the pair of files; [] means accelerate, DeepSpeed and transformers accept them.
+
+    `ds_path` None: the DeepSpeed file is the one the YAML names (if any). The *_display names are
+    what findings report as `file` (the final paths, when the files are validated from a scratch dir).
+    """
+    yaml_doc = _read_yaml(yaml_path)
+    exp = expectations(answers, plan, model, yaml_doc)
+    findings = check_accelerate(yaml_path, exp, display=yaml_display, ds_path=ds_path, ds_display=ds_display)
+    if ds_path is None and yaml_doc and isinstance(yaml_doc.get("deepspeed_config"), dict):
+        ds_path = yaml_doc["deepspeed_config"].get("deepspeed_config_file")
+        ds_display = ds_display or ds_path
+    if ds_path:
+        findings += check_deepspeed(ds_path, exp, answers, display=ds_display)
+    return findings
