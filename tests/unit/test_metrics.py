@@ -6,75 +6,30 @@ import json
 import os
 import threading
 import time
-from dataclasses import replace
-
 import pytest
 
 from launch.metrics import (
     NO_GPU_METRICS, MetricsWriter, Sampler, format_summary, read_samples, summarise,
 )
-from wizard.nvml import GpuProcess, GpuSample, GpuStatic, open_nvml
+from wizard.nvml import GpuSample, open_nvml
 
 GPU_KEYS = {"index", "name", "util", "mem_used", "mem_total", "power_w", "power_limit_w",
             "temp_c", "sm_clock_mhz", "processes"}
 
 
-class _InterimFake:
-    """Stand-in used only while wizard/nvml.py's canonical fake is not written yet."""
-    available, reason = True, None
-
-    def __init__(self, n=8):
-        self.n, self.calls = n, 0
-
-    def devices(self):
-        return [GpuStatic(i, "NVIDIA H100 80GB HBM3", 80 * 1024**3) for i in range(self.n)]
-
-    def sample(self):
-        self.calls += 1
-        return [GpuSample(index=i, util=(self.calls * 7 + i * 13) % 101,
-                          mem_used=(40 + i) * 1024**3, mem_total=80 * 1024**3,
-                          power_w=300.0 + i, power_limit_w=700.0, temp_c=60 + i, sm_clock_mhz=1980,
-                          processes=[GpuProcess(pid=1000 + i, used_memory=(39 + i) * 1024**3)])
-                for i in range(self.n)]
-
-    def close(self):
-        pass
-
-
-def _open(monkeypatch, spec):
-    if spec is None:
-        monkeypatch.delenv("WIZARD_FAKE_NVML", raising=False)
-    else:
-        monkeypatch.setenv("WIZARD_FAKE_NVML", spec)
-    try:
-        return open_nvml()
-    except NotImplementedError:
-        if spec is None:
-            api = _InterimFake()
-            api.available, api.reason = False, "NVML Shared Library Not Found"
-            return api
-        return _InterimFake()
-
-
 @pytest.fixture
 def fake8(monkeypatch):
-    api = _open(monkeypatch, "8xH100-80GB")
+    monkeypatch.setenv("WIZARD_FAKE_NVML", "8xH100-80GB")
+    api = open_nvml()
     yield api
     api.close()
 
 
-class OneMetricBroken:
-    """The fake with GPU 3's power reading failing (NVML NotSupported), as on some SKUs/VMs."""
-
-    def __init__(self, api):
-        self._api = api
-        self.available, self.reason = api.available, api.reason
-
-    def __getattr__(self, name):
-        return getattr(self._api, name)
-
-    def sample(self):
-        return [replace(s, power_w=None) if s.index == 3 else s for s in self._api.sample()]
+def fake_from_json(monkeypatch, tmp_path, doc):
+    path = tmp_path / "fake_nvml.json"
+    path.write_text(json.dumps(doc))
+    monkeypatch.setenv("WIZARD_FAKE_NVML", str(path))
+    return open_nvml()
 
 
 class Exploding:
@@ -101,40 +56,51 @@ def test_eight_gpus_sampled_with_every_field(fake8):
     for g in s["gpus"]:
         assert set(g) == GPU_KEYS
         assert "H100" in g["name"]
-        assert g["mem_total"] == 80 * 1024**3 or g["mem_total"] > 79 * 10**9
+        assert g["mem_total"] > 79 * 10**9
         assert 0 <= g["util"] <= 100
         assert 0 <= g["mem_used"] <= g["mem_total"]
     json.dumps(s)      # a sample is plain JSON
 
 
-def test_processes_are_mapped_to_ranks(fake8):
-    raw = fake8.sample()
-    pids = [p.pid for s in raw for p in s.processes]
-    if not pids:
-        pytest.skip("this fake reports no GPU processes")
-    mapping = {pid: i for i, pid in enumerate(pids)}
-    s = Sampler(fake8, pid_to_rank=mapping.get).sample_once()
-    ranks = [p["rank"] for g in s["gpus"] for p in g["processes"]]
-    assert sorted(r for r in ranks if r is not None) == sorted(mapping.values())
+WITH_PROCESSES = {"devices": [
+    {"gpu": "H100-80GB", "processes": [{"pid": 4100 + i, "used_memory": "30GB"}]} for i in range(8)
+] + [{"gpu": "H100-80GB", "processes": [{"pid": 9999, "used_memory": None}]}]}
 
 
-def test_failing_pid_lookup_reads_as_no_rank(fake8):
+def test_processes_are_mapped_to_ranks(monkeypatch, tmp_path):
+    api = fake_from_json(monkeypatch, tmp_path, WITH_PROCESSES)
+    mapping = {4100 + i: i for i in range(8)}            # pid 9999 is someone else's job
+    s = Sampler(api, pid_to_rank=mapping.get).sample_once()
+    procs = [(g["index"], p["pid"], p["rank"], p["used_memory"]) for g in s["gpus"] for p in g["processes"]]
+    assert procs[:8] == [(i, 4100 + i, i, 30 * 1024**3) for i in range(8)]
+    assert procs[8] == (8, 9999, None, None)
+
+
+def test_failing_pid_lookup_reads_as_no_rank(monkeypatch, tmp_path):
     def broken(pid):
         raise ProcessLookupError(pid)
-    s = Sampler(fake8, pid_to_rank=broken).sample_once()
-    assert all(p["rank"] is None for g in s["gpus"] for p in g["processes"])
+    api = fake_from_json(monkeypatch, tmp_path, WITH_PROCESSES)
+    s = Sampler(api, pid_to_rank=broken).sample_once()
+    assert [p["rank"] for g in s["gpus"] for p in g["processes"]] == [None] * 9
 
 
-def test_a_failing_metric_is_none_and_the_rest_is_kept(fake8):
-    s = Sampler(OneMetricBroken(fake8)).sample_once()
+def test_a_failing_metric_is_none_and_the_rest_is_kept(monkeypatch, tmp_path):
+    doc = {"devices": [{"gpu": "H100-80GB", **({"fail": ["power_w", "temp_c"]} if i == 3 else {})}
+                       for i in range(8)]}
+    s = Sampler(fake_from_json(monkeypatch, tmp_path, doc)).sample_once()
     assert s["available"] is True
-    assert s["gpus"][3]["power_w"] is None
-    assert s["gpus"][3]["util"] is not None
+    assert s["gpus"][3]["power_w"] is None and s["gpus"][3]["temp_c"] is None
+    assert s["gpus"][3]["util"] is not None and s["gpus"][3]["power_limit_w"] == 700
     assert all(g["power_w"] is not None for g in s["gpus"] if g["index"] != 3)
 
 
-def test_unavailable_nvml_gives_the_message(monkeypatch):
-    api = _open(monkeypatch, None)          # this machine has no NVIDIA driver
+@pytest.mark.parametrize("spec", ["none", None])
+def test_unavailable_nvml_gives_the_message(monkeypatch, spec):
+    if spec is None:
+        monkeypatch.delenv("WIZARD_FAKE_NVML", raising=False)   # this machine: no NVIDIA driver
+    else:
+        monkeypatch.setenv("WIZARD_FAKE_NVML", spec)
+    api = open_nvml()
     if api.available:
         pytest.skip("a real GPU is present")
     s = Sampler(api).sample_once()
