@@ -12,12 +12,14 @@ does that mapping.
 WIZARD_FAKE_NVML (empty or unset: the real NVML):
     "8xH100-80GB"                       eight catalogue GPUs (any name `catalogue.resolve` takes)
     "4xA100-80GB+4xA100-40GB"           mixed models, in that order
-    "2xRTX4090,driver=535.104.05"       options after commas: seed=N, frozen[=yes], driver=V,
-                                        cuda=V, nvlink=yes|no
+    "2xRTX4090,driver=535.104.05"       options after commas: seed=N, frozen[=yes], idle[=yes],
+                                        driver=V, cuda=V, nvlink=yes|no
     "none"                              no NVML at all (available=False), like a box without a driver
     "/path/fake.json"                   full control, see `_fake_from_json`
-Samples move (utilisation oscillates, power and temperature follow it) one step per sample()
-call, deterministically from the seed; `frozen` keeps every sample identical, for snapshots.
+Samples move (utilisation oscillates, power and temperature follow it, memory is ~60 % used, as
+in a training run) one step per sample() call, deterministically from the seed; `frozen` keeps
+every sample identical, for snapshots; `idle` gives an idle machine (0 % busy, memory nearly
+free), what a probe before training sees.
 """
 
 from __future__ import annotations
@@ -433,7 +435,7 @@ class FakeNvml:
 
     def __init__(self, devices: list[FakeDevice], driver: str | None = "550.54.15", cuda: str | None = "12.4",
                  nvlink: bool | None = None, p2p: list[list[str]] | str | None = None,
-                 seed: int = 0, frozen: bool = False) -> None:
+                 seed: int = 0, frozen: bool = False, idle: bool = False) -> None:
         self.available = True
         self.reason: str | None = None
         self._devices = devices
@@ -443,6 +445,7 @@ class FakeNvml:
         self._p2p = p2p
         self.seed = seed
         self.frozen = frozen
+        self.idle = idle
         self.ticks = 0                    # sample() calls so far
         self._lock = threading.Lock()
 
@@ -501,11 +504,12 @@ class FakeNvml:
 
     def _sample_one(self, d: FakeDevice, tick: int) -> GpuSample:
         total = d.static.memory_total
-        util = max(0, min(100, round(55 + 40 * self._wave(d, tick, self.PERIOD))))
+        util = 0 if self.idle else max(0, min(100, round(55 + 40 * self._wave(d, tick, self.PERIOD))))
         util = int(d.fixed.get("util", util))
+        mem_fraction = 0.005 if self.idle else 0.6 + 0.05 * self._wave(d, tick, 3 * self.PERIOD)
         values: dict[str, Any] = {
             "util": util,
-            "mem_used": int(total * (0.6 + 0.05 * self._wave(d, tick, 3 * self.PERIOD))),
+            "mem_used": int(total * mem_fraction),
             "mem_total": total,
             "power_w": round(d.power_limit_w * (0.15 + 0.75 * util / 100), 1),
             "power_limit_w": float(d.power_limit_w),
@@ -563,7 +567,7 @@ def parse_gpu_groups(text: str, field: str) -> list[tuple[int, Any, str | None]]
     return groups
 
 
-def _yes_no(value: str, field: str, key: str) -> bool:
+def parse_yes_no(value: str, field: str, key: str) -> bool:
     v = value.strip().lower()
     if v in ("yes", "y", "true", "1", "on", ""):
         return True
@@ -585,8 +589,9 @@ def fake_from_spec(spec: str) -> NvmlApi:
     for opt in opts:
         key, _, value = opt.partition("=")
         key = key.strip().lower()
-        if key not in ("seed", "frozen", "driver", "cuda", "nvlink"):
-            raise InputError(FAKE_ENV, f"unknown option {key!r}", "seed=N, frozen, driver=V, cuda=V, nvlink=yes|no")
+        if key not in ("seed", "frozen", "idle", "driver", "cuda", "nvlink"):
+            raise InputError(FAKE_ENV, f"unknown option {key!r}",
+                             "seed=N, frozen, idle, driver=V, cuda=V, nvlink=yes|no")
         options[key] = value.strip()
     try:
         seed = int(options.get("seed", "0"))
@@ -600,9 +605,10 @@ def fake_from_spec(spec: str) -> NvmlApi:
         devices,
         driver=options.get("driver", "550.54.15"),
         cuda=options.get("cuda", "12.4"),
-        nvlink=_yes_no(options["nvlink"], FAKE_ENV, "nvlink") if "nvlink" in options else None,
+        nvlink=parse_yes_no(options["nvlink"], FAKE_ENV, "nvlink") if "nvlink" in options else None,
         seed=seed,
-        frozen=_yes_no(options["frozen"], FAKE_ENV, "frozen") if "frozen" in options else False,
+        frozen=parse_yes_no(options["frozen"], FAKE_ENV, "frozen") if "frozen" in options else False,
+        idle=parse_yes_no(options["idle"], FAKE_ENV, "idle") if "idle" in options else False,
     )
 
 
@@ -618,7 +624,7 @@ def _fake_from_json_file(path: str) -> NvmlApi:
 def _fake_from_json(data: Any, where: str) -> NvmlApi:
     """A fake from a JSON document:
 
-    {"driver_version": "550.54.15", "cuda_version": "12.4", "seed": 0, "frozen": false,
+    {"driver_version": "550.54.15", "cuda_version": "12.4", "seed": 0, "frozen": false, "idle": false,
      "nvlink": true | false | null, "p2p": "OK" | [["X", "OK"], ["OK", "X"]] | null,
      "unavailable": "reason"                       (instead of devices: NVML is not there)
      "devices": [{"gpu": "H100-80GB",              (catalogue name; fills the fields below)
@@ -689,9 +695,10 @@ def _fake_from_json(data: Any, where: str) -> NvmlApi:
     if isinstance(p2p, list) and (len(p2p) != len(devices) or any(len(r) != len(devices) for r in p2p)):
         raise bad("p2p must be a square matrix with one row per device")
     return FakeNvml(devices, driver=data.get("driver_version", "550.54.15"), cuda=data.get("cuda_version", "12.4"),
-                    nvlink=data.get("nvlink"), p2p=p2p, seed=seed, frozen=bool(data.get("frozen", False)))
+                    nvlink=data.get("nvlink"), p2p=p2p, seed=seed, frozen=bool(data.get("frozen", False)),
+                    idle=bool(data.get("idle", False)))
 
 
 __all__ = ["FAKE_ENV", "FakeDevice", "FakeNvml", "GpuProcess", "GpuSample", "GpuStatic", "NvmlApi", "RealNvml",
-           "UnavailableNvml", "fake_from_spec", "init_failure_reason", "open_nvml", "parse_gpu_groups",
+           "UnavailableNvml", "fake_from_spec", "init_failure_reason", "open_nvml", "parse_gpu_groups", "parse_yes_no",
            "visible_devices"]
