@@ -1,0 +1,455 @@
+"""The live view of a run: entry points, the run-directory follower and the control requests.
+
+The view is only a client of the run directory (run.json, events.jsonl, metrics.jsonl,
+logs/attempt-<n>/rank-<r>.log), so `wizard launch` and `wizard attach` show exactly the same
+thing and the view can come and go while the supervisor keeps the run. This module has no
+Textual import at module level: the follower and `send_control` are plain Python (usable by
+`wizard stop` and by tests); the Textual app lives in launch/widgets.py and is imported lazily by
+`make_view_app` / `run_view`.
+
+Control requests (the view never kills workers itself; the supervisor owns teardown):
+  1. write RUN_DIR/control.json atomically:
+       {"request": "stop" | "kill" | "restart", "t": epoch, "id": "<hex>", "from": "view", "pid": n}
+  2. then, if run.json's status is active and supervisor_pid is alive, send the matching signal
+     as a doorbell: SIGTERM = stop (graceful: SIGTERM to the group, grace period, SIGKILL),
+     SIGUSR1 = restart (tear down, new attempt), SIGUSR2 = kill (skip the grace period).
+  The supervisor handles each request id once (a signal whose control.json id it has already
+  handled, or with no control.json, means the signal's own request), so a request is never acted
+  on twice, and polling control.json alone is enough where a signal cannot be sent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import sys
+import time
+import uuid
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+CONTROL_FILE = "control.json"
+CONTROL_SIGNALS = {"stop": signal.SIGTERM, "restart": signal.SIGUSR1, "kill": signal.SIGUSR2}
+ACTIVE = frozenset({"starting", "running", "stopping", "restarting"})
+FINISHED = frozenset({"succeeded", "failed", "stopped"})
+DEFAULT_GRACE_S = 30.0
+LOG_PANE_LINES = 5000
+LAUNCHER = -1                     # the "rank" of launcher.log lines
+WIZARD = -2                       # the "rank" of lines the view makes from events (restart, stall, ...)
+
+
+# ---------------------------------------------------------------- incremental file reading
+
+class FileTail:
+    """New whole lines of a growing file, read from a remembered offset (never the whole file).
+
+    A file that shrinks or is replaced (new inode: MetricsWriter's rotation, a rewritten file)
+    is read again from its start, or from its last `window` bytes. The first read of a large file
+    also starts `window` bytes before its end, so attaching to a long run stays cheap.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], window: int = 1 << 20) -> None:
+        self.path = os.fspath(path)
+        self.window = window
+        self.offset = 0
+        self.inode: int | None = None
+        self._partial = b""
+
+    def read_lines(self) -> list[str]:
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return []
+        if st.st_ino != self.inode or st.st_size < self.offset:
+            self.inode = st.st_ino
+            self.offset = max(0, st.st_size - self.window)
+            self._partial = b""
+            skip_first = self.offset > 0
+        else:
+            skip_first = False
+        if st.st_size == self.offset:
+            return []
+        start = self.offset
+        if st.st_size - start > self.window:          # fell far behind: keep the newest window
+            start, skip_first, self._partial = st.st_size - self.window, True, b""
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(start)
+                data = f.read(st.st_size - start)
+        except OSError:
+            return []
+        self.offset = start + len(data)
+        data = self._partial + data
+        if skip_first:
+            nl = data.find(b"\n")
+            data = data[nl + 1:] if nl >= 0 else b""
+        *whole, self._partial = data.split(b"\n")
+        return [line.decode("utf-8", "replace").rstrip("\r") for line in whole]
+
+
+class JsonlTail(FileTail):
+    def read_objects(self) -> list[dict[str, Any]]:
+        out = []
+        for line in self.read_lines():
+            try:
+                obj = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(obj, dict):
+                out.append(obj)
+        return out
+
+
+# ---------------------------------------------------------------- the run directory
+
+@dataclass
+class LogLine:
+    attempt: int
+    rank: int                      # >= 0 a rank; LAUNCHER; WIZARD
+    text: str
+
+
+@dataclass
+class Update:
+    run_changed: bool = False
+    events: list[dict[str, Any]] = field(default_factory=list)
+    samples: list[dict[str, Any]] = field(default_factory=list)
+    lines: list[LogLine] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return self.run_changed or bool(self.events or self.samples or self.lines)
+
+
+_RANK_LOG = re.compile(r"rank-(\d+)\.log$")
+
+
+def read_run(run_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
+    try:
+        with open(Path(run_dir) / "run.json", encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+class RunFollower:
+    """Polls a run directory and returns what is new since the last poll."""
+
+    def __init__(self, run_dir: str | os.PathLike[str]) -> None:
+        self.run_dir = Path(run_dir)
+        self.run: dict[str, Any] = {}
+        self._run_stamp: tuple[int, int] | None = None
+        self.events = JsonlTail(self.run_dir / "events.jsonl")
+        self.metrics = JsonlTail(self.run_dir / "metrics.jsonl", window=256 * 1024)
+        self.attempt: int | None = None
+        self._logs: dict[Path, tuple[int, FileTail]] = {}
+
+    def _poll_run(self) -> bool:
+        path = self.run_dir / "run.json"
+        try:
+            st = os.stat(path)
+        except OSError:
+            return False
+        stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
+        if stamp == self._run_stamp:
+            return False
+        data = read_run(self.run_dir)
+        if data is None:                      # mid-write by a non-atomic writer: try next tick
+            return False
+        self._run_stamp = stamp
+        changed = data != self.run
+        self.run = data
+        return changed
+
+    def _log_files(self, attempt: int) -> list[tuple[int, Path]]:
+        d = self.run_dir / "logs" / f"attempt-{attempt}"
+        found = []
+        try:
+            for entry in os.scandir(d):
+                m = _RANK_LOG.match(entry.name)
+                if m:
+                    found.append((int(m.group(1)), Path(entry.path)))
+                elif entry.name == "launcher.log":
+                    found.append((LAUNCHER, Path(entry.path)))
+        except OSError:
+            return []
+        return sorted(found, key=lambda rp: (rp[0] == LAUNCHER, rp[0]))
+
+    def _poll_logs(self) -> list[LogLine]:
+        attempt = _as_int(self.run.get("attempt"))
+        if attempt is None:
+            attempt = self._latest_attempt_on_disk()
+        if attempt is None:
+            return []
+        out: list[LogLine] = []
+        if self.attempt is not None and attempt != self.attempt:
+            # drain the old attempt's files, then start on the new one
+            out += self._read_logs(self.attempt)
+            self._logs.clear()
+            out.append(LogLine(attempt, WIZARD, f"── attempt {attempt} ──"))
+        self.attempt = attempt
+        for rank, path in self._log_files(attempt):
+            if path not in self._logs:
+                self._logs[path] = (rank, FileTail(path))
+        out += self._read_logs(attempt)
+        return out
+
+    def _read_logs(self, attempt: int) -> list[LogLine]:
+        # Rank logs carry no timestamps; ranks of a data-parallel job move in step, so taking
+        # the new lines of each rank in turn is the closest honest interleaving.
+        batches = [[LogLine(attempt, rank, text) for text in tail.read_lines()]
+                   for rank, tail in self._logs.values()]
+        out: list[LogLine] = []
+        for i in range(max((len(b) for b in batches), default=0)):
+            out += [b[i] for b in batches if i < len(b)]
+        return out
+
+    def _latest_attempt_on_disk(self) -> int | None:
+        try:
+            nums = [int(p.name.split("-", 1)[1]) for p in (self.run_dir / "logs").iterdir()
+                    if p.name.startswith("attempt-") and p.name.split("-", 1)[1].isdigit()]
+        except OSError:
+            return None
+        return max(nums) if nums else None
+
+    def poll(self) -> Update:
+        u = Update(run_changed=self._poll_run())
+        u.events = self.events.read_objects()
+        u.samples = self.metrics.read_objects()
+        u.lines = self._poll_logs()
+        for ev in u.events:
+            line = event_line(ev)
+            if line is not None:
+                u.lines.append(LogLine(_as_int(ev.get("attempt")) or self.attempt or 0, WIZARD, line))
+        return u
+
+
+def _as_int(v: Any) -> int | None:
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        return None
+
+
+def _num(v: Any) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def event_line(ev: dict[str, Any]) -> str | None:
+    """The supervisor's notable events as lines in the log pane (train logs and progress are not)."""
+    kind = ev.get("type")
+    if kind not in ("failure", "restart", "stall", "stop", "exit"):
+        return None
+    text = ev.get("message") or ev.get("summary") or ev.get("reason")
+    rank = f" rank {ev['rank']}" if ev.get("rank") is not None else ""
+    extra = []
+    for key in ("kind", "exit_code", "signal", "status"):
+        if ev.get(key) is not None:
+            extra.append(f"{key}={ev[key]}")
+    return f"{kind}{rank}: " + (str(text) if text else " ".join(extra) or "(no details)")
+
+
+# ---------------------------------------------------------------- state the view shows
+
+@dataclass
+class RunState:
+    """Everything the view draws, built only from the run directory."""
+    run: dict[str, Any] = field(default_factory=dict)
+    samples: deque = field(default_factory=lambda: deque(maxlen=240))
+    loss: deque = field(default_factory=lambda: deque(maxlen=240))        # (t or step, loss)
+    rate: deque = field(default_factory=lambda: deque(maxlen=240))        # (t or step, it/s)
+
+    def apply(self, u: Update, run: dict[str, Any]) -> None:
+        self.run = run
+        self.samples.extend(u.samples)
+        for ev in u.events:
+            loss = _num(ev.get("loss"))
+            if loss is not None and ev.get("type") in ("train_log", "progress", None):
+                self.loss.append(loss)
+            rate = _num(ev.get("rate"))
+            if rate is not None and ev.get("type") in ("progress", "train_log", None):
+                self.rate.append(rate)
+
+    @property
+    def status(self) -> str:
+        return str(self.run.get("status") or "unknown")
+
+    @property
+    def active(self) -> bool:
+        return self.status in ACTIVE
+
+    @property
+    def latest_sample(self) -> dict[str, Any] | None:
+        return self.samples[-1] if self.samples else None
+
+    def util_history(self, gpu_index: int, seconds: float = 60.0) -> list[float | None]:
+        """The GPU's utilisation over the last `seconds` of samples (oldest first)."""
+        if not self.samples:
+            return []
+        t_end = _num(self.samples[-1].get("t")) or 0.0
+        out: list[float | None] = []
+        for s in self.samples:
+            t = _num(s.get("t"))
+            if t is None or t < t_end - seconds or not s.get("available"):
+                continue
+            util = None
+            for g in s.get("gpus") or []:
+                if g.get("index") == gpu_index:
+                    util = _num(g.get("util"))
+                    break
+            out.append(util)
+        return out
+
+
+def elapsed_s(run: dict[str, Any], now: float) -> float | None:
+    start = _num(run.get("started_at"))
+    if start is None:
+        return None
+    end = _num(run.get("ended_at")) if run.get("status") in FINISHED else None
+    return max(0.0, (end if end is not None else now) - start)
+
+
+def fmt_duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "--:--"
+    s = int(round(seconds))
+    h, rem = divmod(s, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m:02d}:{s:02d}"
+
+
+def status_text(run: dict[str, Any], now: float | None = None) -> str:
+    """A plain one-paragraph status of the run (for attach without a terminal)."""
+    now = time.time() if now is None else now
+    p = run.get("progress") or {}
+    parts = [f"run {run.get('id', '?')}: {run.get('status', 'unknown')}",
+             f"attempt {run.get('attempt', '?')}", f"elapsed {fmt_duration(elapsed_s(run, now))}"]
+    if p.get("step") is not None:
+        parts.append(f"step {p['step']}/{p.get('total') or '?'}")
+    if _num(p.get("loss")) is not None:
+        parts.append(f"loss {p['loss']:.4g}")
+    if _num(p.get("eta_s")) is not None:
+        parts.append(f"ETA {fmt_duration(p['eta_s'])}")
+    lines = ["  ".join(parts)]
+    c = run.get("classification")
+    if c:
+        lines.append(f"failure: {c.get('kind')} on rank {c.get('rank')}: {c.get('summary') or ''}".rstrip())
+        if c.get("hint"):
+            lines.append(f"hint: {c['hint']}")
+        if c.get("suggested_command"):
+            lines.append(f"try: {c['suggested_command']}")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- control requests
+
+@dataclass
+class ControlResult:
+    request: str
+    written: bool
+    signalled: bool
+    message: str
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def send_control(run_dir: str | os.PathLike[str], request: str,
+                 run: dict[str, Any] | None = None, now: Callable[[], float] = time.time) -> ControlResult:
+    """Ask the supervisor to stop / kill / restart the run (see the module docstring)."""
+    if request not in CONTROL_SIGNALS:
+        raise ValueError(f"control request must be one of {sorted(CONTROL_SIGNALS)}, not {request!r}")
+    run_dir = Path(run_dir)
+    run = read_run(run_dir) if run is None else run
+    if run is None:
+        return ControlResult(request, False, False, f"no run.json in {run_dir}")
+    status = run.get("status")
+    if status not in ACTIVE:
+        return ControlResult(request, False, False, f"the run has already {status or 'ended'}")
+    body = {"request": request, "t": now(), "id": uuid.uuid4().hex, "from": "view", "pid": os.getpid()}
+    tmp = run_dir / f".{CONTROL_FILE}.{os.getpid()}.tmp"
+    written = False
+    try:
+        tmp.write_text(json.dumps(body) + "\n", encoding="utf-8")
+        os.replace(tmp, run_dir / CONTROL_FILE)
+        written = True
+    except OSError:
+        pass
+    pid = _as_int(run.get("supervisor_pid"))
+    signalled = False
+    if pid and pid > 1 and pid != os.getpid() and _alive(pid):
+        try:
+            os.kill(pid, CONTROL_SIGNALS[request])
+            signalled = True
+        except OSError:
+            pass
+    if signalled:
+        msg = f"{request} requested ({signal.Signals(CONTROL_SIGNALS[request]).name} to supervisor {pid})"
+    elif written:
+        msg = f"{request} requested (control.json; supervisor {pid or '?'} not reachable by signal)"
+    else:
+        msg = f"could not send {request}: run directory not writable and supervisor not reachable"
+    return ControlResult(request, written, signalled, msg)
+
+
+# ---------------------------------------------------------------- entry points
+
+# what the App returns when it exits
+DETACHED, QUIT, STOPPED = "detached", "quit", "stopped"
+
+
+def make_view_app(run_dir: str | os.PathLike[str], *, owned: bool, follow_interval: float = 0.5,
+                  clock: Callable[[], float] = time.time):
+    """The Textual app for RUN_DIR. `owned`: this process started the run (quitting asks whether
+    to stop it). `clock` is injectable so snapshots can freeze elapsed times."""
+    from launch.widgets import RunViewApp
+    return RunViewApp(Path(run_dir), owned=owned, follow_interval=follow_interval, clock=clock)
+
+
+def exit_code_for(result: str | None, run: dict[str, Any] | None, owned: bool) -> int:
+    if result == STOPPED:
+        return 130
+    if result == DETACHED or not owned or not run:
+        return 0
+    if run.get("status") in FINISHED:
+        code = _as_int(run.get("exit_code"))
+        if code is not None:
+            return code
+        return 0 if run.get("status") == "succeeded" else 1
+    return 0
+
+
+def reattach_hint(run_dir: str | os.PathLike[str]) -> str:
+    return (f"The run goes on. Re-attach with:  wizard attach {run_dir}\n"
+            f"Stop it with:                   wizard stop {run_dir}")
+
+
+def run_view(run_dir: str | os.PathLike[str], *, owned: bool) -> int:
+    """Show the live view until the user quits or detaches; returns the process exit code.
+
+    Without a terminal (stdin and stdout must both be TTYs; Textual would otherwise draw escape
+    codes into a pipe) it prints the run's status once instead and returns 0.
+    """
+    run = read_run(run_dir)
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+        print(status_text(run) if run else f"no run.json in {run_dir}")
+        return 0 if run else 2
+    app = make_view_app(run_dir, owned=owned)
+    result = app.run()
+    run = read_run(run_dir) or run
+    if result == DETACHED or (result == QUIT and run and run.get("status") in ACTIVE):
+        print(reattach_hint(run_dir))
+    elif result == STOPPED:
+        print(f"Stop requested; the supervisor is ending the run. Follow it with: wizard attach {run_dir}")
+    return exit_code_for(result, run, owned)
