@@ -1,0 +1,164 @@
+"""The memory model: DeepSpeed's estimators to the byte, and the sourced formulas by their examples."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+
+from wizard import memory as mem
+from wizard.units import GiB
+
+PARAMS = [1_000_000, 124_439_808, 1_100_048_384, 6_738_415_616, 7_000_000_000, 13_015_864_320,
+          70_553_706_496, 175_000_000_000, 405_000_000_000, 405_853_388_800]
+# Odd counts too, so that the order of float operations (and so rounding) must match DeepSpeed's.
+PARAMS += sorted(random.Random(20261130).randrange(1_000_000, 405_000_000_000) for _ in range(12))
+LARGEST = [1, 100_000, 32_000 * 4096, 128_256 * 16_384, 3_000_000_001, 262_677_505]
+GPUS_PER_NODE = [1, 2, 4, 8]
+NODES = [1, 2, 3, 4]     # 3: 1/3 is inexact, so rounding order matters
+BUFFER_FACTORS = [1.5, 1.0, 2.3]
+
+
+@pytest.fixture(scope="module")
+def ds_estimators():
+    # Imported lazily: deepspeed is the reference, never a dependency of the wizard's core.
+    pytest.importorskip("deepspeed")
+    from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
+    from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+    return estimate_zero2_model_states_mem_needs, estimate_zero3_model_states_mem_needs
+
+
+def test_zero2_equals_deepspeed_to_the_byte(ds_estimators):
+    ds_zero2, _ = ds_estimators
+    checked = 0
+    for p, n, nodes, offload, abf in itertools.product(PARAMS, GPUS_PER_NODE, NODES, (True, False), BUFFER_FACTORS):
+        expected = ds_zero2(p, num_gpus_per_node=n, num_nodes=nodes, cpu_offload=offload, additional_buffer_factor=abf)
+        got = mem.ds_estimate_zero2_model_states_mem_needs(p, n, nodes, offload, abf)
+        assert got == expected, (p, n, nodes, offload, abf)
+        assert all(type(v) is int for v in got)
+        # The generalised per-rung function reduces to DeepSpeed's for mixed precision + AdamW.
+        for precision in ("bf16", "fp16"):
+            states = mem.states_zero2(p, precision, "adamw", n, nodes, offload, abf)
+            assert (states.cpu, states.gpu) == expected, (p, n, nodes, offload, abf, precision)
+        checked += 1
+    assert checked == len(PARAMS) * 4 * 4 * 2 * 3 == 22 * 96
+
+
+def test_zero3_equals_deepspeed_to_the_byte(ds_estimators):
+    _, ds_zero3 = ds_estimators
+    offloads = [(False, False), (True, False), (True, True)]   # none, optimizer, optimizer + params
+    for p, ll, n, nodes, (opt, par), zero_init, abf in itertools.product(
+            PARAMS, LARGEST, GPUS_PER_NODE, NODES, offloads, (True, False), BUFFER_FACTORS):
+        expected = ds_zero3(p, ll, num_gpus_per_node=n, num_nodes=nodes, cpu_offload=opt, cpu_offload_params=par,
+                            zero_init=zero_init, additional_buffer_factor=abf)
+        got = mem.ds_estimate_zero3_model_states_mem_needs(p, ll, n, nodes, opt, par, zero_init, abf)
+        assert got == expected, (p, ll, n, nodes, opt, par, zero_init, abf)
+        states = mem.states_zero3(p, ll, "bf16", "adamw", n, nodes, opt, par, zero_init, abf)
+        assert (states.cpu, states.gpu) == expected[:2], (p, ll, n, nodes, opt, par, zero_init, abf)
+
+
+def test_zero3_param_offload_without_optimizer_offload_matches_deepspeed_cpu_branch(ds_estimators):
+    # DeepSpeed ignores cpu_offload_params when cpu_offload is False; so do we (the no-offload branch).
+    _, ds_zero3 = ds_estimators
+    assert mem.ds_estimate_zero3_model_states_mem_needs(7_000_000_000, 131_000_000, 8, 1, False, True) == \
+        ds_zero3(7_000_000_000, 131_000_000, 8, 1, False, True)
+
+
+def test_reference_printout_7b_8_gpus():
+    # deepspeed.md section 1.2, printed by DeepSpeed for 7e9 params, 131e6 largest layer, 8 GPUs.
+    rows = {
+        (True, True, True): (176.02, 0.49), (True, True, False): (312.92, 0.49),
+        (True, False, True): (156.46, 2.12), (True, False, False): (312.92, 2.12),
+        (False, False, True): (5.86, 15.16), (False, False, False): (312.92, 15.16),
+    }
+    for (opt, par, zi), (cpu_gb, gpu_gb) in rows.items():
+        cpu, gpu, _ = mem.ds_estimate_zero3_model_states_mem_needs(7e9, 131e6, 8, 1, opt, par, zi)
+        assert round(cpu / 2**30, 2) == cpu_gb and round(gpu / 2**30, 2) == gpu_gb
+    # Section 1.1: ZeRO-2, 7000M params, 8 GPUs: 312.92 / 13.04 with offload, 312.92 / 27.71 without.
+    cpu, gpu = mem.ds_estimate_zero2_model_states_mem_needs(7_000_000_000, 8, 1, True)
+    assert (round(cpu / 2**30, 2), round(gpu / 2**30, 2)) == (312.92, 13.04)
+    cpu, gpu = mem.ds_estimate_zero2_model_states_mem_needs(7_000_000_000, 8, 1, False)
+    assert (round(cpu / 2**30, 2), round(gpu / 2**30, 2)) == (312.92, 27.71)
+
+
+def test_zero_breakdowns_add_up_to_the_estimator():
+    for opt, par in [(False, False), (True, False), (True, True)]:
+        s = mem.states_zero3(70_553_706_496, 1_050_673_152, "bf16", "adamw", 8, 2, opt, par)
+        assert min(s.parameters, s.gradients, s.optimizer) >= 0
+        assert s.gpu == mem.ds_estimate_zero3_model_states_mem_needs(70_553_706_496, 1_050_673_152, 8, 2, opt, par)[1]
+    for opt in (False, True):
+        s = mem.states_zero2(6_738_415_616, "bf16", "adamw", 4, 1, opt)
+        assert min(s.parameters, s.gradients, s.optimizer) >= 0
+        assert s.parameters == 2 * 6_738_415_616
+
+
+def test_zero_paper_bytes_per_param():
+    p, n = 1_000_000_000, 8
+    # ZeRO paper Fig. 1, K = 12: DDP 16P; ZeRO-1 4P + 12P/N.
+    assert mem.states_single_or_ddp(p, "bf16", "adamw").gpu == 16 * p
+    assert mem.states_zero1(p, "bf16", "adamw", n, 1).gpu == 4 * p + 12 * p // n
+    # Optimizer-dependent: states + 4 B master in mixed precision; no master in fp32 (DDP).
+    assert mem.states_single_or_ddp(p, "fp16", "adamw-8bit").gpu == (2 + 2 + 4 + 2) * p
+    assert mem.states_single_or_ddp(p, "bf16", "sgd").gpu == (2 + 2 + 4 + 4) * p
+    assert mem.states_single_or_ddp(p, "fp32", "adamw").gpu == (4 + 4 + 8) * p
+    assert mem.states_single_or_ddp(p, "fp32", "sgd").gpu == (4 + 4 + 4) * p
+    # ZeRO-2 with 8-bit Adam: DeepSpeed's 18 becomes 2 + 4 + 4 + 2 = 12.
+    assert mem.states_zero2(p, "bf16", "adamw-8bit", n, 1).gpu == 2 * p + int(12 * p / n)
+    # fp32 in DeepSpeed: 4-byte weights and gradients, the fp32 master clone is still there.
+    assert mem.states_zero2(p, "fp32", "adamw", n, 1).gpu == 4 * p + int((4 + 4 + 4 + 8) * p / n)
+    assert mem.states_zero3(p, 10, "fp32", "adamw", n, 1).gpu == 8 * 10 + int((4 + 4 + 4 + 8) * p / n)
+
+
+def test_fsdp_states():
+    p, n = 8_000_000_000, 8
+    reshard = mem.states_fsdp(p, "bf16", "adamw", n, 1, reshard=True)
+    assert reshard.gpu == 16 * p // n                  # ZeRO paper's P_os+g+p row: 16P/N
+    noreshard = mem.states_fsdp(p, "bf16", "adamw", n, 1, reshard=False)
+    assert noreshard.gpu == 16 * p // n + 2 * p        # + the whole unsharded bf16 model between fwd and bwd
+    off = mem.states_fsdp(p, "bf16", "adamw", n, 2, reshard=True, offload=True)
+    assert off.gpu == 0 and off.cpu == int(p * 8 * 1.5)   # 16 B over 2 machines, x1.5
+    assert off.cpu > mem.states_fsdp(p, "bf16", "adamw", n, 4, reshard=True, offload=True).cpu
+
+
+def test_activations_match_korthikanti_example():
+    # deepspeed.md 2.1: s = 4096, b = 1, h = 4096, a = 32, f = 4h: 3.03 GiB/layer eager, 0.53 GiB flash.
+    s, b, h, a, layers = 4096, 1, 4096, 32, 32
+    eager = mem.activation_bytes_per_layer(s, b, h, a, 4 * h, flash=False)
+    assert eager == s * b * h * (34 + 5 * a * s // h)
+    assert round(eager / GiB, 2) == 3.03
+    flash = mem.activation_bytes_per_layer(s, b, h, a, 4 * h, flash=True)
+    assert flash == 34 * s * b * h
+    assert round(flash / GiB, 2) == 0.53
+    assert mem.activation_bytes(s, b, h, a, layers, 4 * h, True, False) == 32 * flash
+    gc = mem.activation_bytes(s, b, h, a, layers, 4 * h, True, True)
+    assert gc == 2 * s * b * h * layers + flash
+    assert round(gc / GiB, 1) == 1.5
+    # Megatron's MLP scaling: 18 + 4f/h bytes per s*b*h.
+    assert mem.activation_bytes_per_layer(10, 1, 100, 4, 270, flash=True) == 10 * (18 * 100 + 4 * 270)
+    # fp32 activations are twice the 16-bit ones.
+    assert mem.activation_bytes(s, b, h, a, layers, None, True, False, "fp32") == 2 * 32 * flash
+
+
+def test_logits_and_buffers():
+    assert mem.logits_bytes(4096, 1, 151_936, "bf16") == 4096 * 151_936 * (2 + 4 + 4)
+    assert mem.logits_bytes(4096, 1, 151_936, "fp32") == 4096 * 151_936 * (4 + 4)
+    h = 4096
+    settings = mem.deepspeed_bucket_settings(h)
+    assert settings["reduce_bucket_size"] == h * h
+    assert settings["stage3_prefetch_bucket_size"] == int(0.9 * h * h)
+    assert isinstance(settings["stage3_prefetch_bucket_size"], int)
+    assert mem.zero12_buffers(h, 2, "bf16") == 2 * h * h * 2
+    assert mem.zero3_buffers(70_000_000_000, h, "bf16") == h * h * 2 + int(1e9) * 2
+    assert mem.zero3_buffers(1_000_000, h, "bf16") == h * h * 2 + 1_000_000 * 2
+    assert mem.ddp_buffers(1_000, "bf16") == 4_000
+    assert mem.margin_bytes(1000) == 50
+    assert mem.usable_bytes(80 * GiB, 0.10) == int(80 * GiB * 0.9)
+
+
+def test_nvme_states():
+    p = 405_000_000_000
+    s = mem.states_zero3_nvme(p, 2_101_346_304, "bf16", "adamw", 8, 1)
+    assert s.gpu == 4 * 2_101_346_304       # same as CPU offload of both
+    assert s.nvme == (2 + 4 + 8) * p
+    assert s.cpu > int(p * 4 * 1.5)         # fp32 gradient partitions plus pinned swap buffers
