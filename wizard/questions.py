@@ -616,6 +616,13 @@ def _hostfile_needed(ctx: Context) -> bool:
     return _multinode_ds(ctx) and _a(ctx, "deepspeed_multinode_launcher", "standard") != "standard"
 
 
+_DYNAMO_CUSTOM = ("dynamo_mode", "dynamo_use_fullgraph", "dynamo_use_dynamic", "dynamo_use_regional_compilation")
+
+
+def _dynamo_custom(ctx: Context) -> bool:
+    return bool(_a(ctx, "use_dynamo")) and bool(_a(ctx, "dynamo_customize"))
+
+
 def _fsdp_sharding_default(ctx: Context) -> str:
     return "FULL_SHARD" if _fsdp_reshard_default(ctx) else "SHARD_GRAD_OP"
 
@@ -820,22 +827,30 @@ QUESTIONS: tuple[Question, ...] = (
        "one PyTorch develops and tests for training.", "choice", choices=DYNAMO_BACKENDS, default="INDUCTOR",
        when=lambda ctx: bool(_a(ctx, "use_dynamo")), why="inductor: PyTorch's default compiler.",
        **_details("compile")),
+    _q("dynamo_customize", "Customise torch.compile options",
+       "The mode, full-graph, dynamic-shape and regional options below; without them accelerate passes "
+       "torch.compile's own defaults (and writes none of these keys).", "bool",
+       default=lambda ctx: any(ctx.given.get(k) is not None for k in _DYNAMO_CUSTOM),
+       when=lambda ctx: bool(_a(ctx, "use_dynamo")),
+       why=lambda ctx: ("On: you gave one of the compile options." if any(
+           ctx.given.get(k) is not None for k in _DYNAMO_CUSTOM) else "Off: torch.compile's defaults suit most models."),
+       **_details("compile")),
     _q("dynamo_mode", "Compile mode", "reduce-overhead uses CUDA graphs (more memory), max-autotune searches "
        "for faster kernels (much longer compile).", "choice", choices=DYNAMO_MODES, default="default",
-       when=lambda ctx: bool(_a(ctx, "use_dynamo")), why="default: the fastest compile with most of the gain.",
+       when=_dynamo_custom, why="default: the fastest compile with most of the gain.",
        **_details("compile")),
     _q("dynamo_use_fullgraph", "Require one full graph",
        "Fails on any graph break instead of splitting the model into several compiled pieces.", "bool",
-       default=False, when=lambda ctx: bool(_a(ctx, "use_dynamo")),
+       default=False, when=_dynamo_custom,
        why="Off: graph breaks are common in model code and only cost some speed.", **_details("compile")),
     _q("dynamo_use_dynamic", "Dynamic shapes",
        "Compiles for varying sequence lengths instead of recompiling for each new shape.", "bool",
-       default=False, when=lambda ctx: bool(_a(ctx, "use_dynamo")),
+       default=False, when=_dynamo_custom,
        why="Off: with fixed-length (packed or padded) batches, static shapes compile faster code.",
        **_details("compile")),
     _q("dynamo_use_regional_compilation", "Regional compilation",
        "Compiles one repeated block (a decoder layer) and reuses it, cutting compile time a lot.", "bool",
-       default=False, when=lambda ctx: bool(_a(ctx, "use_dynamo")), why="Off, as in accelerate.",
+       default=False, when=_dynamo_custom, why="Off, as in accelerate.",
        **_details("compile")),
 
     # ---------------------------------------------------------------- details: deepspeed

@@ -110,6 +110,7 @@ def test_questions_come_in_stage_order():
 # Contexts in which every question is asked at least once, with its default and why.
 def _contexts():
     multi = {"num_machines": 2, "main_process_ip": "10.0.0.1", "same_network": False, "use_dynamo": True,
+             "dynamo_customize": True,
              "deepspeed_multinode_launcher": "pdsh", "use_mpirun": True}
     yield Context(hardware=gpus(8), model=LLAMA, plan=plan("deepspeed", 3, processes=16, machines=2)), multi
     yield Context(hardware=gpus(8), model=LLAMA, plan=plan("fsdp", reshard=True)), \
@@ -463,9 +464,16 @@ def test_mixed_precision_follows_the_plan():
 def test_dynamo_questions_only_when_compiling():
     d = details(gpus(8), plan("ddp"))
     assert d["use_dynamo"] is False and "dynamo_backend" not in d
+    # accelerate asks the four compile options only after "customize the defaults?": so do we
+    d = details(gpus(8), plan("ddp"), {"use_dynamo": "yes"})
+    assert d["dynamo_backend"] == "INDUCTOR" and d["dynamo_customize"] is False
+    assert not {"dynamo_mode", "dynamo_use_fullgraph", "dynamo_use_dynamic"} & set(d)
+    # giving one of them means customising
     d = details(gpus(8), plan("ddp"), {"use_dynamo": "yes", "dynamo_mode": "MAX-AUTOTUNE"})
-    assert d["dynamo_backend"] == "INDUCTOR" and d["dynamo_mode"] == "max-autotune"
+    assert d["dynamo_customize"] is True and d["dynamo_mode"] == "max-autotune"
     assert d["dynamo_use_fullgraph"] is False and d["dynamo_use_regional_compilation"] is False
+    d = details(gpus(8), plan("ddp"), {"use_dynamo": "yes", "dynamo_customize": "yes"})
+    assert d["dynamo_mode"] == "default"
 
 
 # ----------------------------------------------------------------------------- multi-node conditions
