@@ -1,0 +1,185 @@
+"""Atomic writes, .bak, diffs, writability checks, and emit.write_files' both-or-nothing rule."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from wizard import emit, fsutil
+from wizard.errors import InputError
+
+
+def leftovers(directory) -> list[str]:
+    return sorted(n for n in os.listdir(directory) if n.endswith(".tmp"))
+
+
+def test_new_file_is_created_without_backup(tmp_path):
+    path = tmp_path / "sub" / "a.yaml"
+    result = fsutil.write_atomic(str(path), "x: 1\n")
+    assert path.read_text() == "x: 1\n"
+    assert (result.changed, result.created, result.backup_path, result.diff) == (True, True, None, "")
+    assert not (tmp_path / "sub" / "a.yaml.bak").exists()
+    assert leftovers(tmp_path / "sub") == []
+
+
+def test_unchanged_content_is_not_rewritten(tmp_path):
+    path = tmp_path / "a.yaml"
+    path.write_text("x: 1\n")
+    os.utime(path, (1_000_000, 1_000_000))
+    result = fsutil.write_atomic(str(path), "x: 1\n")
+    assert not result.changed and result.backup_path is None and result.diff == ""
+    assert os.stat(path).st_mtime == 1_000_000
+    assert not (tmp_path / "a.yaml.bak").exists()
+
+
+def test_changed_content_keeps_bak_and_reports_diff(tmp_path):
+    path = tmp_path / "a.yaml"
+    path.write_text("x: 1\ny: 2\n")
+    os.chmod(path, 0o640)
+    result = fsutil.write_atomic(str(path), "x: 1\ny: 3\n")
+    assert path.read_text() == "x: 1\ny: 3\n"
+    assert result.backup_path == str(path) + ".bak"
+    assert (tmp_path / "a.yaml.bak").read_text() == "x: 1\ny: 2\n"
+    assert "-y: 2" in result.diff and "+y: 3" in result.diff
+    assert result.changed and not result.created
+    assert os.stat(path).st_mode & 0o777 == 0o640
+    assert leftovers(tmp_path) == []
+
+
+def test_failed_rename_leaves_original_byte_identical(tmp_path, monkeypatch):
+    path = tmp_path / "a.yaml"
+    original = b"x: 1\n# \xc3\xa9 kept byte for byte\n"
+    path.write_bytes(original)
+    real_replace = os.replace
+
+    def failing_replace(src, dst):
+        if os.path.abspath(dst) == str(path):
+            raise OSError(28, "No space left on device")
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", failing_replace)
+    with pytest.raises(OSError):
+        fsutil.write_atomic(str(path), "x: 2\n")
+    assert path.read_bytes() == original
+    assert leftovers(tmp_path) == []
+
+
+def test_failed_write_of_temp_leaves_nothing_behind(tmp_path, monkeypatch):
+    path = tmp_path / "a.yaml"
+    path.write_text("old\n")
+    monkeypatch.setattr(os, "fsync", lambda fd: (_ for _ in ()).throw(OSError(5, "I/O error")))
+    with pytest.raises(OSError):
+        fsutil.write_atomic(str(path), "new\n")
+    assert path.read_text() == "old\n"
+    assert leftovers(tmp_path) == []
+
+
+def test_plan_write_touches_nothing(tmp_path):
+    path = tmp_path / "a.yaml"
+    assert fsutil.plan_write(str(path), "x\n").created
+    assert not path.exists()
+    path.write_text("x\n")
+    assert not fsutil.plan_write(str(path), "x\n").changed
+    result = fsutil.plan_write(str(path), "y\n")
+    assert result.changed and result.dry_run and "+y" in result.diff
+    assert path.read_text() == "x\n" and not (tmp_path / "a.yaml.bak").exists()
+
+
+def test_restore_undoes_a_write(tmp_path):
+    created = fsutil.write_atomic(str(tmp_path / "new.json"), "{}\n")
+    fsutil.restore(created)
+    assert not (tmp_path / "new.json").exists()
+    (tmp_path / "old.json").write_text("old\n")
+    replaced = fsutil.write_atomic(str(tmp_path / "old.json"), "new\n")
+    fsutil.restore(replaced)
+    assert (tmp_path / "old.json").read_text() == "old\n"
+
+
+def test_check_writable_dir_accepts_missing_dirs_without_creating_them(tmp_path):
+    target = tmp_path / "a" / "b"
+    fsutil.check_writable_dir(str(target))
+    assert not (tmp_path / "a").exists()
+
+
+def test_check_writable_dir_rejects_a_path_under_a_file(tmp_path):
+    (tmp_path / "file").write_text("")
+    with pytest.raises(InputError) as err:
+        fsutil.check_writable_dir(str(tmp_path / "file" / "sub"))
+    assert err.value.field == "output_dir"
+    with pytest.raises(InputError):
+        fsutil.check_writable_dir(str(tmp_path / "file"))
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root can write into a read-only directory")
+def test_check_writable_dir_rejects_read_only_dir(tmp_path):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    os.chmod(ro, 0o500)
+    try:
+        with pytest.raises(InputError):
+            fsutil.check_writable_dir(str(ro))
+        with pytest.raises(InputError):
+            fsutil.check_writable_dir(str(ro / "new"))
+    finally:
+        os.chmod(ro, 0o700)
+
+
+# ---- emit.write_files: both files or nothing ---------------------------------------------------
+
+def test_write_files_writes_json_then_yaml(tmp_path):
+    results = emit.write_files("a: 1\n", "{}\n", str(tmp_path / "out"))
+    assert [os.path.basename(r.path) for r in results] == ["ds_config.json", "default_config.yaml"]
+    assert (tmp_path / "out" / "default_config.yaml").read_text() == "a: 1\n"
+    assert (tmp_path / "out" / "ds_config.json").read_text() == "{}\n"
+
+
+def test_write_files_dry_run_writes_nothing(tmp_path):
+    results = emit.write_files("a: 1\n", "{}\n", str(tmp_path / "out"), dry_run=True)
+    assert all(r.dry_run and r.created for r in results)
+    assert not (tmp_path / "out").exists()
+
+
+def test_write_files_rolls_back_the_json_when_the_yaml_fails(tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "ds_config.json").write_text('{"old": true}\n')
+    (out / "default_config.yaml").write_text("old: true\n")
+    real = fsutil.write_atomic
+
+    def failing(path, text):
+        if path.endswith(".yaml"):
+            raise OSError(28, "No space left on device")
+        return real(path, text)
+
+    monkeypatch.setattr(fsutil, "write_atomic", failing)
+    with pytest.raises(OSError):
+        emit.write_files("new: true\n", '{"new": true}\n', str(out))
+    assert (out / "ds_config.json").read_text() == '{"old": true}\n'
+    assert (out / "default_config.yaml").read_text() == "old: true\n"
+
+
+def test_write_files_rolls_back_a_new_json(tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    real = fsutil.write_atomic
+    monkeypatch.setattr(fsutil, "write_atomic",
+                        lambda p, t: (_ for _ in ()).throw(OSError(5, "boom")) if p.endswith(".yaml") else real(p, t))
+    with pytest.raises(OSError):
+        emit.write_files("new: true\n", "{}\n", str(out))
+    assert not (out / "ds_config.json").exists()
+
+
+def test_write_files_refuses_unwritable_output_before_writing(tmp_path):
+    (tmp_path / "blocker").write_text("a file, not a directory")
+    with pytest.raises(InputError) as err:
+        emit.write_files("a: 1\n", "{}\n", str(tmp_path / "blocker" / "out"))
+    assert err.value.field == "output_dir"
+    assert (tmp_path / "blocker").read_text() == "a file, not a directory"
+
+
+def test_write_files_refuses_a_directory_in_place_of_the_json(tmp_path):
+    out = tmp_path / "out"
+    (out / "ds_config.json").mkdir(parents=True)
+    with pytest.raises(InputError):
+        emit.write_files("a: 1\n", "{}\n", str(out))
+    assert not (out / "default_config.yaml").exists()
