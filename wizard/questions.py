@@ -695,8 +695,8 @@ QUESTIONS: tuple[Question, ...] = (
        "at the cost of fewer optimizer steps per sample.", "int", "training", default=1, check=_positive,
        why="1: no accumulation; raise it for a larger effective batch."),
     _q("precision", "Training precision",
-       "bf16/fp16 halve the weights, gradients and activations the GPUs hold; bf16 needs compute "
-       "capability 8.0+ (A100, H100, RTX 30xx and newer).", "choice", "training", choices=PRECISIONS,
+       "bf16/fp16 halve the activations and the working copy of weights and gradients; bf16 needs "
+       "compute capability 8.0+ (A100, H100, RTX 30xx and newer).", "choice", "training", choices=PRECISIONS,
        default="auto", why=_precision_why, check=_check_bf16),
     _q("gradient_checkpointing", "Gradient checkpointing",
        "Recomputes activations in the backward pass instead of storing them: much less memory, about "
@@ -747,11 +747,11 @@ QUESTIONS: tuple[Question, ...] = (
        "The share of the smallest GPU's memory the plan keeps free for fragmentation and allocations the "
        "estimate can't see; less headroom risks out-of-memory mid-run.", "float", "strategy",
        default=0.10, check=_check_headroom, allowed="a fraction 0 <= x < 0.9, such as 0.10 or 10%",
-       why="10% has covered the allocator's fragmentation in practice without wasting much memory."),
+       why="10% leaves room for the caching allocator's fragmentation and the estimate's error without wasting much."),
     _q("cuda_context", "CUDA context per process",
        "Every process pays for its CUDA context and kernels before any tensor exists; the plan counts it "
        "on each GPU.", "size", "strategy", advanced=True, default=1 * GiB,
-       why="About 1 GiB per process is typical for CUDA 12 with PyTorch's kernels loaded."),
+       why="About 1 GiB per process: what CUDA 12 with PyTorch's kernels usually takes (nvidia-smi shows yours)."),
 
     # ---------------------------------------------------------------- machines
     _q("num_machines", "Machines (nodes)",
@@ -875,8 +875,8 @@ QUESTIONS: tuple[Question, ...] = (
                         "1.0, the value most recipes use."),
        **_details("deepspeed")),
     _q("deepspeed_moe_layer_cls_names", "MoE layer classes (Mixture-of-Experts)",
-       "For MoE models, names the expert block classes so ZeRO-3 keeps each expert's weights together "
-       "instead of fetching them one by one.", "str", metavar="CLASS[,CLASS]", check=_check_class_list,
+       "For MoE models, names the expert block classes; ZeRO-3 then gathers each block as a whole, "
+       "which avoids hangs when ranks route their tokens to different experts.", "str", metavar="CLASS[,CLASS]", check=_check_class_list,
        when=_is_deepspeed, advanced=True, why="None: the model is treated as dense.",
        stage="details", group="deepspeed"),
 
