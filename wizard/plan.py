@@ -361,13 +361,13 @@ def _fit_reason(rung: Rung, x: _Inputs, without_gc: int | None, choice: Rung) ->
     used = f"{fmt_bytes(rung.per_gpu_bytes)} of {fmt_bytes(x.usable)} usable per {x.unit}"
     gc = ""
     if without_gc is not None:
-        gc = f" with gradient checkpointing (without it {fmt_bytes(without_gc)} per {x.unit}, over the limit)"
+        gc = f", with gradient checkpointing switched on ({fmt_bytes(without_gc)} without it)"
     elif rung.gradient_checkpointing:
-        gc = " with gradient checkpointing (forced on)"
+        gc = ", with gradient checkpointing (forced on)"
     if rung is choice:
         spare = fmt_bytes(x.usable - rung.per_gpu_bytes)
-        return f"Fits{gc} with {spare} to spare ({used}); chosen because it is the first rung that fits."
-    return f"Fits{gc} ({used}), but a cheaper rung ({choice.name}) already fits."
+        return f"Fits with {spare} to spare ({used}){gc}; chosen because it is the first rung that fits."
+    return f"Fits ({used}){gc}, but a cheaper rung ({choice.name}) already fits."
 
 
 # --- Resolving the inputs ---------------------------------------------------------------------------
