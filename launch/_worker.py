@@ -1,0 +1,76 @@
+"""Rank entry point: `accelerate launch ... launch/_worker.py SCRIPT ARGS` runs SCRIPT in this process.
+
+Why a wrapper: torchrun and accelerate mix every rank's output on one console (or tee it to files
+torchrun names and never bounds). Here each rank, before running the user's script, connects to
+the supervisor's socket (WIZARD_LAUNCH_SOCKET, an abstract unix socket), says who it is
+("WIZARD-RANK <rank> <pid>\\n") and puts the socket on its stdout and stderr. The supervisor thus
+gets one stream per rank with the rank known for sure: RANK from torchrun (multi-GPU, DeepSpeed,
+FSDP) or 0 for accelerate's simple_launcher (one process). If the socket is not there (another
+node of a DeepSpeed pdsh launch, a supervisor gone), the script runs with the output it inherited.
+
+It also asks the kernel to SIGKILL this rank if its parent (torchrun's agent, or the simple
+launcher) dies: torchrun itself does not, and orphaned ranks keep GPUs busy.
+
+The script then runs exactly as `python SCRIPT ARGS` would run it (runpy, __main__, sys.argv,
+sys.path[0] = the script's directory).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+ENV_SOCKET = "WIZARD_LAUNCH_SOCKET"
+PR_SET_PDEATHSIG = 1
+
+
+def _set_parent_death_signal(sig: int) -> None:
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0)
+    except Exception:
+        pass
+
+
+def _connect_output(address: str, rank: int) -> bool:
+    import socket
+    try:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(address.replace("@", "\0", 1) if address.startswith("@") else address)
+        s.sendall(f"WIZARD-RANK {rank} {os.getpid()}\n".encode())
+    except OSError:
+        return False
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(s.fileno(), 1)
+    os.dup2(s.fileno(), 2)
+    s.close()
+    # line-buffer Python's streams on the socket (PYTHONUNBUFFERED is set too, but be sure)
+    try:
+        sys.stdout.reconfigure(line_buffering=True)
+        sys.stderr.reconfigure(line_buffering=True)
+    except (AttributeError, ValueError):
+        pass
+    return True
+
+
+def main() -> None:
+    import signal
+    if len(sys.argv) < 2:
+        print("usage: _worker.py SCRIPT [ARGS...]", file=sys.stderr)
+        sys.exit(2)
+    _set_parent_death_signal(signal.SIGKILL)
+    rank = int(os.environ.get("RANK", "0"))
+    address = os.environ.get(ENV_SOCKET)
+    if address:
+        _connect_output(address, rank)
+    script = sys.argv[1]
+    sys.argv = sys.argv[1:]
+    sys.path[0] = os.path.dirname(os.path.abspath(script))
+    import runpy
+    runpy.run_path(script, run_name="__main__")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,405 @@
+"""Why an attempt ended: pure functions from exit codes, log evidence and flags to a Classification.
+
+Evidence (launcher_tui.md §5.2, accelerate.md §5.5-5.6):
+- Popen return codes: negative = killed by that signal; a shell's 128+n also means signal n.
+- torchrun's ChildFailedError report (in the launcher's output) lists every failed local rank with
+  its exit code and marks the "Root Cause (first observed failure)".
+- accelerate's simple_launcher raises CalledProcessError "returned non-zero exit status N" or
+  "died with <Signals.SIGKILL: 9>" for its single child (rank 0).
+- -6/SIGABRT with NCCL text: the ProcessGroupNCCL watchdog aborted the rank.
+- -9/SIGKILL nobody asked for: the kernel OOM killer (dmesg, when readable, confirms).
+- -15/SIGTERM (or SIGINT/SIGHUP) after another rank failed: collateral, torn down by the agent.
+- "CUDA out of memory" / "OutOfMemoryError" in a rank's log: the plan's next rung is the fix.
+"""
+
+from __future__ import annotations
+
+import re
+import signal as _signal
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+KINDS = ("python_exception", "nccl_abort", "oom_killed", "cuda_oom", "collateral", "stall", "signal", "unknown")
+COLLATERAL_SIGNALS = (_signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP)
+TAIL_LINES = 30
+
+
+@dataclass
+class RankOutcome:
+    rank: int
+    exit_code: int | None = None          # Popen style: negative = signal; None = not known
+    ended_at: float | None = None         # when its output stream closed (epoch s)
+    traceback_at: float | None = None
+    cuda_oom_at: float | None = None
+    nccl_at: float | None = None
+    last_exception: str | None = None     # "ValueError: boom"
+    last_output_at: float | None = None
+    log_tail: list[str] = field(default_factory=list)
+    pid: int | None = None
+
+
+@dataclass
+class AttemptOutcome:
+    launcher_exit: int | None
+    ranks: list[RankOutcome] = field(default_factory=list)
+    stop_requested: bool = False
+    stalled: bool = False
+    stall_timeout_s: float | None = None
+    stall_now: float | None = None        # when the stall was declared
+    gpus_idle: bool | None = None         # None: no NVML
+    launcher_tail: list[str] = field(default_factory=list)
+    oom_killer_seen: bool | None = None   # dmesg: None when unreadable
+    next_rung: str | None = None          # for CUDA OOM: the plan's next rung (name)
+    suggested_command: str | None = None
+
+
+@dataclass
+class Classification:
+    kind: str
+    rank: int | None
+    exit_code: int | None
+    signal: str | None
+    summary: str
+    hint: str
+    log_tail: list[str] = field(default_factory=list)
+    next_rung: str | None = None
+    suggested_command: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# ------------------------------------------------------------------ exit codes
+
+def decode_exit(code: int | None) -> tuple[int | None, int | None]:
+    """(exit status, signal number): -9 -> (None, 9); 137 -> (137, 9); 1 -> (1, None)."""
+    if code is None:
+        return None, None
+    if code < 0:
+        return None, -code
+    if 128 < code <= 128 + 64:
+        return code, code - 128
+    return code, None
+
+
+def signal_name(num: int | None) -> str | None:
+    if num is None:
+        return None
+    try:
+        return _signal.Signals(num).name
+    except ValueError:
+        return f"signal {num}"
+
+
+def popen_code(exit_code: int | None) -> int | None:
+    """Normalise 128+n to -n, so that every signal death looks the same downstream."""
+    status, sig = decode_exit(exit_code)
+    if sig is not None:
+        return -sig
+    return status
+
+
+def shell_exit_code(code: int | None) -> int:
+    """What `wizard launch` exits with for a rank's code: signals as 128+n, like a shell."""
+    if code is None:
+        return 1
+    return 128 - code if code < 0 else code
+
+
+# ------------------------------------------------------------------ launcher output
+
+_FAIL_HEADER = re.compile(r"^\s*\[(\d+)\]:\s*$")
+_FIELD = re.compile(r"^\s*(time|host|rank|exitcode|error_file|traceback)\s*:\s*(.*)$")
+_RANK_FIELD = re.compile(r"(\d+)\s*\(local_rank:\s*(\d+)\)")
+_EXIT_FIELD = re.compile(r"(-?\d+)\s*\(pid:\s*(\d+)\)")
+_SIMPLE_STATUS = re.compile(r"returned non-zero exit status (-?\d+)")
+_SIMPLE_SIGNAL = re.compile(r"died with <Signals\.(\w+): (\d+)>")
+_AGENT_FAILED = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (\d+)\)")
+
+
+def parse_torchrun_failures(lines: list[str]) -> list[dict[str, Any]]:
+    """Failed ranks from torchrun's ChildFailedError report: [{rank, local_rank, exit_code, pid, root_cause}]."""
+    out: list[dict[str, Any]] = []
+    section = None
+    cur: dict[str, Any] | None = None
+    for line in lines:
+        s = line.rstrip()
+        if "Root Cause (first observed failure)" in s:
+            section = "root"
+            continue
+        if s.strip().startswith("Failures:") or s.strip() == "Other Failures:":
+            section = "other"
+            continue
+        if _FAIL_HEADER.match(s) and section:
+            cur = {"rank": None, "local_rank": None, "exit_code": None, "pid": None,
+                   "root_cause": section == "root"}
+            out.append(cur)
+            continue
+        m = _FIELD.match(s)
+        if m and cur is not None:
+            key, val = m.group(1), m.group(2)
+            if key == "rank":
+                r = _RANK_FIELD.search(val)
+                if r:
+                    cur["rank"], cur["local_rank"] = int(r.group(1)), int(r.group(2))
+            elif key == "exitcode":
+                e = _EXIT_FIELD.search(val)
+                if e:
+                    cur["exit_code"], cur["pid"] = int(e.group(1)), int(e.group(2))
+    if not out:       # the agent's own line, e.g. when the summary was cut off
+        for line in lines:
+            m = _AGENT_FAILED.search(line)
+            if m:
+                out.append({"rank": None, "local_rank": int(m.group(2)), "exit_code": int(m.group(1)),
+                            "pid": int(m.group(3)), "root_cause": not out})
+    return [f for f in out if f["rank"] is not None or f["local_rank"] is not None]
+
+
+def parse_simple_launcher_exit(lines: list[str]) -> int | None:
+    """The single child's exit code from accelerate's simple_launcher CalledProcessError."""
+    for line in reversed(lines):
+        m = _SIMPLE_SIGNAL.search(line)
+        if m:
+            return -int(m.group(2))
+        m = _SIMPLE_STATUS.search(line)
+        if m:
+            return int(m.group(1))
+    return None
+
+
+def dmesg_oom_evidence(text: str | None, pids: list[int]) -> bool | None:
+    """True if dmesg shows the OOM killer taking one of `pids`; None when dmesg wasn't readable."""
+    if text is None:
+        return None
+    for line in text.splitlines():
+        if "Out of memory" in line or "oom-kill" in line or "Killed process" in line:
+            if not pids or any(re.search(rf"\b{p}\b", line) for p in pids):
+                return True
+    return False
+
+
+# ------------------------------------------------------------------ next rung for CUDA OOM
+
+# Ladder order of DESIGN.md, by rung key; the flags that make the wizard produce each rung.
+LADDER = ("single", "ddp", "zero2", "zero3", "zero3-offload-opt", "zero3-offload-all", "zero3-nvme")
+RUNG_NAMES = {
+    "single": "single GPU", "ddp": "DDP", "zero2": "DeepSpeed ZeRO-2", "zero3": "DeepSpeed ZeRO-3",
+    "zero3-offload-opt": "ZeRO-3 + CPU optimizer offload",
+    "zero3-offload-all": "ZeRO-3 + CPU optimizer and parameter offload",
+    "zero3-nvme": "ZeRO-3 + NVMe offload",
+    "fsdp": "FSDP (no resharding)", "fsdp-reshard": "FSDP with resharding", "fsdp-offload": "FSDP + CPU offload",
+}
+FSDP_LADDER = ("fsdp", "fsdp-reshard", "fsdp-offload")
+
+
+def wizard_command_for(rung: dict[str, Any]) -> str:
+    """`wizard --non-interactive ...` flags that select this rung (keep your model/training flags)."""
+    backend = rung.get("backend")
+    parts = ["wizard", "--non-interactive"]
+    if backend in ("single", "ddp"):
+        parts += ["--backend", "ddp"]
+    elif backend == "fsdp":
+        parts += ["--backend", "fsdp"]
+        if rung.get("offload_param", "none") != "none" or rung.get("offload_optimizer", "none") != "none":
+            parts += ["--offload", "cpu"]
+    else:
+        parts += ["--backend", "deepspeed"]
+        if rung.get("zero_stage"):
+            parts += ["--zero-stage", str(rung["zero_stage"])]
+        off = rung.get("offload_param") if rung.get("offload_param", "none") != "none" else rung.get("offload_optimizer")
+        parts += ["--offload", off if off and off != "none" else "none"]
+    if rung.get("gradient_checkpointing"):
+        parts += ["--gradient-checkpointing", "on"]
+    return " ".join(parts)
+
+
+def _rung_from_key(key: str) -> dict[str, Any]:
+    table = {
+        "single": {"backend": "single"}, "ddp": {"backend": "ddp"},
+        "zero2": {"backend": "deepspeed", "zero_stage": 2}, "zero3": {"backend": "deepspeed", "zero_stage": 3},
+        "zero3-offload-opt": {"backend": "deepspeed", "zero_stage": 3, "offload_optimizer": "cpu"},
+        "zero3-offload-all": {"backend": "deepspeed", "zero_stage": 3, "offload_optimizer": "cpu",
+                              "offload_param": "cpu"},
+        "zero3-nvme": {"backend": "deepspeed", "zero_stage": 3, "offload_optimizer": "nvme",
+                       "offload_param": "nvme"},
+        "fsdp": {"backend": "fsdp"}, "fsdp-reshard": {"backend": "fsdp", "fsdp_reshard": True},
+        "fsdp-offload": {"backend": "fsdp", "fsdp_reshard": True, "offload_param": "cpu"},
+    }
+    rung = {"key": key, "name": RUNG_NAMES.get(key, key), "offload_optimizer": "none", "offload_param": "none"}
+    rung.update(table.get(key, {}))
+    return rung
+
+
+def current_rung_key(accel_config: dict[str, Any] | None, ds_config: dict[str, Any] | None) -> str | None:
+    """Which ladder rung the running config is, from the YAML and the DeepSpeed JSON."""
+    dtype = str((accel_config or {}).get("distributed_type", "")).upper()
+    if ds_config is not None or dtype == "DEEPSPEED":
+        zero = (ds_config or {}).get("zero_optimization") or {}
+        stage = zero.get("stage")
+        if stage is None:
+            stage = ((accel_config or {}).get("deepspeed_config") or {}).get("zero_stage", 0)
+        try:
+            stage = int(stage)
+        except (TypeError, ValueError):
+            stage = 0
+        dev = lambda k: ((zero.get(k) or {}).get("device") or "none")  # noqa: E731
+        if stage < 3:
+            return "zero2" if stage == 2 else "ddp"       # ZeRO-0/1 ≈ DDP memory: the next is ZeRO-2
+        if "nvme" in (dev("offload_optimizer"), dev("offload_param")):
+            return "zero3-nvme"
+        if dev("offload_param") == "cpu":
+            return "zero3-offload-all"
+        if dev("offload_optimizer") == "cpu":
+            return "zero3-offload-opt"
+        return "zero3"
+    if dtype == "FSDP":
+        fsdp = (accel_config or {}).get("fsdp_config") or {}
+        if str(fsdp.get("fsdp_offload_params", "false")).lower() == "true":
+            return "fsdp-offload"
+        reshard = str(fsdp.get("fsdp_reshard_after_forward", fsdp.get("fsdp_sharding_strategy", ""))).upper()
+        return "fsdp-reshard" if reshard in ("TRUE", "FULL_SHARD") else "fsdp"
+    if dtype.startswith("MULTI_"):
+        return "ddp"
+    if dtype in ("NO", ""):
+        return "single" if accel_config else None
+    return None
+
+
+def next_rung_after(key: str | None, plan: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """The rung after `key`: from the plan's own list when there is one, else DESIGN.md's ladder."""
+    if plan:
+        rungs = plan.get("rungs") or []
+        keys = [r.get("key") for r in rungs]
+        k = key or ((plan.get("choice") or {}).get("key"))
+        if k in keys:
+            i = keys.index(k)
+            return rungs[i + 1] if i + 1 < len(rungs) else None
+    if key is None:
+        return None
+    ladder = FSDP_LADDER if key.startswith("fsdp") else LADDER
+    if key not in ladder:
+        return None
+    i = ladder.index(key)
+    if key == "single":          # one GPU out of memory: the next rung needs more GPUs or ZeRO offload
+        return _rung_from_key("zero3-offload-opt")
+    return _rung_from_key(ladder[i + 1]) if i + 1 < len(ladder) else None
+
+
+def suggest_for_cuda_oom(plan: dict[str, Any] | None, accel_config: dict[str, Any] | None,
+                         ds_config: dict[str, Any] | None) -> tuple[str | None, str | None]:
+    """(next rung's name, the wizard command producing it) for a CUDA out-of-memory."""
+    key = current_rung_key(accel_config, ds_config)
+    plan_key = (plan or {}).get("choice", {}) or {}
+    rung = next_rung_after(plan_key.get("key") or key, plan)
+    if rung is None:
+        return None, None
+    return rung.get("name") or rung.get("key"), wizard_command_for(rung)
+
+
+# ------------------------------------------------------------------ classification
+
+def _rank_kind(r: RankOutcome, stop_requested: bool) -> str | None:
+    """What happened to one rank, or None if it shows no sign of failure."""
+    _status, sig = decode_exit(r.exit_code)
+    if r.cuda_oom_at is not None:
+        return "cuda_oom"
+    if r.nccl_at is not None and (sig == _signal.SIGABRT or r.exit_code not in (None, 0)):
+        return "nccl_abort"
+    if sig == _signal.SIGABRT and r.nccl_at is not None:
+        return "nccl_abort"
+    if sig == _signal.SIGKILL:
+        return "collateral" if stop_requested else "oom_killed"
+    if sig in COLLATERAL_SIGNALS:
+        return "collateral"
+    if r.traceback_at is not None and r.exit_code not in (0,):
+        return "python_exception"
+    if sig is not None:
+        return "signal"
+    if r.exit_code not in (None, 0):
+        return "unknown"
+    return None
+
+
+def _failure_time(r: RankOutcome) -> float:
+    times = [t for t in (r.cuda_oom_at, r.nccl_at, r.traceback_at, r.ended_at) if t is not None]
+    return min(times) if times else float("inf")
+
+
+HINTS = {
+    "python_exception": "rank {rank} raised {exc}; fix the error in the traceback below (the other ranks were stopped as collateral)",
+    "cuda_oom": "rank {rank} ran out of GPU memory",
+    "nccl_abort": ("rank {rank} was aborted by the NCCL watchdog: a collective timed out, usually because one rank "
+                   "is stuck or took a different code path; rerun with TORCH_NCCL_TRACE_BUFFER_SIZE=2000 "
+                   "TORCH_NCCL_DUMP_ON_TIMEOUT=1 for a Flight Recorder dump"),
+    "oom_killed": ("rank {rank} was SIGKILLed and nobody asked for it: most likely the kernel OOM killer "
+                   "(host RAM){dmesg}; lower CPU offload, dataloader workers or per-process RAM"),
+    "collateral": "rank {rank} was terminated by the launcher after another failure (not the cause)",
+    "signal": "rank {rank} died of {sig}{native}",
+    "unknown": "rank {rank} exited with code {code}; see the log tail",
+}
+
+
+def classify(o: AttemptOutcome) -> Classification | None:
+    """The attempt's failure, or None for a clean exit (or a stop nobody needs explained)."""
+    if o.stalled:
+        return _classify_stall(o)
+    failing = []
+    for r in o.ranks:
+        kind = _rank_kind(r, o.stop_requested)
+        if kind is not None:
+            failing.append((kind, r))
+    if o.stop_requested and all(k == "collateral" for k, _ in failing):
+        return None
+    if not failing:
+        if o.launcher_exit in (0, None):
+            return None
+        status, sig = decode_exit(o.launcher_exit)
+        return Classification(
+            kind="signal" if sig else "unknown", rank=None, exit_code=o.launcher_exit, signal=signal_name(sig),
+            summary=f"accelerate launch exited with {o.launcher_exit} and no rank reported a failure",
+            hint="the launcher failed before or around the ranks: see launcher.log",
+            log_tail=o.launcher_tail[-TAIL_LINES:])
+    causes = [(k, r) for k, r in failing if k != "collateral"] or failing
+    kind, first = min(causes, key=lambda kr: (_failure_time(kr[1]), kr[1].rank))
+    _status, sig = decode_exit(first.exit_code)
+    exc = first.last_exception or "an exception"
+    fmt = {"rank": first.rank, "exc": exc, "sig": signal_name(sig) or "a signal", "code": first.exit_code,
+           "dmesg": {True: " (dmesg confirms)", False: " (dmesg shows no OOM kill)", None: ""}[o.oom_killer_seen],
+           "native": " (a native crash; SIGBUS often means /dev/shm is too small)"
+           if sig in (_signal.SIGSEGV, _signal.SIGBUS) else ""}
+    hint = HINTS[kind].format(**fmt)
+    next_rung = cmd = None
+    if kind == "cuda_oom":
+        next_rung, cmd = o.next_rung, o.suggested_command
+        hint += (f": the plan's next rung is {next_rung}: `{cmd}` (same model and training flags)"
+                 if next_rung else ": lower --micro-batch or turn on --gradient-checkpointing")
+    others = sorted(r.rank for k, r in failing if r is not first)
+    summary = {
+        "python_exception": f"rank {first.rank} failed: {exc}",
+        "cuda_oom": f"rank {first.rank}: CUDA out of memory",
+        "nccl_abort": f"rank {first.rank}: NCCL watchdog abort",
+        "oom_killed": f"rank {first.rank} killed (SIGKILL), likely by the OOM killer",
+        "collateral": f"rank {first.rank} terminated ({signal_name(sig)})",
+        "signal": f"rank {first.rank} died of {signal_name(sig)}",
+        "unknown": f"rank {first.rank} exited with code {first.exit_code}",
+    }[kind]
+    if others:
+        summary += f"; then rank{'s' if len(others) > 1 else ''} {', '.join(map(str, others))} stopped"
+    return Classification(kind=kind, rank=first.rank, exit_code=first.exit_code, signal=signal_name(sig),
+                          summary=summary, hint=hint, log_tail=first.log_tail[-TAIL_LINES:],
+                          next_rung=next_rung, suggested_command=cmd)
+
+
+def _classify_stall(o: AttemptOutcome) -> Classification:
+    now = o.stall_now or 0.0
+    silent = []
+    for r in sorted(o.ranks, key=lambda r: (r.last_output_at or 0.0, r.rank)):
+        age = now - r.last_output_at if r.last_output_at else None
+        silent.append(f"rank {r.rank}: " + (f"silent {age:.0f} s" if age is not None else "never wrote"))
+    first = min(o.ranks, key=lambda r: (r.last_output_at or 0.0, r.rank)) if o.ranks else None
+    gpu = {True: " and every GPU idle", False: "", None: " (no GPU metrics: log silence only)"}[o.gpus_idle]
+    summary = f"stall: no output from any rank for {o.stall_timeout_s:g} s{gpu}"
+    hint = ("; ".join(silent) + ". The rank silent longest is the first suspect; py-spy is not available "
+            "to the supervisor, so no stacks were taken (pip install py-spy; py-spy dump --pid PID)")
+    return Classification(kind="stall", rank=first.rank if first else None, exit_code=None, signal=None,
+                          summary=summary, hint=hint, log_tail=(first.log_tail if first else [])[-TAIL_LINES:])

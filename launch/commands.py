@@ -1,0 +1,469 @@
+"""CLI entry points: `wizard launch`, `wizard attach`, `wizard stop`.
+
+`register(subparsers)` adds the three subcommands (each sets `func=<callable(args) -> int>`);
+`python -m launch.commands launch|attach|stop ...` runs them without wizard/cli.py.
+Importing this module is light: no torch, accelerate or textual (the supervisor imports psutil
+and yaml lazily; the view is imported only when shown).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any, TextIO
+
+ACTIVE = ("starting", "running", "stopping", "restarting")
+FINISHED = ("succeeded", "failed", "stopped")
+
+
+# ------------------------------------------------------------------ parsers
+
+def add_launch_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config-file", default=None,
+                   help="accelerate config (default: accelerate's default_config.yaml, where the wizard writes it)")
+    p.add_argument("--run-dir", default=None, help="the run directory (default: ./wizard-runs/<id>)")
+    p.add_argument("--runs-root", default=None, help="where new run directories go (default: ./wizard-runs)")
+    p.add_argument("--max-restarts", type=int, default=0, help="restart the whole group up to N times")
+    p.add_argument("--stall-timeout", type=float, default=None, metavar="S",
+                   help="no output from any rank (and idle GPUs, where NVML exists) for S seconds is a stall")
+    p.add_argument("--grace", type=float, default=30.0, metavar="S",
+                   help="seconds between SIGTERM and SIGKILL when stopping (default 30)")
+    p.add_argument("--detach", action="store_true",
+                   help="run the supervisor in its own session, print the run directory and return")
+    p.add_argument("--headless", action="store_true",
+                   help="plain output: [rankN] lines and a status line (automatic without a TTY)")
+    p.add_argument("--status-interval", type=float, default=30.0, metavar="S",
+                   help="headless status line period (default 30 s)")
+    p.add_argument("--quiet-ranks", action="store_true", help="headless: don't echo the ranks' output")
+    p.add_argument("--machine-rank", type=int, default=None, help="this node's rank (multi-node)")
+    p.add_argument("--main-process-ip", default=None, help="override the config's main node address")
+    p.add_argument("--main-process-port", type=int, default=None, help="override the config's main port")
+    p.add_argument("--emit-slurm", type=int, default=None, metavar="NODES",
+                   help="write an sbatch script running `wizard launch --headless` on NODES nodes, don't launch")
+    p.add_argument("--slurm-output", default="wizard-launch.sbatch", help="where --emit-slurm writes")
+    p.add_argument("--metrics-interval", type=float, default=1.0, help="GPU sampling period (default 1 s)")
+    p.add_argument("--log-cap-mb", type=float, default=50.0, help="per-rank log size before rotation (default 50)")
+    p.add_argument("--accelerate-arg", action="append", default=[], metavar="ARG",
+                   help="extra argument for `accelerate launch` (repeatable)")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="-- SCRIPT [ARGS...]")
+
+
+def add_attach_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dir", nargs="?", default=None, help="run directory (default: the latest)")
+    p.add_argument("--headless", action="store_true", help="print the run's output instead of the live view")
+    p.add_argument("--no-follow", action="store_true", help="print the current state and the last lines, then exit")
+    p.add_argument("--lines", type=int, default=20, help="lines of each rank's log to show first (default 20)")
+    p.add_argument("--status-interval", type=float, default=30.0, metavar="S")
+
+
+def add_stop_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dir", nargs="?", default=None, help="run directory (default: the latest)")
+    p.add_argument("--kill", action="store_true", help="skip the grace period (SIGKILL at once)")
+    p.add_argument("--timeout", type=float, default=None, metavar="S",
+                   help="how long to wait for the run to end (default: its grace period + 15 s)")
+    p.add_argument("--no-wait", action="store_true", help="send the request and return")
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("launch", help="run accelerate launch under a supervisor (restarts, stalls, live view)",
+                              description="wizard launch [OPTIONS] -- SCRIPT [ARGS...]")
+    add_launch_arguments(p)
+    p.set_defaults(func=cmd_launch)
+    p = subparsers.add_parser("attach", help="reopen the live view of a running or finished run")
+    add_attach_arguments(p)
+    p.set_defaults(func=cmd_attach)
+    p = subparsers.add_parser("stop", help="stop a run gracefully, from any shell")
+    add_stop_arguments(p)
+    p.set_defaults(func=cmd_stop)
+
+
+# ------------------------------------------------------------------ launch
+
+def _script_and_args(command: list[str]) -> tuple[str, list[str]]:
+    from wizard.errors import InputError
+    cmd = list(command)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if not cmd:
+        raise InputError("SCRIPT", "no training script given", "wizard launch [OPTIONS] -- SCRIPT [ARGS...]")
+    script = cmd[0]
+    if script.endswith(".py") and not Path(script).is_file():
+        raise InputError("SCRIPT", f"{script} does not exist", "a Python training script")
+    return script, cmd[1:]
+
+
+def _validate(args) -> None:
+    from wizard.errors import InputError
+    if args.max_restarts < 0:
+        raise InputError("--max-restarts", f"{args.max_restarts}", "0 or more")
+    if args.stall_timeout is not None and args.stall_timeout <= 0:
+        raise InputError("--stall-timeout", f"{args.stall_timeout}", "a number of seconds > 0")
+    if args.grace < 0:
+        raise InputError("--grace", f"{args.grace}", "a number of seconds >= 0")
+    if args.status_interval <= 0:
+        raise InputError("--status-interval", f"{args.status_interval}", "a number of seconds > 0")
+    if args.machine_rank is not None and args.machine_rank < 0:
+        raise InputError("--machine-rank", f"{args.machine_rank}", "0 or more")
+    if args.config_file is not None and not Path(args.config_file).is_file():
+        raise InputError("--config-file", f"{args.config_file} does not exist", "an accelerate config YAML")
+
+
+def make_spec(args, run_dir: Path, headless: bool) -> "Any":
+    from launch.supervisor import LaunchSpec
+    script, script_args = _script_and_args(args.command)
+    return LaunchSpec(
+        script=script, script_args=script_args,
+        config_file=str(Path(args.config_file).absolute()) if args.config_file else None,
+        run_dir=str(run_dir), max_restarts=args.max_restarts, stall_timeout=args.stall_timeout,
+        grace=args.grace, headless=headless, detached=bool(args.detach), echo=not args.quiet_ranks,
+        status_interval=args.status_interval, machine_rank=args.machine_rank,
+        main_process_ip=args.main_process_ip, main_process_port=args.main_process_port,
+        metrics_interval=args.metrics_interval, log_cap_bytes=int(args.log_cap_mb * 1024 * 1024),
+        accelerate_args=list(args.accelerate_arg), cwd=os.getcwd())
+
+
+def _view_available() -> bool:
+    try:
+        import importlib.util
+        return importlib.util.find_spec("launch.view") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def cmd_launch(args) -> int:
+    _validate(args)
+    script, script_args = _script_and_args(args.command)
+    if args.emit_slurm is not None:
+        return emit_slurm(args, script, script_args)
+    from launch.rundir import create_run_dir
+    interactive = sys.stdout.isatty() and sys.stdin.isatty()
+    headless = bool(args.headless) or not interactive
+    use_view = not headless and not args.detach and _view_available()
+    if not headless and not args.detach and not use_view:
+        headless = True          # no view module yet: plain output
+    run_dir = create_run_dir(args.run_dir, args.runs_root)
+    spec = make_spec(args, run_dir, headless=headless if not (args.detach or use_view) else False)
+    if args.detach or use_view:
+        if args.detach:
+            spec.headless = True          # its output goes to supervisor.log: plain lines
+        spawn_background(spec)
+        if args.detach:
+            state = _wait_started(run_dir)
+            print(str(run_dir))
+            pid = (state or {}).get("supervisor_pid")
+            print(f"detached: supervisor pid {pid}; follow with `wizard attach {run_dir}`, "
+                  f"stop with `wizard stop {run_dir}`", file=sys.stderr)
+            return 0
+        _wait_started(run_dir)
+        from launch.view import run_view
+        return run_view(run_dir, owned=True)
+    from launch.supervisor import Supervisor
+    return Supervisor(spec).run()
+
+
+def spawn_background(spec) -> None:
+    """Start the supervisor in a session of its own (it forks once more), logging to supervisor.log."""
+    run_dir = Path(spec.run_dir)
+    (run_dir / "spec.json").write_text(json.dumps(spec.to_json(), indent=1))
+    log = open(run_dir / "supervisor.log", "ab")
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    p = subprocess.Popen([sys.executable, "-m", "launch.supervisor", str(run_dir), "--daemon"],
+                         stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                         start_new_session=True, close_fds=True, env=env, cwd=spec.cwd or None)
+    log.close()
+    p.wait()     # the first child exits as soon as it has forked the supervisor
+
+
+def _wait_started(run_dir: Path, timeout: float = 30.0) -> dict[str, Any] | None:
+    from launch.rundir import read_state
+    deadline = time.monotonic() + timeout
+    state = None
+    while time.monotonic() < deadline:
+        state = read_state(run_dir)
+        if state and state.get("supervisor_pid") and state.get("launcher_pid") or \
+                (state and state.get("status") in FINISHED):
+            return state
+        time.sleep(0.1)
+    return state
+
+
+def emit_slurm(args, script: str, script_args: list[str]) -> int:
+    from launch.slurm import render_sbatch, write_sbatch
+    flags: list[str] = []
+    if args.max_restarts:
+        flags += ["--max-restarts", str(args.max_restarts)]
+    if args.stall_timeout:
+        flags += ["--stall-timeout", f"{args.stall_timeout:g}"]
+    if args.grace != 30.0:
+        flags += ["--grace", f"{args.grace:g}"]
+    if args.status_interval != 30.0:
+        flags += ["--status-interval", f"{args.status_interval:g}"]
+    from launch.supervisor import default_config_file
+    cfg = str(Path(args.config_file).absolute()) if args.config_file else str(default_config_file())
+    text = render_sbatch(args.emit_slurm, script, script_args, config_file=cfg, launch_flags=flags,
+                         port=args.main_process_port or 29500)
+    path = write_sbatch(args.slurm_output, text)
+    print(f"wrote {path}: submit with `sbatch {path}`")
+    return 0
+
+
+# ------------------------------------------------------------------ stop
+
+def _pid_alive(pid: int | None, create_time: float | None = None) -> bool:
+    if not pid:
+        return False
+    try:
+        import psutil
+        p = psutil.Process(int(pid))
+        if create_time and abs(p.create_time() - float(create_time)) > 0.05:
+            return False
+        return p.status() != psutil.STATUS_ZOMBIE
+    except Exception:
+        return False
+
+
+def send_request(run_dir: Path, request: str, state: dict[str, Any]) -> bool:
+    """The view's control protocol: control.json, then the doorbell signal. True if signalled."""
+    sigs = {"stop": signal.SIGTERM, "restart": signal.SIGUSR1, "kill": signal.SIGUSR2}
+    body = {"request": request, "t": time.time(), "id": uuid.uuid4().hex, "from": "cli", "pid": os.getpid()}
+    try:
+        from launch.rundir import atomic_write_text
+        atomic_write_text(run_dir / "control.json", json.dumps(body) + "\n")
+    except OSError:
+        pass
+    pid = state.get("supervisor_pid")
+    if _pid_alive(pid, state.get("supervisor_create_time")):
+        try:
+            os.kill(int(pid), sigs[request])
+            return True
+        except OSError:
+            return False
+    return False
+
+
+def _kill_leftovers(state: dict[str, Any]) -> int:
+    """The supervisor is gone (killed): end whatever it recorded that still runs."""
+    import psutil
+    pids = set(int(p) for p in (state.get("tracked_pids") or []))
+    pids |= set(int(p) for p in (state.get("pids") or {}).values() if p)
+    if state.get("launcher_pid"):
+        pids.add(int(state["launcher_pid"]))
+    procs = []
+    for pid in pids:
+        try:
+            p = psutil.Process(pid)
+            if p.create_time() > float(state.get("started_at") or 0) - 1:
+                procs.append(p)
+        except psutil.Error:
+            pass
+    for p in procs:
+        try:
+            p.terminate()
+        except psutil.Error:
+            pass
+    _gone, alive = psutil.wait_procs(procs, timeout=5)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    return len(procs)
+
+
+def cmd_stop(args) -> int:
+    from launch.rundir import read_state, resolve_run_dir
+    run_dir = resolve_run_dir(args.run_dir)
+    state = read_state(run_dir) or {}
+    status = state.get("status")
+    if status in FINISHED:
+        print(f"{run_dir}: already {status} (exit code {state.get('exit_code')})")
+        return 0
+    if not _pid_alive(state.get("supervisor_pid"), state.get("supervisor_create_time")):
+        n = _kill_leftovers(state)
+        from launch.rundir import RunState
+        rs = RunState(run_dir, state)
+        rs.update(status="stopped", ended_at=time.time(), exit_code=130)
+        print(f"{run_dir}: supervisor not running; ended {n} leftover processes; marked stopped")
+        return 0
+    req = "kill" if args.kill else "stop"
+    send_request(run_dir, req, state)
+    grace = float(state.get("grace_s") or 30.0)
+    print(f"{run_dir}: {req} requested (supervisor pid {state.get('supervisor_pid')}, grace {grace:g} s)")
+    if args.no_wait:
+        return 0
+    timeout = args.timeout if args.timeout is not None else grace + 15.0
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        state = read_state(run_dir) or {}
+        if state.get("status") in FINISHED and not _pid_alive(state.get("supervisor_pid"),
+                                                              state.get("supervisor_create_time")):
+            print(f"{run_dir}: {state.get('status')} (exit code {state.get('exit_code')})")
+            return 0
+        time.sleep(0.2)
+    print(f"{run_dir}: still {state.get('status')} after {timeout:g} s; try `wizard stop --kill {run_dir}`",
+          file=sys.stderr)
+    return 1
+
+
+# ------------------------------------------------------------------ attach
+
+def cmd_attach(args) -> int:
+    from launch.rundir import resolve_run_dir
+    run_dir = resolve_run_dir(args.run_dir)
+    interactive = sys.stdout.isatty() and sys.stdin.isatty()
+    if interactive and not args.headless and not args.no_follow and _view_available():
+        from launch.view import run_view
+        return run_view(run_dir, owned=False)
+    return follow_run(run_dir, sys.stdout, follow=not args.no_follow, lines=args.lines,
+                      status_interval=args.status_interval)
+
+
+def _status_text(state: dict[str, Any]) -> str:
+    p = state.get("progress") or {}
+    bits = [f"status {state.get('status')}", f"attempt {state.get('attempt')}/{(state.get('max_restarts') or 0) + 1}"]
+    if p.get("total"):
+        bits.append(f"step {p.get('step')}/{p.get('total')}")
+    if isinstance(p.get("loss"), (int, float)):
+        bits.append(f"loss {p['loss']:.4g}")
+    if isinstance(p.get("rate"), (int, float)):
+        bits.append(f"{p['rate']:.2f} it/s")
+    if state.get("status") in FINISHED:
+        bits.append(f"exit code {state.get('exit_code')}")
+    return " | ".join(bits)
+
+
+def _failure_text(state: dict[str, Any]) -> list[str]:
+    c = state.get("classification")
+    if not c:
+        return []
+    out = [f"failure ({c.get('kind')}): {c.get('summary')}", f"hint: {c.get('hint')}"]
+    if c.get("suggested_command"):
+        out.append(f"next rung: {c.get('next_rung')}: {c['suggested_command']}")
+    for ln in c.get("log_tail") or []:
+        out.append(f"  | {ln}")
+    return out
+
+
+class _Tail:
+    def __init__(self, path: Path, prefix: str):
+        self.path = path
+        self.prefix = prefix
+        self.pos = 0
+        self.buf = b""
+
+    def start_at_last(self, n: int) -> list[str]:
+        from launch.rundir import tail_lines
+        try:
+            self.pos = self.path.stat().st_size
+        except OSError:
+            self.pos = 0
+        return [self.prefix + ln for ln in tail_lines(self.path, n)] if n > 0 else []
+
+    def read(self) -> list[str]:
+        try:
+            size = self.path.stat().st_size
+        except OSError:
+            return []
+        if size < self.pos:          # rotated: start over
+            self.pos = 0
+        if size == self.pos:
+            return []
+        with open(self.path, "rb") as f:
+            f.seek(self.pos)
+            data = f.read(4 << 20)
+        self.pos += len(data)
+        data = self.buf + data
+        cut = data.rfind(b"\n")
+        if cut < 0:
+            self.buf = data
+            return []
+        self.buf = data[cut + 1:]
+        return [self.prefix + ln for ln in data[:cut].decode("utf-8", "replace").split("\n")]
+
+
+def follow_run(run_dir: Path, out: TextIO, follow: bool = True, lines: int = 20,
+               status_interval: float = 30.0, poll: float = 0.3) -> int:
+    """Headless attach: the last lines of every rank, then new lines and status lines until the end."""
+    from launch.rundir import attempt_dir, read_state
+    state = read_state(run_dir) or {}
+
+    def w(text: str) -> None:
+        try:
+            out.write(text + "\n")
+            out.flush()
+        except (OSError, ValueError):
+            pass
+
+    w(f"[wizard] run {run_dir}: {_status_text(state)}")
+    tails: dict[Path, _Tail] = {}
+    attempt = None
+    last_status = time.monotonic()
+    last_seen_status = state.get("status")
+    first = True
+    try:
+        while True:
+            state = read_state(run_dir) or state
+            if state.get("attempt") != attempt and state.get("attempt"):
+                attempt = state["attempt"]
+                tails = {}
+                if not first:
+                    w(f"[wizard] attempt {attempt}")
+            adir = attempt_dir(run_dir, attempt or 1)
+            for path in sorted(adir.glob("*.log")):
+                if path not in tails:
+                    name = path.stem
+                    prefix = f"[{name.replace('rank-', 'rank')}] "
+                    tails[path] = _Tail(path, prefix)
+                    if first:
+                        for ln in tails[path].start_at_last(lines):
+                            w(ln)
+            for t in tails.values():
+                for ln in t.read():
+                    w(ln)
+            first = False
+            status = state.get("status")
+            if status != last_seen_status or time.monotonic() - last_status >= status_interval:
+                last_seen_status = status
+                last_status = time.monotonic()
+                w(f"[wizard] {_status_text(state)}")
+            if status in FINISHED or not follow:
+                for ln in _failure_text(state):
+                    w(f"[wizard] {ln}")
+                w(f"[wizard] {_status_text(state)}")
+                return 0
+            time.sleep(poll)
+    except KeyboardInterrupt:
+        w("[wizard] detached from the view; the run goes on")
+        return 0
+
+
+# ------------------------------------------------------------------ module entry point
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m launch.commands")
+    sub = parser.add_subparsers(dest="subcommand", required=True)
+    register(sub)
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:
+        from wizard.errors import WizardError
+        if isinstance(exc, WizardError):
+            print(f"error: {exc}", file=sys.stderr)
+            return exc.exit_code
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

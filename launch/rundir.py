@@ -1,0 +1,275 @@
+"""The run directory: the only interface between the supervisor and its clients (view, attach, stop).
+
+Layout (a contract: launch/view.py and `wizard attach`/`stop` read it):
+
+    <runs root>/latest                     symlink to the newest run directory
+    <runs root>/<id>/run.json              state; replaced atomically (temp + rename) on every change
+    <runs root>/<id>/events.jsonl          one JSON object per line: {"t", "type", "attempt", ...}
+    <runs root>/<id>/metrics.jsonl         GPU samples (launch.metrics.Sampler)
+    <runs root>/<id>/supervisor.log        the supervisor's own output when it runs in the background
+    <runs root>/<id>/logs/attempt-<n>/rank-<r>.log      what rank r wrote (stdout and stderr)
+    <runs root>/<id>/logs/attempt-<n>/launcher.log      what `accelerate launch` itself wrote
+
+Bounded size:
+- a rank or launcher log passing LOG_CAP_BYTES (50 MB) is renamed to `<name>.1` (replacing an
+  older `.1`) and a new file is started: at most 2 x 50 MB per rank and attempt;
+- events.jsonl and metrics.jsonl passing JSONL_CAP_BYTES (10 MB) are rewritten keeping the newest
+  half (whole lines), via a temp file and an atomic rename. A reader that follows one of these
+  files by offset must reopen it when its size drops below the offset or its inode changes.
+
+Default runs root: ./wizard-runs under the current directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+RUNS_ROOT_NAME = "wizard-runs"
+LATEST = "latest"
+LOG_CAP_BYTES = 50 * 1024 * 1024
+JSONL_CAP_BYTES = 10 * 1024 * 1024
+TERMINAL_STATUSES = ("succeeded", "failed", "stopped")
+STATUSES = ("starting", "running", "stopping", "restarting") + TERMINAL_STATUSES
+
+
+def default_runs_root(cwd: str | os.PathLike[str] | None = None) -> Path:
+    return Path(cwd or os.getcwd()) / RUNS_ROOT_NAME
+
+
+def new_run_id(now: float | None = None) -> str:
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now or time.time()))
+    return f"{stamp}-{secrets.token_hex(3)}"
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}.{threading.get_ident()}")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def point_latest(root: Path, run_dir: Path) -> None:
+    """Make <root>/latest point at run_dir (relative symlink, swapped atomically)."""
+    link = root / LATEST
+    tmp = root / f".{LATEST}.tmp{os.getpid()}"
+    try:
+        if tmp.is_symlink() or tmp.exists():
+            tmp.unlink()
+        target = os.path.relpath(run_dir, root) if run_dir.parent == root else str(run_dir)
+        os.symlink(target, tmp)
+        os.replace(tmp, link)
+    except OSError:
+        # filesystems without symlinks: a pointer file holding the path
+        atomic_write_text(link, str(run_dir) + "\n")
+
+
+def create_run_dir(run_dir: str | os.PathLike[str] | None = None,
+                   root: str | os.PathLike[str] | None = None) -> Path:
+    """A fresh run directory: run_dir if given (must be empty or absent), else <root>/<new id>.
+
+    <parent>/latest is pointed at it either way, so attach/stop without arguments find it.
+    """
+    if run_dir is not None:
+        path = Path(run_dir).absolute()
+        if path.exists() and any(path.iterdir()):
+            from wizard.errors import InputError
+            raise InputError("--run-dir", f"{path} exists and is not empty", "a new or empty directory")
+    else:
+        base = Path(root).absolute() if root else default_runs_root()
+        path = base / new_run_id()
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "logs").mkdir(exist_ok=True)
+    point_latest(path.parent, path)
+    return path
+
+
+def resolve_run_dir(arg: str | os.PathLike[str] | None, root: str | os.PathLike[str] | None = None) -> Path:
+    """RUN_DIR as given to attach/stop: a run directory, a runs root (its latest), a run id, or None."""
+    from wizard.errors import InputError
+    base = Path(root).absolute() if root else default_runs_root()
+    candidates: list[Path] = []
+    if arg is None:
+        candidates.append(base / LATEST)
+    else:
+        p = Path(arg)
+        candidates += [p, p / LATEST, base / str(arg)]
+    for c in candidates:
+        if c.is_file() and c.name == LATEST:       # pointer file fallback
+            c = Path(c.read_text().strip())
+        if (c / "run.json").is_file():
+            return c.resolve()
+    where = arg if arg is not None else f"{base}/{LATEST}"
+    raise InputError("RUN_DIR", f"no run found at {where}", "a run directory holding run.json, or a runs root")
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def attempt_dir(run_dir: Path, attempt: int) -> Path:
+    return run_dir / "logs" / f"attempt-{attempt}"
+
+
+def rank_log_path(run_dir: Path, attempt: int, rank: int | str) -> Path:
+    return attempt_dir(run_dir, attempt) / f"rank-{rank}.log"
+
+
+def launcher_log_path(run_dir: Path, attempt: int) -> Path:
+    return attempt_dir(run_dir, attempt) / "launcher.log"
+
+
+class RunState:
+    """run.json: a dict kept in memory and replaced on disk atomically on every save()."""
+
+    def __init__(self, run_dir: Path, initial: dict[str, Any]):
+        self.path = run_dir / "run.json"
+        self.data = dict(initial)
+        self._lock = threading.Lock()
+
+    def update(self, **fields: Any) -> None:
+        with self._lock:
+            self.data.update(fields)
+            self._save_locked()
+
+    def save(self) -> None:
+        with self._lock:
+            self._save_locked()
+
+    def _save_locked(self) -> None:
+        atomic_write_text(self.path, json.dumps(self.data, indent=1, default=str) + "\n")
+
+    def __getitem__(self, key: str) -> Any:
+        return self.data[key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.data.get(key, default)
+
+
+def read_state(run_dir: Path) -> dict[str, Any] | None:
+    return read_json(Path(run_dir) / "run.json")
+
+
+class BoundedJsonl:
+    """Append-only JSON lines with a size cap: past the cap, keep the newest half (whole lines)."""
+
+    def __init__(self, path: Path, cap_bytes: int = JSONL_CAP_BYTES):
+        self.path = Path(path)
+        self.cap = int(cap_bytes)
+        self._lock = threading.Lock()
+        self.rotations = 0
+        try:
+            self._size = self.path.stat().st_size
+        except OSError:
+            self._size = 0
+
+    def append(self, obj: dict[str, Any]) -> None:
+        line = (json.dumps(obj, separators=(",", ":"), default=str) + "\n").encode()
+        with self._lock:
+            if self._size + len(line) > self.cap:
+                self._keep_newest(self.cap // 2 - len(line))
+            with open(self.path, "ab") as f:
+                f.write(line)
+            self._size += len(line)
+
+    def _keep_newest(self, budget: int) -> None:
+        budget = max(0, budget)
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(0, os.SEEK_END)
+                start = max(0, f.tell() - budget)
+                f.seek(start)
+                tail = f.read()
+        except OSError:
+            start, tail = 0, b""
+        if start > 0:
+            nl = tail.find(b"\n")
+            tail = tail[nl + 1:] if nl >= 0 else b""
+        tmp = self.path.with_name(f".{self.path.name}.tmp{os.getpid()}")
+        tmp.write_bytes(tail)
+        os.replace(tmp, self.path)
+        self._size = len(tail)
+        self.rotations += 1
+
+
+class EventLog(BoundedJsonl):
+    """events.jsonl: {"t", "type", "attempt", ...fields}."""
+
+    def emit(self, type_: str, attempt: int | None = None, **fields: Any) -> dict[str, Any]:
+        ev = {"t": round(time.time(), 3), "type": type_, "attempt": attempt}
+        ev.update({k: v for k, v in fields.items() if v is not None})
+        self.append(ev)
+        return ev
+
+
+def read_jsonl(path: Path, last: int | None = None) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    try:
+        with open(path, "rb") as f:
+            for raw in f:
+                if not raw.endswith(b"\n"):
+                    break
+                try:
+                    out.append(json.loads(raw))
+                except ValueError:
+                    continue
+    except OSError:
+        return []
+    return out[-last:] if last else out
+
+
+class RotatingLog:
+    """A binary append log with one backup: past `cap` bytes, <name> becomes <name>.1."""
+
+    def __init__(self, path: Path, cap_bytes: int = LOG_CAP_BYTES):
+        self.path = Path(path)
+        self.cap = int(cap_bytes)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._f = open(self.path, "ab", buffering=0)
+        self._size = self._f.tell()
+        self.rotations = 0
+
+    def write(self, data: bytes) -> None:
+        if not data:
+            return
+        if self._size + len(data) > self.cap and self._size > 0:
+            self._rotate()
+        self._f.write(data)
+        self._size += len(data)
+
+    def _rotate(self) -> None:
+        self._f.close()
+        os.replace(self.path, self.path.with_name(self.path.name + ".1"))
+        self._f = open(self.path, "ab", buffering=0)
+        self._size = 0
+        self.rotations += 1
+
+    def close(self) -> None:
+        try:
+            self._f.close()
+        except OSError:
+            pass
+
+
+def tail_lines(path: Path, n: int = 30, max_bytes: int = 256 * 1024) -> list[str]:
+    """The last n lines of a text file (reads at most max_bytes from the end)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - max_bytes))
+            data = f.read()
+    except OSError:
+        return []
+    lines = data.decode("utf-8", "replace").splitlines()
+    if size > max_bytes and lines:
+        lines = lines[1:]            # first one is probably cut
+    return lines[-n:]

@@ -1,0 +1,920 @@
+"""The supervisor: runs `accelerate launch` attempts, captures every rank, and owns teardown.
+
+Process picture (one attempt):
+
+    supervisor (this) ──pipe──> reaper (own session; kills everything if we die)
+        │  Popen, own session, PR_SET_PDEATHSIG=SIGTERM
+        └─ accelerate launch ... launch/_worker.py SCRIPT ARGS      (torchrun agent in-process)
+               └─ rank processes (torchrun: each in its own session; PDEATHSIG=SIGKILL via _worker)
+                      stdout+stderr ──abstract unix socket──> supervisor (one stream per rank)
+
+- Every process under the launcher is tracked by pid (psutil, refreshed every 0.5 s, plus each
+  rank's hello on the socket) and its (pid, create time) is sent to the reaper at once.
+- Stop = SIGTERM to the launcher and to every tracked process, `grace` seconds, SIGKILL to what is
+  left. Used for `wizard stop`, ^C, a stall, and any process left behind after the launcher exits.
+- Restarts (whole group, new attempt number) are ours: accelerate gets --max_restarts 0.
+- State goes to the run directory (launch/rundir.py): run.json, events.jsonl, metrics.jsonl, logs.
+
+Control (the view's protocol, launch/view.py): RUN_DIR/control.json {"request": "stop"|"kill"|
+"restart", "id"} plus a doorbell signal: SIGTERM = stop, SIGUSR1 = restart, SIGUSR2 = kill.
+SIGINT is a stop too (a second one kills). SIGHUP is a stop in a foreground run, unless it was
+ignored when we started (nohup); a detached supervisor has no terminal to hang up.
+
+Exit code: 0 on success; after restarts are spent, the first failing rank's exit code (a signal n
+as 128+n), else the launcher's; 124 for a stall; 130 when stopped on request.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from launch import classify as cls
+from launch.logs import StreamCapture
+from launch.rundir import (JSONL_CAP_BYTES, LOG_CAP_BYTES, EventLog, RotatingLog, RunState, attempt_dir,
+                           launcher_log_path, rank_log_path, read_json, tail_lines)
+
+WORKER = str(Path(__file__).with_name("_worker.py"))
+ENV_SOCKET = "WIZARD_LAUNCH_SOCKET"
+SCAN_EVERY_S = 0.5
+STATE_FLUSH_EVERY_S = 0.5
+DRAIN_AFTER_EXIT_S = 2.0
+STALL_EXIT_CODE = 124
+STOPPED_EXIT_CODE = 130
+GPU_IDLE_UTIL = 5
+CONTROL_FILE = "control.json"
+
+# Exec shim for the launcher: PR_SET_PDEATHSIG must be set in the child between fork and exec;
+# preexec_fn is unsafe with the sampler thread running, so a tiny interpreter sets it and execs.
+_SHIM = (
+    "import ctypes,os,sys,signal\n"
+    "ctypes.CDLL(None).prctl(1, signal.SIGTERM, 0, 0, 0)\n"
+    "if os.getppid() != int(sys.argv[1]): sys.exit(143)\n"
+    "os.execv(sys.argv[2], sys.argv[2:])\n"
+)
+
+
+def default_config_file() -> Path:
+    """accelerate's default config location: $HF_HOME/accelerate or ~/.cache/huggingface/accelerate."""
+    hf_home = os.environ.get("HF_HOME")
+    if hf_home:
+        base = Path(hf_home)
+    else:
+        base = Path(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache"))) / "huggingface"
+    return base / "accelerate" / "default_config.yaml"
+
+
+@dataclass
+class LaunchSpec:
+    script: str
+    script_args: list[str] = field(default_factory=list)
+    config_file: str | None = None        # None: accelerate's default (if it exists)
+    run_dir: str = ""
+    max_restarts: int = 0
+    stall_timeout: float | None = None
+    grace: float = 30.0
+    headless: bool = True
+    detached: bool = False
+    echo: bool = True                     # headless: rank-prefixed lines on stdout
+    status_interval: float = 30.0
+    machine_rank: int | None = None
+    main_process_ip: str | None = None
+    main_process_port: int | None = None
+    metrics_interval: float = 1.0
+    log_cap_bytes: int = LOG_CAP_BYTES
+    jsonl_cap_bytes: int = JSONL_CAP_BYTES
+    accelerate_args: list[str] = field(default_factory=list)
+    cwd: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls_, d: dict[str, Any]) -> "LaunchSpec":
+        known = {k: v for k, v in d.items() if k in cls_.__dataclass_fields__}
+        return cls_(**known)
+
+
+# ------------------------------------------------------------------ configs and the command
+
+def load_yaml(path: str | os.PathLike[str] | None) -> dict[str, Any] | None:
+    if not path:
+        return None
+    try:
+        import yaml
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f)
+        return data if isinstance(data, dict) else None
+    except Exception:
+        return None
+
+
+def ds_config_path(accel: dict[str, Any] | None) -> str | None:
+    return ((accel or {}).get("deepspeed_config") or {}).get("deepspeed_config_file") or None
+
+
+def yaml_only_flags(accel: dict[str, Any] | None) -> list[str]:
+    """accelerate launch ignores these YAML keys (its CLI defaults win): pass them explicitly."""
+    a = accel or {}
+    flags: list[str] = []
+    rdzv = a.get("rdzv_backend")
+    if rdzv and str(rdzv) != "static":
+        flags += ["--rdzv_backend", str(rdzv)]
+    if a.get("same_network") is True:
+        flags.append("--same_network")
+    if a.get("enable_cpu_affinity") is True:
+        flags.append("--enable_cpu_affinity")
+    if str(a.get("downcast_bf16", "no")).lower() in ("yes", "true"):
+        flags.append("--downcast_bf16")
+    return flags
+
+
+def build_command(spec: LaunchSpec, accel: dict[str, Any] | None, config_file: str | None) -> list[str]:
+    cmd = [sys.executable, "-m", "accelerate.commands.launch"]
+    if config_file:
+        cmd += ["--config_file", config_file]
+    cmd += ["--max_restarts", "0"]
+    cmd += yaml_only_flags(accel)
+    if spec.machine_rank is not None:
+        cmd += ["--machine_rank", str(spec.machine_rank)]
+    if spec.main_process_ip:
+        cmd += ["--main_process_ip", spec.main_process_ip]
+    if spec.main_process_port is not None:
+        cmd += ["--main_process_port", str(spec.main_process_port)]
+    cmd += list(spec.accelerate_args)
+    cmd += [WORKER, spec.script, *spec.script_args]
+    return cmd
+
+
+def world_size_of(accel: dict[str, Any] | None) -> int | None:
+    try:
+        return int((accel or {}).get("num_processes")) if accel and accel.get("num_processes") else None
+    except (TypeError, ValueError):
+        return None
+
+
+def load_plan_near(config_file: str | None) -> dict[str, Any] | None:
+    """plan.json the wizard saves next to default_config.yaml, if any."""
+    if not config_file:
+        return None
+    return read_json(Path(config_file).with_name("plan.json"))
+
+
+def read_dmesg() -> str | None:
+    try:
+        r = subprocess.run(["dmesg", "--ctime"], capture_output=True, text=True, timeout=3)
+        if r.returncode == 0 and r.stdout:
+            return r.stdout[-200_000:]
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return None
+
+
+class _NoNvml:
+    available = False
+
+    def __init__(self, reason: str):
+        self.reason = reason
+
+    def devices(self):
+        return []
+
+    def sample(self):
+        return []
+
+    def close(self):
+        pass
+
+
+def open_nvml_safely():
+    try:
+        from wizard.nvml import open_nvml
+        return open_nvml()
+    except Exception as exc:
+        return _NoNvml(f"NVML unavailable: {type(exc).__name__}: {exc}".rstrip(": "))
+
+
+def fmt_duration(s: float | None) -> str:
+    if s is None:
+        return "?"
+    s = int(s)
+    h, rem = divmod(s, 3600)
+    m, sec = divmod(rem, 60)
+    return f"{h}:{m:02d}:{sec:02d}" if h else f"{m}:{sec:02d}"
+
+
+# ------------------------------------------------------------------ the supervisor
+
+class Supervisor:
+    def __init__(self, spec: LaunchSpec, out: BinaryIO | None = None):
+        self.spec = spec
+        self.run_dir = Path(spec.run_dir)
+        self.out = out if out is not None else sys.stdout.buffer
+        self.config_file = spec.config_file
+        if self.config_file is None and default_config_file().is_file():
+            self.config_file = str(default_config_file())
+        self.accel = load_yaml(self.config_file)
+        self.ds_config_file = ds_config_path(self.accel)
+        self.events = EventLog(self.run_dir / "events.jsonl", spec.jsonl_cap_bytes)
+        self.command = build_command(spec, self.accel, self.config_file)
+        now = time.time()
+        self.state = RunState(self.run_dir, {
+            "id": self.run_dir.name, "command": self.command, "script": spec.script,
+            "script_args": list(spec.script_args), "config_file": self.config_file,
+            "ds_config": self.ds_config_file, "cwd": spec.cwd or os.getcwd(), "run_dir": str(self.run_dir),
+            "attempt": 0, "max_restarts": spec.max_restarts, "status": "starting",
+            "supervisor_pid": os.getpid(), "supervisor_create_time": _create_time(os.getpid()),
+            "launcher_pid": None, "pids": {}, "tracked_pids": [], "started_at": now,
+            "attempt_started_at": None, "ended_at": None, "exit_code": None, "classification": None,
+            "detached": spec.detached, "headless": spec.headless, "world_size": world_size_of(self.accel),
+            "grace_s": spec.grace, "stall_timeout_s": spec.stall_timeout,
+            "progress": {"step": None, "total": None, "rate": None, "eta_s": None, "loss": None,
+                         "learning_rate": None, "grad_norm": None, "epoch": None},
+        })
+        self.state.save()
+        self.stop_requested = False
+        self.kill_requested = False
+        self.restart_requested = False
+        self._sigint_count = 0
+        self._handled_control: set[str] = set()
+        self._control_mtime = 0.0
+        self.reaper: subprocess.Popen | None = None
+        self.sampler = None
+        self.metrics_writer = None
+        self.metrics_summary = None
+        self.gpu_active_at: float | None = None
+        self.nvml_available = False
+        self.pid_rank: dict[int, int] = {}
+        self._last_progress_event = 0.0
+        self._dirty = False
+        self._last_flush = 0.0
+
+    # ---------------------------------------------------------------- output
+
+    def say(self, text: str) -> None:
+        if not self.spec.headless:
+            return
+        try:
+            self.out.write(("".join(f"[wizard] {ln}\n" for ln in text.splitlines())).encode())
+            self.out.flush()
+        except (OSError, ValueError):
+            pass
+
+    # ---------------------------------------------------------------- signals and control
+
+    def _install_signals(self) -> None:
+        def on_term(signum, frame):
+            self._doorbell("stop")
+
+        def on_int(signum, frame):
+            self._sigint_count += 1
+            self._doorbell("kill" if self._sigint_count > 1 else "stop")
+
+        signal.signal(signal.SIGTERM, on_term)
+        signal.signal(signal.SIGINT, on_int)
+        signal.signal(signal.SIGUSR1, lambda s, f: self._doorbell("restart"))
+        signal.signal(signal.SIGUSR2, lambda s, f: self._doorbell("kill"))
+        if self.spec.detached or signal.getsignal(signal.SIGHUP) == signal.SIG_IGN:
+            signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        else:
+            signal.signal(signal.SIGHUP, on_term)
+
+    def _doorbell(self, default: str) -> None:
+        """A signal arrived: act on an unhandled control.json request, else on the signal's own meaning."""
+        req = self._read_control()
+        self._apply_request(req or default)
+
+    def _read_control(self) -> str | None:
+        path = self.run_dir / CONTROL_FILE
+        try:
+            st = path.stat()
+        except OSError:
+            return None
+        self._control_mtime = st.st_mtime
+        body = read_json(path) or {}
+        rid = body.get("id")
+        if not rid or rid in self._handled_control:
+            return None
+        self._handled_control.add(rid)
+        req = body.get("request")
+        return req if req in ("stop", "kill", "restart") else None
+
+    def _poll_control(self) -> None:
+        try:
+            m = (self.run_dir / CONTROL_FILE).stat().st_mtime
+        except OSError:
+            return
+        if m != self._control_mtime:
+            req = self._read_control()
+            if req:
+                self._apply_request(req)
+
+    def _apply_request(self, req: str) -> None:
+        if req == "stop":
+            self.stop_requested = True
+        elif req == "kill":
+            self.stop_requested = True
+            self.kill_requested = True
+        elif req == "restart":
+            self.restart_requested = True
+
+    # ---------------------------------------------------------------- reaper and metrics
+
+    def _start_reaper(self) -> None:
+        env = dict(os.environ)
+        env.pop(ENV_SOCKET, None)
+        self.reaper = subprocess.Popen(
+            [sys.executable, "-m", "launch._reaper"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True, env=env,
+            cwd=str(Path(__file__).resolve().parent.parent))
+
+    def _tell_reaper(self, line: str) -> None:
+        if self.reaper and self.reaper.stdin:
+            try:
+                self.reaper.stdin.write((line + "\n").encode())
+                self.reaper.stdin.flush()
+            except (OSError, ValueError):
+                pass
+
+    def _stop_reaper(self) -> None:
+        if not self.reaper:
+            return
+        self._tell_reaper("done")
+        try:
+            self.reaper.stdin.close()
+            self.reaper.wait(timeout=5)
+        except Exception:
+            pass
+
+    def _start_metrics(self) -> None:
+        try:
+            from launch.metrics import MetricsWriter, RunningSummary, Sampler
+        except ImportError as exc:
+            self.events.append({"t": time.time(), "type": "status", "attempt": 0,
+                                "detail": f"no metrics sampler ({exc})"})
+            line = {"t": time.time(), "available": False, "reason": "no GPU metrics (launch.metrics missing)",
+                    "gpus": []}
+            with open(self.run_dir / "metrics.jsonl", "a") as f:
+                f.write(json.dumps(line) + "\n")
+            return
+        api = open_nvml_safely()
+        self.nvml_available = bool(getattr(api, "available", False))
+        self.metrics_writer = MetricsWriter(self.run_dir / "metrics.jsonl", max_bytes=self.spec.jsonl_cap_bytes)
+        self.metrics_summary = RunningSummary()
+
+        def on_sample(sample: dict[str, Any]) -> None:
+            self.metrics_writer.write(sample)
+            self.metrics_summary.add(sample)
+            if sample.get("available"):
+                utils = [g.get("util") for g in sample.get("gpus") or [] if g.get("util") is not None]
+                if not utils or max(utils) >= GPU_IDLE_UTIL:
+                    self.gpu_active_at = sample.get("t") or time.time()
+
+        self.sampler = Sampler(api, interval=self.spec.metrics_interval, on_sample=on_sample,
+                               pid_to_rank=self.pid_rank.get)
+        self.sampler.start()
+
+    def _peak_gpu_text(self) -> str:
+        if self.metrics_summary is None:
+            return "no GPU metrics"
+        try:
+            from launch.metrics import format_summary
+            return format_summary(self.metrics_summary.as_dict())
+        except Exception:
+            return "GPU metrics N/A"
+
+    # ---------------------------------------------------------------- main
+
+    def run(self) -> int:
+        self._install_signals()
+        self._start_reaper()
+        self._start_metrics()
+        self.events.emit("status", 0, status="starting", command=self.command)
+        sock, address = self._listen()
+        exit_code = 1
+        final_status = "failed"
+        attempt = 0
+        restarts_used = 0
+        try:
+            while True:
+                attempt += 1
+                outcome, cl = self._run_attempt(attempt, sock, address)
+                launcher_exit = outcome.launcher_exit
+                if self.stop_requested:
+                    final_status, exit_code = "stopped", STOPPED_EXIT_CODE
+                    self.state.update(classification=cl.to_json() if cl else None)
+                    break
+                user_restart = self.restart_requested
+                if not user_restart and cl is None and launcher_exit == 0:
+                    final_status, exit_code = "succeeded", 0
+                    break
+                if cl is None:          # launcher non-zero but nothing to blame: still a failure
+                    cl = cls.Classification("unknown", None, launcher_exit, None,
+                                            f"accelerate launch exited with {launcher_exit}",
+                                            "see launcher.log", outcome.launcher_tail[-cls.TAIL_LINES:])
+                if not user_restart:
+                    self.events.emit("failure", attempt, rank=cl.rank, kind=cl.kind, summary=cl.summary,
+                                     exit_code=cl.exit_code, signal=cl.signal, hint=cl.hint)
+                    self.state.update(classification=cl.to_json())
+                    self._report_failure(attempt, cl)
+                if user_restart or restarts_used < self.spec.max_restarts:
+                    if not user_restart:
+                        restarts_used += 1
+                    self.restart_requested = False
+                    why = "requested" if user_restart else f"{restarts_used}/{self.spec.max_restarts}"
+                    self.events.emit("restart", attempt + 1, reason=why)
+                    self.state.update(status="restarting")
+                    self.say(f"restarting: attempt {attempt + 1} (restart {why})")
+                    continue
+                final_status = "failed"
+                exit_code = self._failure_exit_code(cl, launcher_exit)
+                break
+        finally:
+            try:
+                sock.close()
+            except OSError:
+                pass
+            if self.sampler is not None:
+                self.sampler.stop()
+            self.state.update(status=final_status, ended_at=time.time(), exit_code=exit_code,
+                              launcher_pid=None, progress=self.state.get("progress"))
+            self.events.emit("exit", attempt, status=final_status, exit_code=exit_code)
+            self._stop_reaper()
+            self.say(f"{final_status} after {attempt} attempt{'s' if attempt != 1 else ''}; exit code {exit_code}; "
+                     f"run directory {self.run_dir}")
+        return exit_code
+
+    @staticmethod
+    def _failure_exit_code(cl: cls.Classification, launcher_exit: int | None) -> int:
+        if cl.kind == "stall":
+            return STALL_EXIT_CODE
+        if cl.exit_code not in (None, 0):
+            return cls.shell_exit_code(cl.exit_code)
+        if launcher_exit not in (None, 0):
+            return cls.shell_exit_code(launcher_exit)
+        return 1
+
+    def _report_failure(self, attempt: int, cl: cls.Classification) -> None:
+        lines = [f"attempt {attempt} failed ({cl.kind}): {cl.summary}", f"hint: {cl.hint}"]
+        if cl.suggested_command:
+            lines.append(f"next rung: {cl.next_rung}: {cl.suggested_command}")
+        if cl.log_tail:
+            who = f"rank {cl.rank}" if cl.rank is not None else "the launcher"
+            lines.append(f"last {len(cl.log_tail)} lines of {who}:")
+            lines += [f"  | {ln}" for ln in cl.log_tail]
+        self.say("\n".join(lines))
+
+    def _listen(self) -> tuple[socket.socket, str]:
+        name = f"wizard-launch-{os.getpid()}-{self.run_dir.name}"[:100]
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.bind("\0" + name)
+        s.listen(256)
+        s.setblocking(False)
+        return s, "@" + name
+
+    # ---------------------------------------------------------------- one attempt
+
+    def _run_attempt(self, attempt: int, listener: socket.socket, address: str):
+        adir = attempt_dir(self.run_dir, attempt)
+        adir.mkdir(parents=True, exist_ok=True)
+        echo = self.out if (self.spec.headless and self.spec.echo) else None
+        att = _Attempt(self, attempt, echo)
+        started = time.time()
+        self.state.update(attempt=attempt, status="starting", attempt_started_at=started, pids={},
+                          launcher_pid=None, classification=None, tracked_pids=[])
+        self.events.emit("status", attempt, status="starting")
+        self.say(f"attempt {attempt}: {' '.join(self.command)}")
+        env = dict(os.environ)
+        env[ENV_SOCKET] = address
+        env["PYTHONUNBUFFERED"] = "1"
+        env["WIZARD_RUN_DIR"] = str(self.run_dir)
+        env["WIZARD_ATTEMPT"] = str(attempt)
+        launcher_log = RotatingLog(launcher_log_path(self.run_dir, attempt), self.spec.log_cap_bytes)
+        att.launcher_capture = StreamCapture(None, launcher_log, echo, on_train_log=att.on_train_log,
+                                             on_progress=att.on_progress)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _SHIM, str(os.getpid()), *self.command],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            start_new_session=True, close_fds=True, env=env, cwd=self.spec.cwd or None)
+        att.proc = proc
+        att.track(proc.pid)
+        self.state.update(launcher_pid=proc.pid, status="running")
+        self.events.emit("status", attempt, status="running", launcher_pid=proc.pid)
+        try:
+            att.loop(listener)
+        finally:
+            att.close()
+            launcher_log.close()
+        return att.outcome()
+
+    # ---------------------------------------------------------------- shared state updates
+
+    def mark_dirty(self) -> None:
+        self._dirty = True
+
+    def flush_state(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if self._dirty and (force or now - self._last_flush >= STATE_FLUSH_EVERY_S):
+            self.state.save()
+            self._dirty = False
+            self._last_flush = now
+
+
+def _create_time(pid: int) -> float | None:
+    try:
+        import psutil
+        return psutil.Process(pid).create_time()
+    except Exception:
+        return None
+
+
+class _Attempt:
+    """One `accelerate launch` run: its processes, streams, teardown and outcome."""
+
+    def __init__(self, sup: Supervisor, number: int, echo: BinaryIO | None):
+        self.sup = sup
+        self.number = number
+        self.echo = echo
+        self.proc: subprocess.Popen | None = None
+        self.launcher_capture: StreamCapture | None = None
+        self.ranks: dict[int, StreamCapture] = {}
+        self.tracked: dict[int, Any] = {}          # pid -> psutil.Process
+        self.started_at = time.time()
+        self.launcher_exit: int | None = None
+        self.launcher_exited_at: float | None = None
+        self.teardown_at: float | None = None
+        self.killed = False
+        self.stalled = False
+        self.stall_now: float | None = None
+        self.gpus_idle: bool | None = None
+        self._last_scan = 0.0
+        self._last_status = time.monotonic()
+        self._pending: dict[socket.socket, bytes] = {}
+        self._conn_rank: dict[socket.socket, int] = {}
+        self.sel = selectors.DefaultSelector()
+        self.progress_rank: int | None = None
+
+    # ---------------------------------------------------------------- processes
+
+    def track(self, pid: int) -> None:
+        if pid in self.tracked:
+            return
+        try:
+            import psutil
+            p = psutil.Process(pid)
+            self.tracked[pid] = p
+            self.sup._tell_reaper(f"{pid} {p.create_time()}")
+        except Exception:
+            pass
+
+    def scan(self) -> None:
+        """Add every descendant of the launcher (and of known ranks: a re-parented one too)."""
+        import psutil
+        roots = [self.proc.pid] if self.proc else []
+        roots += [c.pid for c in self.ranks.values() if c.pid]
+        for root in roots:
+            try:
+                for c in psutil.Process(root).children(recursive=True):
+                    self.track(c.pid)
+            except psutil.Error:
+                continue
+        alive = self.alive()
+        self.sup.state.data["tracked_pids"] = sorted(p.pid for p in alive)
+        self.sup.mark_dirty()
+
+    def alive(self) -> list[Any]:
+        import psutil
+        out = []
+        for p in self.tracked.values():
+            try:
+                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                    out.append(p)
+            except psutil.Error:
+                pass
+        return out
+
+    def begin_teardown(self, why: str) -> None:
+        if self.teardown_at is not None:
+            return
+        self.teardown_at = time.monotonic()
+        self.scan()
+        if self.sup.state.get("status") not in ("stopping",):
+            self.sup.state.update(status="stopping")
+        self.sup.events.emit("stop", self.number, reason=why, grace_s=self.sup.spec.grace)
+        self.sup.say(f"stopping ({why}): SIGTERM to {len(self.alive())} processes, "
+                     f"SIGKILL after {self.sup.spec.grace:g} s")
+        for p in self.alive():
+            try:
+                p.send_signal(signal.SIGTERM)
+            except Exception:
+                pass
+        if self.sup.kill_requested:
+            self.kill_all()
+
+    def kill_all(self) -> None:
+        self.killed = True
+        self.scan()
+        for p in self.alive():
+            try:
+                p.kill()
+            except Exception:
+                pass
+
+    # ---------------------------------------------------------------- streams
+
+    def on_train_log(self, rank: int | None, d: dict[str, Any]) -> None:
+        if "loss" not in d:
+            return
+        prog = self.sup.state.data["progress"]
+        if self.progress_rank is None or rank is None or rank <= self.progress_rank:
+            for k in ("loss", "learning_rate", "grad_norm", "epoch"):
+                if k in d:
+                    prog[k] = d[k]
+            self.sup.mark_dirty()
+        self.sup.events.emit("train_log", self.number, rank=rank, step=prog.get("step"),
+                             **{k: d.get(k) for k in ("loss", "learning_rate", "grad_norm", "epoch")})
+
+    def on_progress(self, rank: int | None, p: dict[str, Any]) -> None:
+        if self.progress_rank is not None and rank is not None and rank > self.progress_rank:
+            return
+        if rank is not None:
+            self.progress_rank = rank if self.progress_rank is None else min(rank, self.progress_rank)
+        prog = self.sup.state.data["progress"]
+        changed = prog.get("step") != p["step"] or prog.get("total") != p["total"]
+        rate = p.get("rate")
+        eta = p.get("eta_s")
+        if eta is None and rate and p["total"]:
+            eta = (p["total"] - p["step"]) / rate
+        prog.update(step=p["step"], total=p["total"], rate=rate, eta_s=eta)
+        self.sup.mark_dirty()
+        now = time.monotonic()
+        final = p["total"] and p["step"] >= p["total"]
+        if changed and (now - self.sup._last_progress_event >= 1.0 or final):
+            self.sup._last_progress_event = now
+            self.sup.events.emit("progress", self.number, rank=rank, step=p["step"], total=p["total"],
+                                 rate=rate, eta_s=eta)
+
+    def _accept(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                return
+            conn.setblocking(False)
+            self._pending[conn] = b""
+            self.sel.register(conn, selectors.EVENT_READ, "rank")
+
+    def _rank_capture(self, rank: int, pid: int) -> StreamCapture:
+        cap = self.ranks.get(rank)
+        if cap is None:
+            log = RotatingLog(rank_log_path(self.sup.run_dir, self.number, rank), self.sup.spec.log_cap_bytes)
+            cap = StreamCapture(rank, log, self.echo, on_train_log=self.on_train_log, on_progress=self.on_progress)
+            self.ranks[rank] = cap
+        cap.pid = pid
+        cap.closed_at = None
+        self.sup.pid_rank[pid] = rank
+        self.sup.state.data["pids"][str(rank)] = pid
+        self.sup.mark_dirty()
+        self.track(pid)
+        return cap
+
+    def _read_conn(self, conn: socket.socket) -> None:
+        try:
+            data = conn.recv(1 << 16)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if conn in self._pending:
+            if not data:
+                self._drop(conn)
+                return
+            buf = self._pending[conn] + data
+            nl = buf.find(b"\n")
+            if nl < 0:
+                self._pending[conn] = buf[-4096:]
+                return
+            del self._pending[conn]
+            head = buf[:nl].decode(errors="replace").split()
+            rank, pid = 0, 0
+            if len(head) == 3 and head[0] == "WIZARD-RANK":
+                try:
+                    rank, pid = int(head[1]), int(head[2])
+                except ValueError:
+                    pass
+            self._conn_rank[conn] = rank
+            cap = self._rank_capture(rank, pid)
+            cap.feed(buf[nl + 1:])
+            return
+        cap = self.ranks[self._conn_rank[conn]]
+        if data:
+            cap.feed(data)
+        else:
+            cap.close()
+            self._drop(conn)
+
+    def _drop(self, conn: socket.socket) -> None:
+        try:
+            self.sel.unregister(conn)
+        except (KeyError, ValueError):
+            pass
+        self._pending.pop(conn, None)
+        self._conn_rank.pop(conn, None)
+        conn.close()
+
+    def _read_launcher(self, f) -> bool:
+        try:
+            data = os.read(f.fileno(), 1 << 16)
+        except (BlockingIOError, InterruptedError):
+            return True
+        except OSError:
+            data = b""
+        if data:
+            self.launcher_capture.feed(data)
+            return True
+        self.launcher_capture.close()
+        self.sel.unregister(f)
+        return False
+
+    # ---------------------------------------------------------------- loop
+
+    def loop(self, listener: socket.socket) -> None:
+        os.set_blocking(self.proc.stdout.fileno(), False)
+        self.sel.register(listener, selectors.EVENT_READ, "listen")
+        self.sel.register(self.proc.stdout, selectors.EVENT_READ, "launcher")
+        launcher_open = True
+        spec = self.sup.spec
+        while True:
+            for key, _ in self.sel.select(timeout=0.2):
+                if key.data == "listen":
+                    self._accept(listener)
+                elif key.data == "launcher":
+                    launcher_open = self._read_launcher(key.fileobj)
+                else:
+                    self._read_conn(key.fileobj)
+            now_m = time.monotonic()
+            if now_m - self._last_scan >= SCAN_EVERY_S:
+                self._last_scan = now_m
+                self.scan()
+            self.sup._poll_control()
+            if (self.sup.stop_requested or self.sup.restart_requested) and self.teardown_at is None:
+                self.begin_teardown("restart requested" if not self.sup.stop_requested else "stop requested")
+            if self.sup.kill_requested and not self.killed:
+                self.kill_all()
+            if self.teardown_at is None and spec.stall_timeout and self.launcher_exit is None:
+                self._check_stall(spec.stall_timeout)
+            if self.teardown_at is not None and not self.killed and now_m - self.teardown_at >= spec.grace:
+                self.sup.say(f"grace period over: SIGKILL to {len(self.alive())} processes")
+                self.kill_all()
+            if self.launcher_exit is None and self.proc.poll() is not None:
+                self.launcher_exit = self.proc.returncode
+                self.launcher_exited_at = now_m
+                self.sup.events.emit("status", self.number, status="launcher_exited",
+                                     exit_code=self.launcher_exit)
+            if spec.headless and now_m - self._last_status >= spec.status_interval:
+                self._last_status = now_m
+                self.sup.say(self.status_line())
+            self.sup.flush_state()
+            if self.launcher_exit is not None:
+                streams_open = launcher_open or bool(self._conn_rank) or bool(self._pending)
+                leftovers = self.alive()
+                if leftovers and self.teardown_at is None:
+                    # the launcher is gone but something of the run is not: no orphans
+                    self.begin_teardown(f"{len(leftovers)} processes left after the launcher exited")
+                drained = not streams_open or now_m - self.launcher_exited_at >= DRAIN_AFTER_EXIT_S
+                if drained and not leftovers:
+                    break
+        self.sup.flush_state(force=True)
+
+    def _check_stall(self, timeout: float) -> None:
+        now = time.time()
+        outs = [c.last_output_at for c in self.ranks.values() if c.last_output_at]
+        if not self.ranks and self.launcher_capture.last_output_at:
+            outs.append(self.launcher_capture.last_output_at)
+        last = max(outs + [self.started_at])
+        if now - last < timeout:
+            return
+        idle = None
+        if self.sup.nvml_available:
+            active = max(self.sup.gpu_active_at or 0.0, self.started_at)
+            if now - active < timeout:
+                return
+            idle = True
+        self.stalled = True
+        self.stall_now = now
+        self.gpus_idle = idle
+        silent = ", ".join(f"rank {r} {now - (c.last_output_at or self.started_at):.0f} s"
+                           for r, c in sorted(self.ranks.items()))
+        self.sup.events.emit("stall", self.number, timeout_s=timeout, silent=silent or "no rank connected",
+                             gpus_idle=idle)
+        self.begin_teardown(f"stall: no output for {timeout:g} s")
+
+    def status_line(self) -> str:
+        p = self.sup.state.data["progress"]
+        step = f"step {p.get('step')}/{p.get('total')}" if p.get("total") else "step ?"
+        loss = f"loss {p['loss']:.4g}" if isinstance(p.get("loss"), (int, float)) else "loss ?"
+        rate = f"{p['rate']:.2f} it/s" if isinstance(p.get("rate"), (int, float)) else "? it/s"
+        eta = f"ETA {fmt_duration(p.get('eta_s'))}" if p.get("eta_s") is not None else "ETA ?"
+        return (f"attempt {self.number}/{self.sup.spec.max_restarts + 1} | {self.sup.state.get('status')} | "
+                f"{step} | {loss} | {rate} | {eta} | {self.sup._peak_gpu_text()}")
+
+    def close(self) -> None:
+        for conn in list(self._pending) + list(self._conn_rank):
+            self._drop(conn)
+        for cap in self.ranks.values():
+            if cap.closed_at is None:
+                cap.close()
+            if cap.log is not None:
+                cap.log.close()
+        try:
+            self.sel.unregister(self.sup and self.proc.stdout)
+        except (KeyError, ValueError, AttributeError):
+            pass
+        try:
+            self.proc.stdout.close()
+        except Exception:
+            pass
+        self.sel.close()
+        for pid in list(self.tracked):
+            self.sup._tell_reaper(f"forget {pid}")
+            self.sup.pid_rank.pop(pid, None)
+
+    # ---------------------------------------------------------------- outcome
+
+    def outcome(self) -> tuple[cls.AttemptOutcome, cls.Classification | None]:
+        sup = self.sup
+        launcher_tail = tail_lines(launcher_log_path(sup.run_dir, self.number), 200)
+        failures = cls.parse_torchrun_failures(launcher_tail)
+        by_rank: dict[int, dict[str, Any]] = {}
+        for f in failures:
+            r = f["rank"] if f["rank"] is not None else f["local_rank"]
+            by_rank[r] = f
+        simple_exit = cls.parse_simple_launcher_exit(launcher_tail)
+        ranks: list[cls.RankOutcome] = []
+        for r, cap in sorted(self.ranks.items()):
+            code = None
+            if r in by_rank:
+                code = by_rank[r]["exit_code"]
+            elif not failures and len(self.ranks) == 1 and simple_exit is not None:
+                code = simple_exit
+            elif self.launcher_exit == 0:
+                code = 0
+            m = cap.markers
+            ranks.append(cls.RankOutcome(
+                rank=r, exit_code=code, ended_at=cap.closed_at, traceback_at=m.traceback_at,
+                cuda_oom_at=m.cuda_oom_at, nccl_at=m.nccl_at, last_exception=m.last_exception,
+                last_output_at=cap.last_output_at, pid=cap.pid,
+                log_tail=tail_lines(rank_log_path(sup.run_dir, self.number, r), cls.TAIL_LINES)))
+        # roots the launcher reported that never connected (died before the wrapper ran)
+        for r, f in by_rank.items():
+            if r not in self.ranks:
+                ranks.append(cls.RankOutcome(rank=r, exit_code=f["exit_code"], pid=f["pid"]))
+        oom_seen = None
+        if any(cls.decode_exit(r.exit_code)[1] == signal.SIGKILL for r in ranks) and not sup.stop_requested:
+            oom_seen = cls.dmesg_oom_evidence(read_dmesg(), [r.pid for r in ranks if r.pid])
+        next_rung = cmd = None
+        if any(r.cuda_oom_at for r in ranks):
+            ds = read_json(Path(sup.ds_config_file)) if sup.ds_config_file else None
+            next_rung, cmd = cls.suggest_for_cuda_oom(load_plan_near(sup.config_file), sup.accel, ds)
+        o = cls.AttemptOutcome(
+            launcher_exit=self.launcher_exit, ranks=ranks,
+            stop_requested=sup.stop_requested or sup.restart_requested, stalled=self.stalled,
+            stall_timeout_s=sup.spec.stall_timeout, stall_now=self.stall_now, gpus_idle=self.gpus_idle,
+            launcher_tail=launcher_tail, oom_killer_seen=oom_seen, next_rung=next_rung, suggested_command=cmd)
+        return o, cls.classify(o)
+
+
+# ------------------------------------------------------------------ background entry point
+
+def run_from_spec_file(run_dir: str, daemon: bool) -> int:
+    spec = LaunchSpec.from_json(json.loads((Path(run_dir) / "spec.json").read_text()))
+    if daemon and os.fork() > 0:      # second fork: not a session leader, can never regain a terminal
+        os._exit(0)
+    if spec.cwd:
+        os.chdir(spec.cwd)
+    sup = Supervisor(spec)
+    return sup.run()
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    p = argparse.ArgumentParser(prog="python -m launch.supervisor")
+    p.add_argument("run_dir")
+    p.add_argument("--daemon", action="store_true")
+    a = p.parse_args(argv)
+    return run_from_spec_file(a.run_dir, a.daemon)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
