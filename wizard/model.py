@@ -288,24 +288,34 @@ def largest_layer_params(model) -> int:
 
 
 def _decoder_layer_class(model, num_layers: int | None) -> str | None:
+    """The class of the repeated decoder layers: what FSDP wraps and what DeepSpeed's
+    transformer layer classes name. Searched first inside the text decoder (so a vision tower
+    with as many layers doesn't win), then anywhere in the model."""
     import torch
 
-    no_split = list(getattr(model, "_no_split_modules", None) or [])
-    best = None
-    for module in model.modules():
-        if not isinstance(module, torch.nn.ModuleList) or len(module) == 0:
-            continue
-        names = {type(child).__name__ for child in module}
-        if len(names) != 1:
-            continue
-        name = names.pop()
-        matches_count = num_layers is not None and len(module) == num_layers
-        score = (matches_count and name in no_split, matches_count, name in no_split)
-        if any(score) and (best is None or score > best[0]):
-            best = (score, name)
-    if best is not None:
-        return best[1]
-    return no_split[0] if no_split else None
+    no_split = set(getattr(model, "_no_split_modules", None) or [])
+    decoder = None
+    with contextlib.suppress(Exception):
+        decoder = model.get_decoder()
+    scopes = [decoder, model] if isinstance(decoder, torch.nn.Module) else [model]
+    for scope in scopes:
+        best = None
+        for module in scope.modules():
+            if not isinstance(module, torch.nn.ModuleList) or len(module) == 0:
+                continue
+            names = {type(child).__name__ for child in module}
+            if len(names) != 1:
+                continue
+            name = names.pop()
+            matches_count = num_layers is not None and len(module) == num_layers
+            score = (matches_count and name in no_split, matches_count, name in no_split)
+            if any(score) and (best is None or score > best[0]):
+                best = (score, name)
+        if best is not None:
+            return best[1]
+    # _no_split_modules is a set in recent transformers: prefer the decoder-layer-looking name.
+    ranked = sorted(no_split, key=lambda n: (not n.endswith("DecoderLayer"), not n.endswith(("Layer", "Block")), n))
+    return ranked[0] if ranked else None
 
 
 def _is_tied(model) -> bool:
@@ -406,7 +416,7 @@ def _size_config(data: dict[str, Any], config_path: Path, source: str) -> ModelS
 # ---------------------------------------------------------------------------------------------
 
 # Bump when what size_model computes changes, so old entries are ignored.
-_SIZING_CACHE_VERSION = 1
+_SIZING_CACHE_VERSION = 2
 
 
 def sizing_cache_dir() -> Path:

@@ -127,6 +127,14 @@ def test_multimodal_uses_text_config_for_the_shape_and_counts_everything():
     assert shape.params > text_only  # vision tower and projector are counted too
 
 
+def test_layer_class_comes_from_the_text_decoder_even_when_the_vision_tower_is_as_deep(tmp_path):
+    config = json.loads((MODELS / "llava-tiny" / "config.json").read_text())
+    config["vision_config"]["num_hidden_layers"] = config["text_config"]["num_hidden_layers"]
+    (tmp_path / "llava").mkdir()
+    (tmp_path / "llava" / "config.json").write_text(json.dumps(config))
+    assert size_model(str(tmp_path / "llava")).layer_class == "LlamaDecoderLayer"
+
+
 # --------------------------------------------------------------------------------------------
 # Published sizes
 # --------------------------------------------------------------------------------------------

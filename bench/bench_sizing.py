@@ -1,0 +1,75 @@
+"""Cold sizing time for the 70B and 405B fixture configs (target: under 5 s cold).
+
+Each figure is a fresh Python process running `size_model` once, so imports of torch and
+transformers are included (they are most of the cost). Two cases per config:
+- uncached: an empty sizing cache (what a first `wizard plan --model X` costs);
+- cached: the same config sized again (the on-disk sizing cache skips torch/transformers).
+For reference the bare `import torch, transformers` floor is measured the same way.
+
+Run: python bench/bench_sizing.py [--repeat N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+MODELS = ROOT / "tests" / "fixtures" / "models"
+CONFIGS = ["llama-3-70b", "llama-3.1-405b"]
+TARGET_S = 5.0
+
+
+def _timed_process(code: str, env: dict[str, str]) -> tuple[float, str]:
+    start = time.perf_counter()
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                            cwd=ROOT, env={**os.environ, **env})
+    elapsed = time.perf_counter() - start
+    if result.returncode != 0:
+        raise SystemExit(f"bench process failed:\n{result.stderr}")
+    return elapsed, result.stdout.strip()
+
+
+def _size_code(path: Path) -> str:
+    return ("import json; from wizard.model import size_model;"
+            f"s = size_model({str(path)!r}); print(json.dumps([s.params, s.largest_layer_params]))")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=3, help="fresh processes per figure (median reported)")
+    args = parser.parse_args()
+
+    print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, load average "
+          f"{', '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    floor = [_timed_process("import torch, transformers", {})[0] for _ in range(args.repeat)]
+    print(f"{'import torch, transformers':32s} median {statistics.median(floor):5.2f} s   "
+          f"(min {min(floor):.2f}, max {max(floor):.2f})")
+
+    for name in CONFIGS:
+        uncached, cached, counts = [], [], None
+        for _ in range(args.repeat):
+            with tempfile.TemporaryDirectory() as cache:
+                env = {"WIZARD_CACHE_DIR": cache}
+                seconds, out = _timed_process(_size_code(MODELS / name), env)
+                uncached.append(seconds)
+                seconds, out_again = _timed_process(_size_code(MODELS / name), env)
+                cached.append(seconds)
+                assert out == out_again, (out, out_again)
+                counts = json.loads(out)
+        verdict = "OK" if statistics.median(uncached) < TARGET_S else f"OVER the {TARGET_S:.0f} s target"
+        print(f"{name + ' uncached (cold)':32s} median {statistics.median(uncached):5.2f} s   "
+              f"(min {min(uncached):.2f}, max {max(uncached):.2f})  {verdict}   params={counts[0]:,}")
+        print(f"{name + ' cached (cold)':32s} median {statistics.median(cached):5.2f} s   "
+              f"(min {min(cached):.2f}, max {max(cached):.2f})")
+
+
+if __name__ == "__main__":
+    main()
