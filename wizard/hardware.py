@@ -232,10 +232,11 @@ def _assume_options(extras: list[str]) -> dict[str, Any]:
             raise InputError("assume", f"{extra.strip()!r} is not key=value", ASSUME_FORMAT)
         if key in options:
             raise InputError("assume", f"{key} is given twice", ASSUME_FORMAT)
-        if key == "ram":
-            options[key] = parse_bytes(value, "assume")
-        elif key == "disk":
-            options[key] = parse_bytes(value, "assume")
+        if key in ("ram", "disk"):
+            try:
+                options[key] = parse_bytes(value, "assume")
+            except InputError as exc:
+                raise InputError("assume", f"{key}={value.strip()!r}: {exc.problem}", exc.allowed) from None
         elif key == "cpus":
             options[key] = _assume_int(key, value, 1, 8192)
         elif key == "nodes":
