@@ -1,0 +1,416 @@
+"""`wizard check`: read the configs on disk and say, before launch, what will go wrong, where, and how to fix it.
+
+Inputs: accelerate's YAML (default: accelerate's default config file), the DeepSpeed JSON (default: the one
+the YAML names; `--ds-config` or TrainingArguments(deepspeed=...) override), the TrainingArguments keyword
+arguments the script passes (`--training-args`, JSON or YAML), a model (`--model`, sized on the meta device),
+the hardware (this machine's probe, `--hardware FILE` or `--assume SPEC`) and which trainer fills `"auto"`
+(`--trainer hf|accelerate`). Rules live in wizard/check_rules/ (one module per family); every claim a rule
+makes about a library is checked against the installed library in tests/unit/test_check_library_facts.py.
+
+Unreadable input raises InputError (exit 2). Findings never raise.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from dataclasses import dataclass, field
+from importlib import metadata
+from typing import Any
+
+from wizard.errors import InputError
+from wizard.findings import Finding
+
+TRAINERS = ("hf", "accelerate")
+
+
+# ----------------------------------------------------------------------------- locating and reading
+
+
+def default_config_file() -> str:
+    """accelerate's default config path, computed the way accelerate does (HF_HOME, XDG_CACHE_HOME)."""
+    hf_home = os.environ.get("HF_HOME") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join("~", ".cache"), "huggingface")
+    return os.path.join(os.path.expanduser(hf_home), "accelerate", "default_config.yaml")
+
+
+def _read_text(path: str, field_name: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except FileNotFoundError:
+        raise InputError(field_name, f"{path} does not exist") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(field_name, f"{path} cannot be read ({exc.__class__.__name__}: {exc})") from None
+
+
+def parse_accelerate_yaml(text: str, path: str) -> tuple[dict[str, Any], dict]:
+    """The YAML as accelerate loads it (yaml.safe_load) and every plain (unquoted) scalar by key path."""
+    import yaml
+
+    from wizard.check_rules.common import PlainScalar
+
+    try:
+        data = yaml.safe_load(text)
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError as exc:
+        raise InputError("config-file", f"{path} is not valid YAML ({_one_line(exc)})") from None
+    if data is None:
+        raise InputError("config-file", f"{path} is empty (accelerate's loader crashes on an empty file)",
+                         "an accelerate config written by `wizard` or `accelerate config`")
+    if not isinstance(data, dict):
+        raise InputError("config-file", f"{path} is a YAML {type(data).__name__}, not a mapping",
+                         "an accelerate config written by `wizard` or `accelerate config`")
+    plain: dict[tuple[str, ...], PlainScalar] = {}
+
+    def visit(node, prefix: tuple[str, ...]) -> None:
+        if not isinstance(node, yaml.MappingNode):
+            return
+        for key_node, value_node in node.value:
+            path_ = prefix + (str(key_node.value),)
+            if isinstance(value_node, yaml.ScalarNode):
+                if value_node.style is None:
+                    plain[path_] = PlainScalar(value_node.value, value_node.start_mark.line + 1, value_node.tag)
+            else:
+                visit(value_node, path_)
+
+    visit(root, ())
+    return data, plain
+
+
+class _Obj(dict):
+    """A JSON object that remembers which of its keys appeared more than once."""
+
+    duplicates: list[str]
+
+
+def _pairs(pairs: list[tuple[str, Any]]) -> _Obj:
+    obj = _Obj()
+    obj.duplicates = []
+    for key, value in pairs:
+        if key in obj and key not in obj.duplicates:
+            obj.duplicates.append(key)
+        obj[key] = value           # json.load's behaviour: the last one wins
+    return obj
+
+
+def parse_ds_json(text: str, path: str) -> tuple[dict[str, Any], list[tuple[str, str]]]:
+    """The ds_config as transformers reads it (json.load: strict, last duplicate wins) and its duplicate keys."""
+    try:
+        data = json.loads(text, object_pairs_hook=_pairs)
+    except json.JSONDecodeError as exc:
+        raise InputError("ds-config", f"{path} is not strict JSON (transformers reads it with json.load): "
+                         f"{exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    if not isinstance(data, dict):
+        raise InputError("ds-config", f"{path} is a JSON {type(data).__name__}, not an object")
+    duplicates: list[tuple[str, str]] = []
+
+    def visit(node: Any, prefix: str) -> Any:
+        if isinstance(node, dict):
+            for key in getattr(node, "duplicates", []):
+                duplicates.append((prefix, key))
+            return {k: visit(v, f"{prefix}.{k}" if prefix else k) for k, v in node.items()}
+        if isinstance(node, list):
+            return [visit(v, prefix) for v in node]
+        return node
+
+    return visit(data, ""), duplicates
+
+
+def load_training_args(path: str) -> dict[str, Any]:
+    """TrainingArguments keyword arguments from a JSON or YAML file; unknown names are bad input."""
+    text = _read_text(path, "training-args")
+    try:
+        if path.endswith(".json"):
+            data = json.loads(text)
+        else:
+            import yaml
+            data = yaml.safe_load(text)
+    except Exception as exc:  # noqa: BLE001 - JSON or YAML syntax error
+        raise InputError("training-args", f"{path} cannot be parsed ({_one_line(exc)})") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise InputError("training-args", f"{path} must hold a mapping of TrainingArguments keyword arguments")
+    from wizard.check_rules.common import training_fields
+
+    unknown = sorted(set(map(str, data)) - training_fields())
+    if unknown:
+        raise InputError("training-args", f"unknown TrainingArguments field(s) in {path}: {', '.join(unknown)}",
+                         "fields of transformers.TrainingArguments")
+    return data
+
+
+def library_versions() -> dict[str, str | None]:
+    out: dict[str, str | None] = {}
+    for name in ("accelerate", "deepspeed", "transformers", "torch"):
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def model_module_classes(model_id: str) -> set[str] | None:
+    """Class names of every module of the model, built on the meta device from its config.json (no weights)."""
+    config_dir = None
+    if os.path.isdir(model_id) and os.path.isfile(os.path.join(model_id, "config.json")):
+        config_dir = model_id
+    elif os.path.isfile(model_id):
+        config_dir = os.path.dirname(os.path.abspath(model_id))
+    else:
+        from wizard import model as model_mod
+        resolve = getattr(model_mod, "_resolve_config_path", None)   # Hub id in the local cache
+        if resolve is not None:
+            try:
+                config_dir = str(resolve(model_id)[0].parent)
+            except Exception:  # noqa: BLE001
+                return None
+    if config_dir is None:
+        return None
+    try:
+        import torch
+        from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
+
+        config = AutoConfig.from_pretrained(config_dir, local_files_only=True)
+        with torch.device("meta"):
+            try:
+                model = AutoModelForCausalLM.from_config(config)
+            except ValueError:
+                model = AutoModel.from_config(config)
+        return {type(m).__name__ for m in model.modules()}
+    except Exception:  # noqa: BLE001 - no class set: the wrap-class rule falls back to ModelShape.layer_class
+        return None
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())[:300]
+
+
+# ----------------------------------------------------------------------------- context
+
+
+def build_context(config_file: str | None = None, ds_config: str | None = None, training_args: str | None = None,
+                  model: str | None = None, hardware: Any = None, trainer: str = "hf", seq_len: int = 2048,
+                  versions: dict[str, str | None] | None = None, use_default_config: bool = True):
+    """Read every input. InputError (exit 2) for anything unreadable; problems inside readable files are
+    left for the rules."""
+    from wizard.check_rules import CheckContext
+
+    if trainer not in TRAINERS:
+        raise InputError("trainer", f"{trainer!r} is not a trainer", ", ".join(TRAINERS))
+    ctx = CheckContext(trainer=trainer, seq_len=seq_len, hardware=hardware)
+    ctx.versions = versions if versions is not None else library_versions()
+
+    acc_path = config_file
+    if acc_path is None and use_default_config and ds_config is None and training_args is None:
+        acc_path = default_config_file()
+        if not os.path.isfile(acc_path):
+            raise InputError("config-file", f"no accelerate config at {acc_path} (accelerate's default)",
+                             "--config-file P, --ds-config P or --training-args P")
+    elif acc_path is None and use_default_config and os.path.isfile(default_config_file()):
+        acc_path = default_config_file()   # accelerate launch uses it silently when it exists
+    if acc_path is not None:
+        ctx.acc_path = acc_path
+        ctx.acc_text = _read_text(acc_path, "config-file")
+        ctx.acc, ctx.acc_plain = parse_accelerate_yaml(ctx.acc_text, acc_path)
+
+    if training_args is not None:
+        ctx.ta_path = training_args
+        ctx.ta = load_training_args(training_args)
+
+    _load_ds(ctx, ds_config)
+
+    if model is not None:
+        from wizard.model import size_model
+        ctx.model_id = model
+        ctx.model = size_model(model)
+        ctx.module_classes = model_module_classes(model)
+    return ctx
+
+
+def _load_ds(ctx, ds_config: str | None) -> None:
+    path, origin = ds_config, "--ds-config"
+    ta_ds = ctx.ta_given("deepspeed")
+    if path is None and isinstance(ta_ds, dict):
+        ctx.ds, ctx.ds_from = copy.deepcopy(ta_ds), "training-args"
+        ctx.ds_path = f"{ctx.ta_path}:deepspeed"
+        return
+    if path is None and isinstance(ta_ds, str) and ta_ds:
+        path, origin = _relative_to(ta_ds, ctx.ta_path), "training-args"
+        if not os.path.isfile(path):
+            raise InputError("training-args", f"deepspeed={ta_ds!r}: {path} does not exist")
+    if path is None and ctx.distributed_type == "DEEPSPEED":
+        ref = ctx.acc_get("deepspeed_config", "deepspeed_config_file")
+        if isinstance(ref, str) and ref:
+            path, origin = _relative_to(ref, ctx.acc_path), "deepspeed_config_file"
+            if not os.path.isfile(path):
+                ctx.ds_missing_ref = ref
+                return
+    if path is None:
+        return
+    ctx.ds_path, ctx.ds_from = path, origin
+    ctx.ds_text = _read_text(path, "ds-config")
+    ctx.ds, ctx.ds_duplicates = parse_ds_json(ctx.ds_text, path)
+
+
+def _relative_to(path: str, base_file: str | None) -> str:
+    """A relative path as the script would see it (cwd), else next to the file that names it."""
+    path = os.path.expanduser(path)
+    if os.path.isabs(path) or os.path.exists(path) or not base_file:
+        return path
+    beside = os.path.join(os.path.dirname(os.path.abspath(base_file)), path)
+    return beside if os.path.exists(beside) else path
+
+
+# ----------------------------------------------------------------------------- running
+
+
+def run_rules(ctx, only: set[str] | None = None) -> list[Finding]:
+    from wizard.check_rules import RULES
+    from wizard.check_rules.common import finding
+
+    findings: list[Finding] = []
+    for r in RULES:
+        try:
+            for f in r.func(ctx):
+                if only is None or f.rule in only:
+                    findings.append(f)
+        except Exception as exc:  # noqa: BLE001 - one broken rule must not hide the others
+            findings.append(finding("warning", "CHECK-RULE-FAILED", ctx.acc_path or ctx.ds_path, None,
+                                    f"rule {r.id} could not run: {exc.__class__.__name__}: {_one_line(exc)}",
+                                    fix="report this as a wizard bug"))
+    return sort_findings(findings)
+
+
+def sort_findings(findings: list[Finding]) -> list[Finding]:
+    order = {"error": 0, "warning": 1}
+    return sorted(findings, key=lambda f: (f.file, order.get(f.severity, 2), f.rule, f.key or ""))
+
+
+def run_check(config_file: str | None = None, ds_config: str | None = None, training_args: str | None = None,
+              model: str | None = None, hardware: Any = None, trainer: str = "hf", seq_len: int = 2048,
+              versions: dict[str, str | None] | None = None, use_default_config: bool = True) -> list[Finding]:
+    """Every finding for these inputs. Raises InputError for unreadable input."""
+    ctx = build_context(config_file, ds_config, training_args, model, hardware, trainer, seq_len, versions,
+                        use_default_config)
+    return run_rules(ctx)
+
+
+def check_texts(accelerate_yaml: str | None, ds_config: dict[str, Any] | str | None = None, *,
+                accelerate_path: str = "default_config.yaml", ds_path: str = "ds_config.json",
+                training_args: dict[str, Any] | None = None, model_shape: Any = None, model_id: str | None = None,
+                hardware: Any = None, trainer: str = "hf", seq_len: int = 2048,
+                versions: dict[str, str | None] | None = None) -> list[Finding]:
+    """The same rules on files not yet written (what the wizard runs before it writes anything).
+
+    `ds_config` may be the dict or the JSON text; paths are only used to name the files in the findings
+    (and for the loader rule when the YAML already exists at accelerate_path).
+    """
+    from wizard.check_rules import CheckContext
+
+    ctx = CheckContext(trainer=trainer, seq_len=seq_len, hardware=hardware,
+                       versions=versions if versions is not None else library_versions())
+    if accelerate_yaml is not None:
+        ctx.acc_path, ctx.acc_text = accelerate_path, accelerate_yaml
+        ctx.acc, ctx.acc_plain = parse_accelerate_yaml(accelerate_yaml, accelerate_path)
+    if ds_config is not None:
+        text = ds_config if isinstance(ds_config, str) else json.dumps(ds_config)
+        ctx.ds_path, ctx.ds_text, ctx.ds_from = ds_path, text, "--ds-config"
+        ctx.ds, ctx.ds_duplicates = parse_ds_json(text, ds_path)
+    if training_args is not None:
+        ctx.ta, ctx.ta_path = dict(training_args), "<training-args>"
+    ctx.model, ctx.model_id = model_shape, model_id or getattr(model_shape, "source", None)
+    if model_shape is not None and getattr(model_shape, "layer_class", None):
+        ctx.module_classes = None
+    return run_rules(ctx)
+
+
+def has_errors(findings: list[Finding]) -> bool:
+    return any(f.severity == "error" for f in findings)
+
+
+# ----------------------------------------------------------------------------- --fix
+
+
+@dataclass
+class FixResult:
+    changes: list[str] = field(default_factory=list)      # "path: what changed"
+    written: list[str] = field(default_factory=list)      # files rewritten (each with a .bak of the old one)
+    backups: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)      # fixable findings left alone, with why
+
+
+def dump_accelerate_yaml(data: dict[str, Any], original_text: str) -> str:
+    """Serialise like accelerate does (yaml.safe_dump, sorted keys; JSON when the file was JSON)."""
+    if original_text.lstrip().startswith("{"):
+        return json.dumps(data, indent=2, sort_keys=True) + "\n"
+    import yaml
+
+    return yaml.safe_dump(data, sort_keys=True)
+
+
+def dump_ds_json(data: dict[str, Any]) -> str:
+    return json.dumps(data, indent=2) + "\n"
+
+
+def apply_fixes(ctx, findings: list[Finding]) -> FixResult:
+    """Apply every safe automatic fix, write the changed files atomically (a .bak keeps the old content)."""
+    from wizard.check_rules import FIXERS
+    from wizard.fsutil import write_atomic
+
+    result = FixResult()
+    by_rule: dict[str, list[Finding]] = {}
+    for f in findings:
+        if f.fixable and f.rule in FIXERS:
+            by_rule.setdefault(f.rule, []).append(f)
+    acc_before = copy.deepcopy(ctx.acc)
+    ds_before = copy.deepcopy(ctx.ds)
+    for rule_id, rule_findings in by_rule.items():
+        target = rule_findings[0].file
+        if target == ctx.ds_path and (ctx.ds_duplicates or ctx.ds_from == "training-args" and ctx.ds_text is None):
+            why = "duplicate keys: fix those by hand first" if ctx.ds_duplicates else "inline dict in training args"
+            result.skipped.append(f"{rule_id}: {target} not rewritten ({why})")
+            continue
+        for line in FIXERS[rule_id](ctx, rule_findings):
+            result.changes.append(f"{target}: [{rule_id}] {line}")
+    if ctx.acc is not None and ctx.acc != acc_before and ctx.acc_path:
+        write = write_atomic(ctx.acc_path, dump_accelerate_yaml(ctx.acc, ctx.acc_text or ""))
+        result.written.append(ctx.acc_path)
+        if write.backup_path:
+            result.backups.append(write.backup_path)
+    if ctx.ds is not None and ctx.ds != ds_before and ctx.ds_path and ctx.ds_text is not None:
+        write = write_atomic(ctx.ds_path, dump_ds_json(ctx.ds))
+        result.written.append(ctx.ds_path)
+        if write.backup_path:
+            result.backups.append(write.backup_path)
+    return result
+
+
+# ----------------------------------------------------------------------------- output
+
+
+def format_finding(f: Finding) -> str:
+    where = f"{f.key}" if f.key else "(file)"
+    when = f" [at {f.when}]" if f.when else ""
+    fix = f"  fix: {f.fix}" if f.fix else ""
+    auto = " (--fix)" if f.fixable else ""
+    return f"  {f.severity:<7} {f.rule:<30} {where}{when}: {f.message}.{fix}{auto}"
+
+
+def format_findings(findings: list[Finding]) -> str:
+    """One line per finding, grouped by file, errors first."""
+    if not findings:
+        return "No problems found."
+    lines: list[str] = []
+    current = None
+    for f in sort_findings(findings):
+        if f.file != current:
+            current = f.file
+            lines.append(f"{f.file}:")
+        lines.append(format_finding(f))
+    errors = sum(f.severity == "error" for f in findings)
+    warnings = len(findings) - errors
+    lines.append(f"{errors} error(s), {warnings} warning(s).")
+    return "\n".join(lines)
