@@ -12,18 +12,18 @@ CASES: dict[str, list[str]] = {
     "1x4090-llama-tiny": ["--assume", "1xRTX4090", "--model", "<FIX>/models/llama-tiny"],
     # The common 8x80 GB box with a 7B model.
     "8xa100-80-7b": ["--assume", "8xA100-80GB", "--params", "7B"],
-    "8xh100-80-8b-file": ["--assume", "8xH100-80GB", "--model", "<FIX>/models/llama3-8b"],
-    "8xh100-80-70b": ["--assume", "8xH100-80GB", "--model", "<FIX>/models/llama3-70b"],
+    "8xh100-80-8b-file": ["--assume", "8xH100-80GB", "--model", "<FIX>/models/llama-3.1-8b"],
+    "8xh100-80-70b": ["--assume", "8xH100-80GB,ram=2T", "--model", "<FIX>/models/llama-3-70b"],
     # Consumer GPUs: 4 x 24 GB, no NVLink.
     "4x4090-7b": ["--assume", "4xRTX4090", "--params", "7B"],
     # Two nodes of 8 GPUs; rank 0 here.
-    "2node-8xh100-70b": ["--assume", "8xH100-80GB", "--model", "<FIX>/models/llama3-70b", "--num-machines", "2",
+    "2node-8xh100-70b": ["--assume", "8xH100-80GB,ram=2T", "--model", "<FIX>/models/llama-3-70b", "--num-machines", "2",
                          "--machine-rank", "0", "--main-process-ip", "10.0.0.1", "--main-process-port", "29500"],
     # A 152k vocabulary: the fp32 logits alone are gigabytes at 4k tokens.
     "4xa100-40-qwen-bigvocab": ["--assume", "4xA100-40GB", "--model", "<FIX>/models/qwen2.5-7b",
                                 "--seq-len", "4096"],
-    # Only NVMe offload fits: 405B on one node with little host RAM.
-    "8xa100-80-405b-nvme": ["--assume", "8xA100-80GB,ram=256G,disk=20T", "--model", "<FIX>/models/llama3.1-405b",
+    # Only NVMe offload fits: 405B on one node whose RAM holds the gradients but not the optimizer.
+    "8xa100-80-405b-nvme": ["--assume", "8xA100-80GB,ram=3T,disk=20T", "--model", "<FIX>/models/llama-3.1-405b",
                             "--nvme-path", "<NVME>"],
     # FSDP asked for explicitly.
     "8xa100-80-13b-fsdp": ["--assume", "8xA100-80GB", "--params", "13B", "--backend", "fsdp"],
@@ -35,7 +35,7 @@ CASES: dict[str, list[str]] = {
     # This machine's kind: no GPU, two CPU processes with DeepSpeed ZeRO-3 over gloo.
     "cpu-2proc-zero3": ["--hardware", "<FIX>/hardware/cpu-box.json", "--model", "<FIX>/models/llama-tiny",
                         "--backend", "deepspeed", "--zero-stage", "3", "--num-processes", "2"],
-    # Long sequences on one H100: gradient checkpointing switched on by the ladder.
-    "1xh100-8b-seq8k": ["--assume", "1xH100-80GB", "--model", "<FIX>/models/llama3-8b", "--seq-len", "8192",
+    # Long sequences on one H100: offload plus gradient checkpointing, switched on by the ladder.
+    "1xh100-8b-seq8k": ["--assume", "1xH100-80GB,ram=512G", "--model", "<FIX>/models/llama-3.1-8b", "--seq-len", "8192",
                         "--micro-batch", "4"],
 }
