@@ -203,6 +203,12 @@ HW_KEYS = [f.name for f in dataclasses.fields(Hardware)]
 GPU_KEYS = [f.name for f in dataclasses.fields(GPU)]
 
 
+def test_from_json_checks_every_field():
+    # A field added to the dataclasses must get a type in the validator too, or it would be dropped.
+    assert set(hardware._HW_FIELDS) | {"gpus"} == set(HW_KEYS)
+    assert set(hardware._GPU_FIELDS) == set(GPU_KEYS)
+
+
 def _roundtrip(hw: Hardware) -> Hardware:
     return from_json(json.loads(json.dumps(hw.to_json())))
 
