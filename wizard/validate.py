@@ -218,6 +218,14 @@ def check_accelerate(yaml_path: str, exp: Expect, display: str | None = None,
     except Exception as exc:  # the loader raises ValueError/AttributeError/yaml errors
         return [_error("ACC-LOAD", shown, None, exc, "regenerate the file with the wizard", "launch")]
 
+    raw = _read_yaml(yaml_path) or {}
+    for key in ("distributed_type", "mixed_precision", "downcast_bf16"):
+        if isinstance(raw.get(key), bool):
+            # YAML 1.1 reads an unquoted NO/no as false; accelerate writes 'NO' and 'no' quoted.
+            findings.append(_error("ACC-YAML-BOOL", shown, key,
+                                   f"{key} loads as the boolean {raw[key]}, not a string",
+                                   f"quote it: {key}: '{'NO' if key == 'distributed_type' else 'no'}'", "launch"))
+
     ds_file = (cfg.deepspeed_config or {}).get("deepspeed_config_file")
     if ds_path and ds_file and os.path.realpath(ds_file) != os.path.realpath(ds_path):
         findings.append(_error("ACC-DS-PATH", shown, "deepspeed_config.deepspeed_config_file",
@@ -465,6 +473,23 @@ def fill_like_accelerate(cfg: dict, exp: Expect) -> dict:
     return filled
 
 
+def _filled_precision_check(filled: dict, exp: Expect, file: str, filler: str) -> list[Finding]:
+    """The dtype DeepSpeed will train in, after filling, is the one the memory plan assumed."""
+    if exp.backend != "deepspeed":
+        return []
+
+    def enabled(block: str) -> bool:
+        return str((filled.get(block) or {}).get("enabled", False)).lower() == "true"
+
+    actual = "bf16" if enabled("bf16") else "fp16" if enabled("fp16") else "fp32"
+    if actual == exp.precision:
+        return []
+    return [_error("DS-PLAN-PRECISION", file, f"{exp.precision if exp.precision != 'fp32' else actual}.enabled",
+                   f"after {filler}'s filling DeepSpeed trains in {actual}, the plan is for {exp.precision}",
+                   f"set {exp.precision}.enabled to true" if exp.precision != "fp32" else
+                   f"set {actual}.enabled to false", "prepare")]
+
+
 class _WorldStandIn:
     """deepspeed.comm as DeepSpeedConfig sees it: rank 0 of the planned world."""
 
@@ -523,6 +548,7 @@ def check_deepspeed(ds_path: str, exp: Expect, answers: dict | None = None, disp
                                "there (or crash, at the top level)", "write a concrete value", "prepare"))
     if leftovers:
         return findings
+    findings += _filled_precision_check(filled, exp, shown, filler)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")

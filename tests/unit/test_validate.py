@@ -1,0 +1,345 @@
+"""validate: the real accelerate / DeepSpeed / transformers accept the emitted files and report
+their own errors on broken ones. Runs on the CPU; the libraries are imported once (~3 s)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+
+import pytest
+import yaml
+
+from wizard import emit, validate
+from wizard.model import ModelShape
+from wizard.plan import Plan, Rung, Topology
+
+pytestmark = pytest.mark.timeout(120)
+
+H = 4096
+MODEL = ModelShape(params=6_738_415_616, largest_layer_params=131_072_000, hidden_size=H, layers=32, heads=32,
+                   kv_heads=32, vocab_size=32000, intermediate_size=11008, layer_class="LlamaDecoderLayer")
+
+
+def make_plan(backend: str, world: int = 4, machines: int = 1, stage: int | None = None, oo: str = "none",
+              op: str = "none", cpu: bool = False, precision: str = "bf16", reshard: bool | None = None) -> Plan:
+    rung = Rung(key=backend, name=backend, backend=backend, zero_stage=stage, offload_optimizer=oo,
+                offload_param=op, fsdp_reshard=reshard, fits=True)
+    return Plan(rungs=[rung], choice=rung, gpu_capacity_bytes=80 << 30, usable_bytes=72 << 30,
+                precision=precision, topology=Topology(machines, max(1, world // machines), cpu))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def libraries():
+    validate.preload()
+
+
+def emit_pair(tmp_path, answers, plan, yaml_edit=None, ds_edit=None, yaml_text=None, ds_text=None):
+    """Emit the two files for (answers, plan), optionally broken by an edit; returns their paths."""
+    yaml_path, ds_path = emit.output_paths(str(tmp_path))
+    ds = emit.deepspeed_config(answers, plan, MODEL)
+    doc = emit.accelerate_config(answers, plan, ds_path if ds is not None else None)
+    if yaml_edit:
+        yaml_edit(doc)
+    if ds_edit:
+        ds_edit(ds)
+    (tmp_path / "default_config.yaml").write_text(yaml_text if yaml_text is not None else emit.render_yaml(doc))
+    if ds is not None or ds_text is not None:
+        (tmp_path / "ds_config.json").write_text(ds_text if ds_text is not None else emit.render_json(ds))
+        return yaml_path, ds_path
+    return yaml_path, None
+
+
+def run(tmp_path, answers, plan, **edits):
+    yaml_path, ds_path = emit_pair(tmp_path, answers, plan, **edits)
+    return validate.validate_all(yaml_path, ds_path, answers, plan, MODEL)
+
+
+def rules(findings, severity="error"):
+    return {f.rule for f in findings if f.severity == severity}
+
+
+MULTINODE = {"num_machines": 2, "machine_rank": 0, "main_process_ip": "10.0.0.1", "main_process_port": 29500,
+             "deepspeed_hostfile": "/job/hostfile"}
+GOOD = {
+    "single": ({}, make_plan("single", world=1)),
+    "ddp": ({}, make_plan("ddp")),
+    "ddp-ids": ({"gpu_ids": "0,1"}, make_plan("ddp", world=2)),
+    "cpu-single": ({"use_cpu": True}, make_plan("single", world=1, cpu=True, precision="fp32")),
+    "cpu-ddp": ({"use_cpu": True}, make_plan("ddp", world=2, cpu=True, precision="fp32")),
+    "zero1": ({}, make_plan("deepspeed", stage=1)),
+    "zero2": ({}, make_plan("deepspeed", stage=2)),
+    "zero2-offload": ({}, make_plan("deepspeed", stage=2, oo="cpu")),
+    "zero3": ({}, make_plan("deepspeed", world=8, stage=3)),
+    "zero3-offload": ({"micro_batch": 4, "grad_accum": 8}, make_plan("deepspeed", world=8, stage=3, oo="cpu", op="cpu")),
+    "zero3-nvme": ({"nvme_path": "/nvme"}, make_plan("deepspeed", world=8, stage=3, oo="nvme", op="nvme")),
+    "zero3-fp16": ({}, make_plan("deepspeed", stage=3, precision="fp16")),
+    "zero2-loop": ({"trainer": "accelerate", "micro_batch": 2, "grad_accum": 4}, make_plan("deepspeed", stage=2)),
+    "zero3-loop-offload": ({"trainer": "accelerate", "gradient_clipping": 0.3},
+                           make_plan("deepspeed", world=8, stage=3, oo="cpu", op="cpu")),
+    "zero3-cpu": ({"use_cpu": True}, make_plan("deepspeed", world=2, stage=3, cpu=True, precision="fp32")),
+    "zero3-cpu-loop": ({"use_cpu": True, "trainer": "accelerate"},
+                       make_plan("deepspeed", world=2, stage=3, cpu=True, precision="fp32")),
+    "zero3-2node": (MULTINODE, make_plan("deepspeed", world=16, machines=2, stage=3)),
+    "ddp-2node": ({**MULTINODE, "same_network": False, "rdzv_backend": "c10d"},
+                  make_plan("ddp", world=16, machines=2)),
+    "fsdp2": ({"fsdp_transformer_layer_cls_to_wrap": "LlamaDecoderLayer"}, make_plan("fsdp", reshard=True)),
+    "fsdp2-offload": ({}, make_plan("fsdp", reshard=True, oo="cpu", op="cpu")),
+    "fsdp1": ({"fsdp_version": 1}, make_plan("fsdp")),
+    "dynamo": ({"use_dynamo": True, "dynamo_mode": "max-autotune"}, make_plan("ddp")),
+}
+
+
+@pytest.mark.parametrize("case", sorted(GOOD))
+def test_emitted_files_pass_every_library(case, tmp_path):
+    answers, plan = GOOD[case]
+    findings = run(tmp_path, answers, plan)
+    assert [f for f in findings if f.severity == "error"] == []
+    assert rules(findings, "warning") <= {"ACC-PORT-BUSY"}   # 29500 may be taken on a shared box
+
+
+def test_validation_restores_the_environment(tmp_path):
+    before = dict(os.environ)
+    run(tmp_path, {}, make_plan("deepspeed", stage=3))
+    run(tmp_path, {}, make_plan("fsdp"))
+    assert dict(os.environ) == before
+    assert "DS_ACCELERATOR" not in os.environ or before.get("DS_ACCELERATOR") == os.environ["DS_ACCELERATOR"]
+
+
+def test_validation_leaves_no_transformers_global(tmp_path):
+    from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
+
+    run(tmp_path, {}, make_plan("deepspeed", stage=3))
+    assert not is_deepspeed_zero3_enabled()
+
+
+# ---- accelerate ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("value", ["bf16", "no"])
+def test_mixed_precision_beside_the_ds_file_is_accelerates_value_error(tmp_path, value):
+    findings = run(tmp_path, {}, make_plan("deepspeed", stage=2),
+                   yaml_edit=lambda d: d.update(mixed_precision=value))
+    errors = [f for f in findings if f.rule == "ACC-DS-PLUGIN"]
+    assert errors and errors[0].message.startswith("ValueError: When using `deepspeed_config_file`, the following "
+                                                   "accelerate config variables will be ignored")
+
+
+@pytest.mark.parametrize("key", [k for k in emit.REJECTED_BESIDE_DS_FILE if k != "mixed_precision"])
+def test_every_rejected_key_is_rejected_by_accelerate(tmp_path, key):
+    value = {"gradient_accumulation_steps": 1, "gradient_clipping": 1.0, "zero_stage": 2,
+             "zero3_save_16bit_model": True}.get(key, "none")
+    findings = run(tmp_path, {}, make_plan("deepspeed", stage=2),
+                   yaml_edit=lambda d: d["deepspeed_config"].update({key: value}))
+    assert "ACC-DS-PLUGIN" in rules(findings)
+
+
+def test_yaml_pointing_at_another_json_is_reported(tmp_path):
+    findings = run(tmp_path, {}, make_plan("deepspeed", stage=2),
+                   yaml_edit=lambda d: d["deepspeed_config"].update(deepspeed_config_file="/elsewhere/ds.json"))
+    assert "ACC-DS-PATH" in rules(findings)
+
+
+def test_unquoted_no_is_reported(tmp_path):
+    plan = make_plan("single", world=1)
+    text = emit.render_yaml(emit.accelerate_config({"mixed_precision": "no"}, plan, None))
+    findings = run(tmp_path, {}, plan, yaml_text=text.replace("'NO'", "NO").replace("'no'", "no"))
+    assert {"ACC-YAML-BOOL", "ACC-LAUNCH"} <= rules(findings)
+    assert any("'bool' object has no attribute 'lower'" in f.message for f in findings)
+
+
+def test_integer_gpu_ids_crash_launch(tmp_path):
+    findings = run(tmp_path, {}, make_plan("ddp"), yaml_edit=lambda d: d.update(gpu_ids=1))
+    assert any(f.rule == "ACC-LAUNCH" and "split" in f.message for f in findings)
+
+
+def test_unknown_top_level_key_is_the_loaders_error(tmp_path):
+    findings = run(tmp_path, {}, make_plan("ddp"), yaml_edit=lambda d: d.update(foo_bar=1))
+    assert any(f.rule == "ACC-LOAD" and "unknown keys (['foo_bar'])" in f.message for f in findings)
+
+
+def test_bad_mixed_precision_is_launchs_error(tmp_path):
+    findings = run(tmp_path, {}, make_plan("ddp"), yaml_edit=lambda d: d.update(mixed_precision="bf17"))
+    assert any(f.rule == "ACC-LAUNCH" and "Unknown mixed_precision mode: bf17" in f.message for f in findings)
+
+
+def test_num_processes_must_be_the_planned_total(tmp_path):
+    findings = run(tmp_path, MULTINODE, make_plan("ddp", world=16, machines=2),
+                   yaml_edit=lambda d: d.update(num_processes=8))
+    assert "ACC-NUM-PROCESSES" in rules(findings)
+
+
+def test_zero3_init_flag_on_zero2_is_accelerates_warning(tmp_path):
+    findings = run(tmp_path, {"zero3_init_flag": True}, make_plan("deepspeed", stage=2))
+    assert any(f.rule == "ACC-WARNING" and "Zero3 Init flag" in f.message for f in findings)
+    assert rules(findings) == set()
+
+
+def test_fsdp1_device_lookup_is_real_for_cpu_plans(tmp_path):
+    # For a GPU plan the device lookup is answered as the planned machine would; for a CPU plan
+    # accelerate's own "no available devices" error must come through.
+    gpu = run(tmp_path, {"fsdp_version": 1}, make_plan("fsdp", world=2))
+    assert rules(gpu) == set()
+    cpu = run(tmp_path, {"fsdp_version": 1, "use_cpu": True}, make_plan("fsdp", world=2, cpu=True, precision="fp32"))
+    assert any(f.rule == "ACC-FSDP-PLUGIN" and "no available devices" in f.message for f in cpu)
+
+
+def test_busy_port_is_a_warning_not_an_error(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        # On a real rank-0 launch accelerate raises ConnectionError here; for the file it is a warning.
+        findings = run(tmp_path, {**MULTINODE, "main_process_port": port}, make_plan("ddp", world=16, machines=2))
+    assert rules(findings) == set()
+    assert "ACC-PORT-BUSY" in rules(findings, "warning")
+
+
+# ---- DeepSpeed + the trainers' "auto" filling -----------------------------------------------------
+
+def test_stage_auto_left_over_is_reported(tmp_path):
+    findings = run(tmp_path, {}, make_plan("deepspeed", stage=2),
+                   ds_edit=lambda d: d["zero_optimization"].update(stage="auto"))
+    assert any(f.rule == "DS-AUTO-LEFT" and f.key == "zero_optimization.stage" for f in findings)
+
+
+def test_stage3_keys_on_zero2_stay_auto_with_hf(tmp_path):
+    # transformers fills the stage-3 hidden-size keys only for ZeRO-3
+    findings = run(tmp_path, {}, make_plan("deepspeed", stage=2),
+                   ds_edit=lambda d: d["zero_optimization"].update(stage3_prefetch_bucket_size="auto"))
+    assert any(f.rule == "DS-AUTO-LEFT" and f.key == "zero_optimization.stage3_prefetch_bucket_size"
+               for f in findings)
+
+
+@pytest.mark.parametrize("trainer", ["hf", "accelerate"])
+def test_float_bucket_is_deepspeeds_validation_error(tmp_path, trainer):
+    findings = run(tmp_path, {"trainer": trainer}, make_plan("deepspeed", stage=3),
+                   ds_edit=lambda d: d["zero_optimization"].update(stage3_prefetch_bucket_size=15099494.4))
+    assert "DS-INT" in rules(findings)
+    config_errors = [f for f in findings if f.rule == "DS-CONFIG"]
+    assert config_errors and config_errors[0].message.startswith("ValidationError")
+    assert "int_from_float" in config_errors[0].message
+
+
+def test_whole_float_bucket_passes_pydantic_but_not_our_integer_rule(tmp_path):
+    findings = run(tmp_path, {}, make_plan("deepspeed", stage=2),
+                   ds_edit=lambda d: d["zero_optimization"].update(allgather_bucket_size=5e8))
+    assert rules(findings) == {"DS-INT"}
+
+
+def test_odd_allgather_bucket(tmp_path):
+    findings = run(tmp_path, {}, make_plan("deepspeed", stage=2),
+                   ds_edit=lambda d: d["zero_optimization"].update(allgather_bucket_size=200_000_001))
+    assert rules(findings) == {"DS-ALLGATHER-ODD"}
+
+
+def test_nested_aio_is_rejected_by_deepspeed(tmp_path):
+    findings = run(tmp_path, {}, make_plan("deepspeed", stage=2),
+                   ds_edit=lambda d: d["zero_optimization"].update(aio={"block_size": 1048576}))
+    assert {"DS-AIO-NESTED", "DS-CONFIG"} <= rules(findings)
+    assert any("extra_forbidden" in f.message for f in findings if f.rule == "DS-CONFIG")
+
+
+def test_param_offload_below_zero3_and_nvme_without_path(tmp_path):
+    def edit(d):
+        d["zero_optimization"]["offload_param"] = {"device": "nvme"}
+
+    findings = run(tmp_path, {}, make_plan("deepspeed", stage=2), ds_edit=edit)
+    assert {"DS-OFFLOAD-PARAM-STAGE", "DS-NVME-PATH", "DS-NVME-STAGE", "DS-PLAN-OFFLOAD"} <= rules(findings)
+
+
+def test_concrete_value_mismatching_training_arguments_is_transformers_error(tmp_path):
+    findings = run(tmp_path, {"grad_accum": 1}, make_plan("deepspeed", stage=2),
+                   ds_edit=lambda d: d.update(gradient_accumulation_steps=8))
+    fill = [f for f in findings if f.rule == "DS-AUTO-FILL"]
+    assert fill and "ds gradient_accumulation_steps=8 vs hf gradient_accumulation_steps=1" in fill[0].message
+
+
+def test_auto_the_accelerate_loop_cannot_fill(tmp_path):
+    findings = run(tmp_path, {"trainer": "accelerate"}, make_plan("deepspeed", stage=3),
+                   ds_edit=lambda d: d["zero_optimization"].update(sub_group_size="auto"))
+    fill = [f for f in findings if f.rule == "DS-AUTO-FILL"]
+    assert fill and "`zero_optimization.sub_group_size` not found in kwargs" in fill[0].message
+
+
+def test_auto_precision_with_the_accelerate_loop_would_train_fp32(tmp_path):
+    # Own loop, no mixed_precision beside the DS file: accelerate fills bf16.enabled "auto" with
+    # false, silently fp32 against a bf16 plan. The emitter writes it concretely; a hand edit is caught.
+    findings = run(tmp_path, {"trainer": "accelerate"}, make_plan("deepspeed", stage=2),
+                   ds_edit=lambda d: d.update(bf16={"enabled": "auto"}))
+    assert any(f.rule == "DS-PLAN-PRECISION" and "trains in fp32" in f.message for f in findings)
+
+
+def test_precision_contradicting_the_plan(tmp_path):
+    findings = run(tmp_path, {"trainer": "accelerate"}, make_plan("deepspeed", stage=2, precision="bf16"),
+                   ds_edit=lambda d: d.update(bf16={"enabled": False}, fp16={"enabled": True}))
+    assert "DS-PLAN-PRECISION" in rules(findings)
+
+
+def test_batch_assertion_sees_the_planned_world_size(tmp_path):
+    def edit(d):
+        d.update(train_batch_size=8)
+
+    findings = run(tmp_path, {"trainer": "accelerate"}, make_plan("deepspeed", world=4, stage=2), ds_edit=edit)
+    errors = [f for f in findings if f.rule == "DS-CONFIG"]
+    assert errors and "8 != 1 * 1 * 4" in errors[0].message
+
+
+def test_fp16_and_bf16_together(tmp_path):
+    findings = run(tmp_path, {"trainer": "accelerate"}, make_plan("deepspeed", stage=2),
+                   ds_edit=lambda d: d.update(bf16={"enabled": True}, fp16={"enabled": True}))
+    assert any("cannot be simultaneously enabled" in f.message for f in findings)
+
+
+def test_cpu_train_batch_size_auto_is_caught(tmp_path):
+    findings = run(tmp_path, {"use_cpu": True}, make_plan("deepspeed", world=2, stage=3, cpu=True, precision="fp32"),
+                   ds_edit=lambda d: d.update(train_batch_size="auto"))
+    assert {"DS-CPU-TRAIN-BATCH", "DS-CONFIG"} <= rules(findings)
+
+
+def test_zero3_without_16bit_gather_warns(tmp_path):
+    findings = run(tmp_path, {"zero3_save_16bit_model": False}, make_plan("deepspeed", stage=3))
+    assert rules(findings) == set() and "DS-Z3-SAVE" in rules(findings, "warning")
+
+
+def test_offload_without_force_flag_warns(tmp_path):
+    findings = run(tmp_path, {}, make_plan("deepspeed", stage=2, oo="cpu"),
+                   ds_edit=lambda d: d.pop("zero_force_ds_cpu_optimizer"))
+    assert "DS-FORCE-CPU-OPTIMIZER" in rules(findings, "warning")
+
+
+def test_duplicate_keys_and_bad_json(tmp_path):
+    dup = '{"zero_optimization": {"stage": 2}, "zero_optimization": {"stage": 3}}'
+    findings = run(tmp_path, {}, make_plan("deepspeed", stage=2), ds_text=dup)
+    assert any(f.rule == "DS-JSON" and "Duplicate keys" in f.message for f in findings)
+    findings = run(tmp_path, {}, make_plan("deepspeed", stage=2), ds_text='{"a": 1,}')
+    assert "DS-JSON" in rules(findings)
+
+
+def test_missing_zero_section(tmp_path):
+    findings = run(tmp_path, {}, make_plan("deepspeed", stage=2), ds_text='{"train_micro_batch_size_per_gpu": 1}')
+    assert {"DS-NO-ZERO", "ACC-DS-PLUGIN"} <= rules(findings)
+    assert any("Please specify the ZeRO optimization config" in f.message for f in findings)
+
+
+def test_ds_file_found_through_the_yaml_when_not_given(tmp_path):
+    answers, plan = {}, make_plan("deepspeed", stage=2)
+    yaml_path, _ = emit_pair(tmp_path, answers, plan, ds_edit=lambda d: d.update(gradient_accumulation_steps=8))
+    findings = validate.validate_all(yaml_path, None, answers, plan, MODEL)
+    assert "DS-AUTO-FILL" in rules(findings)
+
+
+def test_display_names_are_reported(tmp_path):
+    answers, plan = {}, make_plan("deepspeed", stage=2)
+    yaml_path, ds_path = emit_pair(tmp_path, answers, plan, ds_edit=lambda d: d.update(gradient_accumulation_steps=8),
+                                   yaml_edit=lambda d: d.update(mixed_precision="bf16"))
+    findings = validate.validate_all(yaml_path, ds_path, answers, plan, MODEL,
+                                     yaml_display="/final/default_config.yaml", ds_display="/final/ds_config.json")
+    assert {f.file for f in findings} == {"/final/default_config.yaml", "/final/ds_config.json"}
+
+
+def test_check_without_a_plan_uses_the_yaml(tmp_path):
+    # `wizard check` may have files but no plan: world size comes from the YAML.
+    answers, plan = {}, make_plan("deepspeed", world=4, stage=3)
+    yaml_path, ds_path = emit_pair(tmp_path, answers, plan)
+    assert validate.expectations(None, None, MODEL, yaml.safe_load(open(yaml_path))).world_size == 4
+    assert rules(validate.validate_all(yaml_path, ds_path, None, None, MODEL)) == set()
