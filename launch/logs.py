@@ -105,6 +105,7 @@ class Markers:
     last_exception: str | None = None   # last line that looked like `SomeError: message`
 
 
+_TORCH_RANK_PREFIX = re.compile(r"^\[rank\d+\]:\s?")
 _EXC_LINE_RE = re.compile(r"^(?:[\w.]+\.)?(\w*(?:Error|Exception|Interrupt|Exit)|\w+Error\b)(?::\s.*)?$")
 
 
@@ -254,6 +255,8 @@ class StreamCapture:
 
     def _markers(self, text: str, now: float) -> None:
         m = self.markers
+        if text.startswith("[rank"):    # torch prefixes a distributed rank's traceback: "[rank1]: ..."
+            text = _TORCH_RANK_PREFIX.sub("", text, count=1)
         if m.traceback_at is None and text.startswith("Traceback (most recent call last)"):
             m.traceback_at = now
         if m.cuda_oom_at is None and ("CUDA out of memory" in text or "OutOfMemoryError" in text):

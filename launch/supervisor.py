@@ -233,7 +233,7 @@ class Supervisor:
             "ds_config": self.ds_config_file, "cwd": spec.cwd or os.getcwd(), "run_dir": str(self.run_dir),
             "attempt": 0, "max_restarts": spec.max_restarts, "status": "starting",
             "supervisor_pid": os.getpid(), "supervisor_create_time": _create_time(os.getpid()),
-            "launcher_pid": None, "pids": {}, "tracked_pids": [], "started_at": now,
+            "launcher_pid": None, "pids": {}, "tracked_pids": [], "seen_pids": [], "started_at": now,
             "attempt_started_at": None, "ended_at": None, "exit_code": None, "classification": None,
             "detached": spec.detached, "headless": spec.headless, "world_size": world_size_of(self.accel),
             "grace_s": spec.grace, "stall_timeout_s": spec.stall_timeout,
@@ -589,6 +589,8 @@ class _Attempt:
                 continue
         alive = self.alive()
         self.sup.state.data["tracked_pids"] = sorted(p.pid for p in alive)
+        seen = self.sup.state.data.setdefault("seen_pids", [])
+        seen.extend(pid for pid in self.tracked if pid not in seen)
         self.sup.mark_dirty()
 
     def alive(self) -> list[Any]:
@@ -795,6 +797,8 @@ class _Attempt:
                 drained = not streams_open or now_m - self.launcher_exited_at >= DRAIN_AFTER_EXIT_S
                 if drained and not leftovers:
                     break
+        self.sup.state.data["tracked_pids"] = []
+        self.sup.mark_dirty()
         self.sup.flush_state(force=True)
 
     def _check_stall(self, timeout: float) -> None:

@@ -1,0 +1,147 @@
+"""Failure classification (launch/classify.py): pure, from exit codes and log evidence."""
+
+from launch import classify as c
+
+TORCHRUN_REPORT = """\
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+fail.py FAILED
+------------------------------------------------------------
+Failures:
+[1]:
+  time      : 2026-11-30_03:34:59
+  host      : localhost
+  rank      : 0 (local_rank: 0)
+  exitcode  : -15 (pid: 7933)  (SIGTERM)
+  error_file: <N/A>
+  traceback : Signal 15 (SIGTERM) received by PID 7933
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-30_03:34:59
+  host      : localhost
+  rank      : 1 (local_rank: 1)
+  exitcode  : 1 (pid: 7934)
+  error_file: <N/A>
+  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html
+============================================================
+""".splitlines()
+
+
+def test_decode_exit_codes():
+    assert c.decode_exit(-9) == (None, 9)
+    assert c.decode_exit(137) == (137, 9)
+    assert c.decode_exit(1) == (1, None)
+    assert c.decode_exit(0) == (0, None)
+    assert c.shell_exit_code(-15) == 143 and c.shell_exit_code(3) == 3
+    assert c.signal_name(6) == "SIGABRT"
+
+
+def test_parse_torchrun_report():
+    f = c.parse_torchrun_failures(TORCHRUN_REPORT)
+    by_rank = {x["rank"]: x for x in f}
+    assert by_rank[1]["exit_code"] == 1 and by_rank[1]["root_cause"] and by_rank[1]["pid"] == 7934
+    assert by_rank[0]["exit_code"] == -15 and not by_rank[0]["root_cause"]
+
+
+def test_parse_simple_launcher():
+    assert c.parse_simple_launcher_exit(
+        ["subprocess.CalledProcessError: Command '['python', 'x.py']' returned non-zero exit status 3."]) == 3
+    assert c.parse_simple_launcher_exit(
+        ["subprocess.CalledProcessError: Command '['python']' died with <Signals.SIGKILL: 9>."]) == -9
+    assert c.parse_simple_launcher_exit(["all good"]) is None
+
+
+def test_python_exception_first_rank_and_collateral():
+    tail = ["Traceback (most recent call last):", "RuntimeError: deliberate failure on rank 1"]
+    o = c.AttemptOutcome(launcher_exit=1, ranks=[
+        c.RankOutcome(rank=0, exit_code=-15, ended_at=12.0, log_tail=["step 3"]),
+        c.RankOutcome(rank=1, exit_code=1, ended_at=11.0, traceback_at=10.5,
+                      last_exception="RuntimeError: deliberate failure on rank 1", log_tail=tail),
+    ])
+    r = c.classify(o)
+    assert r.kind == "python_exception" and r.rank == 1 and r.exit_code == 1
+    assert "RuntimeError" in r.summary and "rank 0" in r.summary
+    assert r.log_tail == tail
+
+
+def test_earliest_failure_wins_among_two_exceptions():
+    o = c.AttemptOutcome(launcher_exit=1, ranks=[
+        c.RankOutcome(rank=0, exit_code=1, traceback_at=20.0, last_exception="ValueError: late"),
+        c.RankOutcome(rank=3, exit_code=1, traceback_at=10.0, last_exception="KeyError: early"),
+    ])
+    assert c.classify(o).rank == 3
+
+
+def test_nccl_abort():
+    o = c.AttemptOutcome(launcher_exit=1, ranks=[
+        c.RankOutcome(rank=2, exit_code=-6, nccl_at=50.0),
+        c.RankOutcome(rank=0, exit_code=-15, ended_at=51.0)])
+    r = c.classify(o)
+    assert r.kind == "nccl_abort" and r.rank == 2 and r.signal == "SIGABRT"
+    assert "Flight Recorder" in r.hint
+
+
+def test_sigabrt_without_nccl_text_is_a_signal():
+    r = c.classify(c.AttemptOutcome(launcher_exit=1, ranks=[c.RankOutcome(rank=0, exit_code=-6)]))
+    assert r.kind == "signal" and r.signal == "SIGABRT"
+
+
+def test_oom_killer_unless_stop_requested():
+    ranks = [c.RankOutcome(rank=1, exit_code=-9, ended_at=3.0), c.RankOutcome(rank=0, exit_code=-15, ended_at=4.0)]
+    r = c.classify(c.AttemptOutcome(launcher_exit=1, ranks=ranks, oom_killer_seen=True))
+    assert r.kind == "oom_killed" and r.rank == 1 and "dmesg confirms" in r.hint
+    assert c.classify(c.AttemptOutcome(launcher_exit=1, ranks=ranks, stop_requested=True)) is None
+
+
+def test_only_collateral_is_reported_as_collateral():
+    r = c.classify(c.AttemptOutcome(launcher_exit=1, ranks=[c.RankOutcome(rank=0, exit_code=-15)]))
+    assert r.kind == "collateral"
+
+
+def test_clean_exit_and_launcher_only_failure():
+    assert c.classify(c.AttemptOutcome(launcher_exit=0, ranks=[c.RankOutcome(rank=0, exit_code=0)])) is None
+    r = c.classify(c.AttemptOutcome(launcher_exit=2, launcher_tail=["error: bad config"]))
+    assert r.kind == "unknown" and r.rank is None and r.log_tail == ["error: bad config"]
+
+
+def test_stall_names_silent_ranks():
+    o = c.AttemptOutcome(launcher_exit=None, stalled=True, stall_timeout_s=10, stall_now=100.0,
+                         ranks=[c.RankOutcome(rank=0, last_output_at=85.0), c.RankOutcome(rank=1, last_output_at=60.0)])
+    r = c.classify(o)
+    assert r.kind == "stall" and r.rank == 1
+    assert "rank 1: silent 40 s" in r.hint and "py-spy" in r.hint
+
+
+def test_cuda_oom_suggests_next_rung_from_config():
+    ds = {"zero_optimization": {"stage": 2}}
+    name, cmd = c.suggest_for_cuda_oom(None, {"distributed_type": "DEEPSPEED"}, ds)
+    assert name == "DeepSpeed ZeRO-3"
+    assert cmd == "wizard --non-interactive --backend deepspeed --zero-stage 3 --offload none"
+    name, cmd = c.suggest_for_cuda_oom(None, {"distributed_type": "DEEPSPEED"},
+                                       {"zero_optimization": {"stage": 3}})
+    assert "--offload cpu" in cmd and "optimizer offload" in name
+    name, _ = c.suggest_for_cuda_oom(None, {"distributed_type": "MULTI_GPU"}, None)
+    assert name == "DeepSpeed ZeRO-2"
+    o = c.AttemptOutcome(launcher_exit=1, next_rung=name, suggested_command=_,
+                         ranks=[c.RankOutcome(rank=0, exit_code=1, cuda_oom_at=1.0, traceback_at=1.0)])
+    r = c.classify(o)
+    assert r.kind == "cuda_oom" and r.next_rung == "DeepSpeed ZeRO-2" and "--zero-stage 2" in r.suggested_command
+
+
+def test_cuda_oom_follows_the_saved_plan():
+    plan = {"choice": {"key": "zero2"}, "rungs": [
+        {"key": "ddp", "name": "DDP", "backend": "ddp"},
+        {"key": "zero2", "name": "ZeRO-2", "backend": "deepspeed", "zero_stage": 2},
+        {"key": "zero3", "name": "ZeRO-3 + checkpointing", "backend": "deepspeed", "zero_stage": 3,
+         "gradient_checkpointing": True, "offload_optimizer": "none", "offload_param": "none"}]}
+    name, cmd = c.suggest_for_cuda_oom(plan, {"distributed_type": "DEEPSPEED"}, None)
+    assert name == "ZeRO-3 + checkpointing"
+    assert cmd.endswith("--zero-stage 3 --offload none --gradient-checkpointing on")
+
+
+def test_fsdp_ladder():
+    acc = {"distributed_type": "FSDP", "fsdp_config": {"fsdp_reshard_after_forward": False}}
+    assert c.current_rung_key(acc, None) == "fsdp"
+    name, cmd = c.suggest_for_cuda_oom(None, acc, None)
+    assert name == "FSDP with resharding" and "--backend fsdp" in cmd
