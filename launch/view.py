@@ -45,62 +45,109 @@ WIZARD = -2                       # the "rank" of lines the view makes from even
 # ---------------------------------------------------------------- incremental file reading
 
 class FileTail:
-    """New whole lines of a growing file, read from a remembered offset (never the whole file).
+    """New whole lines of a growing file, read from where the last call stopped (never the whole file).
 
-    A file that shrinks or is replaced (new inode: MetricsWriter's rotation, a rewritten file)
-    is read again from its start, or from its last `window` bytes. The first read of a large file
-    also starts `window` bytes before its end, so attaching to a long run stays cheap.
+    The file stays open between calls, so a log the supervisor rotates by renaming (rank-0.log ->
+    rank-0.log.1, then a fresh rank-0.log) is drained to its end before the new file is read from
+    its start: no line is lost or repeated. `follow_renames=False` is for files that are rewritten
+    in place of the old one (events/metrics.jsonl keep their newest half): the new file is read
+    from its last `window` bytes. The first read of a large file also starts `window` bytes before
+    its end, and a reader that falls more than `window` behind skips ahead, so attaching to a long
+    run, or a burst of output, costs a bounded amount of work and memory.
     """
 
-    def __init__(self, path: str | os.PathLike[str], window: int = 1 << 20) -> None:
+    def __init__(self, path: str | os.PathLike[str], window: int = 1 << 20,
+                 follow_renames: bool = True) -> None:
         self.path = os.fspath(path)
         self.window = window
-        self.offset = 0
+        self.follow_renames = follow_renames
         self.inode: int | None = None
+        self.rewrites = 0                 # times the file was replaced (follow_renames=False)
+        self._f: Any = None
         self._partial = b""
+        self._dropping = False            # inside a line cut by a skip: drop it up to its end
+
+    def close(self) -> None:
+        if self._f is not None:
+            self._f.close()
+            self._f = None
+
+    def _feed(self, data: bytes, out: list[str]) -> None:
+        if self._dropping:
+            nl = data.find(b"\n")
+            if nl < 0:
+                return
+            data, self._dropping = data[nl + 1:], False
+        *whole, self._partial = (self._partial + data).split(b"\n")
+        out += [line.decode("utf-8", "replace").rstrip("\r") for line in whole]
+
+    def _consume(self, out: list[str]) -> None:
+        f = self._f
+        end = os.fstat(f.fileno()).st_size
+        pos = f.tell()
+        if end < pos:                                 # truncated in place: start over
+            f.seek(0)
+            pos, self._partial, self._dropping = 0, b"", False
+        if end - pos > self.window:                   # too far behind: keep the newest window
+            f.seek(end - self.window)
+            self._partial, self._dropping = b"", True
+        self._feed(f.read(max(0, end - f.tell())), out)
 
     def read_lines(self) -> list[str]:
+        out: list[str] = []
         try:
+            if self._f is not None:
+                self._consume(out)
             st = os.stat(self.path)
+            if self._f is None or st.st_ino != self.inode:
+                first = self._f is None
+                self.close()
+                self._f = open(self.path, "rb")
+                self.inode = os.fstat(self._f.fileno()).st_ino
+                if first or not self.follow_renames:
+                    if not first:
+                        self.rewrites += 1
+                    self._partial, self._dropping = b"", False
+                    size = os.fstat(self._f.fileno()).st_size
+                    if size > self.window:
+                        self._f.seek(size - self.window)
+                        self._dropping = True
+                self._consume(out)
         except OSError:
-            return []
-        if st.st_ino != self.inode or st.st_size < self.offset:
-            self.inode = st.st_ino
-            self.offset = max(0, st.st_size - self.window)
-            self._partial = b""
-            skip_first = self.offset > 0
-        else:
-            skip_first = False
-        if st.st_size == self.offset:
-            return []
-        start = self.offset
-        if st.st_size - start > self.window:          # fell far behind: keep the newest window
-            start, skip_first, self._partial = st.st_size - self.window, True, b""
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(start)
-                data = f.read(st.st_size - start)
-        except OSError:
-            return []
-        self.offset = start + len(data)
-        data = self._partial + data
-        if skip_first:
-            nl = data.find(b"\n")
-            data = data[nl + 1:] if nl >= 0 else b""
-        *whole, self._partial = data.split(b"\n")
-        return [line.decode("utf-8", "replace").rstrip("\r") for line in whole]
+            pass
+        return out
 
 
 class JsonlTail(FileTail):
+    """Objects from a JSONL file; after the file is rewritten (newest half kept), the objects
+    already seen (by their "t") are not returned twice."""
+
+    def __init__(self, path: str | os.PathLike[str], window: int = 1 << 20) -> None:
+        super().__init__(path, window, follow_renames=False)
+        self._last_t: float | None = None
+        self._seen_at_last_t: list[dict[str, Any]] = []
+
     def read_objects(self) -> list[dict[str, Any]]:
+        rewrites = self.rewrites
+        lines = self.read_lines()
+        replaced = self.rewrites != rewrites
         out = []
-        for line in self.read_lines():
+        for line in lines:
             try:
                 obj = json.loads(line)
             except ValueError:
                 continue
-            if isinstance(obj, dict):
-                out.append(obj)
+            if not isinstance(obj, dict):
+                continue
+            t = _num(obj.get("t"))
+            if replaced and t is not None and self._last_t is not None:
+                if t < self._last_t or (t == self._last_t and obj in self._seen_at_last_t):
+                    continue
+            if t is not None:
+                if t != self._last_t:
+                    self._last_t, self._seen_at_last_t = t, []
+                self._seen_at_last_t.append(obj)
+            out.append(obj)
         return out
 
 
@@ -148,6 +195,10 @@ class RunFollower:
         self.attempt: int | None = None
         self._logs: dict[Path, tuple[int, FileTail]] = {}
 
+    def close(self) -> None:
+        for tail in [self.events, self.metrics] + [t for _r, t in self._logs.values()]:
+            tail.close()
+
     def _poll_run(self) -> bool:
         path = self.run_dir / "run.json"
         try:
@@ -189,6 +240,8 @@ class RunFollower:
         if self.attempt is not None and attempt != self.attempt:
             # drain the old attempt's files, then start on the new one
             out += self._read_logs(self.attempt)
+            for _rank, tail in self._logs.values():
+                tail.close()
             self._logs.clear()
             out.append(LogLine(attempt, WIZARD, f"── attempt {attempt} ──"))
         self.attempt = attempt

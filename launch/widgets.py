@@ -227,17 +227,26 @@ def train_line(state: RunState, width: int, pal: Palette) -> Text:
 
 # ---------------------------------------------------------------- widgets
 
-class Header(Static):
+class TextPanel(Static):
+    """A Static that remembers the plain text it shows (what tests and `status_text` compare)."""
+    plain = ""
+
+    def set(self, text: Text) -> None:
+        self.plain = text.plain
+        self.update(text)
+
+
+class Header(TextPanel):
     pass
 
 
-class GpuPanel(Static):
+class GpuPanel(TextPanel):
     """All GPUs, one line each (the container around it scrolls when there are many)."""
 
     def show(self, state: RunState, width: int, pal: Palette) -> None:
         sample = state.latest_sample
         if sample is None:
-            self.update(Text("waiting for GPU metrics…", style=pal.muted))
+            self.set(Text("waiting for GPU metrics…", style=pal.muted))
             return
         if not sample.get("available"):
             reason = sample.get("reason") or "no GPU metrics on this machine"
@@ -247,7 +256,7 @@ class GpuPanel(Static):
             if detail:
                 t.append(f" ({detail})", pal.muted)
             t.append("; logs, progress and control still work.", pal.muted)
-            self.update(t)
+            self.set(t)
             return
         gpus = sample.get("gpus") or []
         names = sorted({g.get("name") or "GPU" for g in gpus})
@@ -255,18 +264,27 @@ class GpuPanel(Static):
         title.append(f"{len(gpus)} × {', '.join(names)}", pal.bold)
         title.append("   util · memory GiB · power · temp · util 60 s", pal.muted)
         lines = [title] + [gpu_line(g, state.util_history(g.get("index")), width, pal) for g in gpus]
-        self.update(Text("\n").join(lines))
+        self.set(Text("\n").join(lines))
 
 
-class TrainLine(Static):
+class TrainLine(TextPanel):
     pass
 
 
-class FailurePanel(Static):
+KIND_LABELS = {   # launch/classify.py's kinds, as a person would say them
+    "python_exception": "Python exception", "cuda_oom": "CUDA out of memory",
+    "nccl_abort": "NCCL watchdog abort", "oom_killed": "killed (host out of memory?)",
+    "collateral": "terminated as collateral", "signal": "killed by a signal", "stall": "stalled",
+    "unknown": "failed",
+}
+
+
+class FailurePanel(TextPanel):
     def show(self, c: dict[str, Any], pal: Palette) -> None:
         t = Text()
+        kind = str(c.get("kind") or "unknown")
         t.append("✗ ", pal.err + pal.bold)
-        t.append(str(c.get("kind") or "failure").replace("_", " "), pal.err + pal.bold)
+        t.append(KIND_LABELS.get(kind, kind.replace("_", " ")), pal.err + pal.bold)
         if c.get("rank") is not None:
             t.append(f" on rank {c['rank']}", pal.err + pal.bold)
         bits = []
@@ -292,7 +310,7 @@ class FailurePanel(Static):
             t.append(f"\n── last {len(tail)} lines of rank {c.get('rank', '?')} ──", pal.muted)
             for line in tail:
                 t.append("\n" + str(line))
-        self.update(t)
+        self.set(t)
 
 
 class LogPane(ScrollView, can_focus=True):
@@ -495,6 +513,7 @@ class RunViewApp(App[str]):
         self._restart_armed_at: float | None = None
         self.last_control = None
         self._failure_seen = False
+        self.poll_errors = 0
 
     # --- layout
     def compose(self) -> ComposeResult:
@@ -524,6 +543,13 @@ class RunViewApp(App[str]):
 
     # --- data
     def poll(self) -> None:
+        try:
+            self._poll()
+        except Exception as exc:         # a malformed file must not take the view down
+            self.poll_errors += 1
+            self._message = (f"view error: {type(exc).__name__}: {exc}", None)
+
+    def _poll(self) -> None:
         u = self.follower.poll()
         if not u and not self._has_live_text():
             return
@@ -539,9 +565,9 @@ class RunViewApp(App[str]):
     def redraw(self) -> None:
         now = self.clock()
         width = max(20, self.size.width - 2)
-        self.query_one(Header).update(header_lines(self.state, now, width, self._header_message(now), self.pal))
+        self.query_one(Header).set(header_lines(self.state, now, width, self._header_message(now), self.pal))
         self.query_one(GpuPanel).show(self.state, max(20, self.size.width - 3), self.pal)
-        self.query_one(TrainLine).update(train_line(self.state, width, self.pal))
+        self.query_one(TrainLine).set(train_line(self.state, width, self.pal))
         c = self.state.run.get("classification")
         self.query_one("#failure").display = bool(c)
         self.set_class(bool(c), "-failed")
@@ -674,6 +700,9 @@ class RunViewApp(App[str]):
 
     def on_ready(self) -> None:
         self._update_log_title()
+
+    def on_unmount(self) -> None:
+        self.follower.close()
 
     def on_resize(self, event: events.Resize) -> None:
         self.redraw()
