@@ -519,20 +519,33 @@ def next_rung(plan: Plan, current_key: str) -> Rung | None:
     return next((r for r in later if r.fits), later[0] if later else None)
 
 
-def _shortfall(rung: Rung, plan: Plan, hw) -> tuple[float, str]:
+def _shortfall(rung: Rung, plan: Plan, hw, strategy: StrategyOptions) -> tuple[float, str]:
     """(need / have of the tightest constraint, a phrase saying it) for a rung that does not fit."""
     unit = "process" if plan.topology.cpu else "GPU"
-    worst = (rung.per_gpu_bytes / max(plan.usable_bytes, 1),
-             f"needs {fmt_bytes(rung.per_gpu_bytes)} per {unit}, "
-             f"{fmt_bytes(rung.per_gpu_bytes - plan.usable_bytes)} "
-             f"({(rung.per_gpu_bytes / max(plan.usable_bytes, 1) - 1) * 100:.0f}%) more than the "
-             f"{fmt_bytes(plan.usable_bytes)} usable")
+    usable = max(plan.usable_bytes, 1)
+    failures = []
+    if rung.per_gpu_bytes > plan.usable_bytes:
+        failures.append((rung.per_gpu_bytes / usable,
+                         f"needs {fmt_bytes(rung.per_gpu_bytes)} per {unit}, "
+                         f"{fmt_bytes(rung.per_gpu_bytes - plan.usable_bytes)} "
+                         f"({(rung.per_gpu_bytes / usable - 1) * 100:.0f}%) more than the "
+                         f"{fmt_bytes(plan.usable_bytes)} usable"))
     ram = _host_ram(hw)
-    if ram and not plan.topology.cpu and rung.cpu_bytes > ram and rung.cpu_bytes / ram > worst[0]:
-        worst = (rung.cpu_bytes / ram,
-                 f"needs {fmt_bytes(rung.cpu_bytes)} of host RAM per machine, {fmt_bytes(rung.cpu_bytes - ram)} "
-                 f"({(rung.cpu_bytes / ram - 1) * 100:.0f}%) more than the {fmt_bytes(ram)} available")
-    return worst
+    if ram and not plan.topology.cpu and rung.cpu_bytes > ram:
+        failures.append((rung.cpu_bytes / ram,
+                         f"needs {fmt_bytes(rung.cpu_bytes)} of host RAM per machine, "
+                         f"{fmt_bytes(rung.cpu_bytes - ram)} ({(rung.cpu_bytes / ram - 1) * 100:.0f}%) more than "
+                         f"the {fmt_bytes(ram)} available"))
+    if failures:
+        return max(failures)
+    # Memory fits: only the NVMe side is missing (no path, or not enough free disk).
+    path = strategy.nvme_path or hw.nvme_path
+    free = hw.disk_free_nvme if path and path == hw.nvme_path else None
+    if path and free and rung.nvme_bytes > free:
+        return (rung.nvme_bytes / free,
+                f"needs {fmt_bytes(rung.nvme_bytes)} on NVMe at {path}, {fmt_bytes(rung.nvme_bytes - free)} "
+                f"({(rung.nvme_bytes / free - 1) * 100:.0f}%) more than the {fmt_bytes(free)} free")
+    return (1.0, "fits in GPU memory and host RAM but needs an NVMe path (--nvme-path)")
 
 
 _MAX_MACHINES_TRIED = 128
@@ -617,15 +630,16 @@ def what_would_fit(hw, model, training: TrainingOptions, strategy: StrategyOptio
 def explain_nothing_fits(plan: Plan, hw, model, training: TrainingOptions, strategy: StrategyOptions,
                          topology: Topology) -> str:
     """For exit 3: how far the closest rung is from fitting, and what would fit (each one verified)."""
-    misses = [(_shortfall(r, plan, hw), r) for r in plan.rungs if not r.fits]
+    misses = [(_shortfall(r, plan, hw, strategy), r) for r in plan.rungs if not r.fits]
     lines = []
+    phrase = ""
     if misses:
         (_, phrase), best = min(misses, key=lambda m: m[0][0])
         lines.append(f"Nothing fits. The closest rung, {best.name}, {phrase}.")
     else:
         lines.append("Nothing fits.")
     nvme_missing = any(_uses_nvme(RUNG_SPECS[r.key]) and "--nvme-path" in r.reason for r in plan.rungs)
-    if nvme_missing:
+    if nvme_missing and "--nvme-path" not in phrase:
         lines.append("NVMe offload (the last rung) was not possible: give --nvme-path on a fast local disk.")
     fixes = what_would_fit(hw, model, training, strategy, topology)
     if fixes:

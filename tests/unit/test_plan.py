@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 
 import pytest
@@ -376,3 +377,17 @@ def test_next_rung_after_oom():
     # When nothing later fits, the next escalation is still offered.
     hopeless = plan_for(gpus(1, 8, ram_gib=16), LLAMA31_405B)
     assert next_rung(hopeless, "single").key == "zero2"
+
+
+def test_nothing_fits_when_only_the_nvme_path_is_missing():
+    hw = gpus(8, 80, ram_gib=4096)
+    plan = plan_for(hw, LLAMA31_405B)
+    assert plan.choice is None
+    text = explain_nothing_fits(plan, hw, LLAMA31_405B, TrainingOptions(), StrategyOptions(), plan.topology)
+    assert "The closest rung, ZeRO-3 + NVMe offload of optimizer and parameters, fits in GPU memory" in text
+    assert "--nvme-path" in text and not re.search(r"(^|[\s(])-\d", text)       # no negative shortfall
+    assert text.count("--nvme-path") == 1
+    short_disk = gpus(8, 80, ram_gib=4096, nvme_path="/nvme", disk_free_nvme=4 * 1024 * GiB)
+    plan = plan_for(short_disk, LLAMA31_405B)
+    text = explain_nothing_fits(plan, short_disk, LLAMA31_405B, TrainingOptions(), StrategyOptions(), plan.topology)
+    assert "on NVMe at /nvme" in text and "more than the 4.0 TiB free" in text
