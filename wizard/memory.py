@@ -367,6 +367,7 @@ def activation_bytes_per_layer(seq_len: int, micro_batch: int, hidden_size: int,
     Flash attention (Dao et al. 2022, arXiv:2205.14135) and SDPA's memory-efficient kernel never
     materialise the s x s scores, which removes the 5*a*s/h term (the paper's selective-recompute
     figure, 34*s*b*h).
+    Grouped-query attention (fewer K/V heads) shrinks K and V a little; ignored, which errs high.
     """
     f = intermediate_size or 4 * hidden_size
     per_token = (18 * hidden_size + 4 * f)            # = h * (18 + 4f/h), kept integral
