@@ -408,14 +408,22 @@ class ControlResult:
     message: str
 
 
-def _alive(pid: int) -> bool:
+def _same_process_alive(pid: int, create_time: Any = None) -> bool:
+    """pid is alive and, when run.json recorded its start time, is still that process (not a
+    reused pid)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
+        pass
+    if _num(create_time) is None:
         return True
-    return True
+    try:
+        import psutil
+        return abs(psutil.Process(pid).create_time() - float(create_time)) <= 0.05
+    except Exception:
+        return False
 
 
 def send_control(run_dir: str | os.PathLike[str], request: str,
@@ -441,7 +449,7 @@ def send_control(run_dir: str | os.PathLike[str], request: str,
         pass
     pid = _as_int(run.get("supervisor_pid"))
     signalled = False
-    if pid and pid > 1 and pid != os.getpid() and _alive(pid):
+    if pid and pid > 1 and pid != os.getpid() and _same_process_alive(pid, run.get("supervisor_create_time")):
         try:
             os.kill(pid, CONTROL_SIGNALS[request])
             signalled = True

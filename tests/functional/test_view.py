@@ -302,6 +302,19 @@ def test_send_control_leaves_a_finished_run_alone(tmp_path, supervisor):
     assert not (d / CONTROL_FILE).exists()
 
 
+def test_send_control_checks_the_supervisor_is_the_same_process(tmp_path, supervisor):
+    import psutil
+    d = make_run(tmp_path, supervisor_pid=supervisor.pid)
+    started = psutil.Process(supervisor.pid).create_time()
+    update_run(d, supervisor_create_time=started - 100)      # the pid now belongs to someone else
+    r = send_control(d, "stop")
+    assert r.written and not r.signalled
+    assert signals_received(supervisor, wait=0.5) == []
+    update_run(d, supervisor_create_time=started)
+    assert send_control(d, "stop").signalled
+    assert signals_received(supervisor) == ["SIGTERM"]
+
+
 def test_exit_codes():
     running, failed = {"status": "running"}, {"status": "failed", "exit_code": 3}
     assert exit_code_for(DETACHED, running, True) == 0
