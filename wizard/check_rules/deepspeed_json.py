@@ -591,9 +591,9 @@ def nvme_path_unusable(ctx: CheckContext) -> Iterable:
 def nvme_no_aio(ctx: CheckContext) -> Iterable:
     if not _applies(ctx) or not _nvme_blocks(ctx) or not _on_this_machine(ctx):
         return
-    available = ctx.cache.get("aio_available")
+    available = ctx.aio_available
     if available is None:
-        available = ctx.cache["aio_available"] = aio_available()
+        available = ctx.aio_available = aio_available()
     if available:
         return
     yield finding(
