@@ -32,6 +32,7 @@ import json
 import logging
 import os
 import socket
+import threading
 import warnings
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -40,6 +41,9 @@ from typing import Any
 from wizard.findings import Finding
 
 AUTO = "auto"
+# Validation swaps os.environ and a few library globals for its duration: one at a time (a front
+# end may run it in a worker thread).
+_LOCK = threading.RLock()
 INT_KEYS = ("allgather_bucket_size", "reduce_bucket_size", "sub_group_size", "stage3_prefetch_bucket_size",
             "stage3_param_persistence_threshold", "stage3_model_persistence_threshold",
             "stage3_max_live_parameters", "stage3_max_reuse_distance", "prefetch_bucket_size",
@@ -580,6 +584,11 @@ def validate_all(yaml_path: str, ds_path: str | None, answers: dict | None, plan
     `ds_path` None: the DeepSpeed file is the one the YAML names (if any). The *_display names are
     what findings report as `file` (the final paths, when the files are validated from a scratch dir).
     """
+    with _LOCK:
+        return _validate_all(yaml_path, ds_path, answers, plan, model, yaml_display, ds_display)
+
+
+def _validate_all(yaml_path, ds_path, answers, plan, model, yaml_display, ds_display) -> list[Finding]:
     yaml_doc = _read_yaml(yaml_path)
     exp = expectations(answers, plan, model, yaml_doc)
     findings = check_accelerate(yaml_path, exp, display=yaml_display, ds_path=ds_path, ds_display=ds_display)
