@@ -265,15 +265,34 @@ def current_rung_key(accel_config: dict[str, Any] | None, ds_config: dict[str, A
     return None
 
 
+def _plan_next(rungs: list[dict[str, Any]], key: str) -> dict[str, Any] | None:
+    """wizard.plan.next_rung on the plan's JSON form: the first later rung that fits, else the next."""
+    try:
+        from dataclasses import asdict as _asdict
+
+        from wizard.plan import Plan, Rung, Topology, next_rung
+        names = Rung.__dataclass_fields__
+        objs = [Rung(**{k: v for k, v in r.items() if k in names}) for r in rungs]
+        plan = Plan(rungs=objs, choice=None, gpu_capacity_bytes=0, usable_bytes=0, precision="",
+                    topology=Topology())
+        nr = next_rung(plan, key)
+        return _asdict(nr) if nr is not None else None
+    except (ImportError, TypeError, AttributeError):
+        keys = [r.get("key") for r in rungs]
+        later = rungs[keys.index(key) + 1:] if key in keys else []
+        return next((r for r in later if r.get("fits")), later[0] if later else None)
+
+
 def next_rung_after(key: str | None, plan: dict[str, Any] | None = None) -> dict[str, Any] | None:
-    """The rung after `key`: from the plan's own list when there is one, else DESIGN.md's ladder."""
+    """The rung after `key`: the plan's own choice of next rung when it has one, else DESIGN.md's ladder."""
     if plan:
         rungs = plan.get("rungs") or []
-        keys = [r.get("key") for r in rungs]
-        k = key or ((plan.get("choice") or {}).get("key"))
-        if k in keys:
-            i = keys.index(k)
-            return rungs[i + 1] if i + 1 < len(rungs) else None
+        k = (plan.get("choice") or {}).get("key") or key
+        if k in [r.get("key") for r in rungs]:
+            found = _plan_next(rungs, k)
+            if found is not None:
+                return found
+        key = key or k
     if key is None:
         return None
     ladder = FSDP_LADDER if key.startswith("fsdp") else LADDER
@@ -288,9 +307,8 @@ def next_rung_after(key: str | None, plan: dict[str, Any] | None = None) -> dict
 def suggest_for_cuda_oom(plan: dict[str, Any] | None, accel_config: dict[str, Any] | None,
                          ds_config: dict[str, Any] | None) -> tuple[str | None, str | None]:
     """(next rung's name, the wizard command producing it) for a CUDA out-of-memory."""
-    key = current_rung_key(accel_config, ds_config)
-    plan_key = (plan or {}).get("choice", {}) or {}
-    rung = next_rung_after(plan_key.get("key") or key, plan)
+    plan = (plan or {}).get("plan", plan)        # wizard_plan.json nests the plan under "plan"
+    rung = next_rung_after(current_rung_key(accel_config, ds_config), plan)
     if rung is None:
         return None, None
     return rung.get("name") or rung.get("key"), wizard_command_for(rung)

@@ -162,11 +162,18 @@ def world_size_of(accel: dict[str, Any] | None) -> int | None:
         return None
 
 
+PLAN_FILES = ("wizard_plan.json", "plan.json")
+
+
 def load_plan_near(config_file: str | None) -> dict[str, Any] | None:
-    """plan.json the wizard saves next to default_config.yaml, if any."""
+    """The plan the wizard saved next to default_config.yaml (wizard_plan.json), if any."""
     if not config_file:
         return None
-    return read_json(Path(config_file).with_name("plan.json"))
+    for name in PLAN_FILES:
+        plan = read_json(Path(config_file).with_name(name))
+        if plan:
+            return plan
+    return None
 
 
 def read_dmesg() -> str | None:

@@ -145,3 +145,18 @@ def test_fsdp_ladder():
     assert c.current_rung_key(acc, None) == "fsdp"
     name, cmd = c.suggest_for_cuda_oom(None, acc, None)
     assert name == "FSDP with resharding" and "--backend fsdp" in cmd
+
+
+def test_saved_plan_file_shape_and_fallback_to_ladder():
+    # wizard_plan.json nests the plan; a forced backend leaves one rung: fall back to DESIGN's ladder
+    saved = {"given": {}, "model": {}, "plan": {"choice": {"key": "zero3"}, "rungs": [
+        {"key": "zero3", "name": "DeepSpeed ZeRO-3", "backend": "deepspeed", "zero_stage": 3, "fits": True}]}}
+    name, cmd = c.suggest_for_cuda_oom(saved, {"distributed_type": "DEEPSPEED"}, {"zero_optimization": {"stage": 3}})
+    assert name == "ZeRO-3 + CPU optimizer offload" and "--offload cpu" in cmd
+    # the plan's rule: the first later rung that fits
+    saved["plan"]["choice"]["key"] = "ddp"
+    saved["plan"]["rungs"] = [{"key": "ddp", "name": "DDP", "backend": "ddp", "fits": True},
+                              {"key": "zero2", "name": "ZeRO-2", "backend": "deepspeed", "zero_stage": 2, "fits": False},
+                              {"key": "zero3", "name": "ZeRO-3", "backend": "deepspeed", "zero_stage": 3, "fits": True}]
+    name, _ = c.suggest_for_cuda_oom(saved, {"distributed_type": "MULTI_GPU"}, None)
+    assert name == "ZeRO-3"

@@ -1,0 +1,262 @@
+"""`wizard launch` with real processes on this CPU box (issue 4, tests 1-5).
+
+Ranks are real: `accelerate launch` -> torchrun -> 2 Python processes over gloo, training
+examples/train.py (a tiny Llama under the HF Trainer). Tests 2-5 use a plain 2-process torchrun
+config (distributed_type MULTI_GPU; the script picks gloo on CPU); test 1 uses the DeepSpeed ZeRO-3
+config the wizard itself writes. Nothing is faked.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+TRAIN = str(REPO / "examples" / "train.py")
+
+pytestmark = pytest.mark.slow
+
+
+def env() -> dict[str, str]:
+    e = dict(os.environ)
+    e.update(OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
+             PYTHONPATH=str(REPO) + os.pathsep + e.get("PYTHONPATH", ""))
+    return e
+
+
+def wizard(*args: str) -> list[str]:
+    return [sys.executable, "-m", "wizard", *args]
+
+
+def ddp_config(tmp_path: Path) -> Path:
+    """2 local processes through torchrun (accelerate's multi_gpu_launcher); gloo on CPU."""
+    cfg = tmp_path / "ddp2.yaml"
+    cfg.write_text(
+        "compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_GPU\nnum_machines: 1\n"
+        "num_processes: 2\nmachine_rank: 0\nmixed_precision: 'no'\nuse_cpu: false\ngpu_ids: all\n"
+        "main_process_port: 0\nrdzv_backend: static\nsame_network: true\nmain_training_function: main\n")
+    return cfg
+
+
+def state(run_dir: Path) -> dict:
+    try:
+        return json.loads((run_dir / "run.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def events(run_dir: Path) -> list[dict]:
+    out = []
+    for line in (run_dir / "events.jsonl").read_text().splitlines():
+        out.append(json.loads(line))
+    return out
+
+
+def run_pids(st: dict) -> set[int]:
+    pids = set(st.get("seen_pids") or []) | set(st.get("tracked_pids") or [])
+    pids |= {int(p) for p in (st.get("pids") or {}).values() if p}
+    if st.get("launcher_pid"):
+        pids.add(int(st["launcher_pid"]))
+    return pids
+
+
+def still_alive(pids) -> list[int]:
+    out = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                out.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def wait_for(pred, timeout: float, every: float = 0.3):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        v = pred()
+        if v:
+            return v
+        time.sleep(every)
+    return pred()
+
+
+def kill_everything(st: dict) -> None:
+    for pid in still_alive(run_pids(st)):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+# ------------------------------------------------------------------ 1. DeepSpeed ZeRO-3, 2 ranks
+
+@pytest.mark.timeout(900)
+def test_deepspeed_zero3_two_ranks_trains_and_proves_partitioning(tmp_path):
+    out_dir = tmp_path / "accelerate"
+    w = subprocess.run(wizard("--non-interactive", "--backend", "deepspeed", "--zero-stage", "3",
+                              "--num-processes", "2", "--params", "1M", "--hidden-size", "64", "--layers", "2",
+                              "--vocab-size", "128", "--output-dir", str(out_dir)),
+                       capture_output=True, text=True, env=env(), cwd=tmp_path, timeout=300)
+    assert w.returncode == 0, w.stdout + w.stderr
+    cfg = out_dir / "default_config.yaml"
+    assert "DEEPSPEED" in cfg.read_text()
+    run_dir = tmp_path / "run"
+    r = subprocess.run(wizard("launch", "--headless", "--config-file", str(cfg), "--run-dir", str(run_dir),
+                              "--status-interval", "5", "--grace", "10", "--", TRAIN, "--steps", "6"),
+                       capture_output=True, text=True, env=env(), cwd=tmp_path, timeout=840)
+    assert r.returncode == 0, r.stdout[-5000:] + r.stderr[-3000:]
+    st = state(run_dir)
+    assert st["status"] == "succeeded" and st["exit_code"] == 0
+    assert st["ds_config"] == str(out_dir / "ds_config.json")
+    for rank in (0, 1):
+        log = (run_dir / "logs" / "attempt-1" / f"rank-{rank}.log").read_text()
+        engine = [ln for ln in log.splitlines() if "engine=" in ln]
+        assert engine, log[-3000:]
+        line = engine[0]
+        # the full parameter has ds_numel elements, this rank holds half: ZeRO-3 partitioning
+        assert f"[rank{rank}]" in line and "engine=deepspeed zero_stage=3 partitioned=True" in line, line
+        fields = dict(kv.split("=") for kv in line.split() if "=" in kv)
+        assert int(fields["local_numel"]) * 2 == int(fields["ds_numel"]) and fields["world_size"] == "2"
+    losses = [e["loss"] for e in events(run_dir) if e["type"] == "train_log"]
+    assert len(losses) >= 6 and all(isinstance(x, float) for x in losses)
+    assert f"[rank0]" in r.stdout and f"[rank1]" in r.stdout and "[wizard] attempt 1/1" in r.stdout
+    assert not still_alive(run_pids(st))
+
+
+# ------------------------------------------------------------------ 2. a rank raises
+
+@pytest.mark.timeout(300)
+def test_exception_on_rank1_is_classified_and_nothing_is_left(tmp_path):
+    run_dir = tmp_path / "run"
+    r = subprocess.run(wizard("launch", "--headless", "--config-file", str(ddp_config(tmp_path)),
+                              "--run-dir", str(run_dir), "--grace", "10", "--",
+                              TRAIN, "--steps", "50", "--fail-on-rank", "1", "--fail-at-step", "2"),
+                       capture_output=True, text=True, env=env(), cwd=tmp_path, timeout=280)
+    st = state(run_dir)
+    assert r.returncode == 1, r.stdout[-4000:]
+    assert st["status"] == "failed" and st["exit_code"] == 1
+    c = st["classification"]
+    assert c["kind"] == "python_exception" and c["rank"] == 1, c
+    assert "RuntimeError" in c["summary"] and "deliberate failure on rank 1" in c["summary"]
+    assert any("deliberate failure on rank 1" in ln for ln in c["log_tail"]) and len(c["log_tail"]) <= 30
+    assert any("Traceback" in ln or "File " in ln for ln in c["log_tail"])
+    # the failure report on stdout carries the traceback tail
+    assert "attempt 1 failed (python_exception)" in r.stdout and "last 30 lines of rank 1" in r.stdout
+    failure = [e for e in events(run_dir) if e["type"] == "failure"]
+    assert failure and failure[0]["rank"] == 1
+    pids = run_pids(st)
+    assert len(pids) >= 3            # launcher + 2 ranks at least
+    assert not still_alive(pids), still_alive(pids)
+
+
+# ------------------------------------------------------------------ 3. supervisor SIGKILLed
+
+@pytest.mark.timeout(300)
+def test_sigkill_to_supervisor_leaves_no_worker(tmp_path):
+    run_dir = tmp_path / "run"
+    sup = subprocess.Popen(wizard("launch", "--headless", "--quiet-ranks", "--config-file", str(ddp_config(tmp_path)),
+                                  "--run-dir", str(run_dir), "--", TRAIN, "--steps", "100000", "--sleep", "0.2"),
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env(), cwd=tmp_path)
+    st = {}
+    try:
+        st = wait_for(lambda: (lambda s: s if len(s.get("pids") or {}) == 2 and (s.get("progress") or {}).get("step")
+                               else None)(state(run_dir)), 180)
+        assert st, f"ranks never started: {state(run_dir)}"
+        time.sleep(1.0)                       # one more scan: every descendant recorded
+        st = state(run_dir)
+        pids = run_pids(st)
+        assert len(still_alive(pids)) >= 3
+        sup.kill()
+        sup.wait(10)
+        t0 = time.monotonic()
+        left = wait_for(lambda: not still_alive(pids), 10, every=0.2)
+        assert left, f"still alive {time.monotonic() - t0:.1f} s after SIGKILL: {still_alive(pids)}"
+    finally:
+        if sup.poll() is None:
+            sup.kill()
+        kill_everything(st or state(run_dir))
+
+
+# ------------------------------------------------------------------ 4. a rank hangs
+
+@pytest.mark.timeout(400)
+def test_stall_detected_torn_down_and_restarted(tmp_path):
+    run_dir = tmp_path / "run"
+    r = subprocess.run(wizard("launch", "--headless", "--config-file", str(ddp_config(tmp_path)),
+                              "--run-dir", str(run_dir), "--stall-timeout", "15", "--max-restarts", "1",
+                              "--grace", "5", "--", TRAIN, "--steps", "100000", "--hang-on-rank", "1",
+                              "--hang-at-step", "3"),
+                       capture_output=True, text=True, env=env(), cwd=tmp_path, timeout=380)
+    st = state(run_dir)
+    ev = events(run_dir)
+    assert r.returncode == 124, r.stdout[-4000:]
+    stalls = [e for e in ev if e["type"] == "stall"]
+    assert [e["attempt"] for e in stalls] == [1, 2], stalls
+    assert any(e["type"] == "restart" and e["attempt"] == 2 for e in ev)
+    # the stall came after the hang, not from a slow start
+    for attempt in (1, 2):
+        assert "hanging at step 3" in (run_dir / "logs" / f"attempt-{attempt}" / "rank-1.log").read_text()
+    assert st["attempt"] == 2 and st["status"] == "failed"
+    assert st["classification"]["kind"] == "stall" and "silent" in st["classification"]["hint"]
+    assert "py-spy" in st["classification"]["hint"]
+    assert not still_alive(run_pids(st))
+
+
+# ------------------------------------------------------------------ 5. detach, SIGHUP, attach, stop
+
+@pytest.mark.timeout(400)
+def test_detached_run_survives_hangup_then_attach_and_stop(tmp_path):
+    run_dir = tmp_path / "run"
+    cmd = " ".join(wizard("launch", "--detach", "--config-file", str(ddp_config(tmp_path)), "--run-dir",
+                          str(run_dir), "--grace", "10", "--", TRAIN, "--steps", "100000", "--sleep", "0.3"))
+    # the "terminal": a shell in its own session that launches, then waits like an interactive login
+    shell = subprocess.Popen(["bash", "-c", f"{cmd}; echo launched; sleep 600"], stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL, text=True, env=env(), cwd=tmp_path, start_new_session=True)
+    st = {}
+    try:
+        first = shell.stdout.readline().strip()
+        assert first == str(run_dir)
+        assert shell.stdout.readline().strip() == "launched"        # launch returned (exit 0 path)
+        os.killpg(shell.pid, signal.SIGHUP)                         # the SSH connection drops
+        shell.wait(10)
+        assert shell.returncode == -signal.SIGHUP
+        # the run goes on: training keeps making steps after the hangup
+        st = wait_for(lambda: (lambda s: s if (s.get("progress") or {}).get("step") else None)(state(run_dir)), 180)
+        assert st and st["status"] == "running" and st["detached"] is True, state(run_dir)
+        step0 = st["progress"]["step"]
+        assert wait_for(lambda: (state(run_dir).get("progress") or {}).get("step", 0) > step0 + 2, 60)
+        assert psutil.pid_exists(st["supervisor_pid"])
+        # attach (headless: no TTY here) shows the run
+        a = subprocess.run(wizard("attach", "--no-follow", str(run_dir)), capture_output=True, text=True,
+                           env=env(), cwd=tmp_path, timeout=60)
+        assert a.returncode == 0 and "status running" in a.stdout and "[rank0]" in a.stdout, a.stdout
+        # stop from another shell: graceful, and then nothing is left
+        st = state(run_dir)
+        pids = run_pids(st)
+        s = subprocess.run(wizard("stop", str(run_dir)), capture_output=True, text=True, env=env(),
+                           cwd=tmp_path, timeout=120)
+        assert s.returncode == 0, s.stdout + s.stderr
+        assert "stopped" in s.stdout
+        st = state(run_dir)
+        assert st["status"] == "stopped" and st["exit_code"] == 130
+        assert any(e["type"] == "stop" for e in events(run_dir))
+        assert not still_alive(pids | run_pids(st)), still_alive(pids)
+    finally:
+        if shell.poll() is None:
+            os.killpg(shell.pid, signal.SIGKILL)
+        s = state(run_dir)
+        if s.get("supervisor_pid") and s.get("status") not in ("stopped", "failed", "succeeded"):
+            try:
+                os.kill(s["supervisor_pid"], signal.SIGKILL)
+            except OSError:
+                pass
+        kill_everything(s)
