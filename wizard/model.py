@@ -163,7 +163,7 @@ def cached_model_ids() -> list[str]:
 # Reading and building the config
 # ---------------------------------------------------------------------------------------------
 
-def _read_config_dict(config_path: Path, label: str) -> dict[str, Any]:
+def _read_config_dict(config_path: Path) -> dict[str, Any]:
     try:
         text = config_path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
@@ -374,7 +374,7 @@ def size_model(id_or_path: str, use_cache: bool = True) -> ModelShape:
     importing torch and transformers. `use_cache=False` or WIZARD_NO_CACHE=1 always builds.
     """
     config_path, source = _resolve_config_path(id_or_path)
-    data = _read_config_dict(config_path, source)
+    data = _read_config_dict(config_path)
     cache_file = _sizing_cache_file(data) if use_cache and not os.environ.get("WIZARD_NO_CACHE") else None
     cached = _read_cached_shape(cache_file) if cache_file else None
     if cached is not None:
