@@ -37,11 +37,12 @@ def print_plan(result, file: TextIO | None = None) -> None:
         print(f"Note:     {note}", file=out)
     print("", file=out)
     width = max((len(r.name) for r in plan.rungs), default=10)
+    unit = "per process" if topo.cpu else "per GPU"
     for r in plan.rungs:
         mark = "=>" if plan.choice is not None and r.key == plan.choice.key else "  "
         verdict = "fits" if r.fits else "does not fit"
         gc = " +GC" if r.gradient_checkpointing else ""
-        print(f"{mark} {r.name + gc:<{width + 4}} {fmt_bytes(r.per_gpu_bytes):>10} per GPU   {verdict}", file=out)
+        print(f"{mark} {r.name + gc:<{width + 4}} {fmt_bytes(r.per_gpu_bytes):>10} {unit}   {verdict}", file=out)
         parts = ", ".join(f"{k} {fmt_bytes(v)}" for k, v in r.breakdown.items() if v)
         print(f"     {parts}", file=out)
         if r.cpu_bytes:
