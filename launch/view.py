@@ -79,7 +79,7 @@ class FileTail:
                 return
             data, self._dropping = data[nl + 1:], False
         *whole, self._partial = (self._partial + data).split(b"\n")
-        out += [line.decode("utf-8", "replace").rstrip("\r") for line in whole]
+        out += [line.decode("utf-8", "replace") for line in whole]
 
     def _consume(self, out: list[str]) -> None:
         f = self._f
@@ -172,6 +172,21 @@ class Update:
 
 
 _RANK_LOG = re.compile(r"rank-(\d+)\.log$")
+_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-Z\\-_]")
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+
+
+def clean_line(text: str) -> str:
+    """A log line as a terminal would have left it: carriage returns overwrite (tqdm redraws its
+    bar with \\r), escape sequences (colours, cursor moves) and other control characters removed,
+    so nothing a rank prints can drive the view's own terminal."""
+    text = _ANSI.sub("", text)
+    if "\r" in text:
+        shown = ""
+        for segment in text.split("\r"):
+            shown = segment + shown[len(segment):]
+        text = shown
+    return _CONTROL.sub("", text.expandtabs(8))
 
 
 def read_run(run_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
@@ -254,7 +269,7 @@ class RunFollower:
     def _read_logs(self, attempt: int) -> list[LogLine]:
         # Rank logs carry no timestamps; ranks of a data-parallel job move in step, so taking
         # the new lines of each rank in turn is the closest honest interleaving.
-        batches = [[LogLine(attempt, rank, text) for text in tail.read_lines()]
+        batches = [[LogLine(attempt, rank, clean_line(text)) for text in tail.read_lines()]
                    for rank, tail in self._logs.values()]
         out: list[LogLine] = []
         for i in range(max((len(b) for b in batches), default=0)):
@@ -509,7 +524,7 @@ def run_view(run_dir: str | os.PathLike[str], *, owned: bool) -> int:
     app = make_view_app(run_dir, owned=owned)
     result = app.run()
     run = read_run(run_dir) or run
-    if result == DETACHED or (result == QUIT and run and run.get("status") in ACTIVE):
+    if result != STOPPED and run and run.get("status") in ACTIVE:
         print(reattach_hint(run_dir))
     elif result == STOPPED:
         print(f"Stop requested; the supervisor is ending the run. Follow it with: wizard attach {run_dir}")

@@ -645,6 +645,10 @@ class RunViewApp(App[str]):
         else:
             self.exit(QUIT)
 
+    async def action_quit(self) -> None:
+        # ctrl+q (Textual's own quit key) asks the same question as q
+        self.action_quit_view()
+
     def _after_quit_modal(self, choice: str | None) -> None:
         if choice == "stop":
             self._control("stop")

@@ -24,7 +24,7 @@ import pytest_textual_snapshot
 from launch.metrics import MetricsWriter, Sampler
 from launch.view import (
     CONTROL_FILE, DETACHED, LAUNCHER, QUIT, STOPPED, WIZARD, FileTail, JsonlTail, RunFollower,
-    exit_code_for, make_view_app, run_view, send_control,
+    clean_line, exit_code_for, make_view_app, run_view, send_control,
 )
 from launch.widgets import (
     FailurePanel, GpuPanel, Header, LogPane, Palette, QuitModal, TrainLine, bar, gpu_line, spark,
@@ -251,6 +251,19 @@ def test_jsonl_tail_after_rewrite_returns_nothing_twice(tmp_path):
     assert writer.rotations > 3
     ts = [o["t"] for o in seen]
     assert ts == sorted(set(ts)) and ts[-1] == 99.0
+
+
+def test_log_lines_are_cleaned_like_a_terminal_would_show_them(tmp_path):
+    assert clean_line("\r 1%|#| 1/40\r 2%|#| 2/40 [00:01<00:10]") == " 2%|#| 2/40 [00:01<00:10]"
+    assert clean_line("\r100%|##########| 40/40\r 99%") == " 99%|##########| 40/40"
+    assert clean_line("\x1b[1;31mERROR\x1b[0m\tboom\x07") == "ERROR   boom"
+    assert clean_line("\x1b]0;window title\x07ok") == "ok"
+    d = make_run(tmp_path, ranks=1)
+    f = RunFollower(d)
+    f.poll()
+    with open(d / "logs" / "attempt-1" / "rank-0.log", "a") as fh:
+        fh.write("\r 10%|#| 4/40\r 12%|#| 5/40{'loss': 2.5}\n\x1b[33mwarning\x1b[0m\n")
+    assert [l.text for l in f.poll().lines] == [" 12%|#| 5/40{'loss': 2.5}", "warning"]
 
 
 def test_follower_switches_attempts_and_shows_events(tmp_path):
@@ -483,8 +496,9 @@ async def test_q_on_an_owned_running_run_asks_first(tmp_path, supervisor):
         await pilot.press("escape")
         await pilot.pause()
         assert not isinstance(app.screen, QuitModal) and app.is_running
-        await pilot.press("q")
+        await pilot.press("ctrl+q")                       # Textual's quit key asks too
         await pilot.pause()
+        assert isinstance(app.screen, QuitModal)
         await pilot.press("s")                            # "Stop run"
         await pilot.pause()
     assert app.return_value == STOPPED
