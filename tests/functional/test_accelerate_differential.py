@@ -309,3 +309,43 @@ def test_accelerate_vocabularies_match_the_installed_accelerate():
     assert tuple(constants.FSDP_STATE_DICT_TYPE) == emit.FSDP1_STATE_DICT_TYPES
     assert tuple(constants.FSDP2_STATE_DICT_TYPE) == emit.FSDP2_STATE_DICT_TYPES
 
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_emitted_cpu_zero3_offload_config_trains_under_accelerate_launch(tmp_path):
+    """The emitted pair, unchanged, runs a real 2-rank ZeRO-3 + CPU offload job through
+    `accelerate launch` on this CPU box (DeepSpeed's CPU accelerator over gloo, fp32)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from wizard.model import ModelShape
+
+    repo = Path(__file__).resolve().parents[2]
+    model = ModelShape(params=41_000, largest_layer_params=8192, hidden_size=64, layers=2, heads=4, kv_heads=4,
+                       vocab_size=128, intermediate_size=128, layer_class="LlamaDecoderLayer")
+    plan = make_plan("deepspeed", world=2, stage=3, oo="cpu", op="cpu", cpu=True, precision="fp32")
+    answers = {"use_cpu": True, "num_processes": 2, "micro_batch": 4, "zero3_init_flag": True}
+    yaml_path, ds_path = emit.output_paths(str(tmp_path))
+    ds = emit.deepspeed_config(answers, plan, model)
+    emit.write_files(emit.render_yaml(emit.accelerate_config(answers, plan, ds_path)), emit.render_json(ds),
+                     str(tmp_path))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    env.pop("DS_ACCELERATOR", None)
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", yaml_path,
+           str(repo / "examples" / "train.py"), "--steps", "2", "--output-dir", str(tmp_path / "run")]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=840)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        pytest.fail("accelerate launch timed out:\n" + out[-4000:])
+    assert proc.returncode == 0, out[-4000:]
+    engines = [line for line in out.splitlines() if "engine=deepspeed zero_stage=3 partitioned=True" in line]
+    assert len(engines) == 2, out[-4000:]
+    assert all("world_size=2" in line for line in engines)
