@@ -230,8 +230,12 @@ def train_line(state: RunState, width: int, pal: Palette) -> Text:
 class TextPanel(Static):
     """A Static that remembers the plain text it shows (what tests and `status_text` compare)."""
     plain = ""
+    _shown: Text | None = None
 
     def set(self, text: Text) -> None:
+        if text == self._shown:       # same words and styles: skip the relayout
+            return
+        self._shown = text
         self.plain = text.plain
         self.update(text)
 
@@ -556,18 +560,23 @@ class RunViewApp(App[str]):
         self.state.apply(u, self.follower.run)
         if u.lines:
             self.query_one(LogPane).add(u.lines)
-        self.redraw()
+        # redraw only what changed: the header every tick (elapsed time), the rest on new data
+        self.redraw(gpus=bool(u.samples), train=bool(u.events), failure=u.run_changed)
 
     def _has_live_text(self) -> bool:
         # elapsed time and countdowns move even when no file changed
         return self.state.active or self._message is not None
 
-    def redraw(self) -> None:
+    def redraw(self, gpus: bool = True, train: bool = True, failure: bool = True) -> None:
         now = self.clock()
         width = max(20, self.size.width - 2)
         self.query_one(Header).set(header_lines(self.state, now, width, self._header_message(now), self.pal))
-        self.query_one(GpuPanel).show(self.state, max(20, self.size.width - 3), self.pal)
-        self.query_one(TrainLine).set(train_line(self.state, width, self.pal))
+        if gpus:
+            self.query_one(GpuPanel).show(self.state, max(20, self.size.width - 3), self.pal)
+        if train:
+            self.query_one(TrainLine).set(train_line(self.state, width, self.pal))
+        if not failure:
+            return
         c = self.state.run.get("classification")
         self.query_one("#failure").display = bool(c)
         self.set_class(bool(c), "-failed")
@@ -601,7 +610,7 @@ class RunViewApp(App[str]):
     def flash(self, text: str, seconds: float | None = 5.0) -> None:
         now = self.clock()
         self._message = (text, None if seconds is None else now + seconds)
-        self.redraw()
+        self.redraw(gpus=False, train=False, failure=False)
 
     # --- actions
     def _control(self, request: str) -> bool:

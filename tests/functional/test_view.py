@@ -588,10 +588,15 @@ async def test_status_changes_are_followed(tmp_path):
         assert "elapsed 15:00" in header
 
 
-def test_view_does_not_import_torch():
-    code = ("import sys; from launch.view import make_view_app; import launch.widgets, launch.metrics; "
-            "bad = [m for m in ('torch', 'transformers', 'deepspeed', 'accelerate') if m in sys.modules]; "
-            "print(bad); sys.exit(1 if bad else 0)")
+@pytest.mark.parametrize("imports,forbidden", [
+    ("from launch.view import make_view_app; import launch.widgets, launch.metrics",
+     ("torch", "transformers", "deepspeed", "accelerate")),
+    # the follower, send_control and the sampler serve `wizard stop` and the supervisor: no UI
+    ("import launch.view, launch.metrics", ("textual", "torch")),
+])
+def test_import_hygiene(imports, forbidden):
+    code = (f"import sys; {imports}; "
+            f"bad = [m for m in {forbidden!r} if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert r.returncode == 0, r.stdout + r.stderr
 
