@@ -86,7 +86,7 @@ def register(subparsers) -> None:
 
 # ------------------------------------------------------------------ launch
 
-def _script_and_args(command: list[str]) -> tuple[str, list[str]]:
+def _script_and_args(command: list[str], must_exist: bool = True) -> tuple[str, list[str]]:
     from wizard.errors import InputError
     cmd = list(command)
     if cmd and cmd[0] == "--":
@@ -94,7 +94,7 @@ def _script_and_args(command: list[str]) -> tuple[str, list[str]]:
     if not cmd:
         raise InputError("SCRIPT", "no training script given", "wizard launch [OPTIONS] -- SCRIPT [ARGS...]")
     script = cmd[0]
-    if script.endswith(".py") and not Path(script).is_file():
+    if must_exist and script.endswith(".py") and not Path(script).is_file():
         raise InputError("SCRIPT", f"{script} does not exist", "a Python training script")
     return script, cmd[1:]
 
@@ -139,9 +139,10 @@ def _view_available() -> bool:
 
 def cmd_launch(args) -> int:
     _validate(args)
-    script, script_args = _script_and_args(args.command)
-    if args.emit_slurm is not None:
+    if args.emit_slurm is not None:      # the script lives where the job runs, maybe not here
+        script, script_args = _script_and_args(args.command, must_exist=False)
         return emit_slurm(args, script, script_args)
+    script, script_args = _script_and_args(args.command)
     from launch.rundir import create_run_dir
     interactive = sys.stdout.isatty() and sys.stdin.isatty()
     headless = bool(args.headless) or not interactive

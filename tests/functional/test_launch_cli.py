@@ -1,0 +1,112 @@
+"""`wizard launch/attach/stop` CLI without training: bad input, sbatch emission, light imports, a
+single-process (simple_launcher) run attributed to rank 0."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def env() -> dict[str, str]:
+    e = dict(os.environ)
+    e.update(OMP_NUM_THREADS="1", PYTHONPATH=str(REPO) + os.pathsep + e.get("PYTHONPATH", ""))
+    return e
+
+
+def wizard(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "wizard", *args], capture_output=True, text=True, env=env(),
+                          cwd=cwd, timeout=timeout)
+
+
+@pytest.mark.timeout(120)
+def test_bad_input_exits_2_with_the_field_named(tmp_path):
+    r = wizard("launch", "--headless", "--", "missing_script.py", cwd=tmp_path)
+    assert r.returncode == 2 and "SCRIPT" in r.stderr and "missing_script.py" in r.stderr
+    r = wizard("launch", "--max-restarts", "-1", "--", "x", cwd=tmp_path)
+    assert r.returncode == 2 and "--max-restarts" in r.stderr
+    r = wizard("launch", "--config-file", str(tmp_path / "nope.yaml"), "--", "x", cwd=tmp_path)
+    assert r.returncode == 2 and "--config-file" in r.stderr
+    r = wizard("stop", cwd=tmp_path)
+    assert r.returncode == 2 and "RUN_DIR" in r.stderr
+    r = wizard("attach", str(tmp_path / "none"), cwd=tmp_path)
+    assert r.returncode == 2 and "RUN_DIR" in r.stderr
+    assert not (tmp_path / "wizard-runs").exists()       # nothing created on bad input
+
+
+@pytest.mark.timeout(120)
+def test_emit_slurm_writes_a_valid_sbatch_script(tmp_path):
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text("distributed_type: MULTI_GPU\nnum_machines: 2\nnum_processes: 16\n")
+    out = tmp_path / "job.sbatch"
+    r = wizard("launch", "--emit-slurm", "2", "--config-file", str(cfg), "--max-restarts", "2",
+               "--slurm-output", str(out), "--", "train.py", "--lr", "it's 1e-4", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    text = out.read_text()
+    assert "#SBATCH --nodes=2" in text and "#SBATCH --ntasks-per-node=1" in text
+    assert 'scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1' in text
+    assert '--machine-rank "$SLURM_NODEID"' in text and '--main-process-ip "$MAIN_ADDR"' in text
+    assert "--headless" in text and f"--config-file {cfg}" in text and "--max-restarts 2" in text
+    assert subprocess.run(["bash", "-n", str(out)]).returncode == 0
+    # the per-node command line, as each task's bash would see it (srun stubbed by echo)
+    fake = text.replace("srun --ntasks-per-node=1 --kill-on-bad-exit=1 ", "").replace(
+        'scontrol show hostnames "$SLURM_JOB_NODELIST"', "printf 'node-a\\nnode-b\\n'").replace(
+        'exec "$WIZARD" launch', 'printf "%s\\n" launch')
+    r = subprocess.run(["bash", "-c", fake], capture_output=True, text=True,
+                       env={**env(), "SLURM_NODEID": "1", "SLURM_JOB_ID": "77", "SLURM_JOB_NUM_NODES": "2",
+                            "SLURM_JOB_NODELIST": "node-[a-b]"})
+    assert r.stdout.splitlines()[0] == "main node: node-a:29500, nodes: 2", r.stdout + r.stderr
+    argv = r.stdout.splitlines()[1:]
+    assert argv[:9] == ["launch", "--machine-rank", "1", "--main-process-ip", "node-a", "--main-process-port",
+                        "29500", "--run-dir", "wizard-runs/slurm-77/node-1"], argv
+    assert argv[-4:] == ["--", "train.py", "--lr", "it's 1e-4"]
+
+
+def test_import_is_light():
+    code = ("import sys, launch.commands, launch.supervisor, launch.classify, launch.logs, launch.rundir\n"
+            "bad = [m for m in ('torch', 'transformers', 'deepspeed', 'accelerate', 'textual') if m in sys.modules]\n"
+            "print(bad)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env())
+    assert r.stdout.strip() == "[]", r.stdout + r.stderr
+
+
+def test_command_carries_yaml_only_flags():
+    from launch.supervisor import LaunchSpec, build_command
+    spec = LaunchSpec(script="t.py", script_args=["--x"], machine_rank=1, main_process_ip="10.0.0.1",
+                      main_process_port=1234)
+    accel = {"rdzv_backend": "c10d", "same_network": True, "enable_cpu_affinity": True}
+    cmd = build_command(spec, accel, "/c.yaml")
+    s = " ".join(cmd)
+    assert "--config_file /c.yaml --max_restarts 0" in s
+    assert "--rdzv_backend c10d" in s and "--same_network" in s and "--enable_cpu_affinity" in s
+    assert "--machine_rank 1 --main_process_ip 10.0.0.1 --main_process_port 1234" in s
+    assert cmd[-3:] == [cmd[-3], "t.py", "--x"] and cmd[-3].endswith("_worker.py")
+    assert "--rdzv_backend" not in " ".join(build_command(spec, {"rdzv_backend": "static"}, None))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_single_process_simple_launcher_is_rank0_and_exit_code_passes_through(tmp_path):
+    cfg = tmp_path / "single.yaml"
+    cfg.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: 'NO'\nnum_machines: 1\nnum_processes: 1\n"
+                   "machine_rank: 0\nmixed_precision: 'no'\nuse_cpu: true\ngpu_ids: all\n")
+    script = tmp_path / "s.py"
+    script.write_text("import sys\nprint('hello from the only rank', flush=True)\n"
+                      "print(\"{'loss': '2.5', 'learning_rate': '0.1', 'epoch': '1.0'}\", flush=True)\nsys.exit(3)\n")
+    run_dir = tmp_path / "run"
+    r = wizard("launch", "--headless", "--config-file", str(cfg), "--run-dir", str(run_dir), "--", str(script),
+               cwd=tmp_path, timeout=280)
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert "[rank0] hello from the only rank" in r.stdout
+    st = json.loads((run_dir / "run.json").read_text())
+    assert st["status"] == "failed" and st["exit_code"] == 3
+    assert st["classification"]["rank"] == 0 and st["classification"]["exit_code"] == 3
+    ev = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()]
+    assert [e["loss"] for e in ev if e["type"] == "train_log"] == [2.5]
+    assert (run_dir / "logs" / "attempt-1" / "rank-0.log").read_text().startswith("hello from the only rank")
