@@ -849,10 +849,6 @@ class _Attempt:
             if cap.log is not None:
                 cap.log.close()
         try:
-            self.sel.unregister(self.sup and self.proc.stdout)
-        except (KeyError, ValueError, AttributeError):
-            pass
-        try:
             self.proc.stdout.close()
         except Exception:
             pass
