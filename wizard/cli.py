@@ -162,6 +162,7 @@ def cmd_non_interactive(ns: argparse.Namespace) -> int:
     from wizard import report
     from wizard.pipeline import build, to_json, validate, write
     req = _request(ns)
+    _preload_validation_in_background()
     if not req.dry_run:
         from wizard.fsutil import check_writable_dir
         from wizard.pipeline import default_output_dir
@@ -192,6 +193,20 @@ def cmd_non_interactive(ns: argparse.Namespace) -> int:
         report.print_plan(result)
         report.print_written(result, dry_run=req.dry_run)
     return 0
+
+
+def _preload_validation_in_background() -> None:
+    """Importing accelerate/DeepSpeed/transformers takes seconds: overlap it with probing and sizing."""
+    import threading
+
+    def preload():
+        try:
+            from wizard.validate import preload as load
+            load()
+        except Exception:  # validation itself reports real failures later
+            pass
+
+    threading.Thread(target=preload, name="wizard-preload", daemon=True).start()
 
 
 def cmd_interactive(ns: argparse.Namespace) -> int:

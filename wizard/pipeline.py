@@ -55,6 +55,7 @@ class Result:
     ds_text: str | None = None
     findings: list = field(default_factory=list)
     writes: list = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)    # what the files alone don't tell the user
 
     @property
     def errors(self) -> list:
@@ -113,6 +114,7 @@ def render(result: Result) -> None:
     result.accelerate_doc = emit.accelerate_config(result.answers, result.plan, ds_path)
     result.yaml_text = emit.render_yaml(result.accelerate_doc)
     result.ds_text = None if result.ds_doc is None else emit.render_json(result.ds_doc)
+    result.notes = list(emit.notes(result.answers, result.plan))
 
 
 def validate(result: Result) -> None:
@@ -129,7 +131,9 @@ def validate(result: Result) -> None:
             yaml_text = yaml_text.replace(result.ds_path, ds_tmp)
         yaml_tmp = os.path.join(tmp, "default_config.yaml")
         Path(yaml_tmp).write_text(yaml_text)
-        result.findings = list(validate_mod.validate_all(yaml_tmp, ds_tmp, result.answers, result.plan, result.model))
+        result.findings = list(validate_mod.validate_all(
+            yaml_tmp, ds_tmp, result.answers, result.plan, result.model,
+            yaml_display=result.yaml_path, ds_display=result.ds_path if ds_tmp else None))
 
 
 def build(request: Request, hw: Hardware | None = None) -> Result:

@@ -74,9 +74,6 @@ def print_findings(findings, file: TextIO | None = None) -> None:
 
 def print_written(result, dry_run: bool, file: TextIO | None = None) -> None:
     out = file or sys.stdout
-    if result.plan.topology.cpu:
-        print(f"Wrote a CPU-only configuration: {result.plan.topology.world_size} CPU process(es), "
-              "DeepSpeed's CPU accelerator over gloo, fp32 (no GPU on this machine).", file=out)
     if dry_run:
         print(f"Dry run: nothing written. Would write {result.yaml_path}"
               + (f" and {result.ds_path}" if result.ds_text is not None else ""), file=out)
@@ -94,6 +91,8 @@ def print_written(result, dry_run: bool, file: TextIO | None = None) -> None:
                 print(f"    {line}", file=out)
             if len(lines) > len(shown):
                 print(f"    ... {len(lines) - len(shown)} more diff lines", file=out)
+    for note in result.notes:
+        print(f"Note: {note}", file=out)
     warnings = [f for f in result.findings if f.severity == "warning"]
     print("Validated with accelerate, DeepSpeed and transformers: "
           + ("OK" if not warnings else f"OK with {len(warnings)} warning(s)"), file=out)
