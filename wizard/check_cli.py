@@ -6,7 +6,9 @@ Exit codes: 0 no error findings (warnings allowed), 1 error findings, 2 unreadab
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import sys
 from typing import Any
 
@@ -63,25 +65,17 @@ def _hardware(args: argparse.Namespace) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    from wizard.check import apply_fixes, build_context, format_findings, has_errors, run_rules
+    from wizard.check import build_context, format_findings, has_errors
     from wizard.errors import InputError
 
-    def context():
+    def context(hw):
         return build_context(config_file=args.config_file, ds_config=args.ds_config,
                              training_args=args.training_args, model=args.model, hardware=hw,
                              trainer=args.trainer, seq_len=args.seq_len)
 
     try:
-        if args.seq_len is not None and args.seq_len < 1:
-            raise InputError("seq-len", f"{args.seq_len} must be at least 1", "a positive whole number")
-        hw = _hardware(args)
-        ctx = context()
-        findings = run_rules(ctx)
-        fixed = None
-        if args.fix:
-            fixed = apply_fixes(ctx, findings)
-            if fixed.written:
-                findings = run_rules(context())
+        with _stdout_to_stderr():
+            findings, fixed = _work(args, context)
     except InputError as exc:
         print(f"wizard check: {exc}", file=sys.stderr)
         return exc.exit_code
@@ -95,6 +89,41 @@ def run(args: argparse.Namespace) -> int:
             print(_fix_summary(fixed))
         print(format_findings(findings))
     return 1 if has_errors(findings) else 0
+
+
+def _work(args: argparse.Namespace, context):
+    from wizard.check import apply_fixes, run_rules
+    from wizard.errors import InputError
+
+    if args.seq_len is not None and args.seq_len < 1:
+        raise InputError("seq-len", f"{args.seq_len} must be at least 1", "a positive whole number")
+    hw = _hardware(args)
+    ctx = context(hw)
+    findings = run_rules(ctx)
+    fixed = None
+    if args.fix:
+        fixed = apply_fixes(ctx, findings)
+        if fixed.written:
+            findings = run_rules(context(hw))
+    return findings, fixed
+
+
+@contextlib.contextmanager
+def _stdout_to_stderr():
+    """DeepSpeed logs and JIT builds write to stdout (some from C); keep stdout for the findings alone."""
+    sys.stdout.flush()
+    try:
+        saved = os.dup(1)
+    except OSError:
+        yield
+        return
+    os.dup2(2, 1)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def _fix_summary(fixed) -> str:
