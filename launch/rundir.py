@@ -10,6 +10,13 @@ Layout (a contract: launch/view.py and `wizard attach`/`stop` read it):
     <runs root>/<id>/logs/attempt-<n>/rank-<r>.log      what rank r wrote (stdout and stderr)
     <runs root>/<id>/logs/attempt-<n>/launcher.log      what `accelerate launch` itself wrote
 
+run.json carries the fields of the view contract (id, command, script, script_args, config_file,
+ds_config, cwd, run_dir, attempt, max_restarts, status, supervisor_pid, launcher_pid, pids {rank:
+pid}, started_at, attempt_started_at, ended_at, exit_code, classification, detached, headless,
+world_size, progress) plus: tracked_pids (processes of the run alive at the last scan), seen_pids
+(every process the run ever had, for "nothing left" checks), supervisor_create_time (guards
+against pid reuse), grace_s, stall_timeout_s.
+
 Bounded size:
 - a rank or launcher log passing LOG_CAP_BYTES (50 MB) is renamed to `<name>.1` (replacing an
   older `.1`) and a new file is started: at most 2 x 50 MB per rank and attempt;
