@@ -563,8 +563,8 @@ def nvme_no_path(ctx: CheckContext) -> Iterable:
         if not path or path == "auto" or str(path).lower() == "none":
             yield finding(
                 "error", "DS-NVME-NO-PATH", _file(ctx), f"{block}.nvme_path",
-                f"{block}.device is nvme but nvme_path is {path!r}: the swapper fails at prepare "
-                f"(TypeError / 'none' is not a directory)",
+                f"{block}.device is nvme but nvme_path is {path!r}: DeepSpeed's config accepts that, but the NVMe "
+                f"swapper has no directory for its swap files and fails at prepare (cf. DeepSpeed #5124)",
                 fix=f'set "{block}.nvme_path" to a directory on a local NVMe drive', when="prepare")
 
 
