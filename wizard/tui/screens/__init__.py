@@ -1,0 +1,1 @@
+"""The wizard's six screens, one module each, in order: hardware, model, plan, details, review, done."""

@@ -1,0 +1,281 @@
+"""What every wizard screen shares: title, scrolling body, help line, status line with Back/Next, footer.
+
+Keys: Enter = Next (an Input's Enter too, when its value is valid), Escape = Back (answers kept:
+they live in the app's WizardState, not in the screen), F1 or ? = explain the focused question,
+up/down move between fields, ctrl+q quits (asking first when something changed).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Iterable
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.screen import Screen
+from textual.widget import Widget
+from textual.widgets import Button, Footer, Input, Static
+
+from wizard.questions import Question, by_id
+from wizard.tui.messages import AnswerEntered, AnswerInvalid, FieldFocused, StateChanged
+from wizard.tui.state import format_value
+from wizard.tui.widgets.question_field import QuestionField
+from wizard.tui.widgets.spinner import Spinner
+
+if TYPE_CHECKING:
+    from wizard.tui.app import WizardApp
+    from wizard.tui.state import WizardState
+
+STEPS = ("Hardware", "Model and training", "Plan", "Details", "Review", "Done")
+
+
+class WizardScreen(Screen):
+    STEP = 0
+    NEXT_LABEL = "Next ▶"
+    BODY_SCROLLS = True
+    BINDINGS = [
+        Binding("enter", "next", "Next", key_display="⏎"),
+        Binding("escape", "back", "Back"),
+        Binding("f1", "explain", "Explain"),
+        Binding("question_mark", "explain", "Explain", show=False),
+        Binding("down", "app.focus_next", "Next field", show=False),
+        Binding("up", "app.focus_previous", "Previous field", show=False),
+    ]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.focused_qid: str | None = None
+        self.advance_when_ready = False     # Next was pressed while a thread was still working
+
+    # ------------------------------------------------------------------ layout
+
+    @property
+    def wizard(self) -> "WizardApp":
+        return self.app  # type: ignore[return-value]
+
+    @property
+    def state(self) -> "WizardState":
+        return self.wizard.state
+
+    def title_text(self) -> str:
+        steps = " › ".join(f"[reverse] {name} [/reverse]" if i == self.STEP else name
+                           for i, name in enumerate(STEPS))
+        return f" {self.STEP + 1}/6 {steps}"
+
+    def compose(self) -> ComposeResult:
+        yield Static(self.title_text(), id="title")
+        with (VerticalScroll if self.BODY_SCROLLS else Vertical)(id="body"):
+            yield from self.compose_body()
+        yield Static("", id="help")
+        with Horizontal(id="navbar"):
+            yield Spinner(id="spinner")
+            yield Static("", id="status")
+            yield Button("◀ Back", id="back", compact=True, disabled=self.STEP == 0)
+            yield Button(self.NEXT_LABEL, id="next", variant="primary", compact=True)
+        yield Footer()
+
+    def compose_body(self) -> Iterable[Widget]:
+        return ()
+
+    def fields(self) -> list[QuestionField]:
+        return list(self.query(QuestionField))
+
+    def field(self, qid: str) -> QuestionField | None:
+        found = self.query(f"#field-{qid}")
+        return found.first() if found else None  # type: ignore[return-value]
+
+    def make_field(self, q: Question, suggestions: list[str] | None = None) -> QuestionField:
+        return QuestionField(q, self.state.context, self.state.value_of(q.id), suggestions=suggestions)
+
+    # ------------------------------------------------------------------ state -> screen
+
+    def on_mount(self) -> None:
+        self.sync()
+
+    def on_screen_resume(self) -> None:
+        self.sync()
+
+    def on_state_changed(self, message: StateChanged) -> None:
+        self.sync()
+
+    def sync(self) -> None:
+        """Show the state: values of untouched fields, which questions are asked, errors, status."""
+        state = self.state
+        for f in self.fields():
+            visible = self.field_visible(f)
+            f.display = visible
+            if state.error_field == f.qid and state.error:
+                f.set_error(state.error)
+                f.external_error = True
+            elif f.external_error:
+                f.external_error = False
+                f.set_error(None)
+            if visible and f.error is None:
+                f.show(self.field_value(f))
+        self.sync_status()
+        self.update_help()
+
+    def field_visible(self, f: QuestionField) -> bool:
+        state = self.state
+        if not (state.answers or state.full_answers):
+            return True
+        return state.asked(f.qid)
+
+    def field_value(self, f: QuestionField) -> Any:
+        return self.state.value_of(f.qid)
+
+    def sync_status(self) -> None:
+        self.set_status(self.status_text())
+
+    def status_text(self) -> str:
+        state = self.state
+        if state.error and not self.error_is_inline():
+            return f"[red]✗ {state.error}[/red]"
+        return ""
+
+    def error_is_inline(self) -> bool:
+        f = self.field(self.state.error_field) if self.state.error_field else None
+        return f is not None and f.display
+
+    def set_status(self, markup: str) -> None:
+        self.query_one("#status", Static).update(markup)
+
+    def spinner(self) -> Spinner:
+        return self.query_one("#spinner", Spinner)
+
+    # ------------------------------------------------------------------ help
+
+    def on_field_focused(self, message: FieldFocused) -> None:
+        self.focused_qid = message.qid
+        self.update_help()
+
+    def on_descendant_focus(self, event) -> None:
+        widget = event.widget if hasattr(event, "widget") else None
+        if widget is not None and not any(isinstance(a, QuestionField) for a in widget.ancestors_with_self):
+            self.focused_qid = None
+            self.update_help()
+
+    def question(self, qid: str | None) -> Question | None:
+        if qid is None:
+            return None
+        f = self.field(qid)
+        if f is not None:
+            return f.question
+        try:
+            return by_id(qid)
+        except KeyError:
+            return None
+
+    def update_help(self) -> None:
+        help_line = self.query_one("#help", Static)
+        q = self.question(self.focused_qid)
+        if q is None:
+            help_line.update(self.screen_help())
+            return
+        help_line.update(f"[b]{q.prompt}[/b]: {q.help}  [dim](F1: why this default)[/dim]")
+
+    def screen_help(self) -> str:
+        return ""
+
+    def explanation(self) -> tuple[str, str]:
+        """(title, body) for F1: the focused question's help and why its default was chosen."""
+        q = self.question(self.focused_qid)
+        if q is None:
+            return STEPS[self.STEP], self.screen_help() or "Enter accepts the recommendations; Escape goes back."
+        ctx = self.state.context()
+        try:
+            default = q.default(ctx)
+            why = q.why_default(ctx)
+        except Exception:            # a default that needs a plan we don't have yet
+            default, why = None, ""
+        lines = [q.help, ""]
+        shown = format_value(q, default) if default is not None else "none"
+        lines.append(f"[b]Recommended:[/b] {shown}" + (f": {why}" if why else ""))
+        current = self.state.value_of(q.id)
+        if q.id in self.state.entered:
+            lines.append(f"[b]You entered:[/b] {format_value(q, current) or 'nothing'}")
+        if q.flag:
+            lines.append(f"[dim]Flag: {q.flag}   answers-file key: {q.id}   allowed: {q.allowed_text(ctx)}[/dim]")
+        return q.prompt, "\n".join(lines)
+
+    def action_explain(self) -> None:
+        from wizard.tui.screens.modals import ExplainModal
+        title, body = self.explanation()
+        self.app.push_screen(ExplainModal(title, body))
+
+    # ------------------------------------------------------------------ field -> state
+
+    def on_answer_entered(self, message: AnswerEntered) -> None:
+        self.wizard.answer(message.qid, message.value)
+
+    def on_answer_invalid(self, message: AnswerInvalid) -> None:
+        self.sync_status()
+
+    # ------------------------------------------------------------------ navigation
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        event.stop()
+        self.action_next()
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        if event.button.id == "next":
+            event.stop()
+            self.action_next()
+        elif event.button.id == "back":
+            event.stop()
+            self.action_back()
+
+    def blocking_problem(self) -> str | None:
+        """Why Next can't go on now (an invalid field, no plan), or None."""
+        for f in self.fields():
+            if not f.display:
+                continue
+            error = f.error or (f.revalidate() if f.qid in self.state.entered else None)
+            if error:
+                f.control.focus()
+                return error
+        return None
+
+    def busy(self) -> str | None:
+        """What a thread is still doing for this screen (Next waits for it), or None."""
+        return None
+
+    def action_next(self) -> None:
+        problem = self.blocking_problem()
+        if problem:
+            self.set_status(f"[red]✗ {problem}[/red]")
+            self.app.bell()
+            return
+        busy = self.busy()
+        if busy:
+            self.advance_when_ready = True
+            self.set_status(f"[dim]{busy}: going on when it is done[/dim]")
+            return
+        self.advance_when_ready = False
+        self.go_next()
+
+    def go_next(self) -> None:
+        self.wizard.advance(self)
+
+    def ready_again(self) -> None:
+        """A thread finished: go on if Next was pressed while it worked."""
+        if self.advance_when_ready and self.is_current:
+            self.advance_when_ready = False
+            self.action_next()
+
+    def action_back(self) -> None:
+        if self.STEP > 0:
+            self.wizard.back()
+
+    def next_button(self) -> Button:
+        return self.query_one("#next", Button)
+
+    def value_text(self, qid: str) -> str:
+        try:
+            q = by_id(qid)
+        except KeyError:
+            return ""
+        return format_value(q, self.state.value_of(qid))
+
+    def any_value(self, qid: str) -> Any:
+        return self.state.value_of(qid)

@@ -1,0 +1,147 @@
+"""Screen 6, Done: where the files are, how to launch, the matching TrainingArguments, and "launch now".
+
+Launch now exits the wizard and execs `python -m wizard launch --config-file ... -- SCRIPT ARGS`
+(run_tui does the exec once the terminal is restored), which opens the launch view.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+from typing import Iterable
+
+from rich.markup import escape
+from rich.syntax import Syntax
+from textual.containers import Horizontal
+from textual.widget import Widget
+from textual.widgets import Button, Input, Label, Static
+
+from wizard.tui.screens.base import WizardScreen
+from wizard.tui.snippets import launch_commands, training_arguments_code, wizard_launch_argv
+
+
+class DoneScreen(WizardScreen):
+    STEP = 5
+    NEXT_LABEL = "Finish"
+    AUTO_FOCUS = "#next"
+
+    def compose_body(self) -> Iterable[Widget]:
+        yield Static("", id="done-files")
+        yield Static("[b]Launch[/b]", classes="section")
+        yield Static("", id="done-commands")
+        yield Static("[b]The same setup as TrainingArguments[/b] (HF Trainer, without accelerate's config)",
+                     classes="section")
+        yield Static("", id="done-args")
+        yield Static("[b]Launch now[/b] (leaves the wizard and opens the live launch view)", classes="section")
+        with Horizontal(classes="launch-row"):
+            yield Label("Training script", classes="q-label")
+            yield Input("", placeholder="train.py", id="launch-script", compact=True)
+        with Horizontal(classes="launch-row"):
+            yield Label("Its arguments", classes="q-label")
+            yield Input("", placeholder="--epochs 1", id="launch-args", compact=True)
+        yield Static("", id="launch-error")
+        yield Button("Launch now", id="launch-now", compact=True)
+
+    def on_mount(self) -> None:
+        super().on_mount()
+        self.query_one("#back", Button).disabled = False
+        self.show_done()
+
+    def screen_help(self) -> str:
+        return "Enter finishes. Tab to the script and its arguments, then Launch now, to start training."
+
+    def sync(self) -> None:
+        self.sync_status()
+        self.update_help()
+
+    def show_done(self) -> None:
+        state = self.state
+        result = getattr(self.wizard, "written_result", None)
+        if result is None:
+            return
+        writes = getattr(self.wizard, "writes", [])
+        lines = []
+        dry = state.request.dry_run
+        if dry:
+            lines.append("[yellow]Dry run: nothing written.[/yellow] These files would be written:")
+        for w in writes:
+            if dry:
+                lines.append(f"  {escape(w.path)}")
+            elif not w.changed:
+                lines.append(f"[green]✓[/green] {escape(w.path)} (unchanged)")
+            else:
+                backup = f" (previous kept as {escape(os.path.basename(w.backup_path))})" if w.backup_path else ""
+                lines.append(f"[green]✓[/green] Wrote {escape(w.path)}{backup}")
+        if result.plan.topology.cpu:
+            n = result.plan.topology.world_size
+            lines.append(f"[yellow]A CPU-only configuration:[/yellow] {n} CPU process{'es' if n != 1 else ''}, "
+                         "gloo, fp32 (no GPU here). Run the wizard again on the GPU machine, or plan for it "
+                         "on the Hardware screen.")
+        warnings = [f for f in result.findings if f.severity == "warning"]
+        lines.append("Validated with accelerate, DeepSpeed and transformers"
+                     + (f" ({len(warnings)} warning(s))" if warnings else "") + ".")
+        self.query_one("#done-files", Static).update("\n".join(lines))
+        accel, wiz = launch_commands(result.yaml_path)
+        self.query_one("#done-commands", Static).update(
+            Syntax(f"{accel}\n{wiz}", "bash", theme=self._theme(), background_color="default", word_wrap=True))
+        ds_path = result.ds_path if result.ds_text is not None else None
+        code = training_arguments_code(result.answers, result.plan, ds_path)
+        self.query_one("#done-args", Static).update(
+            Syntax(code, "python", theme=self._theme(), background_color="default", word_wrap=True))
+
+    def _theme(self) -> str:
+        dark = self.app.current_theme.dark if self.app.current_theme else True
+        return "ansi_dark" if dark else "ansi_light"
+
+    def status_text(self) -> str:
+        return "[dim]dry run[/dim]" if self.state.request.dry_run else "[green]✓ done[/green]"
+
+    # ------------------------------------------------------------------ actions
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        event.stop()
+        if event.input.id in ("launch-script", "launch-args") and self.query_one("#launch-script", Input).value:
+            self.launch()
+        else:
+            self.action_next()
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        if event.button.id == "launch-now":
+            event.stop()
+            self.launch()
+            return
+        super().on_button_pressed(event)
+
+    def launch(self) -> None:
+        from wizard.tui.app import Outcome
+        result = getattr(self.wizard, "written_result", None)
+        error = self.query_one("#launch-error", Static)
+        script = self.query_one("#launch-script", Input).value.strip()
+        if self.state.request.dry_run or result is None:
+            error.update("[red]✗ nothing was written (dry run): there is no config to launch with[/red]")
+            return
+        if not script:
+            error.update("[red]✗ launch: give the training script, e.g. train.py[/red]")
+            self.query_one("#launch-script", Input).focus()
+            return
+        if not os.path.isfile(script):
+            error.update(f"[red]✗ launch: {escape(script)} is not a file (allowed: a Python script path)[/red]")
+            self.query_one("#launch-script", Input).focus()
+            return
+        try:
+            args = shlex.split(self.query_one("#launch-args", Input).value)
+        except ValueError as e:
+            error.update(f"[red]✗ arguments: {escape(str(e))} (allowed: shell-style words)[/red]")
+            return
+        argv = wizard_launch_argv(sys.executable, result.yaml_path, script, args)
+        self.wizard.finish(Outcome(0, written=getattr(self.wizard, "writes", []), launch=argv,
+                                   summary=self.wizard.summary_lines()))
+
+    def go_next(self) -> None:
+        from wizard.tui.app import Outcome
+        self.wizard.finish(Outcome(0, written=getattr(self.wizard, "writes", []),
+                                   summary=self.wizard.summary_lines()))
+
+    def action_back(self) -> None:
+        self.wizard.back()

@@ -1,0 +1,1 @@
+"""Widgets of the wizard: question fields, the memory bars of the plan, a spinner."""
