@@ -11,11 +11,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -220,35 +218,8 @@ def emit_slurm(args, script: str, script_args: list[str]) -> int:
 # ------------------------------------------------------------------ stop
 
 def _pid_alive(pid: int | None, create_time: float | None = None) -> bool:
-    if not pid:
-        return False
-    try:
-        import psutil
-        p = psutil.Process(int(pid))
-        if create_time and abs(p.create_time() - float(create_time)) > 0.05:
-            return False
-        return p.status() != psutil.STATUS_ZOMBIE
-    except Exception:
-        return False
-
-
-def send_request(run_dir: Path, request: str, state: dict[str, Any]) -> bool:
-    """The view's control protocol: control.json, then the doorbell signal. True if signalled."""
-    sigs = {"stop": signal.SIGTERM, "restart": signal.SIGUSR1, "kill": signal.SIGUSR2}
-    body = {"request": request, "t": time.time(), "id": uuid.uuid4().hex, "from": "cli", "pid": os.getpid()}
-    try:
-        from launch.rundir import atomic_write_text
-        atomic_write_text(run_dir / "control.json", json.dumps(body) + "\n")
-    except OSError:
-        pass
-    pid = state.get("supervisor_pid")
-    if _pid_alive(pid, state.get("supervisor_create_time")):
-        try:
-            os.kill(int(pid), sigs[request])
-            return True
-        except OSError:
-            return False
-    return False
+    from launch.rundir import process_alive
+    return process_alive(pid, create_time)
 
 
 def _kill_leftovers(state: dict[str, Any]) -> int:
@@ -296,7 +267,8 @@ def cmd_stop(args) -> int:
         print(f"{run_dir}: supervisor not running; ended {n} leftover processes; marked stopped")
         return 0
     req = "kill" if args.kill else "stop"
-    send_request(run_dir, req, state)
+    from launch.view import send_control
+    send_control(run_dir, req, run=state, sender="cli")
     grace = float(state.get("grace_s") or 30.0)
     print(f"{run_dir}: {req} requested (supervisor pid {state.get('supervisor_pid')}, grace {grace:g} s)")
     if args.no_wait:

@@ -280,3 +280,22 @@ def tail_lines(path: Path, n: int = 30, max_bytes: int = 256 * 1024) -> list[str
     if size > max_bytes and lines:
         lines = lines[1:]            # first one is probably cut
     return lines[-n:]
+
+
+def process_alive(pid, create_time=None) -> bool:
+    """pid runs (not a zombie) and, when run.json recorded its start time, is still that process
+    rather than a reused pid."""
+    try:
+        pid = int(pid)
+    except (TypeError, ValueError):
+        return False
+    if pid <= 0:
+        return False
+    try:
+        import psutil
+        proc = psutil.Process(pid)
+        if create_time is not None and abs(proc.create_time() - float(create_time)) > 0.05:
+            return False
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except Exception:
+        return False

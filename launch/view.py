@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from launch.rundir import process_alive
+
 CONTROL_FILE = "control.json"
 CONTROL_SIGNALS = {"stop": signal.SIGTERM, "restart": signal.SIGUSR1, "kill": signal.SIGUSR2}
 ACTIVE = frozenset({"starting", "running", "stopping", "restarting"})
@@ -423,26 +425,9 @@ class ControlResult:
     message: str
 
 
-def _same_process_alive(pid: int, create_time: Any = None) -> bool:
-    """pid is alive and, when run.json recorded its start time, is still that process (not a
-    reused pid)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    if _num(create_time) is None:
-        return True
-    try:
-        import psutil
-        return abs(psutil.Process(pid).create_time() - float(create_time)) <= 0.05
-    except Exception:
-        return False
-
-
 def send_control(run_dir: str | os.PathLike[str], request: str,
-                 run: dict[str, Any] | None = None, now: Callable[[], float] = time.time) -> ControlResult:
+                 run: dict[str, Any] | None = None, now: Callable[[], float] = time.time,
+                 sender: str = "view") -> ControlResult:
     """Ask the supervisor to stop / kill / restart the run (see the module docstring)."""
     if request not in CONTROL_SIGNALS:
         raise ValueError(f"control request must be one of {sorted(CONTROL_SIGNALS)}, not {request!r}")
@@ -453,7 +438,7 @@ def send_control(run_dir: str | os.PathLike[str], request: str,
     status = run.get("status")
     if status not in ACTIVE:
         return ControlResult(request, False, False, f"the run has already {status or 'ended'}")
-    body = {"request": request, "t": now(), "id": uuid.uuid4().hex, "from": "view", "pid": os.getpid()}
+    body = {"request": request, "t": now(), "id": uuid.uuid4().hex, "from": sender, "pid": os.getpid()}
     tmp = run_dir / f".{CONTROL_FILE}.{os.getpid()}.tmp"
     written = False
     try:
@@ -464,7 +449,7 @@ def send_control(run_dir: str | os.PathLike[str], request: str,
         pass
     pid = _as_int(run.get("supervisor_pid"))
     signalled = False
-    if pid and pid > 1 and pid != os.getpid() and _same_process_alive(pid, run.get("supervisor_create_time")):
+    if pid and pid > 1 and pid != os.getpid() and process_alive(pid, _num(run.get("supervisor_create_time"))):
         try:
             os.kill(pid, CONTROL_SIGNALS[request])
             signalled = True
