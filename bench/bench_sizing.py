@@ -4,7 +4,9 @@ Each figure is a fresh Python process running `size_model` once, so imports of t
 transformers are included (they are most of the cost). Two cases per config:
 - uncached: an empty sizing cache (what a first `wizard plan --model X` costs);
 - cached: the same config sized again (the on-disk sizing cache skips torch/transformers).
-For reference the bare `import torch, transformers` floor is measured the same way.
+For reference the import floor (torch, transformers, and the Llama config + modeling modules
+that any transformers-based sizing must load) is measured the same way: sizing itself adds
+about 0.2 s to it; the rest is transformers' import time.
 
 Run: python bench/bench_sizing.py [--repeat N]
 """
@@ -67,6 +69,10 @@ def main() -> None:
           f"{', '.join(f'{x:.2f}' for x in os.getloadavg())}")
     floor = [_timed_process("import torch, transformers", {})[:2] for _ in range(args.repeat)]
     print(_row("import torch, transformers", floor))
+    # What any transformers-based sizing must import: the config and modeling modules.
+    imports = ("import torch, transformers; transformers.LlamaConfig; transformers.LlamaForCausalLM")
+    floor_llama = [_timed_process(imports, {})[:2] for _ in range(args.repeat)]
+    print(_row("+ Llama config and modeling", floor_llama))
 
     for name in CONFIGS:
         uncached, cached, counts = [], [], None

@@ -209,22 +209,35 @@ def _quiet_transformers() -> Iterator[None]:
         hf_logging.set_verbosity(level)
 
 
-def _build_config(data: dict[str, Any], config_path: Path):
-    from transformers import CONFIG_MAPPING
+def _config_class(data: dict[str, Any], config_path: Path):
+    """The config class for `model_type`. Taken from the checkpoint's own architecture class when
+    it names one (its module is imported for the build anyway), which skips loading transformers'
+    Auto mappings: about 0.5 s of a ~5 s cold sizing."""
+    import transformers
 
     model_type = data["model_type"]
-    if model_type not in CONFIG_MAPPING:
-        import transformers
+    for name in data.get("architectures") or []:
+        cls = getattr(transformers, str(name), None) if re.fullmatch(r"\w+", str(name)) else None
+        config_class = getattr(cls, "config_class", None)
+        if config_class is not None and getattr(config_class, "model_type", None) == model_type:
+            return config_class
+    from transformers import CONFIG_MAPPING
 
+    if model_type not in CONFIG_MAPPING:
         raise InputError(
             "model",
             f"model_type {model_type!r} in {config_path} is unknown to transformers {transformers.__version__}",
             "a model type transformers supports natively (upgrade transformers, or pass --params)",
         )
+    return CONFIG_MAPPING[model_type]
+
+
+def _build_config(data: dict[str, Any], config_path: Path):
+    config_class = _config_class(data, config_path)
     try:
-        return CONFIG_MAPPING[model_type].from_dict(dict(data))
+        return config_class.from_dict(dict(data))
     except Exception as exc:
-        raise InputError("model", f"{config_path} is not a valid {model_type} config: {_one_line(exc)}",
+        raise InputError("model", f"{config_path} is not a valid {data['model_type']} config: {_one_line(exc)}",
                          "a Hugging Face config.json") from None
 
 
