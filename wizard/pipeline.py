@@ -134,6 +134,18 @@ def validate(result: Result) -> None:
         result.findings = list(validate_mod.validate_all(
             yaml_tmp, ds_tmp, result.answers, result.plan, result.model,
             yaml_display=result.yaml_path, ds_display=result.ds_path if ds_tmp else None))
+    result.findings += doctor_findings(result)
+
+
+def doctor_findings(result: Result) -> list:
+    """`wizard check`'s rules on the files about to be written: the wizard writes nothing it would flag."""
+    from wizard.check import check_texts
+    seen = {(f.rule, f.key) for f in result.findings}
+    found = check_texts(result.yaml_text, result.ds_text, accelerate_path=result.yaml_path,
+                        ds_path=result.ds_path or "ds_config.json", model_shape=result.model,
+                        hardware=result.hardware, trainer=result.answers.get("trainer", "hf"),
+                        seq_len=result.answers.get("seq_len", 2048))
+    return [f for f in found if (f.rule, f.key) not in seen]
 
 
 def build(request: Request, hw: Hardware | None = None) -> Result:

@@ -270,8 +270,10 @@ def ignored_by_launch(ctx: CheckContext) -> Iterable:
     checks = [
         ("rdzv_backend", lambda v: v is not None and str(v) != "static", "--rdzv_backend",
          "torchrun gets rdzv_backend='static'"),
-        ("same_network", lambda v: v is True and ctx.num_machines > 1, "--same_network",
-         "launch takes the rdzv_endpoint path instead of master_addr/master_port"),
+        # same_network: true is ignored too (CLI default False), but harmlessly: launch then hands torchrun
+        # rdzv_endpoint=main_process_ip:port with the static backend, which reaches the same main node on
+        # one network as master_addr/master_port would. accelerate config writes it for every config, so
+        # warning about it would flag every file accelerate itself writes.
         ("enable_cpu_affinity", lambda v: v is True, "--enable_cpu_affinity",
          "ACCELERATE_CPU_AFFINITY is never set"),
     ]
