@@ -80,7 +80,34 @@ def context(hw: Hardware, model: ModelShape | None, plan: Plan | None, answers: 
 
 def resolve_pre_plan(hw: Hardware, given: dict[str, Any]) -> dict[str, Any]:
     """Answers for the questions asked before the plan (model, training, strategy, machines)."""
-    return answers_mod.resolve(PRE_PLAN_STAGES, context(hw, None, None, {}), given)
+    answers = answers_mod.resolve(PRE_PLAN_STAGES, context(hw, None, None, {}), given)
+    return route_cpu_processes(answers, given)
+
+
+def route_cpu_processes(answers: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
+    """Several CPU processes train together only through DeepSpeed's launcher (or mpirun).
+
+    Verified with accelerate 1.15 on a CPU box: a MULTI_CPU config starts ONE process (the simple
+    launcher runs mpirun only when asked), and MULTI_GPU/FSDP configs under torchrun start N processes
+    that never form a process group (each trains alone). So without mpirun, N CPU processes mean
+    DeepSpeed's CPU accelerator over gloo, which really partitions across ranks.
+    """
+    if not answers.get("use_cpu") or int(answers.get("num_processes") or 1) <= 1:
+        return answers
+    if _truthy(given.get("use_mpirun")):
+        return answers
+    backend = answers.get("backend", "auto")
+    if backend == "auto":
+        return {**answers, "backend": "deepspeed"}
+    if backend in ("ddp", "fsdp"):
+        raise InputError("backend", f"{backend} cannot run {answers['num_processes']} CPU processes through "
+                         "accelerate launch (they would not form a process group)",
+                         "deepspeed for CPU processes over gloo, or --use-mpirun with mpirun installed")
+    return answers
+
+
+def _truthy(value: Any) -> bool:
+    return str(value).strip().lower() in ("1", "true", "yes", "on") if value is not None else False
 
 
 def size(answers: dict[str, Any]) -> ModelShape:

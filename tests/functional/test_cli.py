@@ -159,3 +159,18 @@ def test_non_interactive_writes_validated_files_and_keeps_a_backup(tmp_path):
     dry = run(args + ["--dry-run", "--micro-batch", "2"])
     assert dry.returncode == 0
     assert "nothing written" in dry.stdout.lower()
+
+
+def test_cpu_processes_route_through_deepspeed_and_refuse_plain_ddp(tmp_path):
+    """accelerate starts one MULTI_CPU process (no mpirun), and torchrun-launched CPU DDP ranks never form
+    a group: N CPU processes must go through DeepSpeed's CPU accelerator."""
+    base = ["--non-interactive", "--hardware", str(FIX / "hardware" / "cpu-box.json"),
+            "--model", str(FIX / "models" / "llama-tiny"), "--num-processes", "2", "--dry-run", "--json"]
+    auto = run(base + ["--output-dir", str(tmp_path)])
+    assert auto.returncode == 0, auto.stderr
+    choice = json.loads(auto.stdout)["plan"]["choice"]
+    assert choice["backend"] == "deepspeed"
+    ddp = run(base + ["--backend", "ddp", "--output-dir", str(tmp_path)])
+    assert ddp.returncode == 2
+    assert "backend" in ddp.stderr and "deepspeed" in ddp.stderr and "Traceback" not in ddp.stderr
+    assert not any(tmp_path.iterdir())
