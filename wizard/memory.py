@@ -352,60 +352,236 @@ def states_fsdp(params: int, precision: str, optimizer: str, num_gpus_per_node: 
 
 
 # --- Activations and logits -----------------------------------------------------------------------
+#
+# Sources: Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models"
+# (arXiv:2205.05198) section 4.1 gives the structure (per layer: norms, attention, s x s scores, MLP);
+# every coefficient below was then MEASURED ON CPU WITH saved_tensors_hooks, see
+# bench/measure_activations.py (transformers 5.24, torch 2.13, LlamaForCausalLM / GPT2LMHeadModel,
+# distinct saved storages, parameters excluded), and differs from the paper's 16-bit Megatron figure
+# (34 + 5as/h) in three places:
+#   - HF's RMSNorm upcasts its input to fp32 and saves that copy (4 B) plus the normalised 16-bit
+#     tensor (w) before the weight multiply: 4 + w per norm, where Megatron's LayerNorm saves w.
+#   - a gated (SwiGLU/GeGLU) MLP saves four f-sized tensors (gate, up, act(gate), their product: 4*f*w),
+#     not Megatron's two (18 + 4f/h); the memory-model author's 17 + 8f/h was right about the MLP.
+#   - eager attention computes the softmax in fp32 (softmax(..., dtype=float32).to(dtype)): the fp32
+#     probabilities (4 B) and their 16-bit cast (w) are both saved, 6 a*s^2*b bytes in bf16 where the
+#     paper counts 5 with dropout (2 scores + 1 mask + 2 dropout output).
+# What a CPU cannot show stays in MARGIN_FRACTION: the CUDA caching allocator's rounding and cached
+# blocks, cuBLAS / flash-attention workspaces, NCCL buffers.
+
+
+@dataclass(frozen=True)
+class LayerProfile:
+    """What one decoder layer of a model family saves for backward, beyond the shapes."""
+
+    name: str
+    gated_mlp: bool
+    ffn_tensors: float          # f-sized tensors the MLP saves per token (per routed expert)
+    rms_norm_fp32: bool         # HF RMSNorm: saves an fp32 copy of its input and the normalised tensor
+    softmax_fp32: bool          # eager attention: softmax in fp32, then cast to the compute dtype
+    backward_ffn_tensors: float  # f-sized gradients alive at once in one layer's backward (measured)
+
+
+# Llama / Mistral / Qwen2 / Qwen3 / Phi-3 / Mixtral: SwiGLU, LlamaRMSNorm, fp32 eager softmax.
+# MEASURED (bench/measure_activations.py): 4 f-tensors; backward working set about 2.5 f-tensors.
+GATED_PROFILE = LayerProfile("gated", gated_mlp=True, ffn_tensors=4, rms_norm_fp32=True, softmax_fp32=True,
+                             backward_ffn_tensors=2.5)
+# GPT-NeoX / Falcon / BLOOM / OPT: LayerNorm and a plain MLP whose activation is one native operator
+# (GELU / ReLU) saving its input, plus the second linear's input: 2 f-tensors, Megatron's 4f/h in
+# 16-bit. GUESS for the eager softmax dtype (several of them upcast, so fp32 is assumed: errs high).
+PLAIN_PROFILE = LayerProfile("plain", gated_mlp=False, ffn_tensors=2, rms_norm_fp32=False, softmax_fp32=True,
+                             backward_ffn_tensors=2)
+# GPT-2 / GPT-J / CodeGen / Phi-1/2: "gelu_new", the tanh GELU written as Python arithmetic, which saves
+# its input, x^3's input, the tanh output and two products: MEASURED 5 f-tensors with GPT-2, whose eager
+# softmax runs in the compute dtype.
+TANH_GELU_PROFILE = LayerProfile("gelu-tanh", gated_mlp=False, ffn_tensors=5, rms_norm_fp32=False,
+                                 softmax_fp32=False, backward_ffn_tensors=2)
+
+# Which config model_types have which layer, read from their transformers modeling code (the MLP
+# class and its activation). Only the plain and tanh-GELU lists decide anything: every other
+# model_type, listed here or not, gets the gated profile.
+GATED_MODEL_TYPES = frozenset({
+    "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3",
+    "gemma3_text", "phi3", "phimoe", "olmo", "olmo2", "cohere", "cohere2", "granite", "granitemoe", "deepseek_v2",
+    "deepseek_v3", "stablelm", "exaone4", "glm", "glm4", "smollm3", "ministral", "hunyuan_v1_dense",
+})
+TANH_GELU_MODEL_TYPES = frozenset({"gpt2", "gpt_neo", "gptj", "codegen", "phi"})
+PLAIN_MODEL_TYPES = frozenset({"gpt_neox", "falcon", "bloom", "opt", "gpt_bigcode", "starcoder2", "mpt",
+                               "nemotron", "arcee", "biogpt", "xglm"})
+
+
+def layer_profile(model_type: str | None, gated_mlp: bool | None = None) -> LayerProfile:
+    """The profile of a model family from its config's model_type; `gated_mlp` overrides the MLP kind.
+
+    Unknown or missing model types get the gated (Llama) profile: most current causal LMs are, and it
+    is the larger of the two per-layer figures for the same shape.
+    """
+    kind = (model_type or "").lower()
+    if gated_mlp is True:
+        return GATED_PROFILE
+    if kind in TANH_GELU_MODEL_TYPES:
+        return TANH_GELU_PROFILE
+    if gated_mlp is False or kind in PLAIN_MODEL_TYPES:
+        return PLAIN_PROFILE
+    return GATED_PROFILE
+
+
+def mlp_is_gated(model_type: str | None, gated_mlp: bool | None = None) -> bool:
+    """True for SwiGLU/GeGLU MLPs (Llama, Mistral, Qwen, Gemma, Phi-3 ...), False for GPT-2/OPT/NeoX/Falcon/BLOOM."""
+    return layer_profile(model_type, gated_mlp).gated_mlp
+
+
+def _profile(profile: LayerProfile | None) -> LayerProfile:
+    return GATED_PROFILE if profile is None else profile
+
+
+def norm_bytes_per_token(hidden_size: int, precision: str, profile: LayerProfile | None = None) -> int:
+    """One norm's saved bytes per token, including its output (the next linear's saved input).
+
+    HF RMSNorm: the fp32 copy of the input (4 B; in fp32 the input itself), the normalised tensor
+    before the weight multiply (w) and the output (w). LayerNorm (native): input and output, w each
+    (its fp32 mean / rstd are per token). MEASURED, bench/measure_activations.py.
+    """
+    w = working_bytes(precision)
+    per_element = 4 + 2 * w if _profile(profile).rms_norm_fp32 else 2 * w
+    return per_element * hidden_size
+
+
+def attention_score_bytes(precision: str, profile: LayerProfile | None = None, attention_dropout: bool = False) -> int:
+    """Bytes saved per attention score (a*s^2*b of them) by eager attention.
+
+    Korthikanti et al. 4.1 count 2 (softmax output) + 1 (dropout mask) + 2 (dropout output) = 5 in
+    16-bit. HF's Llama-family eager attention keeps the softmax in fp32 (4 B) and, without dropout,
+    its cast to the compute dtype (w) for the PV matmul: 6 in bf16, 4 in fp32 (the cast is a no-op),
+    MEASURED. With dropout the cast is not kept; the mask (1 B, torch's fused CUDA dropout; CPU's
+    unfused dropout keeps it in the compute dtype) and the dropout output (w) are.
+    """
+    w = working_bytes(precision)
+    softmax = 4 if _profile(profile).softmax_fp32 else w
+    if attention_dropout:
+        return softmax + 1 + w
+    return softmax + (w if softmax != w else 0)
+
 
 def activation_bytes_per_layer(seq_len: int, micro_batch: int, hidden_size: int, heads: int,
-                               intermediate_size: int | None, flash: bool) -> int:
-    """One transformer layer's saved activations, 16-bit, no tensor parallelism.
+                               intermediate_size: int | None, flash: bool, precision: str = "bf16",
+                               profile: LayerProfile | None = None, kv_heads: int | None = None,
+                               attention_dropout: bool = False, experts_per_token: int = 0) -> int:
+    """One decoder layer's saved activations in bytes (no tensor or sequence parallelism).
 
-    Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models",
-    arXiv:2205.05198 section 4.1, eq. (1): s*b*h*(34 + 5*a*s/h) bytes, where 34 = 11 (attention)
-    + 19 (MLP with f = 4h) + 4 (layer norms) and 5*a*s^2*b is the softmax / scores / dropout mask.
-    The MLP term is scaled with the real intermediate size as Megatron-LM does
-    (megatron/training/theoretical_memory_usage.py: 18 + 4*f/h, = 34 at f = 4h). GUESS for gated
-    (SwiGLU) MLPs: counting the tensors autograd keeps (gate, up, silu(gate), their product) gives
-    about 17 + 8*f/h, so this likely underestimates Llama-style layers by ~20-30%.
-    Flash attention (Dao et al. 2022, arXiv:2205.14135) and SDPA's memory-efficient kernel never
-    materialise the s x s scores, which removes the 5*a*s/h term (the paper's selective-recompute
-    figure, 34*s*b*h).
-    Grouped-query attention (fewer K/V heads) shrinks K and V a little; ignored, which errs high.
+    Per token, w = bytes of the compute dtype (MEASURED on CPU with saved_tensors_hooks, see
+    bench/measure_activations.py; structure from Korthikanti et al. 2022, arXiv:2205.05198, 4.1):
+    - two norms with their outputs (norm_bytes_per_token): 2 * (4 + 2w) * h with HF RMSNorm;
+    - attention inputs and output: flash / SDPA keep q, k, v and the output (which is o_proj's input):
+      w * h * (2 + 2 * kv_heads / heads); eager repeats k, v to every head and copies the output for
+      o_proj: 4 * w * h;
+    - eager only: a * s * attention_score_bytes (6 in bf16) per token, the s x s scores;
+    - the MLP: ffn_tensors * f * w (gated: gate, up, act(gate), product = 4 * f * w); MoE: times the
+      experts routed per token, plus 2 * k * w * h for the dispatched inputs and weighted outputs
+      (MEASURED with Mixtral; f is then the expert's intermediate size).
+    In bf16, MHA, flash: h * (24 + 8 f / h), where Megatron-LM's theoretical_memory_usage.py has
+    h * (18 + 4 f / h) and the paper h * 34 at f = 4h.
+    Flash attention (Dao et al. 2022; flash_attn and SDPA's CUDA flash / memory-efficient / cuDNN
+    kernels) saves q, k, v, its output and an fp32 logsumexp (a * s * b * 4 B, below 1 %); CPU SDPA
+    (_scaled_dot_product_flash_attention_for_cpu) saves exactly the same, which is what was measured.
+    The shared rotary cos/sin (2 * w * h / heads per token, once per model) are left out (< 1 %).
     """
-    f = intermediate_size or 4 * hidden_size
-    per_token = (18 * hidden_size + 4 * f)            # = h * (18 + 4f/h), kept integral
+    p = _profile(profile)
+    w = working_bytes(precision)
+    h = hidden_size
+    f = intermediate_size or 4 * h
+    kv = kv_heads or heads
+    per_token = 2 * norm_bytes_per_token(h, precision, p)
+    if flash:
+        per_token += w * (2 * h + (2 * h * kv) // heads)
+    else:
+        per_token += 4 * w * h
+    per_token += int(p.ffn_tensors * f * w) * max(experts_per_token, 1)
+    if experts_per_token:
+        # MoE dispatch: each routed copy of the token's input and of its weighted expert output (MEASURED
+        # with Mixtral, transformers 5.24); the router's logits and indices are per token, negligible.
+        per_token += 2 * experts_per_token * w * h
     total = seq_len * micro_batch * per_token
     if not flash:
-        total += 5 * heads * seq_len * seq_len * micro_batch
+        total += heads * seq_len * seq_len * micro_batch * attention_score_bytes(precision, p, attention_dropout)
     return total
 
 
 def activation_bytes(seq_len: int, micro_batch: int, hidden_size: int, heads: int, layers: int,
                      intermediate_size: int | None, flash: bool, gradient_checkpointing: bool,
-                     precision: str = "bf16") -> int:
-    """All layers' activations per GPU (ZeRO and FSDP do not partition activations).
+                     precision: str = "bf16", profile: LayerProfile | None = None, kv_heads: int | None = None,
+                     attention_dropout: bool = False, experts_per_token: int = 0) -> int:
+    """All layers' activations per GPU (ZeRO and FSDP do not partition activations), in `precision`.
 
-    Full recomputation (HF gradient_checkpointing=True): each layer keeps only its 16-bit input,
-    2*s*b*h (Korthikanti et al. section 4.2), plus one layer's full activations rematerialised
-    during its backward. fp32 activations double every term (the paper assumes 16-bit).
+    Without checkpointing: every layer's saved tensors plus the final norm's (norm_bytes_per_token,
+    whose output is the LM head's input); this is what is alive when backward starts, and the logits
+    term is added on top of it (MEASURED: the step's peak is exactly their sum).
+    Full recomputation (HF gradient_checkpointing=True, non-reentrant): each layer keeps only its
+    input, w * s * b * h (Korthikanti et al. 4.2 count 2 * s * b * h in 16-bit; MEASURED), and the
+    backward of one layer rematerialises its full activations and holds its gradients
+    (backward_working_bytes_per_token, MEASURED). That layer peak and the logits peak
+    happen at different moments of backward, so activations + logits overstates a checkpointed step
+    by up to one layer's activations: a deliberate, conservative overlap.
     """
-    per_layer = activation_bytes_per_layer(seq_len, micro_batch, hidden_size, heads, intermediate_size, flash)
+    p = _profile(profile)
+    w = working_bytes(precision)
+    kwargs = dict(precision=precision, profile=p, kv_heads=kv_heads, attention_dropout=attention_dropout,
+                  experts_per_token=experts_per_token)
+    per_layer = activation_bytes_per_layer(seq_len, micro_batch, hidden_size, heads, intermediate_size, flash,
+                                           **kwargs)
+    tokens = seq_len * micro_batch
     if gradient_checkpointing:
-        total = 2 * seq_len * micro_batch * hidden_size * layers + per_layer
-    else:
-        total = per_layer * layers
-    return total * working_bytes(precision) // 2
+        backward = tokens * backward_working_bytes_per_token(seq_len, hidden_size, heads, intermediate_size, flash,
+                                                             precision, p, experts_per_token)
+        return w * tokens * hidden_size * layers + per_layer + backward
+    return per_layer * layers + tokens * norm_bytes_per_token(hidden_size, precision, p)
+
+
+def backward_working_bytes_per_token(seq_len: int, hidden_size: int, heads: int, intermediate_size: int | None,
+                                     flash: bool, precision: str = "bf16", profile: LayerProfile | None = None,
+                                     experts_per_token: int = 0) -> int:
+    """Bytes per token that one layer's backward holds on top of that layer's saved activations.
+
+    MEASURED (bench/measure_activations.py, the live-storage tracker): the MLP's backward holds about
+    profile.backward_ffn_tensors f-sized gradients at once. Eager attention's softmax backward holds
+    its incoming and outgoing gradients (fp32 for the Llama family: 8 B per score, less the 16-bit
+    cast copy already freed), by which time the MLP's and the second norm's saved tensors are gone;
+    the larger of the two phases counts. Flash attention's backward is below the MLP phase (dq, dk,
+    dv are h-sized).
+    """
+    p = _profile(profile)
+    w = working_bytes(precision)
+    f = intermediate_size or 4 * hidden_size
+    experts = max(experts_per_token, 1)
+    mlp_phase = int(p.backward_ffn_tensors * f * w) * experts
+    if flash:
+        return mlp_phase
+    softmax = 4 if p.softmax_fp32 else w
+    cast = w if softmax != w else 0
+    scores = heads * seq_len * (2 * softmax - cast)
+    freed = int(p.ffn_tensors * f * w) * experts + norm_bytes_per_token(hidden_size, precision, p)
+    return max(mlp_phase, scores - freed)
+
+
+# MEASURED (bench/measure_activations.py, bf16 and fp32 alike): the peak of the loss path is in
+# backward, at LogSoftmaxBackward: the saved fp32 log-softmax (4 B), the fp32 gradient coming from
+# the NLL loss (4 B) and the fp32 gradient it produces (4 B).
+LOGITS_PEAK_BYTES_PER_ELEMENT = 12
 
 
 def logits_bytes(seq_len: int, micro_batch: int, vocab_size: int, precision: str) -> int:
-    """The LM head's logits and the loss: s*b*V elements held at once around the loss.
+    """The LM head's logits and the loss at their peak: 12 bytes per s*b*V element, any precision.
 
-    HF causal-LM heads compute 16-bit logits (2 B), the loss upcasts them to fp32 (logits.float() in
-    transformers loss_utils.ForCausalLMLoss; cross-entropy saves its fp32 log-softmax, 4 B), and
-    backward produces an fp32 gradient of the same shape (4 B): 10 B per element in mixed precision.
-    In fp32 there is no 16-bit copy: 4 + 4 = 8 B. Approximate: the transient fp32 upcast and the
-    saved log-softmax may coexist for a moment. Megatron's output-layer term
-    (4*s*b*h*(1 + V/h)) counts 4 B per element for the same tensors.
+    transformers' ForCausalLMLoss upcasts the logits (logits.float()) and cross-entropy saves its fp32
+    log-softmax. In forward, the 16-bit logits (w), the fp32 upcast (4) and the log-softmax (4) coexist
+    for a moment (10 B in bf16); the HF Trainer drops the model output before backward, whose
+    LogSoftmaxBackward then holds the saved log-softmax, the incoming and the outgoing fp32 gradients:
+    12 B per element, the larger of the two (MEASURED on CPU, bench/measure_activations.py). In fp32
+    the forward moment is 8 B and the backward one is the same 12 B. Megatron's output-layer term
+    (4*s*b*h*(1 + V/h)) counts 4 B per element. A fused / chunked cross-entropy (Liger) avoids most of it.
     """
-    per_element = 8 if precision == "fp32" else 10
-    return seq_len * micro_batch * vocab_size * per_element
+    del precision
+    return seq_len * micro_batch * vocab_size * LOGITS_PEAK_BYTES_PER_ELEMENT
 
 
 # --- Framework buffers ----------------------------------------------------------------------------
@@ -513,6 +689,9 @@ __all__ = [
     "ds_estimate_zero2_model_states_mem_needs", "ds_estimate_zero3_model_states_mem_needs",
     "states_single_or_ddp", "states_zero1", "states_zero2", "states_zero3", "states_zero3_nvme", "states_fsdp",
     "layer_and_root_params", "activation_bytes_per_layer", "activation_bytes", "logits_bytes",
+    "LayerProfile", "GATED_PROFILE", "PLAIN_PROFILE", "TANH_GELU_PROFILE", "layer_profile", "mlp_is_gated",
+    "norm_bytes_per_token", "attention_score_bytes", "backward_working_bytes_per_token",
+    "LOGITS_PEAK_BYTES_PER_ELEMENT",
     "deepspeed_bucket_settings", "ddp_buffers", "zero12_buffers", "zero3_buffers", "fsdp_buffers",
     "margin_bytes", "usable_bytes",
 ]
