@@ -125,7 +125,11 @@ def build_model(shape: Shape):
     model = AutoModelForCausalLM.from_config(config, attn_implementation=shape.attn, dtype=_torch_dtype(shape.dtype))
     model.train()
     if shape.gc:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        # What the HF Trainer calls (transformers 5.x; gradient_checkpointing_enable before), non-reentrant.
+        if hasattr(model, "activation_checkpointing_enable"):
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return model
 
 

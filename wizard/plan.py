@@ -210,6 +210,9 @@ class _Inputs:
     heads: int
     vocab: int
     ffn: int
+    kv_heads: int
+    experts_per_token: int
+    profile: mem.LayerProfile            # what a layer of this model family saves for backward
     layer_params: int
     root_params: int
     seq: int
@@ -289,7 +292,8 @@ class _Estimate:
 
 def _estimate(spec: RungSpec, x: _Inputs, gc: bool) -> _Estimate:
     states = _states(spec, x)
-    activations = mem.activation_bytes(x.seq, x.batch, x.hidden, x.heads, x.layers, x.ffn, x.flash, gc, x.precision)
+    activations = mem.activation_bytes(x.seq, x.batch, x.hidden, x.heads, x.layers, x.ffn, x.flash, gc, x.precision,
+                                       profile=x.profile, kv_heads=x.kv_heads, experts_per_token=x.experts_per_token)
     logits = mem.logits_bytes(x.seq, x.batch, x.vocab, x.precision)
     buffers = _buffers(spec, x)
     margin = mem.margin_bytes(states.gpu + activations + logits + buffers)
@@ -465,8 +469,13 @@ def _resolve(hw, model, training: TrainingOptions, strategy: StrategyOptions, to
                      f"({mem.OPTIMIZER_STATE_BYTES[training.optimizer]} B/param).")
     if not getattr(model, "exact", True):
         notes.append("The model shape is estimated from a parameter count, not read from a config.")
-    notes.append("Activations follow Korthikanti et al. 2022 with the MLP scaled by the intermediate size (a guess "
-                 f"for gated MLPs); attention counted as {'flash/SDPA (no s x s scores)' if flash else 'eager/math'}.")
+    # model.py has no MLP field: the family follows from model_type; a `gated_mlp` attribute, if a
+    # ModelShape ever carries one, overrides it.
+    profile = mem.layer_profile(getattr(model, "model_type", None), getattr(model, "gated_mlp", None))
+    mlp_text = "gated (SwiGLU) MLP" if profile.gated_mlp else "plain MLP"
+    notes.append("Activations are what PyTorch saves for backward in Hugging Face models, measured per tensor "
+                 f"(Korthikanti et al. 2022's terms, HF's fp32 norms and softmax); {mlp_text}, attention counted as "
+                 f"{'flash/SDPA (no s x s scores)' if flash else 'eager/math'}.")
 
     nvme_path = strategy.nvme_path or hw.nvme_path
     nvme_free = hw.disk_free_nvme if nvme_path and nvme_path == hw.nvme_path else None
@@ -475,7 +484,10 @@ def _resolve(hw, model, training: TrainingOptions, strategy: StrategyOptions, to
     return _Inputs(
         params=model.params, largest_layer=model.largest_layer_params, hidden=model.hidden_size,
         layers=model.layers, heads=model.heads, vocab=model.vocab_size,
-        ffn=model.intermediate_size or 4 * model.hidden_size, layer_params=layer_params, root_params=root_params,
+        ffn=model.intermediate_size or 4 * model.hidden_size,
+        kv_heads=getattr(model, "kv_heads", None) or model.heads,
+        experts_per_token=(getattr(model, "experts_per_token", 0) or 0) if getattr(model, "num_experts", 0) else 0,
+        profile=profile, layer_params=layer_params, root_params=root_params,
         seq=seq, batch=batch, precision=precision, optimizer=training.optimizer, flash=flash,
         per_machine=per_machine, machines=machines, cpu=cpu, context=context, capacity=capacity,
         usable=mem.usable_bytes(capacity, headroom), headroom=headroom, ram=ram,

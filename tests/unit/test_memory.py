@@ -121,28 +121,54 @@ def test_fsdp_states():
     assert off.cpu > mem.states_fsdp(p, "bf16", "adamw", n, 4, reshard=True, offload=True).cpu
 
 
-def test_activations_match_korthikanti_example():
-    # deepspeed.md 2.1: s = 4096, b = 1, h = 4096, a = 32, f = 4h: 3.03 GiB/layer eager, 0.53 GiB flash.
-    s, b, h, a, layers = 4096, 1, 4096, 32, 32
-    eager = mem.activation_bytes_per_layer(s, b, h, a, 4 * h, flash=False)
-    assert eager == s * b * h * (34 + 5 * a * s // h)
-    assert round(eager / GiB, 2) == 3.03
-    flash = mem.activation_bytes_per_layer(s, b, h, a, 4 * h, flash=True)
-    assert flash == 34 * s * b * h
-    assert round(flash / GiB, 2) == 0.53
-    assert mem.activation_bytes(s, b, h, a, layers, 4 * h, True, False) == 32 * flash
-    gc = mem.activation_bytes(s, b, h, a, layers, 4 * h, True, True)
-    assert gc == 2 * s * b * h * layers + flash
-    assert round(gc / GiB, 1) == 1.5
-    # Megatron's MLP scaling: 18 + 4f/h bytes per s*b*h.
-    assert mem.activation_bytes_per_layer(10, 1, 100, 4, 270, flash=True) == 10 * (18 * 100 + 4 * 270)
-    # fp32 activations are twice the 16-bit ones.
-    assert mem.activation_bytes(s, b, h, a, layers, None, True, False, "fp32") == 2 * 32 * flash
+def test_activations_follow_korthikanti_with_the_measured_coefficients():
+    # Korthikanti et al.'s structure, HF's measured coefficients (bench/measure_activations.py): in bf16
+    # a Llama layer keeps h * (24 + 8f/h) per token with flash attention, plus 6 bytes per score with
+    # eager attention (fp32 softmax + its bf16 cast), where the paper has 34 + 5as/h at f = 4h.
+    s, b, h, a, f, layers = 4096, 1, 4096, 32, 11_008, 32
+    flash = mem.activation_bytes_per_layer(s, b, h, a, f, flash=True)
+    assert flash == s * b * (24 * h + 8 * f)
+    eager = mem.activation_bytes_per_layer(s, b, h, a, f, flash=False)
+    assert eager == flash + 6 * a * s * s * b
+    # With f = 4h the measured gated layer is 56 sbh against the paper's 34 (flash): HF's fp32 RMSNorm
+    # copies and the gated MLP's four f-sized tensors.
+    assert mem.activation_bytes_per_layer(s, b, h, a, 4 * h, flash=True) == 56 * s * b * h
+    # The plain (non-gated) family: LayerNorm (input + output, w each) and two f-sized tensors.
+    plain = mem.activation_bytes_per_layer(s, b, h, a, 4 * h, flash=True, profile=mem.PLAIN_PROFILE)
+    assert plain == s * b * h * (8 + 8 + 16)
+    # GQA: flash keeps k and v at the key/value heads; eager repeats them to every head.
+    assert mem.activation_bytes_per_layer(s, b, h, a, f, True, kv_heads=8) == flash - s * b * 2 * 2 * h * 24 // 32
+    assert mem.activation_bytes_per_layer(s, b, h, a, f, False, kv_heads=8) == eager
+    # All layers: plus the final norm; fp32 is not simply twice bf16 (the norms' fp32 copies already are).
+    assert mem.activation_bytes(s, b, h, a, layers, f, True, False) == layers * flash + s * b * 8 * h
+    fp32 = mem.activation_bytes_per_layer(s, b, h, a, f, True, "fp32")
+    assert fp32 == s * b * (24 * h + 16 * h + 16 * f)
+    # Full recomputation: each layer's input, one layer, and that layer's backward working set.
+    gc = mem.activation_bytes(s, b, h, a, layers, f, True, True)
+    assert gc == 2 * s * b * h * layers + flash + s * b * 5 * f
+    assert round(gc / GiB, 2) == 1.92          # Korthikanti 4.2 with the paper's 34: 1.5
+    # Korthikanti 4.2's "2sbh per layer" is the 16-bit input: 4 bytes in fp32.
+    assert mem.activation_bytes(s, b, h, a, layers, f, True, True, "fp32") - fp32 == 4 * s * b * h * layers + s * b * 10 * f
+
+
+def test_layer_profile_from_model_type():
+    for gated in ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "gemma", "gemma2", "phi3", None, "new"):
+        assert mem.mlp_is_gated(gated), gated
+    for plain in ("gpt2", "opt", "gpt_neox", "falcon", "bloom"):
+        assert not mem.mlp_is_gated(plain), plain
+    assert mem.layer_profile("gpt2") is mem.TANH_GELU_PROFILE
+    assert mem.layer_profile("falcon") is mem.PLAIN_PROFILE
+    assert mem.layer_profile("falcon", gated_mlp=True) is mem.GATED_PROFILE
+    assert mem.layer_profile("llama", gated_mlp=False) is mem.PLAIN_PROFILE
+    assert mem.attention_score_bytes("bf16") == 6 and mem.attention_score_bytes("fp32") == 4
+    assert mem.attention_score_bytes("bf16", attention_dropout=True) == 4 + 1 + 2
+    assert mem.attention_score_bytes("bf16", mem.TANH_GELU_PROFILE) == 2
 
 
 def test_logits_and_buffers():
-    assert mem.logits_bytes(4096, 1, 151_936, "bf16") == 4096 * 151_936 * (2 + 4 + 4)
-    assert mem.logits_bytes(4096, 1, 151_936, "fp32") == 4096 * 151_936 * (4 + 4)
+    # Measured peak of the loss path, in backward: fp32 log-softmax + incoming and outgoing fp32 grads.
+    assert mem.logits_bytes(4096, 1, 151_936, "bf16") == 4096 * 151_936 * (4 + 4 + 4)
+    assert mem.logits_bytes(4096, 1, 151_936, "fp32") == 4096 * 151_936 * (4 + 4 + 4)
     h = 4096
     settings = mem.deepspeed_bucket_settings(h)
     assert settings["reduce_bucket_size"] == h * h

@@ -1,0 +1,105 @@
+"""The activation and logits formulas of wizard/memory.py against what PyTorch really keeps for backward.
+
+Real transformers models on CPU (random weights, no download), measured by bench/measure_activations.py:
+saved_tensors_hooks for the tensors saved in forward, a live-storage tracker for the peaks of backward.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from wizard import memory as mem
+
+pytest.importorskip("transformers")
+torch = pytest.importorskip("torch")
+
+_BENCH = Path(__file__).resolve().parents[2] / "bench" / "measure_activations.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("measure_activations", _BENCH)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("measure_activations", module)
+    spec.loader.exec_module(module)
+    torch.set_num_threads(2)
+    return module
+
+
+TOLERANCE = 10.0   # percent
+
+# Small but real gated Llama layers: GQA (4 heads, 2 KV heads), the Llama MLP ratio, bf16.
+FAST = dict(hidden=256, heads=4, kv_heads=2, layers=2, vocab=8000, seq=256, batch=2)
+
+
+def _check(bench, shape):
+    m = bench.measure(shape)
+    rows = bench.compare(m)
+    for what, measured, estimated in rows:
+        err = bench.error_pct(measured, estimated)
+        assert abs(err) <= TOLERANCE, f"{shape.label()}: {what} measured {measured:,} estimated {estimated:,} ({err:+.1f}%)"
+    return m
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+@pytest.mark.parametrize("gc", [False, True], ids=["no-gc", "gc"])
+def test_gated_llama_within_tolerance(bench, attn, gc):
+    _check(bench, bench.Shape(**FAST, attn=attn, gc=gc))
+
+
+def test_logits_peak_is_twelve_bytes_per_element(bench):
+    # The loss path's peak, in forward or backward, measured on its own allocations.
+    m = bench.measure(bench.Shape(**FAST))
+    s = m.shape
+    assert m.loss_peak == pytest.approx(12 * s.seq * s.batch * s.vocab, rel=0.001)
+    assert mem.logits_bytes(s.seq, s.batch, s.vocab, "bf16") == pytest.approx(m.loss_peak, rel=0.001)
+    # Without checkpointing the step's peak is the saved activations plus the logits peak: the plan's sum.
+    assert m.backward_peak == pytest.approx(bench.measured_activations(m) + m.loss_peak, rel=0.01)
+
+
+def test_eager_adds_six_bytes_per_score_in_bf16(bench):
+    # The instrument and the formula agree on the s x s term exactly: fp32 softmax (4) + its bf16 cast (2).
+    sdpa = bench.measure(bench.Shape(**FAST, attn="sdpa"))
+    eager = bench.measure(bench.Shape(**FAST, attn="eager"))
+    s = sdpa.shape
+    scores = s.heads * s.seq * s.seq * s.batch
+    # eager also repeats k, v to all 4 heads (GQA): + 2 * s*b*h/2 bytes each for k and v.
+    kv_repeat = 2 * 2 * s.seq * s.batch * s.hidden // 2
+    assert eager.saved_layers()[-1] - sdpa.saved_layers()[-1] == pytest.approx(6 * scores + kv_repeat, rel=0.01)
+
+
+def test_checkpointing_keeps_each_layer_input(bench):
+    # Non-reentrant checkpointing: after forward each layer's bf16 input is alive (2 * s*b*h), not its activations.
+    shape = bench.Shape(**FAST, gc=True, attn="sdpa")
+    m = bench.measure(shape)
+    tokens = shape.seq * shape.batch
+    layer_inputs = shape.layers * 2 * tokens * shape.hidden
+    final_norm = mem.norm_bytes_per_token(shape.hidden, "bf16") * tokens
+    logits_saved = 4 * tokens * shape.vocab       # the fp32 log-softmax
+    assert m.live_after_forward == pytest.approx(layer_inputs + final_norm + logits_saved, rel=0.02)
+
+
+def test_fp32_within_tolerance(bench):
+    _check(bench, bench.Shape(**FAST, dtype="fp32"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("shape_kw", [
+    dict(hidden=512, heads=8, kv_heads=2, layers=4, seq=1024, batch=2, attn="eager", gc=True),
+    dict(hidden=512, heads=8, kv_heads=2, layers=4, seq=1024, batch=2, attn="sdpa", gc=True),
+    dict(hidden=1024, heads=16, kv_heads=4, layers=4, seq=512, batch=1, attn="sdpa"),
+    dict(hidden=1024, heads=16, kv_heads=4, layers=4, seq=512, batch=1, attn="eager"),
+    dict(hidden=256, heads=4, layers=2, vocab=152064, seq=256, batch=1),
+    dict(hidden=256, heads=4, layers=2, seq=512, attn="eager", gc=True, dtype="fp32"),
+    dict(hidden=256, heads=4, layers=2, seq=256, attn="eager", attention_dropout=0.1),
+    dict(model_type="mixtral", hidden=256, heads=4, layers=2, seq=256),
+    dict(model_type="mixtral", hidden=256, heads=4, layers=2, seq=256, gc=True),
+    dict(model_type="gpt2", hidden=256, heads=4, layers=2, seq=256, attn="eager"),
+    dict(model_type="gpt2", hidden=256, heads=4, layers=2, seq=256, attn="sdpa", gc=True),
+], ids=lambda kw: "-".join(f"{k}{v}" for k, v in kw.items()))
+def test_wider_grid_within_tolerance(bench, shape_kw):
+    _check(bench, bench.Shape(**shape_kw))
