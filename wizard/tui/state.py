@@ -22,7 +22,7 @@ from wizard.errors import InputError
 from wizard.hardware import Hardware
 from wizard.model import ModelShape
 from wizard.plan import RUNG_SPECS, Plan, Rung
-from wizard.questions import Context, Question, by_id
+from wizard.questions import QUESTIONS, Context, Question, by_id
 
 # Where the files go when there is no GPU here: CPU processes on this machine (see `default_target`).
 TARGET_HERE, TARGET_CPU, TARGET_OTHER = "here", "cpu", "other"
@@ -34,6 +34,7 @@ DEFAULT_OTHER_COUNT = 8
 RECOMMENDED_PARAMS_GPU = "7B"
 RECOMMENDED_PARAMS_CPU = "125M"
 STRATEGY_IDS = ("backend", "zero_stage", "offload")
+_ORDER = {q.id: i for i, q in enumerate(QUESTIONS)}
 
 
 @dataclass(frozen=True)
@@ -172,6 +173,11 @@ class WizardState:
     def given(self) -> dict[str, Any]:
         """What resolve() sees: flags and answers file, then what was typed here; None means unset."""
         merged = {**self.request.given, **self.entered}
+        # Typing a model here replaces a parameter count from the flags (and the other way round).
+        if self.entered.get("model") is not None:
+            merged.pop("params", None)
+        elif self.entered.get("params") is not None:
+            merged.pop("model", None)
         merged = {k: v for k, v in merged.items() if v is not None}
         if merged.get("model") is None and merged.get("params") is None:
             merged["params"] = self.recommended_params(merged)
@@ -200,6 +206,18 @@ class WizardState:
             answers = self.full_answers or self.answers
         return Context(hardware=self.hardware, model=self.model, plan=self.plan, answers=dict(answers),
                        given=self.given())
+
+    def context_for(self, qid: str) -> Context:
+        """The context a question's own value is checked in: the answers before it in asking order
+        (as answers.resolve gives them). A model typed here is checked without the recommended
+        parameter count, which it replaces."""
+        order = _ORDER.get(qid, len(_ORDER))
+        source = self.full_answers or self.answers
+        answers = {k: v for k, v in source.items() if _ORDER.get(k, -1) < order}
+        given = self.given()
+        if qid == "model":
+            given.pop("params", None)
+        return Context(hardware=self.hardware, model=self.model, plan=self.plan, answers=answers, given=given)
 
     def value_of(self, qid: str) -> Any:
         """The current answer shown for a question (entered, else the default), or None when not asked."""

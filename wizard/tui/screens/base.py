@@ -7,6 +7,7 @@ up/down move between fields, ctrl+q quits (asking first when something changed).
 
 from __future__ import annotations
 
+from functools import partial
 from typing import TYPE_CHECKING, Any, Iterable
 
 from textual.app import ComposeResult
@@ -85,14 +86,24 @@ class WizardScreen(Screen):
         return found.first() if found else None  # type: ignore[return-value]
 
     def make_field(self, q: Question, suggestions: list[str] | None = None) -> QuestionField:
-        return QuestionField(q, self.state.context, self.state.value_of(q.id), suggestions=suggestions)
+        return QuestionField(q, partial(self.state.context_for, q.id), self.state.value_of(q.id),
+                             suggestions=suggestions)
 
     # ------------------------------------------------------------------ state -> screen
 
+    # Textual calls a handler of every class in the MRO, so subclasses override these plain
+    # methods (mounted, resumed, ...) instead of the handlers.
+
     def on_mount(self) -> None:
+        self.mounted()
+
+    def mounted(self) -> None:
         self.sync()
 
     def on_screen_resume(self) -> None:
+        self.resumed()
+
+    def resumed(self) -> None:
         self.sync()
 
     def on_state_changed(self, message: StateChanged) -> None:
@@ -206,7 +217,11 @@ class WizardScreen(Screen):
     # ------------------------------------------------------------------ field -> state
 
     def on_answer_entered(self, message: AnswerEntered) -> None:
-        self.wizard.answer(message.qid, message.value)
+        message.stop()
+        self.answer_entered(message.qid, message.value)
+
+    def answer_entered(self, qid: str, value: Any) -> None:
+        self.wizard.answer(qid, value)
 
     def on_answer_invalid(self, message: AnswerInvalid) -> None:
         self.sync_status()
@@ -215,14 +230,19 @@ class WizardScreen(Screen):
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         event.stop()
+        self.input_submitted(event.input)
+
+    def input_submitted(self, control: Input) -> None:
         self.action_next()
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
-        if event.button.id == "next":
-            event.stop()
+        event.stop()
+        self.button_pressed(event.button.id)
+
+    def button_pressed(self, button_id: str | None) -> None:
+        if button_id == "next":
             self.action_next()
-        elif event.button.id == "back":
-            event.stop()
+        elif button_id == "back":
             self.action_back()
 
     def blocking_problem(self) -> str | None:

@@ -43,8 +43,8 @@ class DoneScreen(WizardScreen):
         yield Static("", id="launch-error")
         yield Button("Launch now", id="launch-now", compact=True)
 
-    def on_mount(self) -> None:
-        super().on_mount()
+    def mounted(self) -> None:
+        super().mounted()
         self.query_one("#back", Button).disabled = False
         self.show_done()
 
@@ -99,19 +99,17 @@ class DoneScreen(WizardScreen):
 
     # ------------------------------------------------------------------ actions
 
-    def on_input_submitted(self, event: Input.Submitted) -> None:
-        event.stop()
-        if event.input.id in ("launch-script", "launch-args") and self.query_one("#launch-script", Input).value:
+    def input_submitted(self, control: Input) -> None:
+        if control.id in ("launch-script", "launch-args") and self.query_one("#launch-script", Input).value:
             self.launch()
         else:
             self.action_next()
 
-    def on_button_pressed(self, event: Button.Pressed) -> None:
-        if event.button.id == "launch-now":
-            event.stop()
+    def button_pressed(self, button_id: str | None) -> None:
+        if button_id == "launch-now":
             self.launch()
-            return
-        super().on_button_pressed(event)
+        else:
+            super().button_pressed(button_id)
 
     def launch(self) -> None:
         from wizard.tui.app import Outcome

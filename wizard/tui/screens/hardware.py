@@ -7,6 +7,7 @@ WizardState.default_target) or a machine from the GPU catalogue (the same as --a
 from __future__ import annotations
 
 import re
+from functools import partial
 from typing import Any, Iterable
 
 from textual.containers import Vertical
@@ -17,7 +18,6 @@ from wizard import catalogue
 from wizard import hardware as hardware_mod
 from wizard.errors import InputError
 from wizard.questions import Question, by_id
-from wizard.tui.messages import AnswerEntered
 from wizard.tui.screens.base import WizardScreen
 from wizard.tui.state import TARGET_CPU, TARGET_HERE, TARGET_OTHER
 from wizard.tui.widgets.question_field import QuestionField
@@ -80,9 +80,9 @@ class HardwareScreen(WizardScreen):
         yield Vertical(id="hw-target")
         yield Static("", id="hw-describe")
 
-    def on_mount(self) -> None:
+    def mounted(self) -> None:
         self._built = False
-        super().on_mount()
+        super().mounted()
 
     def screen_help(self) -> str:
         return ("What the wizard found on this machine. Enter plans for it; Tab to the fields to plan "
@@ -100,7 +100,8 @@ class HardwareScreen(WizardScreen):
         fields = [
             QuestionField(self.target_q, ctx, state.target,
                           labels={**TARGET_LABELS, TARGET_HERE: f"this machine ({here})"}),
-            QuestionField(by_id("num_processes"), ctx, state.value_of("num_processes")),
+            QuestionField(by_id("num_processes"), partial(state.context_for, "num_processes"),
+                          state.value_of("num_processes")),
             QuestionField(COUNT_QUESTION, ctx, state.other_count),
             QuestionField(GPU_QUESTION, ctx, state.other_gpu),
         ]
@@ -175,17 +176,16 @@ class HardwareScreen(WizardScreen):
 
     # ------------------------------------------------------------------ edits
 
-    def on_answer_entered(self, message: AnswerEntered) -> None:
-        message.stop()
+    def answer_entered(self, qid: str, value: Any) -> None:
         state = self.state
-        if message.qid == "target_machine":
-            state.set_target(message.value)
-        elif message.qid == "target_count":
-            state.set_other_machine(message.value, state.other_gpu)
-        elif message.qid == "target_gpu":
-            state.set_other_machine(state.other_count, message.value)
+        if qid == "target_machine":
+            state.set_target(value)
+        elif qid == "target_count":
+            state.set_other_machine(value, state.other_gpu)
+        elif qid == "target_gpu":
+            state.set_other_machine(state.other_count, value)
         else:
-            state.set_answer(message.qid, message.value)
+            state.set_answer(qid, value)
         self.wizard.replan()
 
     def busy(self) -> str | None:

@@ -54,8 +54,8 @@ class PlanScreen(WizardScreen):
             for q in for_stage("strategy"):
                 yield self.make_field(q)
 
-    def on_mount(self) -> None:
-        super().on_mount()
+    def mounted(self) -> None:
+        super().mounted()
         self.wizard.start_preload()
 
     def screen_help(self) -> str:

@@ -76,13 +76,13 @@ class ReviewScreen(WizardScreen):
                 with VerticalScroll():
                     yield Static("", id="validation-text")
 
-    def on_mount(self) -> None:
+    def mounted(self) -> None:
         if self.state.request.dry_run:
             self.NEXT_LABEL = "Finish (dry run) ▶"
             self.next_button().label = self.NEXT_LABEL
-        super().on_mount()
+        super().mounted()
 
-    def on_screen_resume(self) -> None:
+    def resumed(self) -> None:
         self.render_files()
 
     def sync(self) -> None:
@@ -105,6 +105,10 @@ class ReviewScreen(WizardScreen):
             self.result = None
             self.query_one("#yaml-text", Static).update(Text(f"Nothing to show: {e}", style="red"))
             return
+        same = (self.result is not None and self.result.yaml_text == result.yaml_text
+                and self.result.ds_text == result.ds_text)
+        if same:
+            return          # back from Done, or a resume with nothing changed: keep the validation
         self.result = result
         self.findings = None
         self.validation_error = None

@@ -1,0 +1,476 @@
+"""The Textual wizard driven by Pilot, through the same factory `wizard` uses (make_app).
+
+Real components throughout: assumed hardware from the catalogue (or this machine's real probe),
+fixture model configs sized by transformers on the meta device, the real planner, emitter,
+validation by accelerate/DeepSpeed/transformers and atomic writes into a temporary directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from textual.widgets import Input, Select
+
+from wizard import hardware
+from wizard.errors import EXIT_INTERRUPTED
+from wizard.pipeline import Request
+from wizard.tui.app import make_app
+from wizard.tui.widgets.question_field import QuestionField
+from wizard.tui.widgets.rung_list import RungList
+
+pytestmark = pytest.mark.timeout(180)
+
+ROOT = Path(__file__).resolve().parents[2]
+MODELS = ROOT / "tests" / "fixtures" / "models"
+QWEN_7B = str(MODELS / "qwen2.5-7b")
+LLAMA_8B = str(MODELS / "llama-3.1-8b")
+
+
+@pytest.fixture(autouse=True)
+def _isolated(monkeypatch, tmp_path_factory):
+    # The Hub cache and accelerate's config dir of the test, never the user's; the sizing cache is
+    # shared by the session so that only the first sizing of a fixture imports transformers.
+    monkeypatch.setenv("HF_HOME", str(tmp_path_factory.getbasetemp() / "hf_home"))
+    monkeypatch.setenv("WIZARD_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "wizard_cache"))
+    monkeypatch.setenv("TEXTUAL_ANIMATIONS", "none")
+
+
+def a100s() -> hardware.Hardware:
+    return hardware.assume("8xA100-80GB")
+
+
+def app_for(tmp_path: Path, hw=None, **given):
+    request = Request(given=given, output_dir=str(tmp_path / "out"))
+    return make_app(request, hardware=hw, preload=False)
+
+
+def screen_name(app) -> str:
+    return type(app.screen).__name__
+
+
+async def settle(pilot) -> None:
+    await pilot.app.workers.wait_for_complete()
+    await pilot.pause()
+
+
+async def wait_until(pilot, condition, timeout: float = 90.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out on {screen_name(pilot.app)}")
+        await pilot.pause(0.05)
+
+
+async def reach(pilot, name: str) -> None:
+    """Press Enter until the screen `name` is shown (every recommendation accepted)."""
+    for _ in range(8):
+        await settle(pilot)
+        if screen_name(pilot.app) == name:
+            return
+        before = pilot.app.screen
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: pilot.app.screen is not before or pilot.app.return_value is not None,
+                         timeout=60 if name in ("ReviewScreen", "DoneScreen") else 20)
+    raise AssertionError(f"never reached {name}")
+
+
+async def enter_through(pilot) -> None:
+    await reach(pilot, "DoneScreen")
+    await pilot.press("enter")
+    await wait_until(pilot, lambda: pilot.app.return_value is not None)
+
+
+async def type_into(pilot, qid: str, text: str) -> None:
+    """Replace the text of a question's Input as a user would: focus, clear, type."""
+    field = pilot.app.screen.query_one(f"#field-{qid}", QuestionField)
+    field.control.focus()
+    await pilot.press("end", "ctrl+u")          # Input: delete everything left of the cursor
+    if text:
+        await pilot.press(*list(text))
+    await settle(pilot)
+
+
+def text_of(widget) -> str:
+    """The text a Static shows (rich renderables included), as plain text."""
+    import io
+    from rich.console import Console
+    console = Console(width=200, file=io.StringIO(), record=True, color_system=None)
+    console.print(widget.content)
+    return console.export_text()
+
+
+def field(app, qid: str) -> QuestionField:
+    return app.screen.query_one(f"#field-{qid}", QuestionField)
+
+
+def assert_files_valid(out: Path, expect_ds: bool, state) -> dict:
+    """Validate the files on disk again (not the wizard's scratch copies) for the wizard's plan."""
+    from wizard.validate import validate_all
+    yaml_path = out / "default_config.yaml"
+    doc = yaml.safe_load(yaml_path.read_text())
+    ds_path = out / "ds_config.json"
+    assert ds_path.exists() == expect_ds
+    findings = validate_all(str(yaml_path), str(ds_path) if expect_ds else None, state.full_answers,
+                            state.plan, state.model)
+    assert [f for f in findings if f.severity == "error"] == []
+    assert (out / "wizard_plan.json").exists()
+    return doc
+
+
+# ---------------------------------------------------------------- Enter through every screen
+
+async def test_enter_through_writes_validated_files_for_8_a100(tmp_path):
+    app = app_for(tmp_path, a100s(), model=LLAMA_8B)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await enter_through(pilot)
+    outcome = app.return_value
+    assert outcome.code == 0 and outcome.launch is None
+    doc = assert_files_valid(tmp_path / "out", expect_ds=True, state=app.state)
+    assert doc["distributed_type"] == "DEEPSPEED" and doc["num_processes"] == 8
+    ds = json.loads((tmp_path / "out" / "ds_config.json").read_text())
+    assert ds["zero_optimization"]["stage"] == 2       # the plan's choice for an 8B model on 8 x 80 GB
+    assert doc["deepspeed_config"]["deepspeed_config_file"] == str(tmp_path / "out" / "ds_config.json")
+    assert any("wizard launch --config-file" in line for line in outcome.summary)
+
+
+async def test_enter_through_on_this_machines_real_probe(tmp_path):
+    probed = hardware.probe()
+    if probed.gpus:
+        pytest.skip("this machine has GPUs; the no-GPU default is what is tested here")
+    app = app_for(tmp_path)               # no hardware given: the app probes in a thread
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_until(pilot, lambda: app.state.probed is not None)
+        assert "No NVIDIA GPU here" in text_of(app.screen.query_one("#hw-headline"))
+        await enter_through(pilot)
+    assert app.return_value.code == 0
+    deepspeed = app.state.plan.choice.backend == "deepspeed"
+    doc = assert_files_valid(tmp_path / "out", expect_ds=deepspeed, state=app.state)
+    # The no-GPU default: 2 CPU processes on this machine, which accelerate can launch here.
+    assert app.state.plan.topology.cpu and doc["num_processes"] == 2
+    assert doc["distributed_type"] == ("DEEPSPEED" if deepspeed else "MULTI_CPU")
+    assert doc.get("use_cpu") is True or doc["distributed_type"] == "DEEPSPEED"
+
+
+async def test_enter_pressed_before_the_probe_finishes_still_goes_on(tmp_path):
+    app = app_for(tmp_path)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("enter")          # at once: the probe thread may still be running
+        await wait_until(pilot, lambda: screen_name(app) == "ModelScreen")
+
+
+# ---------------------------------------------------------------- going back keeps answers
+
+async def test_escape_goes_back_and_keeps_answers(tmp_path):
+    app = app_for(tmp_path, a100s(), model=QWEN_7B)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await reach(pilot, "ModelScreen")
+        await type_into(pilot, "seq_len", "4096")
+        await reach(pilot, "PlanScreen")
+        assert app.state.answers["seq_len"] == 4096
+        await pilot.press("escape")
+        await settle(pilot)
+        assert screen_name(app) == "ModelScreen"
+        assert field(app, "seq_len").control.value == "4096"
+        await pilot.press("escape")
+        await settle(pilot)
+        assert screen_name(app) == "HardwareScreen"
+        await reach(pilot, "DetailsScreen")        # forward again: new screens read the same state
+        await pilot.press("escape")
+        await pilot.press("escape")
+        await settle(pilot)
+        assert screen_name(app) == "ModelScreen"
+        assert field(app, "seq_len").control.value == "4096"
+
+
+async def test_a_picked_rung_survives_going_back_and_forth(tmp_path):
+    app = app_for(tmp_path, a100s(), model=QWEN_7B)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await reach(pilot, "PlanScreen")
+        rungs = app.screen.query_one(RungList)
+        assert rungs.highlighted_key == "zero2"
+        await pilot.press("down", "enter")          # ZeRO-3: picked, not yet accepted
+        await settle(pilot)
+        assert screen_name(app) == "PlanScreen" and app.state.plan.choice.key == "zero3"
+        await reach(pilot, "DetailsScreen")
+        await pilot.press("escape", "escape")
+        await settle(pilot)
+        await reach(pilot, "PlanScreen")
+        assert app.state.plan.choice.key == "zero3"
+        assert app.screen.query_one(RungList).highlighted_key == "zero3"
+        await enter_through(pilot)
+    ds = json.loads((tmp_path / "out" / "ds_config.json").read_text())
+    assert ds["zero_optimization"]["stage"] == 3
+
+
+# ---------------------------------------------------------------- the plan follows the inputs
+
+def first_value_that_moves_the_plan(qid: str, values) -> tuple[int, str]:
+    """The first value (from the core planner itself) whose chosen rung differs from the default's.
+
+    The memory model gets refined; the test pins the wiring (the screen shows the core's plan for
+    what was typed, and it moves), not today's thresholds.
+    """
+    from wizard import model as model_mod
+    from wizard.pipeline import make_plan, resolve_pre_plan
+    hw = a100s()
+    shape = model_mod.size_model(QWEN_7B)
+    default = make_plan(hw, shape, resolve_pre_plan(hw, {"model": QWEN_7B})).choice.key
+    for value in values:
+        plan = make_plan(hw, shape, resolve_pre_plan(hw, {"model": QWEN_7B, qid: value}))
+        if plan.choice is not None and plan.choice.key != default:
+            return value, plan.choice.key
+    raise AssertionError(f"no {qid} in {values} moves the plan off {default}")
+
+
+@pytest.mark.parametrize("qid,values,back", [
+    ("micro_batch", range(2, 65), 1),
+    ("seq_len", (4096, 8192, 12288, 16384, 24576, 32768, 65536), 2048),
+])
+async def test_training_inputs_move_the_plan_to_another_rung(tmp_path, qid, values, back):
+    value, rung = first_value_that_moves_the_plan(qid, values)
+    app = app_for(tmp_path, a100s(), model=QWEN_7B)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await reach(pilot, "ModelScreen")
+        default = app.state.plan.choice.key
+        assert default == "zero2"        # an 8B-class model on 8 x 80 GB: ZeRO-2, DDP does not fit
+        await type_into(pilot, qid, str(value))
+        assert app.state.plan.choice.key == rung != default
+        assert app.state.plan.choice.name in text_of(app.screen.query_one("#plan-line"))
+        await reach(pilot, "PlanScreen")
+        rungs = app.screen.query_one(RungList)
+        assert rungs.highlighted_key == rung
+        marked = [o.id for o in rungs._options if o.prompt.chosen]
+        assert marked == [rung]
+        await pilot.press("escape")
+        await settle(pilot)
+        await type_into(pilot, qid, str(back))
+        assert app.state.plan.choice.key == default
+
+
+async def test_backend_choice_replans_with_fsdp(tmp_path):
+    app = app_for(tmp_path, a100s(), model=QWEN_7B)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await reach(pilot, "PlanScreen")
+        select = app.screen.query_one("#q-backend", Select)
+        select.focus()
+        await pilot.press("enter")                  # open the menu
+        await pilot.press("down", "down", "down", "enter")   # auto, ddp, deepspeed, fsdp
+        await settle(pilot)
+        assert app.state.answers["backend"] == "fsdp"
+        assert {r.backend for r in app.state.plan.rungs} == {"fsdp"}
+        assert app.state.plan.choice.key.startswith("fsdp")
+        assert not app.screen.query_one("#field-zero_stage").display   # not asked for FSDP
+        await pilot.press("shift+tab")               # from the backend menu up to the rung list
+        await settle(pilot)
+        assert app.focused is app.screen.query_one(RungList)
+        await enter_through(pilot)
+    doc = yaml.safe_load((tmp_path / "out" / "default_config.yaml").read_text())
+    assert doc["distributed_type"] == "FSDP"
+    assert doc["fsdp_config"]["fsdp_transformer_layer_cls_to_wrap"] == "Qwen2DecoderLayer"
+
+
+async def test_picking_a_rung_that_does_not_fit_warns(tmp_path):
+    app = app_for(tmp_path, a100s(), model=QWEN_7B)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await reach(pilot, "PlanScreen")
+        await pilot.press("up", "enter")            # DDP: 160 GiB per GPU on 80 GB GPUs
+        await settle(pilot)
+        assert app.state.plan.choice.key == "ddp" and not app.state.plan.choice.fits
+        warning = text_of(app.screen.query_one("#plan-warning"))
+        assert "does not fit" in warning and "out of memory" in warning
+        assert app.state.answers["backend"] == "ddp"
+        # Back to auto through the backend question: the ladder's own choice again.
+        select = app.screen.query_one("#q-backend", Select)
+        select.focus()
+        await pilot.press("enter", "up", "enter")
+        await settle(pilot)
+        assert app.state.plan.choice.key == "zero2" and app.state.picked is None
+
+
+# ---------------------------------------------------------------- invalid entries
+
+async def test_letters_in_a_number_field_show_the_error_and_block_next(tmp_path):
+    app = app_for(tmp_path, a100s(), model=QWEN_7B)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await reach(pilot, "ModelScreen")
+        await type_into(pilot, "micro_batch", "abc")
+        f = field(app, "micro_batch")
+        assert f.error is not None and "micro-batch: 'abc' is not a whole number" in f.error
+        assert "is not a whole number" in text_of(f.query_one(".q-error"))
+        assert app.state.answers["micro_batch"] == 1        # the last valid value still plans
+        await pilot.press("enter")
+        await settle(pilot)
+        assert screen_name(app) == "ModelScreen"
+        assert "not a whole number" in text_of(app.screen.query_one("#status"))
+        await type_into(pilot, "micro_batch", "0")
+        assert "at least 1" in field(app, "micro_batch").error
+        await type_into(pilot, "micro_batch", "2")
+        assert field(app, "micro_batch").error is None
+        await pilot.press("enter")
+        await settle(pilot)
+        assert screen_name(app) == "PlanScreen"
+
+
+async def test_a_path_without_config_json_is_refused_inline(tmp_path):
+    app = app_for(tmp_path, a100s())
+    async with app.run_test(size=(80, 24)) as pilot:
+        await reach(pilot, "ModelScreen")
+        await type_into(pilot, "model", str(MODELS / "no-config"))
+        await wait_until(pilot, lambda: app.state.sizing is None and app.state.error is not None)
+        await settle(pilot)
+        f = field(app, "model")
+        assert f.error is not None and "config.json" in f.error
+        await pilot.press("enter")
+        await settle(pilot)
+        assert screen_name(app) == "ModelScreen"
+        await type_into(pilot, "model", LLAMA_8B)
+        await wait_until(pilot, lambda: app.state.sizing is None)
+        await settle(pilot)
+        assert field(app, "model").error is None and app.state.model.params == 8_030_261_248
+        assert not field(app, "params").display          # a model replaces the parameter count
+
+
+async def test_zero_gpus_for_the_target_machine_is_refused(tmp_path):
+    app = app_for(tmp_path, hardware.load_file(str(ROOT / "snapshots" / "hardware" / "no-gpu.json")))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        select = app.screen.query_one("#q-target_machine", Select)
+        select.focus()
+        await pilot.press("enter", "down", "enter")        # another machine from the catalogue
+        await settle(pilot)
+        assert app.state.target == "other" and app.state.hardware.num_gpus == 8
+        await type_into(pilot, "target_count", "0")
+        assert "at least one" in field(app, "target_count").error
+        await pilot.press("enter")
+        await settle(pilot)
+        assert screen_name(app) == "HardwareScreen"
+        await type_into(pilot, "target_count", "4")
+        assert app.state.hardware.num_gpus == 4
+        await reach(pilot, "PlanScreen")
+        assert app.state.plan.topology.world_size == 4 and not app.state.plan.topology.cpu
+
+
+async def test_zero_cpu_processes_is_refused(tmp_path):
+    app = app_for(tmp_path, hardware.load_file(str(ROOT / "snapshots" / "hardware" / "no-gpu.json")))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        await type_into(pilot, "num_processes", "0")
+        assert "at least 1" in field(app, "num_processes").error
+        await pilot.press("enter")
+        await settle(pilot)
+        assert screen_name(app) == "HardwareScreen"
+
+
+# ---------------------------------------------------------------- help and quitting
+
+async def test_f1_explains_the_focused_question_and_its_default(tmp_path):
+    app = app_for(tmp_path, a100s(), model=QWEN_7B)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await reach(pilot, "ModelScreen")
+        field(app, "seq_len").control.focus()
+        await settle(pilot)
+        assert "Activation memory grows" in text_of(app.screen.query_one("#help"))
+        await pilot.press("f1")
+        await settle(pilot)
+        body = text_of(app.screen.query_one("#explain-body"))
+        assert "Recommended: 2048" in body and "common fine-tuning context" in body and "--seq-len" in body
+        await pilot.press("escape")
+        await settle(pilot)
+        assert screen_name(app) == "ModelScreen"
+        app.screen.query_one(Select).focus()                # `?` works where it is not typed text
+        await pilot.press("question_mark")
+        await settle(pilot)
+        assert screen_name(app) == "ExplainModal"
+
+
+async def test_ctrl_q_without_changes_quits_at_once(tmp_path):
+    app = app_for(tmp_path, a100s(), model=QWEN_7B)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await reach(pilot, "PlanScreen")
+        await pilot.press("ctrl+q")
+        await wait_until(pilot, lambda: app.return_value is not None)
+    assert app.return_value.code == EXIT_INTERRUPTED
+    assert not (tmp_path / "out").exists()
+
+
+async def test_ctrl_q_asks_when_something_changed(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "default_config.yaml").write_text("compute_environment: LOCAL_MACHINE\n")
+    app = app_for(tmp_path, a100s(), model=QWEN_7B)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await reach(pilot, "ModelScreen")
+        await type_into(pilot, "grad_accum", "4")
+        await pilot.press("ctrl+q")
+        await settle(pilot)
+        assert screen_name(app) == "QuitModal"
+        await pilot.press("escape")                         # keep going
+        await settle(pilot)
+        assert screen_name(app) == "ModelScreen" and app.return_value is None
+        assert field(app, "grad_accum").control.value == "4"
+        await pilot.press("ctrl+c")                         # ctrl+c asks the same question
+        await settle(pilot)
+        assert screen_name(app) == "QuitModal"
+        await pilot.press("q")
+        await wait_until(pilot, lambda: app.return_value is not None)
+    assert app.return_value.code == EXIT_INTERRUPTED
+    assert (out / "default_config.yaml").read_text() == "compute_environment: LOCAL_MACHINE\n"
+    assert sorted(p.name for p in out.iterdir()) == ["default_config.yaml"]
+
+
+async def test_review_diffs_against_existing_files_and_write_keeps_a_backup(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    old = "compute_environment: LOCAL_MACHINE\ndistributed_type: 'NO'\nnum_processes: 1\n"
+    (out / "default_config.yaml").write_text(old)
+    app = app_for(tmp_path, a100s(), model=QWEN_7B)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await reach(pilot, "ReviewScreen")
+        await wait_until(pilot, lambda: app.screen.findings is not None)
+        diff = text_of(app.screen.query_one("#diff-text"))
+        assert "replaces the file there" in diff and "new file" in diff
+        assert "-distributed_type: 'NO'" in diff and "+distributed_type: DEEPSPEED" in diff
+        assert "accept both files" in text_of(app.screen.query_one("#validation-text"))
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: screen_name(app) == "DoneScreen")
+        done = text_of(app.screen.query_one("#done-files"))
+        assert "previous kept as default_config.yaml.bak" in done
+        args = text_of(app.screen.query_one("#done-args"))
+        assert "deepspeed=" in args and "per_device_train_batch_size=1" in args and "bf16=True" in args
+    assert (out / "default_config.yaml.bak").read_text() == old
+
+
+async def test_launch_now_exits_with_the_wizard_launch_command(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("print('hi')\n")
+    app = app_for(tmp_path, a100s(), model=QWEN_7B)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await reach(pilot, "DoneScreen")
+        app.screen.query_one("#launch-script", Input).focus()
+        await pilot.press(*"missing.py", "enter")
+        await settle(pilot)
+        assert "is not a file" in text_of(app.screen.query_one("#launch-error"))
+        app.screen.query_one("#launch-script", Input).value = str(script)
+        app.screen.query_one("#launch-args", Input).value = "--epochs 1 --name 'a b'"
+        app.screen.query_one("#launch-now").focus()
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: app.return_value is not None)
+    argv = app.return_value.launch
+    yaml_path = str(tmp_path / "out" / "default_config.yaml")
+    assert argv[1:] == ["-m", "wizard", "launch", "--config-file", yaml_path, "--", str(script),
+                        "--epochs", "1", "--name", "a b"]
+    assert os.path.exists(yaml_path)
+
+
+async def test_dry_run_writes_nothing(tmp_path):
+    request = Request(given={"model": QWEN_7B}, output_dir=str(tmp_path / "out"), dry_run=True)
+    app = make_app(request, hardware=a100s(), preload=False)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await enter_through(pilot)
+    assert app.return_value.code == 0
+    assert not (tmp_path / "out").exists()
