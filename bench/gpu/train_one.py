@@ -1,0 +1,372 @@
+"""One measured training run: a real model shape with random weights, a few HF Trainer steps.
+
+Started by bench/gpu/measure.py, one process per configuration, so that a CUDA out-of-memory
+cannot take the driver down and every run starts with an empty GPU. Also run under
+`wizard launch` (accelerate launch) for the metrics comparison, with --max-seconds.
+
+The last line of stdout is `GPU_BENCH_RESULT {json}`:
+    ok / oom / error, the phase that failed, torch's max_memory_reserved / max_memory_allocated,
+    NVML's per-process and device memory (sampled every 20 ms), the non-torch overhead
+    (NVML process memory - torch reserved, i.e. CUDA context, cuBLAS/NCCL workspaces) and the
+    measured peak = max_memory_reserved + that overhead; the engine that really ran; step times.
+Exit status: 0 ok, 3 CUDA out-of-memory, 1 anything else.
+
+The model is built where it would live anyway, so that building it costs seconds, not minutes:
+single GPU: fp32 on the GPU (what Trainer's AMP keeps, the planner's 4 B/param weights);
+ZeRO-2: bf16 on the GPU (DeepSpeed casts to bf16 anyway, then flattens into its partitions);
+ZeRO-3: under TrainingArguments' zero.Init (partitioned as it is built), which is why
+TrainingArguments is created before the model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+import time
+import traceback
+
+MARKER = "GPU_BENCH_RESULT "
+EXIT_OK, EXIT_ERROR, EXIT_OOM = 0, 1, 3
+TINY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 4, "vocab_size": 128, "head_dim": 16, "tie_word_embeddings": False}
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model-dir", required=True, help="a directory with config.json")
+    p.add_argument("--seq-len", type=int, required=True)
+    p.add_argument("--micro-batch", type=int, required=True)
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--gc", choices=("on", "off"), default="off", help="gradient checkpointing")
+    p.add_argument("--ds-config", default=None, help="DeepSpeed JSON (ZeRO-2/3); without it: plain single GPU")
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    p.add_argument("--tiny", action="store_true", help="shrink the shape to a toy (CPU dry run)")
+    p.add_argument("--nvml-index", type=int, default=None, help="NVML index of the GPU (default: CUDA device 0's)")
+    p.add_argument("--max-seconds", type=float, default=None, help="stop training after this long (launch mode)")
+    p.add_argument("--output-dir", default=None)
+    return p.parse_args(argv)
+
+
+def is_oom(exc: BaseException) -> bool:
+    """torch.OutOfMemoryError, or an OOM that DeepSpeed / NCCL / cuBLAS re-raised as something else."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if type(exc).__name__ in ("OutOfMemoryError", "CUDAOutOfMemoryError"):
+            return True
+        text = str(exc).lower()
+        if "out of memory" in text or "cublas_status_alloc_failed" in text or "cudaerrormemoryallocation" in text:
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+class NvmlWatch:
+    """pynvml directly (not the wizard's wrapper: this is the independent side), sampled every 20 ms.
+
+    Records the device's used memory before this process touches CUDA (the baseline), the maximum
+    device used and the maximum of this process's used memory. In a PID namespace NVML lists host
+    pids; then the only listed process is taken as ours (recorded as pid_match).
+    """
+
+    def __init__(self, index: int | None, period: float = 0.02, enabled: bool = True):
+        self.index = index if index is not None else 0
+        self.period = period
+        self.reason = None
+        self.nvml = None
+        self.handle = None
+        self.baseline_used = None
+        self.max_device_used = None
+        self.max_process_used = None
+        self.pid_match = None
+        self.samples = 0
+        self._stop = threading.Event()
+        self._thread = None
+        if not enabled:
+            self.reason = "CPU run: no NVML"
+            return
+        try:
+            import pynvml
+            pynvml.nvmlInit()
+            self.nvml = pynvml
+            self.handle = pynvml.nvmlDeviceGetHandleByIndex(self.index)
+            self.baseline_used = int(pynvml.nvmlDeviceGetMemoryInfo(self.handle).used)
+        except Exception as exc:  # no driver, no nvidia-ml-py: measure what torch sees only
+            self.reason = f"{type(exc).__name__}: {exc}"
+            self.nvml = None
+
+    def device_used(self) -> int | None:
+        try:
+            return int(self.nvml.nvmlDeviceGetMemoryInfo(self.handle).used)
+        except Exception:
+            return None
+
+    def process_used(self) -> int | None:
+        try:
+            procs = self.nvml.nvmlDeviceGetComputeRunningProcesses(self.handle)
+        except Exception:
+            return None
+        mine = [p for p in procs if int(p.pid) == os.getpid()]
+        if mine:
+            self.pid_match = "pid"
+        elif len(procs) == 1:
+            mine, self.pid_match = list(procs), "only-process"
+        value = getattr(mine[0], "usedGpuMemory", None) if mine else None
+        return int(value) if isinstance(value, int) else None
+
+    def _loop(self):
+        while not self._stop.is_set():
+            self.sample()
+            self._stop.wait(self.period)
+
+    def sample(self):
+        used = self.device_used()
+        if used is not None:
+            self.max_device_used = max(used, self.max_device_used or 0)
+        proc = self.process_used()
+        if proc is not None:
+            self.max_process_used = max(proc, self.max_process_used or 0)
+        self.samples += 1
+
+    def start(self):
+        if self.nvml is not None:
+            self._thread = threading.Thread(target=self._loop, name="nvml-watch", daemon=True)
+            self._thread.start()
+
+    def stop(self):
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2)
+        if self.nvml is not None:
+            self.sample()
+
+    def to_json(self) -> dict:
+        return {"nvml_reason": self.reason, "nvml_index": self.index, "baseline_device_used": self.baseline_used,
+                "max_device_used": self.max_device_used, "max_process_used": self.max_process_used,
+                "pid_match": self.pid_match, "nvml_samples": self.samples}
+
+
+def load_config(model_dir: str, tiny: bool):
+    from transformers import AutoConfig
+    with open(os.path.join(model_dir, "config.json")) as f:
+        data = json.load(f)
+    if tiny:
+        data.update(TINY)
+    data.pop("_doc", None)
+    model_type = data.pop("model_type")
+    config = AutoConfig.for_model(model_type, **data)
+    config.use_cache = False
+    return config
+
+
+def build_model(config, device: str, zero_stage: int | None):
+    """The model with random weights, created where training keeps it (see the module doc)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    kwargs = {"attn_implementation": "sdpa"}
+    if device != "cuda":
+        return AutoModelForCausalLM.from_config(config, **kwargs)
+    if zero_stage == 3:
+        dtype = torch.bfloat16          # zero.Init (armed by TrainingArguments) partitions on the GPU
+        return _from_config(config, dtype, kwargs)
+    dtype = torch.bfloat16 if zero_stage in (1, 2) else torch.float32
+    with torch.device("cuda"):
+        return _from_config(config, dtype, kwargs)
+
+
+def _from_config(config, dtype, kwargs):
+    from transformers import AutoModelForCausalLM
+    try:
+        return AutoModelForCausalLM.from_config(config, dtype=dtype, **kwargs)
+    except TypeError:                   # transformers < 4.56 names it torch_dtype
+        return AutoModelForCausalLM.from_config(config, torch_dtype=dtype, **kwargs)
+
+
+def zero_stage_of(ds_config: str | None) -> int | None:
+    if not ds_config:
+        return None
+    with open(ds_config) as f:
+        return int(json.load(f).get("zero_optimization", {}).get("stage", 0))
+
+
+def describe_engine(trainer, model) -> dict:
+    engine = getattr(trainer, "model_wrapped", model)
+    out = {"engine_class": type(engine).__name__}
+    if hasattr(engine, "zero_optimization_stage"):
+        try:
+            out["zero_stage"] = int(engine.zero_optimization_stage())
+        except Exception:
+            pass
+    param = next(iter(model.parameters()), None)
+    if param is not None:
+        out["param_dtype"] = str(getattr(param, "dtype", None))
+        out["partitioned"] = hasattr(param, "ds_numel")
+    out["attn_implementation"] = getattr(model.config, "_attn_implementation", None)
+    optimizer = getattr(trainer, "optimizer", None)
+    optimizer = getattr(optimizer, "optimizer", optimizer)     # accelerate's AcceleratedOptimizer wrapper
+    out["optimizer_class"] = type(optimizer).__name__
+    return out
+
+
+def run(args, result: dict, watch: NvmlWatch) -> int:
+    import tempfile
+
+    result["phase"] = "import"
+    import torch
+    import transformers
+    from torch.utils.data import Dataset
+    from transformers import Trainer, TrainerCallback, TrainingArguments
+
+    result["versions"] = {"torch": torch.__version__, "transformers": transformers.__version__,
+                          "cuda": getattr(torch.version, "cuda", None)}
+    cuda = args.device == "cuda"
+    if cuda and not torch.cuda.is_available():
+        raise RuntimeError("--device cuda but torch.cuda.is_available() is False")
+    stage = zero_stage_of(args.ds_config)
+    if args.ds_config:
+        import deepspeed
+        result["versions"]["deepspeed"] = deepspeed.__version__
+
+    result["phase"] = "training_arguments"
+    config = load_config(args.model_dir, args.tiny)
+    targs = TrainingArguments(
+        output_dir=args.output_dir or tempfile.mkdtemp(prefix="gpu-bench-"),
+        max_steps=args.steps,
+        per_device_train_batch_size=args.micro_batch,
+        gradient_accumulation_steps=1,
+        learning_rate=1e-5,
+        warmup_steps=1,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        dataloader_num_workers=0,
+        bf16=cuda,
+        gradient_checkpointing=args.gc == "on",
+        deepspeed=args.ds_config,
+        use_cpu=not cuda and not args.ds_config,
+        seed=1234,
+    )
+    result["optim"] = str(getattr(targs.optim, "value", targs.optim))
+
+    result["phase"] = "build_model"
+    model = build_model(config, args.device, stage)
+    result["params"] = int(sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters()))
+    vocab = config.vocab_size
+
+    class RandomTokens(Dataset):
+        def __len__(self):
+            return 1_000_000
+
+        def __getitem__(self, i):
+            g = torch.Generator().manual_seed(i)
+            ids = torch.randint(0, vocab, (args.seq_len,), generator=g)
+            return {"input_ids": ids, "labels": ids.clone()}
+
+    step_times: list[float] = []
+
+    class Clock(TrainerCallback):
+        start = None
+
+        def on_step_begin(self, a, state, control, **kw):
+            if cuda:
+                torch.cuda.synchronize()
+            self.t0 = time.perf_counter()
+            if self.start is None:
+                self.start = time.monotonic()
+
+        def on_step_end(self, a, state, control, **kw):
+            if cuda:
+                torch.cuda.synchronize()
+            step_times.append(round(time.perf_counter() - self.t0, 4))
+            if args.max_seconds and time.monotonic() - self.start > args.max_seconds:
+                control.should_training_stop = True
+
+    result["phase"] = "trainer_init"
+    trainer = Trainer(model=model, args=targs, train_dataset=RandomTokens(), callbacks=[Clock()])
+    result["phase"] = "train"
+    out = trainer.train()
+    result["phase"] = "done"
+    result["steps_done"] = int(out.global_step)
+    result["step_times_s"] = step_times[:10]           # the first steps; a launch run has hundreds
+    if len(step_times) > 10:
+        ordered = sorted(step_times)
+        result["step_time_median_s"] = ordered[len(ordered) // 2]
+    result["train_loss"] = float(out.training_loss) if out.training_loss == out.training_loss else None
+    result["engine"] = describe_engine(trainer, model)
+    return EXIT_OK
+
+
+def memory_figures(device: str, watch: NvmlWatch) -> dict:
+    """torch's allocator peaks plus NVML's view; the measured peak adds the non-torch overhead."""
+    out = {"max_memory_reserved": None, "max_memory_allocated": None, "memory_reserved_now": None,
+           "process_used_now": None, "non_torch_bytes": None, "measured_peak_bytes": None, "peak_source": None}
+    if device != "cuda":
+        return out
+    import torch
+    try:
+        torch.cuda.synchronize()
+    except Exception:
+        pass
+    out["max_memory_reserved"] = int(torch.cuda.max_memory_reserved())
+    out["max_memory_allocated"] = int(torch.cuda.max_memory_allocated())
+    out["memory_reserved_now"] = int(torch.cuda.memory_reserved())
+    if watch.nvml is not None:
+        proc = watch.process_used()
+        out["process_used_now"] = proc
+        if proc is not None:
+            out["non_torch_bytes"] = proc - out["memory_reserved_now"]
+            out["measured_peak_bytes"] = out["max_memory_reserved"] + out["non_torch_bytes"]
+            out["peak_source"] = "max_memory_reserved + (NVML process used - torch reserved)"
+        elif watch.baseline_used is not None:
+            used = watch.device_used()
+            if used is not None:
+                out["non_torch_bytes"] = used - watch.baseline_used - out["memory_reserved_now"]
+                out["measured_peak_bytes"] = out["max_memory_reserved"] + out["non_torch_bytes"]
+                out["peak_source"] = "max_memory_reserved + (NVML device used delta - torch reserved)"
+    if out["measured_peak_bytes"] is None:
+        out["measured_peak_bytes"] = out["max_memory_reserved"]
+        out["peak_source"] = "max_memory_reserved only (no NVML: CUDA context not counted)"
+    return out
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # The baseline is read here, before torch touches CUDA.
+    watch = NvmlWatch(args.nvml_index, enabled=args.device == "cuda")
+    result: dict = {"status": "error", "phase": "start", "device": args.device, "seq_len": args.seq_len,
+                    "micro_batch": args.micro_batch, "gc": args.gc, "ds_config": args.ds_config,
+                    "tiny": args.tiny, "steps": args.steps}
+    t0 = time.monotonic()
+    code = EXIT_ERROR
+    watch.start()
+    try:
+        code = run(args, result, watch)
+        result["status"] = "ok"
+    except BaseException as exc:  # report everything, including KeyboardInterrupt from a timeout's SIGINT
+        oom = is_oom(exc)
+        result["status"] = "oom" if oom else "error"
+        result["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:400] if str(exc).strip() else ''}"
+        if not oom:
+            result["traceback_tail"] = traceback.format_exc().splitlines()[-12:]
+        code = EXIT_OOM if oom else EXIT_ERROR
+    finally:
+        watch.stop()
+    try:
+        result.update(memory_figures(args.device, watch))
+    except Exception as exc:
+        result["memory_error"] = f"{type(exc).__name__}: {exc}"
+    result.update(watch.to_json())
+    result["wall_s"] = round(time.monotonic() - t0, 2)
+    print(MARKER + json.dumps(result), flush=True)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
