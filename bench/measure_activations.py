@@ -1,7 +1,7 @@
 """Measure what PyTorch keeps for backward in a real transformers causal LM, on CPU, and compare it with
 wizard/memory.py's activation and logits formulas.
 
-    python bench/measure_activations.py            # the default grid (about a minute on 2 cores)
+    python bench/measure_activations.py            # the default grid (about 3 minutes on 2 cores)
     python bench/measure_activations.py --quick    # a few shapes
 
 Two instruments, both on CPU, both exact for what they see:
@@ -375,6 +375,7 @@ def default_grid(quick: bool = False) -> list[Shape]:
     grid += [Shape(dtype="fp32"), Shape(dtype="fp32", attn="eager"), Shape(dtype="fp32", gc=True),
              Shape(vocab=152064, seq=256, batch=1), Shape(vocab=152064, dtype="fp32", seq=256),
              Shape(attn="eager", attention_dropout=0.1),
+             Shape(model_type="mixtral"), Shape(model_type="mixtral", gc=True),
              Shape(model_type="gpt2", attn="eager"), Shape(model_type="gpt2", attn="sdpa"),
              Shape(model_type="gpt2", attn="eager", gc=True)]
     return grid
