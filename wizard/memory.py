@@ -417,7 +417,7 @@ def layer_profile(model_type: str | None, gated_mlp: bool | None = None) -> Laye
     is the larger of the two per-layer figures for the same shape.
     """
     kind = (model_type or "").lower()
-    if gated_mlp is True:
+    if gated_mlp is True or (gated_mlp is None and kind in GATED_MODEL_TYPES):
         return GATED_PROFILE
     if kind in TANH_GELU_MODEL_TYPES:
         return TANH_GELU_PROFILE

@@ -41,7 +41,8 @@ def _check(bench, shape):
     rows = bench.compare(m)
     for what, measured, estimated in rows:
         err = bench.error_pct(measured, estimated)
-        assert abs(err) <= TOLERANCE, f"{shape.label()}: {what} measured {measured:,} estimated {estimated:,} ({err:+.1f}%)"
+        assert abs(err) <= TOLERANCE, \
+            f"{shape.label()}: {what} measured {measured:,} estimated {estimated:,} ({err:+.1f}%)"
     return m
 
 
