@@ -59,6 +59,8 @@ DRY_RUN_ASSUME = "1xH200,ram=128G,cpus=16"     # the device machine of the issue
 DRY_RUN_FAKE_NVML = "1xH200"
 SMI_STATIC_FIELDS = ("index", "uuid", "name", "memory.total", "driver_version", "compute_cap", "clocks.max.sm")
 SMI_SAMPLE_FIELDS = ("timestamp", "index", "utilization.gpu", "memory.used", "power.draw")
+# Newer drivers also report both power readings; NVML's nvmlDeviceGetPowerUsage may be either.
+SMI_OPTIONAL_SAMPLE_FIELDS = ("power.draw.instant", "power.draw.average")
 # "Within a few percent" (issue 6), made concrete: mean absolute differences over aligned samples.
 METRIC_THRESHOLDS = {"util_pp": 5.0, "mem_pct": 2.0, "power_pct": 5.0}
 ERROR_TARGET_PCT = 10.0               # issue 6: predicted peak within +-10 % of the measured one
@@ -399,16 +401,20 @@ def parse_smi_timestamp(text: str) -> float | None:
     return None
 
 
-def parse_smi_samples(text: str) -> list[dict]:
-    """Lines of `nvidia-smi --query-gpu=timestamp,index,utilization.gpu,memory.used,power.draw
-    --format=csv,noheader,nounits -lms 1000` -> [{t, index, util, mem_used_mib, power_w}]."""
+def parse_smi_samples(text: str, fields: Iterable[str] = SMI_SAMPLE_FIELDS) -> list[dict]:
+    """Lines of `nvidia-smi --query-gpu=timestamp,index,utilization.gpu,memory.used,power.draw[,...]
+    --format=csv,noheader,nounits -lms 1000` -> [{t, index, util, mem_used_mib, power_w, ...}]."""
     out = []
-    for row in parse_smi_csv(text, SMI_SAMPLE_FIELDS):
+    for row in parse_smi_csv(text, fields):
         t = parse_smi_timestamp(row["timestamp"] or "")
         if t is None:
             continue
-        out.append({"t": t, "index": int(_num(row["index"]) or 0), "util": _num(row["utilization.gpu"]),
-                    "mem_used_mib": _num(row["memory.used"]), "power_w": _num(row["power.draw"])})
+        sample = {"t": t, "index": int(_num(row["index"]) or 0), "util": _num(row["utilization.gpu"]),
+                  "mem_used_mib": _num(row["memory.used"]), "power_w": _num(row["power.draw"])}
+        for extra in SMI_OPTIONAL_SAMPLE_FIELDS:
+            if extra in row:
+                sample[extra.replace("power.draw.", "power_") + "_w"] = _num(row[extra])
+        out.append(sample)
     return out
 
 
@@ -466,7 +472,15 @@ def metric_diffs(pairs: list[tuple[dict, dict, float]]) -> dict[str, Any]:
            if r["mem_used_mib"] is not None and m["mem_used_mib"] is not None]
     power = [(abs(m["power_w"] - r["power_w"]), r["power_w"]) for r, m, _ in pairs
              if r["power_w"] is not None and m["power_w"] is not None]
+    extra = {}
+    for key in ("power_instant_w", "power_average_w"):
+        # Which nvidia-smi power reading NVML's power_w matches (when the driver reports both).
+        alt = [abs(m["power_w"] - r[key]) / r[key] * 100 for r, m, _ in pairs
+               if r.get(key) and m["power_w"] is not None]
+        if alt:
+            extra[key.replace("_w", "_pct")] = mean(alt)
     return {
+        **extra,
         "pairs": len(pairs),
         "mean_dt_s": mean([d for _, _, d in pairs]),
         "util_pp": mean(util),
@@ -509,9 +523,12 @@ def environment(dry_run: bool) -> dict[str, Any]:
                             "PYTORCH_CUDA_ALLOC_CONF": os.environ.get("PYTORCH_CUDA_ALLOC_CONF")}
     torch_cuda = None
     if libs["torch"]["importable"]:
-        code = ("import json, torch; print(json.dumps({'torch': torch.__version__, 'cuda': torch.version.cuda, "
-                "'available': torch.cuda.is_available(), 'count': torch.cuda.device_count() if "
-                "torch.cuda.is_available() else 0, 'bf16': torch.cuda.is_available() and torch.cuda.is_bf16_supported()}))")
+        code = ("import json, torch\nok = torch.cuda.is_available()\n"
+                "devs = [torch.cuda.get_device_properties(i) for i in range(torch.cuda.device_count())] if ok else []\n"
+                "print(json.dumps({'torch': torch.__version__, 'cuda': torch.version.cuda, 'available': ok, "
+                "'count': len(devs), 'bf16': ok and torch.cuda.is_bf16_supported(), "
+                "'devices': [{'name': d.name, 'total_memory': d.total_memory, 'capability': [d.major, d.minor]} "
+                "for d in devs]}))")
         try:
             r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
             torch_cuda = json.loads(r.stdout.strip().splitlines()[-1]) if r.returncode == 0 else \
@@ -668,6 +685,9 @@ def run_child(cmd: list[str], env: dict[str, str], timeout: float, log_path: Pat
         except subprocess.TimeoutExpired:
             timed_out = True
             _kill_group(proc)
+        except BaseException:          # Interrupted: the child must not outlive the measurement
+            _kill_group(proc, grace=2)
+            raise
         finally:
             _current["proc"] = None
         reader.join(timeout=5)
@@ -719,6 +739,7 @@ class Options:
     steps: int
     launch_seconds: float
     assume: str | None
+    results_dir: Path = Path(".")
 
 
 class Budget:
@@ -753,13 +774,43 @@ def write_models(shapes: dict[str, dict], root: Path) -> dict[str, str]:
     return dirs
 
 
-def load_hardware(probe: dict, assume: str | None):
+def gpus_from_smi(rows: list[dict]) -> list[dict]:
+    """Probe-style GPU entries from nvidia-smi rows: the fallback when the probe sees no GPU
+    (nvidia-ml-py missing on the machine) but nvidia-smi does."""
+    out = []
+    for i, r in enumerate(rows):
+        mem = _num(r.get("memory.total"))
+        if not r.get("name") or mem is None:
+            continue
+        cc = r.get("compute_cap")
+        cc_pair = [int(x) for x in cc.split(".")] if cc and "." in cc else None
+        out.append({"index": i, "name": r["name"], "memory_total": int(mem) * MiB, "compute_capability": cc_pair,
+                    "uuid": r.get("uuid"), "nvml_index": int(_num(r.get("index")) or i)})
+    return out
+
+
+def gpus_from_torch(torch_cuda: dict | None) -> list[dict]:
+    """Probe-style GPU entries from torch's device properties: the last fallback."""
+    return [{"index": i, "name": d["name"], "memory_total": int(d["total_memory"]),
+             "compute_capability": d.get("capability"), "nvml_index": i}
+            for i, d in enumerate((torch_cuda or {}).get("devices") or [])]
+
+
+def load_hardware(probe: dict, assume: str | None, smi_rows: list[dict] | None = None,
+                  torch_cuda: dict | None = None):
+    """(Hardware, where it came from): --assume, else the probe, else the probe's host with
+    nvidia-smi's (or torch's) GPUs; (None, why) when there is nothing to plan for."""
     from wizard import hardware
     if assume:
         return hardware.assume(assume), f"assumed: {assume}"
-    if probe.get("hardware"):
-        return hardware.from_json(probe["hardware"], source="probe"), "probe"
-    return None, probe.get("error") or "no probe"
+    data = probe.get("hardware")
+    if data and data.get("gpus"):
+        return hardware.from_json(data, source="probe"), "probe"
+    for name, fallback in (("nvidia-smi", gpus_from_smi(smi_rows or [])), ("torch", gpus_from_torch(torch_cuda))):
+        if data and fallback:
+            return (hardware.from_json({**data, "gpus": fallback}, source=f"probe+{name}"),
+                    f"probe's host with {name}'s GPUs (the probe saw none: {data.get('gpu_reason')})")
+    return None, probe.get("error") or (data or {}).get("gpu_reason") or "no probe"
 
 
 def train_command(spec: CaseSpec, model_dir: str, steps: int, case_dir: Path, ds_config: Path | None,
@@ -792,9 +843,10 @@ def run_case(spec: CaseSpec, number: int, planner: Planner, opts: Options, work:
     env = child_env({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
                      "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "OMP_NUM_THREADS": "4"})
     child = run_child(cmd, env, timeout, log_path=case_dir / "stderr.log")
+    keep_tail(case_dir / "stderr.log", opts.results_dir / f"case-{number}-stderr.log")
     result = parse_result_line(child["lines"])
     out: dict[str, Any] = {"wall_s": child["wall_s"], "returncode": child["returncode"]}
-    if child["timed_out"]:
+    if child["timed_out"] and result is None:
         out.update(status="timeout", error=f"no result within {timeout:.0f} s")
     elif result is None:
         tail = (case_dir / "stderr.log").read_text(errors="replace").strip().splitlines()[-8:]
@@ -803,7 +855,18 @@ def run_case(spec: CaseSpec, number: int, planner: Planner, opts: Options, work:
         out.update(status=result.get("status", "error"), child=result)
         if result.get("status") == "error":
             out["error"] = result.get("error")
+        if child["timed_out"]:
+            out["note"] = f"the result came, then the process hung until the {timeout:.0f} s timeout"
     return out
+
+
+def keep_tail(src: Path, dst: Path, lines: int = 200) -> None:
+    """The end of a child's stderr, beside the results (the work dir is deleted)."""
+    try:
+        text = src.read_text(errors="replace").replace("\r", "\n").splitlines()
+    except OSError:
+        return
+    dst.write_text("\n".join(line for line in text[-lines:]) + "\n")
 
 
 def case_record(spec: CaseSpec, pred: Prediction | None, run: dict | None, dry_run: bool) -> dict[str, Any]:
@@ -856,6 +919,7 @@ def run_launch(spec: CaseSpec, planner: Planner, opts: Options, work: Path, resu
         ref.stop()
     out: dict[str, Any] = {"case": spec.label(), "returncode": child["returncode"], "timed_out": child["timed_out"],
                            "wall_s": child["wall_s"], "reference": ref.description, "reference_error": ref.error,
+                           "reference_fields": list(ref.fields),
                            "stdout_tail": [line.rstrip() for line in child["lines"][-15:]]}
     metrics = run_dir / "metrics.jsonl"
     if metrics.exists():
@@ -872,7 +936,7 @@ def run_launch(spec: CaseSpec, planner: Planner, opts: Options, work: Path, resu
         if log.exists():
             result = parse_result_line(log.read_text(errors="replace").splitlines())
     out["train"] = result
-    reference = parse_smi_samples(ref_path.read_text()) if ref_path.exists() else []
+    reference = parse_smi_samples(ref_path.read_text(), ref.fields) if ref_path.exists() else []
     measured = load_metrics_jsonl(metrics, nvml_index)
     pairs = align(reference, measured)
     diffs = metric_diffs(pairs)
@@ -895,9 +959,20 @@ class ReferenceSampler:
         self.stop_event = threading.Event()
         self.error: str | None = None
         self.file = None
-        self.description = ("fake NVML sampled by the driver (dry run: no nvidia-smi)" if fake else
-                            "nvidia-smi --query-gpu=" + ",".join(SMI_SAMPLE_FIELDS) +
-                            " --format=csv,noheader,nounits -lms 1000")
+        self.fields: tuple[str, ...] = SMI_SAMPLE_FIELDS
+        self.description = "fake NVML sampled by the driver (dry run: no nvidia-smi)" if fake else None
+
+    def _accepted_fields(self, exe: str) -> tuple[str, ...]:
+        """The sample fields plus the optional power readings when this nvidia-smi knows them."""
+        wanted = SMI_SAMPLE_FIELDS + SMI_OPTIONAL_SAMPLE_FIELDS
+        try:
+            r = subprocess.run([exe, f"--query-gpu={','.join(wanted)}", "--format=csv,noheader,nounits"],
+                               capture_output=True, text=True, timeout=20)
+            if r.returncode == 0 and parse_smi_csv(r.stdout, wanted):
+                return wanted
+        except subprocess.TimeoutExpired:
+            pass
+        return SMI_SAMPLE_FIELDS
 
     def start(self) -> None:
         self.file = open(self.path, "w")
@@ -908,10 +983,14 @@ class ReferenceSampler:
         exe = shutil.which("nvidia-smi")
         if not exe:
             self.error = "nvidia-smi not found"
+            self.description = "none"
             return
-        self.proc = subprocess.Popen([exe, f"--query-gpu={','.join(SMI_SAMPLE_FIELDS)}",
-                                      "--format=csv,noheader,nounits", "-lms", "1000"],
-                                     stdout=self.file, stderr=subprocess.DEVNULL, start_new_session=True)
+        self.fields = self._accepted_fields(exe)
+        cmd = [exe, f"--query-gpu={','.join(self.fields)}", "--format=csv,noheader,nounits", "-lms", "1000"]
+        self.description = " ".join(cmd[1:])
+        stdbuf = shutil.which("stdbuf")      # line-buffered into the file, so a stop loses no sample
+        self.proc = subprocess.Popen(([stdbuf, "-oL"] if stdbuf else []) + cmd, stdout=self.file,
+                                     stderr=subprocess.DEVNULL, start_new_session=True)
 
     def _fake_loop(self) -> None:
         from wizard.nvml import fake_from_spec
@@ -929,6 +1008,11 @@ class ReferenceSampler:
         if self.thread:
             self.thread.join(timeout=3)
         if self.proc:
+            try:
+                os.killpg(self.proc.pid, signal.SIGINT)     # nvidia-smi's own clean stop (flushes)
+                self.proc.wait(timeout=3)
+            except (ProcessLookupError, PermissionError, subprocess.TimeoutExpired):
+                pass
             _kill_group(self.proc, grace=2)
         if self.file:
             self.file.close()
@@ -956,7 +1040,7 @@ def summarize(cases: list[dict]) -> dict[str, Any]:
 
 
 CASE_COLUMNS = ("#", "role", "configuration", "predicted GiB", "wizard: fits?", "% of usable", "measured GiB",
-                "error %", "outcome", "fit decision", "non-torch GiB", "note")
+                "error %", "outcome", "fit decision", "non-torch GiB", "NVML process peak GiB", "note")
 
 
 def render_markdown(report: dict) -> str:
@@ -973,7 +1057,9 @@ def render_markdown(report: dict) -> str:
     lines += ["", "## Memory: prediction vs measurement", ""]
     lines.append("Predicted = the wizard's per-GPU estimate for the forced rung (pipeline.build). Measured = "
                  "torch.cuda.max_memory_reserved + the memory NVML shows for the process beyond torch's "
-                 "reserved pool (CUDA context, cuBLAS/NCCL workspaces). Error = (predicted - measured) / measured. "
+                 "reserved pool (CUDA context, NCCL buffers), taken at the end of the run. NVML process peak = "
+                 "the highest per-process memory NVML showed, sampled every 20 ms (a cross-check). "
+                 "Error = (predicted - measured) / measured. "
                  f"Target: every fit decision right, |error| <= {ERROR_TARGET_PCT:g}% where it fits.")
     lines += ["", "| " + " | ".join(CASE_COLUMNS) + " |", "|" + "---|" * len(CASE_COLUMNS)]
     for i, c in enumerate(report.get("cases") or [], 1):
@@ -985,7 +1071,8 @@ def render_markdown(report: dict) -> str:
         cells = [str(i), c["case"]["role"], c["label"], _gib(p.get("per_gpu_bytes")),
                  "—" if not p else ("yes" if p.get("fits") else "no"), "—" if ratio is None else f"{ratio:.1f}",
                  _gib(c.get("measured_bytes")), _pct(c.get("error_pct")), c.get("status", "—"),
-                 f"{c.get('decision', '—')}", _gib(child.get("non_torch_bytes")), note.replace("|", "/")[:160]]
+                 f"{c.get('decision', '—')}", _gib(child.get("non_torch_bytes")), _gib(child.get("max_process_used")),
+                 note.replace("|", "/")[:160]]
         lines.append("| " + " | ".join(cells) + " |")
     s = report.get("summary") or {}
     if s:
@@ -1039,6 +1126,9 @@ def render_markdown(report: dict) -> str:
                   f"| utilisation | {cell('util_pp', ' pp')} | {t.get('util_pp')} pp | {ok('util_pp')} |",
                   f"| memory used | {cell('mem_mib', ' MiB')} ({cell('mem_pct', '%')}) | {t.get('mem_pct')}% | {ok('mem_pct')} |",
                   f"| power | {cell('power_w', ' W')} ({cell('power_pct', '%')}) | {t.get('power_pct')}% | {ok('power_pct')} |"]
+        for key, name in (("power_instant_pct", "power.draw.instant"), ("power_average_pct", "power.draw.average")):
+            if d.get(key) is not None:
+                lines.append(f"| power vs {name} | ({cell(key, '%')}) | for information | — |")
     return "\n".join(lines) + "\n"
 
 
@@ -1079,9 +1169,9 @@ def main(argv=None) -> int:
     budget = Budget(opts.budget_s)
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
-    results_dir = opts.out_md.with_suffix("")
-    results_dir = results_dir.parent / (results_dir.name + "-files")
+    results_dir = opts.out_md.parent / (opts.out_md.stem + "-files")
     results_dir.mkdir(parents=True, exist_ok=True)
+    opts.results_dir = results_dir
     report: dict[str, Any] = {"meta": {"mode": "dry run on the CPU" if opts.dry_run else "GPU",
                                        "date": dt.datetime.now().isoformat(timespec="seconds"),
                                        "host": socket.gethostname(), "budget_s": opts.budget_s, "quick": opts.quick,
@@ -1106,7 +1196,8 @@ def main(argv=None) -> int:
         report["nvidia_smi"] = smi_static()
         report["probe_comparison"] = compare_probe((report["probe"] or {}).get("hardware"), report["nvml"],
                                                    report["nvidia_smi"]["rows"])
-        gpus = ((report["probe"] or {}).get("hardware") or {}).get("gpus") or []
+        gpus = ((report["probe"] or {}).get("hardware") or {}).get("gpus") or \
+            gpus_from_smi(report["nvidia_smi"]["rows"])
         report["meta"]["gpu"] = ", ".join(f"{g['name']} {g['memory_total'] / GiB:.1f} GiB" for g in gpus) or None
         mismatches = [r for r in report["probe_comparison"] if r["ok"] is False]
         print(f"[measure] probe: {report['meta']['gpu']}; {len(mismatches)} mismatch(es)", flush=True)
@@ -1119,7 +1210,8 @@ def main(argv=None) -> int:
                                      "with them and trained with them)")
             save()
             return 2
-        hw, source = load_hardware(report["probe"], opts.assume)
+        hw, source = load_hardware(report["probe"], opts.assume, report["nvidia_smi"]["rows"],
+                                   report["environment"].get("torch_cuda"))
         report["meta"]["hardware_source"] = source
         if hw is None or not hw.gpus:
             report["skipped"].append(f"memory cases and launch: no GPU to plan for ({source}; "
@@ -1137,6 +1229,9 @@ def main(argv=None) -> int:
         report["selection_notes"] = selection.notes
         report["meta"]["selection_s"] = round(time.monotonic() - t0, 1)
         report["meta"]["params"] = {m: planner.params(m) for m in model_dirs}
+        torch_mod = sys.modules.get("torch")
+        # Sizing builds models on the meta device: this process must hold no CUDA context.
+        report["meta"]["driver_cuda_initialized"] = bool(torch_mod and torch_mod.cuda.is_initialized())
         preds = {s.key(): planner.predict(s) for s in selection.cases}
         report["cases"] = [case_record(s, preds[s.key()], None, opts.dry_run) for s in selection.cases]
         print(f"[measure] {len(selection.cases)} cases selected in {report['meta']['selection_s']} s", flush=True)

@@ -369,4 +369,9 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    status = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Skip interpreter teardown: after a CUDA OOM, DeepSpeed's / NCCL's exit hooks can hang, and the
+    # result line is already out.
+    os._exit(status)

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# The one command a session hands to the device tool (issue 6):
+#
+#     bash bench/gpu/run_on_device.sh [--quick] [measure.py options...]
+#
+# Installs nothing from the network. Says what is there (python, torch + CUDA, transformers,
+# accelerate, DeepSpeed, nvidia-ml-py, nvidia-smi), makes `wizard` importable (the checkout on
+# PYTHONPATH; `pip install -e . --no-deps` offline only if that is not enough), then runs
+# bench/gpu/measure.py under a global timeout and leaves everything in $OUT (default
+# bench/results): gpu-<date>.md, its .json twin, gpu-<date>-files/ and run_on_device.log.
+# measure.py writes its results after every step, so a run cut short still returns them.
+set -u
+cd "$(dirname "$0")/../.." || exit 2
+ROOT="$PWD"
+OUT="${OUT:-$ROOT/bench/results}"
+mkdir -p "$OUT"
+LOG="$OUT/run_on_device.log"
+GLOBAL_TIMEOUT="${GPU_BENCH_TIMEOUT:-480}"     # seconds for measure.py, hard stop
+BUDGET="${GPU_BENCH_BUDGET:-420}"              # measure.py stops starting new work after this
+STAMP="$(date +%Y-%m-%d-%H%M)"
+
+exec > >(tee -a "$LOG") 2>&1
+echo "== run_on_device.sh $(date -Is) on $(hostname)"
+
+PY="${PYTHON:-}"
+if [ -z "$PY" ]; then
+  for candidate in python3 python; do
+    if command -v "$candidate" >/dev/null 2>&1; then PY="$(command -v "$candidate")"; break; fi
+  done
+fi
+if [ -z "$PY" ]; then
+  echo "BLOCKED: no python3 on this machine"
+  printf '# GPU ground truth: blocked\n\nNo python3 on the device machine.\n' > "$OUT/gpu-$STAMP.md"
+  exit 2
+fi
+echo "python: $PY ($("$PY" --version 2>&1))"
+
+if command -v nvidia-smi >/dev/null 2>&1; then
+  nvidia-smi -L || true
+  nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv || true
+else
+  echo "nvidia-smi: not found"
+fi
+
+# What is installed, without importing it (importing torch + deepspeed costs ~10 s each).
+"$PY" - <<'EOF'
+import importlib.metadata as md, importlib.util as u
+for dist, mod in (("torch", "torch"), ("transformers", "transformers"), ("accelerate", "accelerate"),
+                  ("deepspeed", "deepspeed"), ("nvidia-ml-py", "pynvml"), ("psutil", "psutil"),
+                  ("PyYAML", "yaml"), ("pip", "pip")):
+    try:
+        version = md.version(dist)
+    except md.PackageNotFoundError:
+        version = None
+    found = u.find_spec(mod) is not None
+    print(f"{dist:14s} {version or '-':20s} {'importable' if found else 'MISSING'}")
+EOF
+
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+if ! "$PY" -c "import wizard.pipeline, launch.commands" 2>/dev/null; then
+  echo "wizard not importable from the checkout; trying an offline editable install"
+  "$PY" -m pip install -e . --no-deps --no-build-isolation --no-index 2>&1 | tail -3 || true
+fi
+if ! "$PY" -c "import wizard.pipeline, launch.commands"; then
+  echo "BLOCKED: the wizard package does not import (see the error above; psutil/PyYAML missing?)"
+fi
+
+echo "== measure.py (budget ${BUDGET} s, hard timeout ${GLOBAL_TIMEOUT} s)"
+timeout -k 15 "$GLOBAL_TIMEOUT" "$PY" bench/gpu/measure.py --out "$OUT/gpu-$STAMP.md" --budget-s "$BUDGET" "$@"
+rc=$?
+echo "== measure.py exit $rc ($( [ $rc -eq 124 ] && echo 'hit the hard timeout' || echo done ))"
+ls -la "$OUT" "$OUT/gpu-$STAMP-files" 2>/dev/null || true
+exit $rc
