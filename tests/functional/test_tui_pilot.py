@@ -281,6 +281,8 @@ async def test_picking_a_rung_that_does_not_fit_warns(tmp_path):
         await pilot.press("up", "enter")            # DDP: 160 GiB per GPU on 80 GB GPUs
         await settle(pilot)
         assert app.state.plan.choice.key == "ddp" and not app.state.plan.choice.fits
+        # The whole ladder stays on screen, so the user can pick again.
+        assert [r.key for r in app.state.plan.rungs][:3] == ["ddp", "zero2", "zero3"]
         warning = text_of(app.screen.query_one("#plan-warning"))
         assert "does not fit" in warning and "out of memory" in warning
         assert app.state.answers["backend"] == "ddp"

@@ -99,6 +99,7 @@ class WizardState:
         self.entered: dict[str, Any] = {}         # values the user typed or chose, by question id
         self.changed = False                      # anything entered (quitting asks first)
         self.picked: str | None = None            # a rung the user picked on the plan screen
+        self.pick_base: dict[str, Any] | None = None  # the strategy answers before the pick
         self.models: dict[tuple, ModelShape] = {}  # sized models, by model_key
         self.model: ModelShape | None = None
         self.answers: dict[str, Any] = {}         # pre-plan answers (model, training, strategy, machines)
@@ -191,7 +192,7 @@ class WizardState:
     def set_answer(self, qid: str, value: Any) -> None:
         """A value the user entered (already parsed by the question); None clears it to 'unset'."""
         if qid in STRATEGY_IDS:
-            self.picked = None
+            self.picked = self.pick_base = None
         if qid == "model" and value is not None:
             self.entered.pop("params", None)
         self.entered[qid] = value
@@ -265,10 +266,15 @@ class WizardState:
         self.sizing = None
         self.model = model
         try:
-            plan = pipeline.make_plan(self.hardware, model, answers)
+            plan = pipeline.make_plan(self.hardware, model, self._ladder_answers(answers))
         except InputError as e:
             self._fail(e)
             return None
+        if self.picked is not None and all(r.key != self.picked for r in plan.rungs):
+            # The inputs changed so much that the picked rung left the ladder (DDP -> single GPU):
+            # forget the pick and give the strategy answers back.
+            self._drop_pick()
+            return self.replan()
         self.plan = self._apply_pick(plan)
         if self.plan.choice is None:
             self.error = self.nothing_fits()
@@ -299,6 +305,27 @@ class WizardState:
         self.error = str(e)
         self.error_field = field or _question_for_field(e.field)
 
+    def _ladder_answers(self, answers: dict[str, Any]) -> dict[str, Any]:
+        """The answers the ladder is walked with: after a pick, the strategy from before it, so
+        the screen keeps showing every rung (the pick's own strategy would leave only its rung)."""
+        if self.picked is None or self.pick_base is None:
+            return answers
+        ladder = dict(answers)
+        for qid in STRATEGY_IDS:
+            if self.pick_base.get(qid) is None:
+                ladder.pop(qid, None)
+            else:
+                ladder[qid] = self.pick_base[qid]
+        return ladder
+
+    def _drop_pick(self) -> None:
+        for qid, value in (self.pick_base or {}).items():
+            if value is None:
+                self.entered.pop(qid, None)
+            else:
+                self.entered[qid] = value
+        self.picked = self.pick_base = None
+
     def _apply_pick(self, plan: Plan) -> Plan:
         if self.picked is None:
             return plan
@@ -310,6 +337,8 @@ class WizardState:
     def pick_rung(self, key: str) -> None:
         """Use this rung: set the strategy answers that lead to it, and keep it even where the
         ladder would stop earlier (or where it does not fit: the screens say so)."""
+        if self.pick_base is None:
+            self.pick_base = {qid: self.entered.get(qid) for qid in STRATEGY_IDS}
         for qid, value in strategy_for_rung(key).items():
             if value is None:
                 self.entered.pop(qid, None)

@@ -106,11 +106,13 @@ def legend(plan: Plan | None = None) -> Text:
 class RungRow:
     """One rung: marker, short name, bar and figure on the first line; why, wrapped, below."""
 
-    def __init__(self, rung: Rung, plan: Plan, *, chosen: bool, picked: bool = False) -> None:
+    def __init__(self, rung: Rung, plan: Plan, *, chosen: bool, picked: bool = False,
+                 ladder_choice: bool = False) -> None:
         self.rung = rung
         self.plan = plan
         self.chosen = chosen
         self.picked = picked
+        self.ladder_choice = ladder_choice      # the ladder's own choice, overridden by a pick
 
     def head(self, width: int) -> Text:
         r = self.rung
@@ -135,6 +137,8 @@ class RungRow:
             prefix = "Your pick. " if r.fits else "Your pick, and it does NOT fit: expect out-of-memory. "
         elif self.chosen:
             prefix = "Chosen. "
+        elif self.ladder_choice:
+            prefix = "The ladder's choice. "
         text.append(prefix, Style(bold=True, color="red" if (self.picked and not r.fits) else None))
         text.append(f"{r.name}: ", Style(italic=True))
         text.append(r.reason)

@@ -35,7 +35,9 @@ class RungList(OptionList):
         highlighted = self.highlighted
         keep = self.get_option_at_index(highlighted).id if highlighted is not None and self.option_count else None
         self.clear_options()
-        self.add_options([Option(RungRow(r, plan, chosen=r.key == chosen, picked=r.key == picked), id=r.key)
+        ladder = next((r.key for r in plan.rungs if r.fits), None) if picked else None
+        self.add_options([Option(RungRow(r, plan, chosen=r.key == chosen, picked=r.key == picked,
+                                         ladder_choice=r.key == ladder and r.key != chosen), id=r.key)
                           for r in plan.rungs])
         keys = [r.key for r in plan.rungs]
         target = chosen if chosen in keys else keep if keep in keys else (keys[0] if keys else None)

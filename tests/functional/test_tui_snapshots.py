@@ -1,0 +1,152 @@
+"""SVG snapshots of every wizard screen at 80x24 and 120x40, plus light theme, a pick that does not
+fit, an inline error and the two modals.
+
+Deterministic inputs: assumed hardware (or the saved no-GPU probe in snapshots/hardware/), fixture
+model configs, a fixed output directory emptied before each test, animations off, no cursor blink.
+The SVGs live in snapshots/tui/test_tui_snapshots/; after an intended change run
+`python -m pytest tests/functional/test_tui_snapshots.py --snapshot-update` and look at the
+report (snapshot_report.html) before committing them.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+import pytest_textual_snapshot
+from textual.widgets import Input
+
+from wizard import hardware
+from wizard.pipeline import Request
+from wizard.tui.app import make_app
+
+pytestmark = pytest.mark.timeout(180)
+
+ROOT = Path(__file__).resolve().parents[2]
+SNAPSHOT_DIR = ROOT / "snapshots" / "tui"
+MODELS = ROOT / "tests" / "fixtures" / "models"
+OUTPUT_DIR = Path("/tmp/wizard-tui-snapshots/out")     # shown on the Review and Done screens
+SCREENS = ("HardwareScreen", "ModelScreen", "PlanScreen", "DetailsScreen", "ReviewScreen", "DoneScreen")
+SIZES = {"80x24": (80, 24), "120x40": (120, 40)}
+
+
+class TuiSVG(pytest_textual_snapshot.SVGImageExtension):
+    """pytest-textual-snapshot's SVG extension, storing under snapshots/tui/<module>/."""
+
+    @classmethod
+    def dirname(cls, *, test_location) -> str:
+        return str(SNAPSHOT_DIR / test_location.basename)
+
+
+@pytest.fixture(autouse=True)
+def _deterministic(monkeypatch, tmp_path_factory):
+    # snap_compare reads the extension class from the plugin module when it is set up; autouse
+    # fixtures come first (the launch view's tests do the same for snapshots/launch_view/).
+    monkeypatch.setattr(pytest_textual_snapshot, "SVGImageExtension", TuiSVG)
+    monkeypatch.setenv("TEXTUAL_ANIMATIONS", "none")
+    monkeypatch.setenv("HF_HOME", str(tmp_path_factory.getbasetemp() / "hf_home"))
+    monkeypatch.setenv("WIZARD_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "wizard_cache"))
+    # A steady cursor: the blink timer would otherwise decide what the SVG shows.
+    monkeypatch.setattr(Input, "_toggle_cursor", lambda self: None, raising=False)
+    shutil.rmtree(OUTPUT_DIR, ignore_errors=True)
+    yield
+    shutil.rmtree(OUTPUT_DIR, ignore_errors=True)
+
+
+def a100_app(**given):
+    given.setdefault("model", str(MODELS / "qwen2.5-7b"))
+    return make_app(Request(given=given, output_dir=str(OUTPUT_DIR)), hardware=hardware.assume("8xA100-80GB"),
+                    preload=False)
+
+
+def no_gpu_app():
+    hw = hardware.load_file(str(ROOT / "snapshots" / "hardware" / "no-gpu.json"))
+    return make_app(Request(output_dir=str(OUTPUT_DIR)), hardware=hw, preload=False)
+
+
+async def settle(pilot) -> None:
+    app = pilot.app
+    await app.workers.wait_for_complete()
+    deadline = time.monotonic() + 90
+    while type(app.screen).__name__ == "ReviewScreen" and app.screen.findings is None \
+            and app.screen.validation_error is None:
+        if time.monotonic() > deadline:
+            raise AssertionError("validation did not finish")
+        await pilot.pause(0.05)
+    await app.workers.wait_for_complete()
+    await pilot.pause()
+    for widget in app.screen.query(Input):
+        widget.cursor_blink = False
+
+
+def go_to(screen: str, then=None):
+    """run_before: Enter through the screens until `screen` shows, then `then(pilot)` if given."""
+    async def run_before(pilot) -> None:
+        app = pilot.app
+        for _ in range(len(SCREENS)):
+            await settle(pilot)
+            if type(app.screen).__name__ == screen:
+                break
+            await pilot.press("enter")
+        assert type(app.screen).__name__ == screen
+        if then is not None:
+            await then(pilot)
+        await settle(pilot)
+    return run_before
+
+
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("screen", SCREENS)
+def test_screen(snap_compare, screen, size):
+    assert snap_compare(a100_app(), terminal_size=SIZES[size], run_before=go_to(screen))
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_hardware_without_gpu(snap_compare, size):
+    assert snap_compare(no_gpu_app(), terminal_size=SIZES[size], run_before=go_to("HardwareScreen"))
+
+
+def test_plan_without_gpu(snap_compare):
+    assert snap_compare(no_gpu_app(), terminal_size=(80, 24), run_before=go_to("PlanScreen"))
+
+
+def test_plan_light_theme(snap_compare):
+    app = a100_app()
+
+    async def light(pilot):
+        pilot.app.theme = "textual-light"
+
+    assert snap_compare(app, terminal_size=(80, 24), run_before=go_to("PlanScreen", light))
+
+
+def test_plan_pick_that_does_not_fit(snap_compare):
+    async def pick_ddp(pilot):
+        await pilot.press("up", "enter")
+
+    assert snap_compare(a100_app(), terminal_size=(80, 24), run_before=go_to("PlanScreen", pick_ddp))
+
+
+def test_model_inline_error(snap_compare):
+    async def letters(pilot):
+        pilot.app.screen.query_one("#q-seq_len", Input).focus()
+        await pilot.press("end", "ctrl+u", *"lots", "enter")
+
+    assert snap_compare(a100_app(), terminal_size=(80, 24), run_before=go_to("ModelScreen", letters))
+
+
+def test_explain_modal(snap_compare):
+    async def explain(pilot):
+        pilot.app.screen.query_one("#q-micro_batch", Input).focus()
+        await pilot.press("f1")
+
+    assert snap_compare(a100_app(), terminal_size=(80, 24), run_before=go_to("ModelScreen", explain))
+
+
+def test_quit_question(snap_compare):
+    async def change_then_quit(pilot):
+        pilot.app.screen.query_one("#q-grad_accum", Input).focus()
+        await pilot.press("end", "ctrl+u", "8", "ctrl+q")
+
+    assert snap_compare(a100_app(), terminal_size=(80, 24), run_before=go_to("ModelScreen", change_then_quit))
