@@ -21,6 +21,11 @@ import argparse
 import os
 import sys
 import time
+import warnings
+
+# DeepSpeed's ZeRO-3 calls collectives that torch marks deprecated, and torch repeats the warning every
+# step on every rank: it would drown the loss lines in the logs and the live view.
+warnings.filterwarnings("ignore", message=r"`torch\.distributed\.\w+` is deprecated", category=FutureWarning)
 
 
 def parse_args(argv=None):
