@@ -1,0 +1,412 @@
+"""bench/gpu/measure.py on the CPU: its pure parts (case selection, verdict arithmetic, probe and
+metrics comparison, the report) and its --dry-run-cpu mode end to end. No GPU here: the GPU figures
+come only from a run on a GPU machine (bench/gpu/README.md)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+GPU_DIR = REPO / "bench" / "gpu"
+GiB = 1024 ** 3
+MiB = 1024 ** 2
+
+
+def _load(name: str, path: Path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module          # dataclasses resolve their module through sys.modules
+    spec.loader.exec_module(module)
+    return module
+
+
+measure = _load("gpu_bench_measure", GPU_DIR / "measure.py")
+train_one = _load("gpu_bench_train_one", GPU_DIR / "train_one.py")
+
+
+def pred(per_gpu_gib: float, fits: bool, usable_gib: float = 100.0, capacity_gib: float = 110.0,
+         offload: bool = False):
+    return measure.Prediction(rung="single", fits=fits, per_gpu_bytes=int(per_gpu_gib * GiB),
+                              usable_bytes=int(usable_gib * GiB), capacity_bytes=int(capacity_gib * GiB),
+                              gc=False, offload=offload)
+
+
+def spec(model="m", backend="single", seq=512, mb=1, gc=False):
+    return measure.CaseSpec(model, backend, seq, mb, gc)
+
+
+# ----------------------------------------------------------------------------- arithmetic
+
+def test_error_pct_is_relative_to_the_measurement():
+    assert measure.error_pct(110, 100) == pytest.approx(10.0)
+    assert measure.error_pct(90, 100) == pytest.approx(-10.0)
+    assert measure.error_pct(100, None) is None
+    assert measure.error_pct(None, 100) is None
+    assert measure.error_pct(100, 0) is None
+
+
+@pytest.mark.parametrize("fits,status,measured,expected", [
+    (True, "ok", 80, "right"),            # fits and ran
+    (True, "ok", 105, "right"),           # ran, headroom eaten (noted)
+    (True, "oom", None, "wrong"),         # said fits, ran out of memory
+    (False, "oom", 90, "right"),          # said no, ran out of memory
+    (False, "ok", 105, "right"),          # said no, ran above the usable memory
+    (False, "ok", 95, "wrong"),           # said no, ran within the usable memory: too cautious
+    (False, "ok", None, "unknown"),
+    (True, "timeout", None, "unknown"),
+    (True, "skipped", None, "unknown"),
+    (False, "crash", None, "unknown"),
+])
+def test_fit_decision(fits, status, measured, expected):
+    verdict, why = measure.decide(fits, status, measured, usable=100)
+    assert verdict == expected, why
+    if fits and status == "ok" and measured and measured > 100:
+        assert "headroom" in why
+    if expected == "wrong" and status == "ok":
+        assert "cautious" in why
+
+
+def test_summary_counts_decisions_and_the_10_percent_target():
+    cases = [
+        {"status": "ok", "decision": "right", "predicted_fits": True, "error_pct": 4.0},
+        {"status": "ok", "decision": "right", "predicted_fits": True, "error_pct": -12.5},
+        {"status": "oom", "decision": "wrong", "predicted_fits": True, "error_pct": None},
+        {"status": "oom", "decision": "right", "predicted_fits": False, "error_pct": None},
+        {"status": "skipped", "decision": "unknown", "predicted_fits": True, "error_pct": None},
+    ]
+    s = measure.summarize(cases)
+    assert (s["cases"], s["measured"], s["decisions_right"], s["decisions_wrong"]) == (5, 4, 3, 1)
+    assert (s["fitting_with_error"], s["within_target"], s["max_abs_error_pct"]) == (2, 1, 12.5)
+
+
+# ----------------------------------------------------------------------------- selection (pure)
+
+def test_smallest_headroom_is_the_largest_fitting_ratio_without_offload():
+    candidates = [
+        (spec(seq=512), pred(80, True)),
+        (spec(seq=1024), pred(97, True)),
+        (spec(seq=2048), pred(99, True, offload=True)),     # offload rungs are not measured
+        (spec(seq=4096), pred(101, False)),                 # does not fit
+        (spec(seq=1024, mb=2), pred(92, True)),
+    ]
+    chosen, p = measure.pick_smallest_headroom(candidates)
+    assert (chosen.seq_len, chosen.micro_batch) == (1024, 1)
+    assert p.per_gpu_bytes == int(97 * GiB)
+    assert measure.pick_smallest_headroom([(spec(), pred(50, False))]) is None
+
+
+def test_predicted_oom_is_the_smallest_prediction_over_the_factor():
+    candidates = [
+        (spec(seq=512), pred(112, False)),        # over usable, under 1.05 x capacity (115.5)
+        (spec(seq=1024), pred(140, False)),
+        (spec(seq=2048), pred(120, False)),       # the one
+        (spec(seq=4096), pred(200, False)),
+        (spec(seq=4096, mb=2), pred(130, True)),  # "fits" is never an OOM case
+    ]
+    chosen, p = measure.pick_predicted_oom(candidates, 1.05)
+    assert chosen.seq_len == 2048 and not p.fits
+    assert measure.pick_predicted_oom(candidates[:1], 1.05) is None
+
+
+def test_select_cases_orders_selected_first_and_merges_duplicates():
+    cfg = {"grid": {"seq_lens": [512, 1024], "micro_batches": [1, 2, 3], "backends": ["single"]},
+           "oom_min_over_capacity": 1.05,
+           "coverage": [{"model": "a", "backend": "single", "seq_len": 512, "micro_batch": 1, "gc": False},
+                        {"model": "a", "backend": "single", "seq_len": 1024, "micro_batch": 2, "gc": False}],
+           "launch": {"model": "a", "backend": "single", "seq_len": 1024, "micro_batch": 2, "gc": False}}
+
+    def fake_predict(s):
+        # a synthetic planner: memory grows with tokens; GC halves it
+        gib = s.seq_len * s.micro_batch / 10 / (2 if s.gc else 1)
+        return pred(gib, gib <= 100)
+
+    def fake_recommend(model, seq, mb):
+        s = spec(model, "single", seq, mb, False)
+        p = fake_predict(s)
+        return (s, p) if p.fits else None
+
+    sel = measure.select_cases(cfg, ["a"], fake_predict, fake_recommend)
+    roles = [c.role for c in sel.cases]
+    assert roles[:2] == ["smallest-headroom", "predicted-oom"]
+    # smallest headroom: 512 x 1 = 51.2 GiB is the largest that fits (1024 x 1 = 102.4 does not)
+    assert sel.cases[0].key() == ("a", "single", 512, 1, False)
+    # the coverage case equal to it was merged, the launch case comes right after the selected ones
+    assert [c.key() for c in sel.cases[2:]] == [("a", "single", 1024, 2, False)]
+    assert any("also the smallest-headroom" in n for n in sel.notes)
+    # predicted OOM: the smallest prediction >= 1.05 x 110 GiB is 512 x 3 without GC (153.6 GiB)
+    assert sel.cases[1].key() == ("a", "single", 512, 3, False)
+
+
+# ----------------------------------------------------------------------------- selection (real planner)
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory):
+    shapes = json.loads((GPU_DIR / "models.json").read_text())
+    return measure.write_models(shapes, tmp_path_factory.mktemp("shapes"))
+
+
+@pytest.fixture(scope="module")
+def cases_cfg():
+    return json.loads((GPU_DIR / "cases.json").read_text())
+
+
+@pytest.mark.parametrize("assume", ["1xH200,ram=128G,cpus=16", "1xH100-80GB,ram=128G,cpus=16"])
+def test_selection_from_the_planner_adapts_to_the_gpu(assume, model_dirs, cases_cfg):
+    from wizard import hardware
+    planner = measure.Planner(hardware.assume(assume), model_dirs)
+    sel = measure.select_cases(cases_cfg, list(model_dirs), planner.predict, planner.recommend)
+    assert len(sel.cases) >= 6
+    assert len({c.key() for c in sel.cases}) == len(sel.cases)
+    roles = [c.role for c in sel.cases]
+    assert roles.count("smallest-headroom") == 1 and roles.count("predicted-oom") == 1
+    assert {c.backend for c in sel.cases} >= {"single", "zero2", "zero3"}
+    assert {c.gc for c in sel.cases} == {True, False}
+
+    head = next(c for c in sel.cases if c.role == "smallest-headroom")
+    forced = planner.predict(head)          # what is measured is the forced twin of the recommendation
+    assert forced.fits and not forced.offload
+    fitting = [p for _, p in sel.headroom_candidates if p.fits and not p.offload]
+    assert forced.ratio == pytest.approx(max(p.ratio for p in fitting))
+    assert forced.ratio > 0.9               # the grid is dense enough to get close to the limit
+
+    oom = next(c for c in sel.cases if c.role == "predicted-oom")
+    p = planner.predict(oom)
+    assert not p.fits and p.per_gpu_bytes >= 1.05 * p.capacity_bytes
+    smaller = [q for _, q in sel.oom_candidates
+               if not q.fits and 1.05 * q.capacity_bytes <= q.per_gpu_bytes < p.per_gpu_bytes]
+    assert not smaller
+
+    for c in sel.cases:                     # every ZeRO case gets the wizard's own DeepSpeed config
+        text = planner.ds_config_text(c)
+        if c.backend == "single":
+            assert text is None
+        else:
+            assert json.loads(text)["zero_optimization"]["stage"] == int(c.backend[-1])
+
+
+def test_given_for_forces_the_rung():
+    assert measure.given_for("/m", "single", 512, 2, True)["backend"] == "ddp"
+    g = measure.given_for("/m", "zero3", 512, 2, False)
+    assert (g["backend"], g["zero_stage"], g["offload"], g["gradient_checkpointing"]) == \
+        ("deepspeed", "3", "none", "off")
+    auto = measure.given_for("/m", None, 512, 2, None)
+    assert (auto["backend"], auto["zero_stage"], auto["gradient_checkpointing"]) == ("auto", "auto", "auto")
+    with pytest.raises(ValueError):
+        measure.rung_key("fsdp")
+
+
+# ----------------------------------------------------------------------------- probe comparison
+
+SMI_TEXT = ("0, GPU-aaaa, NVIDIA H200, 143771, 550.54.15, 9.0, 1980\n"
+            "garbage line\n"
+            "1, GPU-bbbb, NVIDIA H200, [N/A], 550.54.15, 9.0, [N/A]\n")
+
+
+def test_parse_smi_csv_handles_na_and_skips_malformed_lines():
+    rows = measure.parse_smi_csv(SMI_TEXT, measure.SMI_STATIC_FIELDS)
+    assert len(rows) == 2
+    assert rows[0]["memory.total"] == "143771" and rows[0]["clocks.max.sm"] == "1980"
+    assert rows[1]["memory.total"] is None and rows[1]["clocks.max.sm"] is None
+
+
+def test_compare_probe_flags_mismatches_and_leaves_missing_values_undecided():
+    rows = measure.parse_smi_csv(SMI_TEXT, measure.SMI_STATIC_FIELDS)[:1]
+    probe = {"driver_version": "550.54.15",
+             "gpus": [{"index": 0, "nvml_index": 0, "uuid": "GPU-aaaa", "name": "NVIDIA H200",
+                       "memory_total": 143771 * MiB, "compute_capability": [9, 0]}]}
+    nvml = {"available": True, "driver_version": "550.54.15",
+            "gpus": [{"index": 0, "uuid": "GPU-aaaa", "name": "NVIDIA H200", "memory_total": 140000 * MiB,
+                      "compute_capability": [9, 0], "clocks_max_sm_mhz": 1980}]}
+    by_field = {r["field"]: r for r in measure.compare_probe(probe, nvml, rows)}
+    assert by_field["name"]["ok"] is True
+    assert by_field["memory.total MiB"]["ok"] is False          # pynvml disagrees with both
+    assert by_field["compute capability"]["ok"] is True
+    assert by_field["driver"]["ok"] is True
+    assert by_field["clocks.max.sm MHz"]["ok"] is True and by_field["clocks.max.sm MHz"]["probe"] is None
+    # only one source: nothing to compare
+    alone = measure.compare_probe(probe, {"available": False, "gpus": []}, [])
+    assert all(r["ok"] is None for r in alone)
+
+
+def test_hardware_falls_back_to_nvidia_smi_gpus_when_the_probe_sees_none():
+    probe = {"hardware": {"gpus": [], "gpu_reason": "nvidia-ml-py is not installed", "ram_total": 128 * GiB,
+                          "ram_available": 120 * GiB, "cpu_cores": 16}}
+    rows = measure.parse_smi_csv(SMI_TEXT, measure.SMI_STATIC_FIELDS)[:1]
+    hw, source = measure.load_hardware(probe, None, rows)
+    assert hw.num_gpus == 1 and hw.gpus[0].memory_total == 143771 * MiB and hw.gpus[0].bf16
+    assert "nvidia-smi" in source
+    torch_cuda = {"devices": [{"name": "NVIDIA H200", "total_memory": 150 * GiB, "capability": [9, 0]}]}
+    hw, source = measure.load_hardware(probe, None, [], torch_cuda)
+    assert hw.gpus[0].memory_total == 150 * GiB and "torch" in source
+    hw, why = measure.load_hardware(probe, None, [], None)
+    assert hw is None and "nvidia-ml-py" in why
+
+
+# ----------------------------------------------------------------------------- metrics comparison
+
+def _stamp(t: float) -> str:
+    d = dt.datetime.fromtimestamp(t)
+    return d.strftime("%Y/%m/%d %H:%M:%S.") + f"{d.microsecond // 1000:03d}"
+
+
+def test_metrics_align_by_time_and_report_mean_absolute_differences(tmp_path):
+    t0 = 1_800_000_000.0
+    smi = "".join(f"{_stamp(t0 + i)}, 0, {50 + i}, {1000 + 10 * i}, {200.0 + i:.2f}\n" for i in range(5))
+    reference = measure.parse_smi_samples(smi)
+    assert len(reference) == 5 and reference[0]["t"] == pytest.approx(t0, abs=1e-3)
+    lines = []
+    for i in range(5):
+        gpus = [{"index": 0, "util": 50 + i + (2 if i % 2 else 0), "mem_used": (1000 + 10 * i + 20) * MiB,
+                 "power_w": (200.0 + i) * 1.04}]
+        lines.append(json.dumps({"t": t0 + i + 0.3, "available": True, "gpus": gpus}))
+    lines.insert(2, json.dumps({"t": t0 + 1.5, "available": False, "reason": "x", "gpus": []}))
+    lines.append(json.dumps({"t": t0 + 30, "available": True, "gpus": gpus}))   # no partner: not paired
+    (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + "\nnot json\n")
+    measured = measure.load_metrics_jsonl(tmp_path / "metrics.jsonl", 0)
+    assert len(measured) == 6
+    pairs = measure.align(reference, measured)
+    assert len(pairs) == 5 and all(d == pytest.approx(0.3, abs=1e-3) for _, _, d in pairs)
+    d = measure.metric_diffs(pairs)
+    assert d["util_pp"] == pytest.approx(4 / 5)                # +2 pp on samples 1 and 3
+    assert d["mem_mib"] == pytest.approx(20)
+    assert d["power_pct"] == pytest.approx(4.0)
+    v = measure.metrics_verdict(d)
+    assert v == {"util_pp": True, "mem_pct": True, "power_pct": True}
+    assert measure.metrics_verdict({"util_pp": 9.0, "mem_pct": None, "power_pct": 6.0}) == \
+        {"util_pp": False, "mem_pct": None, "power_pct": False}
+    # samples further apart than max_dt are not paired
+    assert measure.align(reference, [dict(m, t=m["t"] + 5) for m in measured[:5]]) == []
+
+
+def test_optional_power_readings_are_compared_for_information():
+    t0 = 1_800_000_000.0
+    fields = measure.SMI_SAMPLE_FIELDS + measure.SMI_OPTIONAL_SAMPLE_FIELDS
+    smi = f"{_stamp(t0)}, 0, 50, 1000, 300.00, 400.00, 300.00\n"
+    reference = measure.parse_smi_samples(smi, fields)
+    assert reference[0]["power_instant_w"] == 400.0 and reference[0]["power_average_w"] == 300.0
+    pairs = measure.align(reference, [{"t": t0, "index": 0, "util": 50, "mem_used_mib": 1000, "power_w": 300.0}])
+    d = measure.metric_diffs(pairs)
+    assert d["power_average_pct"] == 0 and d["power_instant_pct"] == pytest.approx(25.0)
+
+
+# ----------------------------------------------------------------------------- train_one helpers
+
+def test_out_of_memory_is_recognised_through_wrappers():
+    assert train_one.is_oom(RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"))
+    try:
+        try:
+            raise RuntimeError("CUBLAS_STATUS_ALLOC_FAILED when calling cublasCreate")
+        except RuntimeError as inner:
+            raise ValueError("engine init failed") from inner
+    except ValueError as outer:
+        assert train_one.is_oom(outer)
+    assert not train_one.is_oom(ValueError("shape mismatch"))
+
+
+def test_train_command_shrinks_only_in_a_dry_run(tmp_path):
+    s = measure.CaseSpec("m", "zero3", 4096, 8, True)
+    cmd = measure.train_command(s, "/models/m", 3, tmp_path, tmp_path / "ds.json", False, 0)
+    joined = " ".join(cmd)
+    assert "--seq-len 4096 --micro-batch 8" in joined and "--gc on" in joined and "--nvml-index 0" in joined
+    assert "--tiny" not in cmd and f"--ds-config {tmp_path / 'ds.json'}" in joined
+    dry = measure.train_command(s, "/models/m", 2, tmp_path, None, True, 0)
+    assert "--tiny" in dry and "--device" in dry and "--seq-len 32 --micro-batch 2" in " ".join(dry)
+
+
+# ----------------------------------------------------------------------------- report
+
+def test_markdown_table_has_one_row_per_case_and_a_cell_per_column():
+    cases = [measure.case_record(spec("m", "single", 512, 2), pred(50, True),
+                                 {"status": "ok", "wall_s": 1, "child": {"measured_peak_bytes": 48 * GiB,
+                                                                         "non_torch_bytes": GiB // 2}}, False),
+             measure.case_record(spec("m", "zero3", 4096, 8), pred(130, False),
+                                 {"status": "oom", "wall_s": 1, "child": {"measured_peak_bytes": 100 * GiB}}, False),
+             measure.case_record(spec("m", "zero2", 1024, 1), pred(60, True),
+                                 {"status": "skipped", "error": "time budget: 3 s left"}, False)]
+    assert cases[0]["error_pct"] == pytest.approx((50 - 48) / 48 * 100)
+    assert cases[1]["error_pct"] is None and cases[1]["decision"] == "right"
+    report = {"meta": {"mode": "GPU", "date": "d", "host": "h", "budget_s": 420, "elapsed_s": 1},
+              "environment": {"libraries": {}, "missing": []}, "cases": cases,
+              "summary": measure.summarize(cases), "probe_comparison": [], "nvml": {"available": True},
+              "nvidia_smi": {"available": True}}
+    md = measure.render_markdown(report)
+    table = [line for line in md.splitlines() if line.startswith("| ") and "configuration" not in line
+             and "---" not in line and "field" not in line]
+    assert len(table) == 3
+    for line in table:
+        assert line.count("|") == len(measure.CASE_COLUMNS) + 1
+    assert "+4.2" in table[0] and "time budget" in table[2]
+
+
+# ----------------------------------------------------------------------------- the dry run
+
+def _dry_run(tmp_path: Path, *extra: str, timeout: float = 600) -> tuple[subprocess.CompletedProcess, dict, str]:
+    out = tmp_path / "dry.md"
+    r = subprocess.run([sys.executable, str(GPU_DIR / "measure.py"), "--dry-run-cpu", "--out", str(out), *extra],
+                       capture_output=True, text=True, cwd=str(REPO), timeout=timeout)
+    report = json.loads(out.with_suffix(".json").read_text()) if out.with_suffix(".json").exists() else {}
+    return r, report, out.read_text() if out.exists() else ""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_dry_run_quick_end_to_end(tmp_path):
+    r, report, md = _dry_run(tmp_path, "--quick")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    cases = report["cases"]
+    assert len(cases) >= 6
+    roles = [c["case"]["role"] for c in cases]
+    assert roles.count("smallest-headroom") == 1 and roles.count("predicted-oom") == 1
+    oom = cases[roles.index("predicted-oom")]
+    assert not oom["predicted_fits"]
+    assert oom["predicted_bytes"] >= 1.05 * oom["prediction"]["capacity_bytes"]
+    head = cases[roles.index("smallest-headroom")]
+    assert head["predicted_fits"] and head["prediction"]["per_gpu_bytes"] <= head["prediction"]["usable_bytes"]
+    # one tiny CPU training per backend ran the real code path; nothing is "measured" on a CPU
+    ran = [c for c in cases if c["status"] == "ok"]
+    assert {c["case"]["backend"] for c in ran} == {"single", "zero2", "zero3"}
+    for c in ran:
+        child = c["run"]["child"]
+        assert child["max_memory_reserved"] is None and child["steps_done"] == 2
+        assert c["measured_bytes"] is None and c["error_pct"] is None and c["decision"] == "unknown"
+        engine = child["engine"]
+        if c["case"]["backend"] == "single":
+            assert engine["engine_class"] != "DeepSpeedEngine"
+        else:
+            assert engine["engine_class"] == "DeepSpeedEngine"
+            assert engine["zero_stage"] == int(c["case"]["backend"][-1])
+    for c in cases:
+        if c["status"] != "ok":
+            assert c["status"] == "skipped" and "--quick" in c["run"]["error"]
+    # the table: header + separator + one row per case, a cell per column
+    rows = [line for line in md.splitlines() if line.startswith("| ") and line.count("|") ==
+            len(measure.CASE_COLUMNS) + 1]
+    assert rows[0].startswith("| # | role | configuration | predicted GiB")
+    assert len(rows) == 1 + len(cases)
+    # probe through the fake NVML; pynvml and nvidia-smi honestly absent
+    assert "NVIDIA H200" in report["meta"]["gpu"]
+    assert report["nvml"]["available"] is False and report["nvidia_smi"]["available"] is False
+    # launch through `wizard launch --headless`, compared against the fake reference
+    la = report["launch"]
+    assert la["returncode"] == 0 and la["run_status"] == "succeeded", la
+    assert la["diffs"]["pairs"] >= 3 and "fake NVML" in la["reference"]
+    assert la["train"]["status"] == "ok" and la["train"]["steps_done"] >= 1
+    assert (tmp_path / "dry-files" / "launch-metrics.jsonl").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_dry_run_out_of_budget_skips_every_training_and_says_why(tmp_path):
+    r, report, md = _dry_run(tmp_path, "--quick", "--budget-s", "1")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert len(report["cases"]) >= 6
+    assert all(c["status"] == "skipped" and "time budget" in c["run"]["error"] for c in report["cases"])
+    assert "time budget" in report["launch_skipped"] and "launch" not in report
+    assert "time budget" in md
