@@ -1,0 +1,161 @@
+"""`wizard --plain`: the questionary flow driven without a terminal, through prompt_toolkit's pipe
+input and DummyOutput, from the hardware question to the written, validated files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from prompt_toolkit.input import create_pipe_input
+from prompt_toolkit.output import DummyOutput
+
+from wizard import hardware, pipeline
+from wizard.errors import EXIT_INTERRUPTED
+from wizard.pipeline import Request
+from wizard.prompts import CANCELLED, run_plain
+
+pytestmark = pytest.mark.timeout(180)
+
+ROOT = Path(__file__).resolve().parents[2]
+MODELS = ROOT / "tests" / "fixtures" / "models"
+NO_GPU = str(ROOT / "snapshots" / "hardware" / "no-gpu.json")
+ENTER, DOWN, BACKSPACE, CTRL_C = "\r", "\x1b[B", "\x7f", "\x03"
+
+
+@pytest.fixture(autouse=True)
+def _isolated(monkeypatch, tmp_path_factory):
+    monkeypatch.setenv("HF_HOME", str(tmp_path_factory.getbasetemp() / "hf_home"))
+    monkeypatch.setenv("WIZARD_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "wizard_cache"))
+
+
+def plain(request: Request, keys: str, capsys=None) -> int:
+    """Run the plain wizard with these keystrokes queued (prompt_toolkit keeps typeahead between prompts)."""
+    with create_pipe_input() as pipe:
+        pipe.send_text(keys)
+        return run_plain(request, input=pipe, output=DummyOutput())
+
+
+def prompts_before_the_plan(request: Request) -> int:
+    """How many questions the plain flow asks before showing the plan (today 8 + 5)."""
+    from wizard.questions import for_stage
+    from wizard.tui.state import WizardState
+    state = WizardState(request)
+    state.set_probed(state.load_hardware())
+    state.replan()
+    return sum(1 for stage in ("model", "training", "strategy") for q in for_stage(stage)
+               if not q.advanced and state.asked(q.id))
+
+
+def same_as_non_interactive(request: Request, out: Path, given: dict) -> None:
+    """Enter on every prompt gives the files `wizard --non-interactive` writes for the same flags."""
+    expected = pipeline.build(Request(given=given, hardware_file=request.hardware_file, assume=request.assume,
+                                      output_dir=str(out)))
+    assert (out / "default_config.yaml").read_text() == expected.yaml_text
+    if expected.ds_text is None:
+        assert not (out / "ds_config.json").exists()
+    else:
+        assert (out / "ds_config.json").read_text() == expected.ds_text
+
+
+def test_enter_on_every_prompt_writes_what_non_interactive_writes(tmp_path, capsys):
+    out = tmp_path / "out"
+    model = str(MODELS / "llama-3.1-8b")
+    request = Request(given={"model": model}, assume="8xA100-80GB", output_dir=str(out))
+    assert plain(request, ENTER * 80) == 0
+    printed = capsys.readouterr().out
+    assert "=> DeepSpeed ZeRO-2" in printed                 # wizard.report.print_plan
+    assert "Validated with accelerate, DeepSpeed and transformers: OK" in printed
+    assert "TrainingArguments(" in printed and "deepspeed=" in printed
+    same_as_non_interactive(request, out, {"model": model})
+    assert json.loads((out / "ds_config.json").read_text())["zero_optimization"]["stage"] == 2
+
+
+def test_no_gpu_enter_through_writes_a_cpu_configuration(tmp_path, capsys):
+    out = tmp_path / "out"
+    request = Request(hardware_file=NO_GPU, output_dir=str(out))
+    assert plain(request, ENTER * 80) == 0
+    doc = yaml.safe_load((out / "default_config.yaml").read_text())
+    assert doc["num_processes"] == 2
+    # The same as the flags that say the same: CPU processes, 2 of them, the recommended 125M model.
+    same_as_non_interactive(request, out, {"use_cpu": True, "num_processes": 2, "params": "125M"})
+
+
+def test_no_gpu_plan_for_a_catalogue_machine(tmp_path):
+    out = tmp_path / "out"
+    request = Request(hardware_file=NO_GPU, output_dir=str(out))
+    keys = (DOWN + ENTER                      # plan for another machine
+            + BACKSPACE + "4" + ENTER         # 4 GPUs (default 8)
+            + ENTER                           # H100-80GB, the default GPU model
+            + ENTER * 80)
+    assert plain(request, keys) == 0
+    doc = yaml.safe_load((out / "default_config.yaml").read_text())
+    assert doc["num_processes"] == 4 and doc["distributed_type"] == "DEEPSPEED"
+    # What --assume 4xH100-80GB writes with the recommended 7B parameter count.
+    same_as_non_interactive(Request(assume="4xH100-80GB", output_dir=str(out)), out, {"params": "7B"})
+
+
+def test_invalid_entries_are_refused_at_the_prompt(tmp_path):
+    out = tmp_path / "out"
+    model = str(MODELS / "qwen2.5-7b")
+    keys = (BACKSPACE * len(model) + str(MODELS / "no-config") + ENTER     # no config.json: refused
+            + BACKSPACE * len(str(MODELS / "no-config")) + model + ENTER   # the real one
+            + BACKSPACE * 4 + "abc" + ENTER                                # seq_len: letters refused
+            + BACKSPACE * 3 + "4096" + ENTER
+            + BACKSPACE + "0" + ENTER                                      # micro-batch 0 refused
+            + BACKSPACE + "2" + ENTER
+            + ENTER * 80)
+    request = Request(given={"model": model}, assume="8xA100-80GB", output_dir=str(out))
+    assert plain(request, keys) == 0
+    record = json.loads((out / "wizard_plan.json").read_text())
+    assert record["given"]["seq_len"] == 4096 and record["given"]["micro_batch"] == 2
+    assert record["given"]["model"] == model
+    same_as_non_interactive(request, out, {"model": model, "seq_len": 4096, "micro_batch": 2})
+
+
+def test_declining_the_plan_asks_the_strategy_again(tmp_path):
+    out = tmp_path / "out"
+    model = str(MODELS / "qwen2.5-7b")
+    request = Request(given={"model": model}, assume="8xA100-80GB", output_dir=str(out))
+    first_pass = ENTER * prompts_before_the_plan(request)
+    keys = (first_pass
+            + "n"                             # not ZeRO-2
+            + DOWN * 2 + ENTER                # backend: deepspeed
+            + DOWN * 3 + ENTER                # ZeRO stage 3
+            + ENTER * 3                       # offload auto, NVMe path none, headroom 0.1
+            + "y"                             # use ZeRO-3
+            + ENTER * 60)
+    assert plain(request, keys) == 0
+    ds = json.loads((out / "ds_config.json").read_text())
+    assert ds["zero_optimization"]["stage"] == 3
+    same_as_non_interactive(request, out, {"model": model, "backend": "deepspeed", "zero_stage": "3"})
+
+
+def test_ctrl_c_cancels_and_leaves_files_alone(tmp_path, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "default_config.yaml").write_text("keep: me\n")
+    request = Request(given={"model": str(MODELS / "llama-3.1-8b")}, assume="8xA100-80GB", output_dir=str(out))
+    assert plain(request, ENTER * 3 + CTRL_C) == EXIT_INTERRUPTED
+    assert CANCELLED in capsys.readouterr().err
+    assert (out / "default_config.yaml").read_text() == "keep: me\n"
+    assert sorted(p.name for p in out.iterdir()) == ["default_config.yaml"]
+
+
+def test_dry_run_writes_nothing(tmp_path, capsys):
+    out = tmp_path / "out"
+    request = Request(given={"model": str(MODELS / "llama-3.1-8b")}, assume="8xA100-80GB",
+                      output_dir=str(out), dry_run=True)
+    assert plain(request, ENTER * 80) == 0
+    assert "Dry run: nothing written" in capsys.readouterr().out
+    assert not out.exists()
+
+
+def test_no_gpu_hardware_is_described(tmp_path, capsys):
+    hw = hardware.load_file(NO_GPU)
+    assert not hw.gpus
+    request = Request(hardware_file=NO_GPU, output_dir=str(tmp_path / "out"), dry_run=True)
+    assert plain(request, ENTER * 80) == 0
+    printed = capsys.readouterr().out
+    assert "GPUs: none (NVML Shared Library Not Found" in printed and "CPU processes" in printed
