@@ -42,6 +42,7 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
@@ -644,7 +645,7 @@ def smi_static() -> dict[str, Any]:
 _current: dict[str, subprocess.Popen | None] = {"proc": None}
 
 
-class Interrupted(Exception):
+class Interrupted(BaseException):
     """SIGTERM/SIGINT (the outer timeout): stop, keep what was measured, write the report."""
 
 
@@ -668,8 +669,10 @@ def _kill_group(proc: subprocess.Popen, grace: float = 5.0) -> None:
             continue
 
 
-def run_child(cmd: list[str], env: dict[str, str], timeout: float, log_path: Path | None = None) -> dict[str, Any]:
-    """Run cmd in its own session with a timeout; returns returncode, stdout tail, timed_out, wall_s."""
+def run_child(cmd: list[str], env: dict[str, str], timeout: float, log_path: Path | None = None,
+              grace: float = 5.0) -> dict[str, Any]:
+    """Run cmd in its own session with a timeout; returns returncode, stdout lines, timed_out, wall_s.
+    On timeout the group gets SIGTERM, `grace` seconds, then SIGKILL."""
     t0 = time.monotonic()
     log = open(log_path, "w") if log_path else None
     try:
@@ -684,7 +687,7 @@ def run_child(cmd: list[str], env: dict[str, str], timeout: float, log_path: Pat
             proc.wait(timeout=max(timeout, 1))
         except subprocess.TimeoutExpired:
             timed_out = True
-            _kill_group(proc)
+            _kill_group(proc, grace)
         except BaseException:          # Interrupted: the child must not outlive the measurement
             _kill_group(proc, grace=2)
             raise
@@ -914,7 +917,8 @@ def run_launch(spec: CaseSpec, planner: Planner, opts: Options, work: Path, resu
     ref = ReferenceSampler(ref_path, fake=opts.dry_run, index=nvml_index)
     ref.start()
     try:
-        child = run_child(cmd, env, timeout, log_path=results_dir / "launch-stderr.log")
+        # grace: the supervisor ends its workers on SIGTERM (its own --grace 5) before it exits
+        child = run_child(cmd, env, timeout, log_path=results_dir / "launch-stderr.log", grace=15.0)
     finally:
         ref.stop()
     out: dict[str, Any] = {"case": spec.label(), "returncode": child["returncode"], "timed_out": child["timed_out"],
@@ -1159,7 +1163,7 @@ def parse_args(argv=None) -> Options:
         out_md=Path(a.out) if a.out else default_out(dry), quick=bool(a.quick), dry_run=dry,
         budget_s=float(a.budget_s),
         case_timeout_s=float(a.case_timeout_s or (60.0 if dry else 120.0)),
-        launch_reserve_s=40.0 if a.quick else 60.0, min_case_s=20.0 if dry else 30.0,
+        launch_reserve_s=50.0 if a.quick else 75.0, min_case_s=20.0 if dry else 30.0,
         steps=2 if a.quick else 3, launch_seconds=(6.0 if dry else 12.0) if a.quick else 25.0,
         assume=a.assume or (DRY_RUN_ASSUME if dry else None))
 
@@ -1278,14 +1282,20 @@ def main(argv=None) -> int:
         else:
             print(f"[measure] launch: {launch_spec.label()}", flush=True)
             report["launch"] = run_launch(launch_spec, planner, opts, work, results_dir, nvml_index,
-                                          timeout=min(left - 5, opts.launch_seconds + 90))
+                                          timeout=max(20.0, min(left - 5, opts.launch_seconds + 90)))
         save()
     except Interrupted as exc:
         report["skipped"].append(f"interrupted by {exc} after {budget.elapsed():.0f} s: the rest was not run")
         for c in report["cases"]:
             if c.get("status") == "not run":
-                c.update(status="skipped", decision="unknown", decision_why="interrupted")
+                c.update(status="skipped", decision="unknown", decision_why="interrupted",
+                         run={"status": "skipped", "error": f"interrupted by {exc}"})
         code = 124
+    except Exception as exc:    # a bug must not cost the figures already measured: they are saved below
+        report["skipped"].append(f"measure.py failed after {budget.elapsed():.0f} s: {type(exc).__name__}: {exc}")
+        report["traceback"] = traceback.format_exc().splitlines()[-20:]
+        print("".join(traceback.format_exc()), file=sys.stderr, flush=True)
+        code = 1
     finally:
         proc = _current.get("proc")
         if proc is not None:
