@@ -1036,7 +1036,9 @@ def summarize(cases: list[dict]) -> dict[str, Any]:
     decided = [c for c in cases if c.get("decision") in ("right", "wrong")]
     fitting = [c for c in cases if c.get("predicted_fits") and c.get("error_pct") is not None]
     within = [c for c in fitting if abs(c["error_pct"]) <= ERROR_TARGET_PCT]
-    return {"cases": len(cases), "measured": sum(1 for c in cases if c.get("status") in ("ok", "oom")),
+    measured = sum(1 for c in cases if c.get("status") == "oom" or
+                   (c.get("status") == "ok" and c.get("measured_bytes") is not None))
+    return {"cases": len(cases), "measured": measured,
             "decisions_right": sum(1 for c in decided if c["decision"] == "right"),
             "decisions_wrong": sum(1 for c in decided if c["decision"] == "wrong"),
             "fitting_with_error": len(fitting), "within_target": len(within),
@@ -1096,6 +1098,14 @@ def render_markdown(report: dict) -> str:
     nv = report.get("nvml") or {}
     if not nv.get("available"):
         lines.append(f"pynvml: not available ({nv.get('reason')})")
+    else:
+        lines.append(f"pynvml: driver {nv.get('driver_version')}, CUDA driver API {nv.get('cuda_driver_version')}.")
+        for g in nv.get("gpus") or []:
+            lines.append(f"- GPU {g['index']} {g.get('name')}: {_gib(g.get('memory_total'))} GiB "
+                         f"({_gib(g.get('memory_used'))} GiB used before the runs), compute capability "
+                         f"{_cc_text(g.get('compute_capability'))}, SM clock {g.get('clocks_sm_mhz')} MHz now / "
+                         f"{g.get('clocks_max_sm_mhz')} max, memory clock max {g.get('clocks_max_mem_mhz')} MHz, "
+                         f"power limit {g.get('power_limit_w')} W")
     smi = report.get("nvidia_smi") or {}
     if not smi.get("available"):
         lines.append(f"nvidia-smi: not available ({smi.get('reason')})")
@@ -1104,7 +1114,8 @@ def render_markdown(report: dict) -> str:
         lines += ["", "| GPU | field | wizard probe | pynvml | nvidia-smi | agree |", "|---|---|---|---|---|---|"]
         for r in rows:
             ok = {True: "yes", False: "**MISMATCH**", None: "—"}[r["ok"]]
-            lines.append(f"| {r['gpu']} | {r['field']} | {r['probe']} | {r['pynvml']} | {r['nvidia_smi']} | {ok} |")
+            cells = ["—" if r[k] is None else str(r[k]) for k in ("probe", "pynvml", "nvidia_smi")]
+            lines.append(f"| {r['gpu']} | {r['field']} | " + " | ".join(cells) + f" | {ok} |")
 
     lines += ["", "## Launch: metrics.jsonl vs nvidia-smi", ""]
     la = report.get("launch")
@@ -1216,7 +1227,7 @@ def main(argv=None) -> int:
             return 2
         hw, source = load_hardware(report["probe"], opts.assume, report["nvidia_smi"]["rows"],
                                    report["environment"].get("torch_cuda"))
-        report["meta"]["hardware_source"] = source
+        report["meta"]["hardware_source"] = source if hw is not None else "nothing"
         if hw is None or not hw.gpus:
             report["skipped"].append(f"memory cases and launch: no GPU to plan for ({source}; "
                                      f"{(hw.gpu_reason if hw else '')})")

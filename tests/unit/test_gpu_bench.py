@@ -75,14 +75,16 @@ def test_fit_decision(fits, status, measured, expected):
 
 def test_summary_counts_decisions_and_the_10_percent_target():
     cases = [
-        {"status": "ok", "decision": "right", "predicted_fits": True, "error_pct": 4.0},
-        {"status": "ok", "decision": "right", "predicted_fits": True, "error_pct": -12.5},
+        {"status": "ok", "decision": "right", "predicted_fits": True, "error_pct": 4.0, "measured_bytes": 1},
+        {"status": "ok", "decision": "right", "predicted_fits": True, "error_pct": -12.5, "measured_bytes": 1},
         {"status": "oom", "decision": "wrong", "predicted_fits": True, "error_pct": None},
         {"status": "oom", "decision": "right", "predicted_fits": False, "error_pct": None},
         {"status": "skipped", "decision": "unknown", "predicted_fits": True, "error_pct": None},
+        {"status": "ok", "decision": "unknown", "predicted_fits": True, "error_pct": None,
+         "measured_bytes": None},                                   # a dry run's tiny CPU training
     ]
     s = measure.summarize(cases)
-    assert (s["cases"], s["measured"], s["decisions_right"], s["decisions_wrong"]) == (5, 4, 3, 1)
+    assert (s["cases"], s["measured"], s["decisions_right"], s["decisions_wrong"]) == (6, 4, 3, 1)
     assert (s["fitting_with_error"], s["within_target"], s["max_abs_error_pct"]) == (2, 1, 12.5)
 
 
