@@ -64,7 +64,8 @@ class WizardApp(App[Outcome]):
         from wizard.tui.screens.hardware import HardwareScreen
         self.push_screen(HardwareScreen())
         if self.state.probed is None:
-            self.probe_hardware()
+            # After the first paint: the probe thread would otherwise compete for the GIL with it.
+            self.call_after_refresh(self.probe_hardware)
         else:
             self.call_after_refresh(self._hardware_known)
 
