@@ -4,9 +4,7 @@ mutation from the rule list makes exactly the expected rule fire (compared with 
 
 from __future__ import annotations
 
-import copy
 import json
-import shutil
 import socket
 from pathlib import Path
 from typing import Callable
@@ -36,10 +34,28 @@ def _opt(args: list[str], flag: str) -> str | None:
     return args[args.index(flag) + 1] if flag in args else None
 
 
-class Golden:
-    def __init__(self, directory: Path, tmp: Path):
+class GoldenFiles:
+    """A golden case as stored: its wizard arguments and config files, read where they are."""
+
+    def __init__(self, directory: Path):
         self.name = directory.name
         self.args = [a.replace("<FIX>", str(FIX)) for a in json.loads((directory / "args.json").read_text())]
+        self.dir = directory
+
+    @property
+    def acc(self) -> Path:
+        return self.dir / "default_config.yaml"
+
+    @property
+    def ds(self) -> Path:
+        return self.dir / "ds_config.json"
+
+
+class Golden(GoldenFiles):
+    """A writable copy of a golden case, paths and port filled in, that the rules can check."""
+
+    def __init__(self, directory: Path, tmp: Path):
+        super().__init__(directory)
         self.dir = tmp / "out"
         self.dir.mkdir(parents=True)
         nvme = tmp / "nvme"
@@ -51,14 +67,6 @@ class Golden:
                 # a port in use by another job on this machine is not what these tests are about
                 text = text.replace("main_process_port: 29500", f"main_process_port: {port}")
                 (self.dir / f).write_text(text)
-
-    @property
-    def acc(self) -> Path:
-        return self.dir / "default_config.yaml"
-
-    @property
-    def ds(self) -> Path:
-        return self.dir / "ds_config.json"
 
     def findings(self):
         hw = load_file(_opt(self.args, "--hardware")) if "--hardware" in self.args else assume(_opt(self.args, "--assume"))
@@ -93,7 +101,7 @@ def test_goldens_exist_or_skip():
 # ----------------------------------------------------------------------------- mutations
 
 
-def _yaml(g: Golden) -> dict:
+def _yaml(g: GoldenFiles) -> dict:
     return yaml.safe_load(g.acc.read_text())
 
 
@@ -101,7 +109,7 @@ def _write_yaml(g: Golden, data: dict) -> None:
     g.acc.write_text(yaml.safe_dump(data, sort_keys=True))
 
 
-def _ds(g: Golden) -> dict | None:
+def _ds(g: GoldenFiles) -> dict | None:
     return json.loads(g.ds.read_text()) if g.ds.exists() else None
 
 
@@ -109,11 +117,11 @@ def _write_ds(g: Golden, data: dict) -> None:
     g.ds.write_text(json.dumps(data, indent=2) + "\n")
 
 
-def _is(dtype: str) -> Callable[[Golden], bool]:
+def _is(dtype: str) -> Callable[[GoldenFiles], bool]:
     return lambda g: _yaml(g).get("distributed_type") == dtype
 
 
-def _stage(*stages: int) -> Callable[[Golden], bool]:
+def _stage(*stages: int) -> Callable[[GoldenFiles], bool]:
     return lambda g: _ds(g) is not None and _ds(g).get("zero_optimization", {}).get("stage") in stages
 
 
@@ -150,7 +158,7 @@ def _zero(fn):
 
 
 # name -> (applies to this golden?, mutation, expected rule)
-MUTATIONS: dict[str, tuple[Callable[[Golden], bool], Callable[[Golden], None], str]] = {
+MUTATIONS: dict[str, tuple[Callable[[GoldenFiles], bool], Callable[[Golden], None], str]] = {
     "unquote-NO": (lambda g: "distributed_type: 'NO'" in g.acc.read_text(),
                    _replace_text("acc", "distributed_type: 'NO'", "distributed_type: NO"), "ACC-UNQUOTED-NO"),
     "mixed-precision-no": (lambda g: "mixed_precision: bf16" in g.acc.read_text(),
@@ -202,9 +210,12 @@ MUTATIONS: dict[str, tuple[Callable[[Golden], bool], Callable[[Golden], None], s
 
 
 def _cases():
+    """Only the (golden, mutation) pairs where the mutation applies: the rest could never run."""
     if not GOLDENS:
         return [pytest.param(None, None, marks=pytest.mark.skip(reason="no golden configs in snapshots/golden yet"))]
-    return [pytest.param(d, m, id=f"{d.name}:{m}") for d in GOLDENS for m in MUTATIONS]
+    stored = [GoldenFiles(d) for d in GOLDENS]
+    return [pytest.param(g.dir, name, id=f"{g.name}:{name}")
+            for g in stored for name, (applies, _, _) in MUTATIONS.items() if applies(g)]
 
 
 def _keyset(findings):
@@ -215,8 +226,7 @@ def _keyset(findings):
 def test_single_mutation_fires_exactly_its_rule(directory, mutation, tmp_path):
     golden = Golden(directory, tmp_path)
     applies, mutate, expected = MUTATIONS[mutation]
-    if not applies(golden):
-        pytest.skip(f"{mutation} does not apply to {directory.name}")
+    assert applies(golden), f"{mutation} applies to the stored {directory.name} but not to its filled-in copy"
     before = _keyset(golden.findings())
     mutate(golden)
     after = golden.findings()
@@ -224,10 +234,8 @@ def test_single_mutation_fires_exactly_its_rule(directory, mutation, tmp_path):
     assert new == {expected}, [f"{f.rule} {f.key}: {f.message}" for f in after]
 
 
-def test_every_mutation_applies_to_some_golden(tmp_path):
+def test_every_mutation_applies_to_some_golden():
     _needs_goldens()
-    unused = []
-    for name, (applies, _, _) in MUTATIONS.items():
-        if not any(applies(Golden(d, tmp_path / f"{name}-{i}")) for i, d in enumerate(GOLDENS)):
-            unused.append(name)
+    stored = [GoldenFiles(d) for d in GOLDENS]
+    unused = [name for name, (applies, _, _) in MUTATIONS.items() if not any(applies(g) for g in stored)]
     assert not unused, f"mutations that no golden exercises: {unused}"
