@@ -444,6 +444,7 @@ async def test_review_diffs_against_existing_files_and_write_keeps_a_backup(tmp_
         assert "previous kept as default_config.yaml.bak" in done
         args = text_of(app.screen.query_one("#done-args"))
         assert "deepspeed=" in args and "per_device_train_batch_size=1" in args and "bf16=True" in args
+        assert "_checkpointing=False" in args
     assert (out / "default_config.yaml.bak").read_text() == old
 
 

@@ -6,6 +6,24 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
+def checkpointing_argument() -> str:
+    """TrainingArguments' name for gradient checkpointing in the installed transformers:
+    `activation_checkpointing` where it exists (`gradient_checkpointing` is its deprecated alias
+    there), else `gradient_checkpointing`. Reads the dataclass only when transformers is already
+    imported (validation did it), never importing it here."""
+    import sys
+    module = sys.modules.get("transformers.training_args")
+    if module is not None:
+        fields = getattr(module.TrainingArguments, "__dataclass_fields__", {})
+        return "activation_checkpointing" if "activation_checkpointing" in fields else "gradient_checkpointing"
+    try:
+        from importlib.metadata import version
+        major = int(version("transformers").split(".")[0])
+    except Exception:
+        return "gradient_checkpointing"
+    return "activation_checkpointing" if major >= 5 else "gradient_checkpointing"
+
+
 HF_OPTIM = {"adamw": "adamw_torch", "adamw-8bit": "adamw_bnb_8bit", "sgd": "sgd", "adafactor": "adafactor"}
 
 
@@ -38,14 +56,15 @@ def training_arguments(answers: dict[str, Any], plan, ds_path: str | None) -> di
         kwargs["fp16"] = True
     kwargs["optim"] = HF_OPTIM.get(answers.get("optimizer") or "adamw", "adamw_torch")
     gc = bool(choice.gradient_checkpointing)
+    checkpointing = checkpointing_argument()
     if choice.backend == "deepspeed":
-        kwargs["gradient_checkpointing"] = gc
+        kwargs[checkpointing] = gc
         kwargs["deepspeed"] = ds_path
         if answers.get("gradient_clipping") is not None:
             kwargs["max_grad_norm"] = float(answers["gradient_clipping"])
     elif choice.backend == "fsdp":
         # With FSDP, its own activation checkpointing replaces the Trainer's (which would gather twice).
-        kwargs["gradient_checkpointing"] = False
+        kwargs[checkpointing] = False
         kwargs["fsdp"] = True
         config: dict[str, Any] = {"version": int(answers.get("fsdp_version") or 2)}
         reshard = answers.get("fsdp_reshard_after_forward")
@@ -64,7 +83,7 @@ def training_arguments(answers: dict[str, Any], plan, ds_path: str | None) -> di
         config["cpu_ram_efficient_loading"] = bool(answers.get("fsdp_cpu_ram_efficient_loading", True))
         kwargs["fsdp_config"] = config
     else:
-        kwargs["gradient_checkpointing"] = gc
+        kwargs[checkpointing] = gc
         if choice.backend == "ddp":
             kwargs["ddp_backend"] = "gloo" if plan.topology.cpu else "nccl"
             kwargs["ddp_find_unused_parameters"] = False

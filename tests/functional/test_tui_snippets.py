@@ -1,0 +1,84 @@
+"""The Done screen's TrainingArguments(...) snippet and launch commands: the snippet is real Python
+that transformers' TrainingArguments accepts for the plan it describes (where this CPU box can
+build one), and the commands quote paths for the shell."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import pytest
+
+from wizard import pipeline
+from wizard.pipeline import Request
+from wizard.tui.snippets import checkpointing_argument, launch_commands, training_arguments, training_arguments_code, wizard_launch_argv
+
+pytestmark = pytest.mark.timeout(180)
+
+ROOT = Path(__file__).resolve().parents[2]
+NO_GPU = str(ROOT / "snapshots" / "hardware" / "no-gpu.json")
+QWEN_7B = str(ROOT / "tests" / "fixtures" / "models" / "qwen2.5-7b")
+
+
+@pytest.fixture(autouse=True)
+def _env(monkeypatch, tmp_path_factory):
+    monkeypatch.setenv("HF_HOME", str(tmp_path_factory.getbasetemp() / "hf_home"))
+    monkeypatch.setenv("WIZARD_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "wizard_cache"))
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+
+
+def written(tmp_path: Path, **request) -> pipeline.Result:
+    result = pipeline.build(Request(output_dir=str(tmp_path / "out"), **request))
+    pipeline.write(result, request.get("given", {}))
+    return result
+
+
+def construct(result: pipeline.Result):
+    """Evaluate the snippet with the real TrainingArguments."""
+    from transformers import TrainingArguments
+    ds = result.ds_path if result.ds_text is not None else None
+    code = training_arguments_code(result.answers, result.plan, ds)
+    return eval(code, {"TrainingArguments": TrainingArguments})     # noqa: S307 - our own generated code
+
+
+def test_cpu_deepspeed_snippet_builds_training_arguments(tmp_path):
+    result = written(tmp_path, hardware_file=NO_GPU, given={"use_cpu": True, "num_processes": 2, "params": "125M"})
+    args = construct(result)
+    assert args.use_cpu and args.deepspeed == result.ds_path
+    assert args.per_device_train_batch_size == 1 and args.gradient_accumulation_steps == 1
+    assert args.gradient_checkpointing == result.plan.choice.gradient_checkpointing
+    assert args.activation_checkpointing == result.plan.choice.gradient_checkpointing
+
+
+def test_fsdp_snippet_builds_training_arguments(tmp_path):
+    # V100s: fp16, which TrainingArguments accepts on this CPU box (bf16 it would refuse here).
+    result = written(tmp_path, assume="8xV100-32GB", given={"model": QWEN_7B, "backend": "fsdp"})
+    assert result.plan.choice.backend == "fsdp"
+    kwargs = training_arguments(result.answers, result.plan, None)
+    assert kwargs["fsdp"] is True and kwargs["fp16"] is True
+    assert kwargs[checkpointing_argument()] is False      # FSDP checkpoints through fsdp_config
+    assert kwargs["fsdp_config"]["transformer_layer_cls_to_wrap"] == ["Qwen2DecoderLayer"]
+    args = construct(result)
+    assert args.fsdp_config["transformer_layer_cls_to_wrap"] == ["Qwen2DecoderLayer"]
+    assert args.fsdp_config["version"] == 2
+
+
+def test_deepspeed_and_ddp_snippets_name_the_right_arguments(tmp_path):
+    ds = written(tmp_path / "ds", assume="8xA100-80GB", given={"model": QWEN_7B})
+    kwargs = training_arguments(ds.answers, ds.plan, ds.ds_path)
+    assert kwargs["deepspeed"] == ds.ds_path and kwargs["bf16"] is True and kwargs["optim"] == "adamw_torch"
+    ddp = pipeline.build(Request(assume="8xA100-80GB", given={"params": "350M"}, output_dir=str(tmp_path / "ddp")))
+    assert ddp.plan.choice.backend == "ddp"
+    kwargs = training_arguments(ddp.answers, ddp.plan, None)
+    assert kwargs["ddp_backend"] == "nccl" and kwargs["ddp_find_unused_parameters"] is False
+    assert "deepspeed" not in kwargs and "fsdp" not in kwargs
+
+
+def test_launch_commands_quote_paths():
+    accel, wiz = launch_commands("/a dir/default_config.yaml", "train.py", ["--name", "a b"])
+    assert shlex.split(accel) == ["accelerate", "launch", "--config_file", "/a dir/default_config.yaml",
+                                  "train.py", "--name", "a b"]
+    assert shlex.split(wiz) == ["wizard", "launch", "--config-file", "/a dir/default_config.yaml", "--",
+                                "train.py", "--name", "a b"]
+    assert wizard_launch_argv("/py", "/c.yaml", "t.py", ["-x"]) == [
+        "/py", "-m", "wizard", "launch", "--config-file", "/c.yaml", "--", "t.py", "-x"]
