@@ -12,12 +12,12 @@ import sys
 from typing import Iterable
 
 from rich.markup import escape
-from rich.syntax import Syntax
 from textual.containers import Horizontal
 from textual.widget import Widget
 from textual.widgets import Button, Input, Label, Static
 
 from wizard.tui.screens.base import WizardScreen
+from wizard.tui.screens.review import syntax
 from wizard.tui.snippets import launch_commands, training_arguments_code, wizard_launch_argv
 
 
@@ -84,15 +84,11 @@ class DoneScreen(WizardScreen):
         self.query_one("#done-files", Static).update("\n".join(lines))
         accel, wiz = launch_commands(result.yaml_path)
         self.query_one("#done-commands", Static).update(
-            Syntax(f"{accel}\n{wiz}", "bash", theme=self._theme(), background_color="default", word_wrap=True))
+            syntax(f"{accel}\n{wiz}", "bash", self.app, word_wrap=True))
         ds_path = result.ds_path if result.ds_text is not None else None
         code = training_arguments_code(result.answers, result.plan, ds_path)
         self.query_one("#done-args", Static).update(
-            Syntax(code, "python", theme=self._theme(), background_color="default", word_wrap=True))
-
-    def _theme(self) -> str:
-        dark = self.app.current_theme.dark if self.app.current_theme else True
-        return "ansi_dark" if dark else "ansi_light"
+            syntax(code, "python", self.app, word_wrap=True))
 
     def status_text(self) -> str:
         return "[dim]dry run[/dim]" if self.state.request.dry_run else "[green]✓ done[/green]"

@@ -24,9 +24,13 @@ from wizard.tui.messages import ValidationDone
 from wizard.tui.screens.base import WizardScreen
 
 
-def syntax(text: str, lexer: str, dark: bool) -> Syntax:
-    return Syntax(text, lexer, theme="ansi_dark" if dark else "ansi_light", background_color="default",
-                  word_wrap=False)
+def syntax(text: str, lexer: str, app, word_wrap: bool = False) -> Syntax:
+    """Highlighted text on the screen's own background (light and dark themes alike)."""
+    theme = app.current_theme
+    dark = theme.dark if theme is not None else True
+    background = app.get_css_variables().get("background", "default")
+    return Syntax(text, lexer, theme="ansi_dark" if dark else "ansi_light", background_color=background,
+                  word_wrap=word_wrap)
 
 
 def changes(result: pipeline.Result) -> list[tuple[str, str, str]]:
@@ -112,11 +116,10 @@ class ReviewScreen(WizardScreen):
         self.result = result
         self.findings = None
         self.validation_error = None
-        dark = self.app.current_theme.dark if self.app.current_theme else True
-        self.query_one("#yaml-text", Static).update(syntax(result.yaml_text, "yaml", dark))
+        self.query_one("#yaml-text", Static).update(syntax(result.yaml_text, "yaml", self.app))
         tabs = self.query_one(TabbedContent)
         if result.ds_text is not None:
-            self.query_one("#ds-text", Static).update(syntax(result.ds_text, "json", dark))
+            self.query_one("#ds-text", Static).update(syntax(result.ds_text, "json", self.app))
             tabs.show_tab("tab-ds")
         else:
             tabs.hide_tab("tab-ds")
@@ -124,7 +127,7 @@ class ReviewScreen(WizardScreen):
         for path, what, diff in changes(result):
             parts.append(Text(f"{path}: {what}", style="bold"))
             if diff:
-                parts.append(syntax(diff.rstrip("\n"), "diff", dark))
+                parts.append(syntax(diff.rstrip("\n"), "diff", self.app))
             parts.append(Text(""))
         self.query_one("#diff-text", Static).update(Group(*parts))
         self.query_one("#validation-text", Static).update("Validating ...")
