@@ -390,6 +390,21 @@ async def test_f1_explains_the_focused_question_and_its_default(tmp_path):
         assert screen_name(app) == "ExplainModal"
 
 
+async def test_question_mark_is_text_in_a_field_and_arrows_move_between_fields(tmp_path):
+    app = app_for(tmp_path, a100s(), model=QWEN_7B)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await reach(pilot, "ModelScreen")
+        assert app.focused.id == "q-model"
+        await pilot.press("down")
+        assert app.focused.id == "q-seq_len"
+        await pilot.press("down", "down", "up")
+        assert app.focused.id == "q-micro_batch"
+        await pilot.press("end", "question_mark")
+        await settle(pilot)
+        assert screen_name(app) == "ModelScreen" and app.focused.value == "1?"
+        assert "not a whole number" in field(app, "micro_batch").error
+
+
 async def test_ctrl_q_without_changes_quits_at_once(tmp_path):
     app = app_for(tmp_path, a100s(), model=QWEN_7B)
     async with app.run_test(size=(80, 24)) as pilot:
