@@ -206,8 +206,8 @@ def emit_slurm(args, script: str, script_args: list[str]) -> int:
         flags += ["--grace", f"{args.grace:g}"]
     if args.status_interval != 30.0:
         flags += ["--status-interval", f"{args.status_interval:g}"]
-    from launch.supervisor import default_config_file
-    cfg = str(Path(args.config_file).absolute()) if args.config_file else str(default_config_file())
+    from wizard.paths import accelerate_default_config_file
+    cfg = str(Path(args.config_file).absolute()) if args.config_file else accelerate_default_config_file()
     text = render_sbatch(args.emit_slurm, script, script_args, config_file=cfg, launch_flags=flags,
                          port=args.main_process_port or 29500)
     path = write_sbatch(args.slurm_output, text)

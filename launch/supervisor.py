@@ -42,6 +42,7 @@ from launch import classify as cls
 from launch.logs import StreamCapture
 from launch.rundir import (JSONL_CAP_BYTES, LOG_CAP_BYTES, EventLog, RotatingLog, RunState, attempt_dir,
                            launcher_log_path, rank_log_path, read_json, tail_lines)
+from wizard.paths import accelerate_default_config_file
 
 WORKER = str(Path(__file__).with_name("_worker.py"))
 ENV_SOCKET = "WIZARD_LAUNCH_SOCKET"
@@ -61,16 +62,6 @@ _SHIM = (
     "if os.getppid() != int(sys.argv[1]): sys.exit(143)\n"
     "os.execv(sys.argv[2], sys.argv[2:])\n"
 )
-
-
-def default_config_file() -> Path:
-    """accelerate's default config location: $HF_HOME/accelerate or ~/.cache/huggingface/accelerate."""
-    hf_home = os.environ.get("HF_HOME")
-    if hf_home:
-        base = Path(hf_home)
-    else:
-        base = Path(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache"))) / "huggingface"
-    return base / "accelerate" / "default_config.yaml"
 
 
 @dataclass
@@ -227,8 +218,8 @@ class Supervisor:
         self.run_dir = Path(spec.run_dir)
         self.out = out if out is not None else sys.stdout.buffer
         self.config_file = spec.config_file
-        if self.config_file is None and default_config_file().is_file():
-            self.config_file = str(default_config_file())
+        if self.config_file is None and os.path.isfile(accelerate_default_config_file()):
+            self.config_file = accelerate_default_config_file()
         self.accel = load_yaml(self.config_file)
         self.ds_config_file = ds_config_path(self.accel)
         self.events = EventLog(self.run_dir / "events.jsonl", spec.jsonl_cap_bytes)

@@ -21,18 +21,12 @@ from typing import Any
 
 from wizard.errors import InputError
 from wizard.findings import Finding
+from wizard.paths import accelerate_default_config_file
 
 TRAINERS = ("hf", "accelerate")
 
 
 # ----------------------------------------------------------------------------- locating and reading
-
-
-def default_config_file() -> str:
-    """accelerate's default config path, computed the way accelerate does (HF_HOME, XDG_CACHE_HOME)."""
-    hf_home = os.environ.get("HF_HOME") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join("~", ".cache"), "huggingface")
-    return os.path.join(os.path.expanduser(hf_home), "accelerate", "default_config.yaml")
 
 
 def _read_text(path: str, field_name: str) -> str:
@@ -205,12 +199,12 @@ def build_context(config_file: str | None = None, ds_config: str | None = None, 
 
     acc_path = config_file
     if acc_path is None and use_default_config and ds_config is None and training_args is None:
-        acc_path = default_config_file()
+        acc_path = accelerate_default_config_file()
         if not os.path.isfile(acc_path):
             raise InputError("config-file", f"no accelerate config at {acc_path} (accelerate's default)",
                              "--config-file P, --ds-config P or --training-args P")
-    elif acc_path is None and use_default_config and os.path.isfile(default_config_file()):
-        acc_path = default_config_file()   # accelerate launch uses it silently when it exists
+    elif acc_path is None and use_default_config and os.path.isfile(accelerate_default_config_file()):
+        acc_path = accelerate_default_config_file()   # accelerate launch uses it silently when it exists
     if acc_path is not None:
         ctx.acc_path = acc_path
         ctx.acc_text = _read_text(acc_path, "config-file")

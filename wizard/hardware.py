@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from wizard.errors import InputError
+from wizard.paths import accelerate_config_dir
 from wizard.units import GiB, fmt_bytes, parse_bytes
 
 ASSUME_FORMAT = ("COUNTxGPU[,ram=SIZE][,cpus=N][,disk=SIZE][,nodes=N][,nvlink=yes|no], "
@@ -314,13 +315,6 @@ def assume(spec: str) -> Hardware:
 
 # ============================================================================================
 # probe
-
-
-def accelerate_config_dir() -> str:
-    """Where `accelerate config` writes: $HF_HOME/accelerate or ${XDG_CACHE_HOME:-~/.cache}/huggingface/accelerate."""
-    hf_home = os.environ.get("HF_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME") or "~/.cache",
-                                                        "huggingface")
-    return os.path.join(os.path.expanduser(hf_home), "accelerate")
 
 
 def nearest_existing(path: str) -> str:

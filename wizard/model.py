@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from wizard.errors import InputError
+from wizard.paths import hf_home
 from wizard.units import fmt_count, parse_count
 
 _MODEL_ALLOWED = "a local directory with config.json, a config.json path, or a Hub id in the local HF cache"
@@ -66,11 +67,7 @@ def hub_cache_dir() -> Path:
     explicit = os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE")
     if explicit:
         return Path(explicit).expanduser()
-    hf_home = os.environ.get("HF_HOME")
-    if not hf_home:
-        xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-        hf_home = os.path.join(xdg, "huggingface")
-    return Path(hf_home).expanduser() / "hub"
+    return Path(hf_home()) / "hub"
 
 
 # A Hub repo id: "name" or "org/name", optionally "@revision"; letters, digits, "-", "_", ".".
