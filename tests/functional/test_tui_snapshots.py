@@ -3,9 +3,10 @@ fit, an inline error and the two modals.
 
 Deterministic inputs: assumed hardware (or the saved no-GPU probe in snapshots/hardware/), fixture
 model configs, a fixed output directory emptied before each test, animations off, no cursor blink.
-The SVGs live in snapshots/tui/test_tui_snapshots/; after an intended change run
-`python -m pytest tests/functional/test_tui_snapshots.py --snapshot-update` and look at the
-report (snapshot_report.html) before committing them.
+The SVGs live in snapshots/tui/test_tui_snapshots/; after an intended change run the whole module,
+`python -m pytest tests/functional/test_tui_snapshots.py --snapshot-update`, and look at the report
+(snapshot_report.html) before committing them. Never update with -k or a single test id: syrupy
+then deletes every other SVG of the module as unused.
 """
 
 from __future__ import annotations
