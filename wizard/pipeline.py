@@ -24,10 +24,9 @@ PRE_PLAN_STAGES = ("model", "training", "strategy", "machines")
 
 
 def default_output_dir() -> str:
-    """accelerate's config dir: $HF_HOME/accelerate or ${XDG_CACHE_HOME:-~/.cache}/huggingface/accelerate."""
-    hf_home = os.environ.get("HF_HOME") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join("~", ".cache"), "huggingface")
-    return os.path.join(os.path.expanduser(hf_home), "accelerate")
+    """accelerate's config dir, where `accelerate launch` looks when given no --config_file."""
+    from wizard.paths import accelerate_config_dir
+    return accelerate_config_dir()
 
 
 @dataclass
