@@ -37,6 +37,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from wizard.fsutil import replace_file
+
 RUNS_ROOT_NAME = "wizard-runs"
 LATEST = "latest"
 LOG_CAP_BYTES = 50 * 1024 * 1024
@@ -54,13 +56,6 @@ def new_run_id(now: float | None = None) -> str:
     return f"{stamp}-{secrets.token_hex(3)}"
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}.{threading.get_ident()}")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, path)
-
-
 def point_latest(root: Path, run_dir: Path) -> None:
     """Make <root>/latest point at run_dir (relative symlink, swapped atomically)."""
     link = root / LATEST
@@ -73,7 +68,7 @@ def point_latest(root: Path, run_dir: Path) -> None:
         os.replace(tmp, link)
     except OSError:
         # filesystems without symlinks: a pointer file holding the path
-        atomic_write_text(link, str(run_dir) + "\n")
+        replace_file(link, str(run_dir) + "\n", fsync=False)
 
 
 def create_run_dir(run_dir: str | os.PathLike[str] | None = None,
@@ -152,7 +147,8 @@ class RunState:
             self._save_locked()
 
     def _save_locked(self) -> None:
-        atomic_write_text(self.path, json.dumps(self.data, indent=1, default=str) + "\n")
+        # readers need whole files, not durability: run.json is rewritten on every change
+        replace_file(self.path, json.dumps(self.data, indent=1, default=str) + "\n", fsync=False)
 
     def __getitem__(self, key: str) -> Any:
         return self.data[key]

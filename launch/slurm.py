@@ -60,8 +60,7 @@ def render_sbatch(nodes: int, script: str, script_args: list[str], *, config_fil
 
 
 def write_sbatch(path: str | Path, text: str) -> Path:
-    from launch.rundir import atomic_write_text
+    from wizard.fsutil import replace_file
     p = Path(path)
-    atomic_write_text(p, text)
-    p.chmod(0o755)
+    replace_file(p, text, mode=0o755)
     return p

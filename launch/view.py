@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from launch.rundir import process_alive
+from wizard.fsutil import replace_file
 
 CONTROL_FILE = "control.json"
 CONTROL_SIGNALS = {"stop": signal.SIGTERM, "restart": signal.SIGUSR1, "kill": signal.SIGUSR2}
@@ -439,11 +440,9 @@ def send_control(run_dir: str | os.PathLike[str], request: str,
     if status not in ACTIVE:
         return ControlResult(request, False, False, f"the run has already {status or 'ended'}")
     body = {"request": request, "t": now(), "id": uuid.uuid4().hex, "from": sender, "pid": os.getpid()}
-    tmp = run_dir / f".{CONTROL_FILE}.{os.getpid()}.tmp"
     written = False
     try:
-        tmp.write_text(json.dumps(body) + "\n", encoding="utf-8")
-        os.replace(tmp, run_dir / CONTROL_FILE)
+        replace_file(run_dir / CONTROL_FILE, json.dumps(body) + "\n", fsync=False)
         written = True
     except OSError:
         pass

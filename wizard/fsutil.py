@@ -73,15 +73,30 @@ def _default_mode() -> int:
     return 0o666 & ~umask
 
 
-def _replace_with_text(path: str, text: str, mode: int) -> None:
-    """Temp file in the target's directory + fsync + os.replace. Raises; never leaves the temp behind."""
+def replace_file(path: str | os.PathLike[str], data: str | bytes, *, mode: int | None = None,
+                 fsync: bool = True) -> None:
+    """Put `data` at `path` atomically: a temp file in the same directory, then os.replace.
+
+    A reader sees the old content or the new, never a mix. `mode` None keeps the mode of the file
+    being replaced (the umask default for a new one). `fsync` also makes it durable across a crash
+    (configs); files rewritten often that only need readers to see whole content (run.json) skip it.
+    Raises OSError; never leaves the temp file behind.
+    """
+    path = os.fspath(path)
+    if mode is None:
+        try:
+            mode = os.stat(path).st_mode & 0o7777
+        except FileNotFoundError:
+            mode = _default_mode()
+    raw = data.encode("utf-8") if isinstance(data, str) else data
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(dir=directory, prefix="." + os.path.basename(path) + ".", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
+        with os.fdopen(fd, "wb") as f:
+            f.write(raw)
+            if fsync:
+                f.flush()
+                os.fsync(f.fileno())
         os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
@@ -90,7 +105,8 @@ def _replace_with_text(path: str, text: str, mode: int) -> None:
         except FileNotFoundError:
             pass
         raise
-    _fsync_dir(directory)
+    if fsync:
+        _fsync_dir(directory)
 
 
 def write_atomic(path: str, text: str) -> WriteResult:
@@ -100,13 +116,13 @@ def write_atomic(path: str, text: str) -> WriteResult:
         return WriteResult(path, None, False, "")
     if old is None:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        _replace_with_text(path, text, _default_mode())
+        replace_file(path, text)
         return WriteResult(path, None, True, "", created=True)
     mode = os.stat(path).st_mode & 0o7777
     backup = path + BACKUP_SUFFIX
     # The backup is written atomically too: a crash must not leave a truncated .bak either.
-    _replace_with_text(backup, old, mode)
-    _replace_with_text(path, text, mode)
+    replace_file(backup, old, mode=mode)
+    replace_file(path, text, mode=mode)
     return WriteResult(path, backup, True, unified_diff(old, text, path))
 
 
@@ -123,17 +139,18 @@ def restore(result: WriteResult) -> None:
     if result.backup_path:
         old = _read_existing(result.backup_path)
         if old is not None:
-            _replace_with_text(result.path, old, os.stat(result.backup_path).st_mode & 0o7777)
+            replace_file(result.path, old, mode=os.stat(result.backup_path).st_mode & 0o7777)
 
 
-def _nearest_existing(path: str) -> str:
-    probe = os.path.abspath(path)
-    while not os.path.exists(probe):
-        parent = os.path.dirname(probe)
-        if parent == probe:
+def nearest_existing(path: str) -> str:
+    """`path` or its closest existing parent (the directory a new file there would land in)."""
+    current = os.path.abspath(os.path.expanduser(path))
+    while not os.path.exists(current):
+        parent = os.path.dirname(current)
+        if parent == current:
             break
-        probe = parent
-    return probe
+        current = parent
+    return current
 
 
 def check_writable_dir(path: str) -> None:
@@ -150,7 +167,7 @@ def check_writable_dir(path: str) -> None:
         if not os.access(target, os.W_OK | os.X_OK):
             raise InputError("output_dir", f"{target} is not writable", "a writable directory")
         return
-    existing = _nearest_existing(target)
+    existing = nearest_existing(target)
     if not os.path.isdir(existing):
         raise InputError("output_dir", f"cannot create {target}: {existing} is not a directory",
                          "a writable directory (created if missing)")

@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from wizard.errors import InputError
+from wizard.fsutil import nearest_existing
 from wizard.paths import accelerate_config_dir
 from wizard.units import GiB, fmt_bytes, parse_bytes
 
@@ -315,17 +316,6 @@ def assume(spec: str) -> Hardware:
 
 # ============================================================================================
 # probe
-
-
-def nearest_existing(path: str) -> str:
-    """`path` or its closest existing parent (the directory whose disk it will land on)."""
-    current = os.path.abspath(os.path.expanduser(path))
-    while not os.path.exists(current):
-        parent = os.path.dirname(current)
-        if parent == current:
-            break
-        current = parent
-    return current
 
 
 def free_disk(path: str) -> int | None:

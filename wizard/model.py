@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from wizard.errors import InputError
+from wizard.fsutil import replace_file
 from wizard.paths import hf_home
 from wizard.units import fmt_count, parse_count
 
@@ -461,19 +462,13 @@ def _read_cached_shape(path: Path) -> ModelShape | None:
 
 
 def _write_cached_shape(path: Path, shape: ModelShape) -> None:
-    import tempfile
-
     entry = shape.to_json()
     entry["source"] = ""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".sizing-", suffix=".tmp")
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(entry, handle)
-        os.replace(tmp, path)
+        replace_file(path, json.dumps(entry), fsync=False)   # a lost cache entry is only sized again
     except OSError:  # a read-only home is fine: we just size again next time
-        with contextlib.suppress(OSError, UnboundLocalError):
-            os.unlink(tmp)
+        pass
 
 
 # ---------------------------------------------------------------------------------------------

@@ -96,6 +96,23 @@ def test_restore_undoes_a_write(tmp_path):
     assert (tmp_path / "old.json").read_text() == "old\n"
 
 
+@pytest.mark.parametrize("fsync", [True, False])
+def test_replace_file_keeps_the_mode_of_what_it_replaces(tmp_path, fsync):
+    path = tmp_path / "run.json"
+    path.write_text("old")
+    os.chmod(path, 0o640)
+    fsutil.replace_file(path, b"new bytes", fsync=fsync)
+    assert path.read_bytes() == b"new bytes" and os.stat(path).st_mode & 0o777 == 0o640
+    fsutil.replace_file(path, "script", mode=0o755, fsync=fsync)
+    assert path.read_text() == "script" and os.stat(path).st_mode & 0o777 == 0o755
+    assert leftovers(tmp_path) == []
+
+
+def test_nearest_existing_walks_up_to_a_real_directory(tmp_path):
+    assert fsutil.nearest_existing(str(tmp_path / "a" / "b" / "c.json")) == str(tmp_path)
+    assert fsutil.nearest_existing(str(tmp_path)) == str(tmp_path)
+
+
 def test_check_writable_dir_accepts_missing_dirs_without_creating_them(tmp_path):
     target = tmp_path / "a" / "b"
     fsutil.check_writable_dir(str(target))
