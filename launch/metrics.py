@@ -13,13 +13,13 @@ One sample (one line of metrics.jsonl):
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
+from launch.rundir import BoundedJsonl, read_jsonl
 from wizard.nvml import GpuSample, GpuStatic, NvmlApi
 
 NO_GPU_METRICS = "no GPU metrics on this machine"
@@ -247,73 +247,19 @@ def format_summary(summary: dict[str, Any]) -> str:
 
 # ---------------------------------------------------------------- metrics.jsonl writer
 
-class MetricsWriter:
-    """Appends samples to metrics.jsonl, keeping the file under `max_bytes`.
-
-    When a write would pass the cap, the newest half is kept: the tail is copied to a temp file
-    that atomically replaces the old one (readers that track offsets see the file shrink, or a
-    new inode, and start over). Each sample is one write() of one whole line, so a reader never
-    sees half a JSON object except at the very end of the file.
-    """
+class MetricsWriter(BoundedJsonl):
+    """Appends samples to metrics.jsonl, keeping the file under `max_bytes` (newest samples kept)."""
 
     def __init__(self, path: str | os.PathLike[str], max_bytes: int = DEFAULT_METRICS_CAP_BYTES,
                  keep_fraction: float = 0.5) -> None:
-        self.path = os.fspath(path)
-        self.max_bytes = int(max_bytes)
-        self.keep_bytes = max(1, int(self.max_bytes * keep_fraction))
-        self._lock = threading.Lock()
-        self.rotations = 0
-        try:
-            self._size = os.path.getsize(self.path)
-        except OSError:
-            self._size = 0
+        super().__init__(path, max_bytes, keep_fraction)
 
     def write(self, sample: Sample) -> None:
-        line = (json.dumps(sample, separators=(",", ":")) + "\n").encode()
-        with self._lock:
-            if self._size + len(line) > self.max_bytes:
-                self._keep_newest(self.keep_bytes - len(line))
-            with open(self.path, "ab") as f:
-                f.write(line)
-            self._size += len(line)
+        self.append(sample)
 
     __call__ = write    # so a writer can be a Sampler's on_sample directly
-
-    def _keep_newest(self, budget: int) -> None:
-        budget = max(0, budget)
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(0, os.SEEK_END)
-                start = max(0, f.tell() - budget - 1)
-                f.seek(start)
-                tail = f.read()
-        except OSError:
-            start, tail = 0, b""
-        if start > 0:
-            # one byte before the cut tells whether we landed on a line start; if not, drop
-            # the partial line so the file starts on a whole sample
-            nl = tail.find(b"\n")
-            tail = tail[nl + 1:] if nl >= 0 else b""
-        tmp = f"{self.path}.tmp{os.getpid()}"
-        with open(tmp, "wb") as f:
-            f.write(tail)
-        os.replace(tmp, self.path)
-        self._size = len(tail)
-        self.rotations += 1
 
 
 def read_samples(path: str | os.PathLike[str], last: int | None = None) -> list[Sample]:
     """Whole samples from metrics.jsonl (a torn last line is skipped)."""
-    out: list[Sample] = []
-    try:
-        with open(path, "rb") as f:
-            for raw in f:
-                if not raw.endswith(b"\n"):
-                    break
-                try:
-                    out.append(json.loads(raw))
-                except ValueError:
-                    continue
-    except OSError:
-        return []
-    return out[-last:] if last else out
+    return read_jsonl(path, last)

@@ -162,11 +162,17 @@ def read_state(run_dir: Path) -> dict[str, Any] | None:
 
 
 class BoundedJsonl:
-    """Append-only JSON lines with a size cap: past the cap, keep the newest half (whole lines)."""
+    """Append-only JSON lines with a size cap: past the cap, keep the newest part (whole lines).
 
-    def __init__(self, path: Path, cap_bytes: int = JSONL_CAP_BYTES):
+    The kept tail is copied to a temp file that atomically replaces the old one (readers that
+    track offsets see the file shrink, or a new inode, and start over). Each object is one write()
+    of one whole line, so a reader never sees half an object except at the very end of the file.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], cap_bytes: int = JSONL_CAP_BYTES, keep_fraction: float = 0.5):
         self.path = Path(path)
         self.cap = int(cap_bytes)
+        self.keep_bytes = max(1, int(self.cap * keep_fraction))
         self._lock = threading.Lock()
         self.rotations = 0
         try:
@@ -178,7 +184,7 @@ class BoundedJsonl:
         line = (json.dumps(obj, separators=(",", ":"), default=str) + "\n").encode()
         with self._lock:
             if self._size + len(line) > self.cap:
-                self._keep_newest(self.cap // 2 - len(line))
+                self._keep_newest(self.keep_bytes - len(line))
             with open(self.path, "ab") as f:
                 f.write(line)
             self._size += len(line)
@@ -188,17 +194,17 @@ class BoundedJsonl:
         try:
             with open(self.path, "rb") as f:
                 f.seek(0, os.SEEK_END)
-                start = max(0, f.tell() - budget)
+                start = max(0, f.tell() - budget - 1)
                 f.seek(start)
                 tail = f.read()
         except OSError:
             start, tail = 0, b""
         if start > 0:
+            # one byte before the cut tells whether we landed on a line start; if not, drop
+            # the partial line so the file starts on a whole object
             nl = tail.find(b"\n")
             tail = tail[nl + 1:] if nl >= 0 else b""
-        tmp = self.path.with_name(f".{self.path.name}.tmp{os.getpid()}")
-        tmp.write_bytes(tail)
-        os.replace(tmp, self.path)
+        replace_file(self.path, tail, fsync=False)
         self._size = len(tail)
         self.rotations += 1
 
@@ -213,7 +219,8 @@ class EventLog(BoundedJsonl):
         return ev
 
 
-def read_jsonl(path: Path, last: int | None = None) -> list[dict[str, Any]]:
+def read_jsonl(path: str | os.PathLike[str], last: int | None = None) -> list[dict[str, Any]]:
+    """Whole objects from a JSONL file (a torn last line is skipped); [] when it cannot be read."""
     out: list[dict[str, Any]] = []
     try:
         with open(path, "rb") as f:

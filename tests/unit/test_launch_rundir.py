@@ -59,6 +59,16 @@ def test_jsonl_keeps_newest_whole_lines_under_cap(tmp_path):
     assert ev.rotations > 0
 
 
+def test_bounded_jsonl_keeps_exactly_the_newest_part_when_the_cut_falls_on_a_line_start(tmp_path):
+    path = tmp_path / "m.jsonl"
+    j = BoundedJsonl(path, cap_bytes=110)            # 10 lines of 11 bytes fill it
+    for i in range(11):
+        j.append({"n": f"{i:02d}"})                  # '{"n":"07"}\n': 11 bytes
+    # the newest half (55 bytes) is five whole lines, the last one the line that did not fit
+    assert [r["n"] for r in read_jsonl(path)] == ["06", "07", "08", "09", "10"]
+    assert path.stat().st_size == 55 and j.rotations == 1
+
+
 def test_bounded_jsonl_appends_whole_objects(tmp_path):
     j = BoundedJsonl(tmp_path / "m.jsonl", cap_bytes=10_000)
     j.append({"a": 1})
