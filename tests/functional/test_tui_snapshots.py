@@ -77,7 +77,13 @@ async def settle(pilot) -> None:
             raise AssertionError("validation did not finish")
         await pilot.pause(0.05)
     await app.workers.wait_for_complete()
-    await pilot.pause()
+    # Fields mounted after the hardware is known, and their first sync, take a few more cycles.
+    while not getattr(app.screen, "_built", True) or app.state.plan is None and app.state.error is None:
+        if time.monotonic() > deadline:
+            raise AssertionError("the screen did not settle")
+        await pilot.pause(0.05)
+    for _ in range(3):
+        await pilot.pause(0.05)
     for widget in app.screen.query(Input):
         widget.cursor_blink = False
 
