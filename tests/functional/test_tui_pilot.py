@@ -336,6 +336,29 @@ async def test_a_path_without_config_json_is_refused_inline(tmp_path):
         assert not field(app, "params").display          # a model replaces the parameter count
 
 
+async def test_model_field_completes_hub_ids_from_the_local_cache(tmp_path, monkeypatch):
+    # A Hub cache laid out as huggingface_hub leaves it, holding only a config.json.
+    hub = tmp_path / "hub"
+    snapshot = hub / "models--acme--Llama-3.1-8B" / "snapshots" / ("0" * 40)
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text((MODELS / "llama-3.1-8b" / "config.json").read_text())
+    monkeypatch.setenv("HF_HUB_CACHE", str(hub))
+    app = app_for(tmp_path, a100s())
+    async with app.run_test(size=(80, 24)) as pilot:
+        await reach(pilot, "ModelScreen")
+        model_input = app.screen.query_one("#q-model", Input)
+        model_input.focus()
+        await pilot.press(*"acme/ll")
+        await settle(pilot)
+        assert model_input._suggestion == "acme/Llama-3.1-8B"
+        await pilot.press("right")                       # accept the completion
+        await wait_until(pilot, lambda: app.state.sizing is None and app.state.model is not None
+                         and app.state.model.source == "acme/Llama-3.1-8B")
+        assert app.state.model.params == 8_030_261_248
+        await settle(pilot)
+        assert "acme/Llama-3.1-8B" in text_of(app.screen.query_one("#model-summary"))
+
+
 async def test_zero_gpus_for_the_target_machine_is_refused(tmp_path):
     app = app_for(tmp_path, hardware.load_file(str(ROOT / "snapshots" / "hardware" / "no-gpu.json")))
     async with app.run_test(size=(80, 24)) as pilot:
