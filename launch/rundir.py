@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from wizard.fsutil import replace_file
+from wizard.fsutil import read_json_object, replace_file
 
 RUNS_ROOT_NAME = "wizard-runs"
 LATEST = "latest"
@@ -110,13 +110,6 @@ def resolve_run_dir(arg: str | os.PathLike[str] | None, root: str | os.PathLike[
     raise InputError("RUN_DIR", f"no run found at {where}", "a run directory holding run.json, or a runs root")
 
 
-def read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-
-
 def attempt_dir(run_dir: Path, attempt: int) -> Path:
     return run_dir / "logs" / f"attempt-{attempt}"
 
@@ -157,8 +150,9 @@ class RunState:
         return self.data.get(key, default)
 
 
-def read_state(run_dir: Path) -> dict[str, Any] | None:
-    return read_json(Path(run_dir) / "run.json")
+def read_state(run_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """run.json as a dict; None while there is none (or it is not a JSON object)."""
+    return read_json_object(Path(run_dir) / "run.json")
 
 
 class BoundedJsonl:

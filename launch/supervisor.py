@@ -41,7 +41,8 @@ from typing import Any, BinaryIO
 from launch import classify as cls
 from launch.logs import StreamCapture
 from launch.rundir import (JSONL_CAP_BYTES, LOG_CAP_BYTES, EventLog, RotatingLog, RunState, attempt_dir,
-                           launcher_log_path, rank_log_path, read_json, tail_lines)
+                           launcher_log_path, rank_log_path, tail_lines)
+from wizard.fsutil import read_json_object, read_yaml_mapping
 from wizard.paths import accelerate_default_config_file
 
 WORKER = str(Path(__file__).with_name("_worker.py"))
@@ -97,18 +98,6 @@ class LaunchSpec:
 
 # ------------------------------------------------------------------ configs and the command
 
-def load_yaml(path: str | os.PathLike[str] | None) -> dict[str, Any] | None:
-    if not path:
-        return None
-    try:
-        import yaml
-        with open(path, encoding="utf-8") as f:
-            data = yaml.safe_load(f)
-        return data if isinstance(data, dict) else None
-    except Exception:
-        return None
-
-
 def ds_config_path(accel: dict[str, Any] | None) -> str | None:
     return ((accel or {}).get("deepspeed_config") or {}).get("deepspeed_config_file") or None
 
@@ -161,7 +150,7 @@ def load_plan_near(config_file: str | None) -> dict[str, Any] | None:
     if not config_file:
         return None
     for name in PLAN_FILES:
-        plan = read_json(Path(config_file).with_name(name))
+        plan = read_json_object(Path(config_file).with_name(name))
         if plan:
             return plan
     return None
@@ -220,7 +209,7 @@ class Supervisor:
         self.config_file = spec.config_file
         if self.config_file is None and os.path.isfile(accelerate_default_config_file()):
             self.config_file = accelerate_default_config_file()
-        self.accel = load_yaml(self.config_file)
+        self.accel = read_yaml_mapping(self.config_file) if self.config_file else None
         self.ds_config_file = ds_config_path(self.accel)
         self.events = EventLog(self.run_dir / "events.jsonl", spec.jsonl_cap_bytes)
         self.command = build_command(spec, self.accel, self.config_file)
@@ -298,7 +287,7 @@ class Supervisor:
         except OSError:
             return None
         self._control_mtime = st.st_mtime
-        body = read_json(path) or {}
+        body = read_json_object(path) or {}
         rid = body.get("id")
         if not rid or rid in self._handled_control:
             return None
@@ -883,7 +872,7 @@ class _Attempt:
             oom_seen = cls.dmesg_oom_evidence(read_dmesg(), [r.pid for r in ranks if r.pid])
         next_rung = cmd = None
         if any(r.cuda_oom_at for r in ranks):
-            ds = read_json(Path(sup.ds_config_file)) if sup.ds_config_file else None
+            ds = read_json_object(Path(sup.ds_config_file)) if sup.ds_config_file else None
             next_rung, cmd = cls.suggest_for_cuda_oom(load_plan_near(sup.config_file), sup.accel, ds)
         o = cls.AttemptOutcome(
             launcher_exit=self.launcher_exit, ranks=ranks,

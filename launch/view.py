@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from launch.rundir import process_alive
+from launch.rundir import process_alive, read_state
 from wizard.fsutil import replace_file
 
 CONTROL_FILE = "control.json"
@@ -192,15 +192,6 @@ def clean_line(text: str) -> str:
     return _CONTROL.sub("", text.expandtabs(8))
 
 
-def read_run(run_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
-    try:
-        with open(Path(run_dir) / "run.json", encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
 class RunFollower:
     """Polls a run directory and returns what is new since the last poll."""
 
@@ -226,7 +217,7 @@ class RunFollower:
         stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
         if stamp == self._run_stamp:
             return False
-        data = read_run(self.run_dir)
+        data = read_state(self.run_dir)
         if data is None:                      # mid-write by a non-atomic writer: try next tick
             return False
         self._run_stamp = stamp
@@ -433,7 +424,7 @@ def send_control(run_dir: str | os.PathLike[str], request: str,
     if request not in CONTROL_SIGNALS:
         raise ValueError(f"control request must be one of {sorted(CONTROL_SIGNALS)}, not {request!r}")
     run_dir = Path(run_dir)
-    run = read_run(run_dir) if run is None else run
+    run = read_state(run_dir) if run is None else run
     if run is None:
         return ControlResult(request, False, False, f"no run.json in {run_dir}")
     status = run.get("status")
@@ -501,13 +492,13 @@ def run_view(run_dir: str | os.PathLike[str], *, owned: bool) -> int:
     Without a terminal (stdin and stdout must both be TTYs; Textual would otherwise draw escape
     codes into a pipe) it prints the run's status once instead and returns 0.
     """
-    run = read_run(run_dir)
+    run = read_state(run_dir)
     if not (sys.stdin.isatty() and sys.stdout.isatty()):
         print(status_text(run) if run else f"no run.json in {run_dir}")
         return 0 if run else 2
     app = make_view_app(run_dir, owned=owned)
     result = app.run()
-    run = read_run(run_dir) or run
+    run = read_state(run_dir) or run
     if result != STOPPED and run and run.get("status") in ACTIVE:
         print(reattach_hint(run_dir))
     elif result == STOPPED:

@@ -1,4 +1,5 @@
-"""Safe file writes: atomic replace, a `.bak` of what was there, and the diff of the change.
+"""Safe file writes (atomic replace, a `.bak` of what was there, the diff of the change) and
+never-raising reads of optional JSON/YAML side files.
 
 A config file is either the old one or the new one, never half of each: the new text goes to a
 temporary file in the same directory (same filesystem, so the rename is atomic), is fsynced, and
@@ -9,9 +10,11 @@ only then renamed over the target. An existing file with different content is co
 from __future__ import annotations
 
 import difflib
+import json
 import os
 import tempfile
 from dataclasses import dataclass
+from typing import Any
 
 from wizard.errors import InputError
 
@@ -34,6 +37,32 @@ def _read_existing(path: str) -> str | None:
             return f.read()
     except FileNotFoundError:
         return None
+
+
+def read_json_object(path: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The JSON object in `path`; None when the file is missing, unreadable, not JSON or not an object.
+
+    For files that are optional or that another process rewrites (run.json, the control file, a
+    saved plan): their absence or damage is a state to handle, not an error to report.
+    """
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError):       # ValueError covers JSONDecodeError and UnicodeDecodeError
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def read_yaml_mapping(path: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The YAML mapping in `path` (yaml.safe_load, as accelerate reads it); None like read_json_object."""
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f)
+    except (OSError, ValueError, yaml.YAMLError):
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def unified_diff(old: str, new: str, path: str) -> str:

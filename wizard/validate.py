@@ -39,6 +39,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from wizard.findings import Finding
+from wizard.fsutil import read_yaml_mapping
 
 AUTO = "auto"
 # Validation swaps os.environ and a few library globals for its duration: one at a time (a front
@@ -222,7 +223,7 @@ def check_accelerate(yaml_path: str, exp: Expect, display: str | None = None,
     except Exception as exc:  # the loader raises ValueError/AttributeError/yaml errors
         return [_error("ACC-LOAD", shown, None, exc, "regenerate the file with the wizard", "launch")]
 
-    raw = _read_yaml(yaml_path) or {}
+    raw = read_yaml_mapping(yaml_path) or {}
     for key in ("distributed_type", "mixed_precision", "downcast_bf16"):
         if isinstance(raw.get(key), bool):
             # YAML 1.1 reads an unquoted NO/no as false; accelerate writes 'NO' and 'no' quoted.
@@ -566,17 +567,6 @@ def check_deepspeed(ds_path: str, exp: Expect, answers: dict | None = None, disp
 # Entry point
 # --------------------------------------------------------------------------------------------
 
-def _read_yaml(path: str) -> dict | None:
-    import yaml
-
-    try:
-        with open(path, encoding="utf-8") as f:
-            doc = yaml.safe_load(f)
-    except Exception:
-        return None
-    return doc if isinstance(doc, dict) else None
-
-
 def validate_all(yaml_path: str, ds_path: str | None, answers: dict | None, plan, model, *,
                  yaml_display: str | None = None, ds_display: str | None = None) -> list[Finding]:
     """Every check on the pair of files; [] means accelerate, DeepSpeed and transformers accept them.
@@ -589,7 +579,7 @@ def validate_all(yaml_path: str, ds_path: str | None, answers: dict | None, plan
 
 
 def _validate_all(yaml_path, ds_path, answers, plan, model, yaml_display, ds_display) -> list[Finding]:
-    yaml_doc = _read_yaml(yaml_path)
+    yaml_doc = read_yaml_mapping(yaml_path)
     exp = expectations(answers, plan, model, yaml_doc)
     findings = check_accelerate(yaml_path, exp, display=yaml_display, ds_path=ds_path, ds_display=ds_display)
     if ds_path is None and yaml_doc and isinstance(yaml_doc.get("deepspeed_config"), dict):

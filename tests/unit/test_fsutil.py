@@ -113,6 +113,23 @@ def test_nearest_existing_walks_up_to_a_real_directory(tmp_path):
     assert fsutil.nearest_existing(str(tmp_path)) == str(tmp_path)
 
 
+def test_side_file_readers_return_mappings_or_none(tmp_path):
+    good_json, good_yaml = tmp_path / "run.json", tmp_path / "default_config.yaml"
+    good_json.write_text('{"status": "running"}')
+    good_yaml.write_text("distributed_type: 'NO'\nnum_processes: 1\n")
+    assert fsutil.read_json_object(good_json) == {"status": "running"}
+    assert fsutil.read_yaml_mapping(good_yaml) == {"distributed_type": "NO", "num_processes": 1}
+    for name, text in [("list.json", "[1, 2]"), ("torn.json", '{"status": "run'), ("latin1.json", b"\xff\xfe")]:
+        path = tmp_path / name
+        path.write_bytes(text if isinstance(text, bytes) else text.encode())
+        assert fsutil.read_json_object(path) is None, name
+    for name, text in [("list.yaml", "- a\n- b\n"), ("bad.yaml", "a: [1,\n"), ("empty.yaml", "")]:
+        (tmp_path / name).write_text(text)
+        assert fsutil.read_yaml_mapping(tmp_path / name) is None, name
+    assert fsutil.read_json_object(tmp_path / "missing.json") is None
+    assert fsutil.read_yaml_mapping(tmp_path) is None                 # a directory
+
+
 def test_check_writable_dir_accepts_missing_dirs_without_creating_them(tmp_path):
     target = tmp_path / "a" / "b"
     fsutil.check_writable_dir(str(target))

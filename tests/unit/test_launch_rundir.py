@@ -93,3 +93,8 @@ def test_tail_lines(tmp_path):
     p.write_text("".join(f"l{i}\n" for i in range(100)))
     assert tail_lines(p, 3) == ["l97", "l98", "l99"]
     assert tail_lines(tmp_path / "missing", 3) == []
+
+
+def test_read_state_ignores_a_run_json_that_is_not_an_object(tmp_path):
+    (tmp_path / "run.json").write_text("[1, 2]")
+    assert read_state(tmp_path) is None
