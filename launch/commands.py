@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-ACTIVE = ("starting", "running", "stopping", "restarting")
-FINISHED = ("succeeded", "failed", "stopped")
+from launch.rundir import TERMINAL_STATUSES
+
 
 
 # ------------------------------------------------------------------ parsers
@@ -127,14 +127,6 @@ def make_spec(args, run_dir: Path, headless: bool) -> "Any":
         accelerate_args=list(args.accelerate_arg), cwd=os.getcwd())
 
 
-def _view_available() -> bool:
-    try:
-        import importlib.util
-        return importlib.util.find_spec("launch.view") is not None
-    except (ImportError, ValueError):
-        return False
-
-
 def cmd_launch(args) -> int:
     _validate(args)
     if args.emit_slurm is not None:      # the script lives where the job runs, maybe not here
@@ -144,9 +136,7 @@ def cmd_launch(args) -> int:
     from launch.rundir import create_run_dir
     interactive = sys.stdout.isatty() and sys.stdin.isatty()
     headless = bool(args.headless) or not interactive
-    use_view = not headless and not args.detach and _view_available()
-    if not headless and not args.detach and not use_view:
-        headless = True          # no view module yet: plain output
+    use_view = not headless and not args.detach
     run_dir = create_run_dir(args.run_dir, args.runs_root)
     spec = make_spec(args, run_dir, headless=headless if not (args.detach or use_view) else False)
     if args.detach or use_view:
@@ -189,7 +179,7 @@ def _wait_started(run_dir: Path, timeout: float = 30.0) -> dict[str, Any] | None
     while time.monotonic() < deadline:
         state = read_state(run_dir)
         if state and state.get("supervisor_pid") and state.get("launcher_pid") or \
-                (state and state.get("status") in FINISHED):
+                (state and state.get("status") in TERMINAL_STATUSES):
             return state
         time.sleep(0.1)
     return state
@@ -256,7 +246,7 @@ def cmd_stop(args) -> int:
     run_dir = resolve_run_dir(args.run_dir)
     state = read_state(run_dir) or {}
     status = state.get("status")
-    if status in FINISHED:
+    if status in TERMINAL_STATUSES:
         print(f"{run_dir}: already {status} (exit code {state.get('exit_code')})")
         return 0
     if not _pid_alive(state.get("supervisor_pid"), state.get("supervisor_create_time")):
@@ -277,7 +267,7 @@ def cmd_stop(args) -> int:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         state = read_state(run_dir) or {}
-        if state.get("status") in FINISHED and not _pid_alive(state.get("supervisor_pid"),
+        if state.get("status") in TERMINAL_STATUSES and not _pid_alive(state.get("supervisor_pid"),
                                                               state.get("supervisor_create_time")):
             print(f"{run_dir}: {state.get('status')} (exit code {state.get('exit_code')})")
             return 0
@@ -293,7 +283,7 @@ def cmd_attach(args) -> int:
     from launch.rundir import resolve_run_dir
     run_dir = resolve_run_dir(args.run_dir)
     interactive = sys.stdout.isatty() and sys.stdin.isatty()
-    if interactive and not args.headless and not args.no_follow and _view_available():
+    if interactive and not args.headless and not args.no_follow:
         from launch.view import run_view
         return run_view(run_dir, owned=False)
     return follow_run(run_dir, sys.stdout, follow=not args.no_follow, lines=args.lines,
@@ -309,7 +299,7 @@ def _status_text(state: dict[str, Any]) -> str:
         bits.append(f"loss {p['loss']:.4g}")
     if isinstance(p.get("rate"), (int, float)):
         bits.append(f"{p['rate']:.2f} it/s")
-    if state.get("status") in FINISHED:
+    if state.get("status") in TERMINAL_STATUSES:
         bits.append(f"exit code {state.get('exit_code')}")
     return " | ".join(bits)
 
@@ -408,7 +398,7 @@ def follow_run(run_dir: Path, out: TextIO, follow: bool = True, lines: int = 20,
                 last_seen_status = status
                 last_status = time.monotonic()
                 w(f"[wizard] {_status_text(state)}")
-            if status in FINISHED or not follow:
+            if status in TERMINAL_STATUSES or not follow:
                 for ln in _failure_text(state):
                     w(f"[wizard] {ln}")
                 w(f"[wizard] {_status_text(state)}")

@@ -43,8 +43,9 @@ RUNS_ROOT_NAME = "wizard-runs"
 LATEST = "latest"
 LOG_CAP_BYTES = 50 * 1024 * 1024
 JSONL_CAP_BYTES = 10 * 1024 * 1024
+ACTIVE_STATUSES = ("starting", "running", "stopping", "restarting")
 TERMINAL_STATUSES = ("succeeded", "failed", "stopped")
-STATUSES = ("starting", "running", "stopping", "restarting") + TERMINAL_STATUSES
+STATUSES = ACTIVE_STATUSES + TERMINAL_STATUSES
 
 
 def default_runs_root(cwd: str | os.PathLike[str] | None = None) -> Path:

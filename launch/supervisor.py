@@ -343,16 +343,8 @@ class Supervisor:
             pass
 
     def _start_metrics(self) -> None:
-        try:
-            from launch.metrics import MetricsWriter, RunningSummary, Sampler
-        except ImportError as exc:
-            self.events.append({"t": time.time(), "type": "status", "attempt": 0,
-                                "detail": f"no metrics sampler ({exc})"})
-            line = {"t": time.time(), "available": False, "reason": "no GPU metrics (launch.metrics missing)",
-                    "gpus": []}
-            with open(self.run_dir / "metrics.jsonl", "a") as f:
-                f.write(json.dumps(line) + "\n")
-            return
+        from launch.metrics import MetricsWriter, RunningSummary, Sampler
+
         api = open_nvml_safely()
         self.nvml_available = bool(getattr(api, "available", False))
         self.metrics_writer = MetricsWriter(self.run_dir / "metrics.jsonl", max_bytes=self.spec.jsonl_cap_bytes)

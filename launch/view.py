@@ -32,13 +32,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from launch.rundir import process_alive, read_state
+from launch.rundir import ACTIVE_STATUSES, TERMINAL_STATUSES, process_alive, read_state
 from wizard.fsutil import replace_file
 
 CONTROL_FILE = "control.json"
 CONTROL_SIGNALS = {"stop": signal.SIGTERM, "restart": signal.SIGUSR1, "kill": signal.SIGUSR2}
-ACTIVE = frozenset({"starting", "running", "stopping", "restarting"})
-FINISHED = frozenset({"succeeded", "failed", "stopped"})
+ACTIVE = frozenset(ACTIVE_STATUSES)
+FINISHED = frozenset(TERMINAL_STATUSES)
 DEFAULT_GRACE_S = 30.0
 LOG_PANE_LINES = 5000
 LAUNCHER = -1                     # the "rank" of launcher.log lines
