@@ -289,11 +289,11 @@ def process_alive(pid, create_time=None) -> bool:
         return False
     if pid <= 0:
         return False
+    import psutil
     try:
-        import psutil
         proc = psutil.Process(pid)
         if create_time is not None and abs(proc.create_time() - float(create_time)) > 0.05:
             return False
         return proc.status() != psutil.STATUS_ZOMBIE
-    except Exception:
+    except (psutil.Error, TypeError, ValueError):   # gone, not ours, or a create_time that is no number
         return False

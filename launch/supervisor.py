@@ -339,7 +339,7 @@ class Supervisor:
         try:
             self.reaper.stdin.close()
             self.reaper.wait(timeout=5)
-        except Exception:
+        except (OSError, ValueError, subprocess.TimeoutExpired):   # it exits by itself on EOF
             pass
 
     def _start_metrics(self) -> None:
@@ -509,10 +509,10 @@ class Supervisor:
 
 
 def _create_time(pid: int) -> float | None:
+    import psutil
     try:
-        import psutil
         return psutil.Process(pid).create_time()
-    except Exception:
+    except psutil.Error:
         return None
 
 
@@ -547,12 +547,12 @@ class _Attempt:
     def track(self, pid: int) -> None:
         if pid in self.tracked:
             return
+        import psutil
         try:
-            import psutil
             p = psutil.Process(pid)
             self.tracked[pid] = p
             self.sup._tell_reaper(f"{pid} {p.create_time()}")
-        except Exception:
+        except psutil.Error:       # gone (or not ours) before we could look
             pass
 
     def scan(self) -> None:
@@ -593,10 +593,11 @@ class _Attempt:
         self.sup.events.emit("stop", self.number, reason=why, grace_s=self.sup.spec.grace)
         self.sup.say(f"stopping ({why}): SIGTERM to {len(self.alive())} processes, "
                      f"SIGKILL after {self.sup.spec.grace:g} s")
+        import psutil
         for p in self.alive():
             try:
                 p.send_signal(signal.SIGTERM)
-            except Exception:
+            except psutil.Error:
                 pass
         if self.sup.kill_requested:
             self.kill_all()
@@ -604,10 +605,11 @@ class _Attempt:
     def kill_all(self) -> None:
         self.killed = True
         self.scan()
+        import psutil
         for p in self.alive():
             try:
                 p.kill()
-            except Exception:
+            except psutil.Error:
                 pass
 
     # ---------------------------------------------------------------- streams
@@ -822,7 +824,7 @@ class _Attempt:
                 cap.log.close()
         try:
             self.proc.stdout.close()
-        except Exception:
+        except OSError:
             pass
         self.sel.close()
         for pid in list(self.tracked):

@@ -2,11 +2,13 @@
 
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 
-from launch.rundir import (BoundedJsonl, EventLog, RotatingLog, RunState, create_run_dir, rank_log_path,
-                           read_jsonl, read_state, resolve_run_dir, tail_lines)
+from launch.rundir import (BoundedJsonl, EventLog, RotatingLog, RunState, create_run_dir, process_alive,
+                           rank_log_path, read_jsonl, read_state, resolve_run_dir, tail_lines)
 from wizard.errors import InputError
 
 
@@ -93,6 +95,18 @@ def test_tail_lines(tmp_path):
     p.write_text("".join(f"l{i}\n" for i in range(100)))
     assert tail_lines(p, 3) == ["l97", "l98", "l99"]
     assert tail_lines(tmp_path / "missing", 3) == []
+
+
+def test_process_alive_checks_the_recorded_start_time_and_never_raises(tmp_path):
+    import psutil
+    me = psutil.Process(os.getpid())
+    assert process_alive(os.getpid()) and process_alive(str(os.getpid()), me.create_time())
+    assert not process_alive(os.getpid(), me.create_time() - 100)      # same pid, another process
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait(timeout=30)
+    assert not process_alive(child.pid)
+    for pid, create_time in [(None, None), ("x", None), (0, None), (os.getpid(), "not a time")]:
+        assert not process_alive(pid, create_time)
 
 
 def test_read_state_ignores_a_run_json_that_is_not_an_object(tmp_path):
