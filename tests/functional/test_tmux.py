@@ -36,9 +36,10 @@ class Tmux:
         return subprocess.run([TMUX, "-L", self.socket, *args], check=True, capture_output=True, text=True,
                               timeout=30).stdout
 
-    def start(self, command: str, env: dict[str, str]) -> None:
+    def start(self, command: str, env: dict[str, str], cwd: str | None = None) -> None:
         exports = " ".join(f"{k}={_quote(v)}" for k, v in env.items())
-        self.run("new-session", "-d", "-s", self.session, "-x", str(self.width), "-y", str(self.height),
+        where = ["-c", cwd] if cwd else []
+        self.run("new-session", "-d", "-s", self.session, "-x", str(self.width), "-y", str(self.height), *where,
                  f"env {exports} {command}; echo WIZARD_EXIT=$?; sleep 600")
         self.run("set-option", "-t", self.session, "escape-time", "10")
 
@@ -47,6 +48,9 @@ class Tmux:
 
     def keys(self, *keys: str) -> None:
         self.run("send-keys", "-t", self.session, *keys)
+
+    def type(self, text: str) -> None:
+        self.run("send-keys", "-t", self.session, "-l", text)
 
     def wait_for(self, text: str, timeout: float = 60.0) -> str:
         deadline = time.monotonic() + timeout
@@ -110,6 +114,41 @@ def test_enter_through_every_screen_in_a_real_terminal(tmux, tmp_path):
     from wizard.validate import validate_all
     findings = validate_all(str(out / "default_config.yaml"), None, None, None, None)
     assert [f for f in findings if f.severity == "error" and f.rule.startswith("ACC")] == []
+
+
+def test_launch_now_runs_the_script_through_wizard_launch(tmux, tmp_path):
+    """Done screen -> Launch now: the wizard exits and execs `wizard launch`, which runs the script
+    under accelerate with the config just written (here: CPU processes, or this machine's GPUs)."""
+    out, marks = tmp_path / "out", tmp_path / "marks"
+    marks.mkdir()
+    script = tmp_path / "mark.py"
+    script.write_text("import os, pathlib\n"
+                      "pathlib.Path(os.environ['MARK_DIR'], 'rank-' + os.environ.get('RANK', '0')).write_text('ok')\n")
+    env = {"HF_HOME": str(tmp_path / "hf_home"), "WIZARD_CACHE_DIR": str(tmp_path / "cache"),
+           "TERM": "xterm-256color", "PATH": os.environ.get("PATH", ""), "MARK_DIR": str(marks)}
+    tmux.start(f"{_quote(str(WIZARD))} --output-dir {_quote(str(out))}", env, cwd=str(tmp_path))
+    tmux.wait_for("Next ▶")
+    time.sleep(0.3)
+    for step in ("2/6", "3/6", "4/6", "5/6"):
+        tmux.keys("Enter")
+        tmux.wait_for(step)
+    tmux.wait_for("✓ validated", timeout=120)
+    tmux.keys("Enter")
+    tmux.wait_for("6/6")
+    time.sleep(0.5)
+    for _ in range(4):                                  # Finish -> Back -> Launch now -> arguments -> script
+        tmux.keys("BTab")
+        time.sleep(0.2)
+    tmux.type(str(script))
+    tmux.wait_for(f"Training script     {script}"[:60])
+    tmux.keys("Enter")
+    deadline = time.monotonic() + 180
+    while not list(marks.iterdir()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the script never ran; the terminal shows:\n{tmux.screen()}")
+        time.sleep(0.2)
+    assert (out / "default_config.yaml").exists()
+    assert list((tmp_path / "wizard-runs").iterdir()), "wizard launch keeps its run directory under the cwd"
 
 
 def test_no_terminal_means_no_full_screen_app(tmp_path):
