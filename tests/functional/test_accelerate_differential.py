@@ -20,20 +20,13 @@ import builtins
 import pytest
 import yaml
 
+from tests.plans import make_plan
 from wizard import emit
-from wizard.plan import Plan, Rung, Topology
+from wizard.plan import Plan
 
 pytestmark = pytest.mark.timeout(120)
 
 DS_PATH = "/abs/out/ds_config.json"
-
-
-def make_plan(backend: str, world: int = 1, machines: int = 1, stage: int | None = None, oo: str = "none",
-              op: str = "none", cpu: bool = False, precision: str = "bf16", reshard: bool | None = None) -> Plan:
-    rung = Rung(key=backend, name=backend, backend=backend, zero_stage=stage, offload_optimizer=oo,
-                offload_param=op, fsdp_reshard=reshard, fits=True)
-    return Plan(rungs=[rung], choice=rung, gpu_capacity_bytes=80 << 30, usable_bytes=72 << 30,
-                precision=precision, topology=Topology(machines, max(1, world // machines), cpu))
 
 
 class ScriptedUser:
@@ -185,9 +178,9 @@ FSDP2_ANSWERS = {"fsdp_version": 2, "fsdp_reshard_after_forward": True, "fsdp_of
                  "fsdp_activation_checkpointing": False}
 
 CASES = {
-    "1gpu": (make_plan("single"),
+    "1gpu": (make_plan("single", world=1),
              {**GPU_COMMON, "num_machines": 1, "num_processes": 1, "gpu_ids": "all", "mixed_precision": "bf16"}),
-    "1gpu-id1-affinity": (make_plan("single", precision="fp16"),
+    "1gpu-id1-affinity": (make_plan("single", world=1, precision="fp16"),
                           {**GPU_COMMON, "num_processes": 1, "gpu_ids": "1", "enable_cpu_affinity": True,
                            "mixed_precision": "fp16"}),
     "4gpu-ddp": (make_plan("ddp", world=4),
@@ -256,10 +249,10 @@ CASES = {
                        "dynamo_backend": "INDUCTOR", "dynamo_mode": "max-autotune", "dynamo_use_fullgraph": True,
                        "dynamo_use_dynamic": False, "dynamo_use_regional_compilation": True,
                        "mixed_precision": "bf16"}),
-    "dynamo-backend-only": (make_plan("single"),
+    "dynamo-backend-only": (make_plan("single", world=1),
                             {**GPU_COMMON, "num_processes": 1, "gpu_ids": "all", "use_dynamo": True,
                              "dynamo_backend": "aot_eager", "mixed_precision": "bf16"}),
-    "cpu-single": (make_plan("single", cpu=True, precision="fp32"),
+    "cpu-single": (make_plan("single", world=1, cpu=True, precision="fp32"),
                    {**GPU_COMMON, "use_cpu": True, "num_processes": 1, "mixed_precision": "no"}),
     "cpu-multi": (make_plan("ddp", world=2, cpu=True, precision="fp32"),
                   {**GPU_COMMON, "use_cpu": True, "num_machines": 1, "num_processes": 2, "mixed_precision": "no"}),
@@ -289,7 +282,7 @@ def test_deepspeed_yaml_has_no_rejected_keys_in_accelerate_output_either(monkeyp
 
 def test_scripted_user_rejects_unknown_prompts():
     # The differential test is only as strict as its user: an unknown question must fail it.
-    user = ScriptedUser({}, make_plan("single"), None)
+    user = ScriptedUser({}, make_plan("single", world=1), None)
     with pytest.raises(AssertionError):
         user.field("Do you want to enable quantum sharding? [yes/NO]: ")
     with pytest.raises(AssertionError):

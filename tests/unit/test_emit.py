@@ -7,24 +7,14 @@ import json
 import pytest
 import yaml
 
+from tests.plans import LLAMA2_7B, make_plan
 from wizard import emit
 from wizard.errors import InputError
 from wizard.model import ModelShape
-from wizard.plan import Plan, Rung, Topology
 
-H = 4096
-MODEL = ModelShape(params=6_738_415_616, largest_layer_params=131_072_000, hidden_size=H, layers=32, heads=32,
-                   kv_heads=32, vocab_size=32000, intermediate_size=11008, layer_class="LlamaDecoderLayer")
+MODEL = LLAMA2_7B
+H = MODEL.hidden_size
 DS_PATH = "/out/ds_config.json"
-
-
-def make_plan(backend: str, world: int = 4, machines: int = 1, stage: int | None = None, oo: str = "none",
-              op: str = "none", cpu: bool = False, precision: str = "bf16", reshard: bool | None = None,
-              gc: bool = False) -> Plan:
-    rung = Rung(key=backend, name=backend, backend=backend, zero_stage=stage, offload_optimizer=oo,
-                offload_param=op, fsdp_reshard=reshard, gradient_checkpointing=gc, fits=True)
-    return Plan(rungs=[rung], choice=rung, gpu_capacity_bytes=80 << 30, usable_bytes=72 << 30,
-                precision=precision, topology=Topology(machines, max(1, world // machines), cpu))
 
 
 def all_numbers(node, prefix=""):

@@ -3,30 +3,18 @@ their own errors on broken ones. Runs on the CPU; the libraries are imported onc
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 
 import pytest
 import yaml
 
+from tests.plans import LLAMA2_7B, make_plan
 from wizard import emit, validate
-from wizard.model import ModelShape
-from wizard.plan import Plan, Rung, Topology
 
 pytestmark = pytest.mark.timeout(120)
 
-H = 4096
-MODEL = ModelShape(params=6_738_415_616, largest_layer_params=131_072_000, hidden_size=H, layers=32, heads=32,
-                   kv_heads=32, vocab_size=32000, intermediate_size=11008, layer_class="LlamaDecoderLayer")
-
-
-def make_plan(backend: str, world: int = 4, machines: int = 1, stage: int | None = None, oo: str = "none",
-              op: str = "none", cpu: bool = False, precision: str = "bf16", reshard: bool | None = None) -> Plan:
-    rung = Rung(key=backend, name=backend, backend=backend, zero_stage=stage, offload_optimizer=oo,
-                offload_param=op, fsdp_reshard=reshard, fits=True)
-    return Plan(rungs=[rung], choice=rung, gpu_capacity_bytes=80 << 30, usable_bytes=72 << 30,
-                precision=precision, topology=Topology(machines, max(1, world // machines), cpu))
+MODEL = LLAMA2_7B
 
 
 @pytest.fixture(scope="module", autouse=True)
