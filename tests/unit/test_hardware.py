@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.markers import needs_no_driver
 from wizard import catalogue, hardware
 from wizard.errors import InputError
 from wizard.hardware import GPU, Hardware, assume, describe, from_json, load_file, probe, warnings
@@ -35,15 +36,6 @@ def clean_env(monkeypatch):
     for key in list(os.environ):
         if key.startswith("SLURM_") or key in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", FAKE_ENV):
             monkeypatch.delenv(key, raising=False)
-
-
-def _no_driver_here() -> bool:
-    from wizard.nvml import RealNvml
-    api = RealNvml()
-    try:
-        return not api.available
-    finally:
-        api.close()
 
 
 # ============================================================================================
@@ -331,7 +323,7 @@ def test_load_file_on_a_directory(tmp_path):
 # ============================================================================================
 # probe
 
-@pytest.mark.skipif(not _no_driver_here(), reason="an NVIDIA driver is present")
+@needs_no_driver
 def test_probe_this_machine_without_a_driver():
     hw = probe()
     assert hw.gpus == [] and hw.source == "probe"

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import pynvml
 import pytest
 
+from tests.markers import needs_no_driver
 from wizard import catalogue
 from wizard.errors import InputError
 from wizard.nvml import (
@@ -20,17 +21,6 @@ from wizard.nvml import (
 )
 
 GiB = 1024**3
-
-
-def _no_driver_here() -> bool:
-    api = RealNvml()
-    try:
-        return not api.available
-    finally:
-        api.close()
-
-
-needs_no_driver = pytest.mark.skipif(not _no_driver_here(), reason="an NVIDIA driver is present")
 
 
 # --------------------------------------------------------------------------------------------
