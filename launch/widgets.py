@@ -7,7 +7,6 @@ rich Text, so widths and N/A handling can be tested without an app.
 
 from __future__ import annotations
 
-import re
 import time
 from pathlib import Path
 from typing import Any, Callable

@@ -128,7 +128,7 @@ def test_deepspeed_zero3_two_ranks_trains_and_proves_partitioning(tmp_path):
         assert int(fields["local_numel"]) * 2 == int(fields["ds_numel"]) and fields["world_size"] == "2"
     losses = [e["loss"] for e in events(run_dir) if e["type"] == "train_log"]
     assert len(losses) >= 6 and all(isinstance(x, float) for x in losses)
-    assert f"[rank0]" in r.stdout and f"[rank1]" in r.stdout and "[wizard] attempt 1/1" in r.stdout
+    assert "[rank0]" in r.stdout and "[rank1]" in r.stdout and "[wizard] attempt 1/1" in r.stdout
     assert not still_alive(run_pids(st))
 
 
