@@ -646,6 +646,13 @@ def _q(id: str, prompt: str, help: str, kind: str, stage: str, *, group: str | N
                     flag=flag, compute_default=compute, explain_default=why, **kw)
 
 
+def _shape_override(id: str, prompt: str, help: str) -> Question:
+    """An advanced override of one dimension of the Llama-like shape that --params estimates."""
+    return _q(id, prompt, help, "int", "model", advanced=True, check=_positive,
+              when=lambda ctx: _a(ctx, "params") is not None,
+              why="Derived from the parameter count (Llama-like shape).")
+
+
 _METAVARS = {"int": "N", "float": "X", "count": "N", "size": "SIZE", "path": "PATH", "str": "TEXT",
              "bool": "yes|no", "choice": None}
 
@@ -666,20 +673,13 @@ QUESTIONS: tuple[Question, ...] = (
        "estimate. Use it to plan for a model you have not downloaded.",
        "count", "model", metavar="7B", when=lambda ctx: _a(ctx, "model") is None,
        why="Only needed when no --model is given."),
-    _q("hidden_size", "Hidden size", "Overrides the estimated width; activations and the largest layer grow "
-       "with it.", "int", "model", advanced=True, check=_positive,
-       when=lambda ctx: _a(ctx, "params") is not None, why="Derived from the parameter count (Llama-like shape)."),
-    _q("layers", "Layers", "Overrides the estimated depth; activation memory is per layer.", "int", "model",
-       advanced=True, check=_positive, when=lambda ctx: _a(ctx, "params") is not None,
-       why="Derived from the parameter count (Llama-like shape)."),
-    _q("heads", "Attention heads", "Overrides the estimated head count; without flash attention the "
-       "attention scores take memory in proportion to heads x sequence length squared.", "int", "model",
-       advanced=True, check=_positive, when=lambda ctx: _a(ctx, "params") is not None,
-       why="Derived from the parameter count (Llama-like shape)."),
-    _q("vocab_size", "Vocabulary size", "Overrides the estimated vocabulary; the fp32 logits take "
-       "sequence x batch x vocabulary x 4 bytes, large for 128k-150k vocabularies.", "int", "model",
-       advanced=True, check=_positive, when=lambda ctx: _a(ctx, "params") is not None,
-       why="Derived from the parameter count (Llama-like shape)."),
+    _shape_override("hidden_size", "Hidden size", "Overrides the estimated width; activations and the largest "
+                    "layer grow with it."),
+    _shape_override("layers", "Layers", "Overrides the estimated depth; activation memory is per layer."),
+    _shape_override("heads", "Attention heads", "Overrides the estimated head count; without flash attention the "
+                    "attention scores take memory in proportion to heads x sequence length squared."),
+    _shape_override("vocab_size", "Vocabulary size", "Overrides the estimated vocabulary; the fp32 logits take "
+                    "sequence x batch x vocabulary x 4 bytes, large for 128k-150k vocabularies."),
 
     # ---------------------------------------------------------------- training
     _q("seq_len", "Sequence length (tokens)",
