@@ -44,7 +44,10 @@ def construct(result: pipeline.Result):
 def test_cpu_deepspeed_snippet_builds_training_arguments(tmp_path):
     result = written(tmp_path, hardware_file=NO_GPU, given={"use_cpu": True, "num_processes": 2, "params": "125M"})
     args = construct(result)
-    assert args.use_cpu and args.deepspeed == result.ds_path
+    # use_cpu=True would silently turn DeepSpeed off (accelerate picks MULTI_CPU): it must not be there.
+    assert not args.use_cpu and args.deepspeed == result.ds_path
+    assert args.hf_deepspeed_config is not None and args.hf_deepspeed_config.is_zero3() == (
+        result.plan.choice.zero_stage == 3)
     assert args.per_device_train_batch_size == 1 and args.gradient_accumulation_steps == 1
     assert args.gradient_checkpointing == result.plan.choice.gradient_checkpointing
     assert args.activation_checkpointing == result.plan.choice.gradient_checkpointing

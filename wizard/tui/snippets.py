@@ -49,7 +49,10 @@ def training_arguments(answers: dict[str, Any], plan, ds_path: str | None) -> di
     if answers.get("mixed_precision") in ("bf16", "fp16", "no"):
         precision = {"no": "fp32"}.get(answers["mixed_precision"], answers["mixed_precision"])
     if plan.topology.cpu:
-        kwargs["use_cpu"] = True
+        # use_cpu=True would make accelerate pick MULTI_CPU and silently drop DeepSpeed; with DeepSpeed
+        # its CPU accelerator is chosen by DeepSpeed itself (verified with accelerate 1.15).
+        if choice.backend != "deepspeed":
+            kwargs["use_cpu"] = True
     elif precision == "bf16":
         kwargs["bf16"] = True
     elif precision == "fp16":
