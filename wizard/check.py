@@ -147,34 +147,13 @@ def library_versions() -> dict[str, str | None]:
 
 
 def model_module_classes(model_id: str) -> set[str] | None:
-    """Class names of every module of the model, built on the meta device from its config.json (no weights)."""
-    config_dir = None
-    if os.path.isdir(model_id) and os.path.isfile(os.path.join(model_id, "config.json")):
-        config_dir = model_id
-    elif os.path.isfile(model_id):
-        config_dir = os.path.dirname(os.path.abspath(model_id))
-    else:
-        from wizard import model as model_mod
-        resolve = getattr(model_mod, "_resolve_config_path", None)   # Hub id in the local cache
-        if resolve is not None:
-            try:
-                config_dir = str(resolve(model_id)[0].parent)
-            except Exception:  # noqa: BLE001
-                return None
-    if config_dir is None:
-        return None
-    try:
-        import torch
-        from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
+    """Class names of every module of the model (meta build, no weights); None when it cannot be built,
+    and the wrap-class rule falls back to ModelShape.layer_class."""
+    from wizard.model import module_class_names
 
-        config = AutoConfig.from_pretrained(config_dir, local_files_only=True)
-        with torch.device("meta"):
-            try:
-                model = AutoModelForCausalLM.from_config(config)
-            except ValueError:
-                model = AutoModel.from_config(config)
-        return {type(m).__name__ for m in model.modules()}
-    except Exception:  # noqa: BLE001 - no class set: the wrap-class rule falls back to ModelShape.layer_class
+    try:
+        return module_class_names(model_id)
+    except InputError:
         return None
 
 

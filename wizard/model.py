@@ -422,6 +422,17 @@ def _size_config(data: dict[str, Any], config_path: Path, source: str) -> ModelS
             )
 
 
+def module_class_names(id_or_path: str) -> set[str]:
+    """Class names of every module of the model, built on the meta device the way size_model builds
+    it (offline, no weights): the names FSDP's transformer_layer_cls_to_wrap can use. InputError
+    like size_model when the config cannot be found or built."""
+    config_path, _ = _resolve_config_path(id_or_path)
+    data = _read_config_dict(config_path)
+    with _offline(), _quiet_transformers():
+        model = _build_on_meta(_build_config(data, config_path), config_path)
+    return {type(m).__name__ for m in model.modules()}
+
+
 # ---------------------------------------------------------------------------------------------
 # Sizing cache: importing torch + transformers is most of the ~5 s a sizing costs
 # ---------------------------------------------------------------------------------------------

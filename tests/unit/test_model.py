@@ -20,6 +20,7 @@ from wizard.model import (
     from_params,
     hub_cache_dir,
     llama_param_count,
+    module_class_names,
     size_model,
     sizing_cache_dir,
 )
@@ -433,3 +434,11 @@ def test_model_shape_contract_fields():
     shape = ModelShape(params=1, largest_layer_params=1, hidden_size=1, layers=1, heads=1, kv_heads=1,
                        vocab_size=1, intermediate_size=1)
     assert shape.exact is True and shape.tied_embeddings is False and shape.num_experts == 0
+
+
+def test_module_class_names_come_from_the_same_meta_build_as_sizing():
+    names = module_class_names(str(MODELS / "llama-tiny"))
+    assert {"LlamaForCausalLM", "LlamaDecoderLayer", size_model(str(MODELS / "llama-tiny")).layer_class} <= names
+    assert "LlavaForConditionalGeneration" in module_class_names(str(MODELS / "llava-tiny"))  # the checkpoint's class
+    with pytest.raises(InputError, match="no config.json"):
+        module_class_names(str(MODELS / "no-config"))
