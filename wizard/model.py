@@ -108,7 +108,7 @@ def _config_from_hub_cache(hub_id: str) -> Path:
         try:
             found = try_to_load_from_cache(repo_id, "config.json", cache_dir=str(cache),
                                            revision=revision or None)
-        except Exception:  # a malformed id or an odd cache layout: treat as not cached
+        except (ValueError, OSError):  # HFValidationError (a malformed id) or an unreadable cache: not cached
             found = None
     if isinstance(found, str) and os.path.isfile(found):
         return Path(found)

@@ -283,6 +283,8 @@ def test_model_not_in_cache_says_so_and_suggests_params(fake_hf_home):
         size_model("tiny-org/weights-only")  # cached, but without config.json
     with pytest.raises(InputError, match="not in the local Hugging Face cache"):
         size_model("tiny-org/llama-tiny@" + "f" * 40)  # a revision that isn't there
+    with pytest.raises(InputError, match="not in the local Hugging Face cache"):
+        size_model("tiny-org/llama--tiny")  # huggingface_hub rejects the id (HFValidationError)
 
 
 def test_cached_model_ids_lists_models_with_a_config(fake_hf_home, monkeypatch):
