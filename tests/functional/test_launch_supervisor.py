@@ -142,8 +142,11 @@ def test_exception_on_rank1_is_classified_and_nothing_is_left(tmp_path):
                               TRAIN, "--steps", "50", "--fail-on-rank", "1", "--fail-at-step", "2"),
                        capture_output=True, text=True, env=env(), cwd=tmp_path, timeout=280)
     st = state(run_dir)
-    assert r.returncode == 1, r.stdout[-4000:]
-    assert st["status"] == "failed" and st["exit_code"] == 1
+    # The failing rank's own exit code: 1 from the uncaught exception, or 134 when torch's gloo threads
+    # abort the interpreter on the way out after it ("terminate called without an active exception"),
+    # which happens on some runs of the same script.
+    assert r.returncode in (1, 134), r.stdout[-4000:]
+    assert st["status"] == "failed" and st["exit_code"] == r.returncode
     c = st["classification"]
     assert c["kind"] == "python_exception" and c["rank"] == 1, c
     assert "RuntimeError" in c["summary"] and "deliberate failure on rank 1" in c["summary"]
