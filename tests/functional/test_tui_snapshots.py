@@ -27,7 +27,9 @@ pytestmark = pytest.mark.timeout(180)
 
 ROOT = Path(__file__).resolve().parents[2]
 SNAPSHOT_DIR = ROOT / "snapshots" / "tui"
-MODELS = ROOT / "tests" / "fixtures" / "models"
+# Relative to ROOT (the tests chdir there): the screens show these paths, and CI clones elsewhere.
+MODELS = Path("tests") / "fixtures" / "models"
+NO_GPU_PROBE = Path("snapshots") / "hardware" / "no-gpu.json"
 OUTPUT_DIR = Path("/tmp/wizard-tui-snapshots/out")     # shown on the Review and Done screens
 SCREENS = ("HardwareScreen", "ModelScreen", "PlanScreen", "DetailsScreen", "ReviewScreen", "DoneScreen")
 SIZES = {"80x24": (80, 24), "120x40": (120, 40)}
@@ -46,6 +48,7 @@ def _deterministic(monkeypatch, tmp_path_factory):
     # snap_compare reads the extension class from the plugin module when it is set up; autouse
     # fixtures come first (the launch view's tests do the same for snapshots/launch_view/).
     monkeypatch.setattr(pytest_textual_snapshot, "SVGImageExtension", TuiSVG)
+    monkeypatch.chdir(ROOT)
     monkeypatch.setenv("TEXTUAL_ANIMATIONS", "none")
     monkeypatch.setenv("HF_HOME", str(tmp_path_factory.getbasetemp() / "hf_home"))
     monkeypatch.setenv("WIZARD_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "wizard_cache"))
@@ -63,7 +66,7 @@ def a100_app(**given):
 
 
 def no_gpu_app():
-    hw = hardware.load_file(str(ROOT / "snapshots" / "hardware" / "no-gpu.json"))
+    hw = hardware.load_file(str(NO_GPU_PROBE))
     return make_app(Request(output_dir=str(OUTPUT_DIR)), hardware=hw, preload=False)
 
 
