@@ -260,6 +260,22 @@ class WizardScreen(Screen):
         """What a thread is still doing for this screen (Next waits for it), or None."""
         return None
 
+    def sizing_busy(self) -> str | None:
+        """`busy` for the screens whose content depends on the model being sized."""
+        sizing = self.state.sizing
+        return f"Sizing {sizing.model}" if sizing is not None else None
+
+    def plan_needed_problem(self, no_plan: str) -> str | None:
+        """`blocking_problem` for the screens that need a plan: a field error first, then no plan
+        (unless a sizing is under way, which Next waits for instead)."""
+        problem = WizardScreen.blocking_problem(self)
+        if problem:
+            return problem
+        state = self.state
+        if state.sizing is None and not state.ready:
+            return state.error or no_plan
+        return None
+
     def action_next(self) -> None:
         problem = self.blocking_problem()
         if problem:

@@ -66,15 +66,7 @@ class DetailsScreen(WizardScreen):
         self.query_one("#details-plan", Static).update(line)
 
     def blocking_problem(self) -> str | None:
-        problem = super().blocking_problem()
-        if problem:
-            return problem
-        state = self.state
-        if state.sizing is not None:
-            return None
-        if not state.ready:
-            return state.error or "there is no plan: go back to the Plan screen"
-        return None
+        return self.plan_needed_problem("there is no plan: go back to the Plan screen")
 
     def busy(self) -> str | None:
-        return f"Sizing {self.state.sizing.model}" if self.state.sizing is not None else None
+        return self.sizing_busy()

@@ -83,7 +83,7 @@ class ModelScreen(WizardScreen):
         return super().status_text()
 
     def busy(self) -> str | None:
-        return f"Sizing {self.state.sizing.model}" if self.state.sizing is not None else None
+        return self.sizing_busy()
 
     def blocking_problem(self) -> str | None:
         problem = super().blocking_problem()

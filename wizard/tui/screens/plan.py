@@ -106,18 +106,10 @@ class PlanScreen(WizardScreen):
         self.wizard.refresh_state()
 
     def busy(self) -> str | None:
-        return f"Sizing {self.state.sizing.model}" if self.state.sizing is not None else None
+        return self.sizing_busy()
 
     def blocking_problem(self) -> str | None:
-        problem = super().blocking_problem()
-        if problem:
-            return problem
-        state = self.state
-        if state.sizing is not None:
-            return None
-        if not state.ready:
-            return state.error or "there is no plan yet"
-        return None
+        return self.plan_needed_problem("there is no plan yet")
 
     def explanation(self) -> tuple[str, str]:
         rungs = self.query_one(RungList)
