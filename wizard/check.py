@@ -244,6 +244,11 @@ def run_rules(ctx, only: set[str] | None = None) -> list[Finding]:
     from wizard.check_rules import RULES
     from wizard.check_rules.common import finding
 
+    if ctx.ds is not None:
+        # The DeepSpeed rules import deepspeed: do it the quiet way validation does (no "unable to
+        # detect an accelerator" warning on a CPU box, no leaked DS_ACCELERATOR).
+        from wizard.validate import preload
+        preload()
     findings: list[Finding] = []
     for r in RULES:
         try:
