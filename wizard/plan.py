@@ -845,13 +845,20 @@ def what_would_fit(hw, model, training: TrainingOptions, strategy: StrategyOptio
         where = f" ({topo.num_machines} machines x {topo.processes_per_machine})" if topo.num_machines > 1 else ""
         if attempt(f"with {topo.world_size} {unit}{where}", topo=topo):
             break
-    # A smaller micro-batch, keeping the global batch with more accumulation where it divides.
+    # The largest smaller micro-batch that fits, keeping the global batch with more accumulation where it
+    # divides. Fitting shrinks monotonically with the micro-batch, so bisection finds it in log2 plans.
     total = training.micro_batch * training.grad_accum
-    for b in range(training.micro_batch - 1, 0, -1):
-        keep = f" and --grad-accum {total // b} to keep the global batch" if total % b == 0 else ""
-        t = replace(training, micro_batch=b, grad_accum=total // b if total % b == 0 else training.grad_accum)
-        if attempt(f"with --micro-batch {b}{keep}", t=t):
-            break
+
+    def smaller(b: int) -> TrainingOptions:
+        return replace(training, micro_batch=b, grad_accum=total // b if total % b == 0 else training.grad_accum)
+
+    if training.micro_batch > 1 and _try(hw, model, smaller(1), strategy, topology) is not None:
+        low, high = 1, training.micro_batch          # low fits, high does not
+        while high - low > 1:
+            mid = (low + high) // 2
+            low, high = (mid, high) if _try(hw, model, smaller(mid), strategy, topology) is not None else (low, mid)
+        keep = f" and --grad-accum {total // low} to keep the global batch" if total % low == 0 else ""
+        attempt(f"with --micro-batch {low}{keep}", t=smaller(low))
     if training.gradient_checkpointing != "on":
         attempt("with --gradient-checkpointing on", t=replace(training, gradient_checkpointing="on"))
     seq = training.seq_len // 2

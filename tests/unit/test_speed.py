@@ -1,0 +1,332 @@
+"""The speed model (wizard/speed.py) and how the plan uses it: every figure by its own arithmetic."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+
+from wizard import catalogue, hardware, plan as plan_mod
+from wizard import speed as sp
+from wizard.errors import InputError
+from wizard.plan import (RUNG_SPECS, StrategyOptions, Topology, TrainingOptions, largest_micro_batch, make_plan,
+                         rung_by_key)
+from tests.plans import LLAMA2_7B
+
+GB = 1e9
+
+# A machine whose every figure is a round number, so the expected times can be written by hand.
+ROUND = sp.Machine(name="round", peak_flops=100e12, efficiency=0.5, hbm_bytes_per_s=1000 * GB,
+                   intra_busbw=100 * GB, inter_busbw=10 * GB, host_link=20 * GB, nvme_bytes_per_s=2 * GB,
+                   cpu_cores_per_process=10)
+# The same with effectively infinite compute: what is left of a step is communication and offload.
+NO_COMPUTE = replace(ROUND, peak_flops=1e30, hbm_bytes_per_s=1e30)
+
+
+def work(**kw) -> sp.Workload:
+    base = dict(matmul_params=1_000_000_000, params=1_000_000_000, layers=16, hidden=4096, seq=4096,
+                micro_batch=1, grad_accum=1, precision="bf16", flash=True, gradient_checkpointing=False)
+    base.update(kw)
+    return sp.Workload(**base)
+
+
+def layout(backend="ddp", stage=None, oo="none", op="none", reshard=None, per_machine=8, machines=1):
+    return sp.Layout(backend, stage, oo, op, reshard, per_machine, machines)
+
+
+# --- FLOPs and compute ----------------------------------------------------------------------------------
+
+def test_model_flops_are_six_n_plus_palm_attention():
+    w = work()
+    assert sp.model_flops_per_token(w) == 6 * 1e9 + 12 * 16 * 4096 * 4096
+
+
+def test_matmul_params_drop_the_input_embedding_unless_tied_and_the_idle_experts():
+    assert sp.matmul_params(1000, 10, 30, tied=False, layers=2) == 700
+    assert sp.matmul_params(1000, 10, 30, tied=True, layers=2) == 1000
+    # 8 experts, 2 routed, gated width 5: 6 idle experts x 3 x 10 x 5 = 900 per layer, 2 layers.
+    assert sp.matmul_params(10_000, 10, 30, tied=True, layers=2, num_experts=8, experts_per_token=2,
+                            expert_intermediate=5) == 10_000 - 1800
+
+
+def test_compute_time_is_flops_over_effective_peak_and_checkpointing_adds_one_forward():
+    w = work(hidden=4096, micro_batch=1, seq=4096)         # both size factors are exactly 1 here
+    assert sp.efficiency(ROUND, w) == pytest.approx(0.5)
+    total, backward = sp.compute_seconds(ROUND, w)
+    flops = 6 * 1e9 * 4096 + 12 * 16 * 4096 * 4096 * 4096
+    assert total == pytest.approx(flops / (100e12 * 0.5))
+    assert backward == pytest.approx(total * 2 / 3)
+    with_gc, _ = sp.compute_seconds(ROUND, replace(w, gradient_checkpointing=True))
+    assert with_gc == pytest.approx(total * 4 / 3)
+
+
+def test_eager_attention_runs_its_flops_at_half_the_efficiency():
+    w = work(matmul_params=1)
+    flash, _ = sp.compute_seconds(ROUND, w)
+    eager, _ = sp.compute_seconds(ROUND, replace(w, flash=False))
+    assert eager == pytest.approx(2 * flash, rel=1e-6)
+
+
+def test_frozen_weights_skip_their_weight_gradients():
+    full, _ = sp.compute_seconds(ROUND, work(matmul_params=10**9))
+    frozen, _ = sp.compute_seconds(ROUND, work(matmul_params=10**9, trainable_params=0))
+    attention = 12 * 16 * 4096 * 4096 * 4096 / (100e12 * 0.5)
+    # forward 2N + activation gradients 2N instead of 6N
+    assert frozen - attention == pytest.approx((full - attention) * 4 / 6)
+
+
+def test_small_layers_and_short_micro_batches_lose_efficiency_monotonically():
+    effs = [sp.efficiency(ROUND, work(hidden=h)) for h in (512, 1024, 2048, 4096, 8192)]
+    assert effs == sorted(effs) and effs[0] < 0.5 * effs[3]
+    toks = [sp.efficiency(ROUND, work(seq=s)) for s in (128, 512, 2048, 8192, 65536)]
+    assert toks == sorted(toks) and max(toks) <= 0.5 * sp.FACTOR_CAP * sp.FACTOR_CAP
+
+
+# --- Communication ----------------------------------------------------------------------------------------
+
+def test_ring_collectives_move_the_textbook_volumes():
+    assert sp.collective_seconds(8e9, 8, 100 * GB, all_reduce=True) == pytest.approx(2 * 7 / 8 * 8e9 / (100 * GB))
+    assert sp.collective_seconds(8e9, 8, 100 * GB) == pytest.approx(7 / 8 * 8e9 / (100 * GB))
+    assert sp.collective_seconds(8e9, 1, 100 * GB, all_reduce=True) == 0
+
+
+def test_strategy_volumes_without_compute_to_hide_them():
+    w = work()
+    ring = 7 / 8 / (100 * GB)
+    # DDP: one fp32 all-reduce of the gradients per optimizer step, whatever the accumulation.
+    ddp = sp.estimate(NO_COMPUTE, replace(w, grad_accum=4), layout("ddp"))
+    assert ddp.communication_seconds == pytest.approx(2 * 4e9 * ring)
+    # ZeRO-2: a bf16 reduce every micro-step and one bf16 all-gather of the weights per step.
+    z2 = sp.estimate(NO_COMPUTE, replace(w, grad_accum=4), layout("deepspeed", 2))
+    assert z2.communication_seconds == pytest.approx(4 * 2e9 * ring + 2e9 * ring)
+    # ZeRO-1: the reduce only at the accumulation boundary.
+    z1 = sp.estimate(NO_COMPUTE, replace(w, grad_accum=4), layout("deepspeed", 1))
+    assert z1.communication_seconds == pytest.approx(2 * 2e9 * ring)
+    # ZeRO-3 / FSDP with resharding: two gathers and a reduce-scatter every micro-step: 1.5x ZeRO-2's volume.
+    z3 = sp.estimate(NO_COMPUTE, w, layout("deepspeed", 3))
+    z2_one = sp.estimate(NO_COMPUTE, w, layout("deepspeed", 2))
+    assert z3.communication_seconds == pytest.approx(1.5 * z2_one.communication_seconds)
+    fsdp = sp.estimate(NO_COMPUTE, w, layout("fsdp", reshard=True))
+    assert fsdp.communication_seconds == pytest.approx(z3.communication_seconds)
+    assert z3.bound == "communication"
+
+
+def test_communication_hides_behind_backward_up_to_the_overlap():
+    w = work()
+    compute, backward = sp.compute_seconds(ROUND, w)
+    ar = sp.collective_seconds(4e9, 8, ROUND.intra_busbw, all_reduce=True)
+    ddp = sp.estimate(ROUND, w, layout("ddp"))
+    assert ddp.communication_seconds == pytest.approx(max(ar - sp.OVERLAP["ddp"] * backward, 0))
+    assert ddp.compute_seconds == pytest.approx(compute)
+
+
+def test_more_machines_go_through_the_slower_network():
+    w = work()
+    one = sp.estimate(NO_COMPUTE, w, layout("deepspeed", 3, per_machine=8, machines=1))
+    two = sp.estimate(NO_COMPUTE, w, layout("deepspeed", 3, per_machine=8, machines=2))
+    ring1, ring2 = 7 / 8 / (100 * GB), 15 / 16 / (10 * GB)
+    assert two.communication_seconds / one.communication_seconds == pytest.approx(ring2 / ring1)
+
+
+def test_one_process_communicates_nothing():
+    s = sp.estimate(NO_COMPUTE, work(), layout("deepspeed", 3, per_machine=1))
+    assert s.communication_seconds == 0
+
+
+# --- Offload -----------------------------------------------------------------------------------------------
+
+def test_cpu_optimizer_offload_costs_cpu_adam_and_the_host_link():
+    w = work()
+    s = sp.estimate(NO_COMPUTE, w, layout("deepspeed", 2, oo="cpu", per_machine=1))
+    local = 1e9
+    cpu_adam = local / (10 * sp.CPU_ADAM_PARAMS_PER_CORE)
+    grads_down = 2 * local / (20 * GB)                     # bf16 gradients to the host, nothing to hide behind
+    weights_up = 2 * local / (20 * GB)
+    assert s.optimizer_seconds == pytest.approx(cpu_adam)
+    assert s.offload_seconds == pytest.approx(grads_down + weights_up)
+    assert s.step_seconds == pytest.approx(cpu_adam + grads_down + weights_up + s.overhead_seconds)
+    assert s.bound == "offload"
+
+
+def test_parameter_offload_fetches_weights_twice_per_micro_step_and_nvme_swaps_the_states():
+    w = work(grad_accum=2)
+    opt = sp.estimate(NO_COMPUTE, w, layout("deepspeed", 3, oo="cpu", per_machine=1))
+    both = sp.estimate(NO_COMPUTE, w, layout("deepspeed", 3, oo="cpu", op="cpu", per_machine=1))
+    assert both.offload_seconds - opt.offload_seconds == pytest.approx(2 * 2 * 2e9 / (20 * GB))
+    nvme = sp.estimate(NO_COMPUTE, w, layout("deepspeed", 3, oo="nvme", op="nvme", per_machine=1))
+    assert nvme.offload_seconds - both.offload_seconds == pytest.approx(
+        2 * 16 * 1e9 / (2 * GB) + 2 * 2 * 2 * 1e9 / (2 * GB))
+
+
+def test_throughput_and_mfu_follow_from_the_step():
+    w = work(micro_batch=2, grad_accum=3)
+    s = sp.estimate(ROUND, w, layout("deepspeed", 2))
+    assert s.tokens_per_second == pytest.approx(4096 * 2 * 3 * 8 / s.step_seconds)
+    assert s.tokens_per_second_per_gpu == pytest.approx(s.tokens_per_second / 8)
+    assert s.mfu == pytest.approx(sp.model_flops_per_token(w) * s.tokens_per_second / (8 * 100e12))
+    assert 0 < s.mfu < 0.5 * sp.FACTOR_CAP ** 2
+
+
+# --- The machine ---------------------------------------------------------------------------------------------
+
+def test_every_catalogue_gpu_has_performance_figures():
+    for spec in catalogue.CATALOGUE:
+        perf = catalogue.performance(spec)
+        assert perf.tensor16 > perf.fp32 * 0.99 > 0 and perf.hbm > 0 and perf.pcie_gen in (3, 4, 5)
+        assert perf.generation in sp.GENERATION_EFFICIENCY
+        assert (perf.nvlink_busbw is not None) == spec.nvlink, spec.name
+
+
+def test_machine_from_an_assumed_server_uses_its_links_and_dtype():
+    h100 = sp.machine_from_hardware(hardware.assume("8xH100-80GB"), "bf16", 8)
+    assert h100.peak_flops == 989e12 and h100.intra_busbw == 360 * GB and h100.host_link == 48 * GB
+    assert any("NVLink" in a for a in h100.assumptions)
+    fp32 = sp.machine_from_hardware(hardware.assume("8xH100-80GB"), "fp32", 8)
+    assert fp32.peak_flops == 67e12 and fp32.efficiency == sp.FP32_EFFICIENCY
+    rtx = sp.machine_from_hardware(hardware.assume("4xRTX4090"), "bf16", 4)
+    assert rtx.intra_busbw == sp.PCIE_HOST_BUSBW[4] * GB            # GeForce: no P2P
+    assert any("without P2P" in a for a in rtx.assumptions)
+    mixed = sp.machine_from_hardware(hardware.assume("4xA100-80GB+4xL4"), "bf16", 8)
+    assert mixed.peak_flops == 121e12                                # the slowest GPU sets the pace
+
+
+def test_an_unknown_gpu_is_planned_with_a_said_fallback():
+    from tests.unit.test_plan import gpus
+    m = sp.machine_from_hardware(gpus(2, 80), "bf16", 2)
+    assert m.name == "H100-PCIe-80GB" and any("not in the GPU catalogue" in a for a in m.assumptions)
+
+
+def test_formatting():
+    assert sp.fmt_rate(12_345) == "12.3k tok/s" and sp.fmt_rate(2.5e6) == "2.5M tok/s"
+    assert sp.fmt_duration(3725) == "1h 02m" and sp.fmt_duration(3 * 86400) == "3.0 days"
+    a = replace(sp.estimate(ROUND, work(), layout()), tokens_per_second=100.0)
+    b = replace(a, tokens_per_second=310.0)
+    assert sp.relative(a, b) == "3.1x slower" and sp.relative(b, a) == "3.1x faster"
+    assert sp.relative(a, a) == "about as fast"
+
+
+# --- The plan: the fastest that fits ---------------------------------------------------------------------
+
+def plan(spec, model=LLAMA2_7B, training=None, strategy=None, per_machine=None):
+    hw = hardware.assume(spec)
+    topo = Topology(num_machines=1, processes_per_machine=per_machine or hw.num_gpus)
+    return make_plan(hw, model, training or TrainingOptions(), strategy or StrategyOptions(), topo)
+
+
+def test_one_a100_takes_zero2_offload_over_zero3_offload():
+    # The issue's case: on one GPU ZeRO-3 partitions nothing, ZeRO-2 + optimizer offload fits and is faster.
+    p = plan("1xA100-80GB,ram=512G")
+    z2o, z3o = rung_by_key(p, "zero2-offload-opt"), rung_by_key(p, "zero3-offload-opt")
+    assert z2o.fits and z3o.fits
+    assert z2o.tokens_per_second > z3o.tokens_per_second
+    assert p.choice is z2o and "fastest offload rung" in z2o.reason
+
+
+def test_no_offload_while_a_rung_without_it_fits_even_when_offload_would_be_faster():
+    p = plan("8xA100-80GB", training=TrainingOptions(micro_batch=4, grad_accum=4))
+    assert not p.choice.offloads
+    for r in p.rungs:
+        if r.fits and r.offloads and r.tokens_per_second > p.choice.tokens_per_second:
+            assert "no offload while a rung without it fits" in r.reason
+
+
+def test_choice_is_the_fastest_fitting_rung_of_its_class():
+    for spec in ("8xA100-80GB", "8xH100-80GB", "4xRTX4090,ram=512G", "4xL40S,ram=512G"):
+        p = plan(spec)
+        fitting = [r for r in p.rungs if r.fits and plan_mod._rung_class(r) == plan_mod._rung_class(p.choice)]
+        best = max(r.tokens_per_second for r in fitting)
+        assert p.choice.tokens_per_second >= best * (1 - plan_mod.SPEED_TIE)
+        earlier = p.rungs[:p.rungs.index(p.choice)]
+        assert not any(r in fitting and r.tokens_per_second >= best * (1 - plan_mod.SPEED_TIE) for r in earlier)
+
+
+def test_every_rung_has_speed_in_json():
+    p = plan("8xA100-80GB")
+    for r in p.to_json()["rungs"]:
+        assert {"step_seconds", "tokens_per_second", "tokens_per_second_per_gpu", "mfu", "bound"} <= set(r["speed"])
+        assert r["speed"]["bound"] in sp.BOUNDS
+    assert p.to_json()["choice"]["max_micro_batch"] >= 1
+
+
+def test_time_to_train_is_tokens_over_speed():
+    p = plan("8xA100-80GB", training=TrainingOptions(train_tokens=10**9))
+    assert p.choice.train_seconds == pytest.approx(1e9 / p.choice.tokens_per_second)
+    epochs = plan("8xA100-80GB", training=TrainingOptions(dataset_tokens=4 * 10**8, epochs=2.5))
+    assert epochs.train_tokens == 10**9
+    with pytest.raises(InputError, match="epochs"):
+        plan("8xA100-80GB", training=TrainingOptions(dataset_tokens=10**9, epochs=-1))
+
+
+# --- Largest micro-batch and the batch split ----------------------------------------------------------------
+
+def _x(p_spec="8xA100-80GB", **training):
+    hw = hardware.assume(p_spec)
+    return plan_mod._resolve(hw, LLAMA2_7B, TrainingOptions(**training), StrategyOptions(),
+                             Topology(1, hw.num_gpus), [])
+
+
+@pytest.mark.parametrize("key", ["zero2", "zero3", "zero3-offload-opt"])
+@pytest.mark.parametrize("gc", [False, True])
+def test_largest_micro_batch_is_the_edge_of_fitting(key, gc):
+    x = _x()
+    spec = RUNG_SPECS[key]
+    b = largest_micro_batch(spec, x, gc)
+    assert b >= 1
+    assert plan_mod._fits_gpu(spec, x, b, gc) and not plan_mod._fits_gpu(spec, x, b + 1, gc)
+
+
+def test_largest_micro_batch_searches_in_logarithmic_steps(monkeypatch):
+    calls = []
+    real = plan_mod._fits_gpu
+    monkeypatch.setattr(plan_mod, "_fits_gpu", lambda *a: calls.append(a) or real(*a))
+    b = largest_micro_batch(RUNG_SPECS["zero3"], _x(seq_len=128), gc=True)
+    assert b > 100
+    assert len(calls) <= 2 * math.ceil(math.log2(b + 1)) + 2
+
+
+def test_nothing_fits_at_micro_batch_one_means_zero():
+    assert largest_micro_batch(RUNG_SPECS["ddp"], _x(), gc=True) == 0
+
+
+def test_fastest_split_beats_every_other_split_that_fits():
+    x = _x(micro_batch=1, grad_accum=16)
+    spec = RUNG_SPECS["zero2"]
+    best = plan_mod.fastest_split(spec, x, 128, "auto", None)
+    assert best.micro_batch * best.grad_accum * 8 == 128
+    per_gpu = 16
+    for b in range(1, per_gpu + 1):
+        if per_gpu % b:
+            continue
+        for gc in (False, True):
+            if plan_mod._fits_gpu(spec, x, b, gc):
+                other = plan_mod._speed(spec, x, b, per_gpu // b, gc)
+                assert other.tokens_per_second <= best.speed.tokens_per_second * (1 + 1e-9)
+
+
+def test_global_batch_must_divide_over_the_processes():
+    with pytest.raises(InputError, match="global-batch"):
+        plan("8xA100-80GB", training=TrainingOptions(global_batch=12))
+    p = plan("8xA100-80GB", training=TrainingOptions(global_batch=64))
+    assert p.batch.global_batch == 64 and p.batch.micro_batch * p.batch.grad_accum == 8
+
+
+def test_a_huge_micro_batch_is_explained_in_few_plans(monkeypatch):
+    # A linear scan made 10^6 plans (minutes); bisection needs about log2(10^6) for the micro-batch.
+    hw = hardware.assume("1xRTX4090,ram=512G")
+    training = TrainingOptions(micro_batch=1_000_000)
+    p = make_plan(hw, LLAMA2_7B, training, StrategyOptions(), Topology(1, 1))
+    assert p.choice is None
+    fixes = plan_mod.what_would_fit(hw, LLAMA2_7B, training, StrategyOptions(), Topology(1, 1))
+    calls = []
+    real = plan_mod.make_plan
+    monkeypatch.setattr(plan_mod, "make_plan", lambda *a: calls.append(a[2].micro_batch) or real(*a))
+    text = plan_mod.explain_nothing_fits(p, hw, LLAMA2_7B, training, StrategyOptions(), Topology(1, 1))
+    b = next(f.training.micro_batch for f in fixes if f.training.micro_batch < 1_000_000)
+    assert f"--micro-batch {b} " in text
+    # b fits and b + 1 does not: the bisection found the edge.
+    assert plan_mod._try(hw, LLAMA2_7B, replace(training, micro_batch=b), StrategyOptions(), Topology(1, 1))
+    assert not plan_mod._try(hw, LLAMA2_7B, replace(training, micro_batch=b + 1), StrategyOptions(),
+                             Topology(1, 1))
+    micro_batch_plans = [c for c in calls if c != 1_000_000]
+    assert len(micro_batch_plans) <= 4 + math.ceil(math.log2(1_000_000))
