@@ -191,3 +191,64 @@ def match_device(nvml_name: str, memory_total: int | None = None) -> GpuSpec | N
         same_model = [s for s in CATALOGUE if key in s.keys]
         spec = min(same_model, key=lambda s: abs(s.memory - memory_total), default=spec)
     return spec
+
+
+# --- Performance figures for the speed model -------------------------------------------------
+#
+# Dense (no structured sparsity) tensor-core peaks from NVIDIA's datasheets and architecture
+# whitepapers, in TFLOP/s: `tensor16` is bf16 (fp16 on Volta/Turing) with fp32 accumulation, which
+# is what PyTorch's 16-bit matmuls use; GeForce cards run fp32-accumulate at half their fp16-accumulate
+# rate, so their figure is the lower one of the whitepaper ("Peak FP16 Tensor TFLOPS with FP32
+# Accumulate"). `fp32` is the non-tensor fp32 peak (PyTorch does not use TF32 for matmuls unless asked).
+# `hbm` is memory bandwidth in GB/s. `link` is the NCCL bus bandwidth (GB/s, nccl-tests' "busbw") an
+# all-reduce reaches between the GPUs of one server joined as `CatalogueEntry.nvlink` says: measured
+# orders of magnitude from public nccl-tests results (8x H100 NVSwitch ~ 360-480, 8x A100 ~ 230,
+# 8x V100 hybrid cube-mesh ~ 130); PCIe servers fall back on `pcie_link`. `pcie_gen` decides the
+# host link used by offload (per GPU, one x16 link each).
+@dataclass(frozen=True)
+class GpuPerf:
+    tensor16: float                    # TFLOP/s, dense bf16/fp16 with fp32 accumulate
+    fp32: float                        # TFLOP/s, dense fp32 without TF32
+    hbm: float                         # GB/s
+    pcie_gen: int                      # 3, 4, 5
+    nvlink_busbw: float | None = None  # GB/s NCCL all-reduce bus bandwidth inside an NVLink/NVSwitch server
+    generation: str = "ampere"         # volta | turing | ampere | ada | hopper | blackwell
+
+
+PERFORMANCE: dict[str, GpuPerf] = {
+    "B200-180GB": GpuPerf(2250, 80, 8000, 5, 720, "blackwell"),
+    "GH200-96GB": GpuPerf(989, 67, 4000, 5, 360, "hopper"),
+    "H200-141GB": GpuPerf(989, 67, 4800, 5, 360, "hopper"),
+    "H100-80GB": GpuPerf(989, 67, 3350, 5, 360, "hopper"),
+    "H100-PCIe-80GB": GpuPerf(756, 51, 2000, 5, None, "hopper"),
+    "H100-NVL-94GB": GpuPerf(835, 60, 3900, 5, None, "hopper"),
+    "H800-80GB": GpuPerf(989, 67, 3350, 5, 160, "hopper"),        # NVLink cut to 400 GB/s
+    "A100-80GB": GpuPerf(312, 19.5, 2039, 4, 230, "ampere"),
+    "A100-40GB": GpuPerf(312, 19.5, 1555, 4, 230, "ampere"),
+    "A100-PCIe-80GB": GpuPerf(312, 19.5, 1935, 4, None, "ampere"),
+    "A100-PCIe-40GB": GpuPerf(312, 19.5, 1555, 4, None, "ampere"),
+    "A800-80GB": GpuPerf(312, 19.5, 2039, 4, 160, "ampere"),       # NVLink cut to 400 GB/s
+    "A40-48GB": GpuPerf(149.7, 37.4, 696, 4, None, "ampere"),
+    "A30-24GB": GpuPerf(165, 10.3, 933, 4, None, "ampere"),
+    "A10-24GB": GpuPerf(125, 31.2, 600, 4, None, "ampere"),
+    "A10G-24GB": GpuPerf(70, 31.5, 600, 4, None, "ampere"),       # AWS publishes no datasheet: commonly cited
+    "L40S-48GB": GpuPerf(362, 91.6, 864, 4, None, "ada"),
+    "L40-48GB": GpuPerf(181, 90.5, 864, 4, None, "ada"),
+    "L4-24GB": GpuPerf(121, 30.3, 300, 4, None, "ada"),
+    "V100-32GB": GpuPerf(125, 15.7, 900, 3, 130, "volta"),
+    "V100-16GB": GpuPerf(125, 15.7, 900, 3, 130, "volta"),
+    "T4-16GB": GpuPerf(65, 8.1, 320, 3, None, "turing"),
+    "RTX6000Ada-48GB": GpuPerf(364, 91.1, 960, 4, None, "ada"),
+    "RTXA6000-48GB": GpuPerf(154.8, 38.7, 768, 4, None, "ampere"),
+    "RTXA5000-24GB": GpuPerf(111, 27.8, 768, 4, None, "ampere"),
+    "RTXA4000-16GB": GpuPerf(76.7, 19.2, 448, 4, None, "ampere"),
+    "RTX5090-32GB": GpuPerf(209.5, 104.8, 1792, 5, None, "blackwell"),
+    "RTX4090-24GB": GpuPerf(165.2, 82.6, 1008, 4, None, "ada"),
+    "RTX4080-16GB": GpuPerf(97.5, 48.7, 717, 4, None, "ada"),
+    "RTX3090Ti-24GB": GpuPerf(40, 40, 1008, 4, None, "ampere"),
+    "RTX3090-24GB": GpuPerf(35.6, 35.6, 936, 4, None, "ampere"),
+}
+
+
+def performance(spec: GpuSpec) -> GpuPerf:
+    return PERFORMANCE[spec.name]

@@ -5,10 +5,12 @@ Pure: takes Hardware, ModelShape and options, returns a Plan. Formulas live in m
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from wizard import memory as mem
+from wizard import speed as speed_mod
 from wizard.errors import InputError
 from wizard.units import GiB, fmt_bytes
 
@@ -35,6 +37,10 @@ class TrainingOptions:
     optimizer: str = "adamw"
     attention: str = "auto"
     trainer: str = "hf"                   # hf: Trainer fills every "auto"; accelerate: own loop
+    global_batch: int | None = None       # target for the batch-split advice; None: micro x accum x world
+    train_tokens: int | None = None       # tokens the run will train on, for the time to train
+    dataset_tokens: int | None = None     # with epochs: train_tokens = dataset_tokens x epochs
+    epochs: float | None = None
 
 
 @dataclass
@@ -74,9 +80,45 @@ class Rung:
     breakdown: dict[str, int] = field(default_factory=dict)
     fits: bool = False
     reason: str = ""
+    speed: speed_mod.Speed | None = None
+    train_seconds: float | None = None    # time to train --train-tokens at this rung's speed
+    max_micro_batch: int = 0              # largest micro-batch whose per-GPU estimate fits (0: none)
+    max_micro_batch_gc: int = 0           # the same with gradient checkpointing on
+
+    @property
+    def offloads(self) -> bool:
+        return self.offload_optimizer != "none" or self.offload_param != "none"
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.speed.tokens_per_second if self.speed else 0.0
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        if self.speed is not None:
+            d["speed"] = self.speed.to_json()
+            if self.train_seconds is not None:
+                d["speed"]["train_seconds"] = round(self.train_seconds, 1)
+        del d["train_seconds"]
+        return d
+
+
+@dataclass
+class BatchSplit:
+    """The fastest micro-batch x accumulation for a global batch on the chosen rung."""
+
+    global_batch: int
+    micro_batch: int
+    grad_accum: int
+    gradient_checkpointing: bool
+    speed: speed_mod.Speed
+    current: speed_mod.Speed | None       # the asked-for split's speed (None when it does not fit)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"global_batch": self.global_batch, "micro_batch": self.micro_batch, "grad_accum": self.grad_accum,
+                "gradient_checkpointing": self.gradient_checkpointing, "speed": self.speed.to_json(),
+                "speedup": None if self.current is None else
+                round(self.speed.tokens_per_second / self.current.tokens_per_second, 3)}
 
 
 @dataclass
@@ -88,6 +130,8 @@ class Plan:
     precision: str                        # resolved: bf16 | fp16 | fp32
     topology: Topology
     notes: list[str] = field(default_factory=list)
+    batch: BatchSplit | None = None       # the fastest split of the global batch on the chosen rung
+    train_tokens: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         c = self.choice
@@ -97,7 +141,11 @@ class Plan:
                 "offload_optimizer": c.offload_optimizer, "offload_param": c.offload_param,
                 "gradient_checkpointing": c.gradient_checkpointing,
                 "per_gpu_bytes": c.per_gpu_bytes, "cpu_bytes": c.cpu_bytes, "key": c.key, "name": c.name,
+                "speed": None if c.speed is None else c.speed.to_json(),
+                "max_micro_batch": c.max_micro_batch, "max_micro_batch_gc": c.max_micro_batch_gc,
             },
+            "batch": None if self.batch is None else self.batch.to_json(),
+            "train_tokens": self.train_tokens,
             "gpu_capacity_bytes": self.gpu_capacity_bytes,
             "usable_bytes": self.usable_bytes,
             "precision": self.precision,
@@ -145,8 +193,10 @@ RUNG_SPECS: dict[str, RungSpec] = {s.key: s for s in (
              fsdp_reshard=True),
 )}
 
+# ZeRO-2 + optimizer offload sits in the auto ladder too: on one node it is usually the fastest offload rung
+# (it gathers no weights), and on one GPU ZeRO-3 partitions nothing.
 _ZERO_LADDERS = {
-    "auto": ("zero2", "zero3", "zero3-offload-opt", "zero3-offload-all", "zero3-nvme"),
+    "auto": ("zero2", "zero3", "zero2-offload-opt", "zero3-offload-opt", "zero3-offload-all", "zero3-nvme"),
     "1": ("zero1", "zero1-offload-opt"),
     "2": ("zero2", "zero2-offload-opt"),
     "3": ("zero3", "zero3-offload-opt", "zero3-offload-all", "zero3-nvme"),
@@ -230,6 +280,9 @@ class _Inputs:
     ram: int | None                  # host RAM per machine; None when unknown
     nvme_path: str | None
     nvme_free: int | None
+    grad_accum: int = 1
+    matmul_params: int = 0               # what a token's matmuls run through (speed.matmul_params)
+    machine: speed_mod.Machine | None = None
 
     @property
     def world(self) -> int:
@@ -361,17 +414,45 @@ def _sentence(text: str) -> str:
     return text[:1].upper() + text[1:] + "."
 
 
-def _fit_reason(rung: Rung, x: _Inputs, without_gc: int | None, choice: Rung) -> str:
+def _fit_reason(rung: Rung, x: _Inputs, without_gc: int | None, choice: Rung, tie: bool = False) -> str:
     used = f"{fmt_bytes(rung.per_gpu_bytes)} of {fmt_bytes(x.usable)} usable per {x.unit}"
     gc = ""
     if without_gc is not None:
         gc = f", with gradient checkpointing switched on ({fmt_bytes(without_gc)} without it)"
     elif rung.gradient_checkpointing:
         gc = ", with gradient checkpointing (forced on)"
+    rate = speed_mod.fmt_rate(rung.tokens_per_second)
     if rung is choice:
         spare = fmt_bytes(x.usable - rung.per_gpu_bytes)
-        return f"Fits with {spare} to spare ({used}){gc}; chosen because it is the first rung that fits."
-    return f"Fits ({used}){gc}, but a cheaper rung ({choice.name}) already fits."
+        fastest = "the first rung that fits within 3% of the fastest" if tie else "the fastest rung that fits"
+        why = (fastest if _rung_class(rung) == 0 else
+               "no rung without offload fits, and it is the fastest offload rung that fits" if _rung_class(rung) == 1
+               else "nothing fits without NVMe")
+        return f"Fits with {spare} to spare ({used}){gc}; ≈{rate}; chosen: {why}."
+    rel = speed_mod.relative(rung.speed, choice.speed)
+    slower = rung.tokens_per_second < choice.tokens_per_second * (1 - SPEED_TIE)
+    if _rung_class(rung) > _rung_class(choice) and not slower:
+        return f"Fits ({used}){gc}, {rel} (≈{rate}), but no offload while a rung without it fits."
+    if not slower:
+        return f"Fits ({used}){gc}, {rel} (≈{rate}); the earlier rung ({choice.name}) wins the tie."
+    return f"Fits ({used}){gc}, {rel} (≈{rate}): {_slower_because(rung, choice)}."
+
+
+def _slower_because(rung: Rung, choice: Rung) -> str:
+    """What costs this rung its speed, in a few words."""
+    if "nvme" in (rung.offload_optimizer, rung.offload_param):
+        return "optimizer states swapped through NVMe"
+    if rung.offload_param != "none":
+        return "weights and optimizer on the CPU"
+    if rung.offload_optimizer != "none":
+        return "optimizer on the CPU"
+    if rung.gradient_checkpointing and not choice.gradient_checkpointing:
+        return "gradient checkpointing recomputes the forward pass"
+    if rung.speed and rung.speed.bound == "communication":
+        return "more communication per step"
+    if rung.zero_stage == 3 or rung.fsdp_reshard:
+        return "weights gathered for every layer, forward and backward"
+    return "more communication per step"
 
 
 # --- Resolving the inputs ---------------------------------------------------------------------------
@@ -481,6 +562,10 @@ def _resolve(hw, model, training: TrainingOptions, strategy: StrategyOptions, to
     nvme_free = hw.disk_free_nvme if nvme_path and nvme_path == hw.nvme_path else None
     layer_params, root_params = mem.layer_and_root_params(model.params, model.hidden_size, model.layers,
                                                           model.vocab_size, model.tied_embeddings)
+    machine = speed_mod.machine_from_hardware(hw, precision, per_machine, cpu)
+    notes.extend(machine.assumptions)
+    if machines > 1:
+        notes.append(speed_mod.inter_node_note())
     return _Inputs(
         params=model.params, largest_layer=model.largest_layer_params, hidden=model.hidden_size,
         layers=model.layers, heads=model.heads, vocab=model.vocab_size,
@@ -492,28 +577,172 @@ def _resolve(hw, model, training: TrainingOptions, strategy: StrategyOptions, to
         per_machine=per_machine, machines=machines, cpu=cpu, context=context, capacity=capacity,
         usable=mem.usable_bytes(capacity, headroom), headroom=headroom, ram=ram,
         nvme_path=nvme_path, nvme_free=nvme_free,
+        grad_accum=training.grad_accum, machine=machine, matmul_params=_matmul_params(model),
     )
+
+
+def _matmul_params(model) -> int:
+    experts = getattr(model, "num_experts", 0) or 0
+    return speed_mod.matmul_params(
+        model.params, model.hidden_size, model.vocab_size, model.tied_embeddings, model.layers,
+        num_experts=experts, experts_per_token=getattr(model, "experts_per_token", 0) or 0,
+        expert_intermediate=getattr(model, "moe_intermediate_size", None) or model.intermediate_size,
+        moe_layers=getattr(model, "moe_layers", None))
 
 
 # --- Public API ---------------------------------------------------------------------------------------
 
 def make_plan(hw, model, training: TrainingOptions, strategy: StrategyOptions, topology: Topology) -> Plan:
-    """Walk the ladder of DESIGN.md and return every rung with its breakdown and the choice."""
+    """Walk the ladder of DESIGN.md and return every rung with its breakdown, speed and the choice."""
     notes: list[str] = []
     x = _resolve(hw, model, training, strategy, topology, notes)
+    train_tokens = _train_tokens(training)
     keys = ladder_keys(strategy, x.world, x.cpu)
     evaluated = [_evaluate(RUNG_SPECS[k], x, training.gradient_checkpointing) for k in keys]
     rungs = [r for r, _ in evaluated]
-    choice = next((r for r in rungs if r.fits), None)
+    for rung in rungs:
+        spec = RUNG_SPECS[rung.key]
+        rung.speed = _speed(spec, x, x.batch, x.grad_accum, rung.gradient_checkpointing)
+        if train_tokens:
+            rung.train_seconds = rung.speed.train_seconds(train_tokens)
+        if training.gradient_checkpointing != "on":
+            rung.max_micro_batch = largest_micro_batch(spec, x, gc=False)
+        if training.gradient_checkpointing != "off":
+            rung.max_micro_batch_gc = largest_micro_batch(spec, x, gc=True)
+    choice = choose(rungs)
     if choice is not None:
+        tie = any(r.fits and _rung_class(r) == _rung_class(choice) and r.tokens_per_second > choice.tokens_per_second
+                  for r in rungs)
         for rung, without_gc in evaluated:
             if rung.fits:
-                rung.reason = _fit_reason(rung, x, without_gc, choice)
+                rung.reason = _fit_reason(rung, x, without_gc, choice, tie)
     if x.nvme_path and x.nvme_free is None and any(_uses_nvme(RUNG_SPECS[k]) for k in keys):
         notes.append(f"Free space at the NVMe path {x.nvme_path} is unknown, so the NVMe rung's disk need is not "
                      "checked.")
+    batch = None
+    if choice is not None:
+        batch = fastest_split(RUNG_SPECS[choice.key], x, _global_batch(training, x.world),
+                              training.gradient_checkpointing, choice.speed if choice.fits else None)
     return Plan(rungs=rungs, choice=choice, gpu_capacity_bytes=x.capacity, usable_bytes=x.usable,
-                precision=x.precision, topology=topology, notes=notes)
+                precision=x.precision, topology=topology, notes=notes, batch=batch, train_tokens=train_tokens)
+
+
+# --- Speed: the fastest rung that fits, the largest micro-batch, the best batch split ----------------
+
+# Rung classes in the order the product allows them: no offload while a rung without offload fits, and
+# NVMe only when nothing on the host fits. Within a class the fastest rung that fits wins.
+def _rung_class(rung: Rung) -> int:
+    if "nvme" in (rung.offload_optimizer, rung.offload_param):
+        return 2
+    return 1 if rung.offloads else 0
+
+
+# Speeds closer than this are a tie: the model is not that precise, and the earlier (cheaper, simpler) rung
+# of the ladder wins one, so ZeRO-3 is never taken over ZeRO-2 for a rounding difference.
+SPEED_TIE = 0.03
+
+
+def choose(rungs: list[Rung]) -> Rung | None:
+    """The fastest fitting rung of the cheapest class that has one; on a tie, the earlier rung."""
+    for cls in (0, 1, 2):
+        fitting = [r for r in rungs if r.fits and _rung_class(r) == cls]
+        if fitting:
+            best = max(r.tokens_per_second for r in fitting)
+            return next(r for r in fitting if r.tokens_per_second >= best * (1 - SPEED_TIE))
+    return None
+
+
+def _layout(spec: RungSpec, x: _Inputs) -> speed_mod.Layout:
+    return speed_mod.Layout(backend=spec.backend, zero_stage=spec.zero_stage,
+                            offload_optimizer=spec.offload_optimizer, offload_param=spec.offload_param,
+                            fsdp_reshard=spec.fsdp_reshard, per_machine=x.per_machine, machines=x.machines)
+
+
+def _speed(spec: RungSpec, x: _Inputs, batch: int, grad_accum: int, gc: bool) -> speed_mod.Speed:
+    work = speed_mod.Workload(matmul_params=x.matmul_params, params=x.params, layers=x.layers, hidden=x.hidden,
+                              seq=x.seq, micro_batch=batch, grad_accum=grad_accum, precision=x.precision,
+                              flash=x.flash, gradient_checkpointing=gc)
+    return speed_mod.estimate(x.machine, work, _layout(spec, x))
+
+
+def _fits_gpu(spec: RungSpec, x: _Inputs, batch: int, gc: bool) -> bool:
+    return _estimate(spec, replace(x, batch=batch), gc).per_gpu <= x.usable
+
+
+# Above this a micro-batch is not a planning question any more; the search stops there.
+MAX_MICRO_BATCH = 1 << 20
+
+
+def largest_micro_batch(spec: RungSpec, x: _Inputs, gc: bool) -> int:
+    """The largest micro-batch whose per-GPU estimate fits (0 when even 1 does not), by doubling then
+    bisection over the memory model: about 2 log2(answer) estimates, never a linear scan."""
+    if not _fits_gpu(spec, x, 1, gc):
+        return 0
+    low, high = 1, 2
+    while high <= MAX_MICRO_BATCH and _fits_gpu(spec, x, high, gc):
+        low, high = high, high * 2
+    if high > MAX_MICRO_BATCH:
+        return MAX_MICRO_BATCH
+    while high - low > 1:                     # low fits, high does not
+        mid = (low + high) // 2
+        if _fits_gpu(spec, x, mid, gc):
+            low = mid
+        else:
+            high = mid
+    return low
+
+
+def _global_batch(training: TrainingOptions, world: int) -> int:
+    if training.global_batch is None:
+        return training.micro_batch * training.grad_accum * world
+    g = _positive(training.global_batch, "--global-batch")
+    if g % world:
+        raise InputError("--global-batch", f"{g} is not a multiple of the {world} processes",
+                         f"a multiple of {world}")
+    return g
+
+
+def _train_tokens(training: TrainingOptions) -> int | None:
+    if training.train_tokens is not None:
+        return _positive(training.train_tokens, "--train-tokens")
+    if training.dataset_tokens is None:
+        return None
+    tokens = _positive(training.dataset_tokens, "--dataset-tokens")
+    epochs = 1.0 if training.epochs is None else training.epochs
+    if isinstance(epochs, bool) or not isinstance(epochs, (int, float)) or not 0 < epochs <= 10_000:
+        raise InputError("--epochs", f"{epochs!r} is not a positive number of epochs", "e.g. 1, 3 or 0.5")
+    return max(int(tokens * epochs), 1)
+
+
+def _divisors_up_to(n: int, limit: int) -> list[int]:
+    """Divisors of n that are <= limit, ascending, in O(min(sqrt(n), limit)) steps."""
+    out = set()
+    root = math.isqrt(n)
+    if root <= limit:
+        for d in range(1, root + 1):
+            if n % d == 0:
+                out.update(v for v in (d, n // d) if v <= limit)
+    else:
+        out.update(d for d in range(1, limit + 1) if n % d == 0)
+    return sorted(out)
+
+
+def fastest_split(spec: RungSpec, x: _Inputs, global_batch: int, gc_mode: str,
+                  current: speed_mod.Speed | None) -> BatchSplit | None:
+    """Among micro-batch x accumulation splits of `global_batch` that fit on this rung, the fastest.
+
+    Gradient checkpointing follows the mode: off/on as asked; auto uses it only for micro-batches that do
+    not fit without it. None when no split fits (not even micro-batch 1)."""
+    per_gpu = global_batch // x.world
+    limits = {False: largest_micro_batch(spec, x, False) if gc_mode != "on" else 0,
+              True: largest_micro_batch(spec, x, True) if gc_mode != "off" else 0}
+    best: BatchSplit | None = None
+    for b in _divisors_up_to(per_gpu, max(limits.values())):
+        gc = not (b <= limits[False])
+        speed = _speed(spec, x, b, per_gpu // b, gc)
+        if best is None or speed.tokens_per_second > best.speed.tokens_per_second * (1 + 1e-9):
+            best = BatchSplit(global_batch, b, per_gpu // b, gc, speed, current)
+    return best
 
 
 def rung_by_key(plan: Plan, key: str) -> Rung | None:

@@ -417,6 +417,11 @@ def _check_num_processes(value: int, ctx: Context, f: str) -> None:
                          f"1..{gpus * machines} (one process per GPU), or --use-cpu")
 
 
+def _check_epochs(value: float, ctx: Context, f: str) -> None:
+    if not 0 < value <= 10_000:
+        raise InputError(f, f"{value} is not a positive number of epochs", "a number > 0 such as 1, 3 or 0.5")
+
+
 def _check_headroom(value: float, ctx: Context, f: str) -> None:
     if not 0 <= value < 0.9:
         raise InputError(f, f"{value} is outside 0..0.9", "a fraction 0 <= x < 0.9, such as 0.10 or 10%")
@@ -694,6 +699,22 @@ QUESTIONS: tuple[Question, ...] = (
        "Gives a bigger effective batch (micro-batch x accumulation x processes) at no extra memory, "
        "at the cost of fewer optimizer steps per sample.", "int", "training", default=1, check=_positive,
        why="1: no accumulation; raise it for a larger effective batch."),
+    _q("global_batch", "Global batch (samples per optimizer step)",
+       "The plan looks for the fastest micro-batch x accumulation that gives this batch on the chosen rung "
+       "(bigger micro-batches use the GPU better until memory runs out).", "int", "training",
+       check=_positive, advanced=True, allowed="a whole number >= 1, a multiple of the number of processes",
+       why="Unset: keep micro-batch x accumulation x processes."),
+    _q("train_tokens", "Tokens to train on",
+       "With it the plan says how long the run takes at each rung's predicted speed.", "count", "training",
+       metavar="1e9", advanced=True, why="Unset: no time to train is shown."),
+    _q("dataset_tokens", "Tokens in the dataset",
+       "With --epochs, the tokens to train on (dataset x epochs), when --train-tokens is not given.", "count",
+       "training", metavar="1e9", advanced=True, when=lambda ctx: _a(ctx, "train_tokens") is None,
+       why="Unset: no time to train is shown."),
+    _q("epochs", "Epochs over the dataset",
+       "Passes over --dataset-tokens; fractions are allowed.", "float", "training", advanced=True,
+       when=lambda ctx: _a(ctx, "dataset_tokens") is not None, check=_check_epochs,
+       allowed="a number > 0 such as 1, 3 or 0.5", why="Unset: one epoch."),
     _q("precision", "Training precision",
        "bf16/fp16 halve the activations and the working copy of weights and gradients; bf16 needs "
        "compute capability 8.0+ (A100, H100, RTX 30xx and newer).", "choice", "training", choices=PRECISIONS,

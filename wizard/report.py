@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from typing import TextIO
 
+from wizard.speed import fmt_duration, fmt_rate
 from wizard.units import fmt_bytes, fmt_count
 
 
@@ -42,7 +43,9 @@ def print_plan(result, file: TextIO | None = None) -> None:
         mark = "=>" if plan.choice is not None and r.key == plan.choice.key else "  "
         verdict = "fits" if r.fits else "does not fit"
         gc = " +GC" if r.gradient_checkpointing else ""
-        print(f"{mark} {r.name + gc:<{width + 4}} {fmt_bytes(r.per_gpu_bytes):>10} {unit}   {verdict}", file=out)
+        rate = f"{fmt_rate(r.tokens_per_second):>14}" if r.speed else ""
+        print(f"{mark} {r.name + gc:<{width + 4}} {fmt_bytes(r.per_gpu_bytes):>10} {unit}   {verdict:<12} {rate}",
+              file=out)
         parts = ", ".join(f"{k} {fmt_bytes(v)}" for k, v in r.breakdown.items() if v)
         print(f"     {parts}", file=out)
         if r.cpu_bytes:
@@ -52,6 +55,39 @@ def print_plan(result, file: TextIO | None = None) -> None:
     if plan.choice is not None:
         print(f"Choice:   {plan.choice.name}"
               + (" with gradient checkpointing" if plan.choice.gradient_checkpointing else ""), file=out)
+        for line in speed_lines(plan):
+            print(f"          {line}", file=out)
+
+
+def speed_lines(plan) -> list[str]:
+    """The chosen rung's speed, its largest micro-batch, the fastest batch split and the time to train."""
+    c = plan.choice
+    if c is None or c.speed is None:
+        return []
+    s = c.speed
+    unit = "process" if plan.topology.cpu else "GPU"
+    lines = [f"Speed: ≈{fmt_rate(s.tokens_per_second)} ({fmt_rate(s.tokens_per_second_per_gpu)} per {unit}), "
+             f"{s.step_seconds:.3g} s per optimizer step, MFU {s.mfu * 100:.0f}%, {s.bound}-bound"]
+    sizes = []
+    if c.max_micro_batch:
+        sizes.append(f"{c.max_micro_batch} without gradient checkpointing")
+    if c.max_micro_batch_gc:
+        sizes.append(f"{c.max_micro_batch_gc} with it")
+    if sizes:
+        lines.append("Largest micro-batch that fits: " + ", ".join(sizes))
+    b = plan.batch
+    if b is not None:
+        split = (f"--micro-batch {b.micro_batch} --grad-accum {b.grad_accum}"
+                 + (" with gradient checkpointing" if b.gradient_checkpointing else ""))
+        if b.current is not None and b.speed.tokens_per_second > b.current.tokens_per_second * 1.02:
+            gain = b.speed.tokens_per_second / b.current.tokens_per_second
+            lines.append(f"Faster for the global batch of {b.global_batch}: {split} "
+                         f"(≈{fmt_rate(b.speed.tokens_per_second)}, {gain:.2f}x)")
+        else:
+            lines.append(f"Fastest split of the global batch of {b.global_batch}: {split}")
+    if c.train_seconds is not None and plan.train_tokens:
+        lines.append(f"Time to train {fmt_count(plan.train_tokens)} tokens: {fmt_duration(c.train_seconds)}")
+    return lines
 
 
 def nothing_fits_message(result) -> str:

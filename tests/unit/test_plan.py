@@ -55,7 +55,8 @@ def test_7b_on_8x80gb_picks_zero2_because_ddp_model_states_alone_exceed_the_gpu(
     plan = plan_for(gpus(8, 80), LLAMA2_7B)
     assert plan.precision == "bf16"
     assert plan.usable_bytes == int(80 * GiB * 0.9)
-    assert keys(plan) == ["ddp", "zero2", "zero3", "zero3-offload-opt", "zero3-offload-all", "zero3-nvme"]
+    assert keys(plan) == ["ddp", "zero2", "zero3", "zero2-offload-opt", "zero3-offload-opt", "zero3-offload-all",
+                          "zero3-nvme"]
     ddp, zero2 = plan.rungs[0], plan.rungs[1]
     # DDP: 16 B/param of model states = 107.8 GB > 72 GiB usable, before any activation.
     assert states(ddp) == 16 * LLAMA2_7B.params > plan.usable_bytes
@@ -66,8 +67,11 @@ def test_7b_on_8x80gb_picks_zero2_because_ddp_model_states_alone_exceed_the_gpu(
     assert states(zero2) == gpu and zero2.cpu_bytes == cpu
     assert zero2.fits and not zero2.gradient_checkpointing
     assert plan.choice is zero2
-    assert "chosen because it is the first rung that fits" in zero2.reason
-    assert plan.rungs[2].fits and "a cheaper rung (DeepSpeed ZeRO-2) already fits" in plan.rungs[2].reason
+    assert "chosen: the fastest rung that fits" in zero2.reason
+    zero3 = plan.rungs[2]
+    # ZeRO-3 fits too, but gathers the weights in forward and backward: slower, and said so.
+    assert zero3.fits and zero3.tokens_per_second < zero2.tokens_per_second
+    assert re.search(r"Fits \(.*\), 1\.\d+x slower \(≈.* tok/s\): ", zero3.reason), zero3.reason
 
 
 def test_1b_on_one_24gb_gpu_picks_single():
@@ -233,13 +237,14 @@ def test_nothing_fits_without_any_fix_says_so():
     (StrategyOptions(backend="ddp"), 8, ["ddp"]),
     (StrategyOptions(backend="ddp"), 1, ["single"]),
     (StrategyOptions(backend="deepspeed"), 8,
-     ["zero2", "zero3", "zero3-offload-opt", "zero3-offload-all", "zero3-nvme"]),
+     ["zero2", "zero3", "zero2-offload-opt", "zero3-offload-opt", "zero3-offload-all", "zero3-nvme"]),
     (StrategyOptions(backend="deepspeed", zero_stage="1"), 8, ["zero1", "zero1-offload-opt"]),
     (StrategyOptions(backend="deepspeed", zero_stage="2"), 8, ["zero2", "zero2-offload-opt"]),
     (StrategyOptions(backend="deepspeed", zero_stage="3"), 8,
      ["zero3", "zero3-offload-opt", "zero3-offload-all", "zero3-nvme"]),
     (StrategyOptions(backend="deepspeed", zero_stage="3", offload="none"), 8, ["zero3"]),
-    (StrategyOptions(backend="deepspeed", offload="cpu"), 8, ["zero3-offload-opt", "zero3-offload-all"]),
+    (StrategyOptions(backend="deepspeed", offload="cpu"), 8,
+     ["zero2-offload-opt", "zero3-offload-opt", "zero3-offload-all"]),
     (StrategyOptions(backend="deepspeed", offload="nvme"), 8, ["zero3-nvme"]),
     (StrategyOptions(zero_stage="2"), 8, ["zero2", "zero2-offload-opt"]),
     (StrategyOptions(offload="none"), 8, ["ddp", "zero2", "zero3"]),
@@ -349,7 +354,13 @@ def test_every_rung_has_a_breakdown_that_sums_to_its_estimate(model, hw, strateg
             assert all(isinstance(v, int) and v >= 0 for v in r.breakdown.values())
             assert r.reason and r.reason.endswith(".")
             assert r.reason.count(". ") == 0, r.reason     # one sentence
-            assert r.fits == (r is plan.choice or "cheaper rung" in r.reason)
+            if r is plan.choice:
+                assert r.fits and "chosen:" in r.reason
+            elif r.fits:
+                # Every other rung that fits says how fast it is against the choice, and why it lost.
+                assert re.search(r"(\d\.\d+x (slower|faster)|about as fast) \(≈", r.reason), r.reason
+            else:
+                assert not r.reason.startswith("Fits"), r.reason
 
 
 def test_to_json_matches_the_design_shape():

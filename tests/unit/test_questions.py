@@ -121,6 +121,7 @@ def _contexts():
     yield Context(hardware=no_gpu(), model=LLAMA, plan=plan("ddp", precision="fp32", processes=2, cpu=True)), \
         {"backend": "ddp", "num_processes": 2, "use_mpirun": True}
     yield Context(hardware=gpus(1), model=None, plan=None), {"params": "7B"}
+    yield Context(hardware=gpus(1), model=None, plan=None), {"params": "7B", "dataset_tokens": "1e9"}
 
 
 def _asked_everywhere():
@@ -148,7 +149,8 @@ def test_every_question_is_asked_somewhere_and_explains_its_default():
 # A question with no default (None) must be conditional or be an optional input the pipeline checks.
 OPTIONAL_INPUTS = {"model", "params", "hidden_size", "layers", "heads", "vocab_size", "nvme_path",
                    "main_process_ip", "deepspeed_moe_layer_cls_names", "deepspeed_exclusion_filter",
-                   "deepspeed_inclusion_filter", "fsdp_transformer_layer_cls_to_wrap"}
+                   "deepspeed_inclusion_filter", "fsdp_transformer_layer_cls_to_wrap",
+                   "global_batch", "train_tokens", "dataset_tokens", "epochs"}
 
 
 def test_every_question_has_a_default_or_is_conditional_or_optional():
