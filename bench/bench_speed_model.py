@@ -113,7 +113,9 @@ class Row:
     predicted_mfu: float
     measured_mfu: float             # measured tokens/s/GPU at the model's FLOPs over the GPU's peak as the wizard sees it
     bound: str
-    step_seconds: float
+    step_seconds: float             # predicted
+    measured_step_seconds: float    # global batch tokens / (GPUs x measured tokens/s/GPU)
+    offload_seconds: float          # the predicted step's exposed offload traffic
 
 
 def _shape(entry: dict[str, Any], model: dict[str, Any]):
@@ -161,18 +163,21 @@ def predict(entry: dict[str, Any], model: dict[str, Any]) -> Row:
     speed = rung.speed
     measured = converted_tokens_per_second_per_gpu(entry)
     predicted = float(speed.tokens_per_second_per_gpu)
+    gpus = entry["gpus_per_node"] * entry["nodes"]
     # The measured MFU under the wizard's own peak: same FLOPs definition as speed.mfu, so
     # predicted_mfu / measured_mfu == predicted / measured.
     measured_mfu = speed.mfu * measured / predicted if predicted else 0.0
     return Row(
         id=entry["id"], source=entry["source"], backend=entry["backend"], rung=entry["rung"],
-        gpu=entry["gpu"], gpus=entry["gpus_per_node"] * entry["nodes"], model=entry["model"],
+        gpu=entry["gpu"], gpus=gpus, model=entry["model"],
         seq_len=entry["seq_len"], micro_batch=entry["micro_batch"],
         checkpointing=str(entry["gradient_checkpointing"]).lower() if entry["gradient_checkpointing"] != "selective"
         else "selective",
         measured=measured, predicted=predicted, error_pct=(predicted - measured) / measured * 100,
         predicted_mfu=float(speed.mfu), measured_mfu=measured_mfu, bound=str(speed.bound),
         step_seconds=float(speed.step_seconds),
+        measured_step_seconds=entry["global_batch"] * entry["seq_len"] / (gpus * measured),
+        offload_seconds=float(getattr(speed, "offload_seconds", 0.0)),
     )
 
 
@@ -238,13 +243,24 @@ def weakest(rows: list[Row], summ: dict[str, Any]) -> list[str]:
             if g["n"] >= 2 and g["median_abs_error_pct"] > overall:
                 worst_groups.append((g["median_abs_error_pct"], name, k, g))
     worst_groups.sort(reverse=True)
-    for err, name, k, g in worst_groups[:4]:
+    for err, name, k, g in worst_groups[:6]:
         direction = "over-predicts" if g["median_signed_error_pct"] > 0 else "under-predicts"
         lines.append(f"- {name} = **{k}** ({g['n']} entries): median |error| {err:.0f}% against {overall:.0f}% overall; "
                      f"the model {direction} (median signed error {g['median_signed_error_pct']:+.0f}%).")
     worst = sorted(rows, key=lambda r: -abs(r.error_pct))[:3]
-    names = ", ".join(f"`{r.id}` ({r.error_pct:+.0f}%, {r.bound})" for r in worst)
-    lines.append(f"- The three largest single errors: {names}.")
+    lines.append("- The three largest single errors:")
+    for r in worst:
+        lines.append(f"  - `{r.id}` ({r.error_pct:+.0f}%): predicted step {r.step_seconds:.1f} s, {r.bound}-bound, "
+                     f"of which {r.offload_seconds:.2f} s exposed offload traffic; measured step "
+                     f"{r.measured_step_seconds:.1f} s.")
+    by_backend = groups(rows, lambda r: r.backend)
+    signs = ", ".join(f"{b} {median_signed(v):+.0f}% (n={len(v)})" for b, v in by_backend.items())
+    lines.append(f"- Median signed error by backend: {signs}.")
+    for b, v in by_backend.items():
+        sources = {r.source for r in v}
+        if len(sources) == 1:
+            lines.append(f"- Every {b} entry comes from one source ({sources.pop()}): for {b}, the backend's error "
+                         "and that source's setup cannot be told apart.")
     over = sum(r.error_pct > 0 for r in rows)
     lines.append(f"- Direction: {over} of {len(rows)} predictions are above the measurement, {len(rows) - over} below.")
     return lines
