@@ -18,6 +18,7 @@ from wizard.questions import for_stage
 from wizard.tui.screens.base import WizardScreen
 from wizard.tui.widgets.memory_bar import legend
 from wizard.tui.widgets.rung_list import RungList
+from wizard.speed import fmt_rate
 from wizard.units import fmt_bytes, fmt_count
 
 
@@ -38,6 +39,18 @@ def budget_line(state) -> str:
     model_text = f" · {fmt_count(model.params)} params" if model is not None else ""
     return (f"{where}{machines} · [b]{fmt_bytes(plan.usable_bytes)}[/b] usable per {unit} of "
             f"{fmt_bytes(plan.gpu_capacity_bytes)} · {plan.precision}{model_text}")
+
+
+def max_micro_batch_text(rung) -> str:
+    """'micro-batch up to 8 (24 with GC)': the largest that fits on this rung."""
+    parts = []
+    if rung.max_micro_batch:
+        parts.append(str(rung.max_micro_batch))
+    if rung.max_micro_batch_gc and rung.max_micro_batch_gc != rung.max_micro_batch:
+        parts.append(f"{rung.max_micro_batch_gc} with GC" if parts else f"{rung.max_micro_batch_gc} (with GC)")
+    if not parts:
+        return ""
+    return "micro-batch up to " + (f"{parts[0]} ({parts[1]})" if len(parts) == 2 else parts[0])
 
 
 class PlanScreen(WizardScreen):
@@ -91,7 +104,11 @@ class PlanScreen(WizardScreen):
         if plan is None or plan.choice is None:
             return "[red]Nothing to write yet: change the inputs (Escape) or the strategy below[/red]"
         c = plan.choice
-        return f"[b]{c.name}[/b]" + (" + gradient checkpointing" if c.gradient_checkpointing else "")
+        text = f"[b]{c.name}[/b]" + (" + gradient checkpointing" if c.gradient_checkpointing else "")
+        if c.speed is not None:
+            text += f" · ≈{fmt_rate(c.speed.tokens_per_second)}"
+        biggest = max_micro_batch_text(c)
+        return text + (f" · {biggest}" if biggest else "")
 
     # ------------------------------------------------------------------ picking
 
@@ -127,8 +144,16 @@ class PlanScreen(WizardScreen):
             lines.append(f"  host RAM needed: {fmt_bytes(rung.cpu_bytes)}")
         if rung.nvme_bytes:
             lines.append(f"  NVMe needed: {fmt_bytes(rung.nvme_bytes)}")
-        lines += ["", "The wizard takes the cheapest rung that fits: every step up the ladder saves memory "
-                      "and costs speed (more communication, or CPU/NVMe traffic). Gradient checkpointing "
-                      "(+GC) is switched on where activations, not model states, are what does not fit."]
+        if rung.speed is not None:
+            s = rung.speed
+            lines += ["", f"  speed            ≈{fmt_rate(s.tokens_per_second)} "
+                          f"({fmt_rate(s.tokens_per_second_per_gpu)} per GPU), {s.step_seconds:.3g} s per step, "
+                          f"MFU {s.mfu * 100:.0f}%, {s.bound}-bound"]
+            biggest = max_micro_batch_text(rung)
+            if biggest:
+                lines.append(f"  {biggest}")
+        lines += ["", "The wizard takes the fastest rung that fits, by its speed model, but never offloads while a "
+                      "rung without offload fits (offload is the slow last resort). Gradient checkpointing (+GC) is "
+                      "switched on where activations, not model states, are what does not fit."]
         lines += [f"[dim]• {n}[/dim]" for n in plan.notes]
         return rung.name, "\n".join(lines)

@@ -13,6 +13,7 @@ from rich.style import Style
 from rich.text import Text
 
 from wizard.plan import COMPONENTS, Plan, Rung
+from wizard.speed import fmt_rate
 from wizard.units import fmt_bytes
 
 COLOURS = {
@@ -38,6 +39,7 @@ SHORT_NAMES = {
 }
 LABEL_WIDTH = 17
 FIGURE_WIDTH = 12       # " 160.9 GiB ✗"
+SPEED_WIDTH = 12        # " 12.3k tok/s"
 TRACK = "·"
 OVERFLOW = "»"
 CAPACITY_MARK = "┃"
@@ -122,11 +124,13 @@ class RungRow:
             label = label[:LABEL_WIDTH - 2] + "…"
         line = Text(mark, Style(bold=True))
         line.append(f"{label:<{LABEL_WIDTH}}", Style(bold=self.chosen))
-        bar_width = max(4, width - len(mark) - LABEL_WIDTH - FIGURE_WIDTH)
+        bar_width = max(4, width - len(mark) - LABEL_WIDTH - FIGURE_WIDTH - SPEED_WIDTH)
         line.append_text(bar(r, self.plan.gpu_capacity_bytes, plan_scale(self.plan), bar_width))
         verdict = Text(" ✓", "green") if r.fits else Text(" ✗", "red")
         line.append(f" {fmt_bytes(r.per_gpu_bytes):>9}")
         line.append_text(verdict)
+        rate = fmt_rate(r.tokens_per_second) if r.speed is not None else ""
+        line.append(f" {rate:>{SPEED_WIDTH - 1}}", Style(bold=self.chosen, dim=not r.fits))
         return line
 
     def why(self) -> Text:

@@ -27,7 +27,8 @@ class RungList(OptionList):
             self.clear_options()
             return
         chosen = plan.choice.key if plan.choice is not None else None
-        signature = (tuple((r.key, r.per_gpu_bytes, r.fits, r.reason, r.gradient_checkpointing) for r in plan.rungs),
+        signature = (tuple((r.key, r.per_gpu_bytes, r.fits, r.reason, r.gradient_checkpointing, r.tokens_per_second)
+                           for r in plan.rungs),
                      chosen, picked, plan.gpu_capacity_bytes)
         if signature == self._signature:
             return
