@@ -330,3 +330,22 @@ def test_a_huge_micro_batch_is_explained_in_few_plans(monkeypatch):
                              Topology(1, 1))
     micro_batch_plans = [c for c in calls if c != 1_000_000]
     assert len(micro_batch_plans) <= 4 + math.ceil(math.log2(1_000_000))
+
+
+def test_what_would_fit_keeps_the_global_batch_on_the_fastest_rung_class():
+    # The case: --micro-batch 64 on 8x A100-80GB. The largest micro-batch that fits at all (38) fits only
+    # with offload; the same global batch split as a smaller micro-batch with accumulation fits without it.
+    hw = hardware.assume("8xA100-80GB")
+    training = TrainingOptions(micro_batch=64)
+    fixes = plan_mod.what_would_fit(hw, LLAMA2_7B, training, StrategyOptions(), Topology(1, 8))
+    fix = next(f for f in fixes if f.training.micro_batch < 64)
+    assert fix.training.micro_batch * fix.training.grad_accum == 64
+    assert "to keep the global batch of 64" in fix.text
+    chosen = make_plan(hw, LLAMA2_7B, fix.training, StrategyOptions(), Topology(1, 8))
+    assert not chosen.choice.offloads
+    # No other split of the same global batch that fits is faster within the same class.
+    for b in (1, 2, 4, 8, 16, 32):
+        other = plan_mod._try(hw, LLAMA2_7B, replace(training, micro_batch=b, grad_accum=64 // b), StrategyOptions(),
+                              Topology(1, 8))
+        if other is not None and not other.choice.offloads:
+            assert other.choice.tokens_per_second <= chosen.choice.tokens_per_second * (1 + 1e-9)
