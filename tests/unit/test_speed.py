@@ -323,13 +323,12 @@ def test_a_huge_micro_batch_is_explained_in_few_plans(monkeypatch):
     monkeypatch.setattr(plan_mod, "make_plan", lambda *a: calls.append(a[2].micro_batch) or real(*a))
     text = plan_mod.explain_nothing_fits(p, hw, LLAMA2_7B, training, StrategyOptions(), Topology(1, 1))
     b = next(f.training.micro_batch for f in fixes if f.training.micro_batch < 1_000_000)
-    assert f"--micro-batch {b} " in text
-    # b fits and b + 1 does not: the bisection found the edge.
-    assert plan_mod._try(hw, LLAMA2_7B, replace(training, micro_batch=b), StrategyOptions(), Topology(1, 1))
-    assert not plan_mod._try(hw, LLAMA2_7B, replace(training, micro_batch=b + 1), StrategyOptions(),
-                             Topology(1, 1))
+    assert f"--micro-batch {b} " in text and 1_000_000 % b == 0
+    assert plan_mod._try(hw, LLAMA2_7B, replace(training, micro_batch=b, grad_accum=1_000_000 // b),
+                         StrategyOptions(), Topology(1, 1))
     micro_batch_plans = [c for c in calls if c != 1_000_000]
-    assert len(micro_batch_plans) <= 4 + math.ceil(math.log2(1_000_000))
+    # bisection (log2 of the micro-batch) plus at most _MAX_SPLITS_TRIED splits of the global batch
+    assert len(micro_batch_plans) <= 4 + math.ceil(math.log2(1_000_000)) + plan_mod._MAX_SPLITS_TRIED
 
 
 def test_what_would_fit_keeps_the_global_batch_on_the_fastest_rung_class():
