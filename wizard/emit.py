@@ -490,7 +490,8 @@ def _offload_optimizer_notes(answers: dict, rung) -> list[str]:
     if not cpu_adam_runs(answers, rung):
         return [f"zero_force_ds_cpu_optimizer is false: your {asked} steps the offloaded states in torch on the "
                 f"CPU (DeepSpeed has CPU kernels only for Adam/AdamW/Adagrad/Lion, and accelerate would otherwise "
-                f"swap it for Adam silently); --optimizer adamw runs DeepSpeedCPUAdam, several times faster."]
+                f"swap it for Adam silently); --optimizer adamw runs the vectorised, multi-threaded "
+                f"DeepSpeedCPUAdam instead."]
     out = []
     if asked == "adamw-8bit":
         out.append("8-bit AdamW is not paired with CPU offload: DeepSpeedCPUAdam (AdamW, fp32 states) steps the "

@@ -393,8 +393,8 @@ def static_ds_checks(cfg: dict, file: str, exp: Expect | None = None) -> list[Fi
                    else "remove zero_force_ds_cpu_optimizer (accelerate then maps torch AdamW to DeepSpeedCPUAdam)")
             out.append(Finding("warning", "DS-FORCE-CPU-OPTIMIZER", file, "zero_force_ds_cpu_optimizer",
                                "optimizer offload with a torch optimizer stepping the CPU states, which DeepSpeed "
-                               "says 'in most cases will yield poor performance'; DeepSpeedCPUAdam is several "
-                               "times faster", fix, "step 0"))
+                               "says 'in most cases will yield poor performance' (DeepSpeedCPUAdam is vectorised "
+                               "and multi-threaded)", fix, "step 0"))
         elif offloads and exp.cpu_adam is False and not torch_step and "optimizer" not in cfg:
             out.append(Finding("warning", "DS-FORCE-CPU-OPTIMIZER", file, "zero_force_ds_cpu_optimizer",
                                "optimizer offload with SGD/Adafactor built in code: accelerate swaps it for "

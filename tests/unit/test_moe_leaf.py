@@ -75,7 +75,8 @@ def test_zero3_mixtral_yaml_names_the_leaf_and_accelerate_accepts_it(tmp_path, m
     from deepspeed.utils import z3_leaf_module
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    monkeypatch.setenv("ACCELERATE_DEEPSPEED_MOE_LAYER_CLS_NAMES", doc["deepspeed_config"]["deepspeed_moe_layer_cls_names"])
+    names = doc["deepspeed_config"]["deepspeed_moe_layer_cls_names"]
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_MOE_LAYER_CLS_NAMES", names)
     plugin = DeepSpeedPlugin(hf_ds_config=str(ds_path))
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(FIXTURES / "mixtral-tiny")))

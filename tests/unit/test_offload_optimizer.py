@@ -38,7 +38,8 @@ def _rungs(optimizer: str) -> dict:
 
 def test_offload_rungs_count_adamw_states_when_8bit_was_asked():
     eight, full = _rungs("adamw-8bit"), _rungs("adamw")
-    offload_keys = [k for k in eight if RUNG_SPECS[k].backend == "deepspeed" and RUNG_SPECS[k].offload_optimizer != "none"]
+    offload_keys = [k for k in eight
+                    if RUNG_SPECS[k].backend == "deepspeed" and RUNG_SPECS[k].offload_optimizer != "none"]
     assert offload_keys
     for key in offload_keys:        # DeepSpeedCPUAdam's fp32 states, exactly as for AdamW
         assert eight[key].breakdown == full[key].breakdown and eight[key].cpu_bytes == full[key].cpu_bytes, key
