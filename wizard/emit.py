@@ -17,6 +17,7 @@ import os
 from typing import Any
 
 from wizard.errors import InputError
+from wizard.memory import OPTIMIZER_STATE_BYTES, optimizer_for_rung
 
 YAML_NAME = "default_config.yaml"
 DS_NAME = "ds_config.json"
@@ -110,7 +111,7 @@ def _ds_precision(answers: dict, plan, use_cpu: bool) -> str:
 # default_config.yaml
 # --------------------------------------------------------------------------------------------
 
-def accelerate_config(answers: dict, plan, ds_config_path: str | None) -> dict:
+def accelerate_config(answers: dict, plan, ds_config_path: str | None, model=None) -> dict:
     """The document `accelerate config` writes for these answers (None values and empty dicts dropped).
 
     It follows accelerate's questionnaire (accelerate/commands/config/cluster.py) branch by
@@ -177,7 +178,7 @@ def accelerate_config(answers: dict, plan, ds_config_path: str | None) -> dict:
         doc["dynamo_config"] = dynamo
 
     if dtype == "DEEPSPEED":
-        doc["deepspeed_config"] = _deepspeed_section(answers, plan, ds_config_path, num_machines)
+        doc["deepspeed_config"] = _deepspeed_section(answers, plan, ds_config_path, num_machines, model)
     else:
         doc["mixed_precision"] = _mixed_precision(answers, plan, use_cpu)
     if dtype == "FSDP":
@@ -206,7 +207,7 @@ def _dynamo_config(answers: dict) -> dict:
     return section
 
 
-def _deepspeed_section(answers: dict, plan, ds_config_path: str | None, num_machines: int) -> dict:
+def _deepspeed_section(answers: dict, plan, ds_config_path: str | None, num_machines: int, model=None) -> dict:
     if not ds_config_path:
         raise ValueError("a DeepSpeed plan needs the path of ds_config.json")
     stage = _choice(plan).zero_stage
@@ -214,7 +215,7 @@ def _deepspeed_section(answers: dict, plan, ds_config_path: str | None, num_mach
         "deepspeed_config_file": os.path.abspath(os.path.expanduser(ds_config_path)),
         "zero3_init_flag": bool(_get(answers, "zero3_init_flag", stage == 3)),
     }
-    moe = answers.get("deepspeed_moe_layer_cls_names")
+    moe = answers.get("deepspeed_moe_layer_cls_names") or moe_leaf_classes(stage, model)
     if moe:
         section["deepspeed_moe_layer_cls_names"] = str(moe)
     if num_machines > 1:
@@ -228,6 +229,23 @@ def _deepspeed_section(answers: dict, plan, ds_config_path: str | None, num_mach
                 if answers.get(key):
                     section[key] = str(answers[key])
     return section
+
+
+def moe_leaf_classes(zero_stage: int | None, model) -> str | None:
+    """The MoE block class ZeRO-3 must treat as a leaf module, for accelerate's `deepspeed_moe_layer_cls_names`.
+
+    Why: under ZeRO-3 each rank fetches the parameters of the modules it runs; with sparse routing
+    ranks run different experts, so the fetches differ and the collective can hang. accelerate
+    (utils/dataclasses.py `DeepSpeedPlugin.set_moe_leaf_modules`, called from
+    `Accelerator._prepare_deepspeed` for the HF Trainer and an own loop alike) reads this key
+    (exported by `accelerate launch` as ACCELERATE_DEEPSPEED_MOE_LAYER_CLS_NAMES, allowed beside
+    `deepspeed_config_file`) and calls deepspeed.utils.set_z3_leaf_modules, so the whole block is
+    fetched at once. transformers 5.24 sets no leaf modules itself; DeepSpeed 0.19.8's own
+    `zero_optimization.leaf_module` default covers only the Mixtral/Qwen2-MoE/Qwen3-MoE blocks, so
+    the class comes from the model (ModelShape.moe_block_class) for every MoE model.
+    """
+    block = getattr(model, "moe_block_class", None)
+    return block if zero_stage == 3 and block else None
 
 
 def _fsdp_section(answers: dict, plan) -> dict:
@@ -330,13 +348,48 @@ def deepspeed_config(answers: dict, plan, model) -> dict | None:
         doc["fp16"] = {"enabled": precision == "fp16"}
     doc["zero_optimization"] = _zero_section(answers, rung, model, hf, hidden, plan.topology.world_size)
     if rung.offload_optimizer != "none":
-        # HF Trainer / the own loop hand DeepSpeed a torch optimizer; without this DeepSpeed refuses
-        # it under offload, and accelerate would silently swap any optimizer (SGD, Adafactor,
-        # 8-bit Adam) for DeepSpeedCPUAdam. The memory plan counted the user's optimizer.
-        doc["zero_force_ds_cpu_optimizer"] = False
+        if not cpu_adam_runs(answers, rung):
+            doc["zero_force_ds_cpu_optimizer"] = False   # keep SGD / Adafactor: see OFFLOAD OPTIMIZER RULE
+        elif hf:
+            doc["optimizer"] = {"type": "AdamW", "params": dict(CPU_ADAM_AUTO_PARAMS)}
+        # own loop + DeepSpeedCPUAdam: neither key; accelerate maps the loop's torch AdamW itself
     if "nvme" in (rung.offload_optimizer, rung.offload_param):
         doc["aio"] = dict(AIO)   # top level: inside zero_optimization DeepSpeed rejects it
     return doc
+
+
+# OFFLOAD OPTIMIZER RULE: on a rung with optimizer offload, DeepSpeedCPUAdam steps the CPU states,
+# never a torch optimizer (DeepSpeedEngine._configure_basic_optimizer: a client optimizer under
+# offload "in most cases will yield poor performance"). What each trainer does with the file
+# (transformers 5.24, accelerate 1.15, DeepSpeed 0.19.8):
+# - hf: transformers/integrations/deepspeed.py `deepspeed_optim_sched` turns an "optimizer" block
+#   into DummyOptim, `HfTrainerDeepSpeedConfig.trainer_config_process` fills its "auto" lr, betas,
+#   eps and weight_decay from TrainingArguments, and deepspeed/runtime/engine.py
+#   `_configure_basic_optimizer` -> `get_optimizer_configuration` builds type "AdamW" under offload
+#   as DeepSpeedCPUAdam(adamw_mode=True, fp32 states). The Trainer's own scheduler is kept
+#   (DummyScheduler with its callable). So: the block, and no zero_force_ds_cpu_optimizer.
+# - accelerate (own loop): with a block, accelerator.py `_prepare_deepspeed` refuses the loop's
+#   torch optimizer ("You cannot specify an optimizer in the config file and in the code") unless
+#   the loop builds DummyOptim. Without a block and with zero_force_ds_cpu_optimizer at its default
+#   (true), `_prepare_deepspeed` maps the loop's torch optimizer with utils/deepspeed.py
+#   `map_pytorch_optim_to_deepspeed` to DeepSpeedCPUAdam (adamw_mode=True for torch.optim.AdamW; lr
+#   and weight_decay kept, betas/eps at DeepSpeedCPUAdam's defaults = torch's). So: neither key.
+# - sgd / adafactor: DeepSpeed has CPU optimizer ops only for Adam/AdamW/Adagrad/Lion, and the
+#   mapping above would silently make them Adam at their learning rate. They are kept as asked with
+#   "zero_force_ds_cpu_optimizer": false (the torch step on the CPU, said in notes()).
+# - adamw-8bit: never paired with CPU offload; memory.optimizer_for_rung makes it AdamW, for the
+#   memory plan and here alike.
+CPU_ADAM_AUTO_PARAMS = {"lr": AUTO, "betas": AUTO, "eps": AUTO, "weight_decay": AUTO}
+
+
+def asked_optimizer(answers: dict) -> str:
+    return _one_of("optimizer", str(_get(answers, "optimizer", "adamw")), tuple(OPTIMIZER_STATE_BYTES))
+
+
+def cpu_adam_runs(answers: dict, rung) -> bool:
+    """True when DeepSpeedCPUAdam steps this rung's offloaded optimizer states (OFFLOAD OPTIMIZER RULE)."""
+    offloads = rung.backend == "deepspeed" and rung.offload_optimizer != "none"
+    return offloads and optimizer_for_rung(asked_optimizer(answers), offloads) == "adamw"
 
 
 def _nvme_path(answers: dict) -> str:
@@ -426,9 +479,31 @@ def notes(answers: dict, plan) -> list[str]:
                        "the DeepSpeed launcher; DeepSpeed selects its CPU accelerator by itself.")
             out.append("train_batch_size is left out of ds_config.json: accelerate counts 1 process without "
                        "a GPU, so an \"auto\" value would be filled wrongly; DeepSpeed derives it.")
-    if rung.backend == "deepspeed" and rung.offload_optimizer != "none":
-        out.append("zero_force_ds_cpu_optimizer is false: your optimizer is used as is on the offloaded "
-                   "states (DeepSpeedCPUAdam would be faster for AdamW, but is not swapped in silently).")
+    out.extend(_offload_optimizer_notes(answers, rung))
+    return out
+
+
+def _offload_optimizer_notes(answers: dict, rung) -> list[str]:
+    if rung.backend != "deepspeed" or rung.offload_optimizer == "none":
+        return []
+    asked = asked_optimizer(answers)
+    if not cpu_adam_runs(answers, rung):
+        return [f"zero_force_ds_cpu_optimizer is false: your {asked} steps the offloaded states in torch on the "
+                f"CPU (DeepSpeed has CPU kernels only for Adam/AdamW/Adagrad/Lion, and accelerate would otherwise "
+                f"swap it for Adam silently); --optimizer adamw runs the vectorised, multi-threaded "
+                f"DeepSpeedCPUAdam instead."]
+    out = []
+    if asked == "adamw-8bit":
+        out.append("8-bit AdamW is not paired with CPU offload: DeepSpeedCPUAdam (AdamW, fp32 states) steps the "
+                   "offloaded states instead, and the memory plan counts its 8 bytes per parameter.")
+    if _get(answers, "trainer", "hf") == "hf":
+        out.append("ds_config.json has an \"optimizer\" block (AdamW, \"auto\" values the Trainer fills from "
+                   "TrainingArguments): DeepSpeed runs DeepSpeedCPUAdam on the offloaded states, not the Trainer's "
+                   "torch optimizer (its --optim is not used; its learning-rate scheduler is).")
+    else:
+        out.append("Build torch.optim.AdamW in your loop (not an 8-bit one): accelerator.prepare replaces it with "
+                   "DeepSpeedCPUAdam on the offloaded states (AdamW mode, your lr and weight_decay; betas and eps at "
+                   "the defaults 0.9, 0.999, 1e-8).")
     return out
 
 

@@ -63,6 +63,20 @@ def optimizer_state_bytes(optimizer: str) -> int:
     return OPTIMIZER_STATE_BYTES[optimizer]
 
 
+def optimizer_for_rung(optimizer: str, offloads_optimizer: bool) -> str:
+    """The optimizer that really runs on a DeepSpeed rung, given the one the user asked for.
+
+    With optimizer offload the ds_config makes DeepSpeedCPUAdam run the step (emit.deepspeed_config):
+    8-bit AdamW is never paired with CPU offload, so it becomes AdamW with fp32 states (8 B/param,
+    DeepSpeed's `fp32_optimizer_states` default). SGD and Adafactor have no DeepSpeed CPU op (only
+    Adam/AdamW/Adagrad/Lion do) and are kept as asked. The plan counts this optimizer's states and
+    emit writes the matching config: one rule in one place.
+    """
+    if offloads_optimizer and optimizer == "adamw-8bit":
+        return "adamw"
+    return optimizer
+
+
 @dataclass(frozen=True)
 class StateBytes:
     """Bytes per parameter of each model-state tensor for one precision x optimizer."""
@@ -685,7 +699,7 @@ def usable_bytes(capacity: int, headroom: float) -> int:
 
 __all__ = [
     "GiB", "OPTIMIZER_STATE_BYTES", "GUESSED_OPTIMIZERS", "MARGIN_FRACTION", "CPU_PROCESS_OVERHEAD_BYTES",
-    "StateBytes", "ModelStates", "state_bytes", "working_bytes", "optimizer_state_bytes",
+    "StateBytes", "ModelStates", "state_bytes", "working_bytes", "optimizer_state_bytes", "optimizer_for_rung",
     "ds_estimate_zero2_model_states_mem_needs", "ds_estimate_zero3_model_states_mem_needs",
     "states_single_or_ddp", "states_zero1", "states_zero2", "states_zero3", "states_zero3_nvme", "states_fsdp",
     "layer_and_root_params", "activation_bytes_per_layer", "activation_bytes", "logits_bytes",

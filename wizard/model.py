@@ -49,6 +49,7 @@ class ModelShape:
     num_experts: int = 0                  # MoE: experts per MoE layer (0 = dense)
     experts_per_token: int = 0            # MoE: experts routed per token
     max_position_embeddings: int | None = None
+    moe_block_class: str | None = None    # MoE: class of the block holding the experts (a ZeRO-3 leaf module)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -298,6 +299,17 @@ def largest_layer_params(model) -> int:
     return max((sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules()), default=0)
 
 
+def _moe_block_class(model) -> str | None:
+    """The class of the sparse-MoE block (the module whose child is named `experts`, e.g.
+    MixtralSparseMoeBlock, Qwen2MoeSparseMoeBlock, DeepseekV2MoE), or None for a dense model.
+    ZeRO-3 must treat it as one leaf: a token routes to only some experts, so per-expert parameter
+    fetching differs across ranks and can hang (accelerate's `deepspeed_moe_layer_cls_names`)."""
+    for module in model.modules():
+        if "experts" in module._modules:
+            return type(module).__name__
+    return None
+
+
 def _decoder_layer_class(model, num_layers: int | None) -> str | None:
     """The class of the repeated decoder layers: what FSDP wraps and what DeepSpeed's
     transformer layer classes name. Searched first inside the text decoder (so a vision tower
@@ -418,6 +430,7 @@ def _size_config(data: dict[str, Any], config_path: Path, source: str) -> ModelS
                 or 0,
                 experts_per_token=_first_int(text, "num_experts_per_tok", "moe_topk", "top_k") or 0,
                 max_position_embeddings=_first_int(text, "max_position_embeddings", "n_positions"),
+                moe_block_class=_moe_block_class(model),
                 **shape,
             )
 

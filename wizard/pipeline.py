@@ -137,7 +137,7 @@ def render(result: Result) -> None:
     from wizard import emit
     result.ds_doc = emit.deepspeed_config(result.answers, result.plan, result.model)
     ds_path = result.ds_path if result.ds_doc is not None else None
-    result.accelerate_doc = emit.accelerate_config(result.answers, result.plan, ds_path)
+    result.accelerate_doc = emit.accelerate_config(result.answers, result.plan, ds_path, result.model)
     result.yaml_text = emit.render_yaml(result.accelerate_doc)
     result.ds_text = None if result.ds_doc is None else emit.render_json(result.ds_doc)
     result.notes = list(emit.notes(result.answers, result.plan))

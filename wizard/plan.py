@@ -299,15 +299,17 @@ def _states(spec: RungSpec, x: _Inputs) -> mem.ModelStates:
     if spec.backend == "fsdp":
         return mem.states_fsdp(x.params, x.precision, x.optimizer, x.per_machine, x.machines,
                                reshard=bool(spec.fsdp_reshard), offload=spec.offloads)
+    # DeepSpeed optimizer offload runs DeepSpeedCPUAdam, never 8-bit AdamW (memory.optimizer_for_rung)
+    optimizer = mem.optimizer_for_rung(x.optimizer, spec.offload_optimizer != "none")
     if spec.zero_stage == 1:
-        return mem.states_zero1(x.params, x.precision, x.optimizer, x.per_machine, x.machines,
+        return mem.states_zero1(x.params, x.precision, optimizer, x.per_machine, x.machines,
                                 offload_optimizer=spec.offload_optimizer == "cpu")
     if spec.zero_stage == 2:
-        return mem.states_zero2(x.params, x.precision, x.optimizer, x.per_machine, x.machines,
+        return mem.states_zero2(x.params, x.precision, optimizer, x.per_machine, x.machines,
                                 offload_optimizer=spec.offload_optimizer == "cpu")
     if spec.offload_optimizer == "nvme":
-        return mem.states_zero3_nvme(x.params, x.largest_layer, x.precision, x.optimizer, x.per_machine, x.machines)
-    return mem.states_zero3(x.params, x.largest_layer, x.precision, x.optimizer, x.per_machine, x.machines,
+        return mem.states_zero3_nvme(x.params, x.largest_layer, x.precision, optimizer, x.per_machine, x.machines)
+    return mem.states_zero3(x.params, x.largest_layer, x.precision, optimizer, x.per_machine, x.machines,
                             offload_optimizer=spec.offload_optimizer == "cpu",
                             offload_param=spec.offload_param == "cpu")
 
@@ -833,9 +835,9 @@ def what_would_fit(hw, model, training: TrainingOptions, strategy: StrategyOptio
     out: list[Suggestion] = []
 
     def attempt(label: str, t: TrainingOptions = training, s: StrategyOptions = strategy,
-                topo: Topology = topology) -> bool:
+                topo: Topology = topology, without_offload: bool = False) -> bool:
         plan = _try(hw, model, t, s, topo)
-        if plan is None:
+        if plan is None or (without_offload and RUNG_SPECS[plan.choice.key].offloads):
             return False
         out.append(Suggestion(f"{label}: {_fits_text(plan)}", t, s, topo, plan.choice.key))
         return True
@@ -887,7 +889,9 @@ def what_would_fit(hw, model, training: TrainingOptions, strategy: StrategyOptio
     if not topology.cpu and not resolve_attention(training.attention, precision, topology.cpu):
         attempt("with --attention sdpa", t=replace(training, attention="sdpa"))
     if training.optimizer == "adamw":
-        attempt("with --optimizer adamw-8bit", t=replace(training, optimizer="adamw-8bit"))
+        # 8-bit AdamW is never paired with CPU offload (memory.optimizer_for_rung): suggested only
+        # where the rung it makes fit keeps the optimizer states on the GPU
+        attempt("with --optimizer adamw-8bit", t=replace(training, optimizer="adamw-8bit"), without_offload=True)
     if (strategy.backend, str(strategy.zero_stage), strategy.offload) != ("auto", "auto", "auto"):
         attempt("with --backend auto --zero-stage auto --offload auto",
                 s=replace(strategy, backend="auto", zero_stage="auto", offload="auto"))

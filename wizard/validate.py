@@ -75,6 +75,7 @@ class Expect:
     offload_optimizer: str | None
     offload_param: str | None
     backend: str | None
+    cpu_adam: bool | None = None  # offload rung where DeepSpeedCPUAdam steps the states (emit.cpu_adam_runs)
 
 
 def _get(answers: dict, key: str, default: Any) -> Any:
@@ -114,7 +115,20 @@ def expectations(answers: dict | None, plan, model, yaml_doc: dict | None) -> Ex
         offload_optimizer=rung.offload_optimizer if rung is not None else None,
         offload_param=rung.offload_param if rung is not None else None,
         backend=rung.backend if rung is not None else None,
+        cpu_adam=_cpu_adam_expected(answers, rung),
     )
+
+
+def _cpu_adam_expected(answers: dict, rung) -> bool | None:
+    from wizard.emit import cpu_adam_runs
+    from wizard.errors import InputError
+
+    if rung is None:
+        return None
+    try:
+        return cpu_adam_runs(answers, rung)
+    except InputError:          # an unknown --optimizer is reported where it is asked, not here
+        return None
 
 
 # --------------------------------------------------------------------------------------------
@@ -371,10 +385,20 @@ def static_ds_checks(cfg: dict, file: str, exp: Expect | None = None) -> list[Fi
                 out.append(_error("DS-PLAN-OFFLOAD", file, f"zero_optimization.{name}.device",
                                   f"{device!r}, the plan chose {planned!r}", f"set it to {planned!r}", "prepare"))
         offloads = (zero.get("offload_optimizer") or {}).get("device", "none") not in ("none", None)
-        if offloads and cfg.get("zero_force_ds_cpu_optimizer", True) and "optimizer" not in cfg:
+        torch_step = cfg.get("zero_force_ds_cpu_optimizer", True) in (False, "false") and "optimizer" not in cfg
+        if offloads and exp.cpu_adam and torch_step:
+            # emit.py OFFLOAD OPTIMIZER RULE: DeepSpeedCPUAdam, not a torch optimizer, on the CPU states
+            fix = ('add "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto", '
+                   '"weight_decay": "auto"}} and remove zero_force_ds_cpu_optimizer' if exp.trainer == "hf"
+                   else "remove zero_force_ds_cpu_optimizer (accelerate then maps torch AdamW to DeepSpeedCPUAdam)")
             out.append(Finding("warning", "DS-FORCE-CPU-OPTIMIZER", file, "zero_force_ds_cpu_optimizer",
-                               "optimizer offload with the trainer's torch optimizer: accelerate swaps it for "
-                               "DeepSpeedCPUAdam (any optimizer, even SGD), or DeepSpeed refuses it",
+                               "optimizer offload with a torch optimizer stepping the CPU states, which DeepSpeed "
+                               "says 'in most cases will yield poor performance' (DeepSpeedCPUAdam is vectorised "
+                               "and multi-threaded)", fix, "step 0"))
+        elif offloads and exp.cpu_adam is False and not torch_step and "optimizer" not in cfg:
+            out.append(Finding("warning", "DS-FORCE-CPU-OPTIMIZER", file, "zero_force_ds_cpu_optimizer",
+                               "optimizer offload with SGD/Adafactor built in code: accelerate swaps it for "
+                               "DeepSpeedCPUAdam (Adam at your learning rate), or DeepSpeed refuses it",
                                "set zero_force_ds_cpu_optimizer to false", "prepare"))
         if exp.use_cpu and cfg.get("train_batch_size") == AUTO:
             out.append(_error("DS-CPU-TRAIN-BATCH", file, "train_batch_size",

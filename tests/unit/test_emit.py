@@ -222,10 +222,80 @@ def test_offload_blocks_only_on_offload_rungs():
     zero = ds["zero_optimization"]
     assert zero["offload_optimizer"] == {"device": "cpu", "pin_memory": True}
     assert zero["offload_param"] == {"device": "cpu", "pin_memory": True}
-    assert ds["zero_force_ds_cpu_optimizer"] is False and "aio" not in ds
+    assert "aio" not in ds
     opt_only = emit.deepspeed_config({}, make_plan("deepspeed", stage=2, oo="cpu"), MODEL)
     assert "offload_param" not in opt_only["zero_optimization"]
-    assert opt_only["zero_force_ds_cpu_optimizer"] is False
+
+
+CPU_ADAM = {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"}}
+
+
+@pytest.mark.parametrize("stage,oo,op", [(1, "cpu", "none"), (2, "cpu", "none"), (3, "cpu", "none"),
+                                         (3, "cpu", "cpu"), (3, "nvme", "nvme")])
+@pytest.mark.parametrize("optimizer", ["adamw", "adamw-8bit"])
+def test_hf_offload_runs_deepspeed_cpu_adam_through_an_auto_optimizer_block(stage, oo, op, optimizer):
+    plan = make_plan("deepspeed", stage=stage, oo=oo, op=op)
+    ds = emit.deepspeed_config({"optimizer": optimizer, "nvme_path": "/nvme"}, plan, MODEL)
+    # DeepSpeed builds type AdamW under offload as DeepSpeedCPUAdam(adamw_mode=True); the Trainer fills the autos
+    assert ds["optimizer"] == CPU_ADAM
+    assert "zero_force_ds_cpu_optimizer" not in ds and "scheduler" not in ds
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "adamw-8bit"])
+def test_accelerate_loop_offload_leaves_the_swap_to_accelerate(optimizer):
+    # no block (accelerate would refuse the loop's torch optimizer beside one) and the force flag at its
+    # default true: accelerate maps the loop's torch AdamW to DeepSpeedCPUAdam
+    ds = emit.deepspeed_config({"trainer": "accelerate", "optimizer": optimizer},
+                               make_plan("deepspeed", stage=2, oo="cpu"), MODEL)
+    assert "optimizer" not in ds and "zero_force_ds_cpu_optimizer" not in ds
+    text = " ".join(emit.notes({"trainer": "accelerate", "optimizer": optimizer},
+                               make_plan("deepspeed", stage=2, oo="cpu")))
+    assert "torch.optim.AdamW" in text and "DeepSpeedCPUAdam" in text
+
+
+@pytest.mark.parametrize("trainer", ["hf", "accelerate"])
+@pytest.mark.parametrize("optimizer", ["sgd", "adafactor"])
+def test_sgd_and_adafactor_keep_their_torch_step_on_offload(trainer, optimizer):
+    ds = emit.deepspeed_config({"trainer": trainer, "optimizer": optimizer},
+                               make_plan("deepspeed", stage=3, oo="cpu", op="cpu"), MODEL)
+    assert ds["zero_force_ds_cpu_optimizer"] is False and "optimizer" not in ds
+    text = " ".join(emit.notes({"trainer": trainer, "optimizer": optimizer},
+                               make_plan("deepspeed", stage=3, oo="cpu", op="cpu")))
+    assert f"your {optimizer} steps the offloaded states in torch on the CPU" in text
+
+
+def test_no_optimizer_keys_without_offload():
+    for optimizer in ("adamw", "adamw-8bit", "sgd"):
+        ds = emit.deepspeed_config({"optimizer": optimizer}, make_plan("deepspeed", stage=3), MODEL)
+        assert "optimizer" not in ds and "zero_force_ds_cpu_optimizer" not in ds
+        assert not [n for n in emit.notes({"optimizer": optimizer}, make_plan("deepspeed", stage=3))
+                    if "optimizer" in n.lower()]
+
+
+def test_8bit_with_offload_is_said_in_the_notes():
+    text = " ".join(emit.notes({"optimizer": "adamw-8bit"}, make_plan("deepspeed", stage=2, oo="cpu")))
+    assert "8-bit AdamW is not paired with CPU offload" in text and "DeepSpeedCPUAdam" in text
+    assert "8-bit" not in " ".join(emit.notes({"optimizer": "adamw"}, make_plan("deepspeed", stage=2, oo="cpu")))
+
+
+def test_unknown_optimizer_answer_names_the_field():
+    with pytest.raises(InputError) as err:
+        emit.deepspeed_config({"optimizer": "lamb"}, make_plan("deepspeed", stage=2, oo="cpu"), MODEL)
+    assert err.value.field == "optimizer"
+
+
+def test_moe_block_is_a_zero3_leaf_module_in_the_yaml():
+    moe = ModelShape(**{**MODEL.__dict__, "num_experts": 8, "moe_block_class": "MixtralSparseMoeBlock"})
+    z3 = emit.accelerate_config({}, make_plan("deepspeed", stage=3), DS_PATH, moe)["deepspeed_config"]
+    assert z3["deepspeed_moe_layer_cls_names"] == "MixtralSparseMoeBlock"
+    # only ZeRO-3 partitions parameters per module; dense models and other stages get no key
+    z2 = emit.accelerate_config({}, make_plan("deepspeed", stage=2), DS_PATH, moe)["deepspeed_config"]
+    dense = emit.accelerate_config({}, make_plan("deepspeed", stage=3), DS_PATH, MODEL)["deepspeed_config"]
+    assert "deepspeed_moe_layer_cls_names" not in z2 and "deepspeed_moe_layer_cls_names" not in dense
+    # the user's own answer wins
+    own = emit.accelerate_config({"deepspeed_moe_layer_cls_names": "MyBlock"}, make_plan("deepspeed", stage=3),
+                                 DS_PATH, moe)["deepspeed_config"]
+    assert own["deepspeed_moe_layer_cls_names"] == "MyBlock"
 
 
 def test_nvme_offload_has_path_buffers_and_top_level_aio():
@@ -270,7 +340,7 @@ def test_output_is_deterministic():
     assert first == second and first.endswith("}\n")
     assert list(json.loads(first)) == ["train_batch_size", "train_micro_batch_size_per_gpu",
                                        "gradient_accumulation_steps", "gradient_clipping", "bf16", "fp16",
-                                       "zero_optimization", "zero_force_ds_cpu_optimizer"]
+                                       "zero_optimization", "optimizer"]
     y1 = emit.render_yaml(emit.accelerate_config({}, plan, DS_PATH))
     assert y1 == emit.render_yaml(emit.accelerate_config({}, plan, DS_PATH))
 

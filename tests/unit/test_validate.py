@@ -65,6 +65,10 @@ GOOD = {
     "zero2-loop": ({"trainer": "accelerate", "micro_batch": 2, "grad_accum": 4}, make_plan("deepspeed", stage=2)),
     "zero3-loop-offload": ({"trainer": "accelerate", "gradient_clipping": 0.3},
                            make_plan("deepspeed", world=8, stage=3, oo="cpu", op="cpu")),
+    "zero2-offload-8bit": ({"optimizer": "adamw-8bit"}, make_plan("deepspeed", stage=2, oo="cpu")),
+    "zero3-offload-sgd": ({"optimizer": "sgd"}, make_plan("deepspeed", stage=3, oo="cpu", op="cpu")),
+    "zero2-loop-offload-adafactor": ({"trainer": "accelerate", "optimizer": "adafactor"},
+                                     make_plan("deepspeed", stage=2, oo="cpu")),
     "zero3-cpu": ({"use_cpu": True}, make_plan("deepspeed", world=2, stage=3, cpu=True, precision="fp32")),
     "zero3-cpu-loop": ({"use_cpu": True, "trainer": "accelerate"},
                        make_plan("deepspeed", world=2, stage=3, cpu=True, precision="fp32")),
@@ -289,8 +293,19 @@ def test_zero3_without_16bit_gather_warns(tmp_path):
     assert rules(findings) == set() and "DS-Z3-SAVE" in rules(findings, "warning")
 
 
-def test_offload_without_force_flag_warns(tmp_path):
-    findings = run(tmp_path, {}, make_plan("deepspeed", stage=2, oo="cpu"),
+@pytest.mark.parametrize("trainer", ["hf", "accelerate"])
+def test_offload_with_a_torch_adamw_step_on_the_cpu_warns(tmp_path, trainer):
+    def torch_step(d):
+        d.pop("optimizer", None)
+        d["zero_force_ds_cpu_optimizer"] = False
+    findings = run(tmp_path, {"trainer": trainer}, make_plan("deepspeed", stage=2, oo="cpu"), ds_edit=torch_step)
+    warned = [f for f in findings if f.rule == "DS-FORCE-CPU-OPTIMIZER"]
+    assert warned and "poor performance" in warned[0].message
+    assert ('"optimizer"' in warned[0].fix) == (trainer == "hf")
+
+
+def test_offload_sgd_without_force_flag_warns(tmp_path):
+    findings = run(tmp_path, {"optimizer": "sgd"}, make_plan("deepspeed", stage=2, oo="cpu"),
                    ds_edit=lambda d: d.pop("zero_force_ds_cpu_optimizer"))
     assert "DS-FORCE-CPU-OPTIMIZER" in rules(findings, "warning")
 

@@ -12,7 +12,8 @@ Facts (DeepSpeed 0.19.8, transformers 5.24, accelerate 1.15; checked in tests/un
 - ZeRO-1/2 assert an even `allgather_bucket_size` and never read `offload_param`;
 - ZeRO-Offload with an optimizer built in code: `deepspeed.initialize` raises ZeRORuntimeException unless
   `zero_force_ds_cpu_optimizer` is false, and accelerate avoids that by swapping the optimizer for
-  DeepSpeedCPUAdam (keeping only lr and weight_decay).
+  DeepSpeedCPUAdam (keeping only lr and weight_decay); with false, the torch optimizer steps the offloaded
+  states on the CPU, which DeepSpeed calls slow. An "optimizer" block makes DeepSpeed build DeepSpeedCPUAdam.
 """
 
 from __future__ import annotations
@@ -640,39 +641,125 @@ def fix_zero3_gather(ctx: CheckContext, findings: list) -> list[str]:
     return ["zero_optimization.stage3_gather_16bit_weights_on_model_save -> true"]
 
 
-@rule("DS-OFFLOAD-CLIENT-OPTIMIZER", FAMILY, "optimizer offload with an optimizer built in code", fixable=True)
+# DeepSpeed's optimizer block for DeepSpeedCPUAdam; the HF Trainer fills the "auto" values from
+# TrainingArguments (wizard/emit.py, OFFLOAD OPTIMIZER RULE).
+CPU_ADAM_BLOCK = {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"}}
+# TrainingArguments defaults that accelerate's swap to DeepSpeedCPUAdam does not carry (its own equal them).
+ADAM_DEFAULTS = {"adam_beta1": 0.9, "adam_beta2": 0.999, "adam_epsilon": 1e-8}
+
+
+def _optim(ctx: CheckContext) -> str:
+    """The HF `optim` from --training-args, lower case; "" when unknown (own loop, no training args)."""
+    return str(ctx.ta_value("optim") or "").lower() if ctx.ta is not None and ctx.trainer == "hf" else ""
+
+
+def _swap_keeps_algorithm(optim: str) -> bool:
+    """accelerate's map_pytorch_optim_to_deepspeed keeps torch Adam/AdamW as they are; an 8-/4-bit AdamW
+    becomes DeepSpeedCPUAdam in Adam mode (L2 weight decay), anything else (SGD, Adafactor, ...) plain Adam."""
+    return any(optim.startswith(a) for a in ADAM_LIKE) and "8bit" not in optim and "4bit" not in optim
+
+
+def _has_cpu_kernel(optim: str) -> bool:
+    """DeepSpeed steps offloaded states natively only for Adam/AdamW (and Adagrad/Lion, which HF's `optim`
+    names do not map to): other optimizers can only run as torch code on the CPU."""
+    return not optim or any(optim.startswith(a) for a in ADAM_LIKE)
+
+
+def _force_false(ctx: CheckContext) -> bool:
+    force = ctx.ds.get("zero_force_ds_cpu_optimizer", True)
+    return force is False or str(force).lower() == "false"
+
+
+def _offloads_with_client_optimizer(ctx: CheckContext) -> bool:
+    return (_applies(ctx) and ctx.offload_device("optimizer") in ("cpu", "nvme")
+            and "optimizer" not in ctx.ds)
+
+
+@rule("DS-OFFLOAD-CLIENT-OPTIMIZER", FAMILY, "optimizer offload: accelerate swaps the optimizer built in code",
+      fixable=True)
 def offload_client_optimizer(ctx: CheckContext) -> Iterable:
-    if not _offload_client_optimizer(ctx):
+    kind = _offload_client_optimizer(ctx)
+    if kind is None:
         return
-    optim = str(ctx.ta_value("optim") or "") if ctx.ta is not None else ""
-    changes_algorithm = bool(optim) and not any(optim.lower().startswith(a) for a in ADAM_LIKE)
-    detail = (f"your optim={optim!r} silently becomes Adam" if changes_algorithm
-              else "only lr and weight_decay are carried over")
+    optim = _optim(ctx)
+    detail = (f"your optim={optim!r} silently becomes Adam" if kind == "algorithm"
+              else "your adam_beta1/adam_beta2/adam_epsilon are not carried over, only lr and weight_decay")
+    fix = ('"zero_force_ds_cpu_optimizer": false to keep your optimizer (a torch step on the CPU: DeepSpeed '
+           'has CPU kernels only for Adam/AdamW/Adagrad/Lion)' if not _has_cpu_kernel(optim)
+           else 'a DeepSpeed "optimizer" block {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", '
+                '"eps": "auto", "weight_decay": "auto"}}: DeepSpeedCPUAdam with the values of your '
+                'TrainingArguments')
     yield finding(
-        "error" if changes_algorithm else "warning", "DS-OFFLOAD-CLIENT-OPTIMIZER", _file(ctx),
+        "error" if kind == "algorithm" else "warning", "DS-OFFLOAD-CLIENT-OPTIMIZER", _file(ctx),
         "zero_force_ds_cpu_optimizer",
         f"optimizer offload to {ctx.offload_device('optimizer')} with the optimizer built in code (no \"optimizer\" "
         f"block) and zero_force_ds_cpu_optimizer not false: at prepare accelerate swaps that optimizer for "
-        f"DeepSpeedCPUAdam ({detail}; it must JIT-build cpu_adam), and a plain deepspeed.initialize raises "
-        f"ZeRORuntimeException", fix='"zero_force_ds_cpu_optimizer": false to keep your optimizer, or add a '
-        'DeepSpeed "optimizer" block', when="prepare", fixable=True)
+        f"DeepSpeedCPUAdam ({detail}), and a plain deepspeed.initialize raises ZeRORuntimeException",
+        fix=fix, when="prepare", fixable=True)
 
 
-def _offload_client_optimizer(ctx: CheckContext) -> bool:
-    if not _applies(ctx) or ctx.offload_device("optimizer") not in ("cpu", "nvme"):
+def _offload_client_optimizer(ctx: CheckContext) -> str | None:
+    """'algorithm' when accelerate's swap changes the optimizer, 'betas' when it drops the Trainer's
+    betas/eps, None otherwise (an Adam(W) swapped for DeepSpeedCPUAdam is the fast path: no finding)."""
+    if not _offloads_with_client_optimizer(ctx) or _force_false(ctx):
+        return None
+    optim = _optim(ctx)
+    if optim and not _swap_keeps_algorithm(optim):
+        return "algorithm"
+    if ctx.trainer == "hf" and ctx.ta is not None and any(
+            _differs(ctx.ta_given(k), v) for k, v in ADAM_DEFAULTS.items()):
+        return "betas"
+    return None
+
+
+def _differs(value: Any, default: float) -> bool:
+    try:
+        return value is not None and float(value) != default
+    except (TypeError, ValueError):
         return False
-    if "optimizer" in ctx.ds:
-        return False
-    force = ctx.ds.get("zero_force_ds_cpu_optimizer", True)
-    return not (force is False or str(force).lower() == "false")
 
 
 @fixer("DS-OFFLOAD-CLIENT-OPTIMIZER")
 def fix_offload_client_optimizer(ctx: CheckContext, findings: list) -> list[str]:
-    if not _offload_client_optimizer(ctx):
+    if _offload_client_optimizer(ctx) is None:
         return []
-    ctx.ds["zero_force_ds_cpu_optimizer"] = False
-    return ["zero_force_ds_cpu_optimizer -> false (the optimizer built in code is kept)"]
+    if not _has_cpu_kernel(_optim(ctx)):
+        ctx.ds["zero_force_ds_cpu_optimizer"] = False
+        return ["zero_force_ds_cpu_optimizer -> false (the optimizer built in code is kept)"]
+    ctx.ds["optimizer"] = copy.deepcopy(CPU_ADAM_BLOCK)
+    return ['optimizer -> AdamW with "auto" values (DeepSpeedCPUAdam; the Trainer fills them)']
+
+
+@rule("DS-OFFLOAD-TORCH-OPTIMIZER", FAMILY, "optimizer offload stepped by a torch optimizer on the CPU", fixable=True)
+def offload_torch_optimizer(ctx: CheckContext) -> Iterable:
+    if not _offload_torch_optimizer(ctx):
+        return
+    fix = ('remove zero_force_ds_cpu_optimizer and add a DeepSpeed "optimizer" block {"type": "AdamW", "params": '
+           '{"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"}}' if ctx.trainer == "hf"
+           else "remove zero_force_ds_cpu_optimizer: accelerate then swaps your torch AdamW for DeepSpeedCPUAdam")
+    yield finding(
+        "warning", "DS-OFFLOAD-TORCH-OPTIMIZER", _file(ctx), "zero_force_ds_cpu_optimizer",
+        f"optimizer offload to {ctx.offload_device('optimizer')} with zero_force_ds_cpu_optimizer false and no "
+        f"\"optimizer\" block: the Trainer's or your loop's torch AdamW steps the offloaded states on the CPU, which "
+        f"DeepSpeed says 'in most cases will yield poor performance' (DeepSpeedCPUAdam is vectorised and "
+        f"multi-threaded)",
+        fix=fix, when="step 0", fixable=True)
+
+
+def _offload_torch_optimizer(ctx: CheckContext) -> bool:
+    # SGD / Adafactor have no DeepSpeed CPU kernel: false is the only way to keep them, so no finding.
+    return _offloads_with_client_optimizer(ctx) and _force_false(ctx) and _has_cpu_kernel(_optim(ctx))
+
+
+@fixer("DS-OFFLOAD-TORCH-OPTIMIZER")
+def fix_offload_torch_optimizer(ctx: CheckContext, findings: list) -> list[str]:
+    if not _offload_torch_optimizer(ctx):
+        return []
+    ctx.ds.pop("zero_force_ds_cpu_optimizer", None)
+    if ctx.trainer != "hf":
+        return ["zero_force_ds_cpu_optimizer removed (accelerate swaps torch AdamW for DeepSpeedCPUAdam)"]
+    ctx.ds["optimizer"] = copy.deepcopy(CPU_ADAM_BLOCK)
+    return ['zero_force_ds_cpu_optimizer removed, optimizer -> AdamW with "auto" values (DeepSpeedCPUAdam)']
 
 
 @rule("DS-BF16-UNSUPPORTED", FAMILY, "bf16 on GPUs without native bf16")
