@@ -136,13 +136,32 @@ def build_model(shape: Shape):
 def _regions(model):
     """(module, region name) for the parts whose saved tensors we attribute."""
     base = model.base_model
-    if hasattr(base, "embed_tokens"):       # Llama family
+    if hasattr(base, "embed_tokens") and hasattr(base, "layers"):       # Llama family
         embeds, layers, norm = [base.embed_tokens], base.layers, base.norm
-    else:                                   # GPT-2
+    elif hasattr(base, "wte"):              # GPT-2
         embeds, layers, norm = [base.wte, base.wpe], base.h, base.ln_f
+    else:                                   # any other family: the layers and the LM head only
+        return _generic_regions(model)
     out = [(m, "embed") for m in embeds]
     out += [(layer, f"layer{i:03d}") for i, layer in enumerate(layers)]
     out += [(norm, "final_norm"), (model.lm_head, "loss")]
+    return out
+
+
+def _generic_regions(model):
+    """The repeated blocks (every GradientCheckpointingLayer inside a ModuleList: T5's encoder and
+    decoder blocks, BERT's layers, Mamba's blocks), numbered in order, and the output embedding as
+    "loss"."""
+    import torch
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    out = []
+    for module in model.modules():
+        if isinstance(module, torch.nn.ModuleList):
+            for child in module:
+                if isinstance(child, GradientCheckpointingLayer):
+                    out.append((child, f"layer{len(out):03d}"))
+    out.append((model.get_output_embeddings(), "loss"))
     return out
 
 
@@ -208,9 +227,13 @@ def _dispatch_mode(tracker: _Tracker):
 
 def measure(shape: Shape) -> Measured:
     """Forward + backward of one micro-batch with the LM loss; what was saved, kept and peaked."""
+    return measure_model(build_model(shape), shape)
+
+
+def measure_model(model, shape: Shape) -> Measured:
+    """measure() for a model already built (train mode, on CPU); `shape` gives seq, batch and vocab."""
     import torch
 
-    model = build_model(shape)
     param_ptrs = {p.untyped_storage().data_ptr() for p in model.parameters()}
     result = Measured(shape)
     tracker = _Tracker(param_ptrs)
@@ -379,6 +402,97 @@ def default_grid(quick: bool = False) -> list[Shape]:
              Shape(model_type="gpt2", attn="eager"), Shape(model_type="gpt2", attn="sdpa"),
              Shape(model_type="gpt2", attn="eager", gc=True)]
     return grid
+
+
+# --- Model families, through the plan's own path ------------------------------------------------------
+#
+# Tiny random configs of each family the plan sizes (a few layers, small widths, dropout off: hidden
+# dropout is not in the memory model). Each is measured as transformers builds it by default (its own
+# attention implementation) and estimated the way `wizard plan --model DIR` estimates it: size_model on
+# the same config.json, then plan.activation_estimate.
+
+FAMILY_CONFIGS: dict[str, dict] = {
+    "llama": dict(architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=256, intermediate_size=688,
+                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, vocab_size=4000,
+                  tie_word_embeddings=False),
+    "mistral": dict(architectures=["MistralForCausalLM"], model_type="mistral", hidden_size=256,
+                    intermediate_size=688, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                    vocab_size=4000, tie_word_embeddings=False),
+    "gemma2": dict(architectures=["Gemma2ForCausalLM"], model_type="gemma2", hidden_size=256, intermediate_size=512,
+                   num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=64, vocab_size=4000),
+    "qwen2": dict(architectures=["Qwen2ForCausalLM"], model_type="qwen2", hidden_size=256, intermediate_size=688,
+                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, vocab_size=4000,
+                  tie_word_embeddings=True),
+    "mixtral": dict(architectures=["MixtralForCausalLM"], model_type="mixtral", hidden_size=256,
+                    intermediate_size=384, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                    vocab_size=4000, num_local_experts=4, num_experts_per_tok=2, tie_word_embeddings=False),
+    # DeepSeek-V2-Lite's layout: MLA without q compression, one dense layer first, 2 shared experts.
+    "deepseek_v2": dict(architectures=["DeepseekV2ForCausalLM"], model_type="deepseek_v2", hidden_size=256,
+                        intermediate_size=688, moe_intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
+                        num_key_value_heads=4, n_routed_experts=8, n_shared_experts=2, num_experts_per_tok=2,
+                        first_k_dense_replace=1, q_lora_rank=None, kv_lora_rank=64, qk_nope_head_dim=32,
+                        qk_rope_head_dim=16, v_head_dim=48, vocab_size=4000, tie_word_embeddings=False),
+    "qwen2_moe": dict(architectures=["Qwen2MoeForCausalLM"], model_type="qwen2_moe", hidden_size=256,
+                      intermediate_size=688, moe_intermediate_size=96, shared_expert_intermediate_size=384,
+                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, num_experts=8,
+                      num_experts_per_tok=2, vocab_size=4000, tie_word_embeddings=False),
+    "t5": dict(architectures=["T5ForConditionalGeneration"], model_type="t5", d_model=256, d_ff=1024, d_kv=64,
+               num_layers=2, num_decoder_layers=2, num_heads=4, vocab_size=4000, dropout_rate=0.0,
+               decoder_start_token_id=0),
+    "gpt2": dict(architectures=["GPT2LMHeadModel"], model_type="gpt2", n_embd=256, n_layer=2, n_head=4,
+                 vocab_size=4000, n_positions=1024, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0),
+    "bert": dict(architectures=["BertForMaskedLM"], model_type="bert", hidden_size=256, num_hidden_layers=2,
+                 num_attention_heads=4, intermediate_size=1024, vocab_size=4000, hidden_dropout_prob=0.0,
+                 attention_probs_dropout_prob=0.0),
+    "mamba": dict(architectures=["MambaForCausalLM"], model_type="mamba", hidden_size=256, num_hidden_layers=2,
+                  state_size=16, expand=2, vocab_size=4000),
+}
+
+
+def build_family_model(config_dict: dict, dtype: str = "bf16"):
+    """The config's own architecture class, randomly initialised in `dtype`, train mode, on CPU,
+    with the attention implementation transformers picks by default."""
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    data = dict(config_dict)
+    config = transformers.AutoConfig.for_model(data.pop("model_type"), **data)
+    cls = getattr(transformers, config.architectures[0])
+    model = cls._from_config(config, dtype=_torch_dtype(dtype))
+    model.train()
+    return model
+
+
+def measure_family(name: str, seq: int = 256, batch: int = 2, dtype: str = "bf16",
+                   config_dict: dict | None = None, attn: str | None = None) -> Measured:
+    """Saved tensors of one forward of a family's tiny model (see FAMILY_CONFIGS); `attn` None runs
+    the attention implementation transformers picks for the family."""
+    config_dict = dict(config_dict or FAMILY_CONFIGS[name])
+    if attn is not None:
+        config_dict["attn_implementation"] = attn
+    model = build_family_model(config_dict, dtype)
+    vocab = model.config.get_text_config().vocab_size
+    shape = Shape(seq=seq, batch=batch, dtype=dtype, vocab=vocab, model_type=config_dict["model_type"],
+                  attn=model.config._attn_implementation)
+    return measure_model(model, shape)
+
+
+def estimate_family(config_dict: dict, seq: int, batch: int, dtype: str = "bf16") -> int:
+    """The plan's activation figure for this config, by the plan's own path (size_model, then the plan)."""
+    import json
+    import tempfile
+
+    from wizard import plan
+    from wizard.model import size_model
+
+    with tempfile.TemporaryDirectory() as tmp:
+        Path(tmp, "config.json").write_text(json.dumps(config_dict))
+        model = size_model(tmp, use_cache=False)
+    # As planned for GPUs: attention "auto" follows the model's implementation, and CPU SDPA saves what the
+    # GPU flash / memory-efficient kernels save (see the module doc).
+    return plan.activation_estimate(model, seq, batch, dtype, attention="auto", gradient_checkpointing=False,
+                                    cpu=False)
 
 
 def main(argv: list[str] | None = None) -> int:

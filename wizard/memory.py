@@ -394,6 +394,10 @@ class LayerProfile:
     rms_norm_fp32: bool         # HF RMSNorm: saves an fp32 copy of its input and the normalised tensor
     softmax_fp32: bool          # eager attention: softmax in fp32, then cast to the compute dtype
     backward_ffn_tensors: float  # f-sized gradients alive at once in one layer's backward (measured)
+    post_norms: int = 0         # norms after attention / MLP whose output feeds no linear (Gemma-2 has two)
+    norm_fp32_output: bool = False  # Gemma's RMSNorm: fp32 input copy and fp32 normalised tensor, 16-bit output
+    softcap_scores: bool = False    # eager scores go through tanh soft-capping, which keeps its output (w)
+    router_fp32: bool = False       # MoE router computes in fp32 and keeps its fp32 input (DeepSeek), 4 * h
 
 
 # Llama / Mistral / Qwen2 / Qwen3 / Phi-3 / Mixtral: SwiGLU, LlamaRMSNorm, fp32 eager softmax.
@@ -411,6 +415,24 @@ PLAIN_PROFILE = LayerProfile("plain", gated_mlp=False, ffn_tensors=2, rms_norm_f
 TANH_GELU_PROFILE = LayerProfile("gelu-tanh", gated_mlp=False, ffn_tensors=5, rms_norm_fp32=False,
                                  softmax_fp32=False, backward_ffn_tensors=2)
 
+# T5 (relu DenseReluDense; v1.1 / flan gated variants take the gated profile through gated_mlp): T5LayerNorm
+# keeps an fp32 copy like HF RMSNorm, and its eager softmax stays in the compute dtype. MEASURED
+# (bench/measure_activations.py FAMILY_CONFIGS["t5"], eager): 2 f-tensors, 2 B per score in bf16.
+T5_PROFILE = LayerProfile("t5", gated_mlp=False, ffn_tensors=2, rms_norm_fp32=True, softmax_fp32=False,
+                          backward_ffn_tensors=2)
+# Gemma-2: four RMSNorms per layer (pre and post attention and MLP) computed in fp32 (x.float(), then the
+# normalised fp32 tensor; the 16-bit output is what the next linear saves), GeGLU (4 f-tensors), and eager
+# attention (what transformers picks for it) with tanh soft-capping of the scores, whose output is kept:
+# 4 + w + w per score. MEASURED (FAMILY_CONFIGS["gemma2"]): within 1 %.
+GEMMA2_PROFILE = LayerProfile("gemma2", gated_mlp=True, ffn_tensors=4, rms_norm_fp32=True, softmax_fp32=True,
+                              backward_ffn_tensors=2.5, post_norms=2, norm_fp32_output=True, softcap_scores=True)
+# DeepSeek-V2/V3: the gated layer, with the MoE gate's F.linear on an fp32 copy of its input (MEASURED,
+# FAMILY_CONFIGS["deepseek_v2"]).
+DEEPSEEK_PROFILE = LayerProfile("deepseek", gated_mlp=True, ffn_tensors=4, rms_norm_fp32=True, softmax_fp32=True,
+                                backward_ffn_tensors=2.5, router_fp32=True)
+SPECIAL_PROFILES = {"t5": T5_PROFILE, "mt5": T5_PROFILE, "umt5": T5_PROFILE, "gemma2": GEMMA2_PROFILE,
+                    "deepseek_v2": DEEPSEEK_PROFILE, "deepseek_v3": DEEPSEEK_PROFILE}
+
 # Which config model_types have which layer, read from their transformers modeling code (the MLP
 # class and its activation). Only the plain and tanh-GELU lists decide anything: every other
 # model_type, listed here or not, gets the gated profile.
@@ -420,8 +442,10 @@ GATED_MODEL_TYPES = frozenset({
     "deepseek_v3", "stablelm", "exaone4", "glm", "glm4", "smollm3", "ministral", "hunyuan_v1_dense",
 })
 TANH_GELU_MODEL_TYPES = frozenset({"gpt2", "gpt_neo", "gptj", "codegen", "phi"})
+# BERT-style encoders: LayerNorm and an erf GELU (one native operator): MEASURED (FAMILY_CONFIGS["bert"]).
 PLAIN_MODEL_TYPES = frozenset({"gpt_neox", "falcon", "bloom", "opt", "gpt_bigcode", "starcoder2", "mpt",
-                               "nemotron", "arcee", "biogpt", "xglm"})
+                               "nemotron", "arcee", "biogpt", "xglm", "bert", "roberta", "xlm-roberta",
+                               "distilbert", "electra", "camembert", "bart", "mbart"})
 
 
 def layer_profile(model_type: str | None, gated_mlp: bool | None = None) -> LayerProfile:
@@ -431,6 +455,12 @@ def layer_profile(model_type: str | None, gated_mlp: bool | None = None) -> Laye
     is the larger of the two per-layer figures for the same shape.
     """
     kind = (model_type or "").lower()
+    special = SPECIAL_PROFILES.get(kind)
+    if special is not None and (gated_mlp is None or gated_mlp == special.gated_mlp):
+        return special
+    if special is T5_PROFILE and gated_mlp:   # T5 v1.1 / flan-T5: gated GELU, T5's norms and softmax
+        return LayerProfile("t5-gated", gated_mlp=True, ffn_tensors=4, rms_norm_fp32=True, softmax_fp32=False,
+                            backward_ffn_tensors=2.5)
     if gated_mlp is True or (gated_mlp is None and kind in GATED_MODEL_TYPES):
         return GATED_PROFILE
     if kind in TANH_GELU_MODEL_TYPES:
@@ -457,7 +487,10 @@ def norm_bytes_per_token(hidden_size: int, precision: str, profile: LayerProfile
     (its fp32 mean / rstd are per token). MEASURED, bench/measure_activations.py.
     """
     w = working_bytes(precision)
-    per_element = 4 + 2 * w if _profile(profile).rms_norm_fp32 else 2 * w
+    p = _profile(profile)
+    if p.norm_fp32_output:   # Gemma: fp32 input copy (4) and fp32 normalised tensor (4); the output (w) as above
+        return (8 + w) * hidden_size
+    per_element = 4 + 2 * w if p.rms_norm_fp32 else 2 * w
     return per_element * hidden_size
 
 
@@ -471,16 +504,20 @@ def attention_score_bytes(precision: str, profile: LayerProfile | None = None, a
     unfused dropout keeps it in the compute dtype) and the dropout output (w) are.
     """
     w = working_bytes(precision)
-    softmax = 4 if _profile(profile).softmax_fp32 else w
+    p = _profile(profile)
+    softmax = 4 if p.softmax_fp32 else w
+    softcap = w if p.softcap_scores else 0
     if attention_dropout:
-        return softmax + 1 + w
-    return softmax + (w if softmax != w else 0)
+        return softmax + 1 + w + softcap
+    return softmax + (w if softmax != w else 0) + softcap
 
 
 def activation_bytes_per_layer(seq_len: int, micro_batch: int, hidden_size: int, heads: int,
                                intermediate_size: int | None, flash: bool, precision: str = "bf16",
                                profile: LayerProfile | None = None, kv_heads: int | None = None,
-                               attention_dropout: bool = False, experts_per_token: int = 0) -> int:
+                               attention_dropout: bool = False, experts_per_token: int = 0,
+                               shared_ffn: int = 0, head_dim: int | None = None, v_head_dim: int | None = None,
+                               kv_lora_rank: int = 0, cross_attention: bool = False) -> int:
     """One decoder layer's saved activations in bytes (no tensor or sequence parallelism).
 
     Per token, w = bytes of the compute dtype (MEASURED on CPU with saved_tensors_hooks, see
@@ -499,25 +536,50 @@ def activation_bytes_per_layer(seq_len: int, micro_batch: int, hidden_size: int,
     kernels) saves q, k, v, its output and an fp32 logsumexp (a * s * b * 4 B, below 1 %); CPU SDPA
     (_scaled_dot_product_flash_attention_for_cpu) saves exactly the same, which is what was measured.
     The shared rotary cos/sin (2 * w * h / heads per token, once per model) are left out (< 1 %).
+    Beyond the Llama layout (MEASURED with the FAMILY_CONFIGS of bench/measure_activations.py):
+    - head_dim / v_head_dim when heads * head_dim != h (Gemma-2, DeepSeek's MLA): q, k, v and the output
+      are counted at their own widths;
+    - kv_lora_rank (MLA): the compressed key/value and its RMSNorm, (4 + 2w) * rank;
+    - profile.post_norms (Gemma-2): norms whose output feeds no linear, 8 B per element each;
+    - shared_ffn: a shared expert's MLP (Qwen-MoE, DeepSeek) next to the routed ones;
+    - cross_attention (encoder-decoder decoders): a third norm, a second attention over the encoder's
+      states (taken as long as the decoder's) and its scores.
     """
     p = _profile(profile)
     w = working_bytes(precision)
     h = hidden_size
     f = intermediate_size or 4 * h
     kv = kv_heads or heads
-    per_token = 2 * norm_bytes_per_token(h, precision, p)
+    hd = head_dim or h // heads
+    vd = v_head_dim or hd
+    attention_blocks = 2 if cross_attention else 1
+    per_token = (2 + (1 if cross_attention else 0)) * norm_bytes_per_token(h, precision, p)
+    per_token += p.post_norms * 8 * h
     if flash:
-        per_token += w * (2 * h + (2 * h * kv) // heads)
+        attention = w * (heads * hd + kv * hd + kv * vd + heads * vd)
     else:
-        per_token += 4 * w * h
+        attention = w * (2 * heads * hd + 2 * heads * vd)       # k and v repeated to every head
+    if head_dim is None and v_head_dim is None:
+        attention = w * (2 * h + (2 * h * kv) // heads) if flash else 4 * w * h   # the Llama layout, as measured
+    per_token += attention * attention_blocks
+    if kv_lora_rank:
+        # The compressed key/value and its RMSNorm, (4 + 2w) * rank; the query projection's output is kept
+        # whole (its rotary part is sliced, rotated and concatenated back) and so is the compressed kv
+        # before its split: w * (heads * head_dim + rank). MEASURED within about 1 % of the layer.
+        per_token += (4 + 2 * w) * kv_lora_rank + w * (heads * hd + kv_lora_rank)
     per_token += int(p.ffn_tensors * f * w) * max(experts_per_token, 1)
+    if shared_ffn:
+        per_token += int(p.ffn_tensors * shared_ffn * w)
     if experts_per_token:
         # MoE dispatch: each routed copy of the token's input and of its weighted expert output (MEASURED
         # with Mixtral, transformers 5.24); the router's logits and indices are per token, negligible.
         per_token += 2 * experts_per_token * w * h
+        if p.router_fp32:
+            per_token += 4 * h
     total = seq_len * micro_batch * per_token
     if not flash:
-        total += heads * seq_len * seq_len * micro_batch * attention_score_bytes(precision, p, attention_dropout)
+        total += attention_blocks * heads * seq_len * seq_len * micro_batch * attention_score_bytes(
+            precision, p, attention_dropout)
     return total
 
 
@@ -575,6 +637,159 @@ def backward_working_bytes_per_token(seq_len: int, hidden_size: int, heads: int,
     scores = heads * seq_len * (2 * softmax - cast)
     freed = int(p.ffn_tensors * f * w) * experts + norm_bytes_per_token(hidden_size, precision, p)
     return max(mlp_phase, scores - freed)
+
+
+def ssm_bytes_per_token(inner_size: int, state_size: int, precision: str = "bf16") -> int:
+    """One Mamba block's saved bytes per token, as transformers runs it without the mamba_ssm kernels.
+
+    MEASURED (bench/measure_activations.py FAMILY_CONFIGS["mamba"], bf16, transformers 5.24
+    MambaMixer.slow_forward, the path taken when mamba_ssm / causal_conv1d are not installed, and on CPU):
+    the discretised A and B*u, fp32 [b, d_inner, s, N] (8 B per d_inner*N), and the scan's per-step fp32
+    and 16-bit states (4 + w): (12 + w) * d_inner * N; the projections, convolution, gate and norm keep
+    about 31 B per d_inner in bf16 (15.5 * w, scaled with w for fp32: a GUESS there). The fused
+    mamba_ssm CUDA kernels recompute the scan in backward and keep far less: this is the upper figure.
+    """
+    w = working_bytes(precision)
+    return (12 + w) * inner_size * state_size + int(15.5 * w * inner_size)
+
+
+@dataclass(frozen=True)
+class LayerStack:
+    """The layers of one model as the activation arithmetic needs them (built by plan from a ModelShape)."""
+
+    hidden: int
+    heads: int
+    kv_heads: int
+    layers: int                       # all layers (encoder + decoder for encoder-decoder models)
+    ffn: int                          # the dense MLP's width
+    profile: LayerProfile = None      # type: ignore[assignment]  (None: the gated profile)
+    experts_per_token: int = 0
+    expert_ffn: int = 0               # one routed expert's width (0: ffn)
+    shared_ffn: int = 0               # the shared expert(s) width in MoE layers
+    moe_layers: int = 0               # layers with routed experts (the rest are dense)
+    cross_attention_layers: int = 0   # decoder layers of an encoder-decoder model
+    head_dim: int | None = None
+    v_head_dim: int | None = None
+    kv_lora_rank: int = 0
+    ssm_state: int = 0                # Mamba: state size (0: attention layers)
+    ssm_inner: int = 0
+
+
+def _layer_kinds(stack: LayerStack, seq: int, batch: int, flash: bool, precision: str,
+                 attention_dropout: bool) -> list[tuple[int, int, int]]:
+    """(count, saved bytes per layer, backward working bytes per token) for each kind of layer."""
+    p = _profile(stack.profile)
+    tokens = seq * batch
+    if stack.ssm_state:
+        per_layer = tokens * ssm_bytes_per_token(stack.ssm_inner, stack.ssm_state, precision)
+        # GUESS: one block's backward holds about its saved tensors again (not measured).
+        return [(stack.layers, per_layer, per_layer // max(tokens, 1))]
+    common = dict(precision=precision, profile=p, kv_heads=stack.kv_heads, attention_dropout=attention_dropout,
+                  head_dim=stack.head_dim, v_head_dim=stack.v_head_dim, kv_lora_rank=stack.kv_lora_rank)
+    kinds = []
+    moe = min(stack.moe_layers, stack.layers) if stack.experts_per_token else 0
+    cross = min(stack.cross_attention_layers, stack.layers)
+    plain = stack.layers - moe - cross
+    if moe:
+        f = stack.expert_ffn or stack.ffn
+        per_layer = activation_bytes_per_layer(seq, batch, stack.hidden, stack.heads, f, flash,
+                                               experts_per_token=stack.experts_per_token,
+                                               shared_ffn=stack.shared_ffn, **common)
+        backward = backward_working_bytes_per_token(seq, stack.hidden, stack.heads, f, flash, precision, p,
+                                                    stack.experts_per_token)
+        kinds.append((moe, per_layer, backward))
+    for count, is_cross in ((plain, False), (cross, True)):
+        if count > 0:
+            per_layer = activation_bytes_per_layer(seq, batch, stack.hidden, stack.heads, stack.ffn, flash,
+                                                   cross_attention=is_cross, **common)
+            backward = backward_working_bytes_per_token(seq, stack.hidden, stack.heads, stack.ffn, flash,
+                                                        precision, p)
+            kinds.append((count, per_layer, backward))
+    return kinds
+
+
+def stack_activation_bytes(stack: LayerStack, seq_len: int, micro_batch: int, flash: bool,
+                           gradient_checkpointing: bool, precision: str = "bf16",
+                           attention_dropout: bool = False) -> int:
+    """activation_bytes for a whole model whose layers differ: dense and MoE layers (DeepSeek keeps its
+    first layers dense), encoder and decoder layers (T5's decoder adds cross-attention), Mamba blocks.
+
+    For a uniform decoder it equals activation_bytes. Without checkpointing: every layer's saved tensors
+    plus the final norm's. With full recomputation: each layer's input, plus the largest layer's full
+    activations and its backward working set (as activation_bytes)."""
+    p = _profile(stack.profile)
+    w = working_bytes(precision)
+    tokens = seq_len * micro_batch
+    kinds = _layer_kinds(stack, seq_len, micro_batch, flash, precision, attention_dropout)
+    if gradient_checkpointing:
+        _, per_layer, backward = max(kinds, key=lambda k: k[1] + tokens * k[2])
+        return w * tokens * stack.hidden * stack.layers + per_layer + tokens * backward
+    return sum(count * per_layer for count, per_layer, _ in kinds) + tokens * norm_bytes_per_token(
+        stack.hidden, precision, p)
+
+
+def autocast_weight_bytes(matmul_params: int, layer_params: int, head_params: int, precision: str,
+                          gradient_checkpointing: bool) -> int:
+    """torch autocast's 16-bit copies of fp32 weights, alive at the start of backward (single GPU / DDP only).
+
+    Under AMP (what the HF Trainer and Accelerate use without DeepSpeed) the weights stay fp32 and each
+    matmul casts its weight to bf16/fp16; torch caches the cast for the autocast region, and the cast
+    weight is what the linear saves for backward, so the copies outlive the forward: 2 B per parameter
+    that goes through a matmul (the input embedding is a lookup, not cast; a tied LM head is).
+    With checkpointing the layers save nothing in forward: the copies alive are the LM head's (it is
+    not checkpointed) and the recomputed layer's. Not on ZeRO (accelerate's Accelerator sets native_amp
+    False for DeepSpeed, accelerator.py: the engine runs a 16-bit module) nor FSDP (the all-gathered
+    weights are already param_dtype = the mixed-precision dtype, so the cast is a no-op). fp32: none.
+    """
+    if precision == "fp32":
+        return 0
+    if gradient_checkpointing:
+        return 2 * (head_params + layer_params)
+    return 2 * matmul_params
+
+
+# --- Host RAM of loading the model ----------------------------------------------------------------
+
+def load_host_bytes(params: int, weights_bytes: int, processes_per_machine: int, loader: str) -> int:
+    """Host RAM per machine (the busiest one) while transformers loads the pretrained model.
+
+    The rule, read from transformers 5.24 modeling_utils.py and accelerate 1.15:
+    - from_pretrained's dtype defaults to "auto" (from_pretrained: `if dtype is None: dtype = "auto"`),
+      and _get_dtype then takes config.dtype: the checkpoint's stored dtype, `weights_bytes` per parameter
+      (2 for a bf16 checkpoint), not fp32.
+    - "every": single GPU, DDP, ZeRO-1/2 (and FSDP without fsdp_cpu_ram_efficient_loading). The model is
+      built on the meta device (get_init_context) and _load_pretrained_model materialises every weight
+      on the CPU from memory-mapped safetensors (convert_and_load_state_dict_in_model); the mapped file
+      pages are page cache, shared and reclaimable. Each local process holds P * weights_bytes until it
+      moves the model to its GPU: processes_per_machine * P * weights_bytes.
+    - "rank0": ZeRO-3 with zero.Init (HF Trainer / accelerate zero3_init_flag: is_deepspeed_zero3_enabled)
+      makes _load_pretrained_model read the whole state dict with map_location="cpu" on global rank 0
+      only ("meta" elsewhere) and scatter it into the partitioned parameters
+      (_load_state_dict_into_zero3_model): P * weights_bytes on machine 0.
+    - "local-rank0": FSDP with fsdp_cpu_ram_efficient_loading (the wizard's default; accelerate exports
+      FSDP_CPU_RAM_EFFICIENT_LOADING, transformers is_fsdp_enabled) loads on local rank 0 only and
+      keeps the other ranks on meta: P * weights_bytes per machine.
+    """
+    copies = {"every": processes_per_machine, "rank0": 1, "local-rank0": 1}[loader]
+    return params * weights_bytes * copies
+
+
+def offloaded_host_bytes(states: ModelStates, params: int, precision: str, optimizer: str, num_nodes: int,
+                         zero_stage: int | None, offload_optimizer: bool, offload_param: bool,
+                         additional_buffer_factor: float = DS_ADDITIONAL_BUFFER_FACTOR) -> int:
+    """Host RAM per machine of the states an offload rung keeps there (after loading).
+
+    ZeRO-3 (zero_init) and the NVMe rung: their estimators' figures have no loading term. ZeRO-1/2
+    optimizer offload: every local process's partition of the CPU optimizer (fp32 master, fp32 gradients,
+    optimizer states, _ds_multipliers) = cpu_optimizer * P / num_nodes, x1.5 as DeepSpeed's estimator
+    (whose max(4 * total_gpus, 16) counts the fp32 model load instead, see load_host_bytes).
+    """
+    if not (offload_optimizer or offload_param):
+        return 0
+    if zero_stage in (1, 2):
+        _, _, cpu_optimizer = _ds_multipliers(state_bytes(precision, optimizer))
+        return int(params * cpu_optimizer / num_nodes * additional_buffer_factor)
+    return states.cpu
 
 
 # MEASURED (bench/measure_activations.py, bf16 and fp32 alike): the peak of the loss path is in
@@ -705,7 +920,8 @@ __all__ = [
     "layer_and_root_params", "activation_bytes_per_layer", "activation_bytes", "logits_bytes",
     "LayerProfile", "GATED_PROFILE", "PLAIN_PROFILE", "TANH_GELU_PROFILE", "layer_profile", "mlp_is_gated",
     "norm_bytes_per_token", "attention_score_bytes", "backward_working_bytes_per_token",
-    "LOGITS_PEAK_BYTES_PER_ELEMENT",
+    "LOGITS_PEAK_BYTES_PER_ELEMENT", "T5_PROFILE", "GEMMA2_PROFILE", "LayerStack", "stack_activation_bytes",
+    "ssm_bytes_per_token", "autocast_weight_bytes", "load_host_bytes", "offloaded_host_bytes",
     "deepspeed_bucket_settings", "ddp_buffers", "zero12_buffers", "zero3_buffers", "fsdp_buffers",
     "margin_bytes", "usable_bytes",
 ]

@@ -50,6 +50,28 @@ class ModelShape:
     experts_per_token: int = 0            # MoE: experts routed per token
     max_position_embeddings: int | None = None
     moe_block_class: str | None = None    # MoE: class of the block holding the experts (a ZeRO-3 leaf module)
+    # Fields below were added later; their defaults keep older cached shapes and hand-built ones valid.
+    encoder_layers: int = 0               # encoder-decoder: encoder layers (`layers` counts encoder + decoder)
+    decoder_layers: int = 0               # encoder-decoder: decoder layers, each with cross-attention
+    head_dim: int | None = None           # query/key width per head when it is not hidden / heads
+    v_head_dim: int | None = None         # value width per head (DeepSeek's MLA), else head_dim
+    kv_lora_rank: int = 0                 # DeepSeek MLA: the compressed key/value width
+    moe_intermediate_size: int = 0        # MoE: one routed expert's width (0: intermediate_size)
+    shared_expert_intermediate_size: int = 0  # MoE: the always-on shared expert(s) width, all of them together
+    moe_layers: int | None = None         # MoE: layers with routed experts (None: all, when num_experts)
+    attn_implementation: str | None = None    # what transformers picks by default for this class
+    ssm_state_size: int = 0               # Mamba-style SSM: state size N (0: not an SSM)
+    ssm_inner_size: int = 0               # Mamba-style SSM: the expanded inner width
+    weights_dtype_bytes: int | None = None    # bytes per weight of the checkpoint's dtype (config dtype)
+    gated_mlp: bool | None = None         # set when the config says (T5's is_gated_act); else from model_type
+
+    @property
+    def is_ssm(self) -> bool:
+        return self.ssm_state_size > 0
+
+    @property
+    def is_encoder_decoder(self) -> bool:
+        return self.encoder_layers > 0 and self.decoder_layers > 0
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -364,19 +386,91 @@ def _shape_from_config(text_config, config_path: Path) -> dict[str, int]:
     layers = _first_int(text_config, "num_hidden_layers", "n_layer", "num_layers", "n_layers")
     heads = _first_int(text_config, "num_attention_heads", "n_head", "num_heads", "n_heads")
     vocab = _first_int(text_config, "vocab_size")
+    ssm = _ssm_fields(text_config, hidden)
+    if heads is None and ssm:
+        heads = 0                          # Mamba has no attention; the SSM fields describe its layers
     for field, value in (("hidden_size", hidden), ("num_hidden_layers", layers),
                          ("num_attention_heads", heads), ("vocab_size", vocab)):
         if value is None:
             raise InputError("model", f"{config_path} has no usable {field}", "a decoder config with "
                              "hidden_size, num_hidden_layers, num_attention_heads and vocab_size, or --params")
+    encoder_decoder = _encoder_decoder_layers(text_config)
+    if encoder_decoder:
+        layers = sum(encoder_decoder)      # T5's num_layers is the encoder's alone; the decoder has as many again
     kv_heads = _first_int(text_config, "num_key_value_heads", "num_kv_heads", "multi_query_group_num") or heads
     if getattr(text_config, "multi_query", False) is True:  # gpt_bigcode / falcon style MQA
         kv_heads = 1
     # gpt2 leaves n_inner None meaning 4*h; T5 calls it d_ff.
     intermediate = _first_int(text_config, "intermediate_size", "n_inner", "ffn_dim", "d_ff", "ffn_hidden_size") \
         or 4 * hidden
-    return dict(hidden_size=hidden, layers=layers, heads=heads, kv_heads=kv_heads, vocab_size=vocab,
-                intermediate_size=intermediate)
+    head_dim = _first_int(text_config, "qk_head_dim", "head_dim", "d_kv")
+    if head_dim is None and getattr(text_config, "qk_nope_head_dim", None):
+        head_dim = text_config.qk_nope_head_dim + (getattr(text_config, "qk_rope_head_dim", 0) or 0)
+    shared = _first_int(text_config, "shared_expert_intermediate_size")
+    n_shared = _first_int(text_config, "n_shared_experts", "num_shared_experts")
+    moe_width = _first_int(text_config, "moe_intermediate_size")
+    if shared is None and n_shared and moe_width:
+        shared = n_shared * moe_width      # DeepSeek: one MLP of n_shared_experts * moe_intermediate_size
+    gated = getattr(text_config, "is_gated_act", None)
+    return dict(hidden_size=hidden, layers=layers, heads=heads, kv_heads=0 if ssm and not heads else kv_heads,
+                vocab_size=vocab, intermediate_size=intermediate,
+                encoder_layers=encoder_decoder[0] if encoder_decoder else 0,
+                decoder_layers=encoder_decoder[1] if encoder_decoder else 0,
+                head_dim=head_dim if heads and head_dim and head_dim * heads != hidden else None,
+                v_head_dim=_first_int(text_config, "v_head_dim"),
+                kv_lora_rank=_first_int(text_config, "kv_lora_rank") or 0,
+                moe_intermediate_size=moe_width or 0, shared_expert_intermediate_size=shared or 0,
+                gated_mlp=gated if isinstance(gated, bool) else None,
+                ssm_state_size=ssm[0] if ssm else 0, ssm_inner_size=ssm[1] if ssm else 0)
+
+
+def _ssm_fields(text_config, hidden: int | None) -> tuple[int, int] | None:
+    """(state size N, inner width) of a Mamba-style selective-state-space model, or None."""
+    state = _first_int(text_config, "state_size", "ssm_state_size", "d_state")
+    if state is None or hidden is None or "mamba" not in str(getattr(text_config, "model_type", "")):
+        return None
+    expand = getattr(text_config, "expand", None) or 2
+    inner = _first_int(text_config, "intermediate_size", "d_inner") or int(expand * hidden)
+    return state, inner
+
+
+def _encoder_decoder_layers(config) -> tuple[int, int] | None:
+    """(encoder layers, decoder layers) of an encoder-decoder model (T5: num_layers + num_decoder_layers;
+    BART: encoder_layers + decoder_layers), else None."""
+    if not getattr(config, "is_encoder_decoder", False):
+        return None
+    encoder = _first_int(config, "encoder_layers", "num_layers", "num_hidden_layers")
+    decoder = _first_int(config, "decoder_layers", "num_decoder_layers") or encoder
+    return (encoder, decoder) if encoder and decoder else None
+
+
+# bytes per element of the dtypes a config.json names ("dtype" in transformers 5, "torch_dtype" before)
+_DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2, "float64": 8, "float8_e4m3fn": 1}
+
+
+def _weights_dtype_bytes(data: dict[str, Any]) -> int | None:
+    """Bytes per weight of the checkpoint's stored dtype, as config.json records it; None if absent.
+    transformers' from_pretrained(dtype="auto", its default) loads in exactly this dtype
+    (modeling_utils._get_dtype reads config.dtype first)."""
+    for key in ("dtype", "torch_dtype"):
+        value = data.get(key)
+        if isinstance(value, str):
+            return _DTYPE_BYTES.get(value.removeprefix("torch."))
+    text = data.get("text_config")
+    return _weights_dtype_bytes(text) if isinstance(text, dict) else None
+
+
+def _moe_layer_count(model, layer_class: str | None) -> int | None:
+    """Decoder layers that hold routed experts (a submodule named `experts`): DeepSeek keeps its first
+    layers dense, Qwen-MoE may (mlp_only_layers, decoder_sparse_step). None when there are none."""
+    if not layer_class:
+        return None
+    count = 0
+    for module in model.modules():
+        if type(module).__name__ == layer_class and any(name.endswith("experts") and not name.endswith("shared_experts")
+                                                        for name, _ in module.named_modules()):
+            count += 1
+    return count or None
 
 
 def _text_config(config):
@@ -418,16 +512,21 @@ def _size_config(data: dict[str, Any], config_path: Path, source: str) -> ModelS
             model = _build_on_meta(config, config_path)
             text = _text_config(config)
             shape = _shape_from_config(text, config_path)
+            layer_class = _decoder_layer_class(model, shape["layers"] - shape["encoder_layers"] or None)
+            num_experts = _first_int(text, "num_local_experts", "num_experts", "n_routed_experts",
+                                     "moe_num_experts") or 0
             return ModelShape(
                 params=count_params(model),
                 largest_layer_params=largest_layer_params(model),
-                layer_class=_decoder_layer_class(model, shape["layers"]),
+                layer_class=layer_class,
+                moe_layers=_moe_layer_count(model, layer_class) if num_experts else None,
+                attn_implementation=getattr(model.config, "_attn_implementation", None),
+                weights_dtype_bytes=_weights_dtype_bytes(data),
                 model_type=config.model_type,
                 tied_embeddings=_is_tied(model),
                 source=source,
                 exact=True,
-                num_experts=_first_int(text, "num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
-                or 0,
+                num_experts=num_experts,
                 experts_per_token=_first_int(text, "num_experts_per_tok", "moe_topk", "top_k") or 0,
                 max_position_embeddings=_first_int(text, "max_position_embeddings", "n_positions"),
                 moe_block_class=_moe_block_class(model),
@@ -451,7 +550,7 @@ def module_class_names(id_or_path: str) -> set[str]:
 # ---------------------------------------------------------------------------------------------
 
 # Bump when what size_model computes changes, so old entries are ignored.
-_SIZING_CACHE_VERSION = 2
+_SIZING_CACHE_VERSION = 3
 
 
 def sizing_cache_dir() -> Path:

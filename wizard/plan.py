@@ -24,7 +24,8 @@ ZERO_STAGES = ("auto", "1", "2", "3")
 OFFLOADS = ("auto", "none", "cpu", "nvme")
 
 # Names of the breakdown components, in the order the UI stacks them.
-COMPONENTS = ("parameters", "gradients", "optimizer", "activations", "logits", "buffers", "context", "margin")
+COMPONENTS = ("parameters", "gradients", "optimizer", "autocast", "activations", "logits", "buffers", "context",
+              "margin")
 
 
 @dataclass
@@ -263,6 +264,10 @@ class _Inputs:
     kv_heads: int
     experts_per_token: int
     profile: mem.LayerProfile            # what a layer of this model family saves for backward
+    stack: mem.LayerStack                # the layers as the activation arithmetic sees them
+    weights_bytes: int                   # bytes per weight of the checkpoint as transformers loads it
+    matmul_params: int                   # parameters that go through a matmul (autocast copies them)
+    head_params: int                     # the LM head's (output embedding's) parameters
     layer_params: int
     root_params: int
     seq: int
@@ -281,7 +286,7 @@ class _Inputs:
     nvme_path: str | None
     nvme_free: int | None
     grad_accum: int = 1
-    matmul_params: int = 0               # what a token's matmuls run through (speed.matmul_params)
+    active_params: int = 0               # what one token's matmuls run through (speed.matmul_params: MoE active)
     machine: speed_mod.Machine | None = None
 
     @property
@@ -293,14 +298,21 @@ class _Inputs:
         return "process" if self.cpu else "GPU"
 
 
+def _rung_optimizer(spec: RungSpec, x: _Inputs) -> str:
+    """The optimizer that really runs on this rung: DeepSpeed optimizer offload runs DeepSpeedCPUAdam, never
+    8-bit AdamW (memory.optimizer_for_rung)."""
+    if spec.backend != "deepspeed":
+        return x.optimizer
+    return mem.optimizer_for_rung(x.optimizer, spec.offload_optimizer != "none")
+
+
 def _states(spec: RungSpec, x: _Inputs) -> mem.ModelStates:
     if spec.backend in ("single", "ddp"):
         return mem.states_single_or_ddp(x.params, x.precision, x.optimizer, x.per_machine)
     if spec.backend == "fsdp":
         return mem.states_fsdp(x.params, x.precision, x.optimizer, x.per_machine, x.machines,
                                reshard=bool(spec.fsdp_reshard), offload=spec.offloads)
-    # DeepSpeed optimizer offload runs DeepSpeedCPUAdam, never 8-bit AdamW (memory.optimizer_for_rung)
-    optimizer = mem.optimizer_for_rung(x.optimizer, spec.offload_optimizer != "none")
+    optimizer = _rung_optimizer(spec, x)
     if spec.zero_stage == 1:
         return mem.states_zero1(x.params, x.precision, optimizer, x.per_machine, x.machines,
                                 offload_optimizer=spec.offload_optimizer == "cpu")
@@ -342,22 +354,48 @@ class _Estimate:
     def fixed(self) -> int:
         """What gradient checkpointing cannot shrink: model states, buffers and context."""
         b = self.breakdown
-        return self.model_states + b["buffers"] + b["context"]
+        return self.model_states + b["buffers"] + b["context"] + b.get("autocast", 0)
+
+
+def _loader(spec: RungSpec) -> str:
+    """Which processes load the pretrained weights into host RAM (memory.load_host_bytes)."""
+    if spec.backend == "fsdp":
+        return "local-rank0"            # fsdp_cpu_ram_efficient_loading, the wizard's default
+    if spec.backend == "deepspeed" and spec.zero_stage == 3:
+        return "rank0"                  # zero.Init: global rank 0 reads the state dict, the rest stay on meta
+    return "every"
+
+
+def _host_ram(spec: RungSpec, x: _Inputs, states: mem.ModelStates) -> int:
+    """Host RAM per machine: the larger of loading the checkpoint and the states an offload rung keeps
+    there (they happen one after the other: the weights are loaded before the optimizer exists)."""
+    load = mem.load_host_bytes(x.params, x.weights_bytes, x.per_machine, _loader(spec))
+    offloaded = mem.offloaded_host_bytes(states, x.params, x.precision, _rung_optimizer(spec, x), x.machines,
+                                         spec.zero_stage,
+                                         spec.offload_optimizer != "none", spec.offload_param != "none")
+    return max(load, offloaded)
+
+
+def _autocast(spec: RungSpec, x: _Inputs, gc: bool) -> int:
+    if spec.backend not in ("single", "ddp") or x.cpu:
+        return 0                        # ZeRO and FSDP run 16-bit weights; CPU processes train in what they load
+    return mem.autocast_weight_bytes(x.matmul_params, x.layer_params, x.head_params, x.precision, gc)
 
 
 def _estimate(spec: RungSpec, x: _Inputs, gc: bool) -> _Estimate:
     states = _states(spec, x)
-    activations = mem.activation_bytes(x.seq, x.batch, x.hidden, x.heads, x.layers, x.ffn, x.flash, gc, x.precision,
-                                       profile=x.profile, kv_heads=x.kv_heads, experts_per_token=x.experts_per_token)
+    activations = mem.stack_activation_bytes(x.stack, x.seq, x.batch, x.flash, gc, x.precision)
     logits = mem.logits_bytes(x.seq, x.batch, x.vocab, x.precision)
     buffers = _buffers(spec, x)
-    margin = mem.margin_bytes(states.gpu + activations + logits + buffers)
+    autocast = _autocast(spec, x, gc)
+    margin = mem.margin_bytes(states.gpu + autocast + activations + logits + buffers)
     breakdown = {
         "parameters": states.parameters, "gradients": states.gradients, "optimizer": states.optimizer,
-        "activations": activations, "logits": logits, "buffers": buffers, "context": x.context, "margin": margin,
+        "autocast": autocast, "activations": activations, "logits": logits, "buffers": buffers,
+        "context": x.context, "margin": margin,
     }
     # CPU processes: everything is already host RAM inside the per-process figure.
-    return _Estimate(breakdown, sum(breakdown.values()), 0 if x.cpu else states.cpu, states.nvme)
+    return _Estimate(breakdown, sum(breakdown.values()), 0 if x.cpu else _host_ram(spec, x, states), states.nvme)
 
 
 def _uses_nvme(spec: RungSpec) -> bool:
@@ -469,16 +507,20 @@ def resolve_precision(precision: str, hw, cpu: bool) -> str:
     return "bf16" if hw.all_bf16 else "fp16"
 
 
-def resolve_attention(attention: str, precision: str, cpu: bool) -> bool:
+def resolve_attention(attention: str, precision: str, cpu: bool, model_default: str | None = None) -> bool:
     """True when the s x s attention scores are never materialised (flash / SDPA memory-efficient).
 
-    'auto' is what HF picks (sdpa) and it only reaches a fused kernel for 16-bit inputs on GPUs;
-    on CPUs and in fp32 it is counted as eager/math, which is conservative.
+    'auto' is what transformers picks for the model class (ModelShape.attn_implementation, read from
+    config._attn_implementation after building it): "eager" for classes without SDPA support (Gemma-2,
+    Mamba); otherwise sdpa, which only reaches a fused kernel for 16-bit inputs on GPUs, so on CPUs and
+    in fp32 it is counted as eager/math, which is conservative.
     """
     _check_choice(attention, ATTENTIONS, "--attention")
     if attention in ("flash", "sdpa"):
         return True
     if attention == "eager":
+        return False
+    if model_default == "eager":
         return False
     return not cpu and precision in ("bf16", "fp16")
 
@@ -489,7 +531,7 @@ def _positive(value: int, flag: str) -> int:
     return value
 
 
-def _host_ram(hw) -> int | None:
+def _available_host_ram(hw) -> int | None:
     # Probed machines know what is available now; assumed ones only know the total (or nothing).
     return hw.ram_available or hw.ram_total or None
 
@@ -507,11 +549,13 @@ def _resolve(hw, model, training: TrainingOptions, strategy: StrategyOptions, to
     headroom = strategy.headroom
     if isinstance(headroom, bool) or not isinstance(headroom, (int, float)) or not 0 <= headroom < 1:
         raise InputError("--headroom", f"{headroom!r} is not a fraction in [0, 1)", "e.g. 0.10")
-    if model.params < 1 or model.layers < 1 or model.hidden_size < 1 or model.heads < 1:
+    ssm = getattr(model, "ssm_state_size", 0) or 0
+    if model.params < 1 or model.layers < 1 or model.hidden_size < 1 or (model.heads < 1 and not ssm):
         raise InputError("--model", "the model shape needs params, layers, hidden size and heads >= 1")
     precision = resolve_precision(training.precision, hw, cpu)
-    flash = resolve_attention(training.attention, precision, cpu)
-    ram = _host_ram(hw)
+    attn_default = getattr(model, "attn_implementation", None)
+    flash = resolve_attention(training.attention, precision, cpu, attn_default)
+    ram = _available_host_ram(hw)
 
     if cpu:
         if ram is None:
@@ -533,6 +577,11 @@ def _resolve(hw, model, training: TrainingOptions, strategy: StrategyOptions, to
                              f"1..{hw.num_gpus}")
         capacity = hw.min_gpu_memory
         context = strategy.cuda_context_bytes
+        sizes = sorted({g.memory_total for g in hw.gpus})
+        if len(sizes) > 1:
+            notes.append(f"The GPUs have different memory sizes ({', '.join(fmt_bytes(b) for b in sizes)}): every "
+                         f"process is planned on the smallest, {fmt_bytes(capacity)}, so the larger GPUs keep "
+                         "memory unused.")
         if precision == "bf16" and not hw.all_bf16:
             notes.append("bf16 was asked for but not every GPU supports it (compute capability < 8.0).")
         if training.attention == "flash" and precision == "fp32":
@@ -552,44 +601,109 @@ def _resolve(hw, model, training: TrainingOptions, strategy: StrategyOptions, to
                      f"({mem.OPTIMIZER_STATE_BYTES[training.optimizer]} B/param).")
     if not getattr(model, "exact", True):
         notes.append("The model shape is estimated from a parameter count, not read from a config.")
-    # model.py has no MLP field: the family follows from model_type; a `gated_mlp` attribute, if a
-    # ModelShape ever carries one, overrides it.
+    # The MLP family follows from model_type; the config's own `gated_mlp` (T5's is_gated_act) overrides it.
     profile = mem.layer_profile(getattr(model, "model_type", None), getattr(model, "gated_mlp", None))
     mlp_text = "gated (SwiGLU) MLP" if profile.gated_mlp else "plain MLP"
-    notes.append("Activations are what PyTorch saves for backward in Hugging Face models, measured per tensor "
-                 f"(Korthikanti et al. 2022's terms, HF's fp32 norms and softmax); {mlp_text}, attention counted as "
-                 f"{'flash/SDPA (no s x s scores)' if flash else 'eager/math'}.")
+    follows = (f" (transformers runs this model with {attn_default} attention)"
+               if training.attention == "auto" and attn_default == "eager" else "")
+    if ssm:
+        notes.append("Mamba (selective state space) layers: activations are those MEASURED on transformers' PyTorch "
+                     "reference path, which it runs when mamba_ssm / causal_conv1d are not installed; their fused "
+                     "CUDA kernels keep far less, so this is an upper estimate.")
+    else:
+        notes.append("Activations are what PyTorch saves for backward in Hugging Face models, measured per tensor "
+                     f"(Korthikanti et al. 2022's terms, HF's fp32 norms and softmax); {mlp_text}, attention counted "
+                     f"as {'flash/SDPA (no s x s scores)' if flash else 'eager/math'}{follows}.")
+    context_len = getattr(model, "max_position_embeddings", None)
+    if context_len and seq > context_len:
+        notes.append(f"Warning: --seq-len {seq} is longer than the model's context ({context_len} positions, "
+                     "max_position_embeddings); it was not trained on such lengths and may fail or degrade.")
 
     nvme_path = strategy.nvme_path or hw.nvme_path
-    nvme_free = hw.disk_free_nvme if nvme_path and nvme_path == hw.nvme_path else None
+    nvme_free = nvme_free_bytes(hw, nvme_path)
     layer_params, root_params = mem.layer_and_root_params(model.params, model.hidden_size, model.layers,
                                                           model.vocab_size, model.tied_embeddings)
     machine = speed_mod.machine_from_hardware(hw, precision, per_machine, cpu)
     notes.extend(machine.assumptions)
     if machines > 1:
         notes.append(speed_mod.inter_node_note())
+    weights_bytes = getattr(model, "weights_dtype_bytes", None)
+    if weights_bytes is None:
+        weights_bytes = 2
+        notes.append("The checkpoint's dtype is not recorded (config.json has no dtype): loading it is counted at "
+                     "2 B/param, a 16-bit checkpoint; an fp32 one needs twice that host RAM.")
+    embedding = model.vocab_size * model.hidden_size
+    head_params = min(embedding, model.params)
+    # The input embedding is a lookup (no autocast copy) unless it is also the LM head.
+    matmul_params = model.params if model.tied_embeddings else max(model.params - embedding, 0)
     return _Inputs(
         params=model.params, largest_layer=model.largest_layer_params, hidden=model.hidden_size,
         layers=model.layers, heads=model.heads, vocab=model.vocab_size,
         ffn=model.intermediate_size or 4 * model.hidden_size,
         kv_heads=getattr(model, "kv_heads", None) or model.heads,
         experts_per_token=(getattr(model, "experts_per_token", 0) or 0) if getattr(model, "num_experts", 0) else 0,
-        profile=profile, layer_params=layer_params, root_params=root_params,
+        profile=profile, stack=layer_stack(model, profile), weights_bytes=weights_bytes,
+        matmul_params=matmul_params, head_params=head_params, layer_params=layer_params, root_params=root_params,
         seq=seq, batch=batch, precision=precision, optimizer=training.optimizer, flash=flash,
         per_machine=per_machine, machines=machines, cpu=cpu, context=context, capacity=capacity,
         usable=mem.usable_bytes(capacity, headroom), headroom=headroom, ram=ram,
         nvme_path=nvme_path, nvme_free=nvme_free,
-        grad_accum=training.grad_accum, machine=machine, matmul_params=_matmul_params(model),
+        grad_accum=training.grad_accum, machine=machine, active_params=_active_params(model),
     )
 
 
-def _matmul_params(model) -> int:
+def _active_params(model) -> int:
     experts = getattr(model, "num_experts", 0) or 0
     return speed_mod.matmul_params(
         model.params, model.hidden_size, model.vocab_size, model.tied_embeddings, model.layers,
         num_experts=experts, experts_per_token=getattr(model, "experts_per_token", 0) or 0,
         expert_intermediate=getattr(model, "moe_intermediate_size", None) or model.intermediate_size,
         moe_layers=getattr(model, "moe_layers", None))
+def layer_stack(model, profile: mem.LayerProfile | None = None) -> mem.LayerStack:
+    """The model's layers as memory.stack_activation_bytes needs them, from a ModelShape (older shapes
+    without the newer fields read as a uniform decoder)."""
+    profile = profile or mem.layer_profile(getattr(model, "model_type", None), getattr(model, "gated_mlp", None))
+    experts = (getattr(model, "experts_per_token", 0) or 0) if getattr(model, "num_experts", 0) else 0
+    moe_layers = getattr(model, "moe_layers", None)
+    encoder, decoder = getattr(model, "encoder_layers", 0) or 0, getattr(model, "decoder_layers", 0) or 0
+    return mem.LayerStack(
+        hidden=model.hidden_size, heads=model.heads, kv_heads=getattr(model, "kv_heads", None) or model.heads,
+        layers=model.layers, ffn=model.intermediate_size or 4 * model.hidden_size, profile=profile,
+        experts_per_token=experts, expert_ffn=getattr(model, "moe_intermediate_size", 0) or 0,
+        shared_ffn=getattr(model, "shared_expert_intermediate_size", 0) or 0,
+        moe_layers=(model.layers if moe_layers is None else moe_layers) if experts else 0,
+        cross_attention_layers=decoder if encoder and decoder else 0,
+        head_dim=getattr(model, "head_dim", None), v_head_dim=getattr(model, "v_head_dim", None),
+        kv_lora_rank=getattr(model, "kv_lora_rank", 0) or 0,
+        ssm_state=getattr(model, "ssm_state_size", 0) or 0, ssm_inner=getattr(model, "ssm_inner_size", 0) or 0)
+
+
+def activation_estimate(model, seq_len: int, micro_batch: int, precision: str, attention: str = "auto",
+                        gradient_checkpointing: bool = False, cpu: bool = False) -> int:
+    """The activations a plan counts for this ModelShape (the breakdown's "activations"), on its own."""
+    flash = resolve_attention(attention, precision, cpu, getattr(model, "attn_implementation", None))
+    return mem.stack_activation_bytes(layer_stack(model), seq_len, micro_batch, flash, gradient_checkpointing,
+                                      precision)
+
+
+def nvme_free_bytes(hw, path: str | None) -> int | None:
+    """Free bytes at the NVMe offload path, or None when unknown.
+
+    A probed machine measured its own candidate (or the --nvme-path it was probed with); another path on
+    this machine is measured now. An assumed machine (--assume ...,disk=SIZE) has one disk: disk= is the
+    free space at whatever path is given. A saved probe knows only the path it recorded.
+    """
+    if not path:
+        return None
+    if path == hw.nvme_path:
+        return hw.disk_free_nvme
+    if hw.source.startswith("assume:"):
+        return hw.disk_free_nvme
+    if hw.source == "probe":
+        from wizard.hardware import free_disk
+
+        return free_disk(path)
+    return None
 
 
 # --- Public API ---------------------------------------------------------------------------------------
@@ -661,7 +775,7 @@ def _layout(spec: RungSpec, x: _Inputs) -> speed_mod.Layout:
 
 
 def _speed(spec: RungSpec, x: _Inputs, batch: int, grad_accum: int, gc: bool) -> speed_mod.Speed:
-    work = speed_mod.Workload(matmul_params=x.matmul_params, params=x.params, layers=x.layers, hidden=x.hidden,
+    work = speed_mod.Workload(matmul_params=x.active_params, params=x.params, layers=x.layers, hidden=x.hidden,
                               seq=x.seq, micro_batch=batch, grad_accum=grad_accum, precision=x.precision,
                               flash=x.flash, gradient_checkpointing=gc)
     return speed_mod.estimate(x.machine, work, _layout(spec, x))
@@ -773,7 +887,7 @@ def _shortfall(rung: Rung, plan: Plan, hw, strategy: StrategyOptions) -> tuple[f
                          f"{fmt_bytes(rung.per_gpu_bytes - plan.usable_bytes)} "
                          f"({(rung.per_gpu_bytes / usable - 1) * 100:.0f}%) more than the "
                          f"{fmt_bytes(plan.usable_bytes)} usable"))
-    ram = _host_ram(hw)
+    ram = _available_host_ram(hw)
     if ram and not plan.topology.cpu and rung.cpu_bytes > ram:
         failures.append((rung.cpu_bytes / ram,
                          f"needs {fmt_bytes(rung.cpu_bytes)} of host RAM per machine, "
@@ -783,7 +897,7 @@ def _shortfall(rung: Rung, plan: Plan, hw, strategy: StrategyOptions) -> tuple[f
         return max(failures)
     # Memory fits: only the NVMe side is missing (no path, or not enough free disk).
     path = strategy.nvme_path or hw.nvme_path
-    free = hw.disk_free_nvme if path and path == hw.nvme_path else None
+    free = nvme_free_bytes(hw, path)
     if path and free and rung.nvme_bytes > free:
         return (rung.nvme_bytes / free,
                 f"needs {fmt_bytes(rung.nvme_bytes)} on NVMe at {path}, {fmt_bytes(rung.nvme_bytes - free)} "

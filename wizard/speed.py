@@ -69,6 +69,10 @@ OVERLAP = {"ddp": 0.8, "zero12": 0.8, "zero3": 0.6, "fsdp": 0.8}
 # Host work per micro-step that no GPU figure covers (kernel launches, Python, the data loader): GUESS.
 STEP_OVERHEAD_S = 0.004
 LAYER_OVERHEAD_S = 0.00025
+# DeepSpeed's engine per optimizer step (gradient norm and overflow check, bookkeeping) and its copy of every
+# 16-bit gradient into the contiguous reduction buckets each micro-step (read + write): GUESS for the former,
+# stage_1_and_2.py / stage3.py (contiguous_gradients) for the latter.
+DEEPSPEED_STEP_OVERHEAD_S = 0.01
 # ZeRO-3 / FSDP resharding run Python hooks per module per pass: GUESS.
 SHARDED_LAYER_OVERHEAD_S = {"zero3": 0.0015, "fsdp": 0.0005}
 
@@ -331,6 +335,7 @@ class _Parts:
     step_comm: float                   # exposed, once per optimizer step
     step_offload: float
     step_optimizer: float
+    step_overhead: float = 0.0
 
 
 def _parts(m: Machine, w: Workload, layout: Layout) -> _Parts:
@@ -366,6 +371,10 @@ def _parts(m: Machine, w: Workload, layout: Layout) -> _Parts:
         reduce = collective_seconds(wb * trained, world, bw)
         micro_comm = max(gather + reduce - OVERLAP["fsdp"] * compute, 0.0)
 
+    step_overhead = 0.0
+    if layout.backend == "deepspeed":
+        step_overhead = DEEPSPEED_STEP_OVERHEAD_S
+        overhead += 2.0 * wb * trained / (m.hbm_bytes_per_s * HBM_EFFICIENCY)
     on_cpu = layout.offload_optimizer in ("cpu", "nvme")
     if on_cpu:
         # Gradients to the host every micro-step (half hidden behind backward), the CPU update, and the
@@ -382,7 +391,8 @@ def _parts(m: Machine, w: Workload, layout: Layout) -> _Parts:
         step_off += 2.0 * 16 * per_machine_params / m.nvme_bytes_per_s      # fp32 states in and out
         if layout.offload_param == "nvme":
             micro_off += 2.0 * wb * w.params / layout.machines / m.nvme_bytes_per_s
-    return _Parts(compute, backward, micro_comm, micro_off, overhead, step_comm, step_off, step_optimizer)
+    return _Parts(compute, backward, micro_comm, micro_off, overhead, step_comm, step_off, step_optimizer,
+                  step_overhead)
 
 
 def estimate(m: Machine, w: Workload, layout: Layout) -> Speed:
@@ -393,7 +403,7 @@ def estimate(m: Machine, w: Workload, layout: Layout) -> Speed:
     comm = ga * p.micro_comm + p.step_comm
     offload = ga * p.micro_offload + p.step_offload + (p.step_optimizer if layout.offload_optimizer != "none" else 0)
     optimizer = p.step_optimizer
-    overhead = ga * p.micro_overhead
+    overhead = ga * p.micro_overhead + p.step_overhead
     step = compute + comm + ga * p.micro_offload + p.step_offload + optimizer + overhead
     tokens = w.tokens * ga * layout.world
     tps = tokens / step

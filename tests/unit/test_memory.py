@@ -189,3 +189,46 @@ def test_nvme_states():
     assert s.gpu == 4 * 2_101_346_304       # same as CPU offload of both
     assert s.nvme == (2 + 4 + 8) * p
     assert s.cpu > int(p * 4 * 1.5)         # fp32 gradient partitions plus pinned swap buffers
+
+
+# --- Layer stacks, loading, autocast (issue 9) ------------------------------------------------------------
+
+@pytest.mark.parametrize("flash", [True, False])
+@pytest.mark.parametrize("gc", [False, True])
+def test_a_uniform_stack_equals_activation_bytes(flash, gc):
+    stack = mem.LayerStack(hidden=4096, heads=32, kv_heads=8, layers=32, ffn=14336, profile=mem.GATED_PROFILE)
+    assert mem.stack_activation_bytes(stack, 2048, 2, flash, gc) == mem.activation_bytes(
+        2048, 2, 4096, 32, 32, 14336, flash, gc, kv_heads=8)
+
+
+def test_encoder_decoder_stack_adds_cross_attention_to_the_decoder_layers():
+    base = dict(hidden=512, heads=8, kv_heads=8, ffn=2048, profile=mem.T5_PROFILE)
+    encoder_only = mem.stack_activation_bytes(mem.LayerStack(layers=12, **base), 512, 1, False, False)
+    both = mem.stack_activation_bytes(mem.LayerStack(layers=12, cross_attention_layers=6, **base), 512, 1, False,
+                                      False)
+    one_cross = (mem.norm_bytes_per_token(512, "bf16", mem.T5_PROFILE) + 4 * 2 * 512) * 512 \
+        + 8 * 512 * 512 * mem.attention_score_bytes("bf16", mem.T5_PROFILE)
+    assert both - encoder_only == 6 * one_cross
+
+
+def test_moe_stack_uses_the_expert_width_on_moe_layers_only():
+    stack = mem.LayerStack(hidden=2048, heads=16, kv_heads=16, layers=27, ffn=10944, profile=mem.GATED_PROFILE,
+                           experts_per_token=6, expert_ffn=1408, shared_ffn=2816, moe_layers=26)
+    dense = mem.activation_bytes_per_layer(1024, 1, 2048, 16, 10944, True, kv_heads=16)
+    moe = mem.activation_bytes_per_layer(1024, 1, 2048, 16, 1408, True, kv_heads=16, experts_per_token=6,
+                                         shared_ffn=2816)
+    final_norm = 1024 * mem.norm_bytes_per_token(2048, "bf16")
+    assert mem.stack_activation_bytes(stack, 1024, 1, True, False) == dense + 26 * moe + final_norm
+
+
+def test_loading_rule_per_strategy():
+    p = 8_030_261_248
+    assert mem.load_host_bytes(p, 2, 8, "every") == 8 * 2 * p          # single/DDP/ZeRO-1/2: each process
+    assert mem.load_host_bytes(p, 2, 8, "rank0") == 2 * p              # ZeRO-3 zero.Init: rank 0 only
+    assert mem.load_host_bytes(p, 4, 8, "local-rank0") == 4 * p        # FSDP cpu-RAM-efficient loading
+
+
+def test_autocast_copies():
+    assert mem.autocast_weight_bytes(1000, 10, 100, "bf16", False) == 2000
+    assert mem.autocast_weight_bytes(1000, 10, 100, "fp16", True) == 2 * 110
+    assert mem.autocast_weight_bytes(1000, 10, 100, "fp32", False) == 0

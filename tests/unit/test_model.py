@@ -444,3 +444,62 @@ def test_module_class_names_come_from_the_same_meta_build_as_sizing():
     assert "LlavaForConditionalGeneration" in module_class_names(str(MODELS / "llava-tiny"))  # the checkpoint's class
     with pytest.raises(InputError, match="no config.json"):
         module_class_names(str(MODELS / "no-config"))
+
+
+# --------------------------------------------------------------------------------------------
+# Fields the memory model needs beyond a uniform decoder (issue 9)
+# --------------------------------------------------------------------------------------------
+
+def _size_dict(tmp_path, name: str, config: dict):
+    (tmp_path / name).mkdir()
+    (tmp_path / name / "config.json").write_text(json.dumps(config))
+    return size_model(str(tmp_path / name), use_cache=False)
+
+
+def test_t5_counts_encoder_and_decoder_layers(tmp_path):
+    shape = _size_dict(tmp_path, "t5", dict(architectures=["T5ForConditionalGeneration"], model_type="t5",
+                                            d_model=64, d_ff=128, d_kv=16, num_layers=3, num_decoder_layers=2,
+                                            num_heads=4, vocab_size=500, decoder_start_token_id=0))
+    assert (shape.encoder_layers, shape.decoder_layers, shape.layers) == (3, 2, 5)
+    assert shape.is_encoder_decoder and shape.layer_class == "T5Block" and shape.gated_mlp is False
+
+
+def test_moe_expert_widths_and_dense_layers_are_read(tmp_path):
+    deepseek = _size_dict(tmp_path, "ds", dict(
+        architectures=["DeepseekV2ForCausalLM"], model_type="deepseek_v2", hidden_size=64, intermediate_size=160,
+        moe_intermediate_size=32, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4,
+        n_routed_experts=4, n_shared_experts=2, num_experts_per_tok=2, first_k_dense_replace=1, q_lora_rank=None,
+        kv_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, vocab_size=500))
+    assert deepseek.intermediate_size == 160 and deepseek.moe_intermediate_size == 32
+    assert deepseek.shared_expert_intermediate_size == 64          # 2 shared experts of 32
+    assert deepseek.moe_layers == 2                                # first_k_dense_replace=1 keeps layer 0 dense
+    assert (deepseek.head_dim, deepseek.v_head_dim, deepseek.kv_lora_rank) == (24, 16, 16)
+    qwen = _size_dict(tmp_path, "qwen", dict(
+        architectures=["Qwen2MoeForCausalLM"], model_type="qwen2_moe", hidden_size=64, intermediate_size=160,
+        moe_intermediate_size=32, shared_expert_intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, num_experts=4, num_experts_per_tok=2, mlp_only_layers=[1], vocab_size=500))
+    assert (qwen.moe_intermediate_size, qwen.shared_expert_intermediate_size, qwen.moe_layers) == (32, 96, 1)
+    mixtral = size_model(str(MODELS / "mixtral-tiny"), use_cache=False)
+    assert mixtral.moe_intermediate_size == 0 and mixtral.moe_layers == 2   # Mixtral's intermediate_size is the expert's
+
+
+def test_attention_implementation_is_what_transformers_picks(tmp_path):
+    gemma2 = _size_dict(tmp_path, "gemma2", dict(architectures=["Gemma2ForCausalLM"], model_type="gemma2",
+                                                 hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                                 num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                                                 vocab_size=500))
+    assert gemma2.attn_implementation == "eager" and gemma2.head_dim == 32
+    assert size_model(str(MODELS / "llama-tiny"), use_cache=False).attn_implementation == "sdpa"
+
+
+def test_mamba_is_sized_without_attention_heads(tmp_path):
+    shape = _size_dict(tmp_path, "mamba", dict(architectures=["MambaForCausalLM"], model_type="mamba",
+                                               hidden_size=64, num_hidden_layers=2, state_size=8, expand=2,
+                                               vocab_size=500))
+    assert shape.is_ssm and shape.heads == 0 and (shape.ssm_state_size, shape.ssm_inner_size) == (8, 128)
+    assert shape.params > 0 and shape.layer_class == "MambaBlock"
+
+
+def test_checkpoint_dtype_is_read_from_the_config():
+    assert size_model(str(MODELS / "qwen2-0.5b"), use_cache=False).weights_dtype_bytes == 2     # bfloat16
+    assert size_model(str(MODELS / "llama-tiny"), use_cache=False).weights_dtype_bytes == 4     # float32

@@ -20,6 +20,7 @@ COLOURS = {
     "parameters": "#1f77b4",
     "gradients": "#ff7f0e",
     "optimizer": "#2ca02c",
+    "autocast": "#17becf",
     "activations": "#9467bd",
     "logits": "#8c564b",
     "buffers": "#e377c2",
@@ -27,7 +28,8 @@ COLOURS = {
     "margin": "#bcbd22",
 }
 LEGEND_NAMES = {
-    "parameters": "params", "gradients": "grads", "optimizer": "optim", "activations": "activ",
+    "parameters": "params", "gradients": "grads", "optimizer": "optim", "autocast": "amp",
+    "activations": "activ",
     "logits": "logits", "buffers": "buffers", "context": "ctx", "margin": "margin",
 }
 SHORT_NAMES = {
