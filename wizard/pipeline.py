@@ -201,14 +201,14 @@ def plan_record(result: Result, given: dict[str, Any]) -> str:
 
 
 def write(result: Result, given: dict[str, Any]) -> list:
-    """Atomic writes with .bak kept; refuses when validation found an error."""
+    """The YAML, the JSON and the plan record as one set (emit.write_files); refuses when validation found an error."""
     from wizard import emit
     if result.errors:
         raise RuntimeError("refusing to write configs with validation errors")
-    writes = emit.write_files(result.yaml_text, result.ds_text, result.output_dir, dry_run=False)
-    from wizard.fsutil import write_atomic
-    write_atomic(os.path.join(result.output_dir, PLAN_FILE), plan_record(result, given))
+    writes = emit.write_files(result.yaml_text, result.ds_text, result.output_dir, dry_run=False,
+                              extra=((PLAN_FILE, plan_record(result, given)),))
     result.writes = writes
+    result.notes = [w.note for w in writes if w.note] + list(result.notes)
     return writes
 
 
