@@ -77,9 +77,9 @@ def context(hw: Hardware, model: ModelShape | None, plan: Plan | None, answers: 
     return Context(hardware=hw, model=model, plan=plan, answers=dict(answers))
 
 
-def resolve_pre_plan(hw: Hardware, given: dict[str, Any]) -> dict[str, Any]:
+def resolve_pre_plan(hw: Hardware, given: dict[str, Any], conflicts: list | None = None) -> dict[str, Any]:
     """Answers for the questions asked before the plan (model, training, strategy, machines)."""
-    answers = answers_mod.resolve(PRE_PLAN_STAGES, context(hw, None, None, {}), given)
+    answers = answers_mod.resolve(PRE_PLAN_STAGES, context(hw, None, None, {}), given, conflicts=conflicts)
     return route_cpu_processes(answers, given)
 
 
@@ -101,8 +101,17 @@ def route_cpu_processes(answers: dict[str, Any], given: dict[str, Any]) -> dict[
     if backend in ("ddp", "fsdp"):
         raise InputError("backend", f"{backend} cannot run {answers['num_processes']} CPU processes through "
                          "accelerate launch (they would not form a process group)",
-                         "deepspeed for CPU processes over gloo, or --use-mpirun with mpirun installed")
+                         "deepspeed for CPU processes over gloo")
     return answers
+
+
+def refuse_mpirun(given: dict[str, Any]) -> None:
+    """--use-mpirun is refused wherever it is given (asked or not), never dropped silently."""
+    if given.get("use_mpirun") is not None:
+        from wizard.questions import by_id
+        q = by_id("use_mpirun")
+        if q.coerce(given["use_mpirun"]):
+            q.check(True, None, q.field)
 
 
 def _truthy(value: Any) -> bool:
@@ -127,8 +136,8 @@ def make_plan(hw: Hardware, model: ModelShape, answers: dict[str, Any]) -> Plan:
 
 
 def resolve_details(hw: Hardware, model: ModelShape, plan: Plan, answers: dict[str, Any],
-                    given: dict[str, Any]) -> dict[str, Any]:
-    details = answers_mod.resolve(("details",), context(hw, model, plan, answers), given)
+                    given: dict[str, Any], conflicts: list | None = None) -> dict[str, Any]:
+    details = answers_mod.resolve(("details",), context(hw, model, plan, answers), given, conflicts=conflicts)
     return {**answers, **details}
 
 
@@ -180,7 +189,14 @@ def build(request: Request, hw: Hardware | None = None) -> Result:
     if hw is None:
         hw = load_hardware(request.hardware_file, request.assume, output_dir,
                            request.given.get("nvme_path"))
-    answers = resolve_pre_plan(hw, request.given)
+    # Flags and an answers file that contradict each other are refused, not silently resolved.
+    conflicts: list[InputError] = []
+    refuse_mpirun(request.given)
+    from wizard.questions import check_precision_pair
+    check_precision_pair(request.given.get("precision"), request.given.get("mixed_precision"))
+    answers = resolve_pre_plan(hw, request.given, conflicts)
+    if conflicts:
+        raise conflicts[0]
     model = size(answers)
     plan = make_plan(hw, model, answers)
     result = Result(hardware=hw, model=model, plan=plan, answers=answers, output_dir=output_dir,
@@ -188,7 +204,9 @@ def build(request: Request, hw: Hardware | None = None) -> Result:
                     ds_path=os.path.join(output_dir, "ds_config.json"))
     if plan.choice is None:
         return result
-    result.answers = resolve_details(hw, model, plan, answers, request.given)
+    result.answers = resolve_details(hw, model, plan, answers, request.given, conflicts)
+    if conflicts:
+        raise conflicts[0]
     render(result)
     return result
 
