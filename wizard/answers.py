@@ -138,6 +138,8 @@ def blocking_answers(q: Question, ctx: Context, given: dict[str, Any]) -> list[s
     for key in dict.fromkeys(log.read):
         if key == q.id or given.get(key) is None or key not in ctx.answers:
             continue
+        if ctx.answers[key] == by_id(key).default(replace(ctx, plan=None)):
+            continue        # `--backend auto` restricts nothing: what excludes q then is the plan's choice
         if any(q.ask_if(replace(ctx, plan=None, answers=other)) for other in _other_answers(ctx.answers, key)):
             culprits.append(key)
     return culprits

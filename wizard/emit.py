@@ -475,7 +475,7 @@ def write_files(yaml_text: str, ds_text: str | None, output_dir: str, dry_run: b
             files.stage(path, text)
         if ds_text is not None and files.changed(ds_path) and files.changed(yaml_path):
             staged = files.stage_extra(STAGED_DS_PREFIX, ".json", ds_text)
-            files.commit(yaml_path, _yaml_naming(yaml_text, staged))
+            files.commit(yaml_path, yaml_naming(yaml_text, staged))
             files.commit(ds_path)
             files.commit(yaml_path)
         else:
@@ -492,7 +492,7 @@ def write_files(yaml_text: str, ds_text: str | None, output_dir: str, dry_run: b
     return results
 
 
-def _yaml_naming(yaml_text: str, ds_path: str) -> str:
+def yaml_naming(yaml_text: str, ds_path: str) -> str:
     """The same YAML with deepspeed_config_file pointing at `ds_path` (render_yaml is yaml.safe_dump)."""
     import yaml
 

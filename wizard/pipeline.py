@@ -162,24 +162,33 @@ def validate(result: Result) -> None:
         if result.ds_text is not None:
             ds_tmp = os.path.join(tmp, "ds_config.json")
             Path(ds_tmp).write_text(result.ds_text)
-            # The YAML names the final path; point the scratch copy at the scratch JSON.
-            yaml_text = yaml_text.replace(result.ds_path, ds_tmp)
+            # The YAML names the final path; point the scratch copy at the scratch JSON (re-rendered,
+            # not a text replace: yaml escapes a non-ASCII path, so the text need not contain it).
+            from wizard.emit import yaml_naming
+            yaml_text = yaml_naming(yaml_text, ds_tmp)
         yaml_tmp = os.path.join(tmp, "default_config.yaml")
-        Path(yaml_tmp).write_text(yaml_text)
+        Path(yaml_tmp).write_text(yaml_text, encoding="utf-8")
         result.findings = list(validate_mod.validate_all(
             yaml_tmp, ds_tmp, result.answers, result.plan, result.model,
             yaml_display=result.yaml_path, ds_display=result.ds_path if ds_tmp else None))
-    result.findings += doctor_findings(result)
+        result.findings += doctor_findings(result, loader_path=yaml_tmp)
 
 
-def doctor_findings(result: Result) -> list:
-    """`wizard check`'s rules on the files about to be written: the wizard writes nothing it would flag."""
+def doctor_findings(result: Result, loader_path: str | None = None) -> list:
+    """`wizard check`'s rules on the files about to be written: the wizard writes nothing it would flag.
+
+    accelerate's loader rule reads the file at the path it is given: `loader_path` is the scratch copy
+    of the new YAML, never the file in the output dir (which is only being replaced, and may be broken).
+    """
+    import dataclasses
     from wizard.check import check_texts
     seen = {(f.rule, f.key) for f in result.findings}
-    found = check_texts(result.yaml_text, result.ds_text, accelerate_path=result.yaml_path,
+    found = check_texts(result.yaml_text, result.ds_text, accelerate_path=loader_path or result.yaml_path,
                         ds_path=result.ds_path or "ds_config.json", model_shape=result.model,
                         hardware=result.hardware, trainer=result.answers.get("trainer", "hf"),
                         seq_len=result.answers.get("seq_len", 2048))
+    if loader_path:
+        found = [dataclasses.replace(f, file=result.yaml_path) if f.file == loader_path else f for f in found]
     return [f for f in found if (f.rule, f.key) not in seen]
 
 
