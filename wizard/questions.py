@@ -402,8 +402,8 @@ def _parse_gpu_ids(value: str, ctx: Context, f: str) -> str:
     if text.lower() == "all":
         return "all"
     parts = text.split(",")
-    if not all(re.fullmatch(r"[0-9]+", p) for p in parts):
-        raise InputError(f, f"{value!r} is not a list of GPU indices", allowed)
+    if not all(re.fullmatch(r"[0-9]{1,6}", p) for p in parts):
+        raise InputError(f, f"{_shown(value)} is not a list of GPU indices", allowed)
     ids = [int(p) for p in parts]
     if len(set(ids)) != len(ids):
         raise InputError(f, f"{value!r} names a GPU twice", allowed)
