@@ -1,10 +1,14 @@
-"""Safe file writes (atomic replace, a `.bak` of what was there, the diff of the change) and
-never-raising reads of optional JSON/YAML side files.
+"""Safe file writes and bounded reads.
 
-A config file is either the old one or the new one, never half of each: the new text goes to a
-temporary file in the same directory (same filesystem, so the rename is atomic), is fsynced, and
-only then renamed over the target. An existing file with different content is copied to
-`<path>.bak` first; identical content is not rewritten at all (no backup, mtime kept).
+- `FileSet` / emit.write_files: the YAML, the JSON and the plan written as one set under a lock on the
+  output dir, staged first, renamed in an order where every state in between is consistent, rolled back
+  on any failure or signal; `.bak` only for what really changed, only once the set is in place.
+- `replace_file` / `write_atomic`: one file, atomically (a temp file in the same directory, fsynced,
+  renamed over the target); `write_atomic` keeps `<path>.bak` when the content differs and does not
+  rewrite identical content (no backup, mtime kept).
+- `read_bytes_limited` / `loads_limited`: user files with a size and a nesting limit, never blocking on
+  a FIFO; every failure one InputError line. `read_json_object` / `read_yaml_mapping`: never-raising
+  reads of optional side files.
 """
 
 from __future__ import annotations
