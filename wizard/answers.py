@@ -50,14 +50,17 @@ def _relabel(e: InputError, q: Question, source: str | None) -> InputError:
 
 
 def resolve(stage_or_stages: str | Iterable[str], ctx: Context, given: dict[str, Any], *,
-            source_of: dict[str, str] | None = None, ignored: list[str] | None = None) -> dict[str, Any]:
+            source_of: dict[str, str] | None = None, ignored: list[str] | None = None,
+            conflicts: list[InputError] | None = None) -> dict[str, Any]:
     """Answers for the questions of these stages, in asking order.
 
     For each question whose condition holds: the given value (parsed and validated), else the default.
     Questions not asked are omitted. `given` keys of other stages are left alone; a given value for a
     question of these stages that is not asked is type-checked and then listed in `ignored` (if passed).
     `source_of`, if passed, is read ('flag'/'file' entries from merge_given name the field in errors)
-    and completed with 'default' for every answer that took its default.
+    and completed with 'default' for every answer that took its default. `conflicts`, if passed,
+    receives an InputError for each given value that is not asked because of another given value
+    (`--backend ddp --zero-stage 3`): the pairs come from the table's own conditions.
     """
     stages = _stages(stage_or_stages)
     for key in given:
@@ -81,6 +84,10 @@ def resolve(stage_or_stages: str | Iterable[str], ctx: Context, given: dict[str,
                     raise _relabel(e, q, source) from None
                 if ignored is not None:
                     ignored.append(q.id)
+                if conflicts is not None:
+                    culprits = blocking_answers(q, local, given)
+                    if culprits:
+                        conflicts.append(_conflict(q, raw, culprits, local.answers, source, sources))
             continue
         if raw is not None:
             try:
@@ -97,6 +104,73 @@ def resolve(stage_or_stages: str | Iterable[str], ctx: Context, given: dict[str,
         working[q.id] = value
         out[q.id] = value
     return out
+
+
+class _ReadLog(dict):
+    """The answers dict a condition sees, noting which keys it looked at."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.read: list[str] = []
+
+    def get(self, key, default=None):
+        self.read.append(key)
+        return super().get(key, default)
+
+    def __getitem__(self, key):
+        self.read.append(key)
+        return super().__getitem__(key)
+
+    def __contains__(self, key):
+        self.read.append(key)
+        return super().__contains__(key)
+
+
+def blocking_answers(q: Question, ctx: Context, given: dict[str, Any]) -> list[str]:
+    """The given answers that keep `q` from being asked: those its condition reads whose removal
+    (back to the default) or another allowed value would have it asked. The plan is left out, so a
+    backend the user chose counts while a backend the plan chose does not."""
+    log = _ReadLog(ctx.answers)
+    bare = replace(ctx, plan=None, answers=log)
+    if q.ask_if(bare):
+        return []
+    culprits = []
+    for key in dict.fromkeys(log.read):
+        if key == q.id or given.get(key) is None or key not in ctx.answers:
+            continue
+        if ctx.answers[key] == by_id(key).default(replace(ctx, plan=None)):
+            continue        # `--backend auto` restricts nothing: what excludes q then is the plan's choice
+        if any(q.ask_if(replace(ctx, plan=None, answers=other)) for other in _other_answers(ctx.answers, key)):
+            culprits.append(key)
+    return culprits
+
+
+def _other_answers(answers: dict[str, Any], key: str) -> Iterable[dict[str, Any]]:
+    """`answers` with `key` back at its default, then at each other value its question allows."""
+    yield {k: v for k, v in answers.items() if k != key}
+    other = by_id(key)
+    values = (True, False) if other.kind == "bool" else (other.choices or ())
+    for value in values:
+        if value != answers.get(key):
+            yield {**answers, key: value}
+
+
+def _conflict(q: Question, raw: Any, culprits: list[str], values: dict[str, Any], source: str | None,
+              sources: dict[str, str]) -> InputError:
+    """One line naming both answers: `zero-stage: '3' conflicts with --backend ddp (allowed: ...)`."""
+    def name(qid: str) -> str:
+        return f"{qid} (answers file)" if sources.get(qid) == FROM_FILE else (by_id(qid).flag or qid)
+
+    with_what = " and ".join(f"{name(k)} {values.get(k)}" for k in culprits)
+    mine = f"{q.id} (answers file)" if source == FROM_FILE else (q.flag or q.id)
+    return InputError(_field_name(q, source), f"{_short(raw)} conflicts with {with_what}: "
+                                              f"{mine} is not used with that answer",
+                      f"drop {mine}, or change {' / '.join(name(k) for k in culprits)}")
+
+
+def _short(raw: Any) -> str:
+    text = repr(raw)
+    return text if len(text) <= 60 else text[:40] + "...'"
 
 
 def merge_given(flags: dict[str, Any], file: dict[str, Any], *,
@@ -116,29 +190,20 @@ def merge_given(flags: dict[str, Any], file: dict[str, Any], *,
     return merged
 
 
+ANSWERS_MAX_BYTES = 1024 * 1024   # a full answers file is a few KiB; a 100 MB one is a mistake, not a config
+
+
 def load_answers_file(path: str) -> dict[str, Any]:
     """A YAML or JSON mapping of question ids to values, type-checked (not yet context-checked)."""
+    from wizard.fsutil import loads_limited, quote_path, read_text_limited
     path = os.path.expanduser(str(path))
-    try:
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read()
-    except (OSError, UnicodeDecodeError) as e:
-        reason = getattr(e, "strerror", None) or str(e)
-        raise InputError("answers", f"cannot read {path}: {reason}", "a readable YAML or JSON file") from None
-    try:
-        if path.endswith(".json"):
-            data = json.loads(text)
-        else:
-            import yaml  # JSON is YAML too, so one parser covers .yaml, .yml and anything else
-            data = yaml.safe_load(text)
-    except Exception as e:  # yaml.YAMLError / json.JSONDecodeError: both say where
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise InputError("answers", f"{path} is not valid {'JSON' if path.endswith('.json') else 'YAML'}: "
-                                    f"{first}", "a mapping of question ids to values") from None
+    text = read_text_limited(path, ANSWERS_MAX_BYTES, "answers", "a readable YAML or JSON file")
+    kind = "json" if path.endswith(".json") else "yaml"   # JSON is YAML too: one parser covers the rest
+    data = loads_limited(text, kind, "answers", quote_path(path), "a mapping of question ids to values")
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise InputError("answers", f"{path} holds a {type(data).__name__}, not a mapping",
+        raise InputError("answers", f"{quote_path(path)} holds a {type(data).__name__}, not a mapping",
                          "a mapping of question ids to values, e.g. seq_len: 4096")
     out: dict[str, Any] = {}
     known = {q.id for q in QUESTIONS}

@@ -29,14 +29,14 @@ TRAINERS = ("hf", "accelerate")
 # ----------------------------------------------------------------------------- locating and reading
 
 
+CHECK_MAX_BYTES = 4 * 1024 * 1024   # configs are a few KiB; a 96 MB YAML would take minutes to parse
+
+
 def _read_text(path: str, field_name: str) -> str:
-    try:
-        with open(path, encoding="utf-8") as f:
-            return f.read()
-    except FileNotFoundError:
-        raise InputError(field_name, f"{path} does not exist") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(field_name, f"{path} cannot be read ({exc.__class__.__name__}: {exc})") from None
+    from wizard.fsutil import quote_path, read_text_limited
+    if not os.path.lexists(path):
+        raise InputError(field_name, f"{quote_path(path)} does not exist")
+    return read_text_limited(path, CHECK_MAX_BYTES, field_name, "a readable config file")
 
 
 def parse_accelerate_yaml(text: str, path: str) -> tuple[dict[str, Any], dict]:

@@ -112,8 +112,21 @@ def _given(ns: argparse.Namespace) -> dict[str, Any]:
     return merge_given(values_from_namespace(ns), from_file)
 
 
+_NOT_EMPTY = {"answers": "a YAML or JSON answers file", "hardware": "a file written by `wizard probe --json`",
+              "assume": "a machine such as 8xH100-80GB", "output_dir": "a directory (omit the flag for the default)"}
+
+
+def _refuse_empty_values(ns: argparse.Namespace) -> None:
+    """`--assume ""` must not quietly probe this machine, nor `--output-dir ""` write to the default dir."""
+    for dest, allowed in _NOT_EMPTY.items():
+        value = getattr(ns, dest, None)
+        if value is not None and not str(value).strip():
+            raise InputError(dest.replace("_", "-"), "is empty", allowed)
+
+
 def _request(ns: argparse.Namespace):
     from wizard.pipeline import Request
+    _refuse_empty_values(ns)
     return Request(given=_given(ns), hardware_file=getattr(ns, "hardware", None), assume=getattr(ns, "assume", None),
                    output_dir=getattr(ns, "output_dir", None), dry_run=bool(getattr(ns, "dry_run", False)))
 
@@ -122,6 +135,7 @@ def _request(ns: argparse.Namespace):
 
 def cmd_probe(ns: argparse.Namespace) -> int:
     from wizard import hardware
+    _refuse_empty_values(ns)
     from wizard.pipeline import default_output_dir, load_hardware
     hw = load_hardware(getattr(ns, "hardware", None), getattr(ns, "assume", None),
                        getattr(ns, "output_dir", None) or default_output_dir(), getattr(ns, "nvme_path", None))
@@ -223,32 +237,112 @@ def cmd_interactive(ns: argparse.Namespace) -> int:
     return run_tui(req)
 
 
+_STOP_SIGNALS = ("SIGTERM", "SIGHUP")
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _install_stop_signals() -> dict:
+    """SIGTERM and SIGHUP end the wizard like Ctrl-C: whatever is being written rolls back, exit 130."""
+    import signal
+    import threading
+    previous: dict = {}
+    if threading.current_thread() is not threading.main_thread():
+        return previous
+    for name in _STOP_SIGNALS:
+        sig = getattr(signal, name, None)
+        if sig is not None:
+            previous[sig] = signal.signal(sig, _interrupt)
+    return previous
+
+
+def _quiet_exit_on_signals() -> None:
+    """After main returns, a signal during interpreter shutdown (atexit hooks) exits 130, without a traceback."""
+    import signal
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, lambda signum, frame: os._exit(EXIT_INTERRUPTED))
+
+
+def _error_line(exc: BaseException) -> str:
+    """One line for an error the commands did not turn into InputError: what, where, why."""
+    from wizard.fsutil import one_line, quote_path
+    if isinstance(exc, OSError):
+        where = f" {quote_path(exc.filename)}" if exc.filename else ""
+        if exc.filename2:
+            where += f" -> {quote_path(exc.filename2)}"
+        if not where:
+            return one_line(f"writing the output failed: {exc.strerror or exc}")
+        return one_line(f"cannot use{where}: {exc.strerror or exc}")
+    if isinstance(exc, RecursionError):
+        return "input nests too deeply to be read"
+    return one_line(f"{type(exc).__name__}: {exc}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    as_program = argv is None
+    previous = _install_stop_signals()
     try:
-        if argv and argv[0] in SUBCOMMANDS:
-            parser = build_subparser(argv[0])
-            ns = parser.parse_args(argv[1:])
-            return int(ns.func(ns) or 0)
-        if not argv:
-            # Plain `wizard`: nothing to parse, so skip building ~60 flags from the question table
-            # (about a tenth of the time to the first screen).
-            return cmd_interactive(argparse.Namespace(non_interactive=False, plain=False))
-        ns = build_parser().parse_args(argv)
-        if ns.non_interactive:
-            return cmd_non_interactive(ns)
-        return cmd_interactive(ns)
+        code = _main(list(sys.argv[1:] if argv is None else argv))
+        sys.stdout.flush()        # a full or closed stdout fails here, inside the handlers, not at exit
+        return code
     except InputError as e:
-        print(f"wizard: {e}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return _fail(str(e), EXIT_BAD_INPUT)
     except WizardError as e:
-        print(f"wizard: {e}", file=sys.stderr)
-        return e.exit_code
-    except KeyboardInterrupt:
-        print("wizard: interrupted; nothing written", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return _fail(str(e), e.exit_code)
+    except KeyboardInterrupt as e:
+        from wizard.fsutil import InterruptedAfterWrite
+        done = "the files were written" if isinstance(e, InterruptedAfterWrite) else "nothing written"
+        return _fail(f"interrupted; {done}", EXIT_INTERRUPTED)
     except BrokenPipeError:
+        _silence_stdout()
         return 0
+    except (OSError, RecursionError) as e:
+        if isinstance(e, OSError) and e.filename is None:
+            _silence_stdout()      # stdout itself failed (>/dev/full): say so once, on stderr
+        return _fail(_error_line(e), EXIT_BAD_INPUT)
+    finally:
+        if as_program:
+            _quiet_exit_on_signals()
+        else:
+            import signal
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+
+def _fail(message: str, code: int) -> int:
+    from wizard.fsutil import one_line
+    try:
+        print(f"wizard: {one_line(message)}", file=sys.stderr)
+    except OSError:
+        pass
+    return code
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's flush at exit does not fail a second time."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
+
+
+def _main(argv: list[str]) -> int:
+    if argv and argv[0] in SUBCOMMANDS:
+        parser = build_subparser(argv[0])
+        ns = parser.parse_args(argv[1:])
+        return int(ns.func(ns) or 0)
+    if not argv:
+        # Plain `wizard`: nothing to parse, so skip building ~60 flags from the question table
+        # (about a tenth of the time to the first screen).
+        return cmd_interactive(argparse.Namespace(non_interactive=False, plain=False))
+    ns = build_parser().parse_args(argv)
+    if ns.non_interactive:
+        return cmd_non_interactive(ns)
+    return cmd_interactive(ns)
 
 
 if __name__ == "__main__":

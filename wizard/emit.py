@@ -517,28 +517,75 @@ def output_paths(output_dir: str) -> tuple[str, str]:
     return os.path.join(base, YAML_NAME), os.path.join(base, DS_NAME)
 
 
-def write_files(yaml_text: str, ds_text: str | None, output_dir: str, dry_run: bool = False) -> list:
-    """Write ds_config.json (if any) then default_config.yaml: both or nothing.
+STAGED_DS_PREFIX = "ds_config.staged-"   # the JSON's name while a YAML and a JSON change over together
 
-    Returns the WriteResults in write order (JSON first, as the YAML references it). Both paths
-    are checked before anything is written; if the YAML write fails, the JSON is rolled back.
+
+def write_files(yaml_text: str, ds_text: str | None, output_dir: str, dry_run: bool = False, *,
+                extra: tuple[tuple[str, str], ...] = ()) -> list:
+    """Write default_config.yaml, ds_config.json (if any) and `extra` (name, text) files as one set.
+
+    Returns the WriteResults of the JSON (if any) and the YAML, in that order. Under the output
+    dir's lock, everything is staged first; then, when both the YAML and the JSON change, the renames
+    go: the new JSON under a fresh name (ds_config.staged-*.json), the new YAML naming it, the new
+    JSON as ds_config.json, the new YAML naming that, then `extra`. Every state in between is an old
+    or a new YAML beside the very JSON it names, so a kill at any point leaves a set that loads and
+    agrees; any failure rolls back through the same states (fsutil.FileSet).
     """
     from wizard import fsutil
 
     yaml_path, ds_path = output_paths(output_dir)
-    fsutil.check_writable_dir(os.path.dirname(yaml_path))
-    fsutil.check_writable_file(yaml_path)
-    if ds_text is not None:
-        fsutil.check_writable_file(ds_path)
+    directory = os.path.dirname(yaml_path)
+    fsutil.check_writable_dir(directory)
+    names = [YAML_NAME] + ([DS_NAME] if ds_text is not None else []) + [name for name, _ in extra]
+    for name in names:
+        fsutil.check_replaceable(os.path.join(directory, name))
+        fsutil.check_replaceable(os.path.join(directory, name + fsutil.BACKUP_SUFFIX))
     pairs = ([(ds_path, ds_text)] if ds_text is not None else []) + [(yaml_path, yaml_text)]
     if dry_run:
         return [fsutil.plan_write(p, t) for p, t in pairs]
-    done = []
-    try:
-        for path, text in pairs:
-            done.append(fsutil.write_atomic(path, text))
-    except BaseException:
-        for result in reversed(done):
-            fsutil.restore(result)
-        raise
-    return done
+    with fsutil.FileSet(directory) as files:
+        results = [files.stage(p, t) for p, t in pairs]
+        extras = [(os.path.join(directory, name), text) for name, text in extra]
+        for path, text in extras:
+            files.stage(path, text)
+        if ds_text is not None and files.changed(ds_path) and files.changed(yaml_path):
+            staged = files.stage_extra(STAGED_DS_PREFIX, ".json", ds_text)
+            files.commit(yaml_path, yaml_naming(yaml_text, staged))
+            files.commit(ds_path)
+            files.commit(yaml_path)
+        else:
+            for path, _ in pairs:
+                if files.changed(path):
+                    files.commit(path)
+        for path, _ in extras:
+            if files.changed(path):
+                files.commit(path)
+        files.finish()
+        # Still under the lock: what a killed write left behind can't be another writer's.
+        fsutil.remove_stale_temps(directory, tuple(names))
+        _remove_staged_json(directory)
+    return results
+
+
+def yaml_naming(yaml_text: str, ds_path: str) -> str:
+    """The same YAML with deepspeed_config_file pointing at `ds_path` (render_yaml is yaml.safe_dump)."""
+    import yaml
+
+    doc = yaml.safe_load(yaml_text)
+    doc["deepspeed_config"]["deepspeed_config_file"] = ds_path
+    return render_yaml(doc)
+
+
+def _remove_staged_json(directory: str) -> None:
+    """ds_config.staged-*.json left by a killed write, once default_config.yaml no longer names one."""
+    from wizard.fsutil import read_yaml_mapping
+
+    named = ((read_yaml_mapping(os.path.join(directory, YAML_NAME)) or {}).get("deepspeed_config") or {})
+    in_use = named.get("deepspeed_config_file") if isinstance(named, dict) else None
+    for entry in os.listdir(directory):
+        path = os.path.join(directory, entry)
+        if entry.startswith(STAGED_DS_PREFIX) and entry.endswith(".json") and path != in_use:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass

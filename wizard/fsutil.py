@@ -1,20 +1,30 @@
-"""Safe file writes (atomic replace, a `.bak` of what was there, the diff of the change) and
-never-raising reads of optional JSON/YAML side files.
+"""Safe file writes and bounded reads.
 
-A config file is either the old one or the new one, never half of each: the new text goes to a
-temporary file in the same directory (same filesystem, so the rename is atomic), is fsynced, and
-only then renamed over the target. An existing file with different content is copied to
-`<path>.bak` first; identical content is not rewritten at all (no backup, mtime kept).
+- `FileSet` / emit.write_files: the YAML, the JSON and the plan written as one set under a lock on the
+  output dir, staged first, renamed in an order where every state in between is consistent, rolled back
+  on any failure or signal; `.bak` only for what really changed, only once the set is in place.
+- `replace_file` / `write_atomic`: one file, atomically (a temp file in the same directory, fsynced,
+  renamed over the target); `write_atomic` keeps `<path>.bak` when the content differs and does not
+  rewrite identical content (no backup, mtime kept).
+- `read_bytes_limited` / `loads_limited`: user files with a size and a nesting limit, never blocking on
+  a FIFO; every failure one InputError line. `read_json_object` / `read_yaml_mapping`: never-raising
+  reads of optional side files.
 """
 
 from __future__ import annotations
 
+import contextlib
 import difflib
+import fcntl
 import json
 import os
+import signal
+import stat
 import tempfile
-from dataclasses import dataclass
-from typing import Any
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterator
 
 from wizard.errors import InputError
 
@@ -29,6 +39,7 @@ class WriteResult:
     diff: str                     # unified diff old -> new; "" for a new file or no change
     created: bool = False         # there was no file before
     dry_run: bool = False         # nothing was written; the fields say what would happen
+    note: str | None = None       # the previous file could not be shown (unreadable, not UTF-8, too big)
 
 
 def _read_existing(path: str) -> str | None:
@@ -73,13 +84,11 @@ def unified_diff(old: str, new: str, path: str) -> str:
 
 
 def plan_write(path: str, text: str) -> WriteResult:
-    """What write_atomic would do, without touching the disk (for --dry-run)."""
-    old = _read_existing(path)
-    if old is None:
-        return WriteResult(path, None, True, "", created=True, dry_run=True)
-    if old == text:
-        return WriteResult(path, None, False, "", dry_run=True)
-    return WriteResult(path, None, True, unified_diff(old, text, path), dry_run=True)
+    """What a set write would do to `path`, without touching the disk (for --dry-run and the review screen)."""
+    check_replaceable(path)
+    result = describe_replacement(path, text.encode("utf-8"))
+    result.dry_run = True
+    return result
 
 
 def _fsync_dir(directory: str) -> None:
@@ -211,3 +220,480 @@ def check_writable_file(path: str) -> None:
     if os.path.isdir(target):
         raise InputError("output_dir", f"{target} is a directory, expected a file path", "a file path")
     check_writable_dir(os.path.dirname(target))
+
+
+# ============================================================================================
+# Bounded reads: every file the wizard reads from the user has a size limit, a depth limit, and
+# never blocks (a FIFO or a device where a file should be is refused, not read).
+
+MAX_NESTING = 100                 # JSON/YAML nesting; real configs are under 10 levels deep
+KiB_, MiB_ = 1024, 1024 * 1024
+
+
+def quote_path(path: str | os.PathLike[str]) -> str:
+    """A path inside a one-line message: quoted, any newline or control character escaped."""
+    return json.dumps(os.fspath(path), ensure_ascii=False)
+
+
+def one_line(text: str) -> str:
+    """A message that stays on one line whatever it quotes (a path with a newline, an error's text)."""
+    return text.replace("\r", "\\r").replace("\n", "\\n")
+
+
+def file_kind(path: str | os.PathLike[str]) -> str:
+    """'missing', 'file' (a regular file, or a link to one), 'directory', 'FIFO', 'socket', 'device', 'link to nothing'."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return "link to nothing" if os.path.islink(path) else "missing"
+    except NotADirectoryError:
+        return "missing"
+    if stat.S_ISREG(mode):
+        return "file"
+    if stat.S_ISDIR(mode):
+        return "directory"
+    if stat.S_ISFIFO(mode):
+        return "FIFO"
+    if stat.S_ISSOCK(mode):
+        return "socket"
+    return "device"
+
+
+def read_bytes_limited(path: str | os.PathLike[str], limit: int, field: str, allowed: str) -> bytes:
+    """The bytes of a regular file of at most `limit` bytes; InputError(field, ...) otherwise.
+
+    Opened non-blocking, so a FIFO is refused instead of waiting forever for a writer.
+    """
+    shown = quote_path(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise InputError(field, f"cannot read {shown}: {exc.strerror or exc}", allowed) from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = ("a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode)
+                    else "a socket" if stat.S_ISSOCK(mode) else "a device")
+            raise InputError(field, f"{shown} is {kind}, not a regular file", allowed)
+        chunks, total = [], 0
+        while True:
+            chunk = os.read(fd, min(1 * MiB_, limit + 1 - total))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+            if total > limit:
+                raise InputError(field, f"{shown} is larger than the {fmt_limit(limit)} limit", allowed)
+        return b"".join(chunks)
+    except OSError as exc:
+        raise InputError(field, f"cannot read {shown}: {exc.strerror or exc}", allowed) from None
+    finally:
+        os.close(fd)
+
+
+def read_text_limited(path: str | os.PathLike[str], limit: int, field: str, allowed: str) -> str:
+    raw = read_bytes_limited(path, limit, field, allowed)
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(field, f"{quote_path(path)} is not UTF-8 text (byte {exc.start})", allowed) from None
+
+
+def fmt_limit(limit: int) -> str:
+    return f"{limit // MiB_} MiB" if limit >= MiB_ and limit % MiB_ == 0 else f"{limit} bytes"
+
+
+def nesting_depth(data: Any) -> int:
+    """How deep lists/dicts nest in parsed JSON/YAML, without recursion (a deep document can't overflow it)."""
+    deepest, stack = 0, [(data, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            items = list(item.values())
+        elif isinstance(item, list):
+            items = item
+        else:
+            continue
+        deepest = max(deepest, depth)
+        if depth > MAX_NESTING:
+            return depth
+        stack.extend((child, depth + 1) for child in items)
+    return deepest
+
+
+def loads_limited(text: str, parser: str, field: str, what: str, allowed: str) -> Any:
+    """json.loads / yaml.safe_load with a nesting limit; every failure is one InputError line.
+
+    Both parsers recurse per nesting level (RecursionError on 100k brackets), and Python refuses to
+    parse an integer of more than 4300 digits (ValueError): both are bad input, not crashes.
+    """
+    try:
+        if parser == "json":
+            data = json.loads(text)
+        else:
+            import yaml
+            data = yaml.safe_load(text)
+    except RecursionError:
+        raise InputError(field, f"{what} nests deeper than {MAX_NESTING} levels", allowed) from None
+    except ValueError as exc:
+        if isinstance(exc, json.JSONDecodeError):
+            raise InputError(field, f"{what} is not valid JSON ({exc.msg} at line {exc.lineno})", allowed) from None
+        raise InputError(field, f"{what}: {one_line(str(exc))}", allowed) from None
+    except Exception as exc:     # yaml.YAMLError: its first line says where
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise InputError(field, f"{what} is not valid {parser.upper()}: {first}", allowed) from None
+    if nesting_depth(data) > MAX_NESTING:
+        raise InputError(field, f"{what} nests deeper than {MAX_NESTING} levels", allowed)
+    return data
+
+
+# ============================================================================================
+# Writing a set of files (default_config.yaml + ds_config.json + wizard_plan.json) as a set.
+#
+# The output directory is locked (flock on .wizard.lock) for the whole write, so two wizards never
+# interleave. Every new file is staged first (a temp file in the target directory, fsynced); then
+# the files are renamed into place one by one, in an order the caller chooses so that every state
+# in between is itself consistent (emit.write_files: the YAML first names a JSON under a new name).
+# Before each rename the file being replaced is kept (a hard link, else a copy), so a failure, a
+# signal or an exception rolls back through the same consistent states in reverse. `.bak` files
+# appear only after the whole set is in place, and only for files whose content really changed.
+
+LOCK_NAME = ".wizard.lock"
+LOCK_TIMEOUT_S = 30.0
+STAGE_MARK = ".wset-"            # in every temp name of a set write, so leftovers of a killed one are ours
+READ_EXISTING_LIMIT = 4 * MiB_   # larger existing files are replaced (and kept as .bak) without a diff
+# Test hook (tests/functional/test_set_write.py): after the Nth rename of a set write the process sends
+# itself WIZARD_FAULT_SIGNAL (default KILL), so a real writer dies or is interrupted between two renames.
+FAULT_ENV, FAULT_SIGNAL_ENV = "WIZARD_FAULT_AFTER", "WIZARD_FAULT_SIGNAL"
+_DEFERRED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+@contextlib.contextmanager
+def dir_lock(directory: str, timeout_s: float = LOCK_TIMEOUT_S) -> Iterator[None]:
+    """An exclusive flock on `directory`/.wizard.lock, removed again on release.
+
+    Removing it is safe because a holder checks, after locking, that the file it locked is still
+    the one at the path (a waiter that locked an unlinked file retries on the new one).
+    """
+    path = os.path.join(directory, LOCK_NAME)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o600)
+        try:
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise InputError("output_dir", f"another wizard has been writing {quote_path(directory)} "
+                                                       f"for {timeout_s:.0f} s (it holds {LOCK_NAME})",
+                                         "wait for it to finish, or another --output-dir") from None
+                    time.sleep(0.05)
+            try:
+                same = os.stat(path).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                same = False
+        except BaseException:
+            os.close(fd)
+            raise
+        if same:
+            break
+        os.close(fd)
+    try:
+        yield
+    finally:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+        os.close(fd)
+
+
+class _SignalGate:
+    """SIGINT/SIGTERM/SIGHUP are held while files are being renamed and acted on between renames.
+
+    A signal in the middle of a rename (or of a rollback) would leave a half-done step; held here, it
+    turns into KeyboardInterrupt at the next step boundary, after which the set is rolled back.
+    Only the main thread can install handlers; elsewhere (a TUI worker thread) signals stay as they are.
+    """
+
+    def __init__(self) -> None:
+        self.pending: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> "_SignalGate":
+        if threading.current_thread() is threading.main_thread():
+            for sig in _DEFERRED:
+                self._previous[sig] = signal.signal(sig, self._hold)
+        return self
+
+    def _hold(self, signum, frame) -> None:
+        self.pending = signum
+
+    def check(self) -> None:
+        if self.pending is not None:
+            raise KeyboardInterrupt(f"signal {self.pending}")
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+class InterruptedAfterWrite(KeyboardInterrupt):
+    """A signal came after the whole set was in place: exit 130, but the files are written."""
+
+
+def _fault_point(count: int) -> None:
+    limit = os.environ.get(FAULT_ENV)
+    if limit and limit.isdigit() and count == int(limit):
+        name = os.environ.get(FAULT_SIGNAL_ENV, "KILL").upper().removeprefix("SIG")
+        os.kill(os.getpid(), getattr(signal, "SIG" + name))
+
+
+@dataclass
+class _Undo:
+    target: str
+    previous: str | None     # a temp holding what `target` was before the rename; None: it did not exist
+
+
+@dataclass
+class FileSet:
+    """A set write into one directory: stage(), then commit() in a safe order, then finish().
+
+    Use as a context manager (it takes the lock, holds signals, and rolls back on any exception).
+    """
+    directory: str
+    results: dict[str, WriteResult] = field(default_factory=dict)
+    _staged: dict[str, str] = field(default_factory=dict)        # target -> staged temp with the new bytes
+    _originals: dict[str, str] = field(default_factory=dict)     # target -> temp holding the original file
+    _undo: list[_Undo] = field(default_factory=list)
+    _scratch: list[str] = field(default_factory=list)            # every temp we made (removed at the end)
+    _created_dirs: list[str] = field(default_factory=list)
+    _renames: int = 0
+    _gate: _SignalGate | None = None
+    _stack: contextlib.ExitStack | None = None
+    _done: bool = False
+
+    def __enter__(self) -> "FileSet":
+        self.directory = os.path.abspath(self.directory)
+        self._stack = contextlib.ExitStack()
+        try:
+            self._gate = self._stack.enter_context(_SignalGate())
+            self._make_directory()
+            self._stack.enter_context(dir_lock(self.directory))
+        except BaseException:
+            self._stack.close()
+            self._remove_created_dirs()
+            raise
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        try:
+            if exc_type is not None or not self._done:
+                self._rollback()
+        finally:
+            assert self._stack is not None
+            self._stack.close()        # releases the lock, then restores the signal handlers
+            if exc_type is not None or not self._done:
+                self._remove_created_dirs()
+        if exc_type is None and self._gate is not None and self._gate.pending is not None:
+            raise InterruptedAfterWrite(f"signal {self._gate.pending}")
+
+    # ---- set-up
+
+    def _make_directory(self) -> None:
+        missing = []
+        current = self.directory
+        while not os.path.isdir(current):
+            missing.append(current)
+            parent = os.path.dirname(current)
+            if parent == current:
+                break
+            current = parent
+        for path in reversed(missing):
+            os.mkdir(path)
+            self._created_dirs.append(path)
+
+    def _remove_created_dirs(self) -> None:
+        for path in reversed(self._created_dirs):
+            try:
+                os.rmdir(path)
+            except OSError:
+                break
+
+    def _temp(self, name: str, data: bytes | None = None, mode: int | None = None) -> str:
+        fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=f".{name}{STAGE_MARK}", suffix=".tmp")
+        self._scratch.append(tmp)
+        with os.fdopen(fd, "wb") as f:
+            if data is not None:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+        if mode is not None:
+            os.chmod(tmp, mode)
+        return tmp
+
+    def _keep(self, target: str) -> str:
+        """A temp holding `target` as it is now: a hard link (no read needed, bytes and mode exact), else a copy."""
+        name = os.path.basename(target)
+        tmp = self._temp(name)
+        os.unlink(tmp)
+        try:
+            os.link(target, tmp, follow_symlinks=False)
+        except OSError:
+            with open(target, "rb") as f:
+                data = f.read()
+            replace_file(tmp, data, mode=os.stat(target).st_mode & 0o7777)
+        return tmp
+
+    # ---- the write
+
+    def stage(self, path: str, text: str) -> WriteResult:
+        """Check the target, read what is there for the diff, and stage the new content (nothing replaced yet)."""
+        self._gate and self._gate.check()
+        path = os.path.join(self.directory, os.path.basename(path))
+        check_replaceable(path)
+        check_replaceable(path + BACKUP_SUFFIX)
+        new = text.encode("utf-8")
+        result = describe_replacement(path, new)
+        self.results[path] = result
+        if result.changed:
+            mode = _default_mode() if result.created else os.stat(path).st_mode & 0o7777
+            self._staged[path] = self._temp(os.path.basename(path), new, mode)
+            if not result.created:
+                self._originals[path] = self._keep(path)
+                result.backup_path = path + BACKUP_SUFFIX
+        return result
+
+    def stage_extra(self, name_prefix: str, suffix: str, text: str) -> str:
+        """A new file under a fresh visible name (the JSON a YAML names while the set changes over)."""
+        fd, path = tempfile.mkstemp(dir=self.directory, prefix=name_prefix, suffix=suffix)
+        self._scratch.append(path)
+        with os.fdopen(fd, "wb") as f:
+            f.write(text.encode("utf-8"))
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(path, _default_mode())
+        return path
+
+    def changed(self, path: str) -> bool:
+        return path in self._staged
+
+    def commit(self, target: str, text: str | None = None) -> None:
+        """Rename the staged content (or `text`, staged now) over `target`; undoable until finish()."""
+        self._gate and self._gate.check()
+        if text is not None:
+            mode = os.stat(target).st_mode & 0o7777 if os.path.exists(target) else _default_mode()
+            source = self._temp(os.path.basename(target), text.encode("utf-8"), mode)
+        else:
+            source = self._staged.pop(target)
+        previous = None
+        if os.path.lexists(target):
+            previous = self._originals.get(target) if not any(u.target == target for u in self._undo) else None
+            if previous is None:
+                previous = self._keep(target)
+        self._undo.append(_Undo(target, previous))
+        os.replace(source, target)
+        self._scratch.remove(source)
+        _fsync_dir(self.directory)
+        self._renames += 1
+        _fault_point(self._renames)
+        self._gate and self._gate.check()
+
+    def finish(self) -> None:
+        """The new set is in place: originals become .bak, temps go, stale temps of killed writes too."""
+        self._gate and self._gate.check()
+        for target, original in self._originals.items():
+            os.replace(original, target + BACKUP_SUFFIX)
+            self._scratch.remove(original)
+        self._done = True
+        self._discard_scratch()
+        _fsync_dir(self.directory)
+
+    def _rollback(self) -> None:
+        for undo in reversed(self._undo):
+            if undo.previous is None:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(undo.target)
+            else:
+                _put_back(undo.previous, undo.target)
+                self._scratch.remove(undo.previous)
+        self._undo.clear()
+        for result in self.results.values():
+            result.backup_path = None
+            result.changed = False
+        self._discard_scratch()
+        _fsync_dir(self.directory)
+
+    def _discard_scratch(self) -> None:
+        for tmp in self._scratch:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+        self._scratch.clear()
+
+
+def _put_back(previous: str, target: str) -> None:
+    """rename(previous, target), also when the failed rename left `target` as the very inode `previous` links to
+    (rename between two links of one file does nothing and would leave `previous` behind)."""
+    try:
+        a, b = os.lstat(previous), os.lstat(target)
+        same = (a.st_ino, a.st_dev) == (b.st_ino, b.st_dev)
+    except FileNotFoundError:
+        same = False
+    if same:
+        os.unlink(previous)
+    else:
+        os.replace(previous, target)
+
+
+def remove_stale_temps(directory: str, names: tuple[str, ...], keep: tuple[str, ...] = ()) -> None:
+    """Temps a killed set write left behind (only ours: they carry STAGE_MARK), except those in `keep`."""
+    try:
+        entries = os.listdir(directory)
+    except OSError:
+        return
+    for entry in entries:
+        path = os.path.join(directory, entry)
+        if path in keep:
+            continue
+        if any(entry.startswith(f".{n}{STAGE_MARK}") for n in names):
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+
+
+def check_replaceable(path: str) -> None:
+    """A config may replace a missing file or a regular one; a directory, FIFO or device there is exit 2."""
+    kind = file_kind(path)
+    if kind in ("missing", "file", "link to nothing"):
+        return
+    raise InputError("output_dir", f"{quote_path(path)} is a {kind}, not a file; move it away to write "
+                                   f"{os.path.basename(path)}", "a directory whose config files are regular files")
+
+
+def describe_replacement(path: str, new: bytes) -> WriteResult:
+    """What replacing `path` with `new` changes; the existing file is only read for the diff, never trusted.
+
+    An unreadable, non-UTF-8 or huge existing file is still replaced (and kept as .bak): the note says so.
+    """
+    name = os.path.basename(path)
+    if not os.path.lexists(path):
+        return WriteResult(path, None, True, "", created=True)
+    try:
+        with open(path, "rb", opener=lambda p, flags: os.open(p, flags | os.O_NONBLOCK)) as f:
+            old = f.read(READ_EXISTING_LIMIT + 1)
+    except OSError as exc:
+        return WriteResult(path, None, True, "", note=f"replacing an unreadable {name} "
+                                                       f"({exc.strerror or exc}); kept as {name}{BACKUP_SUFFIX}")
+    if old == new:
+        return WriteResult(path, None, False, "")
+    if len(old) > READ_EXISTING_LIMIT:
+        return WriteResult(path, None, True, "", note=f"replacing a {name} larger than "
+                                                       f"{fmt_limit(READ_EXISTING_LIMIT)} (no diff shown); "
+                                                       f"kept as {name}{BACKUP_SUFFIX}")
+    try:
+        old_text = old.decode("utf-8")
+    except UnicodeDecodeError:
+        return WriteResult(path, None, True, "", note=f"replacing an unreadable {name} (not UTF-8 text); "
+                                                       f"kept as {name}{BACKUP_SUFFIX}")
+    return WriteResult(path, None, True, unified_diff(old_text, new.decode("utf-8"), path))

@@ -189,22 +189,16 @@ def from_json(data: dict[str, Any], source: str | None = None) -> Hardware:
     return hw
 
 
+HARDWARE_FILE_MAX_BYTES = 4 * 1024 * 1024   # a probe of 64 GPUs is under 100 KiB
+
+
 def load_file(path: str) -> Hardware:
     """`--hardware FILE`: read a saved probe. InputError (field 'hardware') if unreadable."""
-    import json
+    from wizard.fsutil import loads_limited, quote_path, read_text_limited
 
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except OSError as exc:
-        raise InputError("hardware", f"cannot read {path!r}: {exc.strerror or exc}",
-                         "a file written by `wizard probe --json > FILE`") from None
-    except UnicodeDecodeError:
-        raise _bad(f"{path!r} is not a text file") from None
-    try:
-        data = json.loads(text)
-    except ValueError as exc:
-        raise _bad(f"{path!r} is not JSON ({exc.msg} at line {exc.lineno})") from None
+    allowed = "a file written by `wizard probe --json > FILE`"
+    text = read_text_limited(path, HARDWARE_FILE_MAX_BYTES, "hardware", allowed)
+    data = loads_limited(text, "json", "hardware", quote_path(path), allowed)
     return from_json(data, source=f"file:{path}")
 
 

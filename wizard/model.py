@@ -184,21 +184,42 @@ def cached_model_ids() -> list[str]:
 # Reading and building the config
 # ---------------------------------------------------------------------------------------------
 
+CONFIG_MAX_BYTES = 8 * 1024 * 1024   # real config.json files are a few KiB (label maps: a few hundred)
+# Upper limits on shape values, far above any real model: sizing builds the model on the meta device,
+# so 10 million layers would take minutes and gigabytes before any arithmetic is done.
+SHAPE_LIMITS = {
+    "num_hidden_layers": 10_000, "n_layer": 10_000, "num_layers": 10_000, "n_layers": 10_000,
+    "hidden_size": 1_000_000, "n_embd": 1_000_000, "d_model": 1_000_000,
+    "intermediate_size": 10_000_000, "n_inner": 10_000_000, "ffn_dim": 10_000_000,
+    "num_attention_heads": 100_000, "n_head": 100_000, "num_key_value_heads": 100_000,
+    "vocab_size": 100_000_000, "num_local_experts": 100_000, "num_experts": 100_000,
+}
+
+
 def _read_config_dict(config_path: Path) -> dict[str, Any]:
-    try:
-        text = config_path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError("model", f"cannot read {config_path}: {exc.__class__.__name__}", _MODEL_ALLOWED) from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InputError("model", f"{config_path} is not valid JSON (line {exc.lineno}, column {exc.colno})",
-                         "a Hugging Face config.json") from None
+    from wizard.fsutil import loads_limited, quote_path, read_text_limited
+    text = read_text_limited(config_path, CONFIG_MAX_BYTES, "model", _MODEL_ALLOWED)
+    data = loads_limited(text, "json", "model", quote_path(config_path), "a Hugging Face config.json")
     if not isinstance(data, dict):
         raise InputError("model", f"{config_path} is not a JSON object", "a Hugging Face config.json")
     if not isinstance(data.get("model_type"), str) or not data["model_type"]:
         raise InputError("model", f"{config_path} has no model_type", "a Hugging Face config.json with model_type")
+    _check_shape_limits(data, config_path)
     return data
+
+
+def _check_shape_limits(data: dict[str, Any], config_path: Path) -> None:
+    """Shape values above SHAPE_LIMITS, in the config or a nested one (text_config), are bad input."""
+    stack = [data]
+    while stack:
+        node = stack.pop()
+        for key, value in node.items():
+            if isinstance(value, dict):
+                stack.append(value)
+            elif key in SHAPE_LIMITS and isinstance(value, (int, float)) and not isinstance(value, bool) \
+                    and not abs(value) <= SHAPE_LIMITS[key]:
+                raise InputError("model", f"{key} = {str(value)[:30]} in {config_path} is above the limit "
+                                          f"{SHAPE_LIMITS[key]:,}", f"{key} <= {SHAPE_LIMITS[key]:,}")
 
 
 @contextlib.contextmanager

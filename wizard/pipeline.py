@@ -77,9 +77,9 @@ def context(hw: Hardware, model: ModelShape | None, plan: Plan | None, answers: 
     return Context(hardware=hw, model=model, plan=plan, answers=dict(answers))
 
 
-def resolve_pre_plan(hw: Hardware, given: dict[str, Any]) -> dict[str, Any]:
+def resolve_pre_plan(hw: Hardware, given: dict[str, Any], conflicts: list | None = None) -> dict[str, Any]:
     """Answers for the questions asked before the plan (model, training, strategy, machines)."""
-    answers = answers_mod.resolve(PRE_PLAN_STAGES, context(hw, None, None, {}), given)
+    answers = answers_mod.resolve(PRE_PLAN_STAGES, context(hw, None, None, {}), given, conflicts=conflicts)
     return route_cpu_processes(answers, given)
 
 
@@ -101,8 +101,17 @@ def route_cpu_processes(answers: dict[str, Any], given: dict[str, Any]) -> dict[
     if backend in ("ddp", "fsdp"):
         raise InputError("backend", f"{backend} cannot run {answers['num_processes']} CPU processes through "
                          "accelerate launch (they would not form a process group)",
-                         "deepspeed for CPU processes over gloo, or --use-mpirun with mpirun installed")
+                         "deepspeed for CPU processes over gloo")
     return answers
+
+
+def refuse_mpirun(given: dict[str, Any]) -> None:
+    """--use-mpirun is refused wherever it is given (asked or not), never dropped silently."""
+    if given.get("use_mpirun") is not None:
+        from wizard.questions import by_id
+        q = by_id("use_mpirun")
+        if q.coerce(given["use_mpirun"]):
+            q.check(True, None, q.field)
 
 
 def _truthy(value: Any) -> bool:
@@ -127,8 +136,8 @@ def make_plan(hw: Hardware, model: ModelShape, answers: dict[str, Any]) -> Plan:
 
 
 def resolve_details(hw: Hardware, model: ModelShape, plan: Plan, answers: dict[str, Any],
-                    given: dict[str, Any]) -> dict[str, Any]:
-    details = answers_mod.resolve(("details",), context(hw, model, plan, answers), given)
+                    given: dict[str, Any], conflicts: list | None = None) -> dict[str, Any]:
+    details = answers_mod.resolve(("details",), context(hw, model, plan, answers), given, conflicts=conflicts)
     return {**answers, **details}
 
 
@@ -153,24 +162,33 @@ def validate(result: Result) -> None:
         if result.ds_text is not None:
             ds_tmp = os.path.join(tmp, "ds_config.json")
             Path(ds_tmp).write_text(result.ds_text)
-            # The YAML names the final path; point the scratch copy at the scratch JSON.
-            yaml_text = yaml_text.replace(result.ds_path, ds_tmp)
+            # The YAML names the final path; point the scratch copy at the scratch JSON (re-rendered,
+            # not a text replace: yaml escapes a non-ASCII path, so the text need not contain it).
+            from wizard.emit import yaml_naming
+            yaml_text = yaml_naming(yaml_text, ds_tmp)
         yaml_tmp = os.path.join(tmp, "default_config.yaml")
-        Path(yaml_tmp).write_text(yaml_text)
+        Path(yaml_tmp).write_text(yaml_text, encoding="utf-8")
         result.findings = list(validate_mod.validate_all(
             yaml_tmp, ds_tmp, result.answers, result.plan, result.model,
             yaml_display=result.yaml_path, ds_display=result.ds_path if ds_tmp else None))
-    result.findings += doctor_findings(result)
+        result.findings += doctor_findings(result, loader_path=yaml_tmp)
 
 
-def doctor_findings(result: Result) -> list:
-    """`wizard check`'s rules on the files about to be written: the wizard writes nothing it would flag."""
+def doctor_findings(result: Result, loader_path: str | None = None) -> list:
+    """`wizard check`'s rules on the files about to be written: the wizard writes nothing it would flag.
+
+    accelerate's loader rule reads the file at the path it is given: `loader_path` is the scratch copy
+    of the new YAML, never the file in the output dir (which is only being replaced, and may be broken).
+    """
+    import dataclasses
     from wizard.check import check_texts
     seen = {(f.rule, f.key) for f in result.findings}
-    found = check_texts(result.yaml_text, result.ds_text, accelerate_path=result.yaml_path,
+    found = check_texts(result.yaml_text, result.ds_text, accelerate_path=loader_path or result.yaml_path,
                         ds_path=result.ds_path or "ds_config.json", model_shape=result.model,
                         hardware=result.hardware, trainer=result.answers.get("trainer", "hf"),
                         seq_len=result.answers.get("seq_len", 2048))
+    if loader_path:
+        found = [dataclasses.replace(f, file=result.yaml_path) if f.file == loader_path else f for f in found]
     return [f for f in found if (f.rule, f.key) not in seen]
 
 
@@ -180,7 +198,14 @@ def build(request: Request, hw: Hardware | None = None) -> Result:
     if hw is None:
         hw = load_hardware(request.hardware_file, request.assume, output_dir,
                            request.given.get("nvme_path"))
-    answers = resolve_pre_plan(hw, request.given)
+    # Flags and an answers file that contradict each other are refused, not silently resolved.
+    conflicts: list[InputError] = []
+    refuse_mpirun(request.given)
+    from wizard.questions import check_precision_pair
+    check_precision_pair(request.given.get("precision"), request.given.get("mixed_precision"))
+    answers = resolve_pre_plan(hw, request.given, conflicts)
+    if conflicts:
+        raise conflicts[0]
     model = size(answers)
     plan = make_plan(hw, model, answers)
     result = Result(hardware=hw, model=model, plan=plan, answers=answers, output_dir=output_dir,
@@ -188,7 +213,9 @@ def build(request: Request, hw: Hardware | None = None) -> Result:
                     ds_path=os.path.join(output_dir, "ds_config.json"))
     if plan.choice is None:
         return result
-    result.answers = resolve_details(hw, model, plan, answers, request.given)
+    result.answers = resolve_details(hw, model, plan, answers, request.given, conflicts)
+    if conflicts:
+        raise conflicts[0]
     render(result)
     return result
 
@@ -201,14 +228,14 @@ def plan_record(result: Result, given: dict[str, Any]) -> str:
 
 
 def write(result: Result, given: dict[str, Any]) -> list:
-    """Atomic writes with .bak kept; refuses when validation found an error."""
+    """The YAML, the JSON and the plan record as one set (emit.write_files); refuses when validation found an error."""
     from wizard import emit
     if result.errors:
         raise RuntimeError("refusing to write configs with validation errors")
-    writes = emit.write_files(result.yaml_text, result.ds_text, result.output_dir, dry_run=False)
-    from wizard.fsutil import write_atomic
-    write_atomic(os.path.join(result.output_dir, PLAN_FILE), plan_record(result, given))
+    writes = emit.write_files(result.yaml_text, result.ds_text, result.output_dir, dry_run=False,
+                              extra=((PLAN_FILE, plan_record(result, given)),))
     result.writes = writes
+    result.notes = [w.note for w in writes if w.note] + list(result.notes)
     return writes
 
 

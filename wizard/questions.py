@@ -213,8 +213,19 @@ def _coerce_int(raw: Any, f: str, allowed: str) -> int:
         raise InputError(f, f"{raw!r} is not a whole number", allowed)
     text = str(raw).strip()
     if not re.fullmatch(r"[+-]?[0-9]+", text):
-        raise InputError(f, f"{raw!r} is not a whole number", allowed)
+        raise InputError(f, f"{_shown(raw)} is not a whole number", allowed)
+    if len(text.lstrip("+-")) > MAX_INT_DIGITS:
+        raise InputError(f, f"{_shown(raw)} has more than {MAX_INT_DIGITS} digits", allowed)
     return int(text)
+
+
+MAX_INT_DIGITS = 18        # every count the wizard takes fits in 10**18 (a 64-bit integer)
+
+
+def _shown(raw: Any) -> str:
+    """A value inside a one-line message: quoted, and cut short when it is long."""
+    text = repr(raw)
+    return text if len(text) <= 60 else text[:40] + f"...' ({len(str(raw))} characters)"
 
 
 def _coerce_float(raw: Any, f: str, allowed: str) -> float:
@@ -391,8 +402,8 @@ def _parse_gpu_ids(value: str, ctx: Context, f: str) -> str:
     if text.lower() == "all":
         return "all"
     parts = text.split(",")
-    if not all(re.fullmatch(r"[0-9]+", p) for p in parts):
-        raise InputError(f, f"{value!r} is not a list of GPU indices", allowed)
+    if not all(re.fullmatch(r"[0-9]{1,6}", p) for p in parts):
+        raise InputError(f, f"{_shown(value)} is not a list of GPU indices", allowed)
     ids = [int(p) for p in parts]
     if len(set(ids)) != len(ids):
         raise InputError(f, f"{value!r} names a GPU twice", allowed)
@@ -450,6 +461,35 @@ def _check_bf16(value: str, ctx: Context, f: str) -> None:
     cc = ".".join(map(str, old.compute_capability)) if old.compute_capability else "unknown"
     raise InputError(f, f"bf16 needs compute capability 8.0+, GPU {old.index} ({old.name}) has {cc}",
                      "fp16 or fp32 on this hardware")
+
+
+_PRECISION_OF_MIXED = {"bf16": "bf16", "fp16": "fp16", "no": "fp32"}
+
+
+def _check_mixed_precision(value: str, ctx: Context, f: str) -> None:
+    _check_bf16(value, ctx, f)
+    check_precision_pair(ctx.given.get("precision"), value, f)
+
+
+def check_precision_pair(precision: Any, mixed: Any, f: str = "mixed-precision") -> None:
+    """--mixed-precision must say what --precision said (else the plan's memory and the file disagree);
+    checked on the raw answers, whether or not the plan's backend asks for mixed precision."""
+    if precision is None or mixed is None:
+        return
+    wanted, value = str(precision).strip().lower(), str(mixed).strip().lower()
+    if wanted not in _PRECISION_OF_MIXED.values() or value not in _PRECISION_OF_MIXED:
+        return          # auto, or a value the table's own check refuses with its own message
+    if _PRECISION_OF_MIXED[value] != wanted:
+        same = next(k for k, v in _PRECISION_OF_MIXED.items() if v == wanted)
+        raise InputError(f, f"{value!r} conflicts with --precision {wanted}",
+                         f"{same} (what --precision {wanted} means), or drop one of the two")
+
+
+def _check_use_mpirun(value: bool, ctx: Context, f: str) -> None:
+    if value:
+        raise InputError(f, "not supported: the wizard does not write accelerate's mpirun_config, so the config "
+                            "would start one CPU process", "no; for several CPU processes use --backend deepspeed "
+                                                           "(DeepSpeed's CPU accelerator over gloo)")
 
 
 def _check_class_names(value: str, ctx: Context, f: str) -> None:
@@ -832,7 +872,8 @@ QUESTIONS: tuple[Question, ...] = (
        **_details("processes")),
     _q("use_mpirun", "Launch CPU processes with mpirun",
        "mpirun starts CPU processes on several hosts from one command, given a hostfile.", "bool",
-       default=False, when=lambda ctx: _dist_type(ctx) == "MULTI_CPU",
+       default=False, when=lambda ctx: _dist_type(ctx) == "MULTI_CPU", check=_check_use_mpirun,
+       allowed="no (mpirun launching is not supported yet)",
        why="Off: torchrun starts the processes on this machine without MPI.", **_details("processes")),
     _q("mpirun_hostfile", "mpirun hostfile", "Lists the hosts (and slots) mpirun starts processes on.",
        "path", default=lambda ctx: os.path.expanduser("~/hostfile"),
@@ -999,7 +1040,7 @@ QUESTIONS: tuple[Question, ...] = (
     _q("mixed_precision", "Mixed precision",
        "What accelerate autocasts to; it must match the precision the plan assumed or memory and speed "
        "will differ.", "choice", choices=MIXED_PRECISIONS, default=_mixed_precision_default,
-       why=_mixed_precision_why, check=_check_bf16,
+       why=_mixed_precision_why, check=_check_mixed_precision,
        # With a DeepSpeed config file accelerate neither asks nor accepts it: precision lives in the JSON.
        when=lambda ctx: not _is_deepspeed(ctx), **_details("precision")),
 )

@@ -20,6 +20,9 @@ _BYTES_SUFFIX = {
 }
 
 
+MAX_PARSED = 1e18   # counts and sizes: far above any real model or machine, far below float overflow
+
+
 def parse_count(text: str | int | float, field: str) -> int:
     """'7B' -> 7_000_000_000, '350M' -> 350_000_000, '1.5e9' -> 1_500_000_000. Positive only."""
     if isinstance(text, bool):
@@ -33,6 +36,8 @@ def parse_count(text: str | int | float, field: str) -> int:
         value = float(m.group(1)) * _COUNT_SUFFIX[m.group(2).upper()]
     if value <= 0:
         raise InputError(field, f"{text!r} must be greater than zero", "a positive count such as 7B, 350M or 1.5e9")
+    if not value < MAX_PARSED:     # also inf and nan: int() of them raises, and no real count is near 1e18
+        raise InputError(field, f"{_short(text)} is too large", "a positive count below 1e18 such as 7B")
     return int(round(value))
 
 
@@ -49,7 +54,14 @@ def parse_bytes(text: str | int, field: str) -> int:
         value = float(m.group(1)) * _BYTES_SUFFIX[m.group(2).upper()]
     if value <= 0:
         raise InputError(field, f"{text!r} must be greater than zero", "a size such as 80G, 512GB or 24GiB")
+    if not value < MAX_PARSED:
+        raise InputError(field, f"{_short(text)} is too large", "a size below 1e18 bytes such as 80G")
     return int(value)
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:40] + f"...' ({len(str(value))} characters)"
 
 
 def fmt_bytes(n: int | float | None) -> str:

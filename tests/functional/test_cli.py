@@ -174,3 +174,51 @@ def test_cpu_processes_route_through_deepspeed_and_refuse_plain_ddp(tmp_path):
     assert ddp.returncode == 2
     assert "backend" in ddp.stderr and "deepspeed" in ddp.stderr and "Traceback" not in ddp.stderr
     assert not any(tmp_path.iterdir())
+
+
+# ----------------------------------------------------------------------------- issue 12: one line, exit 2
+
+def _fifo(tmp_path):
+    path = tmp_path / "fifo"
+    os.mkfifo(path)
+    return str(path)
+
+
+@pytest.mark.parametrize("extra, words", [
+    (["--assume", ""], "assume: is empty"),
+    (["--assume", "8xA100-80GB", "--answers", ""], "answers: is empty"),
+    (["--assume", "8xA100-80GB", "--answers", "FIFO"], "is a FIFO"),
+    (["--hardware", "FIFO"], "is a FIFO"),
+    (["--assume", "8xA100-80GB", "--vocab-size", "9" * 5000], "more than 18 digits"),
+    (["--assume", "8xA100-80GB", "--backend", "ddp", "--zero-stage", "3"], "conflicts with --backend ddp"),
+    (["--assume", "8xA100-80GB", "--backend", "fsdp", "--zero-stage", "3"], "conflicts with --backend fsdp"),
+    (["--assume", "8xA100-80GB", "--precision", "bf16", "--mixed-precision", "fp16"], "conflicts with --precision"),
+    (["--assume", "8xA100-80GB", "--use-mpirun"], "mpirun_config"),
+])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, extra, words):
+    extra = [_fifo(tmp_path) if a == "FIFO" else a for a in extra]
+    out = run(["plan", "--params", "1B", *extra], timeout=60)
+    assert out.returncode == 2, out.stderr
+    assert len(out.stderr.splitlines()) == 1 and words in out.stderr, out.stderr
+
+
+def test_a_full_stdout_is_one_line_and_exit_2():
+    with open("/dev/full", "w") as full:
+        out = subprocess.run([sys.executable, "-m", "wizard", "plan", "--params", "1B", "--assume", "8xA100-80GB"],
+                             stdout=full, stderr=subprocess.PIPE, text=True, timeout=60)
+    assert out.returncode == 2 and out.stderr.splitlines() == ["wizard: writing the output failed: No space left on device"]
+
+
+def test_a_corrupt_existing_config_in_a_non_ascii_dir_is_regenerated(tmp_path):
+    out_dir = tmp_path / "out_ü"
+    out_dir.mkdir()
+    (out_dir / "default_config.yaml").write_text("a: [1,\n")
+    (out_dir / "ds_config.json").write_bytes(b"\xff\xfe{")
+    out = run(["--non-interactive", "--params", "125M", "--assume", "2xA100-80GB", "--backend", "deepspeed",
+               "--output-dir", str(out_dir)])
+    assert out.returncode == 0, out.stderr
+    assert "replacing an unreadable ds_config.json (not UTF-8 text); kept as ds_config.json.bak" in out.stdout
+    assert (out_dir / "default_config.yaml.bak").read_text() == "a: [1,\n"
+    assert (out_dir / "ds_config.json.bak").read_bytes() == b"\xff\xfe{"
+    check = run(["check", "--config-file", str(out_dir / "default_config.yaml")])
+    assert check.returncode == 0, check.stdout + check.stderr

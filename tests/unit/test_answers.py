@@ -169,7 +169,18 @@ def test_unreadable_answers_files(name, fragment):
 
 def test_answers_file_that_is_a_directory(tmp_path):
     e = input_error(answers.load_answers_file, str(tmp_path))
-    assert e.field == "answers" and "cannot read" in e.problem
+    assert e.field == "answers" and "is a directory, not a regular file" in e.problem
+
+
+def test_answers_file_that_is_a_fifo_or_too_big_is_refused_at_once(tmp_path):
+    os.mkfifo(tmp_path / "fifo")
+    assert "is a FIFO" in input_error(answers.load_answers_file, str(tmp_path / "fifo")).problem
+    big = tmp_path / "big.yaml"
+    big.write_bytes(b"# " + b"x" * answers.ANSWERS_MAX_BYTES)
+    assert "larger than the 1 MiB limit" in input_error(answers.load_answers_file, str(big)).problem
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    assert "nests deeper than 100 levels" in input_error(answers.load_answers_file, str(deep)).problem
 
 
 def test_answers_file_with_bad_yaml(tmp_path):

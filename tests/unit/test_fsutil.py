@@ -159,13 +159,49 @@ def test_check_writable_dir_rejects_read_only_dir(tmp_path):
         os.chmod(ro, 0o700)
 
 
-# ---- emit.write_files: both files or nothing ---------------------------------------------------
+# ---- emit.write_files: the YAML, the JSON and the plan as one set --------------------------------
+
+def ds_yaml(out, stage: int) -> str:
+    return emit.render_yaml({"distributed_type": "DEEPSPEED", "num_processes": 2,
+                             "deepspeed_config": {"deepspeed_config_file": str(out / "ds_config.json"),
+                                                  "zero3_init_flag": stage == 3}})
+
+
+def ds_json(stage: int) -> str:
+    return emit.render_json({"zero_optimization": {"stage": stage}, "train_micro_batch_size_per_gpu": "auto"})
+
+
+def old_set(out):
+    out.mkdir(exist_ok=True)
+    (out / "ds_config.json").write_text(ds_json(2))
+    (out / "default_config.yaml").write_text(ds_yaml(out, 2))
+    (out / "wizard_plan.json").write_text('{"old": true}\n')
+    return snapshot(out)
+
+
+def snapshot(out) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+
 
 def test_write_files_writes_json_then_yaml(tmp_path):
-    results = emit.write_files("a: 1\n", "{}\n", str(tmp_path / "out"))
+    out = tmp_path / "out"
+    results = emit.write_files(ds_yaml(out, 3), ds_json(3), str(out), extra=(("wizard_plan.json", "{}\n"),))
     assert [os.path.basename(r.path) for r in results] == ["ds_config.json", "default_config.yaml"]
-    assert (tmp_path / "out" / "default_config.yaml").read_text() == "a: 1\n"
-    assert (tmp_path / "out" / "ds_config.json").read_text() == "{}\n"
+    assert (out / "default_config.yaml").read_text() == ds_yaml(out, 3)
+    assert (out / "ds_config.json").read_text() == ds_json(3)
+    assert sorted(os.listdir(out)) == ["default_config.yaml", "ds_config.json", "wizard_plan.json"]
+
+
+def test_write_files_keeps_bak_only_for_what_really_changed(tmp_path):
+    out = tmp_path / "out"
+    before = old_set(out)
+    results = emit.write_files(ds_yaml(out, 3), ds_json(3), str(out), extra=(("wizard_plan.json", '{"old": true}\n'),))
+    assert all(r.changed and r.backup_path for r in results)
+    assert (out / "ds_config.json.bak").read_bytes() == before["ds_config.json"]
+    assert (out / "default_config.yaml.bak").read_bytes() == before["default_config.yaml"]
+    assert not (out / "wizard_plan.json.bak").exists()          # same content: not rewritten, no backup
+    assert sorted(os.listdir(out)) == ["default_config.yaml", "default_config.yaml.bak", "ds_config.json",
+                                       "ds_config.json.bak", "wizard_plan.json"]
 
 
 def test_write_files_dry_run_writes_nothing(tmp_path):
@@ -174,33 +210,31 @@ def test_write_files_dry_run_writes_nothing(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-def test_write_files_rolls_back_the_json_when_the_yaml_fails(tmp_path, monkeypatch):
+@pytest.mark.parametrize("failing_rename", [1, 2, 3, 4, 5])
+def test_a_failed_rename_rolls_back_to_the_old_set_without_bak(tmp_path, monkeypatch, failing_rename):
+    """ENOSPC/EPERM at any rename (an immutable target, a full disk): the old set, byte for byte, nothing else."""
     out = tmp_path / "out"
-    out.mkdir()
-    (out / "ds_config.json").write_text('{"old": true}\n')
-    (out / "default_config.yaml").write_text("old: true\n")
-    real = fsutil.write_atomic
+    before = old_set(out)
+    real, calls = os.replace, []
 
-    def failing(path, text):
-        if path.endswith(".yaml"):
-            raise OSError(28, "No space left on device")
-        return real(path, text)
+    def replace(src, dst):
+        calls.append(dst)
+        if len(calls) == failing_rename:
+            raise OSError(1, "Operation not permitted", dst)
+        return real(src, dst)
 
-    monkeypatch.setattr(fsutil, "write_atomic", failing)
+    monkeypatch.setattr(os, "replace", replace)
     with pytest.raises(OSError):
-        emit.write_files("new: true\n", '{"new": true}\n', str(out))
-    assert (out / "ds_config.json").read_text() == '{"old": true}\n'
-    assert (out / "default_config.yaml").read_text() == "old: true\n"
+        emit.write_files(ds_yaml(out, 3), ds_json(3), str(out), extra=(("wizard_plan.json", "{}\n"),))
+    assert snapshot(out) == before
 
 
-def test_write_files_rolls_back_a_new_json(tmp_path, monkeypatch):
-    out = tmp_path / "out"
-    real = fsutil.write_atomic
-    monkeypatch.setattr(fsutil, "write_atomic",
-                        lambda p, t: (_ for _ in ()).throw(OSError(5, "boom")) if p.endswith(".yaml") else real(p, t))
+def test_a_failed_first_write_removes_the_directory_it_created(tmp_path, monkeypatch):
+    out = tmp_path / "new" / "out"
+    monkeypatch.setattr(os, "fsync", lambda fd: (_ for _ in ()).throw(OSError(28, "No space left on device")))
     with pytest.raises(OSError):
-        emit.write_files("new: true\n", "{}\n", str(out))
-    assert not (out / "ds_config.json").exists()
+        emit.write_files(ds_yaml(out, 3), ds_json(3), str(out))
+    assert os.listdir(tmp_path) == []
 
 
 def test_write_files_refuses_unwritable_output_before_writing(tmp_path):
@@ -211,9 +245,79 @@ def test_write_files_refuses_unwritable_output_before_writing(tmp_path):
     assert (tmp_path / "blocker").read_text() == "a file, not a directory"
 
 
-def test_write_files_refuses_a_directory_in_place_of_the_json(tmp_path):
+@pytest.mark.parametrize("name", ["ds_config.json", "default_config.yaml.bak", "wizard_plan.json"])
+def test_write_files_refuses_a_directory_where_a_file_goes(tmp_path, name):
     out = tmp_path / "out"
-    (out / "ds_config.json").mkdir(parents=True)
+    before = old_set(out)
+    (out / name).unlink(missing_ok=True)
+    (out / name).mkdir()
+    before = {k: v for k, v in before.items() if k != name}
+    with pytest.raises(InputError) as err:
+        emit.write_files(ds_yaml(out, 3), ds_json(3), str(out), extra=(("wizard_plan.json", "{}\n"),))
+    assert "is a directory" in str(err.value) and "\n" not in str(err.value)
+    assert {k: v for k, v in snapshot(out).items() if k != name} == before
+
+
+def test_write_files_refuses_a_fifo_without_blocking(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    os.mkfifo(out / "default_config.yaml")
+    with pytest.raises(InputError) as err:
+        emit.write_files(ds_yaml(out, 3), ds_json(3), str(out))
+    assert "is a FIFO" in str(err.value)
     with pytest.raises(InputError):
-        emit.write_files("a: 1\n", "{}\n", str(out))
-    assert not (out / "default_config.yaml").exists()
+        emit.write_files(ds_yaml(out, 3), ds_json(3), str(out), dry_run=True)
+
+
+@pytest.mark.parametrize("content, note", [(b"a: [1,\n", None), (b"\xff\xfe not utf-8", "not UTF-8"),
+                                           (b"x" * (fsutil.READ_EXISTING_LIMIT + 1), "no diff shown")])
+def test_an_odd_existing_file_is_replaced_and_kept(tmp_path, content, note):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "default_config.yaml").write_bytes(content)
+    results = emit.write_files(ds_yaml(out, 3), ds_json(3), str(out))
+    yaml_result = results[1]
+    assert (out / "default_config.yaml").read_text() == ds_yaml(out, 3)
+    assert (out / "default_config.yaml.bak").read_bytes() == content
+    if note:
+        assert note in yaml_result.note and "kept as default_config.yaml.bak" in yaml_result.note
+    else:
+        assert yaml_result.note is None and "-a: [1," in yaml_result.diff
+
+
+def test_the_lock_serialises_writers(tmp_path):
+    """A writer waits while another holds the directory's lock (and gives up with exit 2 after the timeout)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    with fsutil.dir_lock(str(out)):
+        with pytest.raises(InputError) as err:
+            with fsutil.dir_lock(str(out), timeout_s=0.2):
+                pass
+        assert "another wizard" in str(err.value)
+    assert not (out / fsutil.LOCK_NAME).exists()
+    with fsutil.dir_lock(str(out), timeout_s=0.2):
+        pass
+
+
+def test_bounded_reads_refuse_fifos_big_files_and_deep_nesting(tmp_path):
+    os.mkfifo(tmp_path / "fifo")
+    with pytest.raises(InputError, match="is a FIFO"):
+        fsutil.read_bytes_limited(tmp_path / "fifo", 100, "answers", "a file")
+    (tmp_path / "big").write_bytes(b"x" * 101)
+    with pytest.raises(InputError, match="larger than the 100 bytes limit"):
+        fsutil.read_bytes_limited(tmp_path / "big", 100, "answers", "a file")
+    assert fsutil.read_bytes_limited(tmp_path / "big", 101, "answers", "a file") == b"x" * 101
+    for parser in ("json", "yaml"):
+        deep = "[" * 100_000 + "]" * 100_000
+        with pytest.raises(InputError, match="nests deeper than 100 levels"):
+            fsutil.loads_limited(deep, parser, "answers", "f", "a file")
+        fsutil.loads_limited("[" * 100 + "]" * 100, parser, "answers", "f", "a file")
+        with pytest.raises(InputError, match="nests deeper"):
+            fsutil.loads_limited("[" * 101 + "]" * 101, parser, "answers", "f", "a file")
+    with pytest.raises(InputError, match="4300"):
+        fsutil.loads_limited('{"v": ' + "9" * 5000 + "}", "json", "model", "f", "a file")
+
+
+def test_one_line_quoting_of_paths():
+    assert fsutil.quote_path("/tmp/a\nb") == '"/tmp/a\\nb"'
+    assert fsutil.quote_path("/tmp/out_ü") == '"/tmp/out_ü"'

@@ -300,7 +300,7 @@ def test_load_file(tmp_path):
 
 
 @pytest.mark.parametrize("content, words", [
-    (None, "cannot read"), ("{not json", "is not JSON"), ("", "is not JSON"), (b"\xff\xfe\x00", "not a text file"),
+    (None, "cannot read"), ("{not json", "is not valid JSON"), ("", "is not valid JSON"), (b"\xff\xfe\x00", "not UTF-8 text"),
     ("[1, 2]", "JSON object"),
 ])
 def test_load_file_errors(tmp_path, content, words):
