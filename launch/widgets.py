@@ -23,8 +23,8 @@ from textual.scroll_view import ScrollView
 from textual.strip import Strip
 from textual.widgets import Button, Footer, Input, Label, Static
 
-from launch.rundir import ACTIVE_STATUSES, attempts_allowed, mark_lost_if_dead, read_state, state_problem,
-                          supervisor_alive
+from launch.rundir import (ACTIVE_STATUSES, attempts_allowed, mark_lost_if_dead, read_state, state_problem,
+                           supervisor_alive)
 from launch.view import (
     DEFAULT_GRACE_S, DETACHED, FINISHED, LAUNCHER, LOG_PANE_LINES, QUIT, STOPPED, WIZARD,
     LogLine, RunFollower, RunState, _num, elapsed_s, fmt_duration, send_control,
@@ -520,6 +520,7 @@ class RunViewApp(App[str]):
         self._restart_armed_at: float | None = None
         self.last_control = None
         self._lost_check_running = False
+        self._detach_deadline: float | None = None
         self._failure_seen = False
         self.poll_errors = 0
 
@@ -676,20 +677,28 @@ class RunViewApp(App[str]):
 
     def _detach_and_exit(self) -> None:
         """A run this view started ends with the view unless the supervisor is told to detach
-        first: ask it, and leave only once run.json says it did (else say so and stay)."""
+        first: ask it, and leave once run.json says it did (checked on every poll; after 5 s
+        without an answer, say so and stay)."""
         run = self.follower.run or {}
-        if not self.owned or not self.state.active or run.get("detached"):
+        if not self.owned or not self.state.active or run.get("detached") or not supervisor_alive(run):
             self.exit(DETACHED)
             return
         self._control("detach")
-        deadline = time.monotonic() + 5.0
-        while time.monotonic() < deadline:
-            st = read_state(self.run_dir) or {}
-            if st.get("detached") or st.get("status") not in ACTIVE_STATUSES:
-                self.exit(DETACHED)
-                return
-            time.sleep(0.1)
-        self.flash("the supervisor did not confirm the detach; the run would end with this view", None)
+        self._detach_deadline = time.monotonic() + 5.0
+        self.set_timer(0.1, self._detach_confirmed)
+
+    def _detach_confirmed(self) -> None:
+        if self._detach_deadline is None:
+            return
+        st = read_state(self.run_dir) or {}
+        if st.get("detached") or st.get("status") not in ACTIVE_STATUSES:
+            self._detach_deadline = None
+            self.exit(DETACHED)
+        elif time.monotonic() > self._detach_deadline:
+            self._detach_deadline = None
+            self.flash("detach not confirmed: the run ends with this view", None)
+        else:
+            self.set_timer(0.1, self._detach_confirmed)
 
     def action_keys(self) -> None:
         """`?`: the view's keys, in the header (stays until the next message)."""
