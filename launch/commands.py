@@ -46,6 +46,8 @@ def add_launch_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--emit-slurm", type=int, default=None, metavar="NODES",
                    help="write an sbatch script running `wizard launch --headless` on NODES nodes, don't launch")
     p.add_argument("--slurm-output", default="wizard-launch.sbatch", help="where --emit-slurm writes")
+    p.add_argument("--slurm-gpus-per-node", type=int, default=None, metavar="N",
+                   help="GPUs each node asks for (default: the config's processes per node, 0 for a CPU config)")
     p.add_argument("--metrics-interval", type=float, default=1.0, help="GPU sampling period (default 1 s)")
     p.add_argument("--log-cap-mb", type=float, default=50.0, help="per-rank log size before rotation (default 50)")
     p.add_argument("--accelerate-arg", action="append", default=[], metavar="ARG",
@@ -125,6 +127,8 @@ def _validate(args) -> None:
         raise InputError("--machine-rank", f"{args.machine_rank}", "0 or more")
     if args.main_process_port is not None and not 1 <= args.main_process_port <= 65535:
         raise InputError("--main-process-port", f"{args.main_process_port}", "a TCP port, 1-65535")
+    if args.slurm_gpus_per_node is not None and args.slurm_gpus_per_node < 0:
+        raise InputError("--slurm-gpus-per-node", f"{args.slurm_gpus_per_node}", "0 or more")
     if args.emit_slurm is not None and args.emit_slurm < 1:
         raise InputError("--emit-slurm", f"{args.emit_slurm} nodes", "a positive number of nodes")
     if args.config_file is not None and not Path(args.config_file).is_file():
@@ -276,7 +280,8 @@ def emit_slurm(args, script: str, script_args: list[str], config_file: str | Non
         flags += ["--grace", f"{args.grace:g}"]
     if args.status_interval != 30.0:
         flags += ["--status-interval", f"{args.status_interval:g}"]
-    res = node_resources(args.emit_slurm, accel, load_plan_near(config_file), args.main_process_port)
+    res = node_resources(args.emit_slurm, accel, load_plan_near(config_file), args.main_process_port,
+                         gpus_per_node=args.slurm_gpus_per_node)
     text = render_sbatch(args.emit_slurm, script, script_args, config_file=config_file, launch_flags=flags,
                          resources=res)
     path = write_sbatch(args.slurm_output, text)

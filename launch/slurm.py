@@ -55,7 +55,7 @@ def uses_gpus(accel: dict[str, Any]) -> bool:
 
 
 def node_resources(nodes: int, accel: dict[str, Any] | None, plan: dict[str, Any] | None = None,
-                   port: int | None = None) -> NodeResources:
+                   port: int | None = None, gpus_per_node: int | None = None) -> NodeResources:
     """What one node needs, from the accelerate config (and the wizard's plan, for memory).
     InputError when NODES disagrees with the config's num_machines."""
     from wizard.errors import InputError
@@ -73,7 +73,10 @@ def node_resources(nodes: int, accel: dict[str, Any] | None, plan: dict[str, Any
         raise InputError("--emit-slurm", f"num_processes {total} is not a multiple of num_machines {machines}",
                          "the same number of processes on every node")
     per_node = total // machines
-    gpus = per_node if uses_gpus(accel) else None
+    if gpus_per_node is not None:          # the user knows the cluster: 0 = a CPU job
+        gpus = gpus_per_node or None
+    else:
+        gpus = per_node if uses_gpus(accel) else None
     cpus = per_node * (CPUS_PER_RANK_GPU if gpus else CPUS_PER_RANK_CPU)
     mem = None
     cpu_bytes = (((plan or {}).get("plan") or plan or {}).get("choice") or {}).get("cpu_bytes")

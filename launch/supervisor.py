@@ -428,7 +428,7 @@ class Supervisor:
                                      exit_code=cl.exit_code, signal=cl.signal, hint=cl.hint)
                     self.state.update(classification=cl.to_json())
                     self._report_failure(attempt, cl)
-                if user_restart or restarts_used < self.spec.max_restarts:
+                if user_restart or (restarts_used < self.spec.max_restarts and cl.kind not in cls.NOT_RESTARTED):
                     if not user_restart:
                         restarts_used += 1
                     else:           # a restart the user asked for does not spend --max-restarts
@@ -901,7 +901,10 @@ class _Attempt:
         if any(r.cuda_oom_at for r in ranks):
             ds = read_json_object(Path(sup.ds_config_file)) if sup.ds_config_file else None
             next_rung, cmd = cls.suggest_for_cuda_oom(load_plan_near(sup.config_file), sup.accel, ds)
+        done = [c.markers.train_done_at for c in list(self.ranks.values()) + [self.launcher_capture]
+                if c is not None and c.markers.train_done_at is not None]
         o = cls.AttemptOutcome(
+            training_finished_at=min(done) if done else None,
             launcher_exit=self.launcher_exit, ranks=ranks,
             stop_requested=sup.stop_requested or sup.restart_requested, stalled=self.stalled,
             stall_timeout_s=sup.spec.stall_timeout, stall_now=self.stall_now, gpus_idle=self.gpus_idle,
