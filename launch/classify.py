@@ -42,6 +42,7 @@ class RankOutcome:
     last_output_at: float | None = None
     log_tail: list[str] = field(default_factory=list)
     pid: int | None = None
+    stack: list[str] | None = None        # after a stall: its main thread's Python stack, innermost first
 
 
 @dataclass
@@ -183,6 +184,37 @@ def dmesg_oom_evidence(text: str | None, pids: list[int]) -> bool | None:
             if not pids or any(re.search(rf"\b{p}\b", line) for p in pids):
                 return True
     return False
+
+
+_THREAD_HEAD = re.compile(r"^(?:Current thread|Thread) 0x[0-9a-f]+ .*\(most recent call first\):")
+_FRAME = re.compile(r'^\s+File "([^"]+)", line (\d+) in (\S+)')
+# where a rank waits for the others: a collective, or the backward pass (DDP's and ZeRO's gradient
+# reductions wait inside autograd)
+WAITING_PATHS = ("/torch/distributed/", "/deepspeed/comm/", "/torch/autograd/", "/torch/nn/parallel/distributed.py")
+
+
+def main_thread_stack(lines: list[str]) -> list[str] | None:
+    """From a faulthandler dump in a rank's log (the last one), the main thread's frames as
+    "func (file:line)", innermost first: the thread whose stack reaches launch/_worker.py."""
+    threads: list[list[tuple[str, int, str]]] = []
+    for line in lines:
+        if _THREAD_HEAD.match(line.strip()):
+            threads.append([])
+            continue
+        m = _FRAME.match(line)
+        if m and threads:
+            threads[-1].append((m.group(1), int(m.group(2)), m.group(3)))
+    # the dump lists every thread once: take the last dump's threads (the newest run of heads)
+    for frames in reversed(threads):
+        if any(f.endswith("_worker.py") for f, _l, _fn in frames):
+            return [f"{fn} ({f}:{ln})" for f, ln, fn in frames]
+    return None
+
+
+def waiting_for_others(stack: list[str] | None) -> bool | None:
+    if not stack:
+        return None
+    return any(p in frame for frame in stack for p in WAITING_PATHS)
 
 
 # ------------------------------------------------------------------ next rung for CUDA OOM
@@ -439,7 +471,21 @@ def _classify_stall(o: AttemptOutcome) -> Classification:
     first = min(o.ranks, key=lambda r: (r.last_output_at or 0.0, r.rank)) if o.ranks else None
     gpu = {True: " and every GPU idle", False: "", None: " (no GPU metrics: log silence only)"}[o.gpus_idle]
     summary = f"stall: no output from any rank for {o.stall_timeout_s:g} s{gpu}"
-    hint = ("; ".join(silent) + ". The rank silent longest is the first suspect; py-spy is not available "
-            "to the supervisor, so no stacks were taken (pip install py-spy; py-spy dump --pid PID)")
+    waiting = [r for r in o.ranks if waiting_for_others(r.stack) is True]
+    elsewhere = [r for r in o.ranks if waiting_for_others(r.stack) is False]
+    if waiting and elsewhere:
+        # the others wait in a collective (or backward) for it: the rank that is somewhere else
+        # stopped first, whatever its last line's time says
+        first = min(elsewhere, key=lambda r: r.rank)
+        where = first.stack[0] if first.stack else "?"
+        summary += f"; rank {first.rank} stalled at {where}"
+        hint = (f"rank {first.rank} is not where the others are: its main thread is at {where}; "
+                f"rank{'s' if len(waiting) > 1 else ''} {', '.join(str(r.rank) for r in sorted(waiting, key=lambda r: r.rank))} "
+                f"wait{'' if len(waiting) > 1 else 's'} for it in a collective. " + "; ".join(silent) +
+                ". Stacks from faulthandler are in each rank's log (py-spy dump --pid PID gives native frames too)")
+    else:
+        hint = ("; ".join(silent) + ". The rank silent longest is the first suspect; the ranks' Python stacks "
+                "(faulthandler) are at the end of their logs where they could be taken; py-spy dump --pid PID "
+                "gives native frames too")
     return Classification(kind="stall", rank=first.rank if first else None, exit_code=None, signal=None,
                           summary=summary, hint=hint, log_tail=(first.log_tail if first else [])[-TAIL_LINES:])

@@ -61,6 +61,8 @@ DRAIN_AFTER_EXIT_S = 2.0
 STALL_EXIT_CODE = 124
 STOPPED_EXIT_CODE = 130
 GPU_IDLE_UTIL = 5
+STACK_WAIT_S = 2.0          # after a stall: time for the ranks' stack dumps to arrive before teardown
+STACK_TAIL_LINES = 600
 CONTROL_FILE = "control.json"
 
 # Exec shim for the launcher: PR_SET_PDEATHSIG must be set in the child between fork and exec;
@@ -559,6 +561,8 @@ class _Attempt:
         self.teardown_at: float | None = None
         self.killed = False
         self.stalled = False
+        self.stall_dump_at: float | None = None
+        self.silent_at: dict[int, float | None] = {}      # each rank's last output when the stall was declared
         self.stall_now: float | None = None
         self.gpus_idle: bool | None = None
         self._last_scan = 0.0
@@ -788,8 +792,10 @@ class _Attempt:
                 self.begin_teardown("restart requested" if not self.sup.stop_requested else "stop requested")
             if self.sup.kill_requested and not self.killed:
                 self.kill_all()
-            if self.teardown_at is None and spec.stall_timeout and self.launcher_exit is None:
+            if self.teardown_at is None and spec.stall_timeout and self.launcher_exit is None and not self.stalled:
                 self._check_stall(spec.stall_timeout)
+            if self.stalled and self.teardown_at is None and now_m - (self.stall_dump_at or 0) >= STACK_WAIT_S:
+                self.begin_teardown(f"stall: no output for {spec.stall_timeout:g} s")
             if self.teardown_at is not None and not self.killed and now_m - self.teardown_at >= spec.grace:
                 self.sup.say(f"grace period over: SIGKILL to {len(self.alive())} processes")
                 self.kill_all()
@@ -836,7 +842,17 @@ class _Attempt:
                            for r, c in sorted(self.ranks.items()))
         self.sup.events.emit("stall", self.number, timeout_s=timeout, silent=silent or "no rank connected",
                              gpus_idle=idle)
-        self.begin_teardown(f"stall: no output for {timeout:g} s")
+        self.silent_at = {r: c.last_output_at for r, c in self.ranks.items()}
+        self._request_stacks()
+        self.stall_dump_at = time.monotonic()      # teardown follows once the dumps had STACK_WAIT_S
+
+    def _request_stacks(self) -> None:
+        """Ask every connected rank (our _worker registered the signal with faulthandler) for its stacks."""
+        from launch._worker import stack_dump_signal
+        for cap in self.ranks.values():
+            p = self.tracked.get(cap.pid) if cap.pid else None
+            if p is not None and cap.closed_at is None:
+                self.signal_verified(p, stack_dump_signal())
 
     def status_line(self) -> str:
         p = self.sup.state.data["progress"]
@@ -888,7 +904,10 @@ class _Attempt:
             ranks.append(cls.RankOutcome(
                 rank=r, exit_code=code, ended_at=cap.closed_at, traceback_at=m.traceback_at,
                 cuda_oom_at=m.cuda_oom_at, nccl_at=m.nccl_at, last_exception=m.last_exception,
-                last_output_at=cap.last_output_at, pid=cap.pid,
+                last_output_at=self.silent_at.get(r, cap.last_output_at) if self.stalled else cap.last_output_at,
+                pid=cap.pid,
+                stack=cls.main_thread_stack(tail_lines(rank_log_path(sup.run_dir, self.number, r), STACK_TAIL_LINES))
+                if self.stalled else None,
                 log_tail=tail_lines(rank_log_path(sup.run_dir, self.number, r), cls.TAIL_LINES)))
         # roots the launcher reported that never connected (died before the wrapper ran)
         for r, f in by_rank.items():

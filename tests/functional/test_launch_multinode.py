@@ -129,7 +129,7 @@ PartitionName=debug Nodes=n1,n2 Default=YES MaxTime=60 State=UP OverSubscribe=YE
         deadline = time.monotonic() + 60
         out = ""
         while time.monotonic() < deadline:
-            out = self.run(["sinfo", "-h", "-o", "%n %t"]).stdout
+            out = self.run(["sinfo", "-h", "-N", "-o", "%N %t"]).stdout
             if sorted(out.split()) == ["idle", "idle", "n1", "n2"]:
                 return
             time.sleep(0.5)

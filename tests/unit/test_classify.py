@@ -195,3 +195,37 @@ def test_the_trainer_summary_marks_the_end_of_training():
     assert cap.markers.train_done_at is None
     cap.feed(b"{'train_runtime': 3.2, 'train_samples_per_second': 9.9, 'train_loss': 1.1, 'epoch': 1.0}\n")
     assert cap.markers.train_done_at == 42.0
+
+
+def _dump(main_frames: list[str]) -> list[str]:
+    """A faulthandler dump as a rank writes it: a helper thread, then the main thread."""
+    lines = ["Thread 0x00007f2b5d7fe640 (most recent call first):",
+             '  File "/usr/lib/python3.11/threading.py", line 320 in wait', ""]
+    lines.append("Current thread 0x00007f2b6c8a1740 (most recent call first):")
+    lines += [f'  File "{f}", line 10 in {fn}' for f, fn in main_frames]
+    lines += ['  File "/repo/launch/_worker.py", line 70 in main', '  File "/repo/launch/_worker.py", line 76 in <module>']
+    return ["{'loss': 1.0}"] + lines
+
+
+def test_main_thread_stack_is_the_one_under_the_worker():
+    stack = c.main_thread_stack(_dump([("/repo/examples/train.py", "on_step_begin")]))
+    assert stack[0] == "on_step_begin (/repo/examples/train.py:10)" and stack[-1].startswith("<module>")
+    assert c.waiting_for_others(stack) is False
+    assert c.main_thread_stack(["no dump here"]) is None and c.waiting_for_others(None) is None
+
+
+def test_the_stalled_rank_is_the_one_not_waiting_with_the_others():
+    """Rank 1 hangs in a callback; rank 0 waits for it in the gradient all-reduce. Rank 0's last line
+    is older (rank 1 printed 'hanging'), yet the stall is rank 1's."""
+    waiting = c.main_thread_stack(_dump([("/venv/torch/autograd/graph.py", "_engine_run_backward"),
+                                         ("/venv/torch/_tensor.py", "backward")]))
+    hung = c.main_thread_stack(_dump([("/repo/examples/train.py", "on_step_begin")]))
+    o = c.AttemptOutcome(launcher_exit=None, stalled=True, stall_timeout_s=20, stall_now=100.0, ranks=[
+        c.RankOutcome(rank=0, last_output_at=70.0, stack=waiting),
+        c.RankOutcome(rank=1, last_output_at=71.0, stack=hung)])
+    r = c.classify(o)
+    assert r.kind == "stall" and r.rank == 1
+    assert "rank 1 stalled at on_step_begin" in r.summary and "rank 0 waits for it" in r.hint
+    # without stacks: the rank silent longest, as before
+    o.ranks[0].stack = o.ranks[1].stack = None
+    assert c.classify(o).rank == 0
