@@ -189,7 +189,7 @@ def engine_lines(run_dir: Path) -> dict[int, dict[str, str]]:
     found = {}
     for log in (run_dir / "logs" / "attempt-1").glob("rank-*.log"):
         for line in log.read_text(errors="replace").splitlines():
-            m = re.match(r"\[rank(\d+)\] (engine=.*)", line)
+            m = re.search(r"\[rank(\d+)\] (engine=.*)", line)      # tqdm may share the line
             if m:
                 found[int(m.group(1))] = dict(kv.split("=", 1) for kv in m.group(2).split() if "=" in kv)
                 break
