@@ -728,3 +728,12 @@ def test_progress_curve_restarts_with_the_attempt():
     st.apply(Update(events=[{"type": "train_log", "attempt": 1, "loss": 2.9},
                             {"type": "train_log", "attempt": 2, "loss": 4.0}]), {"attempt": 2})
     assert list(st.loss) == [4.0]
+
+
+async def test_a_user_restart_does_not_make_attempt_2_of_1(tmp_path, supervisor):
+    d = make_run(tmp_path, supervisor_pid=supervisor.pid)
+    update_run(d, attempt=2, max_restarts=0, user_restarts=1)
+    app = frozen_app(d, owned=False)
+    async with app.run_test(size=(100, 24)) as pilot:
+        await pilot.pause()
+        assert "attempt 2/2" in app.query_one(Header).plain
