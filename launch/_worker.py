@@ -22,6 +22,23 @@ import sys
 
 ENV_SOCKET = "WIZARD_LAUNCH_SOCKET"
 PR_SET_PDEATHSIG = 1
+STACK_DUMP_OFFSET = 6          # SIGRTMIN + 6: the supervisor asks for this rank's Python stacks
+
+
+def stack_dump_signal() -> int:
+    import signal
+    return int(signal.SIGRTMIN) + STACK_DUMP_OFFSET
+
+
+def _dump_stacks_on_signal() -> None:
+    """On a stall the supervisor sends stack_dump_signal(): faulthandler writes every thread's
+    Python stack to stderr (the rank's stream), so the report can say which rank is not where the
+    others wait (py-spy's answer, without ptrace rights or an extra package)."""
+    try:
+        import faulthandler
+        faulthandler.register(stack_dump_signal(), all_threads=True, chain=False)
+    except (AttributeError, ValueError, OSError, RuntimeError):
+        pass
 
 
 def _set_parent_death_signal(sig: int) -> None:
@@ -63,8 +80,8 @@ def main() -> None:
     _set_parent_death_signal(signal.SIGKILL)
     rank = int(os.environ.get("RANK", "0"))
     address = os.environ.get(ENV_SOCKET)
-    if address:
-        _connect_output(address, rank)
+    if address and _connect_output(address, rank):
+        _dump_stacks_on_signal()
     script = sys.argv[1]
     sys.argv = sys.argv[1:]
     sys.path[0] = os.path.dirname(os.path.abspath(script))

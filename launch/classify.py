@@ -7,7 +7,11 @@ Evidence (launcher_tui.md §5.2, accelerate.md §5.5-5.6):
 - accelerate's simple_launcher raises CalledProcessError "returned non-zero exit status N" or
   "died with <Signals.SIGKILL: 9>" for its single child (rank 0).
 - -6/SIGABRT with NCCL text: the ProcessGroupNCCL watchdog aborted the rank.
-- -9/SIGKILL nobody asked for: the kernel OOM killer (dmesg, when readable, confirms).
+- -9/SIGKILL nobody asked for: the kernel OOM killer only when the kernel log says so; a kernel log
+  without an OOM kill means someone (a user, a job manager) sent it; an unreadable one leaves the
+  cause unknown, and the report says exactly that.
+- SIGABRT (134) after the training's last line (the Trainer's train_runtime summary): a crash in
+  the interpreter's or a library's shutdown; the training itself finished, so it is not restarted.
 - -15/SIGTERM (or SIGINT/SIGHUP) after another rank failed: collateral, torn down by the agent.
 - "CUDA out of memory" / "OutOfMemoryError" in a rank's log: the plan's next rung is the fix.
 """
@@ -19,7 +23,9 @@ import signal as _signal
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-KINDS = ("python_exception", "nccl_abort", "oom_killed", "cuda_oom", "collateral", "stall", "signal", "unknown")
+KINDS = ("python_exception", "nccl_abort", "oom_killed", "cuda_oom", "collateral", "stall", "signal",
+         "shutdown_crash", "unknown")
+NOT_RESTARTED = ("shutdown_crash",)       # the training finished: another attempt would redo it all
 COLLATERAL_SIGNALS = (_signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP)
 TAIL_LINES = 30
 
@@ -36,6 +42,7 @@ class RankOutcome:
     last_output_at: float | None = None
     log_tail: list[str] = field(default_factory=list)
     pid: int | None = None
+    stack: list[str] | None = None        # after a stall: its main thread's Python stack, innermost first
 
 
 @dataclass
@@ -51,6 +58,7 @@ class AttemptOutcome:
     oom_killer_seen: bool | None = None   # dmesg: None when unreadable
     next_rung: str | None = None          # for CUDA OOM: the plan's next rung (name)
     suggested_command: str | None = None
+    training_finished_at: float | None = None   # first sight of the Trainer's end-of-training summary
 
 
 @dataclass
@@ -176,6 +184,37 @@ def dmesg_oom_evidence(text: str | None, pids: list[int]) -> bool | None:
             if not pids or any(re.search(rf"\b{p}\b", line) for p in pids):
                 return True
     return False
+
+
+_THREAD_HEAD = re.compile(r"^(?:Current thread|Thread) 0x[0-9a-f]+ .*\(most recent call first\):")
+_FRAME = re.compile(r'^\s+File "([^"]+)", line (\d+) in (\S+)')
+# where a rank waits for the others: a collective, or the backward pass (DDP's and ZeRO's gradient
+# reductions wait inside autograd)
+WAITING_PATHS = ("/torch/distributed/", "/deepspeed/comm/", "/torch/autograd/", "/torch/nn/parallel/distributed.py")
+
+
+def main_thread_stack(lines: list[str]) -> list[str] | None:
+    """From a faulthandler dump in a rank's log (the last one), the main thread's frames as
+    "func (file:line)", innermost first: the thread whose stack reaches launch/_worker.py."""
+    threads: list[list[tuple[str, int, str]]] = []
+    for line in lines:
+        if _THREAD_HEAD.match(line.strip()):
+            threads.append([])
+            continue
+        m = _FRAME.match(line)
+        if m and threads:
+            threads[-1].append((m.group(1), int(m.group(2)), m.group(3)))
+    # the dump lists every thread once: take the last dump's threads (the newest run of heads)
+    for frames in reversed(threads):
+        if any(f.endswith("_worker.py") for f, _l, _fn in frames):
+            return [f"{fn} ({f}:{ln})" for f, ln, fn in frames]
+    return None
+
+
+def waiting_for_others(stack: list[str] | None) -> bool | None:
+    if not stack:
+        return None
+    return any(p in frame for frame in stack for p in WAITING_PATHS)
 
 
 # ------------------------------------------------------------------ next rung for CUDA OOM
@@ -316,9 +355,13 @@ def suggest_for_cuda_oom(plan: dict[str, Any] | None, accel_config: dict[str, An
 
 # ------------------------------------------------------------------ classification
 
-def _rank_kind(r: RankOutcome, stop_requested: bool) -> str | None:
+def _rank_kind(r: RankOutcome, stop_requested: bool, oom_killer_seen: bool | None = None,
+               training_finished_at: float | None = None) -> str | None:
     """What happened to one rank, or None if it shows no sign of failure."""
     _status, sig = decode_exit(r.exit_code)
+    if (sig == _signal.SIGABRT and training_finished_at is not None and r.cuda_oom_at is None
+            and (r.ended_at is None or r.ended_at >= training_finished_at)):
+        return "shutdown_crash"
     if r.cuda_oom_at is not None:
         return "cuda_oom"
     if r.nccl_at is not None and (sig == _signal.SIGABRT or r.exit_code not in (None, 0)):
@@ -326,7 +369,9 @@ def _rank_kind(r: RankOutcome, stop_requested: bool) -> str | None:
     if sig == _signal.SIGABRT and r.nccl_at is not None:
         return "nccl_abort"
     if sig == _signal.SIGKILL:
-        return "collateral" if stop_requested else "oom_killed"
+        if stop_requested:
+            return "collateral"
+        return "oom_killed" if oom_killer_seen else "signal"     # only the kernel log makes it an OOM kill
     if sig in COLLATERAL_SIGNALS:
         return "collateral"
     if r.traceback_at is not None and r.exit_code not in (0,):
@@ -349,10 +394,13 @@ HINTS = {
     "nccl_abort": ("rank {rank} was aborted by the NCCL watchdog: a collective timed out, usually because one rank "
                    "is stuck or took a different code path; rerun with TORCH_NCCL_TRACE_BUFFER_SIZE=2000 "
                    "TORCH_NCCL_DUMP_ON_TIMEOUT=1 for a Flight Recorder dump"),
-    "oom_killed": ("rank {rank} was SIGKILLed and nobody asked for it: most likely the kernel OOM killer "
-                   "(host RAM){dmesg}; lower CPU offload, dataloader workers or per-process RAM"),
+    "oom_killed": ("rank {rank} was SIGKILLed by the kernel OOM killer (host RAM; the kernel log confirms); "
+                   "lower CPU offload, dataloader workers or per-process RAM"),
+    "shutdown_crash": ("rank {rank} aborted ({sig}) after the training's last line: the training finished and "
+                       "something crashed while the process shut down (often a library's threads at exit); "
+                       "the results are there, the run is not restarted"),
     "collateral": "rank {rank} was terminated by the launcher after another failure (not the cause)",
-    "signal": "rank {rank} died of {sig}{native}",
+    "signal": "rank {rank} died of {sig}{native}{cause}",
     "unknown": "rank {rank} exited with code {code}; see the log tail",
 }
 
@@ -363,7 +411,7 @@ def classify(o: AttemptOutcome) -> Classification | None:
         return _classify_stall(o)
     failing = []
     for r in o.ranks:
-        kind = _rank_kind(r, o.stop_requested)
+        kind = _rank_kind(r, o.stop_requested, o.oom_killer_seen, o.training_finished_at)
         if kind is not None:
             failing.append((kind, r))
     if o.stop_requested and all(k == "collateral" for k, _ in failing):
@@ -382,7 +430,9 @@ def classify(o: AttemptOutcome) -> Classification | None:
     _status, sig = decode_exit(first.exit_code)
     exc = first.last_exception or "an exception"
     fmt = {"rank": first.rank, "exc": exc, "sig": signal_name(sig) or "a signal", "code": first.exit_code,
-           "dmesg": {True: " (dmesg confirms)", False: " (dmesg shows no OOM kill)", None: ""}[o.oom_killer_seen],
+           "cause": ("" if sig != _signal.SIGKILL else
+                     {False: "; the kernel log shows no OOM kill: it was sent by a user or another program",
+                      None: " (cause unknown: the kernel log is not readable here)"}.get(o.oom_killer_seen, "")),
            "native": " (a native crash; SIGBUS often means /dev/shm is too small)"
            if sig in (_signal.SIGSEGV, _signal.SIGBUS) else ""}
     hint = HINTS[kind].format(**fmt)
@@ -396,9 +446,13 @@ def classify(o: AttemptOutcome) -> Classification | None:
         "python_exception": f"rank {first.rank} failed: {exc}",
         "cuda_oom": f"rank {first.rank}: CUDA out of memory",
         "nccl_abort": f"rank {first.rank}: NCCL watchdog abort",
-        "oom_killed": f"rank {first.rank} killed (SIGKILL), likely by the OOM killer",
+        "oom_killed": f"rank {first.rank} killed (SIGKILL) by the kernel OOM killer",
+        "shutdown_crash": f"rank {first.rank} crashed during shutdown after training finished ({signal_name(sig)})",
         "collateral": f"rank {first.rank} terminated ({signal_name(sig)})",
-        "signal": f"rank {first.rank} died of {signal_name(sig)}",
+        "signal": (f"rank {first.rank} killed by signal {sig} (cause unknown)"
+                   if sig == _signal.SIGKILL and o.oom_killer_seen is None else
+                   f"rank {first.rank} killed by signal {sig} ({signal_name(sig)}), not the OOM killer"
+                   if sig == _signal.SIGKILL else f"rank {first.rank} died of {signal_name(sig)}"),
         "unknown": f"rank {first.rank} exited with code {first.exit_code}",
     }[kind]
     if others:
@@ -417,7 +471,21 @@ def _classify_stall(o: AttemptOutcome) -> Classification:
     first = min(o.ranks, key=lambda r: (r.last_output_at or 0.0, r.rank)) if o.ranks else None
     gpu = {True: " and every GPU idle", False: "", None: " (no GPU metrics: log silence only)"}[o.gpus_idle]
     summary = f"stall: no output from any rank for {o.stall_timeout_s:g} s{gpu}"
-    hint = ("; ".join(silent) + ". The rank silent longest is the first suspect; py-spy is not available "
-            "to the supervisor, so no stacks were taken (pip install py-spy; py-spy dump --pid PID)")
+    waiting = [r for r in o.ranks if waiting_for_others(r.stack) is True]
+    elsewhere = [r for r in o.ranks if waiting_for_others(r.stack) is False]
+    if waiting and elsewhere:
+        # the others wait in a collective (or backward) for it: the rank that is somewhere else
+        # stopped first, whatever its last line's time says
+        first = min(elsewhere, key=lambda r: r.rank)
+        where = first.stack[0] if first.stack else "?"
+        summary += f"; rank {first.rank} stalled at {where}"
+        hint = (f"rank {first.rank} is not where the others are: its main thread is at {where}; "
+                f"rank{'s' if len(waiting) > 1 else ''} {', '.join(str(r.rank) for r in sorted(waiting, key=lambda r: r.rank))} "
+                f"wait{'' if len(waiting) > 1 else 's'} for it in a collective. " + "; ".join(silent) +
+                ". Stacks from faulthandler are in each rank's log (py-spy dump --pid PID gives native frames too)")
+    else:
+        hint = ("; ".join(silent) + ". The rank silent longest is the first suspect; the ranks' Python stacks "
+                "(faulthandler) are at the end of their logs where they could be taken; py-spy dump --pid PID "
+                "gives native frames too")
     return Classification(kind="stall", rank=first.rank if first else None, exit_code=None, signal=None,
                           summary=summary, hint=hint, log_tail=(first.log_tail if first else [])[-TAIL_LINES:])

@@ -46,6 +46,8 @@ def add_launch_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--emit-slurm", type=int, default=None, metavar="NODES",
                    help="write an sbatch script running `wizard launch --headless` on NODES nodes, don't launch")
     p.add_argument("--slurm-output", default="wizard-launch.sbatch", help="where --emit-slurm writes")
+    p.add_argument("--slurm-gpus-per-node", type=int, default=None, metavar="N",
+                   help="GPUs each node asks for (default: the config's processes per node, 0 for a CPU config)")
     p.add_argument("--metrics-interval", type=float, default=1.0, help="GPU sampling period (default 1 s)")
     p.add_argument("--log-cap-mb", type=float, default=50.0, help="per-rank log size before rotation (default 50)")
     p.add_argument("--accelerate-arg", action="append", default=[], metavar="ARG",
@@ -97,20 +99,69 @@ def _script_and_args(command: list[str], must_exist: bool = True) -> tuple[str, 
     return script, cmd[1:]
 
 
+def _finite(v: float) -> bool:
+    import math
+    return math.isfinite(v)
+
+
 def _validate(args) -> None:
+    """Every numeric option finite and in range (nan and inf compare False with everything, so
+    they are refused first); exit 2 with one line otherwise."""
     from wizard.errors import InputError
+
+    def seconds(flag: str, v: float | None, minimum: float, strict: bool) -> None:
+        if v is None:
+            return
+        if not _finite(v) or (v <= minimum if strict else v < minimum):
+            raise InputError(flag, f"{v}", f"a finite number of seconds {'>' if strict else '>='} {minimum:g}")
+
     if args.max_restarts < 0:
         raise InputError("--max-restarts", f"{args.max_restarts}", "0 or more")
-    if args.stall_timeout is not None and args.stall_timeout <= 0:
-        raise InputError("--stall-timeout", f"{args.stall_timeout}", "a number of seconds > 0")
-    if args.grace < 0:
-        raise InputError("--grace", f"{args.grace}", "a number of seconds >= 0")
-    if args.status_interval <= 0:
-        raise InputError("--status-interval", f"{args.status_interval}", "a number of seconds > 0")
+    seconds("--stall-timeout", args.stall_timeout, 0, True)
+    seconds("--grace", args.grace, 0, False)
+    seconds("--status-interval", args.status_interval, 0, True)
+    seconds("--metrics-interval", args.metrics_interval, 0, True)
+    if not _finite(args.log_cap_mb) or args.log_cap_mb <= 0:
+        raise InputError("--log-cap-mb", f"{args.log_cap_mb}", "a finite number of MB > 0")
     if args.machine_rank is not None and args.machine_rank < 0:
         raise InputError("--machine-rank", f"{args.machine_rank}", "0 or more")
+    if args.main_process_port is not None and not 1 <= args.main_process_port <= 65535:
+        raise InputError("--main-process-port", f"{args.main_process_port}", "a TCP port, 1-65535")
+    if args.slurm_gpus_per_node is not None and args.slurm_gpus_per_node < 0:
+        raise InputError("--slurm-gpus-per-node", f"{args.slurm_gpus_per_node}", "0 or more")
+    if args.emit_slurm is not None and args.emit_slurm < 1:
+        raise InputError("--emit-slurm", f"{args.emit_slurm} nodes", "a positive number of nodes")
     if args.config_file is not None and not Path(args.config_file).is_file():
         raise InputError("--config-file", f"{args.config_file} does not exist", "an accelerate config YAML")
+    if args.run_dir is not None and Path(args.run_dir).exists() and not Path(args.run_dir).is_dir():
+        raise InputError("--run-dir", f"{args.run_dir} exists and is not a directory", "a new or empty directory")
+
+
+def resolve_config_file(config_file: str | None) -> str | None:
+    """The accelerate config the launch will use: the given one, else accelerate's default if it exists."""
+    if config_file:
+        return str(Path(config_file).absolute())
+    from wizard.paths import accelerate_default_config_file
+    default = accelerate_default_config_file()
+    return default if os.path.isfile(default) else None
+
+
+def check_config(config_file: str | None) -> dict[str, Any] | None:
+    """Load and check the config before accelerate starts: a config `wizard check` finds an error in
+    (or cannot read) is exit 2 with that one-line finding, not an accelerate traceback in a log."""
+    if config_file is None:
+        return None
+    from wizard.check import run_check
+    from wizard.errors import InputError
+    findings = run_check(config_file=config_file, use_default_config=False)   # InputError if unreadable
+    errors = [f for f in findings if f.severity == "error"]
+    if errors:
+        f = errors[0]
+        where = f"{f.file}: {f.rule}" + (f" {f.key}" if f.key else "")
+        more = f" (+{len(errors) - 1} more: wizard check --config-file {config_file})" if len(errors) > 1 else ""
+        raise InputError("--config-file", f"{where}: {f.message}{more}", "a config `wizard check` passes")
+    from wizard.fsutil import read_yaml_mapping
+    return read_yaml_mapping(config_file)
 
 
 def make_spec(args, run_dir: Path, headless: bool) -> "Any":
@@ -129,50 +180,79 @@ def make_spec(args, run_dir: Path, headless: bool) -> "Any":
 
 def cmd_launch(args) -> int:
     _validate(args)
+    config_file = resolve_config_file(args.config_file)
+    accel = check_config(config_file)
     if args.emit_slurm is not None:      # the script lives where the job runs, maybe not here
         script, script_args = _script_and_args(args.command, must_exist=False)
-        return emit_slurm(args, script, script_args)
+        return emit_slurm(args, script, script_args, config_file, accel)
     script, script_args = _script_and_args(args.command)
     from launch.rundir import create_run_dir
     interactive = sys.stdout.isatty() and sys.stdin.isatty()
     headless = bool(args.headless) or not interactive
     use_view = not headless and not args.detach
-    run_dir = create_run_dir(args.run_dir, args.runs_root)
+    run_dir, lock_fd = create_run_dir(args.run_dir, args.runs_root)     # locked before anything is written
     spec = make_spec(args, run_dir, headless=headless if not (args.detach or use_view) else False)
-    if args.detach or use_view:
-        if args.detach:
-            spec.headless = True          # its output goes to supervisor.log: plain lines
-        spawn_background(spec)
-        if args.detach:
-            state = _wait_started(run_dir)
-            print(str(run_dir))
-            pid = (state or {}).get("supervisor_pid")
-            print(f"detached: supervisor pid {pid}; follow with `wizard attach {run_dir}`, "
-                  f"stop with `wizard stop {run_dir}`", file=sys.stderr)
-            return 0
-        _wait_started(run_dir)
+    if args.detach:
+        spec.headless = True              # its output goes to supervisor.log: plain lines
+        spawn_background(spec, lock_fd)
+        state = _wait_started(run_dir)
+        print(str(run_dir))
+        pid = (state or {}).get("supervisor_pid")
+        print(f"detached: supervisor pid {pid}; follow with `wizard attach {run_dir}`, "
+              f"stop with `wizard stop {run_dir}`", file=sys.stderr)
+        return 0
+    if use_view:
+        # foreground: the supervisor is our child and ends the run when we die or the terminal
+        # goes (PR_SET_PDEATHSIG); `d` in the view asks it to detach first
+        child = spawn_foreground(spec, lock_fd)
+        _wait_started(run_dir, child=child)
         from launch.view import run_view
         return run_view(run_dir, owned=True)
     from launch.supervisor import Supervisor
-    return Supervisor(spec).run()
+    return Supervisor(spec, lock_fd=lock_fd).run()
 
 
-def spawn_background(spec) -> None:
-    """Start the supervisor in a session of its own (it forks once more), logging to supervisor.log."""
-    run_dir = Path(spec.run_dir)
-    (run_dir / "spec.json").write_text(json.dumps(spec.to_json(), indent=1))
-    log = open(run_dir / "supervisor.log", "ab")
+def _supervisor_env() -> dict[str, str]:
     env = dict(os.environ)
     root = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    p = subprocess.Popen([sys.executable, "-m", "launch.supervisor", str(run_dir), "--daemon"],
-                         stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                         start_new_session=True, close_fds=True, env=env, cwd=spec.cwd or None)
+    return env
+
+
+def spawn_background(spec, lock_fd: int) -> None:
+    """Start the supervisor in a session of its own (it forks once more), logging to supervisor.log.
+    The run directory's lock goes with it (the fd is inherited); ours is closed."""
+    run_dir = Path(spec.run_dir)
+    (run_dir / "spec.json").write_text(json.dumps(spec.to_json(), indent=1))
+    log = open(run_dir / "supervisor.log", "ab")
+    p = subprocess.Popen([sys.executable, "-m", "launch.supervisor", str(run_dir), "--daemon",
+                          "--lock-fd", str(lock_fd)],
+                         stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, pass_fds=(lock_fd,),
+                         start_new_session=True, close_fds=True, env=_supervisor_env(), cwd=spec.cwd or None)
     log.close()
+    os.close(lock_fd)
     p.wait()     # the first child exits as soon as it has forked the supervisor
 
 
-def _wait_started(run_dir: Path, timeout: float = 30.0) -> dict[str, Any] | None:
+def spawn_foreground(spec, lock_fd: int) -> subprocess.Popen:
+    """Start the supervisor as our child, in its own session (the view owns the terminal's keys),
+    told to end the run when we die (--parent: it sets PR_SET_PDEATHSIG and checks our pid)."""
+    import threading
+    run_dir = Path(spec.run_dir)
+    (run_dir / "spec.json").write_text(json.dumps(spec.to_json(), indent=1))
+    log = open(run_dir / "supervisor.log", "ab")
+    p = subprocess.Popen([sys.executable, "-m", "launch.supervisor", str(run_dir), "--parent", str(os.getpid()),
+                          "--lock-fd", str(lock_fd)],
+                         stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, pass_fds=(lock_fd,),
+                         start_new_session=True, close_fds=True, env=_supervisor_env(), cwd=spec.cwd or None)
+    log.close()
+    os.close(lock_fd)
+    # reap it when it ends, so a finished supervisor is not left a zombie while the view is open
+    threading.Thread(target=p.wait, daemon=True).start()
+    return p
+
+
+def _wait_started(run_dir: Path, timeout: float = 30.0, child: subprocess.Popen | None = None) -> dict[str, Any] | None:
     from launch.rundir import read_state
     deadline = time.monotonic() + timeout
     state = None
@@ -181,12 +261,16 @@ def _wait_started(run_dir: Path, timeout: float = 30.0) -> dict[str, Any] | None
         if state and state.get("supervisor_pid") and state.get("launcher_pid") or \
                 (state and state.get("status") in TERMINAL_STATUSES):
             return state
+        if child is not None and child.poll() is not None:
+            return state
         time.sleep(0.1)
     return state
 
 
-def emit_slurm(args, script: str, script_args: list[str]) -> int:
-    from launch.slurm import render_sbatch, write_sbatch
+def emit_slurm(args, script: str, script_args: list[str], config_file: str | None,
+               accel: dict[str, Any] | None) -> int:
+    from launch.slurm import node_resources, render_sbatch, write_sbatch
+    from launch.supervisor import load_plan_near
     flags: list[str] = []
     if args.max_restarts:
         flags += ["--max-restarts", str(args.max_restarts)]
@@ -196,10 +280,10 @@ def emit_slurm(args, script: str, script_args: list[str]) -> int:
         flags += ["--grace", f"{args.grace:g}"]
     if args.status_interval != 30.0:
         flags += ["--status-interval", f"{args.status_interval:g}"]
-    from wizard.paths import accelerate_default_config_file
-    cfg = str(Path(args.config_file).absolute()) if args.config_file else accelerate_default_config_file()
-    text = render_sbatch(args.emit_slurm, script, script_args, config_file=cfg, launch_flags=flags,
-                         port=args.main_process_port or 29500)
+    res = node_resources(args.emit_slurm, accel, load_plan_near(config_file), args.main_process_port,
+                         gpus_per_node=args.slurm_gpus_per_node)
+    text = render_sbatch(args.emit_slurm, script, script_args, config_file=config_file, launch_flags=flags,
+                         resources=res)
     path = write_sbatch(args.slurm_output, text)
     print(f"wrote {path}: submit with `sbatch {path}`")
     return 0
@@ -207,69 +291,39 @@ def emit_slurm(args, script: str, script_args: list[str]) -> int:
 
 # ------------------------------------------------------------------ stop
 
-def _pid_alive(pid: int | None, create_time: float | None = None) -> bool:
-    from launch.rundir import process_alive
-    return process_alive(pid, create_time)
-
-
-def _kill_leftovers(state: dict[str, Any]) -> int:
-    """The supervisor is gone (killed): end whatever it recorded that still runs."""
-    import psutil
-    pids = set(int(p) for p in (state.get("tracked_pids") or []))
-    pids |= set(int(p) for p in (state.get("pids") or {}).values() if p)
-    if state.get("launcher_pid"):
-        pids.add(int(state["launcher_pid"]))
-    procs = []
-    for pid in pids:
-        try:
-            p = psutil.Process(pid)
-            if p.create_time() > float(state.get("started_at") or 0) - 1:
-                procs.append(p)
-        except psutil.Error:
-            pass
-    for p in procs:
-        try:
-            p.terminate()
-        except psutil.Error:
-            pass
-    _gone, alive = psutil.wait_procs(procs, timeout=5)
-    for p in alive:
-        try:
-            p.kill()
-        except psutil.Error:
-            pass
-    return len(procs)
-
-
 def cmd_stop(args) -> int:
-    from launch.rundir import read_state, resolve_run_dir
+    from launch.rundir import load_state, mark_lost_if_dead, resolve_run_dir, supervisor_alive
     run_dir = resolve_run_dir(args.run_dir)
-    state = read_state(run_dir) or {}
+    state = load_state(run_dir)            # garbage: exit 2, and run.json is left as it is
     status = state.get("status")
     if status in TERMINAL_STATUSES:
         print(f"{run_dir}: already {status} (exit code {state.get('exit_code')})")
         return 0
-    if not _pid_alive(state.get("supervisor_pid"), state.get("supervisor_create_time")):
-        n = _kill_leftovers(state)
-        from launch.rundir import RunState
-        rs = RunState(run_dir, state)
-        rs.update(status="stopped", ended_at=time.time(), exit_code=130)
-        print(f"{run_dir}: supervisor not running; ended {n} leftover processes; marked stopped")
+    if not supervisor_alive(state):
+        lost = mark_lost_if_dead(run_dir)
+        if lost is None:
+            state = load_state(run_dir)
+            print(f"{run_dir}: supervisor not running; run is {state.get('status')}")
+            return 0
+        n = len(lost.get("lost_cleaned") or [])
+        print(f"{run_dir}: supervisor not running; ended {n} leftover processes; marked lost")
         return 0
     req = "kill" if args.kill else "stop"
     from launch.view import send_control
-    send_control(run_dir, req, run=state, sender="cli")
+    sent = send_control(run_dir, req, run=state, sender="cli")
     grace = float(state.get("grace_s") or 30.0)
-    print(f"{run_dir}: {req} requested (supervisor pid {state.get('supervisor_pid')}, grace {grace:g} s)")
+    print(f"{run_dir}: {sent.message} (grace {grace:g} s)")
     if args.no_wait:
         return 0
     timeout = args.timeout if args.timeout is not None else grace + 15.0
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        state = read_state(run_dir) or {}
-        if state.get("status") in TERMINAL_STATUSES and not _pid_alive(state.get("supervisor_pid"),
-                                                              state.get("supervisor_create_time")):
+        state = load_state(run_dir)
+        if state.get("status") in TERMINAL_STATUSES and not supervisor_alive(state):
             print(f"{run_dir}: {state.get('status')} (exit code {state.get('exit_code')})")
+            return 0
+        if state.get("status") not in TERMINAL_STATUSES and mark_lost_if_dead(run_dir) is not None:
+            print(f"{run_dir}: lost (the supervisor died while stopping)")
             return 0
         time.sleep(0.2)
     print(f"{run_dir}: still {state.get('status')} after {timeout:g} s; try `wizard stop --kill {run_dir}`",
@@ -280,8 +334,14 @@ def cmd_stop(args) -> int:
 # ------------------------------------------------------------------ attach
 
 def cmd_attach(args) -> int:
-    from launch.rundir import resolve_run_dir
+    from launch.rundir import load_state, resolve_run_dir
+    from wizard.errors import InputError
+    if args.lines < 0:
+        raise InputError("--lines", f"{args.lines}", "0 or more")
+    if not _finite(args.status_interval) or args.status_interval <= 0:
+        raise InputError("--status-interval", f"{args.status_interval}", "a finite number of seconds > 0")
     run_dir = resolve_run_dir(args.run_dir)
+    load_state(run_dir)                    # garbage: exit 2 with one line
     interactive = sys.stdout.isatty() and sys.stdin.isatty()
     if interactive and not args.headless and not args.no_follow:
         from launch.view import run_view
@@ -292,7 +352,8 @@ def cmd_attach(args) -> int:
 
 def _status_text(state: dict[str, Any]) -> str:
     p = state.get("progress") or {}
-    bits = [f"status {state.get('status')}", f"attempt {state.get('attempt')}/{(state.get('max_restarts') or 0) + 1}"]
+    from launch.rundir import attempts_allowed
+    bits = [f"status {state.get('status')}", f"attempt {state.get('attempt')}/{attempts_allowed(state)}"]
     if p.get("total"):
         bits.append(f"step {p.get('step')}/{p.get('total')}")
     if isinstance(p.get("loss"), (int, float)):
@@ -301,6 +362,9 @@ def _status_text(state: dict[str, Any]) -> str:
         bits.append(f"{p['rate']:.2f} it/s")
     if state.get("status") in TERMINAL_STATUSES:
         bits.append(f"exit code {state.get('exit_code')}")
+    if state.get("status") == "lost":
+        cleaned = state.get("lost_cleaned") or []
+        bits.append(f"supervisor {state.get('supervisor_pid')} gone; ended {len(cleaned)} leftover processes")
     return " | ".join(bits)
 
 
@@ -356,7 +420,7 @@ class _Tail:
 def follow_run(run_dir: Path, out: TextIO, follow: bool = True, lines: int = 20,
                status_interval: float = 30.0, poll: float = 0.3) -> int:
     """Headless attach: the last lines of every rank, then new lines and status lines until the end."""
-    from launch.rundir import attempt_dir, read_state
+    from launch.rundir import attempt_dir, mark_lost_if_dead, read_state
     state = read_state(run_dir) or {}
 
     def w(text: str) -> None:
@@ -374,7 +438,8 @@ def follow_run(run_dir: Path, out: TextIO, follow: bool = True, lines: int = 20,
     first = True
     try:
         while True:
-            state = read_state(run_dir) or state
+            # a supervisor that died without an end is found here, not left "running" forever
+            state = mark_lost_if_dead(run_dir) or read_state(run_dir) or state
             if state.get("attempt") != attempt and state.get("attempt"):
                 attempt = state["attempt"]
                 tails = {}

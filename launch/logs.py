@@ -103,6 +103,7 @@ class Markers:
     cuda_oom_at: float | None = None
     nccl_at: float | None = None
     last_exception: str | None = None   # last line that looked like `SomeError: message`
+    train_done_at: float | None = None  # the Trainer's end-of-training summary ({'train_runtime': ...})
 
 
 _TORCH_RANK_PREFIX = re.compile(r"^\[rank\d+\]:\s?")
@@ -244,6 +245,8 @@ class StreamCapture:
             text = raw.decode("utf-8", "replace")
             if want_dict:
                 d = parse_trainer_log(text)
+                if d is not None and "train_runtime" in d and self.markers.train_done_at is None:
+                    self.markers.train_done_at = now       # the script's last training line
                 if d is not None and self.on_train_log:
                     self.on_train_log(self.rank, d)
             if want_bar:

@@ -44,7 +44,10 @@ LATEST = "latest"
 LOG_CAP_BYTES = 50 * 1024 * 1024
 JSONL_CAP_BYTES = 10 * 1024 * 1024
 ACTIVE_STATUSES = ("starting", "running", "stopping", "restarting")
-TERMINAL_STATUSES = ("succeeded", "failed", "stopped")
+# "lost": the supervisor died without writing an end (SIGKILL, OOM); a client found it gone
+TERMINAL_STATUSES = ("succeeded", "failed", "stopped", "lost")
+LOCK_FILE = "run.lock"
+LOST_EXIT_CODE = 137
 STATUSES = ACTIVE_STATUSES + TERMINAL_STATUSES
 
 
@@ -72,24 +75,52 @@ def point_latest(root: Path, run_dir: Path) -> None:
         replace_file(link, str(run_dir) + "\n", fsync=False)
 
 
-def create_run_dir(run_dir: str | os.PathLike[str] | None = None,
-                   root: str | os.PathLike[str] | None = None) -> Path:
-    """A fresh run directory: run_dir if given (must be empty or absent), else <root>/<new id>.
+def try_lock(run_dir: Path) -> int | None:
+    """An fd holding an exclusive flock on RUN_DIR/run.lock, or None when another process holds it.
 
-    <parent>/latest is pointed at it either way, so attach/stop without arguments find it.
+    The lock lives as long as some process keeps the fd open: the supervisor holds it for the
+    whole run (the fd is passed to it), so a second launch into the directory is refused and a
+    client may only declare a run lost when the lock is free."""
+    import fcntl
+    fd = os.open(run_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def create_run_dir(run_dir: str | os.PathLike[str] | None = None,
+                   root: str | os.PathLike[str] | None = None) -> tuple[Path, int]:
+    """A fresh run directory, locked: (path, fd of the held lock).
+
+    run_dir if given (must be empty or absent, and not locked by another launch), else <root>/<new id>.
+    The lock is taken before anything else is written, so two launches started together into one
+    directory give one run and one exit 2. <parent>/latest is pointed at it either way, so
+    attach/stop without arguments find it.
     """
+    from wizard.errors import InputError
     if run_dir is not None:
         path = Path(run_dir).absolute()
-        if path.exists() and any(path.iterdir()):
-            from wizard.errors import InputError
-            raise InputError("--run-dir", f"{path} exists and is not empty", "a new or empty directory")
+        if path.exists() and not path.is_dir():
+            raise InputError("--run-dir", f"{path} exists and is not a directory", "a new or empty directory")
     else:
         base = Path(root).absolute() if root else default_runs_root()
         path = base / new_run_id()
-    path.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError("--run-dir", f"cannot create {path}: {exc.strerror}", "a writable directory") from None
+    fd = try_lock(path)
+    if fd is None:
+        raise InputError("--run-dir", f"{path} is in use by another launch", "a new or empty directory")
+    if any(p.name != LOCK_FILE for p in path.iterdir()):
+        os.close(fd)
+        raise InputError("--run-dir", f"{path} exists and is not empty", "a new or empty directory")
     (path / "logs").mkdir(exist_ok=True)
     point_latest(path.parent, path)
-    return path
+    return path, fd
 
 
 def resolve_run_dir(arg: str | os.PathLike[str] | None, root: str | os.PathLike[str] | None = None) -> Path:
@@ -154,6 +185,148 @@ class RunState:
 def read_state(run_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
     """run.json as a dict; None while there is none (or it is not a JSON object)."""
     return read_json_object(Path(run_dir) / "run.json")
+
+
+def attempts_allowed(st: dict[str, Any]) -> int:
+    """How many attempts the run may have: 1 + --max-restarts + the restarts the user asked for
+    (those do not spend --max-restarts, so `r r` with --max-restarts 0 is attempt 2/2, not 2/1)."""
+    def count(v: Any) -> int:
+        return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else 0
+    return 1 + count(st.get("max_restarts")) + count(st.get("user_restarts"))
+
+
+def _is_num(v: Any) -> bool:
+    import math
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _is_pid(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v > 0
+
+
+def state_problem(st: Any) -> str | None:
+    """What is wrong with a run.json body (None when it is a run.json the supervisor could have
+    written). Clients act on these fields (signal pids, show a status), so they are checked first."""
+    if not isinstance(st, dict):
+        return "not a JSON object"
+    if st.get("status") not in STATUSES:
+        return f"status {st.get('status')!r} is not one of {', '.join(STATUSES)}"
+    if not _is_pid(st.get("supervisor_pid")):
+        return f"supervisor_pid {st.get('supervisor_pid')!r} is not a process id"
+    if not _is_num(st.get("supervisor_create_time")):
+        return f"supervisor_create_time {st.get('supervisor_create_time')!r} is not a start time"
+    if st.get("launcher_pid") is not None and not _is_pid(st.get("launcher_pid")):
+        return f"launcher_pid {st.get('launcher_pid')!r} is not a process id"
+    for key in ("tracked_pids", "seen_pids"):
+        v = st.get(key, [])
+        if not isinstance(v, list) or not all(_is_pid(p) for p in v):
+            return f"{key} must be a list of process ids"
+    pids = st.get("pids", {})
+    if not isinstance(pids, dict) or not all(_is_pid(p) for p in pids.values()):
+        return "pids must map ranks to process ids"
+    times = st.get("process_times", {})
+    if not isinstance(times, dict) or not all(str(k).isdigit() and _is_num(v) for k, v in times.items()):
+        return "process_times must map process ids to start times"
+    for key in ("attempt", "max_restarts"):
+        v = st.get(key, 0)
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            return f"{key} {v!r} is not a count"
+    if st.get("progress") is not None and not isinstance(st.get("progress"), dict):
+        return "progress is not an object"
+    return None
+
+
+def load_state(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
+    """run.json, validated: InputError (exit 2, one line) when it is missing or not a valid run state.
+    Nothing is ever written over a run.json that fails this."""
+    from wizard.errors import InputError
+    path = Path(run_dir) / "run.json"
+    try:
+        body = json.loads(path.read_text())
+    except OSError as exc:
+        raise InputError("RUN_DIR", f"cannot read {path}: {exc.strerror}", "a run directory holding run.json") from None
+    except ValueError:
+        raise InputError("RUN_DIR", f"{path} is not JSON", "a run.json written by wizard launch") from None
+    problem = state_problem(body)
+    if problem:
+        raise InputError("RUN_DIR", f"{path}: {problem}", "a run.json written by wizard launch")
+    return body
+
+
+def supervisor_alive(st: dict[str, Any]) -> bool:
+    return process_alive(st.get("supervisor_pid"), st.get("supervisor_create_time"))
+
+
+def recorded_processes(st: dict[str, Any]) -> dict[int, float]:
+    """Every process of the run whose start time was recorded: only these may ever be signalled."""
+    out: dict[int, float] = {}
+    for pid, ctime in (st.get("process_times") or {}).items():
+        try:
+            out[int(pid)] = float(ctime)
+        except (TypeError, ValueError):
+            continue
+    return out
+
+
+def end_recorded_processes(st: dict[str, Any], grace: float = 3.0) -> list[int]:
+    """SIGTERM, then after `grace` s SIGKILL, every recorded process that still runs as the same
+    process (pid and start time); returns the pids it signalled. A pid that now belongs to another
+    process, or that has no recorded start time, is never signalled."""
+    import psutil
+    procs = []
+    for pid, ctime in recorded_processes(st).items():
+        if pid in (os.getpid(), 1) or not process_alive(pid, ctime):
+            continue
+        try:
+            procs.append(psutil.Process(pid))
+        except psutil.Error:
+            continue
+    for p in procs:
+        try:
+            p.terminate()
+        except psutil.Error:
+            pass
+    _gone, alive = psutil.wait_procs(procs, timeout=grace)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    return sorted(p.pid for p in procs)
+
+
+def mark_lost_if_dead(run_dir: str | os.PathLike[str], grace: float = 3.0) -> dict[str, Any] | None:
+    """If run.json says active but its supervisor is gone (pid + start time, and the run's lock is
+    free), end what is left of the run (verified pids only), write status "lost" and a "lost"
+    event saying when and what was cleaned. Returns the new state, or None when nothing changed
+    (the supervisor lives, the run has ended, or run.json is not valid: never overwritten)."""
+    run_dir = Path(run_dir)
+    st = read_state(run_dir)
+    if st is None or state_problem(st) or st.get("status") not in ACTIVE_STATUSES or supervisor_alive(st):
+        return None
+    try:
+        fd = try_lock(run_dir)
+    except OSError:
+        return None
+    if fd is None:          # the supervisor (a process we cannot see) or another client holds it
+        return None
+    try:
+        st = read_state(run_dir)            # re-read under the lock: it may have just ended
+        if st is None or state_problem(st) or st.get("status") not in ACTIVE_STATUSES or supervisor_alive(st):
+            return None
+        cleaned = end_recorded_processes(st, grace)
+        now = time.time()
+        st.update(status="lost", ended_at=now, exit_code=LOST_EXIT_CODE, tracked_pids=[], launcher_pid=None,
+                  lost_at=now, lost_cleaned=cleaned)
+        replace_file(run_dir / "run.json", json.dumps(st, indent=1, default=str) + "\n", fsync=False)
+        EventLog(run_dir / "events.jsonl").emit(
+            "lost", st.get("attempt"), status="lost", supervisor_pid=st.get("supervisor_pid"),
+            cleaned=cleaned, message=(f"supervisor {st.get('supervisor_pid')} is gone; "
+                                      f"ended {len(cleaned)} leftover processes" if cleaned else
+                                      f"supervisor {st.get('supervisor_pid')} is gone; nothing of the run was left"))
+        return st
+    finally:
+        os.close(fd)
 
 
 class BoundedJsonl:

@@ -19,6 +19,14 @@ Control (the view's protocol, launch/view.py): RUN_DIR/control.json {"request": 
 "restart", "id"} plus a doorbell signal: SIGTERM = stop, SIGUSR1 = restart, SIGUSR2 = kill.
 SIGINT is a stop too (a second one kills). SIGHUP is a stop in a foreground run, unless it was
 ignored when we started (nohup); a detached supervisor has no terminal to hang up.
+Foreground means foreground: the supervisor the view starts is its child with PR_SET_PDEATHSIG =
+SIGHUP, so the run ends (graceful stop, then the grace) when the `wizard launch` the user started
+dies or its terminal goes. {"request": "detach"} (the view's `d`) clears that and marks the run
+detached; `--detach` starts it detached.
+
+Only processes whose (pid, start time) the supervisor recorded (run.json process_times) are ever
+signalled, by it, by the reaper or by `wizard stop`: a reused pid is never hit. The run
+directory's lock (run.lock, flock) is held for the whole run.
 
 Exit code: 0 on success; after restarts are spent, the first failing rank's exit code (a signal n
 as 128+n), else the launcher's; 124 for a stall; 130 when stopped on request.
@@ -41,7 +49,7 @@ from typing import Any, BinaryIO
 from launch import classify as cls
 from launch.logs import StreamCapture
 from launch.rundir import (JSONL_CAP_BYTES, LOG_CAP_BYTES, EventLog, RotatingLog, RunState, attempt_dir,
-                           launcher_log_path, rank_log_path, tail_lines)
+                           attempts_allowed, launcher_log_path, rank_log_path, tail_lines)
 from wizard.fsutil import read_json_object, read_yaml_mapping
 from wizard.paths import accelerate_default_config_file
 
@@ -53,6 +61,8 @@ DRAIN_AFTER_EXIT_S = 2.0
 STALL_EXIT_CODE = 124
 STOPPED_EXIT_CODE = 130
 GPU_IDLE_UTIL = 5
+STACK_WAIT_S = 2.0          # after a stall: time for the ranks' stack dumps to arrive before teardown
+STACK_TAIL_LINES = 600
 CONTROL_FILE = "control.json"
 
 # Exec shim for the launcher: PR_SET_PDEATHSIG must be set in the child between fork and exec;
@@ -202,8 +212,9 @@ def fmt_duration(s: float | None) -> str:
 # ------------------------------------------------------------------ the supervisor
 
 class Supervisor:
-    def __init__(self, spec: LaunchSpec, out: BinaryIO | None = None):
+    def __init__(self, spec: LaunchSpec, out: BinaryIO | None = None, lock_fd: int | None = None):
         self.spec = spec
+        self.lock_fd = lock_fd            # held (never closed) while we run: one run per directory
         self.run_dir = Path(spec.run_dir)
         self.out = out if out is not None else sys.stdout.buffer
         self.config_file = spec.config_file
@@ -220,7 +231,8 @@ class Supervisor:
             "ds_config": self.ds_config_file, "cwd": spec.cwd or os.getcwd(), "run_dir": str(self.run_dir),
             "attempt": 0, "max_restarts": spec.max_restarts, "status": "starting",
             "supervisor_pid": os.getpid(), "supervisor_create_time": _create_time(os.getpid()),
-            "launcher_pid": None, "pids": {}, "tracked_pids": [], "seen_pids": [], "started_at": now,
+            "launcher_pid": None, "pids": {}, "tracked_pids": [], "seen_pids": [], "process_times": {},
+            "user_restarts": 0, "started_at": now,
             "attempt_started_at": None, "ended_at": None, "exit_code": None, "classification": None,
             "detached": spec.detached, "headless": spec.headless, "world_size": world_size_of(self.accel),
             "grace_s": spec.grace, "stall_timeout_s": spec.stall_timeout,
@@ -273,7 +285,7 @@ class Supervisor:
         if self.spec.detached or signal.getsignal(signal.SIGHUP) == signal.SIG_IGN:
             signal.signal(signal.SIGHUP, signal.SIG_IGN)
         else:
-            signal.signal(signal.SIGHUP, on_term)
+            signal.signal(signal.SIGHUP, lambda s, f: None if self.spec.detached else self._doorbell("stop"))
 
     def _doorbell(self, default: str) -> None:
         """A signal arrived: act on an unhandled control.json request, else on the signal's own meaning."""
@@ -293,7 +305,7 @@ class Supervisor:
             return None
         self._handled_control.add(rid)
         req = body.get("request")
-        return req if req in ("stop", "kill", "restart") else None
+        return req if req in ("stop", "kill", "restart", "detach") else None
 
     def _poll_control(self) -> None:
         try:
@@ -313,6 +325,19 @@ class Supervisor:
             self.kill_requested = True
         elif req == "restart":
             self.restart_requested = True
+        elif req == "detach":
+            self.detach()
+
+    def detach(self) -> None:
+        """From now on the run outlives the process that started it and its terminal."""
+        self.spec.detached = True
+        set_parent_death_signal(0)
+        try:
+            signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        except ValueError:         # not the main thread (tests): the flag above is checked too
+            pass
+        self.state.update(detached=True)
+        self.events.emit("detached", self.state.get("attempt"))
 
     # ---------------------------------------------------------------- reaper and metrics
 
@@ -405,9 +430,11 @@ class Supervisor:
                                      exit_code=cl.exit_code, signal=cl.signal, hint=cl.hint)
                     self.state.update(classification=cl.to_json())
                     self._report_failure(attempt, cl)
-                if user_restart or restarts_used < self.spec.max_restarts:
+                if user_restart or (restarts_used < self.spec.max_restarts and cl.kind not in cls.NOT_RESTARTED):
                     if not user_restart:
                         restarts_used += 1
+                    else:           # a restart the user asked for does not spend --max-restarts
+                        self.state.update(user_restarts=int(self.state.get("user_restarts") or 0) + 1)
                     self.restart_requested = False
                     why = "requested" if user_restart else f"{restarts_used}/{self.spec.max_restarts}"
                     self.events.emit("restart", attempt + 1, reason=why)
@@ -469,7 +496,8 @@ class Supervisor:
         att = _Attempt(self, attempt, echo)
         started = time.time()
         self.state.update(attempt=attempt, status="starting", attempt_started_at=started, pids={},
-                          launcher_pid=None, classification=None, tracked_pids=[])
+                          launcher_pid=None, classification=None, tracked_pids=[],
+                          progress=dict.fromkeys(self.state.get("progress") or {}))   # a new attempt starts at zero
         self.events.emit("status", attempt, status="starting")
         self.say(f"attempt {attempt}: {' '.join(self.command)}")
         env = dict(os.environ)
@@ -533,6 +561,8 @@ class _Attempt:
         self.teardown_at: float | None = None
         self.killed = False
         self.stalled = False
+        self.stall_dump_at: float | None = None
+        self.silent_at: dict[int, float | None] = {}      # each rank's last output when the stall was declared
         self.stall_now: float | None = None
         self.gpus_idle: bool | None = None
         self._last_scan = 0.0
@@ -550,8 +580,11 @@ class _Attempt:
         import psutil
         try:
             p = psutil.Process(pid)
+            ctime = p.create_time()
             self.tracked[pid] = p
-            self.sup._tell_reaper(f"{pid} {p.create_time()}")
+            self.sup.state.data.setdefault("process_times", {})[str(pid)] = ctime
+            self.sup.mark_dirty()
+            self.sup._tell_reaper(f"{pid} {ctime}")
         except psutil.Error:       # gone (or not ours) before we could look
             pass
 
@@ -573,6 +606,8 @@ class _Attempt:
         self.sup.mark_dirty()
 
     def alive(self) -> list[Any]:
+        """Tracked processes still running as themselves (psutil's is_running compares the start
+        time recorded when we tracked the pid, so a reused pid is not one of them)."""
         import psutil
         out = []
         for p in self.tracked.values():
@@ -582,6 +617,15 @@ class _Attempt:
             except psutil.Error:
                 pass
         return out
+
+    @staticmethod
+    def signal_verified(p: Any, sig: int) -> None:
+        import psutil
+        try:
+            if p.is_running():         # same pid *and* the start time we recorded
+                p.send_signal(sig)
+        except psutil.Error:
+            pass
 
     def begin_teardown(self, why: str) -> None:
         if self.teardown_at is not None:
@@ -593,24 +637,16 @@ class _Attempt:
         self.sup.events.emit("stop", self.number, reason=why, grace_s=self.sup.spec.grace)
         self.sup.say(f"stopping ({why}): SIGTERM to {len(self.alive())} processes, "
                      f"SIGKILL after {self.sup.spec.grace:g} s")
-        import psutil
         for p in self.alive():
-            try:
-                p.send_signal(signal.SIGTERM)
-            except psutil.Error:
-                pass
+            self.signal_verified(p, signal.SIGTERM)
         if self.sup.kill_requested:
             self.kill_all()
 
     def kill_all(self) -> None:
         self.killed = True
         self.scan()
-        import psutil
         for p in self.alive():
-            try:
-                p.kill()
-            except psutil.Error:
-                pass
+            self.signal_verified(p, signal.SIGKILL)
 
     # ---------------------------------------------------------------- streams
 
@@ -618,11 +654,12 @@ class _Attempt:
         if "loss" not in d:
             return
         prog = self.sup.state.data["progress"]
-        if self.progress_rank is None or rank is None or rank <= self.progress_rank:
-            for k in ("loss", "learning_rate", "grad_norm", "epoch"):
-                if k in d:
-                    prog[k] = d[k]
-            self.sup.mark_dirty()
+        if self.progress_rank is not None and rank is not None and rank > self.progress_rank:
+            return          # one source: the progress line and the loss curve show the same rank's loss
+        for k in ("loss", "learning_rate", "grad_norm", "epoch"):
+            if k in d:
+                prog[k] = d[k]
+        self.sup.mark_dirty()
         self.sup.events.emit("train_log", self.number, rank=rank, step=prog.get("step"),
                              **{k: d.get(k) for k in ("loss", "learning_rate", "grad_norm", "epoch")})
 
@@ -755,8 +792,10 @@ class _Attempt:
                 self.begin_teardown("restart requested" if not self.sup.stop_requested else "stop requested")
             if self.sup.kill_requested and not self.killed:
                 self.kill_all()
-            if self.teardown_at is None and spec.stall_timeout and self.launcher_exit is None:
+            if self.teardown_at is None and spec.stall_timeout and self.launcher_exit is None and not self.stalled:
                 self._check_stall(spec.stall_timeout)
+            if self.stalled and self.teardown_at is None and now_m - (self.stall_dump_at or 0) >= STACK_WAIT_S:
+                self.begin_teardown(f"stall: no output for {spec.stall_timeout:g} s")
             if self.teardown_at is not None and not self.killed and now_m - self.teardown_at >= spec.grace:
                 self.sup.say(f"grace period over: SIGKILL to {len(self.alive())} processes")
                 self.kill_all()
@@ -803,7 +842,17 @@ class _Attempt:
                            for r, c in sorted(self.ranks.items()))
         self.sup.events.emit("stall", self.number, timeout_s=timeout, silent=silent or "no rank connected",
                              gpus_idle=idle)
-        self.begin_teardown(f"stall: no output for {timeout:g} s")
+        self.silent_at = {r: c.last_output_at for r, c in self.ranks.items()}
+        self._request_stacks()
+        self.stall_dump_at = time.monotonic()      # teardown follows once the dumps had STACK_WAIT_S
+
+    def _request_stacks(self) -> None:
+        """Ask every connected rank (our _worker registered the signal with faulthandler) for its stacks."""
+        from launch._worker import stack_dump_signal
+        for cap in self.ranks.values():
+            p = self.tracked.get(cap.pid) if cap.pid else None
+            if p is not None and cap.closed_at is None:
+                self.signal_verified(p, stack_dump_signal())
 
     def status_line(self) -> str:
         p = self.sup.state.data["progress"]
@@ -811,7 +860,7 @@ class _Attempt:
         loss = f"loss {p['loss']:.4g}" if isinstance(p.get("loss"), (int, float)) else "loss ?"
         rate = f"{p['rate']:.2f} it/s" if isinstance(p.get("rate"), (int, float)) else "? it/s"
         eta = f"ETA {fmt_duration(p.get('eta_s'))}" if p.get("eta_s") is not None else "ETA ?"
-        return (f"attempt {self.number}/{self.sup.spec.max_restarts + 1} | {self.sup.state.get('status')} | "
+        return (f"attempt {self.number}/{attempts_allowed(self.sup.state.data)} | {self.sup.state.get('status')} | "
                 f"{step} | {loss} | {rate} | {eta} | {self.sup._peak_gpu_text()}")
 
     def close(self) -> None:
@@ -855,7 +904,10 @@ class _Attempt:
             ranks.append(cls.RankOutcome(
                 rank=r, exit_code=code, ended_at=cap.closed_at, traceback_at=m.traceback_at,
                 cuda_oom_at=m.cuda_oom_at, nccl_at=m.nccl_at, last_exception=m.last_exception,
-                last_output_at=cap.last_output_at, pid=cap.pid,
+                last_output_at=self.silent_at.get(r, cap.last_output_at) if self.stalled else cap.last_output_at,
+                pid=cap.pid,
+                stack=cls.main_thread_stack(tail_lines(rank_log_path(sup.run_dir, self.number, r), STACK_TAIL_LINES))
+                if self.stalled else None,
                 log_tail=tail_lines(rank_log_path(sup.run_dir, self.number, r), cls.TAIL_LINES)))
         # roots the launcher reported that never connected (died before the wrapper ran)
         for r, f in by_rank.items():
@@ -868,7 +920,10 @@ class _Attempt:
         if any(r.cuda_oom_at for r in ranks):
             ds = read_json_object(Path(sup.ds_config_file)) if sup.ds_config_file else None
             next_rung, cmd = cls.suggest_for_cuda_oom(load_plan_near(sup.config_file), sup.accel, ds)
+        done = [c.markers.train_done_at for c in list(self.ranks.values()) + [self.launcher_capture]
+                if c is not None and c.markers.train_done_at is not None]
         o = cls.AttemptOutcome(
+            training_finished_at=min(done) if done else None,
             launcher_exit=self.launcher_exit, ranks=ranks,
             stop_requested=sup.stop_requested or sup.restart_requested, stalled=self.stalled,
             stall_timeout_s=sup.spec.stall_timeout, stall_now=self.stall_now, gpus_idle=self.gpus_idle,
@@ -878,13 +933,28 @@ class _Attempt:
 
 # ------------------------------------------------------------------ background entry point
 
-def run_from_spec_file(run_dir: str, daemon: bool) -> int:
+def set_parent_death_signal(sig: int) -> None:
+    """PR_SET_PDEATHSIG: the kernel sends `sig` to us when our parent dies (0 clears it)."""
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(sig), 0, 0, 0)
+    except Exception:
+        pass
+
+
+def run_from_spec_file(run_dir: str, daemon: bool, parent: int | None = None, lock_fd: int | None = None) -> int:
     spec = LaunchSpec.from_json(json.loads((Path(run_dir) / "spec.json").read_text()))
     if daemon and os.fork() > 0:      # second fork: not a session leader, can never regain a terminal
         os._exit(0)
+    if parent is not None:
+        # foreground: when the `wizard launch` the user started dies (or its terminal closes and
+        # takes it along), SIGHUP reaches us and stops the run
+        set_parent_death_signal(signal.SIGHUP)
+        if os.getppid() != parent:    # it died before the line above
+            return STOPPED_EXIT_CODE
     if spec.cwd:
         os.chdir(spec.cwd)
-    sup = Supervisor(spec)
+    sup = Supervisor(spec, lock_fd=lock_fd)
     return sup.run()
 
 
@@ -893,8 +963,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m launch.supervisor")
     p.add_argument("run_dir")
     p.add_argument("--daemon", action="store_true")
+    p.add_argument("--parent", type=int, default=None, help="foreground: end the run when this process dies")
+    p.add_argument("--lock-fd", type=int, default=None, help="the run directory's lock, inherited")
     a = p.parse_args(argv)
-    return run_from_spec_file(a.run_dir, a.daemon)
+    return run_from_spec_file(a.run_dir, a.daemon, a.parent, a.lock_fd)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,8 @@ Control requests (the view never kills workers itself; the supervisor owns teard
   2. then, if run.json's status is active and supervisor_pid is alive, send the matching signal
      as a doorbell: SIGTERM = stop (graceful: SIGTERM to the group, grace period, SIGKILL),
      SIGUSR1 = restart (tear down, new attempt), SIGUSR2 = kill (skip the grace period).
+  A pid is signalled only when run.json recorded its start time and the process with that pid
+  still has it: never a process that merely reuses the pid, never one whose start is unknown.
   The supervisor handles each request id once (a signal whose control.json id it has already
   handled, or with no control.json, means the signal's own request), so a request is never acted
   on twice, and polling control.json alone is enough where a signal cannot be sent.
@@ -37,6 +39,7 @@ from wizard.fsutil import replace_file
 
 CONTROL_FILE = "control.json"
 CONTROL_SIGNALS = {"stop": signal.SIGTERM, "restart": signal.SIGUSR1, "kill": signal.SIGUSR2}
+CONTROL_REQUESTS = (*CONTROL_SIGNALS, "detach")      # detach: control.json only (the supervisor polls it)
 ACTIVE = frozenset(ACTIVE_STATUSES)
 FINISHED = frozenset(TERMINAL_STATUSES)
 DEFAULT_GRACE_S = 30.0
@@ -304,7 +307,7 @@ def _num(v: Any) -> float | None:
 def event_line(ev: dict[str, Any]) -> str | None:
     """The supervisor's notable events as lines in the log pane (train logs and progress are not)."""
     kind = ev.get("type")
-    if kind not in ("failure", "restart", "stall", "stop", "exit"):
+    if kind not in ("failure", "restart", "stall", "stop", "exit", "lost"):
         return None
     text = ev.get("message") or ev.get("summary") or ev.get("reason")
     rank = f" rank {ev['rank']}" if ev.get("rank") is not None else ""
@@ -326,9 +329,16 @@ class RunState:
     rate: deque = field(default_factory=lambda: deque(maxlen=240))        # (t or step, it/s)
 
     def apply(self, u: Update, run: dict[str, Any]) -> None:
+        if run.get("attempt") != self.run.get("attempt") and self.run:
+            # a new attempt starts from zero: the previous one's curve is not this one's
+            self.loss.clear()
+            self.rate.clear()
         self.run = run
         self.samples.extend(u.samples)
+        attempt = _as_int(run.get("attempt"))
         for ev in u.events:
+            if attempt is not None and _as_int(ev.get("attempt")) not in (None, attempt):
+                continue               # an earlier attempt's point, read in the same poll
             loss = _num(ev.get("loss"))
             if loss is not None and ev.get("type") in ("train_log", "progress", None):
                 self.loss.append(loss)
@@ -421,8 +431,8 @@ def send_control(run_dir: str | os.PathLike[str], request: str,
                  run: dict[str, Any] | None = None, now: Callable[[], float] = time.time,
                  sender: str = "view") -> ControlResult:
     """Ask the supervisor to stop / kill / restart the run (see the module docstring)."""
-    if request not in CONTROL_SIGNALS:
-        raise ValueError(f"control request must be one of {sorted(CONTROL_SIGNALS)}, not {request!r}")
+    if request not in CONTROL_REQUESTS:
+        raise ValueError(f"control request must be one of {sorted(CONTROL_REQUESTS)}, not {request!r}")
     run_dir = Path(run_dir)
     run = read_state(run_dir) if run is None else run
     if run is None:
@@ -438,8 +448,10 @@ def send_control(run_dir: str | os.PathLike[str], request: str,
     except OSError:
         pass
     pid = _as_int(run.get("supervisor_pid"))
+    ctime = _num(run.get("supervisor_create_time"))
     signalled = False
-    if pid and pid > 1 and pid != os.getpid() and process_alive(pid, _num(run.get("supervisor_create_time"))):
+    if request in CONTROL_SIGNALS and pid and pid > 1 and pid != os.getpid() and ctime is not None \
+            and process_alive(pid, ctime):
         try:
             os.kill(pid, CONTROL_SIGNALS[request])
             signalled = True
@@ -447,6 +459,8 @@ def send_control(run_dir: str | os.PathLike[str], request: str,
             pass
     if signalled:
         msg = f"{request} requested ({signal.Signals(CONTROL_SIGNALS[request]).name} to supervisor {pid})"
+    elif written and request not in CONTROL_SIGNALS:
+        msg = f"{request} requested (control.json)"
     elif written:
         msg = f"{request} requested (control.json; supervisor {pid or '?'} not reachable by signal)"
     else:

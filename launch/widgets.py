@@ -23,6 +23,8 @@ from textual.scroll_view import ScrollView
 from textual.strip import Strip
 from textual.widgets import Button, Footer, Input, Label, Static
 
+from launch.rundir import (ACTIVE_STATUSES, attempts_allowed, mark_lost_if_dead, read_state, state_problem,
+                           supervisor_alive)
 from launch.view import (
     DEFAULT_GRACE_S, DETACHED, FINISHED, LAUNCHER, LOG_PANE_LINES, QUIT, STOPPED, WIZARD,
     LogLine, RunFollower, RunState, _num, elapsed_s, fmt_duration, send_control,
@@ -72,7 +74,7 @@ class Palette:
         return Style(color=self.ranks[rank % len(self.ranks)], bold=True)
 
     def status(self, status: str) -> Style:
-        return {"running": self.ok, "succeeded": self.ok, "failed": self.err,
+        return {"running": self.ok, "succeeded": self.ok, "failed": self.err, "lost": self.err,
                 "starting": self.warn, "restarting": self.warn, "stopping": self.warn,
                 }.get(status, self.muted) + self.bold
 
@@ -169,7 +171,7 @@ def header_lines(state: RunState, now: float, width: int, message: str | None,
     status = state.status
     attempt = run.get("attempt")
     restarts = run.get("max_restarts")
-    attempts = f"{attempt}/{int(restarts) + 1}" if attempt is not None and isinstance(restarts, int) else str(attempt or "?")
+    attempts = f"{attempt}/{attempts_allowed(run)}" if attempt is not None and isinstance(restarts, int) else str(attempt or "?")
     line1 = Text(no_wrap=True, overflow="ellipsis")
     line1.append("● " + status.upper(), pal.status(status))
     line1.append(f"  attempt {attempts}  elapsed {fmt_duration(elapsed_s(run, now))}")
@@ -499,6 +501,8 @@ class RunViewApp(App[str]):
         Binding("n", "next_match(1)", "Next", show=False),
         Binding("N", "next_match(-1)", "Prev", show=False),
         Binding("escape", "close_search", "Close search", show=False),
+        Binding("question_mark", "keys", "Keys", show=False),
+        Binding("ctrl+c", "quit_view", "Quit", show=False, priority=True),
     ] + [Binding(str(i), f"rank({i})", f"Rank {i}", show=False) for i in range(10)]
 
     def __init__(self, run_dir: Path, *, owned: bool, follow_interval: float = 0.5,
@@ -515,6 +519,8 @@ class RunViewApp(App[str]):
         self._stop_sent_at: float | None = None
         self._restart_armed_at: float | None = None
         self.last_control = None
+        self._lost_check_running = False
+        self._detach_deadline: float | None = None
         self._failure_seen = False
         self.poll_errors = 0
 
@@ -553,6 +559,7 @@ class RunViewApp(App[str]):
             self._message = (f"view error: {type(exc).__name__}: {exc}", None)
 
     def _poll(self) -> None:
+        self._check_supervisor()
         u = self.follower.poll()
         if not u and not self._has_live_text():
             return
@@ -561,6 +568,24 @@ class RunViewApp(App[str]):
             self.query_one(LogPane).add(u.lines)
         # redraw only what changed: the header every tick (elapsed time), the rest on new data
         self.redraw(gpus=bool(u.samples), train=bool(u.events), failure=u.run_changed)
+
+    def _check_supervisor(self) -> None:
+        """A run.json that says active while its supervisor is gone is a lost run: declare it (in a
+        thread: ending leftovers waits up to a few seconds) so the view never shows a dead run as
+        running."""
+        run = self.follower.run
+        if not run or run.get("status") not in ACTIVE_STATUSES or self._lost_check_running:
+            return
+        if state_problem(run) or supervisor_alive(run):
+            return              # a run.json that is not valid is never rewritten
+        self._lost_check_running = True
+
+        def work() -> None:
+            try:
+                mark_lost_if_dead(self.run_dir)
+            finally:
+                self._lost_check_running = False
+        self.run_worker(work, thread=True, exclusive=False, group="lost")
 
     def _has_live_text(self) -> bool:
         # elapsed time and countdowns move even when no file changed
@@ -602,6 +627,9 @@ class RunViewApp(App[str]):
             if expires is None or now < expires:
                 return text
             self._message = None
+        if self.state.status == "lost":
+            return (f"supervisor {self.state.run.get('supervisor_pid')} is gone: the run is lost; "
+                    f"ended {len(self.state.run.get('lost_cleaned') or [])} leftover processes. q to quit")
         if self.state.status in FINISHED:
             return "run finished: q to quit"
         return None
@@ -645,7 +673,37 @@ class RunViewApp(App[str]):
             self.flash("press r again to restart the run (new attempt)")
 
     def action_detach(self) -> None:
-        self.exit(DETACHED)
+        self._detach_and_exit()
+
+    def _detach_and_exit(self) -> None:
+        """A run this view started ends with the view unless the supervisor is told to detach
+        first: ask it, and leave once run.json says it did (checked on every poll; after 5 s
+        without an answer, say so and stay)."""
+        run = self.follower.run or {}
+        if not self.owned or not self.state.active or run.get("detached") or not supervisor_alive(run):
+            self.exit(DETACHED)
+            return
+        self._control("detach")
+        self._detach_deadline = time.monotonic() + 5.0
+        self.set_timer(0.1, self._detach_confirmed)
+
+    def _detach_confirmed(self) -> None:
+        if self._detach_deadline is None:
+            return
+        st = read_state(self.run_dir) or {}
+        if st.get("detached") or st.get("status") not in ACTIVE_STATUSES:
+            self._detach_deadline = None
+            self.exit(DETACHED)
+        elif time.monotonic() > self._detach_deadline:
+            self._detach_deadline = None
+            self.flash("detach not confirmed: the run ends with this view", None)
+        else:
+            self.set_timer(0.1, self._detach_confirmed)
+
+    def action_keys(self) -> None:
+        """`?`: the view's keys, in the header (stays until the next message)."""
+        self.flash("s stop (again: kill)  r r restart  d detach  q quit  / search  n/N next/prev  "
+                   "f follow  0-9 rank  a all ranks  ? keys", 15.0)
 
     def action_quit_view(self) -> None:
         if self.owned and self.state.active and not self.state.run.get("detached"):
@@ -662,7 +720,7 @@ class RunViewApp(App[str]):
             self._control("stop")
             self.exit(STOPPED)
         elif choice == "detach":
-            self.exit(DETACHED)
+            self._detach_and_exit()
 
     def action_rank(self, rank: int) -> None:
         pane = self.query_one(LogPane)

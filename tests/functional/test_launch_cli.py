@@ -50,22 +50,54 @@ def test_emit_slurm_writes_a_valid_sbatch_script(tmp_path):
     assert r.returncode == 0, r.stderr
     text = out.read_text()
     assert "#SBATCH --nodes=2" in text and "#SBATCH --ntasks-per-node=1" in text
+    # what each node needs: 8 GPUs (16 processes over 2 machines), CPUs for their ranks
+    assert "#SBATCH --gpus-per-node=8" in text and "#SBATCH --cpus-per-task=32" in text
     assert 'scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1' in text
     assert '--machine-rank "$SLURM_NODEID"' in text and '--main-process-ip "$MAIN_ADDR"' in text
     assert "--headless" in text and f"--config-file {cfg}" in text and "--max-restarts 2" in text
     assert subprocess.run(["bash", "-n", str(out)]).returncode == 0
-    # the per-node command line, as each task's bash would see it (srun stubbed by echo)
-    fake = text.replace("srun --ntasks-per-node=1 --kill-on-bad-exit=1 ", "").replace(
-        'scontrol show hostnames "$SLURM_JOB_NODELIST"', "printf 'node-a\\nnode-b\\n'").replace(
-        'exec "$WIZARD" launch', 'printf "%s\\n" launch')
-    r = subprocess.run(["bash", "-c", fake], capture_output=True, text=True,
-                       env={**env(), "SLURM_NODEID": "1", "SLURM_JOB_ID": "77", "SLURM_JOB_NUM_NODES": "2",
-                            "SLURM_JOB_NODELIST": "node-[a-b]"})
-    assert r.stdout.splitlines()[0] == "main node: node-a:29500, nodes: 2", r.stdout + r.stderr
-    argv = r.stdout.splitlines()[1:]
+    argv, first = _per_node_argv(text, job_id="77")
+    # no port in the config: derived from the job id (20000 + 77), not a fixed 29500
+    assert first == "main node: node-a (node-a:20077), nodes: 2", first
     assert argv[:9] == ["launch", "--machine-rank", "1", "--main-process-ip", "node-a", "--main-process-port",
-                        "29500", "--run-dir", "wizard-runs/slurm-77/node-1"], argv
+                        "20077", "--run-dir", "wizard-runs/slurm-77/node-1"], argv
     assert argv[-4:] == ["--", "train.py", "--lr", "it's 1e-4"]
+
+
+def _per_node_argv(text: str, job_id: str) -> tuple[list[str], str]:
+    """The per-node command line, as each task's bash would see it (srun and scontrol stubbed)."""
+    import re
+    fake = re.sub(r"srun [^']*bash -c", "bash -c", text).replace(
+        'scontrol show hostnames "$SLURM_JOB_NODELIST"', "printf 'node-a\\nnode-b\\n'").replace(
+        'scontrol show node "$MAIN_NODE"', "true").replace('exec $WIZARD launch', 'printf "%s\\n" launch')
+    r = subprocess.run(["bash", "-c", fake], capture_output=True, text=True,
+                       env={**env(), "SLURM_NODEID": "1", "SLURM_JOB_ID": job_id, "SLURM_JOB_NUM_NODES": "2",
+                            "SLURM_JOB_NODELIST": "node-[a-b]"})
+    lines = r.stdout.splitlines()
+    assert lines, r.stderr
+    return lines[1:], lines[0]
+
+
+@pytest.mark.timeout(120)
+def test_emit_slurm_takes_the_config_port_and_cpu_needs_and_refuses_a_node_mismatch(tmp_path):
+    cfg = tmp_path / "cpu.yaml"
+    cfg.write_text("distributed_type: MULTI_CPU\nuse_cpu: true\nnum_machines: 2\nnum_processes: 4\n"
+                   "main_process_port: 29611\n")
+    out = tmp_path / "job.sbatch"
+    r = wizard("launch", "--emit-slurm", "2", "--config-file", str(cfg), "--slurm-output", str(out), "--",
+               "train.py", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    text = out.read_text()
+    assert "--gpus-per-node" not in text and "#SBATCH --cpus-per-task=2" in text
+    argv, first = _per_node_argv(text, job_id="5")
+    assert first.endswith(":29611), nodes: 2") and argv[6] == "29611"
+    # a 1-machine config on 2 nodes would train two independent copies: refused
+    one = tmp_path / "one.yaml"
+    one.write_text("distributed_type: MULTI_GPU\nnum_machines: 1\nnum_processes: 8\n")
+    r = wizard("launch", "--emit-slurm", "2", "--config-file", str(one), "--slurm-output", str(tmp_path / "x"),
+               "--", "train.py", cwd=tmp_path)
+    assert r.returncode == 2 and "--emit-slurm" in r.stderr and "num_machines is 1" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "x").exists()
 
 
 def test_import_is_light():

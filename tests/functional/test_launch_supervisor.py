@@ -213,6 +213,12 @@ def test_stall_detected_torn_down_and_restarted(tmp_path):
     assert st["attempt"] == 2 and st["status"] == "failed"
     assert st["classification"]["kind"] == "stall" and "silent" in st["classification"]["hint"]
     assert "py-spy" in st["classification"]["hint"]
+    # the stall is rank 1's (it hangs in a callback) although rank 0 went quiet first: the ranks'
+    # stacks (faulthandler, asked for on the stall) show rank 0 waiting for it
+    first = [e for e in ev if e["type"] == "failure" and e["attempt"] == 1][0]
+    assert first["kind"] == "stall" and first["rank"] == 1, first
+    assert "rank 1 stalled at on_step_begin" in first["summary"], first
+    assert "(most recent call first)" in (run_dir / "logs" / "attempt-1" / "rank-0.log").read_text()
     assert not still_alive(run_pids(st))
 
 

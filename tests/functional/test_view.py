@@ -122,6 +122,9 @@ def make_run(tmp_path: Path, kind: str = "running", supervisor_pid: int | None =
                        "summary": "CUDA out of memory on rank 3"})
         events.append({"t": T0 + 701, "type": "exit", "attempt": 1, "exit_code": 1, "status": "failed"})
 
+    if supervisor_pid is not None:        # what the supervisor records: its pid and its start time
+        import psutil
+        run["supervisor_create_time"] = psutil.Process(supervisor_pid).create_time()
     (d / "run.json").write_text(json.dumps(run, indent=1))
     with open(d / "events.jsonl", "w") as f:
         f.writelines(json.dumps(e) + "\n" for e in events)
@@ -527,16 +530,51 @@ async def test_q_on_an_attached_or_detached_run_just_quits(tmp_path, owned, deta
     assert app.return_value == QUIT
 
 
+def ack_detach(run_dir: Path, within: float = 5.0) -> None:
+    """What the supervisor does with a detach request: mark the run detached (a thread here)."""
+    import threading
+
+    def work():
+        deadline = time.monotonic() + within
+        while time.monotonic() < deadline:
+            try:
+                if control(run_dir)["request"] == "detach":
+                    update_run(run_dir, detached=True)
+                    return
+            except (OSError, ValueError, KeyError):
+                pass
+            time.sleep(0.05)
+    threading.Thread(target=work, daemon=True).start()
+
+
 async def test_d_detaches_and_leaves_the_run_alone(tmp_path, supervisor):
+    """`d` on a run this view started: the supervisor is asked to detach (control.json, no
+    signal) and the view leaves only once run.json says it has."""
     d = make_run(tmp_path, supervisor_pid=supervisor.pid)
     app = frozen_app(d, owned=True)
     async with app.run_test(size=(80, 24)) as pilot:
+        ack_detach(d)
         await pilot.press("d")
-        await pilot.pause()
+        for _ in range(50):
+            await pilot.pause(0.1)
+            if app.return_value is not None:
+                break
     assert app.return_value == DETACHED
+    assert control(d)["request"] == "detach"
     assert exit_code_for(app.return_value, json.loads((d / "run.json").read_text()), True) == 0
     assert signals_received(supervisor, wait=0.5) == [] and supervisor.poll() is None
-    assert not (d / CONTROL_FILE).exists()
+
+
+async def test_d_without_an_answer_stays_and_says_so(tmp_path, supervisor):
+    d = make_run(tmp_path, supervisor_pid=supervisor.pid)
+    app = frozen_app(d, owned=True)
+    async with app.run_test(size=(80, 24)) as pilot:
+        app._detach_deadline = None
+        await pilot.press("d")
+        app._detach_deadline = time.monotonic()          # no supervisor answers: give up at once
+        await pilot.pause(0.4)
+        assert app.return_value is None
+        assert "detach not confirmed" in app.query_one(Header).plain
 
 
 async def test_failed_run_shows_the_failure_panel(tmp_path, supervisor):
@@ -632,3 +670,70 @@ def test_snapshot_search_on_one_rank(tmp_path, snap_compare):
 def test_snapshot_quit_question(tmp_path, snap_compare):
     app = frozen_app(make_run(tmp_path), owned=True)
     assert snap_compare(app, terminal_size=(80, 24), run_before=_settle, press=["q"])
+
+
+# ------------------------------------------------------------------ issue 11
+
+async def test_a_supervisor_that_dies_shows_lost_within_5_s(tmp_path):
+    """SIGKILL of the supervisor: the open view says LOST (and run.json, and an event) within 5 s,
+    and what of the run was left (a tracked worker, verified by its start time) is ended."""
+    import psutil
+    sup = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
+    try:
+        d = make_run(tmp_path, supervisor_pid=sup.pid)
+        update_run(d, tracked_pids=[worker.pid],
+                   process_times={str(worker.pid): psutil.Process(worker.pid).create_time()})
+        app = make_view_app(d, owned=False, follow_interval=0.2, clock=lambda: NOW)
+        async with app.run_test(size=(100, 30)) as pilot:
+            await pilot.pause(0.5)
+            assert "RUNNING" in app.query_one(Header).plain
+            sup.kill()
+            t0 = time.monotonic()
+            while time.monotonic() - t0 < 5 and "LOST" not in app.query_one(Header).plain:
+                await pilot.pause(0.1)
+            header = app.query_one(Header).plain
+            assert "LOST" in header and "supervisor" in header and "is gone" in header, header
+            await pilot.press("s")
+            await pilot.pause()
+            assert "already lost" in app.query_one(Header).plain
+        run = json.loads((d / "run.json").read_text())
+        assert run["status"] == "lost" and run["lost_cleaned"] == [worker.pid]
+        assert worker.wait(10) is not None
+        assert any(json.loads(x)["type"] == "lost" for x in (d / "events.jsonl").read_text().splitlines())
+    finally:
+        for p in (sup, worker):
+            p.kill()
+            p.wait()
+
+
+async def test_question_mark_shows_the_keys_and_ctrl_c_asks_like_q(tmp_path, supervisor):
+    d = make_run(tmp_path, supervisor_pid=supervisor.pid)
+    app = frozen_app(d, owned=True)
+    async with app.run_test(size=(160, 24)) as pilot:
+        await pilot.press("question_mark")
+        await pilot.pause()
+        header = app.query_one(Header).plain
+        assert "s stop" in header and "d detach" in header and "q quit" in header, header
+        await pilot.press("ctrl+c")
+        await pilot.pause()
+        assert isinstance(app.screen, QuitModal)
+
+
+def test_progress_curve_restarts_with_the_attempt():
+    from launch.view import RunState as ViewState, Update
+    st = ViewState()
+    st.apply(Update(events=[{"type": "train_log", "attempt": 1, "loss": 3.0}]), {"attempt": 1})
+    assert list(st.loss) == [3.0]
+    st.apply(Update(events=[{"type": "train_log", "attempt": 1, "loss": 2.9},
+                            {"type": "train_log", "attempt": 2, "loss": 4.0}]), {"attempt": 2})
+    assert list(st.loss) == [4.0]
+
+
+async def test_a_user_restart_does_not_make_attempt_2_of_1(tmp_path, supervisor):
+    d = make_run(tmp_path, supervisor_pid=supervisor.pid)
+    update_run(d, attempt=2, max_restarts=0, user_restarts=1)
+    app = frozen_app(d, owned=False)
+    async with app.run_test(size=(100, 24)) as pilot:
+        await pilot.pause()
+        assert "attempt 2/2" in app.query_one(Header).plain

@@ -90,7 +90,7 @@ def test_sigabrt_without_nccl_text_is_a_signal():
 def test_oom_killer_unless_stop_requested():
     ranks = [c.RankOutcome(rank=1, exit_code=-9, ended_at=3.0), c.RankOutcome(rank=0, exit_code=-15, ended_at=4.0)]
     r = c.classify(c.AttemptOutcome(launcher_exit=1, ranks=ranks, oom_killer_seen=True))
-    assert r.kind == "oom_killed" and r.rank == 1 and "dmesg confirms" in r.hint
+    assert r.kind == "oom_killed" and r.rank == 1 and "kernel log confirms" in r.hint
     assert c.classify(c.AttemptOutcome(launcher_exit=1, ranks=ranks, stop_requested=True)) is None
 
 
@@ -160,3 +160,72 @@ def test_saved_plan_file_shape_and_fallback_to_ladder():
                               {"key": "zero3", "name": "ZeRO-3", "backend": "deepspeed", "zero_stage": 3, "fits": True}]
     name, _ = c.suggest_for_cuda_oom(saved, {"distributed_type": "MULTI_GPU"}, None)
     assert name == "ZeRO-3"
+
+
+# ------------------------------------------------------------------ issue 11
+
+def test_a_sigkill_is_an_oom_kill_only_when_the_kernel_log_says_so():
+    ranks = [c.RankOutcome(rank=1, exit_code=-9, ended_at=3.0), c.RankOutcome(rank=0, exit_code=-15, ended_at=4.0)]
+    unknown = c.classify(c.AttemptOutcome(launcher_exit=1, ranks=ranks, oom_killer_seen=None))
+    assert unknown.kind == "signal" and unknown.rank == 1
+    assert unknown.summary.startswith("rank 1 killed by signal 9 (cause unknown)") and "OOM" not in unknown.summary
+    user = c.classify(c.AttemptOutcome(launcher_exit=1, ranks=ranks, oom_killer_seen=False))
+    assert user.kind == "signal" and "not the OOM killer" in user.summary
+    assert "sent by a user or another program" in user.hint and "likely" not in user.hint
+
+
+def test_sigabrt_after_the_last_training_line_is_a_shutdown_crash_not_restarted():
+    ranks = [c.RankOutcome(rank=1, exit_code=-6, ended_at=12.0), c.RankOutcome(rank=0, exit_code=0, ended_at=11.0)]
+    r = c.classify(c.AttemptOutcome(launcher_exit=1, ranks=ranks, training_finished_at=10.0))
+    assert r.kind == "shutdown_crash" and r.rank == 1 and r.exit_code == -6
+    assert r.summary == "rank 1 crashed during shutdown after training finished (SIGABRT)"
+    assert "shutdown_crash" in c.NOT_RESTARTED
+    # the same abort before training finished is an ordinary signal death
+    early = c.classify(c.AttemptOutcome(launcher_exit=1, ranks=ranks))
+    assert early.kind == "signal"
+    before = c.classify(c.AttemptOutcome(launcher_exit=1, ranks=[c.RankOutcome(rank=1, exit_code=134, ended_at=5.0)],
+                                         training_finished_at=10.0))
+    assert before.kind == "signal"
+
+
+def test_the_trainer_summary_marks_the_end_of_training():
+    from launch.logs import StreamCapture
+    cap = StreamCapture(0, clock=lambda: 42.0)
+    cap.feed(b"{'loss': 1.0, 'learning_rate': 0.1, 'epoch': 1.0}\n")
+    assert cap.markers.train_done_at is None
+    cap.feed(b"{'train_runtime': 3.2, 'train_samples_per_second': 9.9, 'train_loss': 1.1, 'epoch': 1.0}\n")
+    assert cap.markers.train_done_at == 42.0
+
+
+def _dump(main_frames: list[str]) -> list[str]:
+    """A faulthandler dump as a rank writes it: a helper thread, then the main thread."""
+    lines = ["Thread 0x00007f2b5d7fe640 (most recent call first):",
+             '  File "/usr/lib/python3.11/threading.py", line 320 in wait', ""]
+    lines.append("Current thread 0x00007f2b6c8a1740 (most recent call first):")
+    lines += [f'  File "{f}", line 10 in {fn}' for f, fn in main_frames]
+    lines += ['  File "/repo/launch/_worker.py", line 70 in main', '  File "/repo/launch/_worker.py", line 76 in <module>']
+    return ["{'loss': 1.0}"] + lines
+
+
+def test_main_thread_stack_is_the_one_under_the_worker():
+    stack = c.main_thread_stack(_dump([("/repo/examples/train.py", "on_step_begin")]))
+    assert stack[0] == "on_step_begin (/repo/examples/train.py:10)" and stack[-1].startswith("<module>")
+    assert c.waiting_for_others(stack) is False
+    assert c.main_thread_stack(["no dump here"]) is None and c.waiting_for_others(None) is None
+
+
+def test_the_stalled_rank_is_the_one_not_waiting_with_the_others():
+    """Rank 1 hangs in a callback; rank 0 waits for it in the gradient all-reduce. Rank 0's last line
+    is older (rank 1 printed 'hanging'), yet the stall is rank 1's."""
+    waiting = c.main_thread_stack(_dump([("/venv/torch/autograd/graph.py", "_engine_run_backward"),
+                                         ("/venv/torch/_tensor.py", "backward")]))
+    hung = c.main_thread_stack(_dump([("/repo/examples/train.py", "on_step_begin")]))
+    o = c.AttemptOutcome(launcher_exit=None, stalled=True, stall_timeout_s=20, stall_now=100.0, ranks=[
+        c.RankOutcome(rank=0, last_output_at=70.0, stack=waiting),
+        c.RankOutcome(rank=1, last_output_at=71.0, stack=hung)])
+    r = c.classify(o)
+    assert r.kind == "stall" and r.rank == 1
+    assert "rank 1 stalled at on_step_begin" in r.summary and "rank 0 waits for it" in r.hint
+    # without stacks: the rank silent longest, as before
+    o.ranks[0].stack = o.ranks[1].stack = None
+    assert c.classify(o).rank == 0

@@ -14,8 +14,9 @@ from wizard.errors import InputError
 
 def test_create_points_latest_and_resolves(tmp_path):
     root = tmp_path / "runs"
-    a = create_run_dir(root=root)
-    b = create_run_dir(root=root)
+    a, fa = create_run_dir(root=root)
+    b, fb = create_run_dir(root=root)
+    os.close(fa), os.close(fb)
     assert a != b and a.parent == root
     (b / "run.json").write_text("{}")
     assert (root / "latest").resolve() == b
@@ -27,7 +28,8 @@ def test_create_points_latest_and_resolves(tmp_path):
 
 
 def test_explicit_run_dir_must_be_new_or_empty(tmp_path):
-    d = create_run_dir(tmp_path / "deep" / "r1")
+    d, fd = create_run_dir(tmp_path / "deep" / "r1")
+    os.close(fd)
     assert d.is_dir() and (tmp_path / "deep" / "latest").resolve() == d
     (d / "x").write_text("x")
     with pytest.raises(InputError):
@@ -112,3 +114,142 @@ def test_process_alive_checks_the_recorded_start_time_and_never_raises(tmp_path)
 def test_read_state_ignores_a_run_json_that_is_not_an_object(tmp_path):
     (tmp_path / "run.json").write_text("[1, 2]")
     assert read_state(tmp_path) is None
+
+
+# ------------------------------------------------------------------ issue 11: lock, validation, lost
+
+from launch.rundir import (LOCK_FILE, attempts_allowed, end_recorded_processes, load_state,  # noqa: E402
+                           mark_lost_if_dead, state_problem, try_lock)
+
+
+def test_a_locked_run_dir_refuses_a_second_launch_and_a_file_is_input_error(tmp_path):
+    d, fd = create_run_dir(tmp_path / "r")
+    try:
+        with pytest.raises(InputError) as e:          # still empty but for the lock: the lock decides
+            create_run_dir(tmp_path / "r")
+        assert "in use by another launch" in str(e.value)
+    finally:
+        os.close(fd)
+    f = tmp_path / "file"
+    f.write_text("x")
+    with pytest.raises(InputError) as e:
+        create_run_dir(f)
+    assert "--run-dir" in str(e.value) and "not a directory" in str(e.value)
+
+
+def test_two_processes_creating_one_run_dir_together_get_one_lock(tmp_path):
+    """Started together (a barrier file), two creators: exactly one holds the directory."""
+    code = ("import sys,time,os; from pathlib import Path\n"
+            "from launch.rundir import create_run_dir\n"
+            "while not os.path.exists(sys.argv[2]): time.sleep(0.001)\n"
+            "try:\n  d, fd = create_run_dir(sys.argv[1]); print('ok', flush=True); time.sleep(1.5)\n"
+            "except Exception as e:\n  print('refused', e, flush=True); sys.exit(2)\n")
+    go = tmp_path / "go"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "same"), str(go)],
+                              stdout=subprocess.PIPE, text=True, env=env) for _ in range(2)]
+    import time
+    time.sleep(1.0)
+    go.write_text("")
+    outs = [p.communicate(timeout=30)[0] for p in procs]
+    assert sorted(p.returncode for p in procs) == [0, 2], outs
+    assert sum(o.startswith("ok") for o in outs) == 1
+
+
+def _valid_state(**over):
+    import psutil
+    me = psutil.Process(os.getpid())
+    st = {"id": "x", "status": "running", "supervisor_pid": os.getpid(), "supervisor_create_time": me.create_time(),
+          "attempt": 1, "max_restarts": 0, "pids": {}, "tracked_pids": [], "seen_pids": [], "process_times": {},
+          "progress": {}}
+    st.update(over)
+    return st
+
+
+@pytest.mark.parametrize("body,needle", [
+    ("not json", "is not JSON"), ("[1]", "not a JSON object"),
+    (json.dumps(_valid_state(status="weird")), "status 'weird'"),
+    (json.dumps(_valid_state(tracked_pids=["abc"])), "tracked_pids"),
+    (json.dumps(_valid_state(supervisor_create_time=None)), "supervisor_create_time"),
+    (json.dumps(_valid_state(supervisor_pid="12")), "supervisor_pid"),
+    (json.dumps(_valid_state(process_times={"12": "soon"})), "process_times"),
+])
+def test_load_state_refuses_garbage_with_one_line(tmp_path, body, needle):
+    (tmp_path / "run.json").write_text(body)
+    with pytest.raises(InputError) as e:
+        load_state(tmp_path)
+    assert needle in str(e.value) and "\n" not in str(e.value)
+    assert (tmp_path / "run.json").read_text() == body
+
+
+def test_load_state_accepts_what_the_supervisor_writes(tmp_path):
+    (tmp_path / "run.json").write_text(json.dumps(_valid_state()))
+    assert load_state(tmp_path)["status"] == "running" and state_problem(_valid_state()) is None
+
+
+def test_attempts_allowed_counts_user_restarts():
+    assert attempts_allowed({"max_restarts": 0}) == 1
+    assert attempts_allowed({"max_restarts": 0, "user_restarts": 1}) == 2
+    assert attempts_allowed({"max_restarts": 2, "user_restarts": 0}) == 3
+
+
+def _sleeper(session=False):
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=session)
+
+
+def test_end_recorded_processes_never_signals_a_reused_pid(tmp_path):
+    """A pid recorded with another start time is some other process now: it must survive."""
+    import psutil
+    ours, foreign = _sleeper(), _sleeper()
+    try:
+        st = {"process_times": {str(ours.pid): psutil.Process(ours.pid).create_time(),
+                                str(foreign.pid): psutil.Process(foreign.pid).create_time() - 50}}
+        assert end_recorded_processes(st, grace=5) == [ours.pid]
+        ours.wait(10)                 # ended (psutil reaped it, so its code is not ours to see)
+        assert foreign.poll() is None
+    finally:
+        for p in (ours, foreign):
+            p.kill()
+            p.wait()
+
+
+def test_mark_lost_ends_leftovers_writes_lost_and_an_event(tmp_path):
+    import psutil
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    ours, foreign = _sleeper(session=True), _sleeper()
+    try:
+        st = _valid_state(supervisor_pid=dead.pid, supervisor_create_time=1.0,
+                          tracked_pids=[ours.pid, foreign.pid],
+                          process_times={str(ours.pid): psutil.Process(ours.pid).create_time(),
+                                         str(foreign.pid): 2.0})
+        (tmp_path / "run.json").write_text(json.dumps(st))
+        new = mark_lost_if_dead(tmp_path, grace=5)
+        assert new and new["status"] == "lost" and new["lost_cleaned"] == [ours.pid]
+        assert read_state(tmp_path)["status"] == "lost" and read_state(tmp_path)["exit_code"] == 137
+        ev = [json.loads(x) for x in (tmp_path / "events.jsonl").read_text().splitlines()]
+        assert ev[-1]["type"] == "lost" and ev[-1]["cleaned"] == [ours.pid] and ev[-1]["t"] > 0
+        ours.wait(10)
+        assert foreign.poll() is None
+        assert mark_lost_if_dead(tmp_path) is None            # once
+    finally:
+        for p in (ours, foreign):
+            p.kill()
+            p.wait()
+
+
+def test_mark_lost_leaves_a_live_or_locked_or_garbage_run_alone(tmp_path):
+    (tmp_path / "run.json").write_text(json.dumps(_valid_state()))        # we are the live supervisor
+    assert mark_lost_if_dead(tmp_path) is None and read_state(tmp_path)["status"] == "running"
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (tmp_path / "run.json").write_text(json.dumps(_valid_state(supervisor_pid=dead.pid)))
+    fd = try_lock(tmp_path)                                               # someone holds the run's lock
+    try:
+        assert mark_lost_if_dead(tmp_path) is None and read_state(tmp_path)["status"] == "running"
+    finally:
+        os.close(fd)
+    assert (tmp_path / LOCK_FILE).exists()
+    (tmp_path / "run.json").write_text('{"status": "running", "supervisor_pid": null}')
+    assert mark_lost_if_dead(tmp_path) is None
+    assert (tmp_path / "run.json").read_text() == '{"status": "running", "supervisor_pid": null}'
