@@ -14,10 +14,12 @@ torch and transformers are imported inside `size_model` only: `wizard plan --par
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import math
 import os
 import re
+import sys
 import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -207,6 +209,31 @@ def _quiet_transformers() -> Iterator[None]:
         hf_logging.set_verbosity(level)
 
 
+@contextlib.contextmanager
+def _heavy_imports() -> Iterator[None]:
+    """Wrap the first import of torch, transformers and a modeling module: cyclic GC paused while
+    they load, and what they created frozen afterwards (gc.freeze: ignored by later collections).
+
+    Why: the imports create millions of objects that live until exit. With the GC on, every full
+    collection during the import walks all of them again (~0.7 s of a cold sizing), and the
+    interpreter's final collection at exit walks them once more (~1 s). Freezing is what the gc
+    docs suggest for objects that live as long as the process; nothing is collected less than
+    before except cyclic garbage that already existed at that moment. Later sizings in the same
+    process (the TUI) import nothing new of that size, so the freeze is done once.
+    """
+    if "transformers.modeling_utils" in sys.modules:
+        yield
+        return
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.freeze()
+        if was_enabled:
+            gc.enable()
+
+
 def _config_class(data: dict[str, Any], config_path: Path):
     """The config class for `model_type`. Taken from the checkpoint's own architecture class when
     it names one (its module is imported for the build anyway), which skips loading transformers'
@@ -237,6 +264,17 @@ def _build_config(data: dict[str, Any], config_path: Path):
     except Exception as exc:
         raise InputError("model", f"{config_path} is not a valid {data['model_type']} config: {_one_line(exc)}",
                          "a Hugging Face config.json") from None
+
+
+def _import_and_build_config(data: dict[str, Any], config_path: Path):
+    """Import torch and transformers (never at module level) and build the config; the config class
+    comes from the checkpoint's architecture class, so this also imports its modeling module."""
+    with _heavy_imports():
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+
+        with _quiet_transformers():
+            return _build_config(data, config_path)
 
 
 def _one_line(exc: BaseException) -> str:
@@ -399,10 +437,8 @@ def size_model(id_or_path: str, use_cache: bool = True) -> ModelShape:
 
 def _size_config(data: dict[str, Any], config_path: Path, source: str) -> ModelShape:
     with _offline():
-        import transformers  # noqa: F401  (imported here, never at module level)
-
+        config = _import_and_build_config(data, config_path)
         with _quiet_transformers():
-            config = _build_config(data, config_path)
             model = _build_on_meta(config, config_path)
             text = _text_config(config)
             shape = _shape_from_config(text, config_path)
@@ -428,8 +464,10 @@ def module_class_names(id_or_path: str) -> set[str]:
     like size_model when the config cannot be found or built."""
     config_path, _ = _resolve_config_path(id_or_path)
     data = _read_config_dict(config_path)
-    with _offline(), _quiet_transformers():
-        model = _build_on_meta(_build_config(data, config_path), config_path)
+    with _offline():
+        config = _import_and_build_config(data, config_path)
+        with _quiet_transformers():
+            model = _build_on_meta(config, config_path)
     return {type(m).__name__ for m in model.modules()}
 
 
