@@ -217,10 +217,11 @@ def _heavy_imports() -> Iterator[None]:
 
     Why: the imports create over half a million objects that live until exit. With the GC on,
     every full collection during the import walks all of them again (~0.6 s of a cold sizing),
-    and the interpreter's final collection at exit walks them once more (~1 s). Freezing is what
-    the gc docs suggest for objects that live as long as the process; nothing is collected less
-    than before except cyclic garbage that already existed at that moment. Later sizings in the
-    same process (the TUI) import nothing new of that size, so this is done once.
+    and the interpreter's final collection at exit walks them once more (~1 s). gc.freeze moves
+    every tracked object to a generation collections skip: modules and classes were never going
+    to be collected, and the only thing collected less than before is cyclic garbage that already
+    existed at that moment. Later sizings in the same process (the TUI) import nothing new of
+    that size, so this is done once.
     """
     if "transformers.modeling_utils" in sys.modules:
         yield
@@ -272,7 +273,8 @@ class _WidenTransformersScanCache:  # an import finder (find_spec); importlib.ab
                 # The scan recurses through this module-level name, so every folder lands in the new cache.
                 setattr(module, self.FUNCTION, functools.lru_cache(maxsize=None)(scan.__wrapped__))
 
-        spec.loader.exec_module = exec_module  # this loader object was made for this one import
+        with contextlib.suppress(AttributeError, TypeError):  # a loader that takes no attributes: leave it
+            spec.loader.exec_module = exec_module  # this loader object was made for this one import
         return spec
 
 
