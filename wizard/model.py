@@ -14,10 +14,13 @@ torch and transformers are imported inside `size_model` only: `wizard plan --par
 from __future__ import annotations
 
 import contextlib
+import functools
+import gc
 import json
 import math
 import os
 import re
+import sys
 import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -251,6 +254,74 @@ def _quiet_transformers() -> Iterator[None]:
         hf_logging.set_verbosity(level)
 
 
+@contextlib.contextmanager
+def _heavy_imports() -> Iterator[None]:
+    """Wrap the first import of torch, transformers and a modeling module: cyclic GC paused while
+    they load, and what they created frozen afterwards (gc.freeze: ignored by later collections).
+
+    Why: the imports create over half a million objects that live until exit. With the GC on,
+    every full collection during the import walks all of them again (~0.6 s of a cold sizing),
+    and the interpreter's final collection at exit walks them once more (~1 s). gc.freeze moves
+    every tracked object to a generation collections skip: modules and classes were never going
+    to be collected, and the only thing collected less than before is cyclic garbage that already
+    existed at that moment. Later sizings in the same process (the TUI) import nothing new of
+    that size, so this is done once.
+    """
+    if "transformers.modeling_utils" in sys.modules:
+        yield
+        return
+    was_enabled = gc.isenabled()
+    gc.disable()
+    finder = _WidenTransformersScanCache()
+    sys.meta_path.insert(0, finder)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(ValueError):
+            sys.meta_path.remove(finder)
+        gc.freeze()
+        if was_enabled:
+            gc.enable()
+
+
+class _WidenTransformersScanCache:  # an import finder (find_spec); importlib.abc costs 24 ms to import
+    """While transformers' import_utils loads, give its model-folder scan an unbounded cache.
+
+    Why: on the way to a modeling module transformers scans its ~560 model folders twice, reading
+    every file's __all__ (`import transformers`, then `import transformers.models`), and its
+    per-folder `lru_cache` keeps 128 entries, so the second pass finds nothing cached (~0.45 s).
+    The scan is a pure function of the folder, so caching every folder changes no result. When
+    transformers is laid out differently this finds nothing to widen and changes nothing.
+    """
+
+    MODULE = "transformers.utils.import_utils"
+    FUNCTION = "create_import_structure_from_path"
+
+    def find_spec(self, name, path, target=None):
+        if name != self.MODULE:
+            return None
+        spec = None
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None) if finder is not self else None
+            spec = find(name, path, target) if find is not None else None
+            if spec is not None:
+                break
+        load = getattr(spec.loader, "exec_module", None) if spec is not None else None
+        if load is None:
+            return spec
+
+        def exec_module(module) -> None:
+            load(module)
+            scan = getattr(module, self.FUNCTION, None)
+            if callable(getattr(scan, "__wrapped__", None)) and hasattr(scan, "cache_info"):
+                # The scan recurses through this module-level name, so every folder lands in the new cache.
+                setattr(module, self.FUNCTION, functools.lru_cache(maxsize=None)(scan.__wrapped__))
+
+        with contextlib.suppress(AttributeError, TypeError):  # a loader that takes no attributes: leave it
+            spec.loader.exec_module = exec_module  # this loader object was made for this one import
+        return spec
+
+
 def _config_class(data: dict[str, Any], config_path: Path):
     """The config class for `model_type`. Taken from the checkpoint's own architecture class when
     it names one (its module is imported for the build anyway), which skips loading transformers'
@@ -281,6 +352,17 @@ def _build_config(data: dict[str, Any], config_path: Path):
     except Exception as exc:
         raise InputError("model", f"{config_path} is not a valid {data['model_type']} config: {_one_line(exc)}",
                          "a Hugging Face config.json") from None
+
+
+def _import_and_build_config(data: dict[str, Any], config_path: Path):
+    """Import torch and transformers (never at module level) and build the config; the config class
+    comes from the checkpoint's architecture class, so this also imports its modeling module."""
+    with _heavy_imports():
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+
+        with _quiet_transformers():
+            return _build_config(data, config_path)
 
 
 def _one_line(exc: BaseException) -> str:
@@ -526,10 +608,8 @@ def size_model(id_or_path: str, use_cache: bool = True) -> ModelShape:
 
 def _size_config(data: dict[str, Any], config_path: Path, source: str) -> ModelShape:
     with _offline():
-        import transformers  # noqa: F401  (imported here, never at module level)
-
+        config = _import_and_build_config(data, config_path)
         with _quiet_transformers():
-            config = _build_config(data, config_path)
             model = _build_on_meta(config, config_path)
             text = _text_config(config)
             shape = _shape_from_config(text, config_path)
@@ -561,8 +641,10 @@ def module_class_names(id_or_path: str) -> set[str]:
     like size_model when the config cannot be found or built."""
     config_path, _ = _resolve_config_path(id_or_path)
     data = _read_config_dict(config_path)
-    with _offline(), _quiet_transformers():
-        model = _build_on_meta(_build_config(data, config_path), config_path)
+    with _offline():
+        config = _import_and_build_config(data, config_path)
+        with _quiet_transformers():
+            model = _build_on_meta(config, config_path)
     return {type(m).__name__ for m in model.modules()}
 
 

@@ -322,6 +322,38 @@ def test_second_sizing_comes_from_the_cache_without_torch(tmp_path):
     assert len(list((tmp_path / "shared-cache" / "sizing").glob("*.json"))) == 1
 
 
+def test_cold_sizing_pauses_gc_for_the_imports_then_restores_it():
+    """The first sizing freezes the objects the imports made (so neither later collections nor the
+    final one at exit walk them) and leaves the GC as it found it; a second sizing freezes nothing."""
+    code = ("import gc, json; from wizard.model import size_model;"
+            f"a = size_model({str(MODELS / 'llama-3-70b')!r}, use_cache=False).params;"
+            "frozen, enabled = gc.get_freeze_count(), gc.isenabled();"
+            f"b = size_model({str(MODELS / 'llama-tiny')!r}, use_cache=False).params;"
+            "print(json.dumps([a, b, frozen, enabled, gc.get_freeze_count() == frozen, gc.isenabled()]))")
+    params, tiny, frozen, enabled, unchanged, still_enabled = json.loads(_run(code, {}))
+    assert (params, tiny) == (70_553_706_496, 218_944)
+    assert frozen > 100_000 and enabled and unchanged and still_enabled
+    disabled = _run("import gc; gc.disable(); from wizard.model import size_model;"
+                    f"size_model({str(MODELS / 'llama-tiny')!r}, use_cache=False); print(gc.isenabled())", {})
+    assert disabled == "False"
+
+
+def test_widened_transformers_scan_cache_gives_the_same_lazy_modules():
+    """Sizing widens transformers' model-folder scan cache while it first imports transformers; the
+    second pass is then served from that cache, and the lazy modules it builds are unchanged."""
+    dump = ("import json, transformers, transformers.models as m;"
+            "from transformers.utils import import_utils as iu;"
+            "info = iu.create_import_structure_from_path.cache_info();"
+            "print(json.dumps([sorted(m._class_to_module.items()), sorted(m._modules),"
+            " sorted(transformers._class_to_module.items()), info.maxsize, info.hits]))")
+    widened = json.loads(_run(f"from wizard.model import size_model; size_model({str(MODELS / 'llama-tiny')!r}, "
+                              f"use_cache=False); {dump}", {}))
+    plain = json.loads(_run(f"import transformers; transformers.LlamaForCausalLM; {dump}", {}))
+    assert widened[:3] == plain[:3]
+    assert len(widened[0]) > 1000
+    assert widened[3] is None and widened[4] > 500   # the second pass over ~560 folders hit the cache
+
+
 def test_cache_is_keyed_by_content_and_survives_garbage(tmp_path):
     target = tmp_path / "model"
     shutil.copytree(MODELS / "llama-tiny", target)
