@@ -131,8 +131,113 @@ def size(answers: dict[str, Any]) -> ModelShape:
 
 def make_plan(hw: Hardware, model: ModelShape, answers: dict[str, Any]) -> Plan:
     from wizard import plan as plan_mod
-    return plan_mod.make_plan(hw, model, answers_mod.training_options(answers),
-                              answers_mod.strategy_options(answers), answers_mod.topology(answers, hw))
+    training = answers_mod.training_options(answers)
+    return plan_mod.make_plan(hw, model, training, answers_mod.strategy_options(answers),
+                              answers_mod.topology(answers, hw), adapters=adapters_for(model, training))
+
+
+ALTERNATIVE_METHODS = ("lora", "qlora")
+
+
+def wants_alternatives(plan: Plan, answers: dict[str, Any]) -> bool:
+    """Full fine-tuning that needs offload or does not fit: the plan names LoRA and QLoRA."""
+    if answers.get("method", "full") != "full" or answers.get("use_cpu"):
+        return False
+    return plan.choice is None or plan.choice.offloads
+
+
+def alternative_answers(answers: dict[str, Any], method: str) -> dict[str, Any]:
+    """The same answers with --method `method` at its defaults and the strategy left to the ladder."""
+    return {**answers, "method": method, "backend": "auto", "zero_stage": "auto", "offload": "auto",
+            "lora_rank": 16, "lora_alpha": None, "lora_targets": None, "lora_dropout": 0.05}
+
+
+def alternatives(hw: Hardware, model: ModelShape, answers: dict[str, Any], plan: Plan,
+                 cached_only: bool = False) -> list:
+    """What LoRA and QLoRA (r=16, peft's default targets) would need and how fast, when full fine-tuning
+    offloads or does not fit; [] otherwise. `cached_only`: skip a method whose adapters are not sized yet
+    (the TUI sizes them in a thread first)."""
+    from wizard import plan as plan_mod
+    if not wants_alternatives(plan, answers):
+        return []
+    out = []
+    for method in ALTERNATIVE_METHODS:
+        alt = alternative_answers(answers, method)
+        training = answers_mod.training_options(alt)
+        if cached_only and not adapters_cached(model, training):
+            continue
+        try:
+            alt_plan = make_plan(hw, model, alt)
+            adapters = adapters_for(model, training)
+        except InputError:
+            continue
+        out.append(plan_mod.Alternative(method, training.lora_rank, adapters.trainable_params, alt_plan.choice,
+                                        plan.choice))
+    return out
+
+
+# Adapter sizings by (model, options): peft builds the model again on the meta device (seconds), and the TUI
+# re-plans on every keystroke. Sizings are small and few per session.
+_ADAPTERS: dict[tuple, Any] = {}
+
+
+def lora_options_for(training) -> Any:
+    from wizard import lora
+    return lora.lora_options(training.method, training.lora_rank, training.lora_alpha, training.lora_dropout,
+                             training.lora_targets)
+
+
+def _adapters_key(model: ModelShape, options) -> tuple:
+    return (model.source, model.params, model.exact, options)
+
+
+def adapters_cached(model: ModelShape, training) -> bool:
+    """True when make_plan needs no slow adapter sizing for these answers (full, --params, or sized already)."""
+    if training.method == "full" or not model.exact:
+        return True
+    return _adapters_key(model, lora_options_for(training)) in _ADAPTERS
+
+
+def adapters_for(model: ModelShape, training) -> Any:
+    """The AdapterShape of --method lora/qlora for this model (peft on the meta device, remembered), or None.
+    A sizing that failed is remembered too (as its InputError), so a front end does not retry it forever."""
+    if training.method == "full":
+        return None
+    from wizard import lora
+    options = lora_options_for(training)
+    if not model.exact:
+        return lora.size_llama_adapters(model, options)
+    key = _adapters_key(model, options)
+    if key not in _ADAPTERS:
+        try:
+            _ADAPTERS[key] = lora.size_adapters(model, options)
+        except InputError as e:
+            _ADAPTERS[key] = e
+    found = _ADAPTERS[key]
+    if isinstance(found, InputError):
+        raise found
+    return found
+
+
+def size_for_plan(model_arg: str, trainings=()) -> ModelShape:
+    """What a front end's sizing thread does: size the model from its config and the adapters the plan will
+    need for each of `trainings` (so make_plan, on the UI thread, finds them remembered)."""
+    from wizard import model as model_mod
+    shape = model_mod.size_model(model_arg)
+    for training in trainings:
+        try:
+            adapters_for(shape, training)
+        except InputError:
+            pass                           # remembered; make_plan reports it where it matters
+    return shape
+
+
+def adapter_trainings_to_size(model: ModelShape, answers: dict[str, Any], plan: Plan | None) -> list:
+    """TrainingOptions whose adapters make_plan (and the alternatives) need but are not sized yet."""
+    wanted = [answers_mod.training_options(answers)]
+    if plan is not None and wants_alternatives(plan, answers):
+        wanted += [answers_mod.training_options(alternative_answers(answers, m)) for m in ALTERNATIVE_METHODS]
+    return [t for t in wanted if not adapters_cached(model, t)]
 
 
 def resolve_details(hw: Hardware, model: ModelShape, plan: Plan, answers: dict[str, Any],
@@ -208,6 +313,7 @@ def build(request: Request, hw: Hardware | None = None) -> Result:
         raise conflicts[0]
     model = size(answers)
     plan = make_plan(hw, model, answers)
+    plan.alternatives = alternatives(hw, model, answers, plan)
     result = Result(hardware=hw, model=model, plan=plan, answers=answers, output_dir=output_dir,
                     yaml_path=os.path.join(output_dir, "default_config.yaml"),
                     ds_path=os.path.join(output_dir, "ds_config.json"))

@@ -22,6 +22,7 @@ TRAINERS = ("hf", "accelerate")
 BACKENDS = ("auto", "ddp", "deepspeed", "fsdp")
 ZERO_STAGES = ("auto", "1", "2", "3")
 OFFLOADS = ("auto", "none", "cpu", "nvme")
+METHODS = ("full", "lora", "qlora")
 
 # Names of the breakdown components, in the order the UI stacks them.
 COMPONENTS = ("parameters", "gradients", "optimizer", "autocast", "activations", "logits", "buffers", "context",
@@ -42,6 +43,11 @@ class TrainingOptions:
     train_tokens: int | None = None       # tokens the run will train on, for the time to train
     dataset_tokens: int | None = None     # with epochs: train_tokens = dataset_tokens x epochs
     epochs: float | None = None
+    method: str = "full"                  # full | lora | qlora
+    lora_rank: int = 16
+    lora_alpha: int | None = None         # None: 2 x rank
+    lora_targets: str | None = None       # None: peft's default for the architecture; "all-linear"; names
+    lora_dropout: float = 0.05
 
 
 @dataclass
@@ -123,6 +129,34 @@ class BatchSplit:
 
 
 @dataclass
+class Alternative:
+    """What another fine-tuning method would need on the same machine (the plan never switches by itself)."""
+
+    method: str                           # lora | qlora
+    rank: int
+    trainable_params: int
+    choice: Rung | None                   # its plan's choice; None when it does not fit either
+    reference: Rung | None                # the full fine-tuning choice it is compared with
+
+    @property
+    def text(self) -> str:
+        label = f"{'LoRA' if self.method == 'lora' else 'QLoRA'} r={self.rank}"
+        if self.choice is None:
+            return f"{label}: does not fit either"
+        c = self.choice
+        gc = " with gradient checkpointing" if c.gradient_checkpointing else ""
+        where = f"fits with {c.name}{gc} ({fmt_bytes(c.per_gpu_bytes)} per GPU)"
+        if self.reference is not None and self.reference.speed is not None and c.speed is not None:
+            rel = speed_mod.relative(c.speed, self.reference.speed)
+            return f"{label}: {where}, ≈{speed_mod.fmt_rate(c.tokens_per_second)}, {rel} than {self.reference.name}"
+        return f"{label}: {where}, ≈{speed_mod.fmt_rate(c.tokens_per_second)}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"method": self.method, "rank": self.rank, "trainable_params": self.trainable_params,
+                "text": self.text, "choice": None if self.choice is None else self.choice.to_json()}
+
+
+@dataclass
 class Plan:
     rungs: list[Rung]
     choice: Rung | None
@@ -133,6 +167,7 @@ class Plan:
     notes: list[str] = field(default_factory=list)
     batch: BatchSplit | None = None       # the fastest split of the global batch on the chosen rung
     train_tokens: int | None = None
+    alternatives: list[Alternative] = field(default_factory=list)   # LoRA / QLoRA when full FT would offload
 
     def to_json(self) -> dict[str, Any]:
         c = self.choice
@@ -146,6 +181,7 @@ class Plan:
                 "max_micro_batch": c.max_micro_batch, "max_micro_batch_gc": c.max_micro_batch_gc,
             },
             "batch": None if self.batch is None else self.batch.to_json(),
+            "alternatives": [a.to_json() for a in self.alternatives],
             "train_tokens": self.train_tokens,
             "gpu_capacity_bytes": self.gpu_capacity_bytes,
             "usable_bytes": self.usable_bytes,
@@ -216,9 +252,11 @@ def _offload_matches(spec: RungSpec, offload: str) -> bool:
     return spec.offload_optimizer == offload
 
 
-def ladder_keys(strategy: StrategyOptions, world_size: int, cpu: bool = False) -> list[str]:
+def ladder_keys(strategy: StrategyOptions, world_size: int, cpu: bool = False, method: str = "full") -> list[str]:
     """The rung keys to evaluate, cheapest first, for these strategy options. InputError on bad combos."""
     backend, stage, offload = strategy.backend, str(strategy.zero_stage), strategy.offload
+    if method != "full":
+        return _adapter_ladder(strategy, world_size, cpu, method)
     _check_choice(backend, BACKENDS, "--backend")
     _check_choice(stage, ZERO_STAGES, "--zero-stage")
     _check_choice(offload, OFFLOADS, "--offload")
@@ -246,6 +284,31 @@ def ladder_keys(strategy: StrategyOptions, world_size: int, cpu: bool = False) -
     if cpu:
         keys = [k for k in keys if not RUNG_SPECS[k].offloads]
     return keys
+
+
+def _adapter_ladder(strategy: StrategyOptions, world_size: int, cpu: bool, method: str) -> list[str]:
+    """LoRA / QLoRA: one GPU / DDP, ZeRO-2, ZeRO-3; no offload rung and no FSDP.
+
+    Offloading the adapters' optimizer states saves next to nothing (they are a few per mille of the model)
+    and the frozen base has no optimizer state; parameter offload of a frozen, possibly 4-bit base is not
+    something peft, bitsandbytes and DeepSpeed support together. FSDP with LoRA works in accelerate, but its
+    memory is not modelled here yet, so it is refused rather than guessed."""
+    _check_choice(strategy.backend, BACKENDS, "--backend")
+    _check_choice(str(strategy.zero_stage), ZERO_STAGES, "--zero-stage")
+    _check_choice(strategy.offload, OFFLOADS, "--offload")
+    if strategy.backend == "fsdp":
+        raise InputError("--backend", f"fsdp with --method {method} is not planned yet", "auto, ddp, deepspeed")
+    if strategy.offload in ("cpu", "nvme"):
+        raise InputError("--offload", f"{strategy.offload!r} with --method {method}: the adapters' states are tiny "
+                         "and the frozen base has none to offload", "auto, none")
+    base = "single" if world_size == 1 else "ddp"
+    stage = str(strategy.zero_stage)
+    if strategy.backend == "ddp":
+        if stage != "auto":
+            raise InputError("--zero-stage", f"{stage!r} applies to --backend deepspeed, not ddp", "auto")
+        return [base]
+    zero = {"auto": ["zero2", "zero3"], "1": ["zero1"], "2": ["zero2"], "3": ["zero3"]}[stage]
+    return ([base] if strategy.backend == "auto" and stage == "auto" else []) + zero
 
 
 # --- Evaluating a rung ------------------------------------------------------------------------------
@@ -288,6 +351,8 @@ class _Inputs:
     grad_accum: int = 1
     active_params: int = 0               # what one token's matmuls run through (speed.matmul_params: MoE active)
     machine: speed_mod.Machine | None = None
+    adapters: Any = None                 # wizard.lora.AdapterShape for LoRA / QLoRA; None for full fine-tuning
+    lora_dropout: float = 0.0
 
     @property
     def world(self) -> int:
@@ -306,7 +371,15 @@ def _rung_optimizer(spec: RungSpec, x: _Inputs) -> str:
     return mem.optimizer_for_rung(x.optimizer, spec.offload_optimizer != "none")
 
 
+def _adapter_strategy(spec: RungSpec) -> str:
+    return spec.backend if spec.backend in ("single", "ddp") else f"zero{spec.zero_stage}"
+
+
 def _states(spec: RungSpec, x: _Inputs) -> mem.ModelStates:
+    if x.adapters is not None:
+        from wizard import lora
+        return lora.adapter_model_states(x.adapters, _adapter_strategy(spec), x.precision, x.optimizer,
+                                         x.per_machine, x.machines, largest_frozen_layer_params=x.largest_layer)
     if spec.backend in ("single", "ddp"):
         return mem.states_single_or_ddp(x.params, x.precision, x.optimizer, x.per_machine)
     if spec.backend == "fsdp":
@@ -379,12 +452,21 @@ def _host_ram(spec: RungSpec, x: _Inputs, states: mem.ModelStates) -> int:
 def _autocast(spec: RungSpec, x: _Inputs, gc: bool) -> int:
     if spec.backend not in ("single", "ddp") or x.cpu:
         return 0                        # ZeRO and FSDP run 16-bit weights; CPU processes train in what they load
+    if x.adapters is not None:
+        # Only fp32 weights get an autocast copy: the adapters (peft keeps them fp32 over a 16-bit base) and,
+        # for QLoRA, the LM head that prepare_model_for_kbit_training casts to fp32.
+        if x.precision == "fp32":
+            return 0
+        fp32 = x.adapters.trainable_params + (x.head_params if x.adapters.method == "qlora" else 0)
+        return mem.working_bytes(x.precision) * fp32
     return mem.autocast_weight_bytes(x.matmul_params, x.layer_params, x.head_params, x.precision, gc)
 
 
 def _estimate(spec: RungSpec, x: _Inputs, gc: bool) -> _Estimate:
     states = _states(spec, x)
     activations = mem.stack_activation_bytes(x.stack, x.seq, x.batch, x.flash, gc, x.precision)
+    if x.adapters is not None:
+        activations += _adapter_activation_bytes(x, gc)
     logits = mem.logits_bytes(x.seq, x.batch, x.vocab, x.precision)
     buffers = _buffers(spec, x)
     autocast = _autocast(spec, x, gc)
@@ -396,6 +478,25 @@ def _estimate(spec: RungSpec, x: _Inputs, gc: bool) -> _Estimate:
     }
     # CPU processes: everything is already host RAM inside the per-process figure.
     return _Estimate(breakdown, sum(breakdown.values()), 0 if x.cpu else _host_ram(spec, x, states), states.nvme)
+
+
+# Adapted modules whose input is the MLP's intermediate activation rather than the hidden state.
+_FFN_INPUT_MODULES = frozenset({"down_proj", "w2", "fc2", "dense_4h_to_h", "wo", "c_proj"})
+
+
+def _adapter_activation_bytes(x: _Inputs, gc: bool) -> int:
+    """What LoRA's adapters save for backward on top of the base model's activations. ESTIMATE, from peft's
+    LoRA Linear forward (tuners/lora/layer.py): with dropout > 0 each adapter keeps its own dropped copy of
+    the input (lora_A's input, w bytes) and the dropout mask (1 byte); every adapter keeps lora_A's r-wide
+    output for lora_B. With dropout 0 the input is the one the base layer already saved. Under gradient
+    checkpointing only one layer's worth is alive (the layer being recomputed)."""
+    w = mem.working_bytes(x.precision)
+    per_token = 0
+    for name, count in x.adapters.modules_per_target.items():
+        width = x.ffn if name in _FFN_INPUT_MODULES else x.hidden
+        per_token += count * ((w + 1) * width * (x.lora_dropout > 0) + w * x.adapters.rank)
+    total = per_token * x.seq * x.batch
+    return total // max(x.layers, 1) if gc else total
 
 
 def _uses_nvme(spec: RungSpec) -> bool:
@@ -652,6 +753,44 @@ def _resolve(hw, model, training: TrainingOptions, strategy: StrategyOptions, to
     )
 
 
+def _with_adapters(x: _Inputs, model, training: TrainingOptions, adapters, notes: list[str]) -> _Inputs:
+    """The inputs with LoRA / QLoRA's adapters, checked against the options; unchanged for full fine-tuning."""
+    _check_choice(training.method, METHODS, "--method")
+    if training.method == "full":
+        return x
+    from wizard import lora
+    options = lora.lora_options(training.method, training.lora_rank, training.lora_alpha, training.lora_dropout,
+                                training.lora_targets)
+    if adapters is None:
+        if getattr(model, "exact", True):
+            raise ValueError("make_plan needs the AdapterShape (wizard.lora.size_adapters) for a model read from "
+                             "a config")
+        adapters = lora.size_llama_adapters(model, options)
+    if adapters.method != training.method or adapters.rank != training.lora_rank:
+        raise ValueError(f"the AdapterShape is for {adapters.method} r={adapters.rank}, not {training.method} "
+                         f"r={training.lora_rank}")
+    if x.cpu and training.method == "qlora":
+        raise InputError("--method", "qlora needs bitsandbytes' 4-bit kernels on GPUs; these are CPU processes",
+                         "full, lora")
+    if training.optimizer in ("adamw-8bit",) and training.method == "qlora":
+        notes.append("8-bit AdamW on the adapters saves almost nothing: they are a few per mille of the model.")
+    share = adapters.trainable_params / max(x.params, 1) * 100
+    what = "LoRA" if training.method == "lora" else "QLoRA (NF4" + (", double quantisation)" if adapters.double_quant
+                                                                    else ")")
+    notes.append(f"{what} r={adapters.rank} on {', '.join(adapters.targets)}: {adapters.trainable_params:,} trainable "
+                 f"parameters ({share:.2f}% of {x.params:,}), counted by peft on the meta-built model"
+                 + ("" if adapters.exact else " (analytically, for a Llama-like shape)")
+                 + "; the frozen base has no gradients or optimizer states.")
+    if adapters.method == "qlora":
+        notes.append(f"The 4-bit base: {fmt_bytes(adapters.nf4_weight_bytes)} of NF4 weights and "
+                     f"{fmt_bytes(adapters.nf4_constant_bytes)} of quantisation constants, with "
+                     f"{adapters.unquantized_params:,} parameters (embeddings, norms, LM head) left unquantised, "
+                     "as transformers' bitsandbytes quantiser leaves them.")
+    notes.append("The adapters' activations (dropout copies of their inputs, the rank-wide intermediate) are an "
+                 "estimate from peft's LoRA layer, not a measurement.")
+    return replace(x, adapters=adapters, lora_dropout=float(training.lora_dropout))
+
+
 def _active_params(model) -> int:
     experts = getattr(model, "num_experts", 0) or 0
     return speed_mod.matmul_params(
@@ -708,12 +847,17 @@ def nvme_free_bytes(hw, path: str | None) -> int | None:
 
 # --- Public API ---------------------------------------------------------------------------------------
 
-def make_plan(hw, model, training: TrainingOptions, strategy: StrategyOptions, topology: Topology) -> Plan:
-    """Walk the ladder of DESIGN.md and return every rung with its breakdown, speed and the choice."""
+def make_plan(hw, model, training: TrainingOptions, strategy: StrategyOptions, topology: Topology,
+              adapters=None) -> Plan:
+    """Walk the ladder of DESIGN.md and return every rung with its breakdown, speed and the choice.
+
+    `adapters` (wizard.lora.AdapterShape) is required for --method lora/qlora on a model read from a config;
+    a --params shape is sized analytically here."""
     notes: list[str] = []
     x = _resolve(hw, model, training, strategy, topology, notes)
+    x = _with_adapters(x, model, training, adapters, notes)
     train_tokens = _train_tokens(training)
-    keys = ladder_keys(strategy, x.world, x.cpu)
+    keys = ladder_keys(strategy, x.world, x.cpu, training.method)
     evaluated = [_evaluate(RUNG_SPECS[k], x, training.gradient_checkpointing) for k in keys]
     rungs = [r for r, _ in evaluated]
     for rung in rungs:
@@ -775,9 +919,14 @@ def _layout(spec: RungSpec, x: _Inputs) -> speed_mod.Layout:
 
 
 def _speed(spec: RungSpec, x: _Inputs, batch: int, grad_accum: int, gc: bool) -> speed_mod.Speed:
+    a = x.adapters
     work = speed_mod.Workload(matmul_params=x.active_params, params=x.params, layers=x.layers, hidden=x.hidden,
                               seq=x.seq, micro_batch=batch, grad_accum=grad_accum, precision=x.precision,
-                              flash=x.flash, gradient_checkpointing=gc)
+                              flash=x.flash, gradient_checkpointing=gc,
+                              trainable_params=None if a is None else a.trainable_params,
+                              dequant_params=a.quantized_params if a is not None and a.method == "qlora" else 0,
+                              weight_bytes=a.frozen_bytes(mem.working_bytes(x.precision)) +
+                              a.trainable_params * mem.working_bytes(x.precision) if a is not None else None)
     return speed_mod.estimate(x.machine, work, _layout(spec, x))
 
 

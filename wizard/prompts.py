@@ -93,12 +93,12 @@ class _Prompter:
 
     def replan(self) -> None:
         job = self.state.replan()
-        if job is not None:
+        while job is not None:
             try:
-                shape, error = _size(job.model), None
+                shape, error = pipeline.size_for_plan(job.model, job.trainings), None
             except InputError as e:
                 shape, error = None, e
-            self.state.sized(job.model, shape, error)
+            job = self.state.sized(job.model, shape, error)
 
 
 def _size(model_arg: str):

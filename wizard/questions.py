@@ -26,7 +26,7 @@ from typing import Any, Callable
 from wizard.errors import InputError
 from wizard.hardware import Hardware
 from wizard.model import ModelShape
-from wizard.plan import (ATTENTIONS, BACKENDS, GC_MODES, OFFLOADS, OPTIMIZERS, PRECISIONS, TRAINERS,
+from wizard.plan import (ATTENTIONS, BACKENDS, GC_MODES, METHODS, OFFLOADS, OPTIMIZERS, PRECISIONS, TRAINERS,
                          ZERO_STAGES, Plan)
 from wizard.units import GiB, fmt_bytes, parse_bytes, parse_count
 
@@ -428,6 +428,19 @@ def _check_num_processes(value: int, ctx: Context, f: str) -> None:
                          f"1..{gpus * machines} (one process per GPU), or --use-cpu")
 
 
+def _check_lora_targets(value: str, ctx: Context, f: str) -> str | None:
+    from wizard.lora import lora_options
+    try:
+        return lora_options("lora", targets=value).targets or "default"
+    except InputError as e:
+        raise InputError(f, e.problem, e.allowed) from None
+
+
+def _check_lora_dropout(value: float, ctx: Context, f: str) -> None:
+    if not 0 <= value < 1:
+        raise InputError(f, f"{value} is out of range", "a number from 0 up to (not including) 1")
+
+
 def _check_epochs(value: float, ctx: Context, f: str) -> None:
     if not 0 < value <= 10_000:
         raise InputError(f, f"{value} is not a positive number of epochs", "a number > 0 such as 1, 3 or 0.5")
@@ -755,6 +768,31 @@ QUESTIONS: tuple[Question, ...] = (
        "Passes over --dataset-tokens; fractions are allowed.", "float", "training", advanced=True,
        when=lambda ctx: _a(ctx, "dataset_tokens") is not None, check=_check_epochs,
        allowed="a number > 0 such as 1, 3 or 0.5", why="Unset: one epoch."),
+    _q("method", "Fine-tuning method",
+       "full trains every weight; lora trains small low-rank adapters beside a frozen base (a fraction of the "
+       "memory for gradients and optimizer states); qlora also stores the frozen base in 4 bits (bitsandbytes "
+       "NF4), for the largest model per GPU.", "choice", "training", choices=METHODS, default="full",
+       why="full: what the rest of the plan assumes unless you ask for adapters; the plan names LoRA and QLoRA "
+           "when full fine-tuning would need offload or does not fit."),
+    _q("lora_rank", "LoRA rank",
+       "The adapters' rank r: trainable parameters grow linearly with it.", "int", "training", default=16,
+       check=_positive, when=lambda ctx: _a(ctx, "method", "full") != "full",
+       why="16: the rank of TRL's and most recipes' defaults."),
+    _q("lora_alpha", "LoRA alpha",
+       "Scales the adapters' update (alpha / r); it changes no memory figure.", "int", "training",
+       check=_positive, advanced=True, when=lambda ctx: _a(ctx, "method", "full") != "full",
+       why="Unset: 2 x rank, TRL's default."),
+    _q("lora_targets", "LoRA target modules",
+       "Which linear layers get adapters: peft's default for the architecture (attention's q and v for Llama), "
+       "all-linear, or names such as q_proj,k_proj,v_proj,o_proj.", "str", "training", advanced=True,
+       when=lambda ctx: _a(ctx, "method", "full") != "full", check=_check_lora_targets,
+       allowed="default, all-linear, or comma-separated module names",
+       why="Unset: what peft picks for this architecture."),
+    _q("lora_dropout", "LoRA dropout",
+       "Dropout on the adapters' input; above 0 each adapter keeps a copy of its input for backward.", "float",
+       "training", default=0.05, advanced=True, when=lambda ctx: _a(ctx, "method", "full") != "full",
+       check=_check_lora_dropout, allowed="a number from 0 up to (not including) 1",
+       why="0.05: TRL's default."),
     _q("precision", "Training precision",
        "bf16/fp16 halve the activations and the working copy of weights and gradients; bf16 needs "
        "compute capability 8.0+ (A100, H100, RTX 30xx and newer).", "choice", "training", choices=PRECISIONS,

@@ -52,6 +52,8 @@ def print_plan(result, file: TextIO | None = None) -> None:
             print(f"     host RAM {fmt_bytes(r.cpu_bytes)}", file=out)
         print(f"     {r.reason}", file=out)
     print("", file=out)
+    for alt in plan.alternatives:
+        print(f"Instead:  {alt.text}", file=out)
     if plan.choice is not None:
         print(f"Choice:   {plan.choice.name}"
               + (" with gradient checkpointing" if plan.choice.gradient_checkpointing else ""), file=out)
@@ -94,8 +96,12 @@ def nothing_fits_message(result) -> str:
     from wizard import answers as answers_mod
     from wizard.plan import explain_nothing_fits
     a = result.answers
-    return explain_nothing_fits(result.plan, result.hardware, result.model, answers_mod.training_options(a),
+    text = explain_nothing_fits(result.plan, result.hardware, result.model, answers_mod.training_options(a),
                                 answers_mod.strategy_options(a), answers_mod.topology(a, result.hardware))
+    fitting = [alt.text for alt in result.plan.alternatives if alt.choice is not None]
+    if fitting:
+        text += " Fine-tuning with adapters instead (--method): " + "; ".join(fitting) + "."
+    return text
 
 
 def print_findings(findings, file: TextIO | None = None) -> None:

@@ -79,6 +79,7 @@ SHARDED_LAYER_OVERHEAD_S = {"zero3": 0.0015, "fsdp": 0.0005}
 # Bytes an optimizer update reads and writes per parameter on the GPU (fp32 master, gradient, two
 # Adam moments read; master and moments written; 16-bit copy written), at 70 % of HBM bandwidth.
 OPTIMIZER_BYTES_PER_PARAM = 30
+DEQUANT_BYTES_PER_PARAM = 4.5
 HBM_EFFICIENCY = 0.7
 
 # DeepSpeedCPUAdam: parameters updated per second per physical core (AVX2/AVX-512, fp32 states).
@@ -127,6 +128,8 @@ class Workload:
     flash: bool
     gradient_checkpointing: bool
     trainable_params: int | None = None  # None: all (full fine-tuning)
+    dequant_params: int = 0            # QLoRA: 4-bit weights dequantised for every pass that reads them
+    weight_bytes: int | None = None    # bytes of all weights as gathered (QLoRA: NF4); None: params x dtype
 
     @property
     def tokens(self) -> int:
@@ -272,8 +275,11 @@ def matmul_params(params: int, hidden: int, vocab: int, tied: bool, layers: int,
 
 
 def model_flops_per_token(w: Workload) -> float:
-    """6 N + 12 L h s: the FLOPs MFU is measured against (PaLM appendix B)."""
-    return 6.0 * w.matmul_params + 12.0 * w.layers * w.hidden * w.seq
+    """6 N + 12 L h s: the FLOPs MFU is measured against (PaLM appendix B). With a frozen base (LoRA) the
+    weight gradients of the frozen matmuls are not computed: 2 N forward + 2 N input gradients + 2 N x the
+    trainable share."""
+    trained_share = w.trained / w.params if w.params else 1.0
+    return (4.0 + 2.0 * trained_share) * w.matmul_params + 12.0 * w.layers * w.hidden * w.seq
 
 
 def _size_factor(hidden: int) -> float:
@@ -303,6 +309,13 @@ def compute_seconds(m: Machine, w: Workload) -> tuple[float, float]:
     attn_eff = eff * (1.0 if w.flash else EAGER_ATTENTION_EFFICIENCY)
     fwd = fwd_passes * (matmul / (m.peak_flops * eff) + attention / (m.peak_flops * attn_eff))
     bwd = bwd_passes * matmul / (m.peak_flops * eff) + 2.0 * attention / (m.peak_flops * attn_eff)
+    if w.dequant_params:
+        # bitsandbytes dequantises each NF4 weight to 16 bits before its matmul, in every forward (and
+        # recomputed forward) and for the input gradient in backward: read 0.5 B, write 2 B, read 2 B again,
+        # memory-bound (QLoRA paper, 4: NF4 is a storage type, computation is in BF16).
+        per_pass = DEQUANT_BYTES_PER_PARAM * w.dequant_params / (m.hbm_bytes_per_s * HBM_EFFICIENCY)
+        fwd += fwd_passes * per_pass
+        bwd += per_pass
     return fwd + bwd, bwd
 
 
@@ -342,6 +355,7 @@ def _parts(m: Machine, w: Workload, layout: Layout) -> _Parts:
     compute, backward = compute_seconds(m, w)
     world, bw, wb = layout.world, _busbw(m, layout), _w(w.precision)
     trained = w.trained
+    weights = wb * w.params if w.weight_bytes is None else w.weight_bytes
     sharded = layout.backend in ("deepspeed", "fsdp") and (layout.zero_stage == 3 or layout.fsdp_reshard)
     overhead = STEP_OVERHEAD_S + LAYER_OVERHEAD_S * w.layers
     micro_comm = step_comm = micro_off = step_off = 0.0
@@ -353,7 +367,7 @@ def _parts(m: Machine, w: Workload, layout: Layout) -> _Parts:
         step_comm = max(ar - OVERLAP["ddp"] * backward, 0.0)
     elif layout.backend == "deepspeed" and layout.zero_stage in (1, 2):
         reduce = collective_seconds(wb * trained, world, bw)
-        gather = collective_seconds(wb * w.params, world, bw)
+        gather = collective_seconds(weights, world, bw)
         if layout.zero_stage == 2:
             micro_comm = max(reduce - OVERLAP["zero12"] * backward, 0.0)
         else:
@@ -361,13 +375,13 @@ def _parts(m: Machine, w: Workload, layout: Layout) -> _Parts:
         step_comm += gather
     elif sharded:
         kind = "zero3" if layout.backend == "deepspeed" else "fsdp"
-        gathers = 2.0 * collective_seconds(wb * w.params, world, bw)
+        gathers = 2.0 * collective_seconds(weights, world, bw)
         reduce = collective_seconds(wb * trained, world, bw)
         micro_comm = max(gathers + reduce - OVERLAP[kind] * compute, 0.0)
         if world > 1 or kind == "zero3":
             overhead += SHARDED_LAYER_OVERHEAD_S[kind] * w.layers
     elif layout.backend == "fsdp":
-        gather = collective_seconds(wb * w.params, world, bw)
+        gather = collective_seconds(weights, world, bw)
         reduce = collective_seconds(wb * trained, world, bw)
         micro_comm = max(gather + reduce - OVERLAP["fsdp"] * compute, 0.0)
 

@@ -122,6 +122,7 @@ def _contexts():
         {"backend": "ddp", "num_processes": 2}
     yield Context(hardware=gpus(1), model=None, plan=None), {"params": "7B"}
     yield Context(hardware=gpus(1), model=None, plan=None), {"params": "7B", "dataset_tokens": "1e9"}
+    yield Context(hardware=gpus(1), model=None, plan=None), {"params": "7B", "method": "lora"}
 
 
 def _asked_everywhere():
@@ -154,7 +155,7 @@ def test_every_question_is_asked_somewhere_and_explains_its_default():
 OPTIONAL_INPUTS = {"model", "params", "hidden_size", "layers", "heads", "vocab_size", "nvme_path",
                    "main_process_ip", "deepspeed_moe_layer_cls_names", "deepspeed_exclusion_filter",
                    "deepspeed_inclusion_filter", "fsdp_transformer_layer_cls_to_wrap",
-                   "global_batch", "train_tokens", "dataset_tokens", "epochs"}
+                   "global_batch", "train_tokens", "dataset_tokens", "epochs", "lora_alpha", "lora_targets"}
 
 
 def test_every_question_has_a_default_or_is_conditional_or_optional():

@@ -121,7 +121,7 @@ class WizardApp(App[Outcome]):
     def replan(self) -> None:
         job = self.state.replan()
         if job is not None:
-            self.schedule_sizing(job.model)
+            self.schedule_sizing(job)
         self.refresh_state()
 
     def refresh_state(self) -> None:
@@ -129,17 +129,17 @@ class WizardApp(App[Outcome]):
         if hasattr(screen, "sync"):
             screen.post_message(StateChanged())
 
-    def schedule_sizing(self, model_arg: str) -> None:
+    def schedule_sizing(self, job) -> None:
         if self._sizing_timer is not None:
             self._sizing_timer.stop()
-        self._sizing_timer = self.set_timer(SIZING_DEBOUNCE_S, lambda: self.size_in_thread(model_arg))
+        self._sizing_timer = self.set_timer(SIZING_DEBOUNCE_S, lambda: self.size_in_thread(job))
 
     @work(thread=True, exclusive=True, exit_on_error=False, group="size")
-    def size_in_thread(self, model_arg: str) -> None:
-        from wizard import model as model_mod
+    def size_in_thread(self, job) -> None:
+        model_arg = job.model
         try:
             with HEAVY_IMPORTS:
-                shape = model_mod.size_model(model_arg)
+                shape = pipeline.size_for_plan(model_arg, job.trainings)
         except InputError as e:
             self.post_message(ModelSized(model_arg, None, e))
         except Exception as e:
@@ -148,9 +148,9 @@ class WizardApp(App[Outcome]):
             self.post_message(ModelSized(model_arg, shape, None))
 
     def on_model_sized(self, message: ModelSized) -> None:
-        self.state.sized(message.model_arg, message.shape, message.error)
-        if self.state.sizing is not None:
-            self.schedule_sizing(self.state.sizing.model)
+        job = self.state.sized(message.model_arg, message.shape, message.error)
+        if job is not None:
+            self.schedule_sizing(job)
         self.refresh_state()
         screen = self.screen
         if hasattr(screen, "ready_again"):

@@ -39,8 +39,10 @@ _ORDER = {q.id: i for i, q in enumerate(QUESTIONS)}
 
 @dataclass(frozen=True)
 class SizingJob:
-    """A model that must be sized from its config before the plan can be made (slow: a thread)."""
+    """A model that must be sized from its config before the plan can be made (slow: a thread), and the
+    LoRA / QLoRA adapters (peft on the meta device) the plan or its alternatives need."""
     model: str
+    trainings: tuple = ()
 
 
 def model_key(answers: dict[str, Any]) -> tuple:
@@ -265,8 +267,15 @@ class WizardState:
             self.models[key] = model
         self.sizing = None
         self.model = model
+        ladder = self._ladder_answers(answers)
+        missing = pipeline.adapter_trainings_to_size(model, ladder, None) if model.exact else []
+        if missing:
+            # --method lora/qlora on a config: peft must size the adapters first (a thread, like the model).
+            self.plan = None
+            self.sizing = SizingJob(answers["model"], tuple(missing))
+            return self.sizing
         try:
-            plan = pipeline.make_plan(self.hardware, model, self._ladder_answers(answers))
+            plan = pipeline.make_plan(self.hardware, model, ladder)
         except InputError as e:
             self._fail(e)
             return None
@@ -276,17 +285,21 @@ class WizardState:
             self._drop_pick()
             return self.replan()
         self.plan = self._apply_pick(plan)
+        self.plan.alternatives = pipeline.alternatives(self.hardware, model, ladder, self.plan, cached_only=True)
+        warm = pipeline.adapter_trainings_to_size(model, ladder, self.plan) if model.exact else []
+        job = SizingJob(answers["model"], tuple(warm)) if warm else None   # in the background: the plan stands
         if self.plan.choice is None:
             self.error = self.nothing_fits()
-            return None
+            return job
         try:
             self.full_answers = pipeline.resolve_details(self.hardware, model, self.plan, answers, given)
         except InputError as e:
             self._fail(e)
-        return None
+        return job
 
-    def sized(self, model_arg: str, shape: ModelShape | None, error: InputError | None) -> None:
-        """The thread's result for SizingJob(model_arg); re-plan with it (or show why it failed)."""
+    def sized(self, model_arg: str, shape: ModelShape | None, error: InputError | None) -> SizingJob | None:
+        """The thread's result for SizingJob(model_arg); re-plan with it (or show why it failed). Returns the
+        next job, if the new plan needs one."""
         key = ("model", model_arg)
         if shape is not None:
             self.models[key] = shape
@@ -296,8 +309,8 @@ class WizardState:
                 self.model = self.plan = None
                 self.full_answers = {}
                 self._fail(error, field="model")
-                return
-        self.replan()
+                return None
+        return self.replan()
 
     def _fail(self, e: InputError, field: str | None = None) -> None:
         self.plan = None

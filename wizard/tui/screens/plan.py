@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
+from rich.text import Text
 from textual.containers import Grid
 from textual.widget import Widget
 from textual.widgets import OptionList, Static
@@ -39,6 +40,17 @@ def budget_line(state) -> str:
     model_text = f" · {fmt_count(model.params)} params" if model is not None else ""
     return (f"{where}{machines} · [b]{fmt_bytes(plan.usable_bytes)}[/b] usable per {unit} of "
             f"{fmt_bytes(plan.gpu_capacity_bytes)} · {plan.precision}{model_text}")
+
+
+def alternatives_text(plan) -> Text:
+    """'Instead: LoRA r=16 fits ...' lines (plain text: model names may hold '[')."""
+    text = Text()
+    for i, alt in enumerate(plan.alternatives):
+        if i:
+            text.append("\n")
+        text.append("Instead (--method): ", "bold yellow")
+        text.append(alt.text)
+    return text
 
 
 def max_micro_batch_text(rung) -> str:
@@ -84,7 +96,11 @@ class PlanScreen(WizardScreen):
         self.query_one(RungList).show_plan(plan, state.picked)
         warning = self.query_one("#plan-warning", Static)
         if plan is not None and plan.choice is None:
-            warning.update(f"[red]✗ {state.error}[/red]")
+            text = Text(f"✗ {state.error}", "red")
+            if plan.alternatives:
+                text.append("\n")
+                text.append_text(alternatives_text(plan))
+            warning.update(text)
         elif state.picked_does_not_fit:
             c = plan.choice
             warning.update(f"[red]⚠ {c.name} does not fit: it needs {fmt_bytes(c.per_gpu_bytes)} per GPU and "
@@ -92,6 +108,8 @@ class PlanScreen(WizardScreen):
                            "a rung marked ✓ or set the backend back to auto.[/red]")
         elif state.error and plan is None:
             warning.update(f"[red]✗ {state.error}[/red]")
+        elif plan is not None and plan.alternatives:
+            warning.update(alternatives_text(plan))
         else:
             warning.update("")
         warning.display = bool(str(warning.render()))
