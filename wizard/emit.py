@@ -215,6 +215,10 @@ def _deepspeed_section(answers: dict, plan, ds_config_path: str | None, num_mach
         "deepspeed_config_file": os.path.abspath(os.path.expanduser(ds_config_path)),
         "zero3_init_flag": bool(_get(answers, "zero3_init_flag", stage == 3)),
     }
+    if answers.get("method") == "qlora" and stage == 3 and not section["zero3_init_flag"]:
+        # wizard.lora.qlora_requirements: peft's QLoRA + ZeRO-3 recipe needs zero.Init.
+        raise InputError("zero3_init_flag", "QLoRA with ZeRO-3 needs zero3_init_flag: true (peft's DeepSpeed guide)",
+                         "yes")
     moe = answers.get("deepspeed_moe_layer_cls_names") or moe_leaf_classes(stage, model)
     if moe:
         section["deepspeed_moe_layer_cls_names"] = str(moe)
