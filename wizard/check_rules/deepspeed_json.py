@@ -323,7 +323,7 @@ def _fill(ctx: CheckContext) -> FillResult:
                 node, leaf = plugin.hf_ds_config.find_config_node(key)
                 if node is not None and node.get(leaf) == "auto":
                     node[leaf] = False
-        kwargs = _prepare_kwargs(plugin, hidden)
+        kwargs = _prepare_kwargs(plugin, hidden, ctx.num_processes)
         for _ in range(200):
             try:
                 plugin.deepspeed_config_process(must_match=False, **kwargs)
@@ -339,7 +339,7 @@ def _fill(ctx: CheckContext) -> FillResult:
     return result
 
 
-def _prepare_kwargs(plugin, hidden: int) -> dict[str, Any]:
+def _prepare_kwargs(plugin, hidden: int, num_processes: int = 1) -> dict[str, Any]:
     """The kwargs Accelerator._prepare_deepspeed passes to deepspeed_config_process (accelerate 1.15)."""
     gas = plugin.get_value("gradient_accumulation_steps")
     gas = gas if isinstance(gas, int) else 1
@@ -350,7 +350,7 @@ def _prepare_kwargs(plugin, hidden: int) -> dict[str, Any]:
         "gradient_clipping": 1.0,
         "zero_optimization.stage3_gather_16bit_weights_on_model_save": False,
         "train_micro_batch_size_per_gpu": micro,
-        "train_batch_size": micro * gas,
+        "train_batch_size": micro * gas * num_processes,     # batch_size_per_device * gas * num_processes
         "zero_optimization.reduce_bucket_size": hidden * hidden,
         "zero_optimization.stage3_prefetch_bucket_size": int(0.9 * hidden * hidden),
         "zero_optimization.stage3_param_persistence_threshold": 10 * hidden,
@@ -578,6 +578,18 @@ def _nvme_blocks(ctx: CheckContext) -> list[tuple[str, Any]]:
 def _on_this_machine(ctx: CheckContext) -> bool:
     hw = ctx.hardware
     return hw is None or str(getattr(hw, "source", "probe")) == "probe"
+
+
+@rule("DS-NVME-BELOW-ZERO3", FAMILY, "NVMe offload with ZeRO stage 1 or 2")
+def nvme_below_zero3(ctx: CheckContext) -> Iterable:
+    stage = ctx.zero_stage()
+    if not _applies(ctx) or stage not in (1, 2) or ctx.offload_device("optimizer") != "nvme":
+        return
+    yield finding(
+        "warning", "DS-NVME-BELOW-ZERO3", _file(ctx), "zero_optimization.offload_optimizer.device",
+        f"offload_optimizer.device=nvme with ZeRO stage {stage}: the ZeRO-1/2 optimizer only asks whether the device "
+        f"is 'none' (stage_1_and_2.py: cpu_offload), so the optimizer states go to CPU RAM, not to NVMe; NVMe "
+        f"offload (ZeRO-Infinity) needs stage 3", fix='"stage": 3 for NVMe, or "device": "cpu"', when="prepare")
 
 
 @rule("DS-NVME-NO-PATH", FAMILY, "NVMe offload without nvme_path")
