@@ -23,20 +23,51 @@ from wizard.errors import InputError
 from wizard.findings import Finding
 from wizard.paths import accelerate_default_config_file
 
-TRAINERS = ("hf", "accelerate")
+TRAINERS = ("hf", "trl", "accelerate")
 
 
 # ----------------------------------------------------------------------------- locating and reading
 
 
-CHECK_MAX_BYTES = 4 * 1024 * 1024   # configs are a few KiB; a 96 MB YAML would take minutes to parse
+# Input limits: a config file is a few KiB; these bound what a mistaken path (/dev/zero, a FIFO, a log file)
+# or a hostile file can cost before the first rule runs.
+MAX_INPUT_BYTES = 4 * 1024 * 1024
+MAX_NESTING = 64
+MAX_INT_DIGITS = 40          # more digits than any count or byte size a config can mean (2**128 has 39)
 
 
-def _read_text(path: str, field_name: str) -> str:
+def read_input(path: str, field_name: str) -> str:
+    """The whole text of a regular file of at most MAX_INPUT_BYTES; InputError (exit 2) for anything else:
+    the one place check reads a file, through fsutil's bounded, non-blocking reader (a FIFO or a device
+    never blocks or streams forever)."""
     from wizard.fsutil import quote_path, read_text_limited
     if not os.path.lexists(path):
         raise InputError(field_name, f"{quote_path(path)} does not exist")
-    return read_text_limited(path, CHECK_MAX_BYTES, field_name, "a readable config file")
+    return read_text_limited(path, MAX_INPUT_BYTES, field_name, "a readable config file")
+
+
+def check_shape(data: Any, path: str, field_name: str) -> None:
+    """Refuse nesting deeper than MAX_NESTING and integers longer than MAX_INT_DIGITS (exit 2)."""
+    stack = [(data, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_NESTING:
+            raise InputError(field_name, f"{path} nests deeper than {MAX_NESTING} levels")
+        if isinstance(node, dict):
+            stack.extend((v, depth + 1) for v in node.values())
+        elif isinstance(node, list):
+            stack.extend((v, depth + 1) for v in node)
+        elif isinstance(node, int) and not isinstance(node, bool) and abs(node) >= 10 ** MAX_INT_DIGITS:
+            raise InputError(field_name, f"{path} holds an integer of more than {MAX_INT_DIGITS} digits")
+
+
+def _parse_guard(exc: BaseException, path: str, field_name: str) -> InputError | None:
+    """RecursionError (deep nesting) and ValueError (Python's int-digit limit) from a parser, as bad input."""
+    if isinstance(exc, RecursionError):
+        return InputError(field_name, f"{path} nests too deeply to parse")
+    if isinstance(exc, ValueError) and "digits" in str(exc):
+        return InputError(field_name, f"{path} holds a number too long to read ({_one_line(exc)})")
+    return None
 
 
 def parse_accelerate_yaml(text: str, path: str) -> tuple[dict[str, Any], dict]:
@@ -50,12 +81,18 @@ def parse_accelerate_yaml(text: str, path: str) -> tuple[dict[str, Any], dict]:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError as exc:
         raise InputError("config-file", f"{path} is not valid YAML ({_one_line(exc)})") from None
+    except (RecursionError, ValueError) as exc:
+        guarded = _parse_guard(exc, path, "config-file")
+        if guarded is None:
+            raise
+        raise guarded from None
     if data is None:
         raise InputError("config-file", f"{path} is empty (accelerate's loader crashes on an empty file)",
                          "an accelerate config written by `wizard` or `accelerate config`")
     if not isinstance(data, dict):
         raise InputError("config-file", f"{path} is a YAML {type(data).__name__}, not a mapping",
                          "an accelerate config written by `wizard` or `accelerate config`")
+    check_shape(data, path, "config-file")
     plain: dict[tuple[str, ...], PlainScalar] = {}
 
     def visit(node, prefix: tuple[str, ...]) -> None:
@@ -96,8 +133,14 @@ def parse_ds_json(text: str, path: str) -> tuple[dict[str, Any], list[tuple[str,
     except json.JSONDecodeError as exc:
         raise InputError("ds-config", f"{path} is not strict JSON (transformers reads it with json.load): "
                          f"{exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    except (RecursionError, ValueError) as exc:
+        guarded = _parse_guard(exc, path, "ds-config")
+        if guarded is None:
+            raise
+        raise guarded from None
     if not isinstance(data, dict):
         raise InputError("ds-config", f"{path} is a JSON {type(data).__name__}, not an object")
+    check_shape(data, path, "ds-config")
     duplicates: list[tuple[str, str]] = []
 
     def visit(node: Any, prefix: str) -> Any:
@@ -112,28 +155,39 @@ def parse_ds_json(text: str, path: str) -> tuple[dict[str, Any], list[tuple[str,
     return visit(data, ""), duplicates
 
 
-def load_training_args(path: str) -> dict[str, Any]:
-    """TrainingArguments keyword arguments from a JSON or YAML file; unknown names are bad input."""
-    text = _read_text(path, "training-args")
+def load_training_args(path: str) -> tuple[dict[str, Any], list[str]]:
+    """TrainingArguments keyword arguments from a JSON or YAML file, and the keys that are not ones.
+
+    Training YAMLs as LLaMA-Factory, trl and axolotl write them mix TrainingArguments keys with model, data
+    and framework keys: the TrainingArguments keys are taken, the others returned (reported in one info line).
+    """
+    text = read_input(path, "training-args")
     try:
         if path.endswith(".json"):
             data = json.loads(text)
         else:
             import yaml
             data = yaml.safe_load(text)
+    except (RecursionError, ValueError) as exc:
+        guarded = _parse_guard(exc, path, "training-args")
+        if guarded is not None:
+            raise guarded from None
+        raise InputError("training-args", f"{path} cannot be parsed ({_one_line(exc)})") from None
     except Exception as exc:  # noqa: BLE001 - JSON or YAML syntax error
         raise InputError("training-args", f"{path} cannot be parsed ({_one_line(exc)})") from None
     if data is None:
         data = {}
     if not isinstance(data, dict):
         raise InputError("training-args", f"{path} must hold a mapping of TrainingArguments keyword arguments")
+    check_shape(data, path, "training-args")
     from wizard.check_rules.common import training_fields
 
-    unknown = sorted(set(map(str, data)) - training_fields())
-    if unknown:
-        raise InputError("training-args", f"unknown TrainingArguments field(s) in {path}: {', '.join(unknown)}",
-                         "fields of transformers.TrainingArguments")
-    return data
+    fields = training_fields()
+    ignored = sorted(k for k in map(str, data) if k not in fields)
+    if data and len(ignored) == len(data):
+        raise InputError("training-args", f"{path} has no TrainingArguments field (keys: {', '.join(ignored[:8])}"
+                         f"{', ...' if len(ignored) > 8 else ''})", "fields of transformers.TrainingArguments")
+    return {k: v for k, v in data.items() if str(k) in fields}, ignored
 
 
 def library_versions() -> dict[str, str | None]:
@@ -166,14 +220,15 @@ def _one_line(exc: BaseException) -> str:
 
 def build_context(config_file: str | None = None, ds_config: str | None = None, training_args: str | None = None,
                   model: str | None = None, hardware: Any = None, trainer: str = "hf", seq_len: int = 2048,
-                  versions: dict[str, str | None] | None = None, use_default_config: bool = True):
+                  versions: dict[str, str | None] | None = None, use_default_config: bool = True,
+                  port_in_use=None):
     """Read every input. InputError (exit 2) for anything unreadable; problems inside readable files are
-    left for the rules."""
+    left for the rules. `port_in_use` (port -> bool) stands for the live machine; None probes this one."""
     from wizard.check_rules import CheckContext
 
     if trainer not in TRAINERS:
         raise InputError("trainer", f"{trainer!r} is not a trainer", ", ".join(TRAINERS))
-    ctx = CheckContext(trainer=trainer, seq_len=seq_len, hardware=hardware)
+    ctx = CheckContext(trainer=trainer, seq_len=seq_len, hardware=hardware, port_in_use=port_in_use)
     ctx.versions = versions if versions is not None else library_versions()
 
     acc_path = config_file
@@ -186,12 +241,12 @@ def build_context(config_file: str | None = None, ds_config: str | None = None, 
         acc_path = accelerate_default_config_file()   # accelerate launch uses it silently when it exists
     if acc_path is not None:
         ctx.acc_path = acc_path
-        ctx.acc_text = _read_text(acc_path, "config-file")
+        ctx.acc_text = read_input(acc_path, "config-file")
         ctx.acc, ctx.acc_plain = parse_accelerate_yaml(ctx.acc_text, acc_path)
 
     if training_args is not None:
         ctx.ta_path = training_args
-        ctx.ta = load_training_args(training_args)
+        ctx.ta, ctx.ta_ignored = load_training_args(training_args)
 
     _load_ds(ctx, ds_config)
 
@@ -222,10 +277,23 @@ def _load_ds(ctx, ds_config: str | None) -> None:
                 ctx.ds_missing_ref = ref
                 return
     if path is None:
+        _load_inline_ds(ctx)
         return
     ctx.ds_path, ctx.ds_from = path, origin
-    ctx.ds_text = _read_text(path, "ds-config")
+    ctx.ds_text = read_input(path, "ds-config")
     ctx.ds, ctx.ds_duplicates = parse_ds_json(ctx.ds_text, path)
+
+
+def _load_inline_ds(ctx) -> None:
+    """An inline `deepspeed_config` YAML (trl, alignment-handbook, peft style): the DeepSpeed config is what
+    accelerate builds from it, so that is what the DeepSpeed rules and the Trainer comparison look at."""
+    if ctx.distributed_type != "DEEPSPEED" or ctx.acc_get("deepspeed_config", "deepspeed_config_file"):
+        return
+    from wizard.check_rules.libraries import accelerate_built_ds
+
+    built = accelerate_built_ds(ctx)
+    if built is not None:
+        ctx.ds, ctx.ds_from, ctx.ds_path = built, "accelerate-yaml", ctx.acc_path
 
 
 def _relative_to(path: str, base_file: str | None) -> str:
@@ -233,8 +301,17 @@ def _relative_to(path: str, base_file: str | None) -> str:
     path = os.path.expanduser(path)
     if os.path.isabs(path) or os.path.exists(path) or not base_file:
         return path
-    beside = os.path.join(os.path.dirname(os.path.abspath(base_file)), path)
-    return beside if os.path.exists(beside) else path
+    directory = os.path.dirname(os.path.abspath(base_file))
+    while True:
+        # beside the naming file, then each folder above it: a training YAML's `deepspeed: examples/ds.json`
+        # is relative to the repository root the script is started from
+        candidate = os.path.join(directory, path)
+        if os.path.exists(candidate):
+            return candidate
+        parent = os.path.dirname(directory)
+        if parent == directory:
+            return path
+        directory = parent
 
 
 # ----------------------------------------------------------------------------- running
@@ -259,20 +336,68 @@ def run_rules(ctx, only: set[str] | None = None) -> list[Finding]:
             findings.append(finding("warning", "CHECK-RULE-FAILED", ctx.acc_path or ctx.ds_path, None,
                                     f"rule {r.id} could not run: {exc.__class__.__name__}: {_one_line(exc)}",
                                     fix="report this as a wizard bug"))
-    return sort_findings(findings)
+    scratch = ctx.cache.pop("scratch_dir", None)
+    if scratch:                       # the copy the libraries read (wizard/check_rules/libraries.yaml_on_disk)
+        import shutil
+        shutil.rmtree(scratch, ignore_errors=True)
+        ctx.cache.pop("acc_disk", None)
+    return sort_findings(_virtual_ds_keys(ctx, one_finding_per_problem(findings)))
+
+
+def one_finding_per_problem(findings: list[Finding]) -> list[Finding]:
+    """A library's verdict is dropped where another rule already reports the same problem: an error on the
+    same file and key, or, for a verdict without a key, any error in the file set (the files are one
+    configuration: accelerate's plugin raises on a DS JSON without zero_optimization; the rule names the
+    cause, and once it is fixed a re-check shows whatever the library still rejects)."""
+    from wizard.check_rules.libraries import LIBRARY_RULES
+
+    specific = [f for f in findings if f.rule not in LIBRARY_RULES and f.severity == "error"]
+    keys = {(f.file, f.key) for f in specific}
+    out = []
+    for f in findings:
+        if f.rule in LIBRARY_RULES and ((f.file, f.key) in keys or (f.key is None and specific)):
+            continue
+        out.append(f)
+    return out
+
+
+# DeepSpeed keys accelerate builds from an inline YAML -> the YAML key the user writes
+VIRTUAL_DS_KEYS = {
+    "gradient_accumulation_steps": "deepspeed_config.gradient_accumulation_steps",
+    "gradient_clipping": "deepspeed_config.gradient_clipping",
+    "zero_optimization.stage": "deepspeed_config.zero_stage",
+    "zero_optimization.offload_optimizer.device": "deepspeed_config.offload_optimizer_device",
+    "zero_optimization.offload_param.device": "deepspeed_config.offload_param_device",
+    "zero_optimization.stage3_gather_16bit_weights_on_model_save": "deepspeed_config.zero3_save_16bit_model",
+    "bf16.enabled": "mixed_precision",
+    "fp16.enabled": "mixed_precision",
+}
+
+
+def _virtual_ds_keys(ctx, findings: list[Finding]) -> list[Finding]:
+    """Findings on the DeepSpeed config accelerate builds from an inline YAML name the YAML's keys, and
+    cannot be fixed by rewriting a JSON that does not exist."""
+    if not getattr(ctx, "ds_is_virtual", False):
+        return findings
+    for f in findings:
+        if f.file == ctx.ds_path and f.rule.startswith("DS-"):
+            f.key = VIRTUAL_DS_KEYS.get(f.key or "", f.key)
+            f.fixable = False
+    return findings
 
 
 def sort_findings(findings: list[Finding]) -> list[Finding]:
-    order = {"error": 0, "warning": 1}
+    order = {"error": 0, "warning": 1, "info": 2}
     return sorted(findings, key=lambda f: (f.file, order.get(f.severity, 2), f.rule, f.key or ""))
 
 
 def run_check(config_file: str | None = None, ds_config: str | None = None, training_args: str | None = None,
               model: str | None = None, hardware: Any = None, trainer: str = "hf", seq_len: int = 2048,
-              versions: dict[str, str | None] | None = None, use_default_config: bool = True) -> list[Finding]:
+              versions: dict[str, str | None] | None = None, use_default_config: bool = True,
+              port_in_use=None) -> list[Finding]:
     """Every finding for these inputs. Raises InputError for unreadable input."""
     ctx = build_context(config_file, ds_config, training_args, model, hardware, trainer, seq_len, versions,
-                        use_default_config)
+                        use_default_config, port_in_use)
     return run_rules(ctx)
 
 
@@ -280,7 +405,7 @@ def check_texts(accelerate_yaml: str | None, ds_config: dict[str, Any] | str | N
                 accelerate_path: str = "default_config.yaml", ds_path: str = "ds_config.json",
                 training_args: dict[str, Any] | None = None, model_shape: Any = None, model_id: str | None = None,
                 hardware: Any = None, trainer: str = "hf", seq_len: int = 2048,
-                versions: dict[str, str | None] | None = None) -> list[Finding]:
+                versions: dict[str, str | None] | None = None, port_in_use=None) -> list[Finding]:
     """The same rules on files not yet written (what the wizard runs before it writes anything).
 
     `ds_config` may be the dict or the JSON text; paths are only used to name the files in the findings
@@ -288,7 +413,7 @@ def check_texts(accelerate_yaml: str | None, ds_config: dict[str, Any] | str | N
     """
     from wizard.check_rules import CheckContext
 
-    ctx = CheckContext(trainer=trainer, seq_len=seq_len, hardware=hardware,
+    ctx = CheckContext(trainer=trainer, seq_len=seq_len, hardware=hardware, port_in_use=port_in_use,
                        versions=versions if versions is not None else library_versions())
     if accelerate_yaml is not None:
         ctx.acc_path, ctx.acc_text = accelerate_path, accelerate_yaml
@@ -299,6 +424,8 @@ def check_texts(accelerate_yaml: str | None, ds_config: dict[str, Any] | str | N
         ctx.ds, ctx.ds_duplicates = parse_ds_json(text, ds_path)
     if training_args is not None:
         ctx.ta, ctx.ta_path = dict(training_args), "<training-args>"
+    if ds_config is None and ctx.acc is not None:
+        _load_inline_ds(ctx)
     ctx.model, ctx.model_id = model_shape, model_id or getattr(model_shape, "source", None)
     if model_shape is not None and getattr(model_shape, "layer_class", None):
         ctx.module_classes = None
@@ -347,8 +474,9 @@ def apply_fixes(ctx, findings: list[Finding]) -> FixResult:
     ds_before = copy.deepcopy(ctx.ds)
     for rule_id, rule_findings in by_rule.items():
         target = rule_findings[0].file
-        if target == ctx.ds_path and (ctx.ds_duplicates or ctx.ds_from == "training-args" and ctx.ds_text is None):
-            why = "duplicate keys: fix those by hand first" if ctx.ds_duplicates else "inline dict in training args"
+        if target == ctx.ds_path and (ctx.ds_duplicates or ctx.ds_text is None):
+            why = "duplicate keys: fix those by hand first" if ctx.ds_duplicates else \
+                "built by accelerate from the YAML" if ctx.ds_is_virtual else "inline dict in training args"
             result.skipped.append(f"{rule_id}: {target} not rewritten ({why})")
             continue
         for line in FIXERS[rule_id](ctx, rule_findings):
@@ -389,6 +517,7 @@ def format_findings(findings: list[Finding]) -> str:
             lines.append(f"{f.file}:")
         lines.append(format_finding(f))
     errors = sum(f.severity == "error" for f in findings)
-    warnings = len(findings) - errors
-    lines.append(f"{errors} error(s), {warnings} warning(s).")
+    warnings = sum(f.severity == "warning" for f in findings)
+    infos = len(findings) - errors - warnings
+    lines.append(f"{errors} error(s), {warnings} warning(s)" + (f", {infos} note(s)." if infos else "."))
     return "\n".join(lines)

@@ -34,8 +34,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     hw = p.add_mutually_exclusive_group()
     hw.add_argument("--hardware", metavar="FILE", help="a saved `wizard probe --json` instead of probing")
     hw.add_argument("--assume", metavar="SPEC", help="plan for another machine, e.g. 8xH100-80GB")
-    p.add_argument("--trainer", choices=("hf", "accelerate"), default="hf",
-                   help="who fills \"auto\" in the ds_config: hf Trainer (default) or an own Accelerate loop")
+    p.add_argument("--trainer", choices=("hf", "trl", "accelerate"), default="hf",
+                   help="who fills \"auto\" in the ds_config: hf Trainer (default), trl (a Trainer with SFTConfig's "
+                        "defaults) or an own Accelerate loop")
     p.add_argument("--seq-len", type=int, default=2048, metavar="N",
                    help="sequence length for the memory check with --model (default 2048)")
     p.add_argument("--json", action="store_true", help="print the findings as a JSON list")

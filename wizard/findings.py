@@ -9,13 +9,13 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-SEVERITIES = ("error", "warning")
+SEVERITIES = ("error", "warning", "info")
 WHEN = ("launch", "prepare", "step 0", "save")
 
 
 @dataclass
 class Finding:
-    severity: str                 # "error" | "warning"
+    severity: str                 # "error" | "warning" | "info" (said once, never changes the exit code)
     rule: str                     # stable id, e.g. "DS-AUTO-IN-SUBCONFIG"
     file: str                     # the file the problem is in (path as given)
     key: str | None               # dotted key inside the file, None for the file as a whole

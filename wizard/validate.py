@@ -31,7 +31,6 @@ import functools
 import json
 import logging
 import os
-import socket
 import threading
 import warnings
 from dataclasses import dataclass
@@ -45,13 +44,6 @@ AUTO = "auto"
 # Validation swaps os.environ and a few library globals for its duration: one at a time (a front
 # end may run it in a worker thread).
 _LOCK = threading.RLock()
-INT_KEYS = ("allgather_bucket_size", "reduce_bucket_size", "sub_group_size", "stage3_prefetch_bucket_size",
-            "stage3_param_persistence_threshold", "stage3_model_persistence_threshold",
-            "stage3_max_live_parameters", "stage3_max_reuse_distance", "prefetch_bucket_size",
-            "param_persistence_threshold", "model_persistence_threshold", "max_live_parameters",
-            "max_reuse_distance")
-OFFLOAD_INT_KEYS = ("buffer_count", "buffer_size", "max_in_cpu")
-
 # TrainingArguments defaults, for the values the plan does not choose.
 HF_DEFAULTS = {"learning_rate": 5e-5, "adam_beta1": 0.9, "adam_beta2": 0.999, "adam_epsilon": 1e-8,
                "weight_decay": 0.0}
@@ -220,46 +212,28 @@ def _launch_time_bypasses(libs, planned_gpus: bool):
         torch.cuda.current_device = saved_device
 
 
-def _port_busy_here(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.settimeout(0.2)
-        return s.connect_ex(("127.0.0.1", port)) == 0
+@dataclass
+class LaunchOutcome:
+    """What `accelerate launch` and the script's plugin make of an accelerate YAML."""
+    env: dict[str, str] | None          # the environment launch exports to the script (None: launch failed)
+    args: Any                           # launch's argparse namespace after _validate_launch_command
+    error: str | None                   # the library's own message, "Type: text"
+    stage: str | None                   # "launch" | "prepare": when the error happens
+    plugin: Any = None                  # the DeepSpeedPlugin / FSDP plugin the script builds
+    warnings: tuple[str, ...] = ()
 
 
-def check_accelerate(yaml_path: str, exp: Expect, display: str | None = None,
-                     ds_path: str | None = None, ds_display: str | None = None) -> list[Finding]:
-    """Stage a: accelerate's loader, launch validation, launch environment and plugin."""
+def accelerate_launch(yaml_path: str, planned_gpus: bool) -> LaunchOutcome:
+    """The real `accelerate launch` argument parser, `_validate_launch_command` and the `prepare_*_env` of
+    the launcher accelerate would pick; then, in that environment, `DeepSpeedPlugin()` or
+    `FullyShardedDataParallelPlugin()` as the training script builds them. Never raises."""
     libs = _libs()
-    shown = display or yaml_path
-    findings: list[Finding] = []
-    try:
-        cfg = libs.load_config_from_file(yaml_path)
-    except Exception as exc:  # the loader raises ValueError/AttributeError/yaml errors
-        return [_error("ACC-LOAD", shown, None, exc, "regenerate the file with the wizard", "launch")]
-
-    raw = read_yaml_mapping(yaml_path) or {}
-    for key in ("distributed_type", "mixed_precision", "downcast_bf16"):
-        if isinstance(raw.get(key), bool):
-            # YAML 1.1 reads an unquoted NO/no as false; accelerate writes 'NO' and 'no' quoted.
-            findings.append(_error("ACC-YAML-BOOL", shown, key,
-                                   f"{key} loads as the boolean {raw[key]}, not a string",
-                                   f"quote it: {key}: '{'NO' if key == 'distributed_type' else 'no'}'", "launch"))
-
-    ds_file = (cfg.deepspeed_config or {}).get("deepspeed_config_file")
-    if ds_path and ds_file and os.path.realpath(ds_file) != os.path.realpath(ds_path):
-        findings.append(_error("ACC-DS-PATH", shown, "deepspeed_config.deepspeed_config_file",
-                               f"points at {ds_file}, not at {ds_display or ds_path}",
-                               f"set it to the absolute path {ds_display or ds_path}", "launch"))
-    if ds_file and not os.path.isabs(ds_file):
-        findings.append(Finding("warning", "ACC-DS-RELATIVE", shown, "deepspeed_config.deepspeed_config_file",
-                                f"{ds_file} is relative: it is resolved against the directory you launch from",
-                                "use an absolute path", "launch"))
-
     env: dict[str, str] | None = None
     args = None
-    caught: list[warnings.WarningMessage] = []
-    with warnings.catch_warnings(record=True) as caught, \
-            _launch_time_bypasses(libs, planned_gpus=not exp.use_cpu), _environ(dict(os.environ)):
+    error = stage = None
+    plugin = None
+    with _LOCK, warnings.catch_warnings(record=True) as caught, \
+            _launch_time_bypasses(libs, planned_gpus=planned_gpus), _environ(dict(os.environ)):
         warnings.simplefilter("always")
         try:
             args = libs.parser.parse_args(["launch", "--config_file", yaml_path, "train.py"])
@@ -276,29 +250,55 @@ def check_accelerate(yaml_path: str, exp: Expect, display: str | None = None,
             else:
                 _, env = libs.acc_utils_launch.prepare_simple_launcher_cmd_env(args)
         except (Exception, SystemExit) as exc:
-            findings.append(_error("ACC-LAUNCH", shown, None, exc, "regenerate the file with the wizard", "launch"))
+            error, stage = _one_line(exc), "launch"
         if env is not None:
             with _environ(env):
                 try:
                     if args.use_deepspeed:
-                        libs.DeepSpeedPlugin()
+                        plugin = libs.DeepSpeedPlugin()
                     elif args.use_fsdp:
-                        libs.FSDPPlugin()
+                        plugin = libs.FSDPPlugin()
                 except Exception as exc:
-                    rule = "ACC-DS-PLUGIN" if args.use_deepspeed else "ACC-FSDP-PLUGIN"
-                    findings.append(_error(rule, shown, None, exc, _plugin_fix(exc), "prepare"))
-    for w in caught:
-        text = str(w.message)
-        if "already in use" in text:   # cannot happen (bypassed), kept out of the findings on purpose
-            continue
-        findings.append(Finding("warning", "ACC-WARNING", shown, None, text, None, "prepare"))
+                    error, stage = _one_line(exc), "prepare"
+    texts = tuple(str(w.message) for w in caught if "already in use" not in str(w.message))
+    return LaunchOutcome(env, args, error, stage, plugin, texts)
 
-    if cfg.main_process_port and (cfg.num_machines <= 1 or int(cfg.machine_rank) == 0) \
-            and _port_busy_here(int(cfg.main_process_port)):
-        findings.append(Finding("warning", "ACC-PORT-BUSY", shown, "main_process_port",
-                                f"port {cfg.main_process_port} is in use on this machine right now",
-                                "if you launch here, free it or choose another port (0 picks a free one)", "launch"))
-    if args is not None and cfg.num_processes not in (None, -1) and exp.backend is not None:
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def check_accelerate(yaml_path: str, exp: Expect, display: str | None = None,
+                     ds_path: str | None = None, ds_display: str | None = None) -> list[Finding]:
+    """Stage a: accelerate's loader, launch validation, launch environment and plugin; the YAML against the
+    plan. Problems of the file itself that `wizard check` has a rule for (unquoted NO, a busy port, ...)
+    are left to those rules (pipeline.doctor_findings): one problem, one id."""
+    libs = _libs()
+    shown = display or yaml_path
+    findings: list[Finding] = []
+    try:
+        cfg = libs.load_config_from_file(yaml_path)
+    except Exception:  # noqa: BLE001 - the loader's error is check's ACC-LOADER-REJECTS / ACC-UNKNOWN-KEY
+        return []
+
+    ds_file = (cfg.deepspeed_config or {}).get("deepspeed_config_file")
+    if ds_path and ds_file and os.path.realpath(ds_file) != os.path.realpath(ds_path):
+        findings.append(_error("ACC-DS-PATH", shown, "deepspeed_config.deepspeed_config_file",
+                               f"points at {ds_file}, not at {ds_display or ds_path}",
+                               f"set it to the absolute path {ds_display or ds_path}", "launch"))
+    if ds_file and not os.path.isabs(ds_file):
+        findings.append(Finding("warning", "ACC-DS-RELATIVE", shown, "deepspeed_config.deepspeed_config_file",
+                                f"{ds_file} is relative: it is resolved against the directory you launch from",
+                                "use an absolute path", "launch"))
+
+    outcome = accelerate_launch(yaml_path, planned_gpus=not exp.use_cpu)
+    if outcome.error is not None:
+        findings.append(_error("ACC-LAUNCH-REJECTS", shown, None, outcome.error,
+                               _plugin_fix(outcome.error) or "regenerate the file with the wizard", outcome.stage))
+    for text in outcome.warnings:
+        findings.append(Finding("warning", "ACC-WARNING", shown, None, text, None, "prepare"))
+    if outcome.args is not None and cfg.num_processes not in (None, -1) and exp.backend is not None:
         if int(cfg.num_processes) != exp.world_size:
             findings.append(_error("ACC-NUM-PROCESSES", shown, "num_processes",
                                    f"{cfg.num_processes} processes, the plan is for {exp.world_size}",
@@ -306,7 +306,7 @@ def check_accelerate(yaml_path: str, exp: Expect, display: str | None = None,
     return findings
 
 
-def _plugin_fix(exc: Exception) -> str | None:
+def _plugin_fix(exc: Exception | str) -> str | None:
     text = str(exc)
     if "will be ignored" in text:
         return "with deepspeed_config_file, keep these settings in ds_config.json only and drop them from the YAML"
@@ -327,97 +327,36 @@ def load_ds_json(path: str) -> dict:
 
 
 def static_ds_checks(cfg: dict, file: str, exp: Expect | None = None) -> list[Finding]:
-    """The rules DeepSpeed's pydantic models do not enforce (or enforce only at engine start)."""
+    """The ds_config against the plan. What is wrong with the file on its own (odd all-gather bucket, aio
+    nested, float counts, offload_param below ZeRO-3, NVMe without a path, ZeRO-3 without 16-bit save, the
+    offload optimizer) is `wizard check`'s rules' (pipeline.doctor_findings): one problem, one id."""
     out: list[Finding] = []
     zero = cfg.get("zero_optimization")
-    if not isinstance(zero, dict):
-        return [_error("DS-NO-ZERO", file, "zero_optimization", "no zero_optimization block",
-                       "add one: accelerate refuses a DeepSpeed config without it", "prepare")]
+    if not isinstance(zero, dict) or exp is None or exp.zero_stage is None or exp.backend != "deepspeed":
+        return out
     stage = zero.get("stage", 0)
-
-    def bad_int(key: str, value: Any) -> bool:
-        return value != AUTO and (isinstance(value, bool) or not isinstance(value, int))
-
-    for key in INT_KEYS:
-        if key in zero and bad_int(key, zero[key]):
-            out.append(_error("DS-INT", file, f"zero_optimization.{key}",
-                              f"{zero[key]!r} is not an integer (counts are elements)",
-                              f"write an integer, e.g. {_int_hint(zero[key])}", "prepare"))
-    bucket = zero.get("allgather_bucket_size")
-    if isinstance(bucket, int) and not isinstance(bucket, bool) and bucket % 2:
-        out.append(_error("DS-ALLGATHER-ODD", file, "zero_optimization.allgather_bucket_size",
-                          f"{bucket} is odd: DeepSpeed asserts it is a multiple of 2 when the engine starts",
-                          f"use {bucket + 1}", "prepare"))
-    if "aio" in zero:
-        out.append(_error("DS-AIO-NESTED", file, "zero_optimization.aio",
-                          "aio belongs at the top level; DeepSpeed rejects it inside zero_optimization",
-                          "move the aio block to the top level", "prepare"))
-    for name in ("offload_optimizer", "offload_param"):
-        block = zero.get(name)
-        if not isinstance(block, dict):
-            continue
-        device = block.get("device", "none")
-        if name == "offload_param" and device not in ("none", None) and stage != 3:
-            out.append(_error("DS-OFFLOAD-PARAM-STAGE", file, f"zero_optimization.{name}",
-                              f"parameter offload works only with ZeRO-3 (stage is {stage!r})",
-                              "remove offload_param or use stage 3", "prepare"))
-        if device == "nvme":
-            if not block.get("nvme_path") or block.get("nvme_path") == "none":
-                out.append(_error("DS-NVME-PATH", file, f"zero_optimization.{name}.nvme_path",
-                                  "NVMe offload without nvme_path", "set nvme_path to a directory on the NVMe drive",
-                                  "prepare"))
-            if stage != 3:
-                out.append(_error("DS-NVME-STAGE", file, f"zero_optimization.{name}",
-                                  f"NVMe offload is available only with ZeRO-3 (stage is {stage!r})",
-                                  "use stage 3 or offload to cpu", "prepare"))
-        for key in OFFLOAD_INT_KEYS:
-            if key in block and bad_int(key, block[key]):
-                out.append(_error("DS-INT", file, f"zero_optimization.{name}.{key}",
-                                  f"{block[key]!r} is not an integer", f"write {_int_hint(block[key])}", "prepare"))
-    if exp is not None and exp.zero_stage is not None and exp.backend == "deepspeed":
-        if stage != exp.zero_stage:
-            out.append(_error("DS-PLAN-STAGE", file, "zero_optimization.stage",
-                              f"stage {stage!r}, the plan chose ZeRO-{exp.zero_stage}",
-                              f"set it to {exp.zero_stage}", "prepare"))
-        for name, planned in (("offload_optimizer", exp.offload_optimizer), ("offload_param", exp.offload_param)):
-            device = (zero.get(name) or {}).get("device", "none")
-            if device != planned:
-                out.append(_error("DS-PLAN-OFFLOAD", file, f"zero_optimization.{name}.device",
-                                  f"{device!r}, the plan chose {planned!r}", f"set it to {planned!r}", "prepare"))
-        offloads = (zero.get("offload_optimizer") or {}).get("device", "none") not in ("none", None)
-        torch_step = cfg.get("zero_force_ds_cpu_optimizer", True) in (False, "false") and "optimizer" not in cfg
-        if offloads and exp.cpu_adam and torch_step:
-            # emit.py OFFLOAD OPTIMIZER RULE: DeepSpeedCPUAdam, not a torch optimizer, on the CPU states
-            fix = ('add "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto", '
-                   '"weight_decay": "auto"}} and remove zero_force_ds_cpu_optimizer' if exp.trainer == "hf"
-                   else "remove zero_force_ds_cpu_optimizer (accelerate then maps torch AdamW to DeepSpeedCPUAdam)")
-            out.append(Finding("warning", "DS-FORCE-CPU-OPTIMIZER", file, "zero_force_ds_cpu_optimizer",
-                               "optimizer offload with a torch optimizer stepping the CPU states, which DeepSpeed "
-                               "says 'in most cases will yield poor performance' (DeepSpeedCPUAdam is vectorised "
-                               "and multi-threaded)", fix, "step 0"))
-        elif offloads and exp.cpu_adam is False and not torch_step and "optimizer" not in cfg:
-            out.append(Finding("warning", "DS-FORCE-CPU-OPTIMIZER", file, "zero_force_ds_cpu_optimizer",
-                               "optimizer offload with SGD/Adafactor built in code: accelerate swaps it for "
-                               "DeepSpeedCPUAdam (Adam at your learning rate), or DeepSpeed refuses it",
-                               "set zero_force_ds_cpu_optimizer to false", "prepare"))
-        if exp.use_cpu and cfg.get("train_batch_size") == AUTO:
-            out.append(_error("DS-CPU-TRAIN-BATCH", file, "train_batch_size",
-                              "on CPU accelerate counts 1 process, so \"auto\" becomes micro*gas*1 and DeepSpeed's "
-                              f"batch assertion fails with {exp.world_size} ranks", "remove train_batch_size",
-                              "prepare"))
-    if stage == 3 and zero.get("stage3_gather_16bit_weights_on_model_save",
-                               zero.get("gather_16bit_weights_on_model_save")) is not True:
-        out.append(Finding("warning", "DS-Z3-SAVE", file, "zero_optimization.stage3_gather_16bit_weights_on_model_save",
-                           "ZeRO-3 without 16-bit gather on save: save_model writes no usable weights "
-                           "(zero_to_fp32.py needed)", "set it to true", "save"))
+    if stage != exp.zero_stage:
+        out.append(_error("DS-PLAN-STAGE", file, "zero_optimization.stage",
+                          f"stage {stage!r}, the plan chose ZeRO-{exp.zero_stage}",
+                          f"set it to {exp.zero_stage}", "prepare"))
+    for name, planned in (("offload_optimizer", exp.offload_optimizer), ("offload_param", exp.offload_param)):
+        device = (zero.get(name) or {}).get("device", "none")
+        if device != planned:
+            out.append(_error("DS-PLAN-OFFLOAD", file, f"zero_optimization.{name}.device",
+                              f"{device!r}, the plan chose {planned!r}", f"set it to {planned!r}", "prepare"))
+    offloads = (zero.get("offload_optimizer") or {}).get("device", "none") not in ("none", None)
+    torch_step = cfg.get("zero_force_ds_cpu_optimizer", True) in (False, "false") and "optimizer" not in cfg
+    if offloads and exp.cpu_adam is False and not torch_step and "optimizer" not in cfg:
+        out.append(Finding("warning", "DS-OFFLOAD-CLIENT-OPTIMIZER", file, "zero_force_ds_cpu_optimizer",
+                           "optimizer offload with SGD/Adafactor built in code: accelerate swaps it for "
+                           "DeepSpeedCPUAdam (Adam at your learning rate), or DeepSpeed refuses it",
+                           "set zero_force_ds_cpu_optimizer to false", "prepare"))
+    if exp.use_cpu and cfg.get("train_batch_size") == AUTO:
+        out.append(_error("DS-CPU-TRAIN-BATCH", file, "train_batch_size",
+                          "on CPU accelerate counts 1 process, so \"auto\" becomes micro*gas*1 and DeepSpeed's "
+                          f"batch assertion fails with {exp.world_size} ranks", "remove train_batch_size",
+                          "prepare"))
     return out
-
-
-def _int_hint(value: Any) -> str:
-    try:
-        return str(int(float(value)))
-    except (TypeError, ValueError):
-        return "an integer"
 
 
 def find_autos(node: Any, prefix: str = "") -> list[str]:
@@ -551,8 +490,8 @@ def check_deepspeed(ds_path: str, exp: Expect, answers: dict | None = None, disp
     try:
         cfg = load_ds_json(ds_path)
     except FileNotFoundError:
-        return [_error("DS-MISSING", shown, None, f"{shown} does not exist", "write it (the YAML points at it)",
-                       "launch")]
+        return [_error("ACC-DS-CONFIG-FILE-MISSING", shown, None, f"{shown} does not exist",
+                       "write it (the YAML points at it)", "launch")]
     except ValueError as exc:   # json.JSONDecodeError and the duplicate-key rule
         return [_error("DS-JSON", shown, None, exc, "write strict JSON: no comments, no duplicate keys", "launch")]
     if not isinstance(cfg, dict):
@@ -567,12 +506,12 @@ def check_deepspeed(ds_path: str, exp: Expect, answers: dict | None = None, disp
             filled = fill_like_hf_trainer(cfg, exp, answers)
             filler = "transformers"
     except Exception as exc:
-        findings.append(_error("DS-AUTO-FILL", shown, None, exc,
+        findings.append(_error("DS-TRAINER-MISMATCH", shown, None, exc,
                                "set these values to \"auto\" or to the planned values", "prepare"))
         return findings
     leftovers = find_autos(filled)
     for key in leftovers:
-        findings.append(_error("DS-AUTO-LEFT", shown, key,
+        findings.append(_error("DS-AUTO-UNFILLED", shown, key,
                                f"\"auto\" is left after {filler}'s filling: DeepSpeed would silently use its default "
                                "there (or crash, at the top level)", "write a concrete value", "prepare"))
     if leftovers:
@@ -583,7 +522,7 @@ def check_deepspeed(ds_path: str, exp: Expect, answers: dict | None = None, disp
             warnings.simplefilter("ignore")
             deepspeed_config_check(filled, exp.world_size)
     except Exception as exc:   # pydantic ValidationError, AssertionError, TypeError, ValueError
-        findings.append(_error("DS-CONFIG", shown, None, exc, "see DeepSpeed's message", "prepare"))
+        findings.append(_error("DS-LIBRARY-REJECTS", shown, None, exc, "see DeepSpeed's message", "prepare"))
     return findings
 
 
@@ -603,6 +542,43 @@ def validate_all(yaml_path: str, ds_path: str | None, answers: dict | None, plan
 
 
 def _validate_all(yaml_path, ds_path, answers, plan, model, yaml_display, ds_display) -> list[Finding]:
+    from wizard.check import one_finding_per_problem
+
+    findings = _plan_and_library_findings(yaml_path, ds_path, answers, plan, model, yaml_display, ds_display)
+    findings += _check_rule_findings(yaml_path, ds_path, answers, yaml_display, ds_display)
+    seen: set[tuple[str, str, str | None]] = set()
+    unique = []
+    for f in findings:
+        if (f.rule, f.file, f.key) not in seen:
+            seen.add((f.rule, f.file, f.key))
+            unique.append(f)
+    return one_finding_per_problem(unique)
+
+
+def _check_rule_findings(yaml_path, ds_path, answers, yaml_display, ds_display) -> list[Finding]:
+    """`wizard check`'s rules on the same files: one set of rules and ids for the wizard and for check."""
+    from wizard.check import build_context, run_rules
+    from wizard.errors import InputError
+
+    trainer = str((answers or {}).get("trainer") or "hf")
+    # The files are for the planned machine, not necessarily this one: the rules that look at this machine
+    # (nvme_path, async_io, a busy port) run in pipeline.doctor_findings with the real hardware.
+    planned = SimpleNamespace(source="plan", gpus=[], all_bf16=True)
+    try:
+        ctx = build_context(config_file=yaml_path, ds_config=ds_path, trainer=trainer, use_default_config=False,
+                            hardware=planned, port_in_use=lambda port: False)
+    except InputError:
+        return []               # unreadable: the loader's finding above says why
+    shown = {yaml_path: yaml_display or yaml_path}
+    if ds_path:
+        shown[ds_path] = ds_display or ds_path
+    out = run_rules(ctx)
+    for f in out:
+        f.file = shown.get(f.file, f.file)
+    return out
+
+
+def _plan_and_library_findings(yaml_path, ds_path, answers, plan, model, yaml_display, ds_display) -> list[Finding]:
     yaml_doc = read_yaml_mapping(yaml_path)
     exp = expectations(answers, plan, model, yaml_doc)
     findings = check_accelerate(yaml_path, exp, display=yaml_display, ds_path=ds_path, ds_display=ds_display)

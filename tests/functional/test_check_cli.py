@@ -65,15 +65,26 @@ def test_warnings_only_exit_0(tmp_path):
 @pytest.mark.parametrize("args,text", [
     (["--config-file", "/nonexistent/default_config.yaml"], "does not exist"),
     (["--ds-config", "BROKEN"], "not strict JSON"),
-    (["--training-args", "UNKNOWN"], "unknown TrainingArguments field"),
+    (["--training-args", "UNKNOWN"], "no TrainingArguments field"),
     (["--assume", "banana"], ""),
+    (["--config-file", "/dev/zero"], "is a device"),
+    (["--config-file", "FIFO"], "is a FIFO"),
+    (["--ds-config", "DEEP"], "nests too deeply"),
+    (["--ds-config", "DIGITS"], "too long"),
 ])
 def test_unreadable_input_exits_2_with_one_line(args, text, tmp_path):
     broken = tmp_path / "broken.json"
     broken.write_text('{"zero_optimization": {"stage": 3,}}')
     unknown = tmp_path / "ta.json"
     unknown.write_text('{"per_device_batch": 4}')
-    args = [str(broken) if a == "BROKEN" else str(unknown) if a == "UNKNOWN" else a for a in args]
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)                     # nobody writes to it: reading it would block forever
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    digits = tmp_path / "digits.json"
+    digits.write_text('{"train_batch_size": ' + "9" * 5000 + "}")
+    named = {"BROKEN": broken, "UNKNOWN": unknown, "FIFO": fifo, "DEEP": deep, "DIGITS": digits}
+    args = [str(named[a]) if a in named else a for a in args]
     r = run_check(*args, env_extra={"HF_HOME": str(tmp_path / "hf")})
     assert r.returncode == 2, r.stdout + r.stderr
     lines = [line for line in r.stderr.splitlines() if line.startswith("wizard check:")]

@@ -5,7 +5,6 @@ Fixtures: tests/fixtures/check/<RULE>/{trigger,clean}/ (written by tests/fixture
 
 from __future__ import annotations
 
-import contextlib
 import json
 import shutil
 import socket
@@ -26,17 +25,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-@contextlib.contextmanager
-def listening(port: int):
-    s = socket.socket()
-    s.bind(("127.0.0.1", port))
-    s.listen(1)
-    try:
-        yield
-    finally:
-        s.close()
 
 
 def materialise(case_dir: Path, tmp: Path, port: int) -> Path:
@@ -71,11 +59,13 @@ def check_case(case_dir: Path, tmp: Path):
     ctx = build_context(config_file=path("default_config.yaml"), ds_config=path("ds_config.json"),
                         training_args=path("training_args.json"), model=model, hardware=hardware_for(args),
                         trainer=args.get("trainer", "hf"), seq_len=args.get("seq_len", 2048),
-                        versions=args.get("versions", {}), use_default_config=False)
+                        versions=args.get("versions", {}), use_default_config=False,
+                        # the live machine is an input: only the fixture's own <PORT> is busy, and only when
+                        # the case says so (never whatever else runs on this box)
+                        port_in_use=lambda p: bool(args.get("listen")) and p == port)
     if "aio_available" in args:
         ctx.aio_available = args["aio_available"]
-    with listening(port) if args.get("listen") else contextlib.nullcontext():
-        findings = run_rules(ctx)
+    findings = run_rules(ctx)
     return spec, findings
 
 
@@ -89,8 +79,9 @@ def test_fixture_reports_exactly_its_rule(case_dir: Path, tmp_path: Path):
     got = sorted({f.rule for f in findings})
     assert got == spec["expect"], "\n".join(f"{f.rule}: {f.message}" for f in findings)
     for f in findings:
-        assert f.severity in ("error", "warning")
-        assert f.message and f.fix and f.when in ("launch", "prepare", "step 0", "save")
+        assert f.severity in ("error", "warning", "info")
+        if f.severity != "info":    # a note says what it saw; it asks for nothing
+            assert f.message and f.fix and f.when in ("launch", "prepare", "step 0", "save")
 
 
 def test_every_rule_has_a_trigger_and_a_clean_fixture():

@@ -7,5 +7,5 @@ Importing this package registers every rule (the modules below import `common` a
 
 from __future__ import annotations
 
-from wizard.check_rules import accelerate_yaml, deepspeed_json, hardware_plan, integration  # noqa: F401  (registers)
+from wizard.check_rules import accelerate_yaml, deepspeed_json, hardware_plan, integration, libraries  # noqa: F401
 from wizard.check_rules.common import FIXERS, RULES, CheckContext, Rule  # noqa: F401

@@ -355,20 +355,26 @@ def port_busy(ctx: CheckContext) -> Iterable:
         return              # 0: accelerate picks a free port itself
     if ctx.num_machines > 1 and as_int(ctx.acc_get("machine_rank"), 0) != 0:
         return              # the port lives on the main machine, not here
-    if not port_in_use(port):
+    busy = ctx.port_in_use if ctx.port_in_use is not None else port_in_use
+    if not busy(port):
         return
+    # A warning, not an error: it is a fact about this machine now, not about the file, and the run may
+    # start later or elsewhere.
     if ctx.num_machines > 1:
         yield finding(
-            "error", "ACC-PORT-IN-USE", ctx.acc_path, "main_process_port",
-            f"port {port} is in use on this machine (rank 0 of {ctx.num_machines}): accelerate launch raises "
-            f"ConnectionError 'Tried to launch distributed communication on port {port}'",
-            fix="pick a free port (the same on every machine), or stop the job holding it", when="launch")
+            "warning", "ACC-PORT-IN-USE", ctx.acc_path, "main_process_port",
+            f"port {port} is in use on this machine right now (rank 0 of {ctx.num_machines}): if it still is at "
+            f"launch, accelerate launch raises ConnectionError 'Tried to launch distributed communication on port "
+            f"{port}'", fix="pick a free port (the same on every machine), or stop the job holding it",
+            when="launch")
     else:
         yield finding(
             "warning", "ACC-PORT-IN-USE", ctx.acc_path, "main_process_port",
-            f"port {port} is in use on this machine: accelerate launch warns and falls back to torchrun "
-            f"--standalone on another port (another job is probably running here)",
-            fix="main_process_port: 0 (accelerate picks a free one) or another free port", when="launch")
+            f"port {port} is in use on this machine right now (another job?): if it still is at launch, "
+            f"accelerate launch warns and falls back to torchrun --standalone on another port; `wizard launch` "
+            f"picks a free port itself for a single-machine run",
+            fix="main_process_port: 0 (accelerate picks a free one), another free port, or `wizard launch`",
+            when="launch")
 
 
 @rule("ACC-FSDP-WRAP-CLASS-MISSING", FAMILY, "FSDP wrap class not in the model (with --model)")
@@ -412,10 +418,13 @@ def loader_error(ctx: CheckContext) -> str | None:
     if "loader_error" in ctx.cache:
         return ctx.cache["loader_error"]
     error = None
-    if ctx.acc_path and os.path.isfile(ctx.acc_path):
+    from wizard.check_rules.libraries import yaml_on_disk
+
+    path = yaml_on_disk(ctx)     # the text being checked, also when it is not written yet
+    if path:
         from accelerate.commands.config.config_args import load_config_from_file
         try:
-            load_config_from_file(ctx.acc_path)
+            load_config_from_file(path)
         except Exception as exc:  # noqa: BLE001 - any loader failure is the finding
             error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
     ctx.cache["loader_error"] = error

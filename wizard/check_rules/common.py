@@ -73,6 +73,7 @@ class CheckContext:
     # TrainingArguments keyword arguments (what the user passes in code)
     ta_path: str | None = None
     ta: dict[str, Any] | None = None
+    ta_ignored: list[str] = field(default_factory=list)   # keys of a training YAML that are not TrainingArguments
     # model, hardware, trainer, versions
     model_id: str | None = None
     model: Any = None                     # wizard.model.ModelShape
@@ -82,6 +83,8 @@ class CheckContext:
     seq_len: int = 2048
     versions: dict[str, str | None] = field(default_factory=dict)
     aio_available: bool | None = None     # DeepSpeed's async_io op builds here; None: ask DeepSpeed
+    # the live machine, as an input: port -> "something listens there now"; None: probe this machine
+    port_in_use: Callable[[int], bool] | None = None
     # cached results shared between rules
     cache: dict[str, Any] = field(default_factory=dict)
 
@@ -111,7 +114,12 @@ class CheckContext:
 
     @property
     def uses_deepspeed(self) -> bool:
-        return self.distributed_type == "DEEPSPEED" or bool(self.ta_given("deepspeed"))
+        return self.distributed_type == "DEEPSPEED" or bool(self.ta_given("deepspeed")) or self.ds is not None
+
+    @property
+    def hf_trainer(self) -> bool:
+        """transformers' Trainer fills "auto" (trl's trainers are Trainer subclasses)."""
+        return self.trainer in ("hf", "trl")
 
     @property
     def uses_fsdp(self) -> bool:
@@ -138,7 +146,10 @@ class CheckContext:
         return node
 
     def zero_stage(self) -> int | None:
-        """The ZeRO stage in effect, None when DeepSpeed is not used or the stage is not a number."""
+        """The ZeRO stage in effect, from whichever file carries it: the JSON's zero_optimization.stage (given
+        with --ds-config, named by the YAML or by TrainingArguments.deepspeed, or built by accelerate from an
+        inline YAML), else the YAML's inline zero_stage. None when DeepSpeed is not used or the stage is not a
+        number."""
         if not self.uses_deepspeed:
             return None
         if self.ds is not None:
@@ -147,6 +158,11 @@ class CheckContext:
         stage = self.acc_get("deepspeed_config", "zero_stage")
         # DeepSpeedPlugin without a config file: ACCELERATE_DEEPSPEED_ZERO_STAGE, default 2.
         return as_int(stage, None) if stage is not None else 2
+
+    @property
+    def ds_is_virtual(self) -> bool:
+        """The DeepSpeed config is what accelerate builds from the YAML's inline deepspeed_config (no JSON)."""
+        return self.ds_from == "accelerate-yaml"
 
     def offload_device(self, which: str) -> str:
         """'none' | 'cpu' | 'nvme' for which in (optimizer, param)."""
@@ -161,10 +177,10 @@ class CheckContext:
         return (self.ta or {}).get(name)
 
     def ta_value(self, name: str) -> Any:
-        """The user's value, else TrainingArguments' default."""
+        """The user's value, else the default of the trainer's arguments class."""
         if self.ta and name in self.ta:
             return self.ta[name]
-        return training_defaults().get(name)
+        return trainer_defaults(self.trainer, self.ta).get(name)
 
     def activation_checkpointing(self) -> bool:
         # transformers 5: gradient_checkpointing is a deprecated alias of activation_checkpointing.
@@ -199,6 +215,38 @@ def training_defaults() -> dict[str, Any]:
             out[f.name] = f.default
         elif f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
             out[f.name] = f.default_factory()  # type: ignore[misc]
+    return out
+
+
+# trl's SFTConfig defaults that differ from TrainingArguments, as trl states them (trl 1.10.0.dev0,
+# trl/trainer/sft_config.py docstring); used when trl is not installed here.
+TRL_SFT_STATED_DEFAULTS: dict[str, Any] = {"learning_rate": 2e-5, "logging_steps": 10,
+                                           "gradient_checkpointing": True}
+
+
+@functools.lru_cache(maxsize=1)
+def trl_sft_defaults() -> tuple[dict[str, Any], str]:
+    """SFTConfig's defaults that differ from TrainingArguments', and where they come from."""
+    base = training_defaults()
+    try:
+        from trl import SFTConfig  # type: ignore[import-not-found]
+    except Exception:  # noqa: BLE001 - trl missing or broken: what trl states
+        return dict(TRL_SFT_STATED_DEFAULTS), "stated (trl not installed)"
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(SFTConfig):
+        if f.default is not dataclasses.MISSING and f.name in base and f.default != base[f.name]:
+            out[f.name] = f.default
+    return out, "installed trl"
+
+
+def trainer_defaults(trainer: str, given: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The defaults a value not given falls back to: TrainingArguments', or SFTConfig's for trl (whose bf16
+    defaults to True unless fp16 is set)."""
+    if trainer != "trl":
+        return training_defaults()
+    out = dict(training_defaults())
+    out.update(trl_sft_defaults()[0])
+    out["bf16"] = not bool((given or {}).get("fp16"))
     return out
 
 

@@ -196,9 +196,13 @@ def _training_namespace(ctx: CheckContext) -> types.SimpleNamespace:
     """TrainingArguments as the fill reads them: the user's values over the dataclass defaults."""
     from transformers import TrainingArguments
 
-    from wizard.check_rules.common import training_defaults
+    from wizard.check_rules.common import trainer_defaults
 
-    values = dict(training_defaults())
+    values = dict(trainer_defaults(ctx.trainer, ctx.ta))
+    if ctx.ta is None:
+        # TrainingArguments not given: assume the script passes what the ds_config states (the comparison
+        # needs --training-args), so the batch arithmetic is the one the config means
+        values.update(_implied_training_args(ctx))
     values.update(ctx.ta or {})
     if values.get("activation_checkpointing") is None:
         values["activation_checkpointing"] = bool(values.get("gradient_checkpointing"))
@@ -206,6 +210,24 @@ def _training_namespace(ctx: CheckContext) -> types.SimpleNamespace:
     ns.world_size = ctx.num_processes
     ns.get_warmup_steps = types.MethodType(TrainingArguments.get_warmup_steps, ns)
     return ns
+
+
+# ds_config key -> the TrainingArguments field transformers compares it with
+IMPLIED_TA = {"gradient_accumulation_steps": "gradient_accumulation_steps",
+              "train_micro_batch_size_per_gpu": "per_device_train_batch_size",
+              "gradient_clipping": "max_grad_norm"}
+
+
+def _implied_training_args(ctx: CheckContext) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for ds_key, ta_key in IMPLIED_TA.items():
+        value = ctx.ds_get(ds_key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            out[ta_key] = value
+    for block in ("bf16", "fp16"):
+        if ctx.ds_get(f"{block}.enabled") is True:
+            out[block] = True
+    return out
 
 
 def _autos(cfg: dict[str, Any]) -> set[str]:
@@ -254,7 +276,7 @@ def _fill(ctx: CheckContext) -> FillResult:
                 result.mismatches.append(Mismatch(ds_key_long, before, hf_key or ds_key_long, hf_val))
 
     with _clean_accelerate_env(), _quiet_deepspeed():
-        if ctx.trainer == "hf":
+        if ctx.hf_trainer:
             args = _training_namespace(ctx)
             unknown: set[str] = set()
             steps = as_int(getattr(args, "max_steps", -1), -1) or -1
@@ -291,7 +313,7 @@ def _fill(ctx: CheckContext) -> FillResult:
             if path in PLUGIN_DEFAULTED:
                 result.plugin_defaults[path] = _get(cfg, path)
         precision = "no"
-        if ctx.trainer == "hf" and ctx.ta is not None:
+        if ctx.hf_trainer and (ctx.ta is not None or ctx.trainer == "trl"):
             precision = "bf16" if ctx.ta_value("bf16") else "fp16" if ctx.ta_value("fp16") else "no"
         with contextlib.suppress(ValueError):
             plugin.set_mixed_precision(precision)
@@ -301,7 +323,7 @@ def _fill(ctx: CheckContext) -> FillResult:
                 node, leaf = plugin.hf_ds_config.find_config_node(key)
                 if node is not None and node.get(leaf) == "auto":
                     node[leaf] = False
-        kwargs = _prepare_kwargs(plugin, hidden)
+        kwargs = _prepare_kwargs(plugin, hidden, ctx.num_processes)
         for _ in range(200):
             try:
                 plugin.deepspeed_config_process(must_match=False, **kwargs)
@@ -317,7 +339,7 @@ def _fill(ctx: CheckContext) -> FillResult:
     return result
 
 
-def _prepare_kwargs(plugin, hidden: int) -> dict[str, Any]:
+def _prepare_kwargs(plugin, hidden: int, num_processes: int = 1) -> dict[str, Any]:
     """The kwargs Accelerator._prepare_deepspeed passes to deepspeed_config_process (accelerate 1.15)."""
     gas = plugin.get_value("gradient_accumulation_steps")
     gas = gas if isinstance(gas, int) else 1
@@ -328,7 +350,7 @@ def _prepare_kwargs(plugin, hidden: int) -> dict[str, Any]:
         "gradient_clipping": 1.0,
         "zero_optimization.stage3_gather_16bit_weights_on_model_save": False,
         "train_micro_batch_size_per_gpu": micro,
-        "train_batch_size": micro * gas,
+        "train_batch_size": micro * gas * num_processes,     # batch_size_per_device * gas * num_processes
         "zero_optimization.reduce_bucket_size": hidden * hidden,
         "zero_optimization.stage3_prefetch_bucket_size": int(0.9 * hidden * hidden),
         "zero_optimization.stage3_param_persistence_threshold": 10 * hidden,
@@ -410,7 +432,9 @@ def auto_in_subconfig(ctx: CheckContext) -> Iterable:
         else:
             what = f"nothing fills it from your setup: accelerate's DeepSpeedPlugin silently writes {value!r}"
             fix = "write the value you mean"
-        yield finding("error", "DS-AUTO-IN-SUBCONFIG", _file(ctx), key,
+        # the save-time gather only decides what a save writes (as DS-ZERO3-NO-16BIT-SAVE, a warning)
+        yield finding("warning" if leaf.startswith("stage3_gather") else "error", "DS-AUTO-IN-SUBCONFIG",
+                      _file(ctx), key,
                       f'"{key}": "auto" is not a value anyone fills; {what}', fix=fix,
                       when="save" if leaf.startswith("stage3_gather") else "launch")
 
@@ -420,7 +444,7 @@ def auto_unfilled(ctx: CheckContext) -> Iterable:
     fill = fill_analysis(ctx) if _applies(ctx) else None
     if fill is None or fill.plugin_error:
         return
-    trainer = "HF Trainer" if ctx.trainer == "hf" else "an own Accelerate loop (accelerator.prepare)"
+    trainer = "HF Trainer" if ctx.hf_trainer else "an own Accelerate loop (accelerator.prepare)"
     for key in fill.unfilled:
         yield finding(
             "error", "DS-AUTO-UNFILLED", _file(ctx), key,
@@ -431,7 +455,7 @@ def auto_unfilled(ctx: CheckContext) -> Iterable:
 
 @rule("DS-TRAINER-MISMATCH", FAMILY, "explicit ds_config values that disagree with TrainingArguments", fixable=True)
 def trainer_mismatch(ctx: CheckContext) -> Iterable:
-    if not _applies(ctx) or ctx.ta is None or ctx.trainer != "hf":
+    if not _applies(ctx) or ctx.ta is None or not ctx.hf_trainer:
         return
     fill = fill_analysis(ctx)
     for m in fill.mismatches:
@@ -556,6 +580,18 @@ def _on_this_machine(ctx: CheckContext) -> bool:
     return hw is None or str(getattr(hw, "source", "probe")) == "probe"
 
 
+@rule("DS-NVME-BELOW-ZERO3", FAMILY, "NVMe offload with ZeRO stage 1 or 2")
+def nvme_below_zero3(ctx: CheckContext) -> Iterable:
+    stage = ctx.zero_stage()
+    if not _applies(ctx) or stage not in (1, 2) or ctx.offload_device("optimizer") != "nvme":
+        return
+    yield finding(
+        "warning", "DS-NVME-BELOW-ZERO3", _file(ctx), "zero_optimization.offload_optimizer.device",
+        f"offload_optimizer.device=nvme with ZeRO stage {stage}: the ZeRO-1/2 optimizer only asks whether the device "
+        f"is 'none' (stage_1_and_2.py: cpu_offload), so the optimizer states go to CPU RAM, not to NVMe; NVMe "
+        f"offload (ZeRO-Infinity) needs stage 3", fix='"stage": 3 for NVMe, or "device": "cpu"', when="prepare")
+
+
 @rule("DS-NVME-NO-PATH", FAMILY, "NVMe offload without nvme_path")
 def nvme_no_path(ctx: CheckContext) -> Iterable:
     if not _applies(ctx):
@@ -650,7 +686,7 @@ ADAM_DEFAULTS = {"adam_beta1": 0.9, "adam_beta2": 0.999, "adam_epsilon": 1e-8}
 
 def _optim(ctx: CheckContext) -> str:
     """The HF `optim` from --training-args, lower case; "" when unknown (own loop, no training args)."""
-    return str(ctx.ta_value("optim") or "").lower() if ctx.ta is not None and ctx.trainer == "hf" else ""
+    return str(ctx.ta_value("optim") or "").lower() if ctx.ta is not None and ctx.hf_trainer else ""
 
 
 def _swap_keeps_algorithm(optim: str) -> bool:
@@ -689,13 +725,20 @@ def offload_client_optimizer(ctx: CheckContext) -> Iterable:
            else 'a DeepSpeed "optimizer" block {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", '
                 '"eps": "auto", "weight_decay": "auto"}}: DeepSpeedCPUAdam with the values of your '
                 'TrainingArguments')
+    fixable = not (_force_explicit_true(ctx) and not _has_cpu_kernel(optim))   # never flip an explicit true
     yield finding(
         "error" if kind == "algorithm" else "warning", "DS-OFFLOAD-CLIENT-OPTIMIZER", _file(ctx),
         "zero_force_ds_cpu_optimizer",
         f"optimizer offload to {ctx.offload_device('optimizer')} with the optimizer built in code (no \"optimizer\" "
         f"block) and zero_force_ds_cpu_optimizer not false: at prepare accelerate swaps that optimizer for "
         f"DeepSpeedCPUAdam ({detail}), and a plain deepspeed.initialize raises ZeRORuntimeException",
-        fix=fix, when="prepare", fixable=True)
+        fix=fix if fixable else fix + " (you set zero_force_ds_cpu_optimizer: true yourself: --fix leaves it)",
+        when="prepare", fixable=fixable)
+
+
+def _force_explicit_true(ctx: CheckContext) -> bool:
+    force = ctx.ds.get("zero_force_ds_cpu_optimizer")
+    return force is True or str(force).lower() == "true"
 
 
 def _offload_client_optimizer(ctx: CheckContext) -> str | None:
@@ -706,7 +749,7 @@ def _offload_client_optimizer(ctx: CheckContext) -> str | None:
     optim = _optim(ctx)
     if optim and not _swap_keeps_algorithm(optim):
         return "algorithm"
-    if ctx.trainer == "hf" and ctx.ta is not None and any(
+    if ctx.hf_trainer and ctx.ta is not None and any(
             _differs(ctx.ta_given(k), v) for k, v in ADAM_DEFAULTS.items()):
         return "betas"
     return None
@@ -724,42 +767,35 @@ def fix_offload_client_optimizer(ctx: CheckContext, findings: list) -> list[str]
     if _offload_client_optimizer(ctx) is None:
         return []
     if not _has_cpu_kernel(_optim(ctx)):
+        if _force_explicit_true(ctx):
+            return []          # the user's explicit choice: --fix never flips it
         ctx.ds["zero_force_ds_cpu_optimizer"] = False
         return ["zero_force_ds_cpu_optimizer -> false (the optimizer built in code is kept)"]
     ctx.ds["optimizer"] = copy.deepcopy(CPU_ADAM_BLOCK)
     return ['optimizer -> AdamW with "auto" values (DeepSpeedCPUAdam; the Trainer fills them)']
 
 
-@rule("DS-OFFLOAD-TORCH-OPTIMIZER", FAMILY, "optimizer offload stepped by a torch optimizer on the CPU", fixable=True)
+@rule("DS-OFFLOAD-TORCH-OPTIMIZER", FAMILY, "optimizer offload stepped by a torch optimizer on the CPU (a note)")
 def offload_torch_optimizer(ctx: CheckContext) -> Iterable:
+    # zero_force_ds_cpu_optimizer: false is always the user's explicit choice (the default is true): respected,
+    # so a note, not a warning, and --fix leaves it (axolotl ships it on purpose).
     if not _offload_torch_optimizer(ctx):
         return
-    fix = ('remove zero_force_ds_cpu_optimizer and add a DeepSpeed "optimizer" block {"type": "AdamW", "params": '
-           '{"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"}}' if ctx.trainer == "hf"
-           else "remove zero_force_ds_cpu_optimizer: accelerate then swaps your torch AdamW for DeepSpeedCPUAdam")
+    fix = ('for DeepSpeedCPUAdam instead: remove zero_force_ds_cpu_optimizer and add a DeepSpeed "optimizer" block '
+           '{"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"}}'
+           if ctx.hf_trainer else "for DeepSpeedCPUAdam instead: remove zero_force_ds_cpu_optimizer (accelerate "
+           "then swaps your torch AdamW for it)")
     yield finding(
-        "warning", "DS-OFFLOAD-TORCH-OPTIMIZER", _file(ctx), "zero_force_ds_cpu_optimizer",
+        "info", "DS-OFFLOAD-TORCH-OPTIMIZER", _file(ctx), "zero_force_ds_cpu_optimizer",
         f"optimizer offload to {ctx.offload_device('optimizer')} with zero_force_ds_cpu_optimizer false and no "
         f"\"optimizer\" block: the Trainer's or your loop's torch AdamW steps the offloaded states on the CPU, which "
         f"DeepSpeed says 'in most cases will yield poor performance' (DeepSpeedCPUAdam is vectorised and "
-        f"multi-threaded)",
-        fix=fix, when="step 0", fixable=True)
+        f"multi-threaded)", fix=fix, when="step 0")
 
 
 def _offload_torch_optimizer(ctx: CheckContext) -> bool:
     # SGD / Adafactor have no DeepSpeed CPU kernel: false is the only way to keep them, so no finding.
     return _offloads_with_client_optimizer(ctx) and _force_false(ctx) and _has_cpu_kernel(_optim(ctx))
-
-
-@fixer("DS-OFFLOAD-TORCH-OPTIMIZER")
-def fix_offload_torch_optimizer(ctx: CheckContext, findings: list) -> list[str]:
-    if not _offload_torch_optimizer(ctx):
-        return []
-    ctx.ds.pop("zero_force_ds_cpu_optimizer", None)
-    if ctx.trainer != "hf":
-        return ["zero_force_ds_cpu_optimizer removed (accelerate swaps torch AdamW for DeepSpeedCPUAdam)"]
-    ctx.ds["optimizer"] = copy.deepcopy(CPU_ADAM_BLOCK)
-    return ['zero_force_ds_cpu_optimizer removed, optimizer -> AdamW with "auto" values (DeepSpeedCPUAdam)']
 
 
 @rule("DS-BF16-UNSUPPORTED", FAMILY, "bf16 on GPUs without native bf16")
@@ -781,13 +817,24 @@ def bf16_unsupported(ctx: CheckContext) -> Iterable:
         fix='use fp16: "fp16": {"enabled": "auto"} with fp16=True in TrainingArguments', when="step 0")
 
 
+def _is_comment(key: str) -> bool:
+    """`_comment`, `__doc`, `comment`, `//`: how people write comments in JSON."""
+    return key.startswith(("_", "//", "#")) or "comment" in key.lower()
+
+
 @rule("DS-UNKNOWN-TOP-KEY", FAMILY, "top-level key DeepSpeed does not read")
 def unknown_top_level(ctx: CheckContext) -> Iterable:
     if not _applies(ctx):
         return
     known = known_top_level_keys()
     for key in ctx.ds:
-        if key not in known:
+        if key in known:
+            continue
+        if _is_comment(str(key)):
+            yield finding("info", "DS-UNKNOWN-TOP-KEY", _file(ctx), str(key),
+                          f"'{key}' reads as a comment (JSON has none); DeepSpeed ignores it")
+            continue
+        if True:
             yield finding(
                 "warning", "DS-UNKNOWN-TOP-KEY", _file(ctx), str(key),
                 f"'{key}' is not a DeepSpeed setting: top-level keys are not validated, so DeepSpeed silently "

@@ -37,7 +37,7 @@ def _fsdp_state_dict_type(ctx: CheckContext) -> str:
 
 @rule("TRN-FSDP-AC-WITH-GC", FAMILY, "FSDP activation checkpointing together with gradient_checkpointing=True")
 def fsdp_ac_with_gc(ctx: CheckContext) -> Iterable:
-    if ctx.ta is None or not ctx.uses_fsdp or ctx.trainer != "hf":
+    if ctx.ta is None or not ctx.uses_fsdp or not ctx.hf_trainer:
         return
     if not (_truthy(ctx.fsdp_options().get("activation_checkpointing")) and ctx.activation_checkpointing()):
         return
