@@ -48,8 +48,8 @@ from typing import Any, BinaryIO
 
 from launch import classify as cls
 from launch.logs import StreamCapture
-from launch.rundir import (JSONL_CAP_BYTES, LOG_CAP_BYTES, EventLog, RotatingLog, RunState, attempt_dir,
-                           attempts_allowed, launcher_log_path, rank_log_path, tail_lines)
+from launch.rundir import (CONTROL_FILE, JSONL_CAP_BYTES, LOG_CAP_BYTES, EventLog, RotatingLog, RunState,
+                           attempt_dir, attempts_allowed, launcher_log_path, rank_log_path, tail_lines)
 from wizard.fsutil import read_json_object, read_yaml_mapping
 from wizard.paths import accelerate_default_config_file
 
@@ -63,7 +63,6 @@ STOPPED_EXIT_CODE = 130
 GPU_IDLE_UTIL = 5
 STACK_WAIT_S = 2.0          # after a stall: time for the ranks' stack dumps to arrive before teardown
 STACK_TAIL_LINES = 600
-CONTROL_FILE = "control.json"
 
 # Exec shim for the launcher: PR_SET_PDEATHSIG must be set in the child between fork and exec;
 # preexec_fn is unsafe with the sampler thread running, so a tiny interpreter sets it and execs.

@@ -34,10 +34,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from launch.rundir import ACTIVE_STATUSES, TERMINAL_STATUSES, process_alive, read_state
+from launch.rundir import ACTIVE_STATUSES, CONTROL_FILE, TERMINAL_STATUSES, process_alive, read_state
 from wizard.fsutil import replace_file
 
-CONTROL_FILE = "control.json"
 CONTROL_SIGNALS = {"stop": signal.SIGTERM, "restart": signal.SIGUSR1, "kill": signal.SIGUSR2}
 CONTROL_REQUESTS = (*CONTROL_SIGNALS, "detach")      # detach: control.json only (the supervisor polls it)
 ACTIVE = frozenset(ACTIVE_STATUSES)
