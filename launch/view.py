@@ -144,7 +144,7 @@ class JsonlTail(FileTail):
                 continue
             if not isinstance(obj, dict):
                 continue
-            t = _num(obj.get("t"))
+            t = as_number(obj.get("t"))
             if replaced and t is not None and self._last_t is not None:
                 if t < self._last_t or (t == self._last_t and obj in self._seen_at_last_t):
                     continue
@@ -299,7 +299,8 @@ def _as_int(v: Any) -> int | None:
         return None
 
 
-def _num(v: Any) -> float | None:
+def as_number(v: Any) -> float | None:
+    """A JSON value that is already a number (never a bool, never text parsed): float, else None."""
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
@@ -338,10 +339,10 @@ class RunState:
         for ev in u.events:
             if attempt is not None and _as_int(ev.get("attempt")) not in (None, attempt):
                 continue               # an earlier attempt's point, read in the same poll
-            loss = _num(ev.get("loss"))
+            loss = as_number(ev.get("loss"))
             if loss is not None and ev.get("type") in ("train_log", "progress", None):
                 self.loss.append(loss)
-            rate = _num(ev.get("rate"))
+            rate = as_number(ev.get("rate"))
             if rate is not None and ev.get("type") in ("progress", "train_log", None):
                 self.rate.append(rate)
 
@@ -361,26 +362,26 @@ class RunState:
         """The GPU's utilisation over the last `seconds` of samples (oldest first)."""
         if not self.samples:
             return []
-        t_end = _num(self.samples[-1].get("t")) or 0.0
+        t_end = as_number(self.samples[-1].get("t")) or 0.0
         out: list[float | None] = []
         for s in self.samples:
-            t = _num(s.get("t"))
+            t = as_number(s.get("t"))
             if t is None or t < t_end - seconds or not s.get("available"):
                 continue
             util = None
             for g in s.get("gpus") or []:
                 if g.get("index") == gpu_index:
-                    util = _num(g.get("util"))
+                    util = as_number(g.get("util"))
                     break
             out.append(util)
         return out
 
 
 def elapsed_s(run: dict[str, Any], now: float) -> float | None:
-    start = _num(run.get("started_at"))
+    start = as_number(run.get("started_at"))
     if start is None:
         return None
-    end = _num(run.get("ended_at")) if run.get("status") in FINISHED else None
+    end = as_number(run.get("ended_at")) if run.get("status") in FINISHED else None
     return max(0.0, (end if end is not None else now) - start)
 
 
@@ -401,9 +402,9 @@ def status_text(run: dict[str, Any], now: float | None = None) -> str:
              f"attempt {run.get('attempt', '?')}", f"elapsed {fmt_duration(elapsed_s(run, now))}"]
     if p.get("step") is not None:
         parts.append(f"step {p['step']}/{p.get('total') or '?'}")
-    if _num(p.get("loss")) is not None:
+    if as_number(p.get("loss")) is not None:
         parts.append(f"loss {p['loss']:.4g}")
-    if _num(p.get("eta_s")) is not None:
+    if as_number(p.get("eta_s")) is not None:
         parts.append(f"ETA {fmt_duration(p['eta_s'])}")
     lines = ["  ".join(parts)]
     c = run.get("classification")
@@ -447,7 +448,7 @@ def send_control(run_dir: str | os.PathLike[str], request: str,
     except OSError:
         pass
     pid = _as_int(run.get("supervisor_pid"))
-    ctime = _num(run.get("supervisor_create_time"))
+    ctime = as_number(run.get("supervisor_create_time"))
     signalled = False
     if request in CONTROL_SIGNALS and pid and pid > 1 and pid != os.getpid() and ctime is not None \
             and process_alive(pid, ctime):

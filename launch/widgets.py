@@ -27,7 +27,7 @@ from launch.rundir import (ACTIVE_STATUSES, attempts_allowed, mark_lost_if_dead,
                            supervisor_alive)
 from launch.view import (
     DEFAULT_GRACE_S, DETACHED, FINISHED, LAUNCHER, LOG_PANE_LINES, QUIT, STOPPED, WIZARD,
-    LogLine, RunFollower, RunState, _num, elapsed_s, fmt_duration, send_control,
+    LogLine, RunFollower, RunState, as_number, elapsed_s, fmt_duration, send_control,
 )
 
 SPARK = "▁▂▃▄▅▆▇█"
@@ -127,10 +127,10 @@ def _gib(n: float | None) -> str:
 
 def gpu_line(g: dict[str, Any], history: list[float | None], width: int, pal: Palette) -> Text:
     """One GPU in one terminal line: index, util bar, memory bar, power, temperature, sparkline."""
-    util = _num(g.get("util"))
-    used, total = _num(g.get("mem_used")), _num(g.get("mem_total"))
-    power, limit = _num(g.get("power_w")), _num(g.get("power_limit_w"))
-    temp = _num(g.get("temp_c"))
+    util = as_number(g.get("util"))
+    used, total = as_number(g.get("mem_used")), as_number(g.get("mem_total"))
+    power, limit = as_number(g.get("power_w")), as_number(g.get("power_limit_w"))
+    temp = as_number(g.get("temp_c"))
     mem_frac = used / total if used is not None and total else None
 
     util_txt = "N/A " if util is None else f"{util:>3.0f}%"
@@ -184,16 +184,16 @@ def header_lines(state: RunState, now: float, width: int, message: str | None,
         line1.append(f"  {run['id']}", pal.muted)
 
     p = run.get("progress") or {}
-    step, total = _num(p.get("step")), _num(p.get("total"))
+    step, total = as_number(p.get("step")), as_number(p.get("total"))
     tail = Text(no_wrap=True)
-    if _num(p.get("eta_s")) is not None and status not in FINISHED:
+    if as_number(p.get("eta_s")) is not None and status not in FINISHED:
         tail.append(f"  ETA {fmt_duration(p['eta_s'])}")
-    if _num(p.get("rate")) is not None:
+    if as_number(p.get("rate")) is not None:
         tail.append(f"  {p['rate']:.2f} it/s")
-    if _num(p.get("loss")) is not None:
+    if as_number(p.get("loss")) is not None:
         tail.append("  loss ")
         tail.append(f"{p['loss']:.4g}", pal.bold)
-    if _num(p.get("learning_rate")) is not None:
+    if as_number(p.get("learning_rate")) is not None:
         tail.append(f"  lr {p['learning_rate']:.1e}", pal.muted)
     line2 = Text(no_wrap=True, overflow="ellipsis")
     if step is not None:
@@ -617,7 +617,7 @@ class RunViewApp(App[str]):
             if not self.state.active:
                 self._stop_sent_at = None
             else:
-                grace = _num(self.state.run.get("grace_s")) or _num(self.state.run.get("grace_period_s")) or DEFAULT_GRACE_S
+                grace = as_number(self.state.run.get("grace_s")) or as_number(self.state.run.get("grace_period_s")) or DEFAULT_GRACE_S
                 left = grace - (now - self._stop_sent_at)
                 if left > 0:
                     return f"stopping: kill in {left:.0f} s (s: now)"
