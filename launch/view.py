@@ -321,7 +321,7 @@ def event_line(ev: dict[str, Any]) -> str | None:
 # ---------------------------------------------------------------- state the view shows
 
 @dataclass
-class RunState:
+class ViewState:
     """Everything the view draws, built only from the run directory."""
     run: dict[str, Any] = field(default_factory=dict)
     samples: deque = field(default_factory=lambda: deque(maxlen=240))

@@ -1,6 +1,6 @@
 """The Textual side of the live view: the App and its widgets (the model is in launch/view.py).
 
-Everything drawn comes from launch.view.RunState, which comes only from the run directory. The
+Everything drawn comes from launch.view.ViewState, which comes only from the run directory. The
 line renderers (`gpu_line`, `header_lines`, `spark`, `bar`) are plain functions from data to
 rich Text, so widths and N/A handling can be tested without an app.
 """
@@ -27,7 +27,7 @@ from launch.rundir import (ACTIVE_STATUSES, attempts_allowed, mark_lost_if_dead,
                            supervisor_alive)
 from launch.view import (
     DEFAULT_GRACE_S, DETACHED, FINISHED, LAUNCHER, LOG_PANE_LINES, QUIT, STOPPED, WIZARD,
-    LogLine, RunFollower, RunState, as_number, elapsed_s, fmt_duration, send_control,
+    LogLine, RunFollower, ViewState, as_number, elapsed_s, fmt_duration, send_control,
 )
 
 SPARK = "▁▂▃▄▅▆▇█"
@@ -165,7 +165,7 @@ def gpu_line(g: dict[str, Any], history: list[float | None], width: int, pal: Pa
     return t
 
 
-def header_lines(state: RunState, now: float, width: int, message: str | None,
+def header_lines(state: ViewState, now: float, width: int, message: str | None,
                  pal: Palette) -> Text:
     run = state.run
     status = state.status
@@ -211,7 +211,7 @@ def header_lines(state: RunState, now: float, width: int, message: str | None,
     return Text("\n").join([line1, line2])
 
 
-def train_line(state: RunState, width: int, pal: Palette) -> Text:
+def train_line(state: ViewState, width: int, pal: Palette) -> Text:
     half = max(20, width // 2)
     t = Text(no_wrap=True, overflow="crop")
     loss = list(state.loss)
@@ -248,7 +248,7 @@ class Header(TextPanel):
 class GpuPanel(TextPanel):
     """All GPUs, one line each (the container around it scrolls when there are many)."""
 
-    def show(self, state: RunState, width: int, pal: Palette) -> None:
+    def show(self, state: ViewState, width: int, pal: Palette) -> None:
         sample = state.latest_sample
         if sample is None:
             self.set(Text("waiting for GPU metrics…", style=pal.muted))
@@ -513,7 +513,7 @@ class RunViewApp(App[str]):
         self.follow_interval = follow_interval
         self.clock = clock
         self.follower = RunFollower(self.run_dir)
-        self.state = RunState()
+        self.state = ViewState()
         self.pal = Palette(None)
         self._message: tuple[str, float | None] | None = None   # (text, expires_at)
         self._stop_sent_at: float | None = None

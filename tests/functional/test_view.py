@@ -721,7 +721,7 @@ async def test_question_mark_shows_the_keys_and_ctrl_c_asks_like_q(tmp_path, sup
 
 
 def test_progress_curve_restarts_with_the_attempt():
-    from launch.view import RunState as ViewState, Update
+    from launch.view import Update, ViewState
     st = ViewState()
     st.apply(Update(events=[{"type": "train_log", "attempt": 1, "loss": 3.0}]), {"attempt": 1})
     assert list(st.loss) == [3.0]
