@@ -199,7 +199,8 @@ def open_nvml_safely():
         return _NoNvml(f"NVML unavailable: {type(exc).__name__}: {exc}".rstrip(": "))
 
 
-def fmt_duration(s: float | None) -> str:
+def fmt_eta(s: float | None) -> str:
+    """The headless status line's ETA: "5:03", "1:02:03" (unpadded minutes, unlike the view's fmt_clock)."""
     if s is None:
         return "?"
     s = int(s)
@@ -858,7 +859,7 @@ class _Attempt:
         step = f"step {p.get('step')}/{p.get('total')}" if p.get("total") else "step ?"
         loss = f"loss {p['loss']:.4g}" if isinstance(p.get("loss"), (int, float)) else "loss ?"
         rate = f"{p['rate']:.2f} it/s" if isinstance(p.get("rate"), (int, float)) else "? it/s"
-        eta = f"ETA {fmt_duration(p.get('eta_s'))}" if p.get("eta_s") is not None else "ETA ?"
+        eta = f"ETA {fmt_eta(p.get('eta_s'))}" if p.get("eta_s") is not None else "ETA ?"
         return (f"attempt {self.number}/{attempts_allowed(self.sup.state.data)} | {self.sup.state.get('status')} | "
                 f"{step} | {loss} | {rate} | {eta} | {self.sup._peak_gpu_text()}")
 

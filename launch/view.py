@@ -385,7 +385,9 @@ def elapsed_s(run: dict[str, Any], now: float) -> float | None:
     return max(0.0, (end if end is not None else now) - start)
 
 
-def fmt_duration(seconds: float | None) -> str:
+def fmt_clock(seconds: float | None) -> str:
+    """A clock for the view's header: "05:03", "1:02:03", "--:--" when unknown (wizard.speed.fmt_duration
+    says "1h 02m" for the plan; the supervisor's status line has its own fmt_eta)."""
     if seconds is None:
         return "--:--"
     s = int(round(seconds))
@@ -399,13 +401,13 @@ def status_text(run: dict[str, Any], now: float | None = None) -> str:
     now = time.time() if now is None else now
     p = run.get("progress") or {}
     parts = [f"run {run.get('id', '?')}: {run.get('status', 'unknown')}",
-             f"attempt {run.get('attempt', '?')}", f"elapsed {fmt_duration(elapsed_s(run, now))}"]
+             f"attempt {run.get('attempt', '?')}", f"elapsed {fmt_clock(elapsed_s(run, now))}"]
     if p.get("step") is not None:
         parts.append(f"step {p['step']}/{p.get('total') or '?'}")
     if as_number(p.get("loss")) is not None:
         parts.append(f"loss {p['loss']:.4g}")
     if as_number(p.get("eta_s")) is not None:
-        parts.append(f"ETA {fmt_duration(p['eta_s'])}")
+        parts.append(f"ETA {fmt_clock(p['eta_s'])}")
     lines = ["  ".join(parts)]
     c = run.get("classification")
     if c:

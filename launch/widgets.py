@@ -27,7 +27,7 @@ from launch.rundir import (ACTIVE_STATUSES, attempts_allowed, mark_lost_if_dead,
                            supervisor_alive)
 from launch.view import (
     DEFAULT_GRACE_S, DETACHED, FINISHED, LAUNCHER, LOG_PANE_LINES, QUIT, STOPPED, WIZARD,
-    LogLine, RunFollower, ViewState, as_number, elapsed_s, fmt_duration, send_control,
+    LogLine, RunFollower, ViewState, as_number, elapsed_s, fmt_clock, send_control,
 )
 
 SPARK = "▁▂▃▄▅▆▇█"
@@ -174,7 +174,7 @@ def header_lines(state: ViewState, now: float, width: int, message: str | None,
     attempts = f"{attempt}/{attempts_allowed(run)}" if attempt is not None and isinstance(restarts, int) else str(attempt or "?")
     line1 = Text(no_wrap=True, overflow="ellipsis")
     line1.append("● " + status.upper(), pal.status(status))
-    line1.append(f"  attempt {attempts}  elapsed {fmt_duration(elapsed_s(run, now))}")
+    line1.append(f"  attempt {attempts}  elapsed {fmt_clock(elapsed_s(run, now))}")
     if message:                      # before the less important bits, which get cut first
         line1.append("  ")
         line1.append(message, pal.warn + pal.bold)
@@ -187,7 +187,7 @@ def header_lines(state: ViewState, now: float, width: int, message: str | None,
     step, total = as_number(p.get("step")), as_number(p.get("total"))
     tail = Text(no_wrap=True)
     if as_number(p.get("eta_s")) is not None and status not in FINISHED:
-        tail.append(f"  ETA {fmt_duration(p['eta_s'])}")
+        tail.append(f"  ETA {fmt_clock(p['eta_s'])}")
     if as_number(p.get("rate")) is not None:
         tail.append(f"  {p['rate']:.2f} it/s")
     if as_number(p.get("loss")) is not None:
