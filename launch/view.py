@@ -1,11 +1,11 @@
-"""The live view of a run: entry points, the run-directory follower and the control requests.
+"""The live view of a run, without Textual: the run-directory follower, what the view draws, control requests.
 
 The view is only a client of the run directory (run.json, events.jsonl, metrics.jsonl,
 logs/attempt-<n>/rank-<r>.log), so `wizard launch` and `wizard attach` show exactly the same
-thing and the view can come and go while the supervisor keeps the run. This module has no
-Textual import at module level: the follower and `send_control` are plain Python (usable by
-`wizard stop` and by tests); the Textual app lives in launch/widgets.py and is imported lazily by
-`make_view_app` / `run_view`.
+thing and the view can come and go while the supervisor keeps the run. This module is plain
+Python with no Textual import (the follower and `send_control` serve `wizard stop` and tests too);
+the Textual app and its entry points (`make_view_app`, `run_view`) live in launch/widgets.py, which
+imports this module and is never imported by it.
 
 Control requests (the view never kills workers itself; the supervisor owns teardown):
   1. write RUN_DIR/control.json atomically:
@@ -26,7 +26,6 @@ import json
 import os
 import re
 import signal
-import sys
 import time
 import uuid
 from collections import deque
@@ -470,53 +469,5 @@ def send_control(run_dir: str | os.PathLike[str], request: str,
     return ControlResult(request, written, signalled, msg)
 
 
-# ---------------------------------------------------------------- entry points
-
 # what the App returns when it exits
 DETACHED, QUIT, STOPPED = "detached", "quit", "stopped"
-
-
-def make_view_app(run_dir: str | os.PathLike[str], *, owned: bool, follow_interval: float = 0.5,
-                  clock: Callable[[], float] = time.time):
-    """The Textual app for RUN_DIR. `owned`: this process started the run (quitting asks whether
-    to stop it). `clock` is injectable so snapshots can freeze elapsed times."""
-    from launch.widgets import RunViewApp
-    return RunViewApp(Path(run_dir), owned=owned, follow_interval=follow_interval, clock=clock)
-
-
-def exit_code_for(result: str | None, run: dict[str, Any] | None, owned: bool) -> int:
-    if result == STOPPED:
-        return 130
-    if result == DETACHED or not owned or not run:
-        return 0
-    if run.get("status") in FINISHED:
-        code = _as_int(run.get("exit_code"))
-        if code is not None:
-            return code
-        return 0 if run.get("status") == "succeeded" else 1
-    return 0
-
-
-def reattach_hint(run_dir: str | os.PathLike[str]) -> str:
-    return (f"The run goes on. Re-attach with:  wizard attach {run_dir}\n"
-            f"Stop it with:                   wizard stop {run_dir}")
-
-
-def run_view(run_dir: str | os.PathLike[str], *, owned: bool) -> int:
-    """Show the live view until the user quits or detaches; returns the process exit code.
-
-    Without a terminal (stdin and stdout must both be TTYs; Textual would otherwise draw escape
-    codes into a pipe) it prints the run's status once instead and returns 0.
-    """
-    run = read_state(run_dir)
-    if not (sys.stdin.isatty() and sys.stdout.isatty()):
-        print(status_text(run) if run else f"no run.json in {run_dir}")
-        return 0 if run else 2
-    app = make_view_app(run_dir, owned=owned)
-    result = app.run()
-    run = read_state(run_dir) or run
-    if result != STOPPED and run and run.get("status") in ACTIVE:
-        print(reattach_hint(run_dir))
-    elif result == STOPPED:
-        print(f"Stop requested; the supervisor is ending the run. Follow it with: wizard attach {run_dir}")
-    return exit_code_for(result, run, owned)

@@ -1,4 +1,5 @@
-"""The Textual side of the live view: the App and its widgets (the model is in launch/view.py).
+"""The Textual side of the live view: the App, its widgets and the entry points make_view_app / run_view
+(the model is in launch/view.py, which never imports this module).
 
 Everything drawn comes from launch.view.ViewState, which comes only from the run directory. The
 line renderers (`gpu_line`, `header_lines`, `spark`, `bar`) are plain functions from data to
@@ -7,6 +8,8 @@ rich Text, so widths and N/A handling can be tested without an app.
 
 from __future__ import annotations
 
+import os
+import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -26,8 +29,8 @@ from textual.widgets import Button, Footer, Input, Label, Static
 from launch.rundir import (ACTIVE_STATUSES, attempts_allowed, mark_lost_if_dead, read_state, state_problem,
                            supervisor_alive)
 from launch.view import (
-    DEFAULT_GRACE_S, DETACHED, FINISHED, LAUNCHER, LOG_PANE_LINES, QUIT, STOPPED, WIZARD,
-    LogLine, RunFollower, ViewState, as_number, elapsed_s, fmt_clock, send_control,
+    ACTIVE, DEFAULT_GRACE_S, DETACHED, FINISHED, LAUNCHER, LOG_PANE_LINES, QUIT, STOPPED, WIZARD,
+    LogLine, RunFollower, ViewState, _as_int, as_number, elapsed_s, fmt_clock, send_control, status_text,
 )
 
 SPARK = "▁▂▃▄▅▆▇█"
@@ -776,3 +779,50 @@ class RunViewApp(App[str]):
 
     def on_resize(self, event: events.Resize) -> None:
         self.redraw()
+
+
+# ---------------------------------------------------------------- entry points
+
+def make_view_app(run_dir: str | os.PathLike[str], *, owned: bool, follow_interval: float = 0.5,
+                  clock: Callable[[], float] = time.time):
+    """The Textual app for RUN_DIR. `owned`: this process started the run (quitting asks whether
+    to stop it). `clock` is injectable so snapshots can freeze elapsed times."""
+    return RunViewApp(Path(run_dir), owned=owned, follow_interval=follow_interval, clock=clock)
+
+
+def exit_code_for(result: str | None, run: dict[str, Any] | None, owned: bool) -> int:
+    if result == STOPPED:
+        return 130
+    if result == DETACHED or not owned or not run:
+        return 0
+    if run.get("status") in FINISHED:
+        code = _as_int(run.get("exit_code"))
+        if code is not None:
+            return code
+        return 0 if run.get("status") == "succeeded" else 1
+    return 0
+
+
+def reattach_hint(run_dir: str | os.PathLike[str]) -> str:
+    return (f"The run goes on. Re-attach with:  wizard attach {run_dir}\n"
+            f"Stop it with:                   wizard stop {run_dir}")
+
+
+def run_view(run_dir: str | os.PathLike[str], *, owned: bool) -> int:
+    """Show the live view until the user quits or detaches; returns the process exit code.
+
+    Without a terminal (stdin and stdout must both be TTYs; Textual would otherwise draw escape
+    codes into a pipe) it prints the run's status once instead and returns 0.
+    """
+    run = read_state(run_dir)
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+        print(status_text(run) if run else f"no run.json in {run_dir}")
+        return 0 if run else 2
+    app = make_view_app(run_dir, owned=owned)
+    result = app.run()
+    run = read_state(run_dir) or run
+    if result != STOPPED and run and run.get("status") in ACTIVE:
+        print(reattach_hint(run_dir))
+    elif result == STOPPED:
+        print(f"Stop requested; the supervisor is ending the run. Follow it with: wizard attach {run_dir}")
+    return exit_code_for(result, run, owned)

@@ -23,11 +23,12 @@ import pytest_textual_snapshot
 
 from launch.metrics import MetricsWriter, Sampler
 from launch.view import (
-    CONTROL_FILE, DETACHED, LAUNCHER, QUIT, STOPPED, WIZARD, FileTail, JsonlTail, RunFollower,
-    clean_line, exit_code_for, make_view_app, run_view, send_control,
+    CONTROL_FILE, DETACHED, LAUNCHER, QUIT, STOPPED, WIZARD, FileTail, JsonlTail, RunFollower, clean_line,
+    send_control,
 )
 from launch.widgets import (
-    FailurePanel, GpuPanel, Header, LogPane, Palette, QuitModal, TrainLine, bar, gpu_line, spark,
+    FailurePanel, GpuPanel, Header, LogPane, Palette, QuitModal, TrainLine, bar, exit_code_for, gpu_line,
+    make_view_app, run_view, spark,
 )
 from wizard.nvml import open_nvml
 
@@ -627,7 +628,7 @@ async def test_status_changes_are_followed(tmp_path):
 
 
 @pytest.mark.parametrize("imports,forbidden", [
-    ("from launch.view import make_view_app; import launch.widgets, launch.metrics",
+    ("import launch.widgets, launch.metrics",
      ("torch", "transformers", "deepspeed", "accelerate")),
     # the follower, send_control and the sampler serve `wizard stop` and the supervisor: no UI
     ("import launch.view, launch.metrics", ("textual", "torch")),
