@@ -934,12 +934,27 @@ class _Attempt:
 # ------------------------------------------------------------------ background entry point
 
 def set_parent_death_signal(sig: int) -> None:
-    """PR_SET_PDEATHSIG: the kernel sends `sig` to us when our parent dies (0 clears it)."""
+    """PR_SET_PDEATHSIG: the kernel sends `sig` to us when our parent dies (0 clears it).
+
+    A failure is not fatal (the reaper still ends the run's processes) but is written to stderr, which
+    is the supervisor's log: without it a foreground run would outlive a killed `wizard launch`.
+    """
+    why = prctl_pdeathsig(sig)
+    if why:
+        print(f"wizard launch: PR_SET_PDEATHSIG({int(sig)}) failed: {why}; the run will not end with its "
+              "parent, only the reaper or `wizard stop` ends it", file=sys.stderr, flush=True)
+
+
+def prctl_pdeathsig(sig: int) -> str | None:
+    """prctl(PR_SET_PDEATHSIG, sig); None when it took, else why not."""
+    import ctypes
     try:
-        import ctypes
-        ctypes.CDLL(None, use_errno=True).prctl(1, int(sig), 0, 0, 0)
-    except Exception:
-        pass
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(1, int(sig), 0, 0, 0) != 0:        # 1 = PR_SET_PDEATHSIG; prctl sets errno
+            return os.strerror(ctypes.get_errno())
+    except (OSError, AttributeError) as exc:              # no libc to load, or no prctl (not Linux)
+        return f"{type(exc).__name__}: {exc}"
+    return None
 
 
 def run_from_spec_file(run_dir: str, daemon: bool, parent: int | None = None, lock_fd: int | None = None) -> int:
