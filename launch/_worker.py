@@ -42,12 +42,15 @@ def _dump_stacks_on_signal() -> None:
 
 
 def _set_parent_death_signal(sig: int) -> None:
+    """A failure goes to stderr (the rank's log): the rank then outlives its launcher until the reaper ends it."""
+    import ctypes
     try:
-        import ctypes
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0)
-    except Exception:
-        pass
+        why = os.strerror(ctypes.get_errno()) if libc.prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0) != 0 else None
+    except (OSError, AttributeError) as exc:    # no libc to load, or no prctl (not Linux)
+        why = f"{type(exc).__name__}: {exc}"
+    if why:
+        print(f"wizard launch worker: PR_SET_PDEATHSIG failed: {why}", file=sys.stderr, flush=True)
 
 
 def _connect_output(address: str, rank: int) -> bool:

@@ -99,14 +99,6 @@ def signal_name(num: int | None) -> str | None:
         return f"signal {num}"
 
 
-def popen_code(exit_code: int | None) -> int | None:
-    """Normalise 128+n to -n, so that every signal death looks the same downstream."""
-    status, sig = decode_exit(exit_code)
-    if sig is not None:
-        return -sig
-    return status
-
-
 def shell_exit_code(code: int | None) -> int:
     """What `wizard launch` exits with for a rank's code: signals as 128+n, like a shell."""
     if code is None:

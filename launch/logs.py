@@ -37,7 +37,8 @@ _TQDM_RE = re.compile(
 _MARKERS = (b"Traceback", b"Error", b"out of memory", b"NCCL", b"Watchdog", b"died", b"Killed")
 
 
-def _num(v: Any) -> float | None:
+def parse_number(v: Any) -> float | None:
+    """A number printed in a log line (text such as "1.5e-05" too): float, else None."""
     try:
         return float(v)
     except (TypeError, ValueError):
@@ -59,7 +60,7 @@ def parse_trainer_log(line: str) -> dict[str, Any] | None:
         return None
     out: dict[str, Any] = {}
     for k, v in raw.items():
-        n = _num(v)
+        n = parse_number(v)
         if n is not None:
             out[str(k)] = n
     return out or None
@@ -88,7 +89,7 @@ def parse_tqdm(line: str) -> dict[str, Any] | None:
     if m is None:
         return None
     step, total = int(m.group(1)), int(m.group(2))
-    rate = _num(m.group(5))
+    rate = parse_number(m.group(5))
     unit = m.group(6)
     if rate is not None and unit.startswith("s/"):
         rate = 1.0 / rate if rate > 0 else None

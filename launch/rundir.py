@@ -154,6 +154,9 @@ def launcher_log_path(run_dir: Path, attempt: int) -> Path:
     return attempt_dir(run_dir, attempt) / "launcher.log"
 
 
+CONTROL_FILE = "control.json"     # a client's stop/kill/restart request (launch/view.py send_control)
+
+
 class RunState:
     """run.json: a dict kept in memory and replaced on disk atomically on every save()."""
 

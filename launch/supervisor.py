@@ -48,8 +48,8 @@ from typing import Any, BinaryIO
 
 from launch import classify as cls
 from launch.logs import StreamCapture
-from launch.rundir import (JSONL_CAP_BYTES, LOG_CAP_BYTES, EventLog, RotatingLog, RunState, attempt_dir,
-                           attempts_allowed, launcher_log_path, rank_log_path, tail_lines)
+from launch.rundir import (CONTROL_FILE, JSONL_CAP_BYTES, LOG_CAP_BYTES, EventLog, RotatingLog, RunState,
+                           attempt_dir, attempts_allowed, launcher_log_path, rank_log_path, tail_lines)
 from wizard.fsutil import read_json_object, read_yaml_mapping
 from wizard.paths import accelerate_default_config_file
 
@@ -63,7 +63,6 @@ STOPPED_EXIT_CODE = 130
 GPU_IDLE_UTIL = 5
 STACK_WAIT_S = 2.0          # after a stall: time for the ranks' stack dumps to arrive before teardown
 STACK_TAIL_LINES = 600
-CONTROL_FILE = "control.json"
 
 # Exec shim for the launcher: PR_SET_PDEATHSIG must be set in the child between fork and exec;
 # preexec_fn is unsafe with the sampler thread running, so a tiny interpreter sets it and execs.
@@ -200,7 +199,8 @@ def open_nvml_safely():
         return _NoNvml(f"NVML unavailable: {type(exc).__name__}: {exc}".rstrip(": "))
 
 
-def fmt_duration(s: float | None) -> str:
+def fmt_eta(s: float | None) -> str:
+    """The headless status line's ETA: "5:03", "1:02:03" (unpadded minutes, unlike the view's fmt_clock)."""
     if s is None:
         return "?"
     s = int(s)
@@ -859,7 +859,7 @@ class _Attempt:
         step = f"step {p.get('step')}/{p.get('total')}" if p.get("total") else "step ?"
         loss = f"loss {p['loss']:.4g}" if isinstance(p.get("loss"), (int, float)) else "loss ?"
         rate = f"{p['rate']:.2f} it/s" if isinstance(p.get("rate"), (int, float)) else "? it/s"
-        eta = f"ETA {fmt_duration(p.get('eta_s'))}" if p.get("eta_s") is not None else "ETA ?"
+        eta = f"ETA {fmt_eta(p.get('eta_s'))}" if p.get("eta_s") is not None else "ETA ?"
         return (f"attempt {self.number}/{attempts_allowed(self.sup.state.data)} | {self.sup.state.get('status')} | "
                 f"{step} | {loss} | {rate} | {eta} | {self.sup._peak_gpu_text()}")
 
@@ -934,12 +934,27 @@ class _Attempt:
 # ------------------------------------------------------------------ background entry point
 
 def set_parent_death_signal(sig: int) -> None:
-    """PR_SET_PDEATHSIG: the kernel sends `sig` to us when our parent dies (0 clears it)."""
+    """PR_SET_PDEATHSIG: the kernel sends `sig` to us when our parent dies (0 clears it).
+
+    A failure is not fatal (the reaper still ends the run's processes) but is written to stderr, which
+    is the supervisor's log: without it a foreground run would outlive a killed `wizard launch`.
+    """
+    why = prctl_pdeathsig(sig)
+    if why:
+        print(f"wizard launch: PR_SET_PDEATHSIG({int(sig)}) failed: {why}; the run will not end with its "
+              "parent, only the reaper or `wizard stop` ends it", file=sys.stderr, flush=True)
+
+
+def prctl_pdeathsig(sig: int) -> str | None:
+    """prctl(PR_SET_PDEATHSIG, sig); None when it took, else why not."""
+    import ctypes
     try:
-        import ctypes
-        ctypes.CDLL(None, use_errno=True).prctl(1, int(sig), 0, 0, 0)
-    except Exception:
-        pass
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(1, int(sig), 0, 0, 0) != 0:        # 1 = PR_SET_PDEATHSIG; prctl sets errno
+            return os.strerror(ctypes.get_errno())
+    except (OSError, AttributeError) as exc:              # no libc to load, or no prctl (not Linux)
+        return f"{type(exc).__name__}: {exc}"
+    return None
 
 
 def run_from_spec_file(run_dir: str, daemon: bool, parent: int | None = None, lock_fd: int | None = None) -> int:

@@ -1,11 +1,11 @@
-"""The live view of a run: entry points, the run-directory follower and the control requests.
+"""The live view of a run, without Textual: the run-directory follower, what the view draws, control requests.
 
 The view is only a client of the run directory (run.json, events.jsonl, metrics.jsonl,
 logs/attempt-<n>/rank-<r>.log), so `wizard launch` and `wizard attach` show exactly the same
-thing and the view can come and go while the supervisor keeps the run. This module has no
-Textual import at module level: the follower and `send_control` are plain Python (usable by
-`wizard stop` and by tests); the Textual app lives in launch/widgets.py and is imported lazily by
-`make_view_app` / `run_view`.
+thing and the view can come and go while the supervisor keeps the run. This module is plain
+Python with no Textual import (the follower and `send_control` serve `wizard stop` and tests too);
+the Textual app and its entry points (`make_view_app`, `run_view`) live in launch/widgets.py, which
+imports this module and is never imported by it.
 
 Control requests (the view never kills workers itself; the supervisor owns teardown):
   1. write RUN_DIR/control.json atomically:
@@ -26,7 +26,6 @@ import json
 import os
 import re
 import signal
-import sys
 import time
 import uuid
 from collections import deque
@@ -34,10 +33,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from launch.rundir import ACTIVE_STATUSES, TERMINAL_STATUSES, process_alive, read_state
+from launch.rundir import ACTIVE_STATUSES, CONTROL_FILE, TERMINAL_STATUSES, process_alive, read_state
 from wizard.fsutil import replace_file
 
-CONTROL_FILE = "control.json"
 CONTROL_SIGNALS = {"stop": signal.SIGTERM, "restart": signal.SIGUSR1, "kill": signal.SIGUSR2}
 CONTROL_REQUESTS = (*CONTROL_SIGNALS, "detach")      # detach: control.json only (the supervisor polls it)
 ACTIVE = frozenset(ACTIVE_STATUSES)
@@ -145,7 +143,7 @@ class JsonlTail(FileTail):
                 continue
             if not isinstance(obj, dict):
                 continue
-            t = _num(obj.get("t"))
+            t = as_number(obj.get("t"))
             if replaced and t is not None and self._last_t is not None:
                 if t < self._last_t or (t == self._last_t and obj in self._seen_at_last_t):
                     continue
@@ -300,7 +298,8 @@ def _as_int(v: Any) -> int | None:
         return None
 
 
-def _num(v: Any) -> float | None:
+def as_number(v: Any) -> float | None:
+    """A JSON value that is already a number (never a bool, never text parsed): float, else None."""
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
@@ -321,7 +320,7 @@ def event_line(ev: dict[str, Any]) -> str | None:
 # ---------------------------------------------------------------- state the view shows
 
 @dataclass
-class RunState:
+class ViewState:
     """Everything the view draws, built only from the run directory."""
     run: dict[str, Any] = field(default_factory=dict)
     samples: deque = field(default_factory=lambda: deque(maxlen=240))
@@ -339,10 +338,10 @@ class RunState:
         for ev in u.events:
             if attempt is not None and _as_int(ev.get("attempt")) not in (None, attempt):
                 continue               # an earlier attempt's point, read in the same poll
-            loss = _num(ev.get("loss"))
+            loss = as_number(ev.get("loss"))
             if loss is not None and ev.get("type") in ("train_log", "progress", None):
                 self.loss.append(loss)
-            rate = _num(ev.get("rate"))
+            rate = as_number(ev.get("rate"))
             if rate is not None and ev.get("type") in ("progress", "train_log", None):
                 self.rate.append(rate)
 
@@ -362,30 +361,32 @@ class RunState:
         """The GPU's utilisation over the last `seconds` of samples (oldest first)."""
         if not self.samples:
             return []
-        t_end = _num(self.samples[-1].get("t")) or 0.0
+        t_end = as_number(self.samples[-1].get("t")) or 0.0
         out: list[float | None] = []
         for s in self.samples:
-            t = _num(s.get("t"))
+            t = as_number(s.get("t"))
             if t is None or t < t_end - seconds or not s.get("available"):
                 continue
             util = None
             for g in s.get("gpus") or []:
                 if g.get("index") == gpu_index:
-                    util = _num(g.get("util"))
+                    util = as_number(g.get("util"))
                     break
             out.append(util)
         return out
 
 
 def elapsed_s(run: dict[str, Any], now: float) -> float | None:
-    start = _num(run.get("started_at"))
+    start = as_number(run.get("started_at"))
     if start is None:
         return None
-    end = _num(run.get("ended_at")) if run.get("status") in FINISHED else None
+    end = as_number(run.get("ended_at")) if run.get("status") in FINISHED else None
     return max(0.0, (end if end is not None else now) - start)
 
 
-def fmt_duration(seconds: float | None) -> str:
+def fmt_clock(seconds: float | None) -> str:
+    """A clock for the view's header: "05:03", "1:02:03", "--:--" when unknown (wizard.speed.fmt_duration
+    says "1h 02m" for the plan; the supervisor's status line has its own fmt_eta)."""
     if seconds is None:
         return "--:--"
     s = int(round(seconds))
@@ -399,13 +400,13 @@ def status_text(run: dict[str, Any], now: float | None = None) -> str:
     now = time.time() if now is None else now
     p = run.get("progress") or {}
     parts = [f"run {run.get('id', '?')}: {run.get('status', 'unknown')}",
-             f"attempt {run.get('attempt', '?')}", f"elapsed {fmt_duration(elapsed_s(run, now))}"]
+             f"attempt {run.get('attempt', '?')}", f"elapsed {fmt_clock(elapsed_s(run, now))}"]
     if p.get("step") is not None:
         parts.append(f"step {p['step']}/{p.get('total') or '?'}")
-    if _num(p.get("loss")) is not None:
+    if as_number(p.get("loss")) is not None:
         parts.append(f"loss {p['loss']:.4g}")
-    if _num(p.get("eta_s")) is not None:
-        parts.append(f"ETA {fmt_duration(p['eta_s'])}")
+    if as_number(p.get("eta_s")) is not None:
+        parts.append(f"ETA {fmt_clock(p['eta_s'])}")
     lines = ["  ".join(parts)]
     c = run.get("classification")
     if c:
@@ -448,7 +449,7 @@ def send_control(run_dir: str | os.PathLike[str], request: str,
     except OSError:
         pass
     pid = _as_int(run.get("supervisor_pid"))
-    ctime = _num(run.get("supervisor_create_time"))
+    ctime = as_number(run.get("supervisor_create_time"))
     signalled = False
     if request in CONTROL_SIGNALS and pid and pid > 1 and pid != os.getpid() and ctime is not None \
             and process_alive(pid, ctime):
@@ -468,53 +469,5 @@ def send_control(run_dir: str | os.PathLike[str], request: str,
     return ControlResult(request, written, signalled, msg)
 
 
-# ---------------------------------------------------------------- entry points
-
 # what the App returns when it exits
 DETACHED, QUIT, STOPPED = "detached", "quit", "stopped"
-
-
-def make_view_app(run_dir: str | os.PathLike[str], *, owned: bool, follow_interval: float = 0.5,
-                  clock: Callable[[], float] = time.time):
-    """The Textual app for RUN_DIR. `owned`: this process started the run (quitting asks whether
-    to stop it). `clock` is injectable so snapshots can freeze elapsed times."""
-    from launch.widgets import RunViewApp
-    return RunViewApp(Path(run_dir), owned=owned, follow_interval=follow_interval, clock=clock)
-
-
-def exit_code_for(result: str | None, run: dict[str, Any] | None, owned: bool) -> int:
-    if result == STOPPED:
-        return 130
-    if result == DETACHED or not owned or not run:
-        return 0
-    if run.get("status") in FINISHED:
-        code = _as_int(run.get("exit_code"))
-        if code is not None:
-            return code
-        return 0 if run.get("status") == "succeeded" else 1
-    return 0
-
-
-def reattach_hint(run_dir: str | os.PathLike[str]) -> str:
-    return (f"The run goes on. Re-attach with:  wizard attach {run_dir}\n"
-            f"Stop it with:                   wizard stop {run_dir}")
-
-
-def run_view(run_dir: str | os.PathLike[str], *, owned: bool) -> int:
-    """Show the live view until the user quits or detaches; returns the process exit code.
-
-    Without a terminal (stdin and stdout must both be TTYs; Textual would otherwise draw escape
-    codes into a pipe) it prints the run's status once instead and returns 0.
-    """
-    run = read_state(run_dir)
-    if not (sys.stdin.isatty() and sys.stdout.isatty()):
-        print(status_text(run) if run else f"no run.json in {run_dir}")
-        return 0 if run else 2
-    app = make_view_app(run_dir, owned=owned)
-    result = app.run()
-    run = read_state(run_dir) or run
-    if result != STOPPED and run and run.get("status") in ACTIVE:
-        print(reattach_hint(run_dir))
-    elif result == STOPPED:
-        print(f"Stop requested; the supervisor is ending the run. Follow it with: wizard attach {run_dir}")
-    return exit_code_for(result, run, owned)

@@ -1,12 +1,15 @@
-"""The Textual side of the live view: the App and its widgets (the model is in launch/view.py).
+"""The Textual side of the live view: the App, its widgets and the entry points make_view_app / run_view
+(the model is in launch/view.py, which never imports this module).
 
-Everything drawn comes from launch.view.RunState, which comes only from the run directory. The
+Everything drawn comes from launch.view.ViewState, which comes only from the run directory. The
 line renderers (`gpu_line`, `header_lines`, `spark`, `bar`) are plain functions from data to
 rich Text, so widths and N/A handling can be tested without an app.
 """
 
 from __future__ import annotations
 
+import os
+import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -26,8 +29,8 @@ from textual.widgets import Button, Footer, Input, Label, Static
 from launch.rundir import (ACTIVE_STATUSES, attempts_allowed, mark_lost_if_dead, read_state, state_problem,
                            supervisor_alive)
 from launch.view import (
-    DEFAULT_GRACE_S, DETACHED, FINISHED, LAUNCHER, LOG_PANE_LINES, QUIT, STOPPED, WIZARD,
-    LogLine, RunFollower, RunState, _num, elapsed_s, fmt_duration, send_control,
+    ACTIVE, DEFAULT_GRACE_S, DETACHED, FINISHED, LAUNCHER, LOG_PANE_LINES, QUIT, STOPPED, WIZARD,
+    LogLine, RunFollower, ViewState, _as_int, as_number, elapsed_s, fmt_clock, send_control, status_text,
 )
 
 SPARK = "▁▂▃▄▅▆▇█"
@@ -127,10 +130,10 @@ def _gib(n: float | None) -> str:
 
 def gpu_line(g: dict[str, Any], history: list[float | None], width: int, pal: Palette) -> Text:
     """One GPU in one terminal line: index, util bar, memory bar, power, temperature, sparkline."""
-    util = _num(g.get("util"))
-    used, total = _num(g.get("mem_used")), _num(g.get("mem_total"))
-    power, limit = _num(g.get("power_w")), _num(g.get("power_limit_w"))
-    temp = _num(g.get("temp_c"))
+    util = as_number(g.get("util"))
+    used, total = as_number(g.get("mem_used")), as_number(g.get("mem_total"))
+    power, limit = as_number(g.get("power_w")), as_number(g.get("power_limit_w"))
+    temp = as_number(g.get("temp_c"))
     mem_frac = used / total if used is not None and total else None
 
     util_txt = "N/A " if util is None else f"{util:>3.0f}%"
@@ -165,7 +168,7 @@ def gpu_line(g: dict[str, Any], history: list[float | None], width: int, pal: Pa
     return t
 
 
-def header_lines(state: RunState, now: float, width: int, message: str | None,
+def header_lines(state: ViewState, now: float, width: int, message: str | None,
                  pal: Palette) -> Text:
     run = state.run
     status = state.status
@@ -174,7 +177,7 @@ def header_lines(state: RunState, now: float, width: int, message: str | None,
     attempts = f"{attempt}/{attempts_allowed(run)}" if attempt is not None and isinstance(restarts, int) else str(attempt or "?")
     line1 = Text(no_wrap=True, overflow="ellipsis")
     line1.append("● " + status.upper(), pal.status(status))
-    line1.append(f"  attempt {attempts}  elapsed {fmt_duration(elapsed_s(run, now))}")
+    line1.append(f"  attempt {attempts}  elapsed {fmt_clock(elapsed_s(run, now))}")
     if message:                      # before the less important bits, which get cut first
         line1.append("  ")
         line1.append(message, pal.warn + pal.bold)
@@ -184,16 +187,16 @@ def header_lines(state: RunState, now: float, width: int, message: str | None,
         line1.append(f"  {run['id']}", pal.muted)
 
     p = run.get("progress") or {}
-    step, total = _num(p.get("step")), _num(p.get("total"))
+    step, total = as_number(p.get("step")), as_number(p.get("total"))
     tail = Text(no_wrap=True)
-    if _num(p.get("eta_s")) is not None and status not in FINISHED:
-        tail.append(f"  ETA {fmt_duration(p['eta_s'])}")
-    if _num(p.get("rate")) is not None:
+    if as_number(p.get("eta_s")) is not None and status not in FINISHED:
+        tail.append(f"  ETA {fmt_clock(p['eta_s'])}")
+    if as_number(p.get("rate")) is not None:
         tail.append(f"  {p['rate']:.2f} it/s")
-    if _num(p.get("loss")) is not None:
+    if as_number(p.get("loss")) is not None:
         tail.append("  loss ")
         tail.append(f"{p['loss']:.4g}", pal.bold)
-    if _num(p.get("learning_rate")) is not None:
+    if as_number(p.get("learning_rate")) is not None:
         tail.append(f"  lr {p['learning_rate']:.1e}", pal.muted)
     line2 = Text(no_wrap=True, overflow="ellipsis")
     if step is not None:
@@ -211,7 +214,7 @@ def header_lines(state: RunState, now: float, width: int, message: str | None,
     return Text("\n").join([line1, line2])
 
 
-def train_line(state: RunState, width: int, pal: Palette) -> Text:
+def train_line(state: ViewState, width: int, pal: Palette) -> Text:
     half = max(20, width // 2)
     t = Text(no_wrap=True, overflow="crop")
     loss = list(state.loss)
@@ -248,7 +251,7 @@ class Header(TextPanel):
 class GpuPanel(TextPanel):
     """All GPUs, one line each (the container around it scrolls when there are many)."""
 
-    def show(self, state: RunState, width: int, pal: Palette) -> None:
+    def show(self, state: ViewState, width: int, pal: Palette) -> None:
         sample = state.latest_sample
         if sample is None:
             self.set(Text("waiting for GPU metrics…", style=pal.muted))
@@ -513,7 +516,7 @@ class RunViewApp(App[str]):
         self.follow_interval = follow_interval
         self.clock = clock
         self.follower = RunFollower(self.run_dir)
-        self.state = RunState()
+        self.state = ViewState()
         self.pal = Palette(None)
         self._message: tuple[str, float | None] | None = None   # (text, expires_at)
         self._stop_sent_at: float | None = None
@@ -617,7 +620,7 @@ class RunViewApp(App[str]):
             if not self.state.active:
                 self._stop_sent_at = None
             else:
-                grace = _num(self.state.run.get("grace_s")) or _num(self.state.run.get("grace_period_s")) or DEFAULT_GRACE_S
+                grace = as_number(self.state.run.get("grace_s")) or as_number(self.state.run.get("grace_period_s")) or DEFAULT_GRACE_S
                 left = grace - (now - self._stop_sent_at)
                 if left > 0:
                     return f"stopping: kill in {left:.0f} s (s: now)"
@@ -776,3 +779,50 @@ class RunViewApp(App[str]):
 
     def on_resize(self, event: events.Resize) -> None:
         self.redraw()
+
+
+# ---------------------------------------------------------------- entry points
+
+def make_view_app(run_dir: str | os.PathLike[str], *, owned: bool, follow_interval: float = 0.5,
+                  clock: Callable[[], float] = time.time):
+    """The Textual app for RUN_DIR. `owned`: this process started the run (quitting asks whether
+    to stop it). `clock` is injectable so snapshots can freeze elapsed times."""
+    return RunViewApp(Path(run_dir), owned=owned, follow_interval=follow_interval, clock=clock)
+
+
+def exit_code_for(result: str | None, run: dict[str, Any] | None, owned: bool) -> int:
+    if result == STOPPED:
+        return 130
+    if result == DETACHED or not owned or not run:
+        return 0
+    if run.get("status") in FINISHED:
+        code = _as_int(run.get("exit_code"))
+        if code is not None:
+            return code
+        return 0 if run.get("status") == "succeeded" else 1
+    return 0
+
+
+def reattach_hint(run_dir: str | os.PathLike[str]) -> str:
+    return (f"The run goes on. Re-attach with:  wizard attach {run_dir}\n"
+            f"Stop it with:                   wizard stop {run_dir}")
+
+
+def run_view(run_dir: str | os.PathLike[str], *, owned: bool) -> int:
+    """Show the live view until the user quits or detaches; returns the process exit code.
+
+    Without a terminal (stdin and stdout must both be TTYs; Textual would otherwise draw escape
+    codes into a pipe) it prints the run's status once instead and returns 0.
+    """
+    run = read_state(run_dir)
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+        print(status_text(run) if run else f"no run.json in {run_dir}")
+        return 0 if run else 2
+    app = make_view_app(run_dir, owned=owned)
+    result = app.run()
+    run = read_state(run_dir) or run
+    if result != STOPPED and run and run.get("status") in ACTIVE:
+        print(reattach_hint(run_dir))
+    elif result == STOPPED:
+        print(f"Stop requested; the supervisor is ending the run. Follow it with: wizard attach {run_dir}")
+    return exit_code_for(result, run, owned)

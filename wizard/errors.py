@@ -29,9 +29,3 @@ class InputError(WizardError):
         if allowed:
             text += f" (allowed: {allowed})"
         super().__init__(text)
-
-
-class NothingFitsError(WizardError):
-    """No rung of the ladder fits the hardware; the message says by how much and what would fit."""
-
-    exit_code = EXIT_NOTHING_FITS

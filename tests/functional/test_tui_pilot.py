@@ -16,7 +16,7 @@ import pytest
 import yaml
 from textual.widgets import Input, Select
 
-from wizard import hardware
+from wizard import hardware, pipeline
 from wizard.errors import EXIT_INTERRUPTED
 from wizard.pipeline import Request
 from wizard.tui.app import make_app
@@ -147,12 +147,14 @@ async def test_enter_through_on_this_machines_real_probe(tmp_path):
         await wait_until(pilot, lambda: "No NVIDIA GPU here" in text_of(app.screen.query_one("#hw-headline")))
         await enter_through(pilot)
     assert app.return_value.code == 0
-    deepspeed = app.state.plan.choice.backend == "deepspeed"
-    doc = assert_files_valid(tmp_path / "out", expect_ds=deepspeed, state=app.state)
-    # The no-GPU default: 2 CPU processes on this machine, which accelerate can launch here.
-    assert app.state.plan.topology.cpu and doc["num_processes"] == 2
-    assert doc["distributed_type"] == ("DEEPSPEED" if deepspeed else "MULTI_CPU")
-    assert doc.get("use_cpu") is True or doc["distributed_type"] == "DEEPSPEED"
+    # The no-GPU default (DESIGN: 2 CPU processes, a 125M model), planned by the non-interactive pipeline
+    # on the same probe: the TUI must write what `wizard --use-cpu --num-processes 2 --params 125M` writes.
+    expected = pipeline.build(Request(given={"params": "125M", "use_cpu": True, "num_processes": 2},
+                                      output_dir=str(tmp_path / "cli")), hw=probed)
+    doc = assert_files_valid(tmp_path / "out", expect_ds=expected.ds_text is not None, state=app.state)
+    assert doc == yaml.safe_load(expected.yaml_text.replace(str(tmp_path / "cli"), str(tmp_path / "out")))
+    # Two CPU processes without mpirun only train together through DeepSpeed (pipeline.route_cpu_processes).
+    assert doc["distributed_type"] == "DEEPSPEED" and doc["num_processes"] == 2
 
 
 async def test_enter_pressed_before_the_probe_finishes_still_goes_on(tmp_path):

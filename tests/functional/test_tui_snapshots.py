@@ -11,6 +11,7 @@ then deletes every other SVG of the module as unused.
 
 from __future__ import annotations
 
+import fcntl
 import shutil
 import time
 from pathlib import Path
@@ -30,7 +31,11 @@ SNAPSHOT_DIR = ROOT / "snapshots" / "tui"
 # Relative to ROOT (the tests chdir there): the screens show these paths, and CI clones elsewhere.
 MODELS = Path("tests") / "fixtures" / "models"
 NO_GPU_PROBE = Path("snapshots") / "hardware" / "no-gpu.json"
-OUTPUT_DIR = Path("/tmp/wizard-tui-snapshots/out")     # shown on the Review and Done screens
+# Shown on the Review and Done screens, so it is part of the SVGs and must be the same path in every run
+# (a tmp_path would change the pictures). Two runs at once (two checkouts, two CI jobs on one box) take
+# turns through OUTPUT_LOCK instead of emptying each other's files.
+OUTPUT_DIR = Path("/tmp/wizard-tui-snapshots/out")
+OUTPUT_LOCK = Path("/tmp/wizard-tui-snapshots.lock")
 SCREENS = ("HardwareScreen", "ModelScreen", "PlanScreen", "DetailsScreen", "ReviewScreen", "DoneScreen")
 SIZES = {"80x24": (80, 24), "120x40": (120, 40)}
 
@@ -54,9 +59,11 @@ def _deterministic(monkeypatch, tmp_path_factory):
     monkeypatch.setenv("WIZARD_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "wizard_cache"))
     # A steady cursor: the blink timer would otherwise decide what the SVG shows.
     monkeypatch.setattr(Input, "_toggle_cursor", lambda self: None, raising=False)
-    shutil.rmtree(OUTPUT_DIR, ignore_errors=True)
-    yield
-    shutil.rmtree(OUTPUT_DIR, ignore_errors=True)
+    with open(OUTPUT_LOCK, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)          # released when the file closes, also if the run dies
+        shutil.rmtree(OUTPUT_DIR, ignore_errors=True)
+        yield
+        shutil.rmtree(OUTPUT_DIR, ignore_errors=True)
 
 
 def a100_app(**given):

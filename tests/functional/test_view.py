@@ -23,11 +23,12 @@ import pytest_textual_snapshot
 
 from launch.metrics import MetricsWriter, Sampler
 from launch.view import (
-    CONTROL_FILE, DETACHED, LAUNCHER, QUIT, STOPPED, WIZARD, FileTail, JsonlTail, RunFollower,
-    clean_line, exit_code_for, make_view_app, run_view, send_control,
+    CONTROL_FILE, DETACHED, LAUNCHER, QUIT, STOPPED, WIZARD, FileTail, JsonlTail, RunFollower, clean_line,
+    send_control,
 )
 from launch.widgets import (
-    FailurePanel, GpuPanel, Header, LogPane, Palette, QuitModal, TrainLine, bar, gpu_line, spark,
+    FailurePanel, GpuPanel, Header, LogPane, Palette, QuitModal, TrainLine, bar, exit_code_for, gpu_line,
+    make_view_app, run_view, spark,
 )
 from wizard.nvml import open_nvml
 
@@ -627,7 +628,7 @@ async def test_status_changes_are_followed(tmp_path):
 
 
 @pytest.mark.parametrize("imports,forbidden", [
-    ("from launch.view import make_view_app; import launch.widgets, launch.metrics",
+    ("import launch.widgets, launch.metrics",
      ("torch", "transformers", "deepspeed", "accelerate")),
     # the follower, send_control and the sampler serve `wizard stop` and the supervisor: no UI
     ("import launch.view, launch.metrics", ("textual", "torch")),
@@ -721,7 +722,7 @@ async def test_question_mark_shows_the_keys_and_ctrl_c_asks_like_q(tmp_path, sup
 
 
 def test_progress_curve_restarts_with_the_attempt():
-    from launch.view import RunState as ViewState, Update
+    from launch.view import Update, ViewState
     st = ViewState()
     st.apply(Update(events=[{"type": "train_log", "attempt": 1, "loss": 3.0}]), {"attempt": 1})
     assert list(st.loss) == [3.0]

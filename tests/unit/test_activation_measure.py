@@ -14,8 +14,8 @@ import pytest
 
 from wizard import memory as mem
 
-pytest.importorskip("transformers")
-torch = pytest.importorskip("torch")
+import torch          # noqa: E402  hard dependencies: a broken install fails here, never skips
+import transformers   # noqa: E402,F401
 
 _BENCH = Path(__file__).resolve().parents[2] / "bench" / "measure_activations.py"
 
@@ -30,7 +30,12 @@ def bench():
     return module
 
 
-TOLERANCE = 10.0   # percent
+# The bounds README.md states (keep the two in step). Synthetic Llama / Mixtral / GPT-2 shapes, the grid of
+# bench/measure_activations.py: within 7 %. The model families below, each built from its own transformers
+# class and estimated through the plan's path: within 9 % (BERT's masked-LM head is the furthest, -8.5 %;
+# GPT-2 -6.7 %, Qwen2-MoE -5.1 %, the rest within 2 %).
+TOLERANCE = 7.0          # percent
+FAMILY_TOLERANCE = 9.0   # percent
 
 # Small but real gated Llama layers: GQA (4 heads, 2 KV heads), the Llama MLP ratio, bf16.
 FAST = dict(hidden=256, heads=4, kv_heads=2, layers=2, vocab=8000, seq=256, batch=2)
@@ -132,7 +137,7 @@ def _family_error(bench, name, attn, seq=128, batch=2):
 def test_model_family_activations_within_tolerance(bench, name, attn, tmp_path, monkeypatch):
     monkeypatch.setenv("WIZARD_CACHE_DIR", str(tmp_path))
     measured, estimated, err = _family_error(bench, name, attn)
-    assert abs(err) <= TOLERANCE, f"{name}: measured {measured:,} estimated {estimated:,} ({err:+.1f}%)"
+    assert abs(err) <= FAMILY_TOLERANCE, f"{name}: measured {measured:,} estimated {estimated:,} ({err:+.1f}%)"
 
 
 @pytest.mark.slow
@@ -140,4 +145,4 @@ def test_mamba_activations_within_tolerance(bench, tmp_path, monkeypatch):
     # transformers' PyTorch reference scan (no mamba_ssm): a Python loop over the sequence, hence slow.
     monkeypatch.setenv("WIZARD_CACHE_DIR", str(tmp_path))
     measured, estimated, err = _family_error(bench, "mamba", None, seq=64)
-    assert abs(err) <= TOLERANCE, f"mamba: measured {measured:,} estimated {estimated:,} ({err:+.1f}%)"
+    assert abs(err) <= FAMILY_TOLERANCE, f"mamba: measured {measured:,} estimated {estimated:,} ({err:+.1f}%)"

@@ -300,18 +300,25 @@ def test_fractional_bucket_and_nested_aio_rejected():
 
 
 def test_full_config_validation_on_clean_and_trigger():
-    """DeepSpeedConfig (all sub-models, batch assertion) accepts the clean fixtures once "auto" is filled."""
+    """DeepSpeedConfig (all sub-models, batch assertion), once "auto" is filled, accepts the clean fixture
+    and rejects the trigger for the very reason the rule names (a fractional bucket size)."""
     from deepspeed.runtime.config import DeepSpeedConfig
+    from pydantic import ValidationError
 
     from wizard.check import build_context
     from wizard.check_rules.deepspeed_json import fill_analysis
 
-    d = fixture("DS-FLOAT-BUCKET", "clean", "default_config.yaml").parent
-    ctx = build_context(config_file=str(d / "default_config.yaml"), training_args=str(d / "training_args.json"),
-                        versions={}, use_default_config=False)
-    filled = fill_analysis(ctx).filled
-    filled["train_batch_size"] = filled["train_micro_batch_size_per_gpu"] * filled["gradient_accumulation_steps"]
-    DeepSpeedConfig(filled)
+    def filled(which: str) -> dict:
+        d = fixture("DS-FLOAT-BUCKET", which, "default_config.yaml").parent
+        ctx = build_context(config_file=str(d / "default_config.yaml"), training_args=str(d / "training_args.json"),
+                            versions={}, use_default_config=False)
+        config = fill_analysis(ctx).filled
+        config["train_batch_size"] = config["train_micro_batch_size_per_gpu"] * config["gradient_accumulation_steps"]
+        return config
+
+    DeepSpeedConfig(filled("clean"))
+    with pytest.raises(ValidationError, match="int_from_float"):
+        DeepSpeedConfig(filled("trigger"))
 
 
 def test_offload_param_below_zero3_is_accepted_and_never_read():

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
+import subprocess
+import tempfile
 
 import pytest
 
@@ -145,18 +149,116 @@ def test_check_writable_dir_rejects_a_path_under_a_file(tmp_path):
         fsutil.check_writable_dir(str(tmp_path / "file"))
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root can write into a read-only directory")
+@contextlib.contextmanager
+def unwritable(directory):
+    """`directory` made unwritable for this process: mode 0500 for a user; for root, who ignores the
+    mode bits, the immutable attribute (chattr +i: ext2/3/4, xfs, btrfs; needs CAP_LINUX_IMMUTABLE)."""
+    if os.geteuid() != 0:
+        os.chmod(directory, 0o500)
+        try:
+            yield
+        finally:
+            os.chmod(directory, 0o700)
+        return
+    chattr = shutil.which("chattr")
+    made = chattr and subprocess.run([chattr, "+i", str(directory)], capture_output=True).returncode == 0
+    if not made:
+        pytest.skip("root, and chattr +i is refused here (see tests/README.md)")
+    try:
+        yield
+    finally:
+        subprocess.run([chattr, "-i", str(directory)], check=True)
+
+
 def test_check_writable_dir_rejects_read_only_dir(tmp_path):
     ro = tmp_path / "ro"
     ro.mkdir()
-    os.chmod(ro, 0o500)
-    try:
+    with unwritable(ro):
         with pytest.raises(InputError):
             fsutil.check_writable_dir(str(ro))
         with pytest.raises(InputError):
             fsutil.check_writable_dir(str(ro / "new"))
-    finally:
-        os.chmod(ro, 0o700)
+        with pytest.raises(OSError):            # and it really is: the check is not stricter than the disk
+            (ro / "probe").write_text("")
+
+
+# ---- the three properties of an atomic write, each pinned by a test that a mutation of it fails ----
+
+@pytest.fixture
+def replaces(monkeypatch):
+    """Every os.replace (src, dst) made, in order; the real rename still happens."""
+    calls, real = [], os.replace
+
+    def spy(src, dst, *args, **kwargs):
+        calls.append((os.fspath(src), os.fspath(dst)))
+        return real(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(os, "replace", spy)
+    return calls
+
+
+def test_every_temp_file_is_made_in_the_target_directory(tmp_path, monkeypatch, replaces):
+    """A temp in $TMPDIR would make the rename cross file systems (EXDEV) or stop being atomic."""
+    elsewhere = tmp_path / "tmpdir"
+    elsewhere.mkdir()
+    monkeypatch.setenv("TMPDIR", str(elsewhere))
+    monkeypatch.setattr(tempfile, "tempdir", str(elsewhere))
+    out = tmp_path / "out"
+    old_set(out)
+    fsutil.replace_file(out / "run.json", "{}\n")
+    fsutil.write_atomic(str(out / "ds_config.json"), ds_json(1))
+    emit.write_files(ds_yaml(out, 3), ds_json(3), str(out), extra=(("wizard_plan.json", "{}\n"),))
+    assert len(replaces) >= 5
+    for src, dst in replaces:
+        assert os.path.dirname(os.path.abspath(src)) == os.path.dirname(os.path.abspath(dst)) == str(out), (src, dst)
+    assert os.listdir(elsewhere) == []
+
+
+def test_write_atomic_keeps_the_old_content_in_bak_before_replacing_the_file(tmp_path, monkeypatch, replaces):
+    path = tmp_path / "a.yaml"
+    path.write_text("old\n")
+    real = os.replace
+
+    def check_then_replace(src, dst, *args, **kwargs):
+        if os.fspath(dst) == str(path):
+            assert (tmp_path / "a.yaml.bak").read_text() == "old\n", "the file was replaced before its .bak existed"
+        return real(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(os, "replace", check_then_replace)
+    fsutil.write_atomic(str(path), "new\n")
+    assert path.read_text() == "new\n"
+
+    # and when keeping the .bak fails, the file is not touched at all
+    def no_bak(src, dst, *args, **kwargs):
+        if os.fspath(dst).endswith(".bak"):
+            raise OSError(28, "No space left on device")
+        return real(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(os, "replace", no_bak)
+    with pytest.raises(OSError):
+        fsutil.write_atomic(str(path), "newer\n")
+    assert path.read_text() == "new\n"
+    assert leftovers(tmp_path) == []
+
+
+def test_a_bak_is_replaced_whole_never_rewritten_in_place(tmp_path):
+    """A reader holding the previous .bak open still reads it whole: the new .bak is a new file renamed
+    over it (a write into the same inode could be seen half done, or torn by a crash)."""
+    path = tmp_path / "a.yaml"
+    path.write_text("v2\n")
+    (tmp_path / "a.yaml.bak").write_text("v1\n")
+    with open(tmp_path / "a.yaml.bak") as reader:
+        fsutil.write_atomic(str(path), "v3\n")
+        assert reader.read() == "v1\n"
+    assert (tmp_path / "a.yaml.bak").read_text() == "v2\n"
+
+    out = tmp_path / "out"
+    before = old_set(out)
+    (out / "default_config.yaml.bak").write_text("older\n")
+    with open(out / "default_config.yaml.bak") as reader:
+        emit.write_files(ds_yaml(out, 3), ds_json(3), str(out))
+        assert reader.read() == "older\n"
+    assert (out / "default_config.yaml.bak").read_bytes() == before["default_config.yaml"]
 
 
 # ---- emit.write_files: the YAML, the JSON and the plan as one set --------------------------------

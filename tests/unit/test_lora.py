@@ -24,9 +24,9 @@ from wizard.lora import (
 from wizard.memory import states_zero2, states_zero3
 from wizard.model import ModelShape, from_params
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
-peft = pytest.importorskip("peft")
+import peft  # noqa: E402  hard dependencies (pyproject): a broken install fails here, never skips
+import torch  # noqa: E402
+import transformers  # noqa: E402
 
 HAS_BNB = importlib.util.find_spec("bitsandbytes") is not None
 

@@ -15,9 +15,9 @@ import pytest
 from tests.markers import needs_no_driver
 from wizard import catalogue
 from wizard.errors import InputError
+from wizard.fake_nvml import FakeNvml, fake_from_spec
 from wizard.nvml import (
-    FAKE_ENV, FakeNvml, GpuStatic, RealNvml, UnavailableNvml, fake_from_spec, init_failure_reason, open_nvml,
-    visible_devices,
+    FAKE_ENV, GpuStatic, RealNvml, UnavailableNvml, init_failure_reason, open_nvml, visible_devices,
 )
 
 GiB = 1024**3

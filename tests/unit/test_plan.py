@@ -51,6 +51,23 @@ def keys(plan: Plan) -> list[str]:
 
 # --- The ladder on real shapes -------------------------------------------------------------------------
 
+@pytest.mark.parametrize("headroom", [0.10, 0.25])
+def test_a_rung_fits_only_within_the_capacity_less_the_headroom(headroom):
+    """An estimate between (1 - headroom) x capacity and the capacity does not fit; with no headroom it does."""
+    training = TrainingOptions(gradient_checkpointing="off")
+    need = rung_by_key(plan_for(gpus(1, 80), ONE_B, training=training), "single").per_gpu_bytes
+    capacity = int(need / (1 - headroom / 2))        # need is half way into the headroom
+    hw = Hardware(gpus=[GPU(index=0, name="GPU", memory_total=capacity, bf16=True, compute_capability=(9, 0))],
+                  ram_total=2048 * GiB, ram_available=2048 * GiB)
+    tight = plan_for(hw, ONE_B, training=training, strategy=StrategyOptions(headroom=headroom))
+    single = rung_by_key(tight, "single")
+    assert single.per_gpu_bytes == need and tight.usable_bytes == int(capacity * (1 - headroom))
+    assert not single.fits and "usable" in single.reason
+    assert single.max_micro_batch == 0
+    loose = plan_for(hw, ONE_B, training=training, strategy=StrategyOptions(headroom=0.0))
+    assert rung_by_key(loose, "single").fits and rung_by_key(loose, "single").max_micro_batch >= 1
+
+
 def test_7b_on_8x80gb_picks_zero2_because_ddp_model_states_alone_exceed_the_gpu():
     plan = plan_for(gpus(8, 80), LLAMA2_7B)
     assert plan.precision == "bf16"
