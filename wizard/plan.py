@@ -23,6 +23,9 @@ BACKENDS = ("auto", "ddp", "deepspeed", "fsdp")
 ZERO_STAGES = ("auto", "1", "2", "3")
 OFFLOADS = ("auto", "none", "cpu", "nvme")
 METHODS = ("full", "lora", "qlora")
+# Keeping more than 90 % of a GPU free is a typo, not a plan: one rule for the flag and for make_plan.
+MAX_HEADROOM = 0.9
+HEADROOM_ALLOWED = f"a fraction 0 <= x < {MAX_HEADROOM}, such as 0.10 or 10%"
 
 # Names of the breakdown components, in the order the UI stacks them.
 COMPONENTS = ("parameters", "gradients", "optimizer", "autocast", "activations", "logits", "buffers", "context",
@@ -648,8 +651,8 @@ def _resolve(hw, model, training: TrainingOptions, strategy: StrategyOptions, to
     _check_choice(training.gradient_checkpointing, GC_MODES, "--gradient-checkpointing")
     _check_choice(training.optimizer, OPTIMIZERS, "--optimizer")
     headroom = strategy.headroom
-    if isinstance(headroom, bool) or not isinstance(headroom, (int, float)) or not 0 <= headroom < 1:
-        raise InputError("--headroom", f"{headroom!r} is not a fraction in [0, 1)", "e.g. 0.10")
+    if isinstance(headroom, bool) or not isinstance(headroom, (int, float)) or not 0 <= headroom < MAX_HEADROOM:
+        raise InputError("--headroom", f"{headroom!r} is outside 0..{MAX_HEADROOM}", HEADROOM_ALLOWED)
     ssm = getattr(model, "ssm_state_size", 0) or 0
     if model.params < 1 or model.layers < 1 or model.hidden_size < 1 or (model.heads < 1 and not ssm):
         raise InputError("--model", "the model shape needs params, layers, hidden size and heads >= 1")

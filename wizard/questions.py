@@ -26,8 +26,8 @@ from typing import Any, Callable
 from wizard.errors import InputError
 from wizard.hardware import Hardware
 from wizard.model import ModelShape
-from wizard.plan import (ATTENTIONS, BACKENDS, GC_MODES, METHODS, OFFLOADS, OPTIMIZERS, PRECISIONS, TRAINERS,
-                         ZERO_STAGES, Plan)
+from wizard.plan import (ATTENTIONS, BACKENDS, GC_MODES, HEADROOM_ALLOWED, MAX_HEADROOM, METHODS, OFFLOADS, OPTIMIZERS,
+                         PRECISIONS, TRAINERS, ZERO_STAGES, Plan)
 from wizard.units import GiB, fmt_bytes, parse_bytes, parse_count
 
 STAGES = ("model", "training", "strategy", "machines", "details")
@@ -447,8 +447,8 @@ def _check_epochs(value: float, ctx: Context, f: str) -> None:
 
 
 def _check_headroom(value: float, ctx: Context, f: str) -> None:
-    if not 0 <= value < 0.9:
-        raise InputError(f, f"{value} is outside 0..0.9", "a fraction 0 <= x < 0.9, such as 0.10 or 10%")
+    if not 0 <= value < MAX_HEADROOM:
+        raise InputError(f, f"{value} is outside 0..{MAX_HEADROOM}", HEADROOM_ALLOWED)
 
 
 def _check_nvme_path(value: str, ctx: Context, f: str) -> None:
@@ -845,7 +845,7 @@ QUESTIONS: tuple[Question, ...] = (
     _q("headroom", "Memory headroom",
        "The share of the smallest GPU's memory the plan keeps free for fragmentation and allocations the "
        "estimate can't see; less headroom risks out-of-memory mid-run.", "float", "strategy",
-       default=0.10, check=_check_headroom, allowed="a fraction 0 <= x < 0.9, such as 0.10 or 10%",
+       default=0.10, check=_check_headroom, allowed=HEADROOM_ALLOWED,
        why="10% leaves room for the caching allocator's fragmentation and the estimate's error without wasting much."),
     _q("cuda_context", "CUDA context per process",
        "Every process pays for its CUDA context and kernels before any tensor exists; the plan counts it "
