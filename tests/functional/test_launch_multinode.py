@@ -26,6 +26,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.launch_support import env
+
 REPO = Path(__file__).resolve().parents[2]
 TRAIN = str(REPO / "examples" / "train.py")
 SLURM_BINARIES = ("slurmctld", "slurmd", "munged", "sbatch", "scontrol", "sinfo")
@@ -33,11 +35,6 @@ SLURM_BINARIES = ("slurmctld", "slurmd", "munged", "sbatch", "scontrol", "sinfo"
 pytestmark = pytest.mark.slow
 
 
-def env() -> dict[str, str]:
-    e = dict(os.environ)
-    e.update(OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
-             PYTHONPATH=str(REPO) + os.pathsep + e.get("PYTHONPATH", ""))
-    return e
 
 
 def free_port() -> int:

@@ -19,17 +19,14 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.launch_support import alive as still_alive, env, run_pids, wait_for
+
 REPO = Path(__file__).resolve().parents[2]
 TRAIN = str(REPO / "examples" / "train.py")
 
 pytestmark = pytest.mark.slow
 
 
-def env() -> dict[str, str]:
-    e = dict(os.environ)
-    e.update(OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
-             PYTHONPATH=str(REPO) + os.pathsep + e.get("PYTHONPATH", ""))
-    return e
 
 
 def wizard(*args: str) -> list[str]:
@@ -60,33 +57,10 @@ def events(run_dir: Path) -> list[dict]:
     return out
 
 
-def run_pids(st: dict) -> set[int]:
-    pids = set(st.get("seen_pids") or []) | set(st.get("tracked_pids") or [])
-    pids |= {int(p) for p in (st.get("pids") or {}).values() if p}
-    if st.get("launcher_pid"):
-        pids.add(int(st["launcher_pid"]))
-    return pids
 
 
-def still_alive(pids) -> list[int]:
-    out = []
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                out.append(pid)
-        except psutil.NoSuchProcess:
-            pass
-    return out
 
 
-def wait_for(pred, timeout: float, every: float = 0.3):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(every)
-    return pred()
 
 
 def kill_everything(st: dict) -> None:

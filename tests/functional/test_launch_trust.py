@@ -16,13 +16,11 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.launch_support import alive, env, run_pids, wait_for
+
 REPO = Path(__file__).resolve().parents[2]
 
 
-def env() -> dict[str, str]:
-    e = dict(os.environ)
-    e.update(OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", PYTHONPATH=str(REPO) + os.pathsep + e.get("PYTHONPATH", ""))
-    return e
 
 
 def wizard_argv(*args: str) -> list[str]:
@@ -82,31 +80,10 @@ def events(run_dir: Path) -> list[dict]:
         return []
 
 
-def wait_for(pred, timeout: float, every: float = 0.2):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(every)
-    return pred()
 
 
-def alive(pids) -> list[int]:
-    out = []
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                out.append(pid)
-        except psutil.NoSuchProcess:
-            pass
-    return out
 
 
-def run_pids(st: dict) -> set[int]:
-    pids = set(st.get("seen_pids") or []) | {int(p) for p in (st.get("process_times") or {})}
-    pids |= {int(p) for p in (st.get("pids") or {}).values() if p}
-    return pids
 
 
 def cleanup(*pids: int) -> None:

@@ -1,0 +1,52 @@
+"""What the real-process launch tests share: the child environment, polling, and which of a run's pids live."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import psutil
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def env() -> dict[str, str]:
+    """The environment for a launched run: one thread per rank on 2 cores, offline, this checkout first."""
+    e = dict(os.environ)
+    e.update(OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
+             PYTHONPATH=str(REPO) + os.pathsep + e.get("PYTHONPATH", ""))
+    return e
+
+
+def wait_for(pred, timeout: float, every: float = 0.2):
+    """pred()'s first truthy value within `timeout` seconds, else its last value."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        v = pred()
+        if v:
+            return v
+        time.sleep(every)
+    return pred()
+
+
+def alive(pids) -> list[int]:
+    """The pids that still run (zombies count as gone)."""
+    out = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                out.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def run_pids(st: dict) -> set[int]:
+    """Every pid a run.json names: seen, tracked (with or without start times), per rank, the launcher."""
+    pids = set(st.get("seen_pids") or []) | set(st.get("tracked_pids") or [])
+    pids |= {int(p) for p in (st.get("process_times") or {})}
+    pids |= {int(p) for p in (st.get("pids") or {}).values() if p}
+    if st.get("launcher_pid"):
+        pids.add(int(st["launcher_pid"]))
+    return pids
