@@ -166,14 +166,15 @@ def _one_line(exc: BaseException) -> str:
 
 def build_context(config_file: str | None = None, ds_config: str | None = None, training_args: str | None = None,
                   model: str | None = None, hardware: Any = None, trainer: str = "hf", seq_len: int = 2048,
-                  versions: dict[str, str | None] | None = None, use_default_config: bool = True):
-    """Read every input. InputError (exit 2) for anything unreadable; problems inside readable files are
+                  versions: dict[str, str | None] | None = None, use_default_config: bool = True,
+                  method: Any = None):
+    """Read every input. `method`: wizard.lora.LoraOptions for --method lora/qlora (None: full fine-tuning). InputError (exit 2) for anything unreadable; problems inside readable files are
     left for the rules."""
     from wizard.check_rules import CheckContext
 
     if trainer not in TRAINERS:
         raise InputError("trainer", f"{trainer!r} is not a trainer", ", ".join(TRAINERS))
-    ctx = CheckContext(trainer=trainer, seq_len=seq_len, hardware=hardware)
+    ctx = CheckContext(trainer=trainer, seq_len=seq_len, hardware=hardware, method=method)
     ctx.versions = versions if versions is not None else library_versions()
 
     acc_path = config_file
@@ -259,6 +260,8 @@ def run_rules(ctx, only: set[str] | None = None) -> list[Finding]:
             findings.append(finding("warning", "CHECK-RULE-FAILED", ctx.acc_path or ctx.ds_path, None,
                                     f"rule {r.id} could not run: {exc.__class__.__name__}: {_one_line(exc)}",
                                     fix="report this as a wizard bug"))
+    from wizard.check_rules.methods import run_method_rules
+    findings += run_method_rules(ctx, ctx.method)
     return sort_findings(findings)
 
 
@@ -269,10 +272,11 @@ def sort_findings(findings: list[Finding]) -> list[Finding]:
 
 def run_check(config_file: str | None = None, ds_config: str | None = None, training_args: str | None = None,
               model: str | None = None, hardware: Any = None, trainer: str = "hf", seq_len: int = 2048,
-              versions: dict[str, str | None] | None = None, use_default_config: bool = True) -> list[Finding]:
+              versions: dict[str, str | None] | None = None, use_default_config: bool = True,
+              method: Any = None) -> list[Finding]:
     """Every finding for these inputs. Raises InputError for unreadable input."""
     ctx = build_context(config_file, ds_config, training_args, model, hardware, trainer, seq_len, versions,
-                        use_default_config)
+                        use_default_config, method)
     return run_rules(ctx)
 
 
@@ -280,7 +284,7 @@ def check_texts(accelerate_yaml: str | None, ds_config: dict[str, Any] | str | N
                 accelerate_path: str = "default_config.yaml", ds_path: str = "ds_config.json",
                 training_args: dict[str, Any] | None = None, model_shape: Any = None, model_id: str | None = None,
                 hardware: Any = None, trainer: str = "hf", seq_len: int = 2048,
-                versions: dict[str, str | None] | None = None) -> list[Finding]:
+                versions: dict[str, str | None] | None = None, method: Any = None) -> list[Finding]:
     """The same rules on files not yet written (what the wizard runs before it writes anything).
 
     `ds_config` may be the dict or the JSON text; paths are only used to name the files in the findings
@@ -288,7 +292,7 @@ def check_texts(accelerate_yaml: str | None, ds_config: dict[str, Any] | str | N
     """
     from wizard.check_rules import CheckContext
 
-    ctx = CheckContext(trainer=trainer, seq_len=seq_len, hardware=hardware,
+    ctx = CheckContext(trainer=trainer, seq_len=seq_len, hardware=hardware, method=method,
                        versions=versions if versions is not None else library_versions())
     if accelerate_yaml is not None:
         ctx.acc_path, ctx.acc_text = accelerate_path, accelerate_yaml
