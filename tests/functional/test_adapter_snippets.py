@@ -163,3 +163,22 @@ def test_training_arguments_are_the_existing_snippets(tmp_path):
     kwargs = training_arguments(result.answers, result.plan, result.ds_path)
     calls = snippet_calls(adapter_snippet(result.answers, result.plan, result.model, result.ds_path))
     assert {k.arg: ast.literal_eval(k.value) for k in calls["TrainingArguments"].keywords} == kwargs
+
+
+async def test_done_screen_shows_the_qlora_setup(tmp_path, monkeypatch):
+    """The Textual Done screen: the section names peft and bitsandbytes, and the code carries LoraConfig,
+    BitsAndBytesConfig (bf16 storage under ZeRO-3) and the TrainingArguments."""
+    from tests.functional.test_tui_pilot import app_for, reach, text_of
+    from wizard import hardware
+
+    monkeypatch.setenv("TEXTUAL_ANIMATIONS", "none")
+    app = app_for(tmp_path, hardware.assume("2xA100-80GB"), model=LLAMA_TINY, method="qlora",
+                  backend="deepspeed", zero_stage="3")
+    async with app.run_test(size=(100, 40)) as pilot:
+        await reach(pilot, "DoneScreen")
+        title = text_of(app.screen.query_one("#done-args-title"))
+        assert "peft" in title and "bitsandbytes" in title
+        code = text_of(app.screen.query_one("#done-args"))
+        for piece in ("LoraConfig(", "BitsAndBytesConfig(", "bnb_4bit_quant_storage='bfloat16'", "TrainingArguments(",
+                      "deepspeed="):
+            assert piece in code, code
