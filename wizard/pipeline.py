@@ -279,6 +279,9 @@ def validate(result: Result) -> None:
         result.findings += doctor_findings(result, loader_path=yaml_tmp)
 
 
+TRAINING_MACHINE_ONLY = ("METHOD-BNB-MISSING", "METHOD-BNB-OLD")
+
+
 def method_options(answers: dict[str, Any]) -> Any:
     """wizard.lora.LoraOptions for --method lora/qlora (what `wizard check --method` checks), None for full."""
     training = answers_mod.training_options(answers)
@@ -300,6 +303,9 @@ def doctor_findings(result: Result, loader_path: str | None = None) -> list:
                         seq_len=result.answers.get("seq_len", 2048), method=method_options(result.answers))
     if loader_path:
         found = [dataclasses.replace(f, file=result.yaml_path) if f.file == loader_path else f for f in found]
+    # bitsandbytes is optional where the wizard runs (sizing never needs it): planning QLoRA for another machine
+    # must not be refused for it; `wizard check --method qlora` on the training machine keeps it an error.
+    found = [dataclasses.replace(f, severity="warning") if f.rule in TRAINING_MACHINE_ONLY else f for f in found]
     return [f for f in found if (f.rule, f.key) not in seen]
 
 

@@ -131,3 +131,18 @@ def test_cli_method_flags(tmp_path):
                      "--assume", "2xA100-80GB", "--json"])
     assert code == 0, out.getvalue()
     assert "METHOD-" not in out.getvalue()
+
+
+def test_the_wizard_writes_qlora_files_without_bitsandbytes_here(monkeypatch, tmp_path):
+    """Sizing never needs bitsandbytes, so its absence where the wizard runs is a warning before writing
+    (the files may be for another machine), while `wizard check --method qlora` keeps it an error."""
+    real = methods.installed_version
+    monkeypatch.setattr(methods, "installed_version",
+                        lambda ctx, name: None if name == "bitsandbytes" else real(ctx, name))
+    result = pipeline.build(Request(assume="1xA100-80GB", output_dir=str(tmp_path),
+                                    given={"model": LLAMA_TINY, "method": "qlora"}))
+    pipeline.validate(result)
+    assert not result.errors, [f.message for f in result.errors]
+    assert [f.severity for f in result.findings if f.rule == "METHOD-BNB-MISSING"] == ["warning"]
+    direct = check_texts(result.yaml_text, result.ds_text, method=lora_options("qlora"))
+    assert [f.severity for f in direct if f.rule == "METHOD-BNB-MISSING"] == ["error"]
