@@ -38,4 +38,9 @@ CASES: dict[str, list[str]] = {
     # Long sequences on one H100: offload plus gradient checkpointing, switched on by the ladder.
     "1xh100-8b-seq8k": ["--assume", "1xH100-80GB,ram=512G", "--model", "<FIX>/models/llama-3.1-8b", "--seq-len", "8192",
                         "--micro-batch", "4"],
+    # LoRA / QLoRA (issue 14): the adapters' states are tiny, the frozen base (16-bit or NF4) is what must fit.
+    "1x4090-7b-lora": ["--assume", "1xRTX4090", "--params", "7B", "--method", "lora"],
+    "1x4090-8b-qlora": ["--assume", "1xRTX4090", "--model", "<FIX>/models/llama-3.1-8b", "--method", "qlora"],
+    "2xa100-80-70b-qlora": ["--assume", "2xA100-80GB", "--model", "<FIX>/models/llama-3-70b", "--method", "qlora"],
+    "8xh100-80-70b-lora": ["--assume", "8xH100-80GB,ram=2T", "--model", "<FIX>/models/llama-3-70b", "--method", "lora"],
 }

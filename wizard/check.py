@@ -221,14 +221,16 @@ def _one_line(exc: BaseException) -> str:
 def build_context(config_file: str | None = None, ds_config: str | None = None, training_args: str | None = None,
                   model: str | None = None, hardware: Any = None, trainer: str = "hf", seq_len: int = 2048,
                   versions: dict[str, str | None] | None = None, use_default_config: bool = True,
-                  port_in_use=None):
+                  port_in_use=None, method: Any = None):
     """Read every input. InputError (exit 2) for anything unreadable; problems inside readable files are
-    left for the rules. `port_in_use` (port -> bool) stands for the live machine; None probes this one."""
+    left for the rules. `port_in_use` (port -> bool) stands for the live machine; None probes this one.
+    `method`: wizard.lora.LoraOptions for --method lora/qlora (None: full fine-tuning)."""
     from wizard.check_rules import CheckContext
 
     if trainer not in TRAINERS:
         raise InputError("trainer", f"{trainer!r} is not a trainer", ", ".join(TRAINERS))
-    ctx = CheckContext(trainer=trainer, seq_len=seq_len, hardware=hardware, port_in_use=port_in_use)
+    ctx = CheckContext(trainer=trainer, seq_len=seq_len, hardware=hardware, port_in_use=port_in_use,
+                       method=method)
     ctx.versions = versions if versions is not None else library_versions()
 
     acc_path = config_file
@@ -341,6 +343,8 @@ def run_rules(ctx, only: set[str] | None = None) -> list[Finding]:
         import shutil
         shutil.rmtree(scratch, ignore_errors=True)
         ctx.cache.pop("acc_disk", None)
+    from wizard.check_rules.methods import run_method_rules
+    findings += run_method_rules(ctx, ctx.method)
     return sort_findings(_virtual_ds_keys(ctx, one_finding_per_problem(findings)))
 
 
@@ -394,10 +398,10 @@ def sort_findings(findings: list[Finding]) -> list[Finding]:
 def run_check(config_file: str | None = None, ds_config: str | None = None, training_args: str | None = None,
               model: str | None = None, hardware: Any = None, trainer: str = "hf", seq_len: int = 2048,
               versions: dict[str, str | None] | None = None, use_default_config: bool = True,
-              port_in_use=None) -> list[Finding]:
+              port_in_use=None, method: Any = None) -> list[Finding]:
     """Every finding for these inputs. Raises InputError for unreadable input."""
     ctx = build_context(config_file, ds_config, training_args, model, hardware, trainer, seq_len, versions,
-                        use_default_config, port_in_use)
+                        use_default_config, port_in_use, method)
     return run_rules(ctx)
 
 
@@ -405,7 +409,8 @@ def check_texts(accelerate_yaml: str | None, ds_config: dict[str, Any] | str | N
                 accelerate_path: str = "default_config.yaml", ds_path: str = "ds_config.json",
                 training_args: dict[str, Any] | None = None, model_shape: Any = None, model_id: str | None = None,
                 hardware: Any = None, trainer: str = "hf", seq_len: int = 2048,
-                versions: dict[str, str | None] | None = None, port_in_use=None) -> list[Finding]:
+                versions: dict[str, str | None] | None = None, port_in_use=None,
+                method: Any = None) -> list[Finding]:
     """The same rules on files not yet written (what the wizard runs before it writes anything).
 
     `ds_config` may be the dict or the JSON text; paths are only used to name the files in the findings
@@ -413,7 +418,7 @@ def check_texts(accelerate_yaml: str | None, ds_config: dict[str, Any] | str | N
     """
     from wizard.check_rules import CheckContext
 
-    ctx = CheckContext(trainer=trainer, seq_len=seq_len, hardware=hardware, port_in_use=port_in_use,
+    ctx = CheckContext(trainer=trainer, seq_len=seq_len, hardware=hardware, port_in_use=port_in_use, method=method,
                        versions=versions if versions is not None else library_versions())
     if accelerate_yaml is not None:
         ctx.acc_path, ctx.acc_text = accelerate_path, accelerate_yaml

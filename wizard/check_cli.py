@@ -39,6 +39,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "defaults) or an own Accelerate loop")
     p.add_argument("--seq-len", type=int, default=2048, metavar="N",
                    help="sequence length for the memory check with --model (default 2048)")
+    p.add_argument("--method", default="full", metavar="full|lora|qlora",
+                   help="fine-tuning method: lora/qlora also check peft (and bitsandbytes) versions and size the "
+                   "memory check with adapters")
+    p.add_argument("--lora-rank", default=16, metavar="R", help="LoRA rank for the memory check (default 16)")
+    p.add_argument("--lora-targets", default=None, metavar="T",
+                   help="LoRA target modules: default (peft's for the model), all-linear, or names")
     p.add_argument("--json", action="store_true", help="print the findings as a JSON list")
     p.add_argument("--fix", action="store_true",
                    help="rewrite the files for findings with a safe automatic fix (atomic, .bak kept), then re-check")
@@ -67,12 +73,14 @@ def _hardware(args: argparse.Namespace) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     from wizard.check import build_context, format_findings, has_errors
+    from wizard.check_rules.methods import method_options
     from wizard.errors import InputError
 
     def context(hw):
         return build_context(config_file=args.config_file, ds_config=args.ds_config,
                              training_args=args.training_args, model=args.model, hardware=hw,
-                             trainer=args.trainer, seq_len=args.seq_len)
+                             trainer=args.trainer, seq_len=args.seq_len,
+                             method=method_options(args.method, args.lora_rank, args.lora_targets))
 
     try:
         with _stdout_to_stderr():

@@ -206,6 +206,7 @@ def cmd_non_interactive(ns: argparse.Namespace) -> int:
     else:
         report.print_plan(result)
         report.print_written(result, dry_run=req.dry_run)
+        report.print_adapter_snippet(result)
     return 0
 
 

@@ -279,6 +279,15 @@ def validate(result: Result) -> None:
         result.findings += doctor_findings(result, loader_path=yaml_tmp)
 
 
+TRAINING_MACHINE_ONLY = ("METHOD-BNB-MISSING", "METHOD-BNB-OLD")
+
+
+def method_options(answers: dict[str, Any]) -> Any:
+    """wizard.lora.LoraOptions for --method lora/qlora (what `wizard check --method` checks), None for full."""
+    training = answers_mod.training_options(answers)
+    return None if training.method == "full" else lora_options_for(training)
+
+
 def doctor_findings(result: Result, loader_path: str | None = None) -> list:
     """`wizard check`'s rules on the files about to be written: the wizard writes nothing it would flag.
 
@@ -291,9 +300,12 @@ def doctor_findings(result: Result, loader_path: str | None = None) -> list:
     found = check_texts(result.yaml_text, result.ds_text, accelerate_path=loader_path or result.yaml_path,
                         ds_path=result.ds_path or "ds_config.json", model_shape=result.model,
                         hardware=result.hardware, trainer=result.answers.get("trainer", "hf"),
-                        seq_len=result.answers.get("seq_len", 2048))
+                        seq_len=result.answers.get("seq_len", 2048), method=method_options(result.answers))
     if loader_path:
         found = [dataclasses.replace(f, file=result.yaml_path) if f.file == loader_path else f for f in found]
+    # bitsandbytes is optional where the wizard runs (sizing never needs it): planning QLoRA for another machine
+    # must not be refused for it; `wizard check --method qlora` on the training machine keeps it an error.
+    found = [dataclasses.replace(f, severity="warning") if f.rule in TRAINING_MACHINE_ONLY else f for f in found]
     return [f for f in found if (f.rule, f.key) not in seen]
 
 

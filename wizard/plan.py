@@ -406,7 +406,8 @@ def _buffers(spec: RungSpec, x: _Inputs) -> int:
     if spec.backend == "single":
         return 0
     if spec.backend == "ddp":
-        return mem.ddp_buffers(x.params, x.precision)
+        # DDP buckets only parameters that require grad (torch's _build_params_for_reducer): the adapters' for LoRA.
+        return mem.ddp_buffers(x.params if x.adapters is None else x.adapters.trainable_params, x.precision)
     if spec.backend == "fsdp":
         return mem.fsdp_buffers(x.layer_params, x.root_params, x.precision, bool(spec.fsdp_reshard))
     if spec.zero_stage in (1, 2):

@@ -145,7 +145,7 @@ def run_plain(request: pipeline.Request, *, input=None, output=None, out: TextIO
 def _run(request: pipeline.Request, input, output, out: TextIO | None) -> int:
     import questionary
     from wizard import hardware, report
-    from wizard.tui.snippets import launch_commands, training_arguments_code
+    from wizard.tui.snippets import launch_commands, setup_snippet, uses_adapters
     from wizard.tui.state import WizardState
 
     state = WizardState(request)
@@ -201,8 +201,9 @@ def _run(request: pipeline.Request, input, output, out: TextIO | None) -> int:
     if not request.dry_run:
         accel, wiz = launch_commands(result.yaml_path)
         p.say(f"Or: {accel}")
-        p.say("The same setup as TrainingArguments (HF Trainer):")
+        p.say("The same setup in Python (HF Trainer with peft):" if uses_adapters(result.answers)
+              else "The same setup as TrainingArguments (HF Trainer):")
         ds = result.ds_path if result.ds_text is not None else None
-        for line in training_arguments_code(result.answers, result.plan, ds).splitlines():
+        for line in setup_snippet(result.answers, result.plan, result.model, ds).splitlines():
             p.say(f"  {line}")
     return 0

@@ -140,3 +140,15 @@ def print_written(result, dry_run: bool, file: TextIO | None = None) -> None:
           + ("OK" if not warnings else f"OK with {len(warnings)} warning(s)"), file=out)
     print_findings(warnings, file=out)
     print(f"Next: wizard launch --config-file {result.yaml_path} -- your_train.py [args]", file=out)
+
+
+def print_adapter_snippet(result, file: TextIO | None = None) -> None:
+    """For --method lora/qlora: the Python that sets up the same run (peft, bitsandbytes, TrainingArguments)."""
+    from wizard.tui.snippets import setup_snippet, uses_adapters
+    if not uses_adapters(result.answers):
+        return
+    out = file or sys.stdout
+    print("The same setup in Python (HF Trainer with peft):", file=out)
+    ds = result.ds_path if result.ds_text is not None else None
+    for line in setup_snippet(result.answers, result.plan, result.model, ds).splitlines():
+        print(f"    {line}" if line else "", file=out)

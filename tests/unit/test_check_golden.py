@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from wizard.check import build_context, run_rules
+from wizard.check_rules.methods import method_options
 from wizard.hardware import assume, load_file
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -73,7 +74,9 @@ class Golden(GoldenFiles):
         model = _opt(self.args, "--model")
         ctx = build_context(config_file=str(self.acc), hardware=hw, model=model,
                             trainer=_opt(self.args, "--trainer") or "hf",
-                            seq_len=int(_opt(self.args, "--seq-len") or 2048), use_default_config=False)
+                            seq_len=int(_opt(self.args, "--seq-len") or 2048), use_default_config=False,
+                            method=method_options(_opt(self.args, "--method") or "full",
+                                                  _opt(self.args, "--lora-rank") or 16, _opt(self.args, "--lora-targets")))
         if "--params" in self.args:
             from wizard.model import from_params
             ctx.model, ctx.model_id = from_params(_opt(self.args, "--params")), "--params " + _opt(self.args, "--params")

@@ -82,6 +82,7 @@ class CheckContext:
     trainer: str = "hf"                   # hf: HF Trainer; accelerate: own loop with accelerator.prepare
     seq_len: int = 2048
     versions: dict[str, str | None] = field(default_factory=dict)
+    method: Any = None                    # wizard.lora.LoraOptions from --method lora/qlora; None: full fine-tuning
     aio_available: bool | None = None     # DeepSpeed's async_io op builds here; None: ask DeepSpeed
     # the live machine, as an input: port -> "something listens there now"; None: probe this machine
     port_in_use: Callable[[int], bool] | None = None

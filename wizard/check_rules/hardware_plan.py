@@ -93,11 +93,25 @@ def plan_inputs(ctx: CheckContext):
                               8 if ctx.ta is not None else 1),
         grad_accum=_int_from(ctx, "gradient_accumulation_steps", "gradient_accumulation_steps", 1),
         precision=_precision(ctx), gradient_checkpointing=_gradient_checkpointing(ctx),
-        optimizer=_optimizer(ctx), trainer=ctx.trainer)
+        optimizer=_optimizer(ctx), trainer=ctx.trainer, **_method_fields(ctx.method))
     cpu = ctx.acc_get("use_cpu") is True
     topology = Topology(num_machines=ctx.num_machines,
                         processes_per_machine=max(1, ctx.num_processes // ctx.num_machines), cpu=cpu)
     return training, topology, StrategyOptions
+
+
+def _method_fields(options) -> dict[str, Any]:
+    """TrainingOptions' method fields for --method lora/qlora (wizard.lora.LoraOptions), {} for full fine-tuning."""
+    if options is None or options.method == "full":
+        return {}
+    return {"method": options.method, "lora_rank": options.rank, "lora_alpha": options.alpha,
+            "lora_targets": options.targets, "lora_dropout": options.dropout}
+
+
+def _adapters(model, training):
+    """The AdapterShape make_plan needs for LoRA / QLoRA (peft on the meta device, remembered), else None."""
+    from wizard.pipeline import adapters_for
+    return adapters_for(model, training)
 
 
 @rule("PLAN-EXCEEDS-GPU", FAMILY, "estimated per-GPU memory over the GPU, or under 5 % free (with --model)")
@@ -116,7 +130,8 @@ def plan_memory(ctx: CheckContext) -> Iterable:
     training, topology, StrategyOptions = plan_inputs(ctx)
     stage = {"zero1": "1", "zero2": "2"}.get(key.split("-")[0], "3") if backend == "deepspeed" else "auto"
     try:
-        configured_plan = make_plan(hw, model, training, StrategyOptions(backend=backend, zero_stage=stage), topology)
+        configured_plan = make_plan(hw, model, training, StrategyOptions(backend=backend, zero_stage=stage), topology,
+                                    adapters=_adapters(model, training))
     except InputError:
         return              # e.g. more processes than GPUs: ACC-NUM-PROCESSES-EXCEEDS-GPUS says so
     rung = rung_by_key(configured_plan, key)
@@ -163,7 +178,7 @@ def _cheapest_fit(ctx, hw, model, training, topology, StrategyOptions, backend: 
     ladders.append(StrategyOptions())
     for strategy in ladders:
         try:
-            plan = make_plan(hw, model, training, strategy, topology)
+            plan = make_plan(hw, model, training, strategy, topology, adapters=_adapters(model, training))
         except InputError:
             continue
         if plan.choice is not None and plan.choice.key != key:

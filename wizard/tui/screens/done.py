@@ -18,7 +18,11 @@ from textual.widgets import Button, Input, Label, Static
 
 from wizard.tui.screens.base import WizardScreen
 from wizard.tui.screens.review import syntax
-from wizard.tui.snippets import launch_commands, training_arguments_code, wizard_launch_argv
+from wizard.tui.snippets import launch_commands, setup_snippet, uses_adapters, wizard_launch_argv
+
+ARGS_TITLE = "[b]The same setup as TrainingArguments[/b] (HF Trainer, without accelerate's config)"
+ADAPTER_TITLE = ("[b]The same setup in Python[/b] (HF Trainer with peft's LoRA{}, without accelerate's config; "
+                 "needs {})")
 
 
 class DoneScreen(WizardScreen):
@@ -30,8 +34,7 @@ class DoneScreen(WizardScreen):
         yield Static("", id="done-files")
         yield Static("[b]Launch[/b]", classes="section")
         yield Static("", id="done-commands")
-        yield Static("[b]The same setup as TrainingArguments[/b] (HF Trainer, without accelerate's config)",
-                     classes="section")
+        yield Static(ARGS_TITLE, classes="section", id="done-args-title")
         yield Static("", id="done-args")
         yield Static("[b]Launch now[/b] (leaves the wizard and opens the live launch view)", classes="section")
         with Horizontal(classes="launch-row"):
@@ -86,7 +89,11 @@ class DoneScreen(WizardScreen):
         self.query_one("#done-commands", Static).update(
             syntax(f"{accel}\n{wiz}", "bash", self.app, word_wrap=True))
         ds_path = result.ds_path if result.ds_text is not None else None
-        code = training_arguments_code(result.answers, result.plan, ds_path)
+        code = setup_snippet(result.answers, result.plan, result.model, ds_path)
+        if uses_adapters(result.answers):
+            qlora = result.answers.get("method") == "qlora"
+            self.query_one("#done-args-title", Static).update(ADAPTER_TITLE.format(
+                " on a 4-bit base" if qlora else "", "peft and bitsandbytes" if qlora else "peft"))
         self.query_one("#done-args", Static).update(
             syntax(code, "python", self.app, word_wrap=True))
 

@@ -1,0 +1,148 @@
+"""`wizard check --method lora|qlora`: peft / bitsandbytes / transformers versions for what is planned, QLoRA's
+zero3_init_flag, and the memory rule sized with the adapters instead of full fine-tuning."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from pathlib import Path
+
+import pytest
+
+from wizard import pipeline
+from wizard.check import check_texts
+from wizard.check_rules import methods
+from wizard.lora import lora_options
+from wizard.pipeline import Request
+
+ROOT = Path(__file__).resolve().parents[2]
+LLAMA_TINY = str(ROOT / "tests" / "fixtures" / "models" / "llama-tiny")
+LLAMA_8B = str(ROOT / "tests" / "fixtures" / "models" / "llama-3.1-8b")
+INSTALLED = {"accelerate": "1.15.0", "deepspeed": "0.19.8", "transformers": "5.24.0", "torch": "2.13.0",
+             "peft": "0.21.2", "bitsandbytes": "0.50.2"}
+
+
+@pytest.fixture(autouse=True)
+def _env(monkeypatch, tmp_path_factory):
+    monkeypatch.setenv("HF_HOME", str(tmp_path_factory.getbasetemp() / "hf_home"))
+    monkeypatch.setenv("WIZARD_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "wizard_cache"))
+
+
+@pytest.fixture(scope="module")
+def zero3():
+    return pipeline.build(Request(assume="2xA100-80GB", output_dir="/tmp/unused", given={
+        "model": LLAMA_TINY, "method": "qlora", "backend": "deepspeed", "zero_stage": "3"}))
+
+
+@pytest.fixture(scope="module")
+def zero2():
+    return pipeline.build(Request(assume="2xA100-80GB", output_dir="/tmp/unused", given={
+        "model": LLAMA_TINY, "method": "qlora", "backend": "deepspeed", "zero_stage": "2"}))
+
+
+def method_findings(result, options, yaml_text=None, **versions):
+    found = check_texts(yaml_text or result.yaml_text, result.ds_text, versions={**INSTALLED, **versions},
+                        method=options)
+    return {f.rule: f for f in found if f.rule.startswith("METHOD-")}
+
+
+def test_installed_libraries_support_every_plan(zero3, zero2):
+    for result in (zero3, zero2):
+        for method in ("lora", "qlora"):
+            assert method_findings(result, lora_options(method, targets="all-linear")) == {}
+
+
+def test_full_fine_tuning_runs_no_method_rule(zero3):
+    assert method_findings(zero3, None, peft=None, bitsandbytes=None) == {}
+    assert methods.method_options("full") is None
+
+
+def test_peft_missing_and_all_linear_needs_peft_0_8(zero2):
+    assert "METHOD-PEFT-MISSING" in method_findings(zero2, lora_options("lora"), peft=None)
+    old = method_findings(zero2, lora_options("lora", targets="all-linear"), peft="0.7.1")
+    assert old["METHOD-PEFT-OLD"].severity == "error" and "0.8.0" in old["METHOD-PEFT-OLD"].fix
+    assert method_findings(zero2, lora_options("lora", targets="all-linear"), peft="0.8.0") == {}
+    # Named targets work with any peft: no version finding.
+    assert method_findings(zero2, lora_options("lora", targets="q_proj,v_proj"), peft="0.7.1") == {}
+
+
+def test_sharded_qlora_needs_peft_0_10_bnb_0_43_transformers_4_39(zero3, zero2):
+    qlora = lora_options("qlora")
+    found = method_findings(zero3, qlora, peft="0.9.0", bitsandbytes="0.42.0", transformers="4.38.2")
+    assert "0.10.0" in found["METHOD-PEFT-OLD"].fix
+    assert "bitsandbytes>=" in found["METHOD-BNB-OLD"].fix
+    assert "0.43.0" in found["METHOD-BNB-OLD"].message
+    assert "4.39.0" in found["METHOD-TRANSFORMERS-QUANT-STORAGE"].fix
+    # ZeRO-2 partitions no parameter: peft 0.9 and transformers 4.38 are fine there.
+    found2 = method_findings(zero2, qlora, peft="0.9.0", transformers="4.38.2")
+    assert "METHOD-PEFT-OLD" not in found2 and "METHOD-TRANSFORMERS-QUANT-STORAGE" not in found2
+
+
+def test_qlora_needs_the_bitsandbytes_the_installed_transformers_demands(zero2):
+    from transformers.utils.import_utils import BITSANDBYTES_MIN_VERSION
+
+    assert methods.transformers_bnb_minimum() == BITSANDBYTES_MIN_VERSION
+    assert "METHOD-BNB-MISSING" in method_findings(zero2, lora_options("qlora"), bitsandbytes=None)
+    just_below = method_findings(zero2, lora_options("qlora"), bitsandbytes="0.43.0")
+    assert f"bitsandbytes>={BITSANDBYTES_MIN_VERSION}" in just_below["METHOD-BNB-OLD"].fix
+    assert method_findings(zero2, lora_options("qlora"), bitsandbytes=BITSANDBYTES_MIN_VERSION) == {}
+    # LoRA never needs bitsandbytes.
+    assert method_findings(zero2, lora_options("lora"), bitsandbytes=None) == {}
+
+
+def test_qlora_zero3_needs_zero3_init_flag(zero3):
+    assert "zero3_init_flag: true" in zero3.yaml_text
+    off = zero3.yaml_text.replace("zero3_init_flag: true", "zero3_init_flag: false")
+    found = method_findings(zero3, lora_options("qlora"), yaml_text=off)
+    assert found["METHOD-QLORA-ZERO3-INIT"].key == "deepspeed_config.zero3_init_flag"
+    assert "METHOD-QLORA-ZERO3-INIT" not in method_findings(zero3, lora_options("lora"), yaml_text=off)
+
+
+def test_memory_rule_sizes_the_adapters_with_method():
+    """QLoRA on ZeRO-3 for 8B on 2 x A100-80GB fits (about 25 GiB per GPU); the same files read as full
+    fine-tuning need about 92 GiB per GPU: without --method the memory rule says so, with it it is quiet."""
+    from wizard import hardware
+    from wizard.model import size_model
+
+    result = pipeline.build(Request(assume="2xA100-80GB", output_dir="/tmp/unused", given={
+        "model": LLAMA_8B, "method": "qlora", "backend": "deepspeed", "zero_stage": "3"}))
+    assert result.plan.choice.key == "zero3"
+    common = dict(model_shape=size_model(LLAMA_8B), hardware=hardware.assume("2xA100-80GB"), versions=INSTALLED)
+    as_full = {f.rule for f in check_texts(result.yaml_text, result.ds_text, **common)}
+    assert "PLAN-EXCEEDS-GPU" in as_full
+    with_method = {f.rule for f in check_texts(result.yaml_text, result.ds_text, method=lora_options("qlora"),
+                                               **common)}
+    assert "PLAN-EXCEEDS-GPU" not in with_method and "PLAN-LOW-HEADROOM" not in with_method
+
+
+def test_cli_method_flags(tmp_path):
+    from wizard.check_cli import main
+
+    result = pipeline.build(Request(assume="2xA100-80GB", output_dir=str(tmp_path), given={
+        "model": LLAMA_TINY, "method": "qlora", "backend": "deepspeed", "zero_stage": "3"}))
+    pipeline.write(result, {})
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        assert main(["--config-file", result.yaml_path, "--method", "sometimes", "--assume", "2xA100-80GB"]) == 2
+    assert "method" in err.getvalue() and "full|lora|qlora" in err.getvalue()
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+        code = main(["--config-file", result.yaml_path, "--method", "qlora", "--lora-targets", "all-linear",
+                     "--assume", "2xA100-80GB", "--json"])
+    assert code == 0, out.getvalue()
+    assert "METHOD-" not in out.getvalue()
+
+
+def test_the_wizard_writes_qlora_files_without_bitsandbytes_here(monkeypatch, tmp_path):
+    """Sizing never needs bitsandbytes, so its absence where the wizard runs is a warning before writing
+    (the files may be for another machine), while `wizard check --method qlora` keeps it an error."""
+    real = methods.installed_version
+    monkeypatch.setattr(methods, "installed_version",
+                        lambda ctx, name: None if name == "bitsandbytes" else real(ctx, name))
+    result = pipeline.build(Request(assume="1xA100-80GB", output_dir=str(tmp_path),
+                                    given={"model": LLAMA_TINY, "method": "qlora"}))
+    pipeline.validate(result)
+    assert not result.errors, [f.message for f in result.errors]
+    assert [f.severity for f in result.findings if f.rule == "METHOD-BNB-MISSING"] == ["warning"]
+    direct = check_texts(result.yaml_text, result.ds_text, method=lora_options("qlora"))
+    assert [f.severity for f in direct if f.rule == "METHOD-BNB-MISSING"] == ["error"]

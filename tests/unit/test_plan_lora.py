@@ -1,0 +1,169 @@
+"""LoRA / QLoRA in the plan, through the pipeline (test_lora.py tests wizard.lora itself): trainable counts as
+peft counts them, the adapter ladder, the alternatives full fine-tuning names, speed against full fine-tuning,
+DDP's buckets, and QLoRA + ZeRO-3's zero3_init_flag."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.unit.test_lora import _peft_counts, _tiny_configs
+from wizard import pipeline
+from wizard.answers import training_options
+from wizard.errors import InputError
+from wizard.model import size_model
+from wizard.pipeline import Request
+from wizard.plan import StrategyOptions, ladder_keys, rung_by_key
+
+ARCHES = ["llama", "mistral", "qwen2", "gemma2", "mixtral", "gpt2"]
+
+
+@pytest.fixture(autouse=True)
+def _env(monkeypatch, tmp_path_factory):
+    monkeypatch.setenv("HF_HOME", str(tmp_path_factory.getbasetemp() / "hf_home"))
+    monkeypatch.setenv("WIZARD_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "wizard_cache"))
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory):
+    """The tiny configs of test_lora.py as config.json directories, read back as the wizard reads a model."""
+    out = {}
+    for arch, config in _tiny_configs().items():
+        directory = tmp_path_factory.mktemp(arch)
+        config.save_pretrained(directory)
+        out[arch] = str(directory)
+    return out
+
+
+# --- trainable counts: pipeline.adapters_for == peft's get_nb_trainable_parameters() --------------------------
+
+@pytest.mark.parametrize("arch", ARCHES)
+def test_trainable_counts_through_the_pipeline_equal_peft(model_dirs, arch):
+    shape = size_model(model_dirs[arch])
+    config = _tiny_configs()[arch]
+    for rank in (8, 32):
+        for targets in (None, "all-linear"):
+            # dropout 0: peft wraps MoE expert parameters under all-linear only without dropout (Mixtral).
+            training = training_options({"method": "lora", "lora_rank": rank, "lora_targets": targets,
+                                         "lora_dropout": 0.0})
+            adapters = pipeline.adapters_for(shape, training)
+            trainable, total = _peft_counts(config, rank, targets)
+            assert (adapters.trainable_params, adapters.frozen_params) == (trainable, total - trainable), \
+                (arch, rank, targets)
+
+
+def test_the_plan_carries_the_counted_adapters(model_dirs):
+    """The chosen rung's gradients are the adapters' (fp32 under torch AMP on one GPU), not the model's."""
+    result = pipeline.build(Request(assume="1xA100-80GB", output_dir="/tmp/unused",
+                                    given={"model": model_dirs["llama"], "method": "lora", "lora_rank": 8}))
+    adapters = pipeline.adapters_for(result.model, training_options(result.answers))
+    single = rung_by_key(result.plan, "single")
+    assert single.breakdown["gradients"] == 4 * adapters.trainable_params
+    assert any(f"{adapters.trainable_params:,} trainable parameters" in n for n in result.plan.notes)
+
+
+# --- the ladder --------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("method", ["lora", "qlora"])
+def test_adapter_ladder_keys(method):
+    auto = StrategyOptions()
+    assert ladder_keys(auto, 1, method=method) == ["single", "zero2", "zero3"]
+    assert ladder_keys(auto, 8, method=method) == ["ddp", "zero2", "zero3"]
+    assert ladder_keys(StrategyOptions(backend="ddp"), 8, method=method) == ["ddp"]
+    assert ladder_keys(StrategyOptions(backend="deepspeed"), 8, method=method) == ["zero2", "zero3"]
+    assert ladder_keys(StrategyOptions(backend="deepspeed", zero_stage="1"), 8, method=method) == ["zero1"]
+    assert ladder_keys(StrategyOptions(backend="deepspeed", zero_stage="3"), 8, method=method) == ["zero3"]
+    # Offload rungs exist for full fine-tuning only.
+    assert any("offload" in k for k in ladder_keys(auto, 8))
+
+
+@pytest.mark.parametrize("method", ["lora", "qlora"])
+@pytest.mark.parametrize("strategy,field", [(StrategyOptions(backend="fsdp"), "--backend"),
+                                            (StrategyOptions(offload="cpu"), "--offload"),
+                                            (StrategyOptions(backend="deepspeed", offload="nvme"), "--offload"),
+                                            (StrategyOptions(backend="ddp", zero_stage="2"), "--zero-stage")])
+def test_fsdp_and_offload_are_refused(method, strategy, field):
+    with pytest.raises(InputError) as e:
+        ladder_keys(strategy, 8, method=method)
+    assert e.value.field == field
+
+
+def test_refusal_reaches_the_cli_as_exit_2(model_dirs):
+    with pytest.raises(InputError) as e:
+        pipeline.build(Request(assume="8xA100-80GB", output_dir="/tmp/unused",
+                               given={"model": model_dirs["llama"], "method": "lora", "backend": "fsdp"}))
+    assert e.value.exit_code == 2
+
+
+# --- DDP's gradient buckets hold only what requires grad ---------------------------------------------------
+
+def test_ddp_buckets_hold_the_adapters_not_the_frozen_base():
+    """torch DDP buckets only parameters with requires_grad (_build_params_for_reducer): for LoRA that is the
+    adapters, so the buckets are 4 B x trainable, not 4 B x the model (which made 70B QLoRA on 2 x A100-80GB
+    look like 397 GiB per GPU under DDP)."""
+    given = {"params": "7B", "method": "lora", "backend": "ddp"}
+    result = pipeline.build(Request(assume="8xA100-80GB", output_dir="/tmp/unused", given=given))
+    adapters = pipeline.adapters_for(result.model, training_options(result.answers))
+    assert rung_by_key(result.plan, "ddp").breakdown["buffers"] == 4 * adapters.trainable_params
+    full = pipeline.build(Request(assume="8xA100-80GB", output_dir="/tmp/unused",
+                                  given={"params": "7B", "backend": "ddp"}))
+    assert rung_by_key(full.plan, "ddp").breakdown["buffers"] == 4 * full.model.params
+
+
+# --- alternatives ------------------------------------------------------------------------------------------
+
+def test_alternatives_named_when_full_fine_tuning_offloads():
+    result = pipeline.build(Request(assume="1xA100-80GB,ram=512G", output_dir="/tmp/unused", given={"params": "7B"}))
+    assert result.plan.choice.offloads
+    alts = {a.method: a for a in result.plan.alternatives}
+    assert set(alts) == {"lora", "qlora"}
+    for alt in alts.values():
+        assert alt.choice is not None and not alt.choice.offloads and alt.rank == 16
+        assert alt.choice.tokens_per_second > result.plan.choice.tokens_per_second
+        assert "faster than" in alt.text and result.plan.choice.name in alt.text
+    doc = result.plan.to_json()["alternatives"]
+    assert [a["method"] for a in doc] == ["lora", "qlora"] and all(a["choice"] for a in doc)
+
+
+def test_no_alternatives_when_full_fine_tuning_fits_on_the_gpus():
+    result = pipeline.build(Request(assume="8xA100-80GB", output_dir="/tmp/unused", given={"params": "7B"}))
+    assert not result.plan.choice.offloads
+    assert result.plan.alternatives == []
+    lora = pipeline.build(Request(assume="1xA100-80GB,ram=512G", output_dir="/tmp/unused",
+                                  given={"params": "7B", "method": "lora"}))
+    assert lora.plan.alternatives == []           # only full fine-tuning names them
+
+
+# --- speed -------------------------------------------------------------------------------------------------
+
+def _rung(given, key, assume="8xA100-80GB"):
+    result = pipeline.build(Request(assume=assume, output_dir="/tmp/unused", given=given))
+    return rung_by_key(result.plan, key)
+
+
+def test_lora_is_faster_than_full_fine_tuning_on_the_same_rung_and_qlora_pays_dequantisation():
+    same = {"params": "7B", "backend": "deepspeed", "zero_stage": "3", "gradient_checkpointing": "off"}
+    full = _rung(same, "zero3")
+    lora = _rung({**same, "method": "lora"}, "zero3")
+    qlora = _rung({**same, "method": "qlora"}, "zero3")
+    assert not full.gradient_checkpointing and not lora.gradient_checkpointing
+    # No weight gradients for the frozen base: backward is about half of full fine-tuning's FLOPs, so a step
+    # costs about 2/3 of full fine-tuning's in compute, before communication and overheads.
+    ratio = lora.speed.step_seconds / full.speed.step_seconds
+    assert 0.4 < ratio < 0.9, ratio
+    assert qlora.speed.step_seconds > lora.speed.step_seconds
+
+
+# --- QLoRA + ZeRO-3 needs zero3_init_flag ------------------------------------------------------------------
+
+def test_qlora_zero3_refuses_zero3_init_flag_off(model_dirs):
+    given = {"model": model_dirs["llama"], "method": "qlora", "backend": "deepspeed", "zero_stage": "3"}
+    ok = pipeline.build(Request(assume="2xA100-80GB", output_dir="/tmp/unused", given=given))
+    assert ok.accelerate_doc["deepspeed_config"]["zero3_init_flag"] is True
+    with pytest.raises(InputError) as e:
+        pipeline.build(Request(assume="2xA100-80GB", output_dir="/tmp/unused",
+                               given={**given, "zero3_init_flag": False}))
+    assert e.value.field == "zero3_init_flag"
+    # LoRA (16-bit base) may turn it off.
+    lora = pipeline.build(Request(assume="2xA100-80GB", output_dir="/tmp/unused",
+                                  given={**given, "method": "lora", "zero3_init_flag": False}))
+    assert lora.accelerate_doc["deepspeed_config"]["zero3_init_flag"] is False
