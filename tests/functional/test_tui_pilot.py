@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -155,11 +156,53 @@ async def test_enter_through_on_this_machines_real_probe(tmp_path):
     assert doc.get("use_cpu") is True or doc["distributed_type"] == "DEEPSPEED"
 
 
-async def test_enter_pressed_before_the_probe_finishes_still_goes_on(tmp_path):
+async def test_enter_typed_before_the_probe_is_shown_does_not_skip_the_hardware_screen(tmp_path, monkeypatch):
+    from wizard.tui.state import WizardState
+    probe_may_finish = threading.Event()
+    real_load = WizardState.load_hardware
+
+    def load_when_allowed(self):            # the real probe, held until the test has typed
+        probe_may_finish.wait(30)
+        return real_load(self)
+
+    monkeypatch.setattr(WizardState, "load_hardware", load_when_allowed)
     app = app_for(tmp_path)
     async with app.run_test(size=(80, 24)) as pilot:
-        await pilot.press("enter")          # at once: the probe thread may still be running
+        await pilot.press("enter", "enter")  # typed while the probe runs
+        probe_may_finish.set()
+        await settle(pilot)
+        assert screen_name(app) == "HardwareScreen"
+        assert app.state.probed is not None
+        await pilot.press("enter")          # typed after the probe's result was shown
         await wait_until(pilot, lambda: screen_name(app) == "ModelScreen")
+
+
+async def test_enters_typed_ahead_on_the_plan_screen_stop_at_the_next_screen(tmp_path):
+    """Four Enters typed at once on the Plan screen: the first goes on, the others were typed before the
+    Details screen was shown and are dropped; nothing is written."""
+    from textual import events
+    app = app_for(tmp_path, a100s(), model=LLAMA_8B)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await reach(pilot, "PlanScreen")
+        typed = [events.Key("enter", "\r") for _ in range(4)]    # their time: now, all four
+        for key in typed:
+            app.post_message(key)
+            await pilot.pause(0.3)
+        await settle(pilot)
+        assert screen_name(app) == "DetailsScreen"
+        assert "ignored" in text_of(app.screen.query_one("#status")) or app.screen.shown_at is not None
+        assert not (tmp_path / "out").exists()
+        typed = [events.Key("enter", "\r") for _ in range(4)]    # after Details was shown
+        for key in typed:
+            app.post_message(key)
+        await wait_until(pilot, lambda: screen_name(app) == "ReviewScreen")
+        await settle(pilot)
+        await pilot.pause(1.0)
+        assert screen_name(app) == "ReviewScreen"       # the other three were typed before Review was shown
+        assert not (tmp_path / "out" / "default_config.yaml").exists()
+        await pilot.press("enter")          # seen, validated: Write
+        await wait_until(pilot, lambda: screen_name(app) == "DoneScreen")
+        assert (tmp_path / "out" / "default_config.yaml").exists()
 
 
 # ---------------------------------------------------------------- going back keeps answers

@@ -7,6 +7,7 @@ up/down move between fields, ctrl+q quits (asking first when something changed).
 
 from __future__ import annotations
 
+import time
 from functools import partial
 from typing import TYPE_CHECKING, Any, Iterable
 
@@ -47,6 +48,8 @@ class WizardScreen(Screen):
         super().__init__()
         self.focused_qid: str | None = None
         self.advance_when_ready = False     # Next was pressed while a thread was still working
+        self.shown_at: float | None = None  # when this screen's result was last painted (None: not yet)
+        self.leaving = False                # Next was accepted: the next screen is being built
 
     # ------------------------------------------------------------------ layout
 
@@ -101,7 +104,10 @@ class WizardScreen(Screen):
         self.sync()
 
     def on_screen_resume(self) -> None:
+        self.leaving = False
+        self.shown_at = None            # back (or out of a modal): Enter counts once it is painted again
         self.resumed()
+        self.mark_shown_after_paint()
 
     def resumed(self) -> None:
         self.sync()
@@ -125,6 +131,40 @@ class WizardScreen(Screen):
                 f.show(self.field_value(f))
         self.sync_status()
         self.update_help()
+        self.mark_shown_after_paint()
+
+    # ------------------------------------------------------------------ type-ahead
+
+    # Enter typed while a screen is being built or is still working is not an answer to what the
+    # screen shows: the app drops it (WizardApp.on_event), so type-ahead never falls through a
+    # screen whose result was not on the terminal, and files are written only from a Review
+    # screen that was seen.
+
+    def result_pending(self) -> str | None:
+        """What this screen's own result still waits for (the probe, the sizing), or None."""
+        return None
+
+    def mark_shown_after_paint(self) -> None:
+        if self.result_pending():
+            self.shown_at = None
+        elif self.shown_at is None:
+            self.call_after_refresh(self._mark_shown)
+
+    def _mark_shown(self) -> None:
+        if self.shown_at is None and not self.result_pending() and self.is_current:
+            self.shown_at = time.monotonic()
+
+    def accepts_enter_typed_at(self, when: float) -> bool:
+        """Enter typed at `when` (monotonic) answers this screen: it came after the screen was painted."""
+        return not self.leaving and self.shown_at is not None and when >= self.shown_at
+
+    def typed_ahead(self) -> None:
+        """An Enter typed before the screen was shown was dropped: say so, and what it waits for."""
+        if self.leaving:
+            return
+        waiting = self.result_pending()
+        self.set_status(f"[dim]{waiting} ... (Enter again once it is shown)[/dim]" if waiting else
+                        "[dim]Enter typed before this screen was shown: ignored[/dim]")
 
     def field_visible(self, f: QuestionField) -> bool:
         state = self.state
@@ -277,6 +317,8 @@ class WizardScreen(Screen):
         return None
 
     def action_next(self) -> None:
+        if self.leaving:
+            return
         problem = self.blocking_problem()
         if problem:
             self.set_status(f"[red]✗ {problem}[/red]")
@@ -291,6 +333,14 @@ class WizardScreen(Screen):
         self.go_next()
 
     def go_next(self) -> None:
+        # Building the next screen can take a moment on a busy machine: say so first (painted before
+        # the push), and let no Enter typed meanwhile act on this screen again.
+        self.leaving = True
+        self.spinner().start("Opening the next screen ...")
+        self.call_after_refresh(self._advance)
+
+    def _advance(self) -> None:
+        self.spinner().stop()
         self.wizard.advance(self)
 
     def ready_again(self) -> None:

@@ -68,5 +68,8 @@ class DetailsScreen(WizardScreen):
     def blocking_problem(self) -> str | None:
         return self.plan_needed_problem("there is no plan: go back to the Plan screen")
 
+    def result_pending(self) -> str | None:
+        return self.sizing_busy()
+
     def busy(self) -> str | None:
         return self.sizing_busy()

@@ -54,6 +54,7 @@ class DoneScreen(WizardScreen):
     def sync(self) -> None:
         self.sync_status()
         self.update_help()
+        self.mark_shown_after_paint()
 
     def show_done(self) -> None:
         state = self.state

@@ -188,6 +188,9 @@ class HardwareScreen(WizardScreen):
             state.set_answer(qid, value)
         self.wizard.replan()
 
+    def result_pending(self) -> str | None:
+        return "Probing the hardware" if self.state.probed is None else None
+
     def busy(self) -> str | None:
         return "Probing the hardware" if self.state.probed is None else None
 

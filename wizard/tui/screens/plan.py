@@ -140,6 +140,9 @@ class PlanScreen(WizardScreen):
         self.state.pick_rung(key)
         self.wizard.refresh_state()
 
+    def result_pending(self) -> str | None:
+        return self.sizing_busy()
+
     def busy(self) -> str | None:
         return self.sizing_busy()
 

@@ -94,6 +94,7 @@ class ReviewScreen(WizardScreen):
             self.render_files()
         self.sync_status()
         self.update_help()
+        self.mark_shown_after_paint()
 
     def screen_help(self) -> str:
         return (f"Files for {escape(self.state.output_dir)}. Enter writes them (atomically; an existing file is "
