@@ -402,6 +402,48 @@ async def test_model_field_completes_hub_ids_from_the_local_cache(tmp_path, monk
         assert "acme/Llama-3.1-8B" in text_of(app.screen.query_one("#model-summary"))
 
 
+async def test_another_machines_ram_cpus_and_disk_are_fields_that_replan(tmp_path):
+    """Issue 13: RAM decides the offload rungs, so "another machine" asks it (and CPU cores, free disk),
+    pre-filled with the catalogue's default; no markup leaks into the description."""
+    from wizard.units import GiB
+    app = app_for(tmp_path, hardware.load_file(str(ROOT / "snapshots" / "hardware" / "no-gpu.json")),
+                  params="7B")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        app.screen.query_one("#q-target_machine", Select).focus()
+        await pilot.press("enter", "down", "enter")        # another machine from the catalogue
+        await settle(pilot)
+        await type_into(pilot, "target_count", "4")
+        app.screen.query_one("#q-target_gpu", Select).value = "RTX4090-24GB"
+        await settle(pilot)
+        default_ram = hardware.assume("4xRTX4090-24GB").ram_total
+        assert field(app, "target_ram").control.value == f"{default_ram // GiB}GiB"   # the catalogue's default
+        assert field(app, "target_cpus").control.value == str(hardware.assume("4xRTX4090-24GB").cpu_cores)
+        assert field(app, "target_disk").control.value == ""                         # not checked
+        before = app.state.plan.choice
+        await type_into(pilot, "target_ram", "32G")
+        assert app.state.hardware.ram_total == 32 * GiB and app.state.other_spec() == "4xRTX4090-24GB,ram=32GiB"
+        after = app.state.plan.choice
+        assert before is not None and after is None     # 32 GiB cannot hold the offloaded optimizer states
+        await type_into(pilot, "target_cpus", "24")
+        await type_into(pilot, "target_disk", "2T")
+        assert app.state.hardware.cpu_cores == 24 and app.state.hardware.disk_free_nvme == 2 * 1024 ** 4
+        described = text_of(app.screen.query_one("#hw-describe"))
+        assert described.startswith("Target machine (4xRTX4090-24GB,ram=32GiB,cpus=24,disk=2048GiB):")
+        assert "[b]" not in described
+
+
+async def test_an_assumed_machine_is_not_called_this_machine(tmp_path):
+    app = app_for(tmp_path, a100s())
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        select = app.screen.query_one("#q-target_machine", Select)
+        labels = [str(prompt) for prompt, _ in select._options]
+        assert any(label.startswith("the assumed machine (8 x") for label in labels), labels
+        assert not any("this machine" in label for label in labels)
+        assert text_of(app.screen.query_one("#status")).strip() == "Planning for the assumed machine."
+
+
 async def test_zero_gpus_for_the_target_machine_is_refused(tmp_path):
     app = app_for(tmp_path, hardware.load_file(str(ROOT / "snapshots" / "hardware" / "no-gpu.json")))
     async with app.run_test(size=(80, 24)) as pilot:
