@@ -590,6 +590,90 @@ async def test_launch_now_exits_with_the_wizard_launch_command(tmp_path):
     assert argv[1:] == ["-m", "wizard", "launch", "--config-file", yaml_path, "--", str(script),
                         "--epochs", "1", "--name", "a b"]
     assert os.path.exists(yaml_path)
+    summary = "\n".join(app.return_value.summary)
+    assert "Wrote" in summary and "Next:" not in summary     # `wizard launch` reports the run itself
+
+
+async def test_done_screen_placeholders_read_as_hints_not_values(tmp_path):
+    app = app_for(tmp_path, a100s(), model=QWEN_7B)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await reach(pilot, "DoneScreen")
+        script = app.screen.query_one("#launch-script", Input).placeholder
+        args = app.screen.query_one("#launch-args", Input).placeholder
+        assert script.startswith("(") and "examples/train.py" in script and "--epochs" not in args
+        assert os.path.isfile(ROOT / "examples" / "train.py")
+
+
+async def test_back_from_done_shows_the_written_files_as_unchanged_and_keys_move_on(tmp_path):
+    """After Back from Done the Changes tab describes the files now on disk; ←/→ switch the Review
+    tabs from the Write button; Back into Details and Enter goes on (no select opens)."""
+    from textual.widgets import TabbedContent
+    app = app_for(tmp_path, a100s(), model=QWEN_7B)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await reach(pilot, "ReviewScreen")
+        tabs = app.screen.query_one(TabbedContent)
+        assert tabs.active == "tab-yaml"
+        await pilot.press("right")
+        assert tabs.active == "tab-ds"
+        await pilot.press("right", "right")
+        assert tabs.active == "tab-validation"
+        await pilot.press("right")
+        assert tabs.active == "tab-yaml"
+        await pilot.press("left")
+        assert tabs.active == "tab-validation"
+        app.screen.next_button().focus()
+        await wait_until(pilot, lambda: app.screen.findings is not None)
+        assert "new file" in text_of(app.screen.query_one("#diff-text"))
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: screen_name(app) == "DoneScreen")
+        await pilot.press("escape")
+        await wait_until(pilot, lambda: screen_name(app) == "ReviewScreen")
+        await settle(pilot)
+        diff = text_of(app.screen.query_one("#diff-text"))
+        assert "new file" not in diff and "unchanged" in diff
+        await pilot.press("escape")
+        await wait_until(pilot, lambda: screen_name(app) == "DetailsScreen")
+        await settle(pilot)
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: screen_name(app) == "ReviewScreen")
+
+
+async def test_a_second_ctrl_c_quits_from_the_quit_dialog(tmp_path):
+    app = app_for(tmp_path, a100s())
+    async with app.run_test(size=(80, 24)) as pilot:
+        await reach(pilot, "ModelScreen")
+        await type_into(pilot, "seq_len", "4096")
+        await pilot.press("ctrl+c")
+        await settle(pilot)
+        assert screen_name(app) == "QuitModal"
+        await pilot.press("ctrl+c")
+        await wait_until(pilot, lambda: app.return_value is not None)
+    assert app.return_value.code == EXIT_INTERRUPTED
+
+
+async def test_below_80x24_the_screen_says_it_is_too_small(tmp_path):
+    app = app_for(tmp_path, a100s())
+    async with app.run_test(size=(60, 20)) as pilot:
+        await settle(pilot)
+        message = app.screen.query_one("#too-small")
+        assert message.display and "at least 80×24" in text_of(message) and "60×20" in text_of(message)
+        await pilot.resize_terminal(80, 24)
+        await settle(pilot)
+        assert not app.screen.query_one("#too-small").display
+
+
+async def test_nothing_fits_status_stays_on_one_80_column_line(tmp_path):
+    app = app_for(tmp_path, hardware.assume("1xRTX4090-24GB"), params="70B")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await reach(pilot, "ModelScreen")
+        status = text_of(app.screen.query_one("#status")).strip()
+        assert status.startswith("✗ Nothing fits") and len(status) <= 60, status
+        assert "closest" in text_of(app.screen.query_one("#plan-line")).lower() or len(
+            text_of(app.screen.query_one("#plan-line"))) > len(status)
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: screen_name(app) == "PlanScreen")
+        await settle(pilot)
+        assert len(text_of(app.screen.query_one("#status")).strip()) <= 60
 
 
 async def test_dry_run_writes_nothing(tmp_path):

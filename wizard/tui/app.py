@@ -225,6 +225,8 @@ class WizardApp(App[Outcome]):
     def action_request_quit(self) -> None:
         from wizard.tui.screens.modals import QuitModal
         if self._quitting:
+            # ctrl+c / ctrl+q again while "Quit the wizard?" is open: that is the answer.
+            self.exit(Outcome(EXIT_INTERRUPTED, summary=["Cancelled; nothing written."]))
             return
         if self.state.written:
             self.exit(Outcome(0, summary=self.summary_lines()))
@@ -242,8 +244,9 @@ class WizardApp(App[Outcome]):
         self.push_screen(QuitModal("You changed some answers. Nothing has been written yet; quitting "
                                    "leaves every existing file as it is."), decided)
 
-    def summary_lines(self) -> list[str]:
-        """What stays in the terminal after the screen is gone: what was written, how to launch."""
+    def summary_lines(self, launching: bool = False) -> list[str]:
+        """What stays in the terminal after the screen is gone: what was written, how to launch (unless
+        `launching`: then `wizard launch` takes over the terminal and says how the run went)."""
         from wizard.tui.snippets import launch_commands
         result = self.written_result
         if result is None:
@@ -257,6 +260,8 @@ class WizardApp(App[Outcome]):
                 lines.append(f"{'Unchanged' if not w.changed else 'Wrote'} {w.path}{backup}")
         if result.plan.topology.cpu:
             lines.append(f"A CPU-only configuration: {result.plan.topology.world_size} CPU process(es), gloo, fp32.")
+        if launching:
+            return lines
         accel, wiz = launch_commands(result.yaml_path, "your_train.py")
         lines += [f"Next: {wiz}", f"  or: {accel}"]
         return lines

@@ -11,6 +11,7 @@ import time
 from functools import partial
 from typing import TYPE_CHECKING, Any, Iterable
 
+from rich.markup import escape
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
@@ -29,6 +30,20 @@ if TYPE_CHECKING:
     from wizard.tui.state import WizardState
 
 STEPS = ("Hardware", "Model and training", "Plan", "Details", "Review", "Done")
+MIN_WIDTH, MIN_HEIGHT = 80, 24      # every screen is laid out for at least this (wizard.tcss)
+
+
+def first_sentence(text: str, limit: int = 56) -> str:
+    """The status line is one line of an 80-column screen: the error's first sentence, cut at `limit`
+    (the whole error is on the screen above or under F1)."""
+    end = text.find(". ")
+    head = text if end < 0 else text[:end + 1]
+    return head if len(head) <= limit else head[:limit - 1].rstrip() + "…"
+
+
+def too_small_text(width: int, height: int) -> str:
+    return (f"The terminal is {width}×{height}; the wizard needs at least {MIN_WIDTH}×{MIN_HEIGHT}. "
+            "Enlarge the window, or use `wizard --plain`.")
 
 
 class WizardScreen(Screen):
@@ -67,6 +82,7 @@ class WizardScreen(Screen):
         return f" {self.STEP + 1}/6 {steps}"
 
     def compose(self) -> ComposeResult:
+        yield Static("", id="too-small")
         yield Static(self.title_text(), id="title")
         with (VerticalScroll if self.BODY_SCROLLS else Vertical)(id="body"):
             yield from self.compose_body()
@@ -98,7 +114,17 @@ class WizardScreen(Screen):
     # methods (mounted, resumed, ...) instead of the handlers.
 
     def on_mount(self) -> None:
+        self.show_size(self.app.size.width, self.app.size.height)
         self.mounted()
+
+    def on_resize(self, event) -> None:
+        self.show_size(event.size.width, event.size.height)
+
+    def show_size(self, width: int, height: int) -> None:
+        """Below 80x24 the layout breaks (selects stack, lines are cut): say so at the top."""
+        small = width < MIN_WIDTH or height < MIN_HEIGHT
+        self.set_class(small, "-too-small")
+        self.query_one("#too-small", Static).update(too_small_text(width, height) if small else "")
 
     def mounted(self) -> None:
         self.sync()
@@ -181,7 +207,7 @@ class WizardScreen(Screen):
     def status_text(self) -> str:
         state = self.state
         if state.error and not self.error_is_inline():
-            return f"[red]✗ {state.error}[/red]"
+            return f"[red]✗ {escape(first_sentence(state.error))}[/red]"
         return ""
 
     def error_is_inline(self) -> bool:

@@ -18,7 +18,9 @@ from wizard import catalogue
 from wizard import hardware as hardware_mod
 from wizard.errors import InputError
 from wizard.questions import Question, by_id
-from wizard.tui.screens.base import WizardScreen
+from rich.markup import escape
+
+from wizard.tui.screens.base import WizardScreen, first_sentence
 from wizard.tui.state import TARGET_CPU, TARGET_HERE, TARGET_OTHER
 from wizard.tui.widgets.question_field import QuestionField
 
@@ -222,7 +224,7 @@ class HardwareScreen(WizardScreen):
         if state.probed is None:
             return ""
         if state.error and state.error_field not in ("num_processes",):
-            return f"[red]✗ {state.error}[/red]"
+            return f"[red]✗ {escape(first_sentence(state.error))}[/red]"
         if state.plan is not None and state.plan.choice is not None:
             what = {TARGET_HERE: machine_name(state.probed), TARGET_CPU: "CPU processes here",
                     TARGET_OTHER: state.other_spec()}[state.target]

@@ -120,7 +120,7 @@ class PlanScreen(WizardScreen):
             return f"[dim]Sizing {state.sizing.model} ...[/dim]"
         plan = state.plan
         if plan is None or plan.choice is None:
-            return "[red]Nothing to write yet: change the inputs (Escape) or the strategy below[/red]"
+            return "[red]✗ Nothing fits · Escape: the inputs · Tab: the strategy[/red]"
         c = plan.choice
         text = f"[b]{c.name}[/b]" + (" + gradient checkpointing" if c.gradient_checkpointing else "")
         if c.speed is not None:
