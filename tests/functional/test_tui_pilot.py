@@ -683,3 +683,19 @@ async def test_dry_run_writes_nothing(tmp_path):
         await enter_through(pilot)
     assert app.return_value.code == 0
     assert not (tmp_path / "out").exists()
+
+
+async def test_f1_on_the_micro_batch_names_the_plans_largest_and_fastest_split(tmp_path):
+    """Issue 13: "Recommended: 1" with 29 GiB to spare; with a plan, F1 says how far the chosen rung goes."""
+    from wizard.tui.screens.modals import ExplainModal
+    app = app_for(tmp_path, a100s(), model=LLAMA_8B)
+    async with app.run_test(size=(100, 40)) as pilot:
+        await reach(pilot, "ModelScreen")
+        await wait_until(pilot, lambda: app.state.plan is not None and app.state.plan.choice is not None)
+        choice, split = app.state.plan.choice, app.state.plan.batch
+        field(app, "micro_batch").control.focus()
+        await pilot.press("f1")
+        await wait_until(pilot, lambda: isinstance(app.screen, ExplainModal))
+        body = " ".join(text_of(app.screen.query_one("#explain-body")).split())
+        assert f"on {choice.name} up to {choice.max_micro_batch} fits" in body
+        assert f"micro-batch {split.micro_batch} x accumulation {split.grad_accum}" in body

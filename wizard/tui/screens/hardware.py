@@ -96,7 +96,7 @@ DISK_QUESTION = Question(
     id="target_disk", prompt="Free disk for NVMe offload", kind="str", stage="machines", group="hardware",
     help=("Free space at the NVMe offload path of the target machine; the NVMe rung fits only where its need "
           "is below it. Empty: not checked. Like disk= of --assume."),
-    check=_check_disk, allowed="a size such as 2T or 800GiB, or empty (not checked)", metavar="SIZE",
+    check=_check_disk, allowed="a size such as 2T or 800GiB, or empty (not checked)", metavar="empty: not checked",
     explain_default="Unknown for a catalogue machine: empty, so the NVMe rung's disk need is not checked.")
 
 
@@ -138,7 +138,8 @@ class HardwareScreen(WizardScreen):
     def _build_target(self) -> None:
         state = self.state
         hw = state.probed
-        here = f"{hw.num_gpus} x {' / '.join(sorted({g.name for g in hw.gpus}))}" if hw.gpus else "no GPU"
+        names = sorted({g.name.replace("NVIDIA ", "") for g in hw.gpus})
+        here = f"{hw.num_gpus} x {' / '.join(names)}" if hw.gpus else "no GPU"
         self.target_q = target_question(bool(hw.gpus), here, machine_name(hw))
         box = self.query_one("#hw-target", Vertical)
         ctx = state.context
@@ -210,6 +211,8 @@ class HardwareScreen(WizardScreen):
         shown = planned if (state.target == TARGET_OTHER and planned is not None) else probed
         lines = [_escape(line) for line in compress_gpu_lines(hardware_mod.describe(shown))]
         if shown is not probed:
+            # --assume's "say ram=SIZE to change it": here the fields above change it.
+            lines = [re.sub(r"; say \w+=\S+ to change it", " (the field above changes it)", line) for line in lines]
             lines.insert(0, f"[b]Target machine[/b] ({_escape(state.other_spec())}):")
         self.query_one("#hw-describe", Static).update("\n".join(lines))
         warnings = hardware_mod.warnings(shown)
