@@ -131,7 +131,7 @@ class WizardScreen(Screen):
 
     def on_screen_resume(self) -> None:
         self.leaving = False
-        self.shown_at = None            # back (or out of a modal): Enter counts once it is painted again
+        self.shown_at = None            # back (or out of a modal): Enter counts once it is shown again
         self.resumed()
         self.mark_shown_after_paint()
 
@@ -171,13 +171,12 @@ class WizardScreen(Screen):
         return None
 
     def mark_shown_after_paint(self) -> None:
+        """The screen's widgets now hold its result and are painted at the end of this cycle. The mark is
+        taken now, not after the paint: a key read while the paint is still queued was typed by someone
+        looking at the previous frame of this screen, not at an earlier screen."""
         if self.result_pending():
             self.shown_at = None
-        elif self.shown_at is None:
-            self.call_after_refresh(self._mark_shown)
-
-    def _mark_shown(self) -> None:
-        if self.shown_at is None and not self.result_pending() and self.is_current:
+        elif self.shown_at is None and self.is_current:
             self.shown_at = time.monotonic()
 
     def accepts_enter_typed_at(self, when: float) -> bool:
