@@ -28,9 +28,11 @@ def add_launch_arguments(p: argparse.ArgumentParser) -> None:
                    help="accelerate config (default: accelerate's default_config.yaml, where the wizard writes it)")
     p.add_argument("--run-dir", default=None, help="the run directory (default: ./wizard-runs/<id>)")
     p.add_argument("--runs-root", default=None, help="where new run directories go (default: ./wizard-runs)")
-    p.add_argument("--max-restarts", type=int, default=0, help="restart the whole group up to N times")
+    p.add_argument("--max-restarts", type=int, default=0, metavar="N",
+                   help="restart the whole group up to N times (default: 0, no restart)")
     p.add_argument("--stall-timeout", type=float, default=None, metavar="S",
-                   help="no output from any rank (and idle GPUs, where NVML exists) for S seconds is a stall")
+                   help="no output from any rank (and idle GPUs, where NVML exists) for S seconds is a stall "
+                        "(default: off, no stall detection)")
     p.add_argument("--grace", type=float, default=30.0, metavar="S",
                    help="seconds between SIGTERM and SIGKILL when stopping (default 30)")
     p.add_argument("--detach", action="store_true",

@@ -8,7 +8,6 @@ are absent. Every bad value raises InputError naming the flag (or, for a file en
 from __future__ import annotations
 
 import difflib
-import json
 import os
 from dataclasses import fields, replace
 from typing import Any, Iterable

@@ -19,11 +19,58 @@ from wizard.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_NOTHING_FITS, I
 SUBCOMMANDS = ("probe", "plan", "check", "launch", "attach", "stop")
 
 
+class _DefaultsFormatter(argparse.HelpFormatter):
+    """Every option's help ends with its default, unless the text already says it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        unset = default is None or default is False or default == [] or default == argparse.SUPPRESS
+        if "default" in text or unset or not action.option_strings or action.nargs == 0:
+            return text
+        return f"{text} (default: %(default)s)"
+
+
 class _Parser(argparse.ArgumentParser):
-    """argparse, but usage errors are one line and exit 2 like every other bad input."""
+    """argparse, but usage errors are one line and exit 2 like every other bad input, every
+    default is in the help, and every flag takes accelerate's underscore spelling as well
+    (`--num_processes 4` = `--num-processes 4`, as `accelerate launch` accepts both)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("formatter_class", _DefaultsFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):  # noqa: D401 - argparse API
         self.exit(EXIT_BAD_INPUT, f"wizard: error: {message} (see `{self.prog} --help`)\n")
+
+    def parse_known_args(self, args=None, namespace=None):  # noqa: D401 - argparse API
+        args = list(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(dashed_spelling(args, self._option_string_actions), namespace)
+
+
+def dashed_spelling(args: list[str], options: dict[str, argparse.Action]) -> list[str]:
+    """`--zero_stage 3` -> `--zero-stage 3` for the options this parser knows, up to `--` or the first
+    positional (after it come a training script's own arguments, which are not ours to rename)."""
+    out: list[str] = []
+    value_next = False
+    for i, arg in enumerate(args):
+        if arg == "--":
+            return out + args[i:]
+        if arg.startswith("--"):
+            name, eq, value = arg.partition("=")
+            dashed = name.replace("_", "-")
+            if name not in options and dashed in options:
+                name = dashed
+            out.append(name + eq + value)
+            action = options.get(name)
+            value_next = action is not None and not eq and action.nargs != 0
+            continue
+        if value_next or arg.startswith("-"):
+            out.append(arg)
+            value_next = False
+            continue
+        return out + args[i:]         # a positional: the rest is not ours
+    return out
 
 
 def _add_question_flags(parser: argparse.ArgumentParser) -> None:
@@ -33,7 +80,22 @@ def _add_question_flags(parser: argparse.ArgumentParser) -> None:
         title = kwargs.pop("group", None) or "options"
         group = groups.get(title) or parser.add_argument_group(title)
         groups[title] = group
+        kwargs["help"] = f"{kwargs['help']} (default: {help_default(kwargs['dest'])})"
         group.add_argument(flag, default=argparse.SUPPRESS, **kwargs)
+
+
+def help_default(qid: str) -> str:
+    """The default a question's flag has, as --help shows it: the value where it is fixed, else what
+    it is computed from (the plan's and the hardware's defaults are shown by `wizard plan`)."""
+    from wizard.questions import Context, by_id
+    from wizard.tui.state import format_value
+    q = by_id(qid)
+    if not q.fixed_default:
+        return "from the hardware and the plan"
+    value = q.default(Context(hardware=None))
+    if value is None:
+        return "unset"
+    return format_value(q, value).replace("%", "%%")
 
 
 def _add_common_flags(parser: argparse.ArgumentParser, *, json_help: str) -> None:
@@ -54,17 +116,42 @@ def _add_hardware_flags(g) -> None:
                    help="plan for another machine, e.g. 8xH100-80GB, 4xA100-40GB,ram=512G, 2xRTX4090")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="wizard", description=(
-        "Plan, configure, launch and watch multi-GPU Hugging Face training. Without a subcommand: the "
-        "interactive wizard (a full-screen TUI; --plain for inline prompts; --non-interactive for scripts)."),
-        epilog="subcommands: probe, plan, check, launch, attach, stop (wizard SUBCOMMAND --help)")
+UNDERSCORES = "Every flag also takes accelerate's underscore spelling (--num_processes = --num-processes)."
+
+NON_INTERACTIVE_DESCRIPTION = (
+    "wizard --non-interactive: never prompts. Every answer comes from the flags, then --answers FILE, then the "
+    "recommended default shown after each flag; the files are validated by accelerate, DeepSpeed and "
+    "transformers, then written (atomically, the previous file kept as .bak) unless --dry-run.")
+
+NON_INTERACTIVE_EPILOG = (
+    "required: a model, --model ID_OR_PATH (a local directory or config.json, or a Hub id in the local cache) "
+    "or --params 7B; --nvme-path with --offload nvme; --main-process-ip with --num-machines > 1 (outside SLURM). "
+    "defaulted: everything else; '(default: from the hardware and the plan)' means the probe (or --assume / "
+    "--hardware) and the plan decide it: backend, ZeRO stage and offload walk the memory ladder, the process "
+    "count is one per GPU, precision is bf16 where every GPU has it. `wizard plan` with the same flags shows "
+    "the choice and writes nothing. Exit codes: 0 written, 2 bad input, 3 nothing fits, 130 interrupted. "
+    + UNDERSCORES)
+
+
+def build_parser(non_interactive: bool = False) -> argparse.ArgumentParser:
+    if non_interactive:
+        p = _Parser(prog="wizard --non-interactive", description=NON_INTERACTIVE_DESCRIPTION,
+                    epilog=NON_INTERACTIVE_EPILOG)
+    else:
+        p = _Parser(prog="wizard", description=(
+            "Plan, configure, launch and watch multi-GPU Hugging Face training. Without a subcommand: the "
+            "interactive wizard (a full-screen TUI; --plain for inline prompts; --non-interactive for scripts)."),
+            epilog="subcommands: probe, plan, check, launch, attach, stop (wizard SUBCOMMAND --help). "
+                   + UNDERSCORES)
     p.add_argument("--version", action="version", version=f"wizard {__version__}")
     mode = p.add_argument_group("mode")
     mode.add_argument("--non-interactive", action="store_true", default=False,
                       help="never prompt: flags > --answers FILE > recommended defaults")
     mode.add_argument("--plain", action="store_true", default=False,
                       help="ask the questions inline (no full-screen app); also used when TERM=dumb")
+    mode.add_argument("--yes", "-y", action="store_true", default=False,
+                      help="--plain: write the files without the final confirmation (for scripts that feed "
+                           "the answers)")
     _add_common_flags(p, json_help="print the machine-readable result")
     _add_question_flags(p)
     return p
@@ -87,6 +174,7 @@ def build_subparser(name: str) -> argparse.ArgumentParser:
         return p
     if name == "plan":
         p.description = "The memory ladder and the choice, with every rung's per-GPU arithmetic. Writes nothing."
+        p.epilog = UNDERSCORES
         _add_common_flags(p, json_help="print the machine-readable plan")
         _add_question_flags(p)
         p.set_defaults(func=cmd_plan)
@@ -233,7 +321,7 @@ def cmd_interactive(ns: argparse.Namespace) -> int:
     req = _request(ns)
     if plain:
         from wizard.prompts import run_plain
-        return run_plain(req)
+        return run_plain(req, yes=bool(getattr(ns, "yes", False)))
     from wizard.tui import run_tui
     return run_tui(req)
 
@@ -340,7 +428,8 @@ def _main(argv: list[str]) -> int:
         # Plain `wizard`: nothing to parse, so skip building ~60 flags from the question table
         # (about a tenth of the time to the first screen).
         return cmd_interactive(argparse.Namespace(non_interactive=False, plain=False))
-    ns = build_parser().parse_args(argv)
+    # `--non-interactive --help` explains what that mode requires and what it defaults.
+    ns = build_parser(non_interactive="--non-interactive" in argv).parse_args(argv)
     if ns.non_interactive:
         return cmd_non_interactive(ns)
     return cmd_interactive(ns)

@@ -2,9 +2,12 @@
 
 The same question table, defaults and validation as the TUI and the flags (Question.parse runs as
 questionary's validator), the same state and pipeline (wizard.tui.state.WizardState, which imports
-no UI): hardware -> model and training -> strategy -> the plan (printed by wizard.report) ->
-machines and details -> validation -> atomic writes. Questions marked advanced keep their
-recommended value (or the flag's) and are not asked, to keep the sequence short.
+no UI): hardware -> model and training -> the plan (printed by wizard.report) -> use it, or change
+the strategy (defaulting to the plan's choice) or any one answer by name and plan again ->
+machines and details -> validation -> "Write these files?" (--yes skips it) -> atomic writes.
+Questions marked advanced keep their recommended value (or the flag's) and are not asked, to keep
+the sequence short. Every slow step (probe, sizing, validation) prints a line first, and keys typed
+during it are dropped rather than taken as answers to questions the user has not seen.
 
 Ctrl+C anywhere: "Cancelled; nothing written.", exit 130 (prompts use unsafe_ask, so Ctrl+C is
 never mistaken for an answer).
@@ -54,6 +57,20 @@ class _Prompter:
             return True
         return validate
 
+    def drop_typeahead(self) -> None:
+        """Keys typed during a slow step would answer questions not yet shown: drop them (a real terminal only)."""
+        if self.input is not None or not sys.stdin.isatty():
+            return
+        import select
+        import termios
+        try:
+            pending = select.select([sys.stdin], [], [], 0)[0]
+            if pending:
+                termios.tcflush(sys.stdin, termios.TCIFLUSH)
+                self.say("  (keys typed meanwhile were dropped: answer each question once it is shown)")
+        except (OSError, ValueError, termios.error):
+            pass
+
     def ask(self, q: Question, current: Any, *, extra=None) -> Any:
         """One question, pre-filled with `current`; returns the parsed value."""
         import questionary
@@ -73,31 +90,44 @@ class _Prompter:
                                validate_while_typing=False, **self._kw()).unsafe_ask()
         return q.parse(raw, self.state.context_for(q.id))
 
-    def ask_stage(self, stages: tuple[str, ...], skip: tuple[str, ...] = ()) -> None:
+    def ask_stage(self, stages: tuple[str, ...], skip: tuple[str, ...] = (),
+                  defaults: dict[str, Any] | None = None) -> None:
         """Every applicable, not-advanced question of these stages, re-planning after each answer
-        so that conditions and defaults follow the earlier answers (as in the table's order)."""
+        so that conditions and defaults follow the earlier answers (as in the table's order).
+        `defaults` pre-fill some questions instead of their recommended value (the plan's choice)."""
+        defaults = defaults or {}
         for stage in stages:
             for q in for_stage(stage):
                 if q.advanced or q.id in skip or not self.state.asked(q.id):
                     continue
-                extra = self._size_check if q.id == "model" else None
-                value = self.ask(q, self.state.value_of(q.id), extra=extra)
-                self.state.set_answer(q.id, value)
-                self.replan()
+                self.ask_one(q, defaults.get(q.id, self.state.value_of(q.id)))
+
+    def ask_one(self, q: Question, current: Any) -> None:
+        extra = self._size_check if q.id == "model" else None
+        value = self.ask(q, current, extra=extra)
+        self.state.set_answer(q.id, value)
+        self.replan()
 
     def _size_check(self, value: Any) -> None:
         """The model question's validation also sizes it: a path without config.json is refused
         at the prompt, with the same message as everywhere else."""
-        if value:
-            self.state.models.setdefault(("model", value), _size(value))
+        if value and ("model", value) not in self.state.models:
+            self.say(f"\nSizing {value} from its config (no weights) ...")
+            self.state.models[("model", value)] = _size(value)
 
     def replan(self) -> None:
+        import time
         job = self.state.replan()
         while job is not None:
+            what = "LoRA adapters of " if job.trainings else ""
+            self.say(f"Sizing {what}{job.model} from its config (no weights) ...")
+            started = time.monotonic()
             try:
                 shape, error = pipeline.size_for_plan(job.model, job.trainings), None
             except InputError as e:
                 shape, error = None, e
+            self.say(f"  done in {time.monotonic() - started:.1f} s")
+            self.drop_typeahead()
             job = self.state.sized(job.model, shape, error)
 
 
@@ -129,20 +159,105 @@ def _choose_target(p: _Prompter) -> None:
         gpu_choices = [questionary.Choice(name, value=name) for name in catalogue.names()]
         default = next(c for c in gpu_choices if c.value == DEFAULT_OTHER_GPU)
         gpu = questionary.select("GPU model", choices=gpu_choices, default=default, **p._kw()).unsafe_ask()
-        state.set_other_machine(count, gpu)
+        state.set_other_machine(count, gpu, **_ask_machine_extras(p, hardware.assume(f"{count}x{gpu}")))
     p.replan()
 
 
-def run_plain(request: pipeline.Request, *, input=None, output=None, out: TextIO | None = None) -> int:
-    """Ask, plan, ask the details, validate, write. Returns the exit code (130 on Ctrl+C)."""
+def _ask_machine_extras(p: _Prompter, catalogue_hw) -> dict[str, int | None]:
+    """RAM, CPU cores and free disk of the other machine (they decide the offload rungs), each pre-filled
+    with the catalogue's default; only what differs from it is returned (like ram=/cpus=/disk= of --assume)."""
+    import questionary
+    from wizard.units import GiB, parse_bytes
+
+    def size_check(field: str, empty_ok: bool):
+        def check(raw: str) -> bool | str:
+            if empty_ok and not raw.strip():
+                return True
+            try:
+                parse_bytes(raw, field)
+            except InputError as e:
+                return str(e)
+            return True
+        return check
+
+    def cpus_check(raw: str) -> bool | str:
+        return True if raw.strip().isdigit() and 1 <= int(raw) <= 8192 else \
+            f"cpus: {raw!r} is not a CPU count (allowed: 1 to 8192)"
+
+    ram_default = f"{catalogue_hw.ram_total // GiB}GiB"
+    ram = questionary.text("RAM in that machine", default=ram_default, validate=size_check("ram", False),
+                           **p._kw()).unsafe_ask()
+    cpus = questionary.text("CPU cores in that machine", default=str(catalogue_hw.cpu_cores), validate=cpus_check,
+                            **p._kw()).unsafe_ask()
+    disk = questionary.text("Free disk for NVMe offload (empty: not checked)", default="",
+                            validate=size_check("disk", True), **p._kw()).unsafe_ask()
+    extras: dict[str, int | None] = {}
+    if parse_bytes(ram, "ram") != catalogue_hw.ram_total:
+        extras["ram"] = parse_bytes(ram, "ram")
+    if int(cpus) != catalogue_hw.cpu_cores:
+        extras["cpus"] = int(cpus)
+    if disk.strip():
+        extras["disk"] = parse_bytes(disk, "disk")
+    return extras
+
+
+def _changes(result: pipeline.Result) -> list[str]:
+    """What Write would do to each file (the Review screen's Changes, in lines)."""
+    import os
+    from wizard import fsutil
+    pairs = [(result.yaml_path, result.yaml_text)]
+    if result.ds_text is not None:
+        pairs.insert(0, (result.ds_path, result.ds_text))
+    lines = []
+    for path, text in pairs:
+        planned = fsutil.plan_write(path, text)
+        what = ("new file" if planned.created else "unchanged" if not planned.changed else
+                f"replaces the file there (kept as {os.path.basename(path)}.bak)")
+        lines.append(f"  {path}: {what}")
+    return lines
+
+
+def _strategy_of(choice) -> dict[str, Any]:
+    """The strategy answers that lead to the plan's choice: what the strategy questions start from."""
+    if choice is None:
+        return {}
+    from wizard.tui.state import strategy_for_rung
+    return {k: v for k, v in strategy_for_rung(choice.key).items() if v is not None}
+
+
+def _change_one_answer(p: _Prompter, allow_quit: bool = False) -> bool:
+    """Pick one question by name (model, training or strategy), answer it, plan again. False: quit."""
+    import questionary
+    state = p.state
+    asked = [q for stage in ("model", "training", "strategy") for q in for_stage(stage)
+             if not q.advanced and state.asked(q.id)]
+    if not asked:                                  # no plan to ask from (a bad model): the model question
+        asked = [q for q in for_stage("model") if not q.advanced]
+    from wizard.tui.state import format_value
+    choices = [questionary.Choice(f"{q.prompt} ({format_value(q, state.value_of(q.id)) or 'unset'})", value=q.id)
+               for q in asked]
+    if allow_quit:
+        choices.append(questionary.Choice("Quit", value=None))
+    qid = questionary.select("Which answer?", choices=choices, default=choices[0], **p._kw()).unsafe_ask()
+    if qid is None:
+        return False
+    q = next(q for q in asked if q.id == qid)
+    p.ask_one(q, state.value_of(q.id))
+    return True
+
+
+def run_plain(request: pipeline.Request, *, input=None, output=None, out: TextIO | None = None,
+              yes: bool = False) -> int:
+    """Ask, plan, ask the details, validate, confirm (unless `yes`), write. Returns the exit code
+    (130 on Ctrl+C or when the writing is declined)."""
     try:
-        return _run(request, input, output, out)
+        return _run(request, input, output, out, yes)
     except KeyboardInterrupt:
         print(CANCELLED, file=sys.stderr)
         return EXIT_INTERRUPTED
 
 
-def _run(request: pipeline.Request, input, output, out: TextIO | None) -> int:
+def _run(request: pipeline.Request, input, output, out: TextIO | None, yes: bool) -> int:
     import questionary
     from wizard import hardware, report
     from wizard.tui.snippets import launch_commands, setup_snippet, uses_adapters
@@ -152,6 +267,7 @@ def _run(request: pipeline.Request, input, output, out: TextIO | None) -> int:
     p = _Prompter(state, input, output, out)
     p.say("Probing the hardware ...")
     state.set_probed(state.load_hardware())
+    p.drop_typeahead()
     for line in hardware.describe(state.probed):
         p.say(f"  {line}")
     for line in hardware.warnings(state.probed):
@@ -162,12 +278,11 @@ def _run(request: pipeline.Request, input, output, out: TextIO | None) -> int:
     else:
         p.replan()
 
-    stages = ("model", "training", "strategy")
+    p.ask_stage(("model", "training"))
     while True:
-        p.ask_stage(stages)
         if state.error and not state.plan:
             p.say(f"wizard: {state.error}")
-            if not questionary.confirm("Change the answers?", default=True, **p._kw()).unsafe_ask():
+            if not _change_one_answer(p, allow_quit=True):
                 return 2
             continue
         result = pipeline.Result(hardware=state.hardware, model=state.model, plan=state.plan,
@@ -175,14 +290,23 @@ def _run(request: pipeline.Request, input, output, out: TextIO | None) -> int:
         p.say()
         report.print_plan(result, file=p.out)
         p.say()
-        if state.plan.choice is None:
+        choice = state.plan.choice
+        if choice is None:
             p.say(f"wizard: {state.error}")
-            if not questionary.confirm("Change the answers and plan again?", default=True, **p._kw()).unsafe_ask():
-                return EXIT_NOTHING_FITS
-            continue
-        if questionary.confirm(f"Use {state.plan.choice.name}?", default=True, **p._kw()).unsafe_ask():
+        options = ([questionary.Choice(f"Use {choice.name}", value="use")] if choice is not None else []) + [
+            questionary.Choice("Change the strategy (backend, ZeRO stage, offload, ...)", value="strategy"),
+            questionary.Choice("Change one answer and plan again", value="one"),
+            questionary.Choice("Quit without writing", value="quit")]
+        action = questionary.select("Next", choices=options, default=options[0], **p._kw()).unsafe_ask()
+        if action == "use":
             break
-        stages = ("strategy",)
+        if action == "quit":
+            p.say(CANCELLED)
+            return EXIT_NOTHING_FITS if choice is None else EXIT_INTERRUPTED
+        if action == "strategy":
+            p.ask_stage(("strategy",), defaults=_strategy_of(choice))
+        else:
+            _change_one_answer(p)
 
     p.ask_stage(("machines", "details"))
     if not state.ready:
@@ -191,11 +315,17 @@ def _run(request: pipeline.Request, input, output, out: TextIO | None) -> int:
     result = state.result()
     p.say("Validating with accelerate, DeepSpeed and transformers ...")
     pipeline.validate(result)
+    p.drop_typeahead()
     if result.errors:
         report.print_findings(result.findings, file=sys.stderr)
         print("wizard: the generated configuration failed validation; nothing was written", file=sys.stderr)
         return 1
     if not request.dry_run:
+        for line in _changes(result):
+            p.say(line)
+        if not yes and not questionary.confirm("Write these files?", default=True, **p._kw()).unsafe_ask():
+            p.say(CANCELLED)
+            return EXIT_INTERRUPTED
         state.write(result)
     report.print_written(result, dry_run=request.dry_run, file=p.out)
     if not request.dry_run:

@@ -90,6 +90,7 @@ class Question:
     options_for: Callable[[Context], tuple] | None = None        # choices that depend on earlier answers
     required_when: Callable[[Context], str | None] | None = None  # reason a value is required, or None
     allowed: str | None = None             # what the error message says is allowed
+    fixed_default: bool = False            # the default is one value, whatever the hardware and plan (--help)
 
     # ---- the interface front ends use
 
@@ -585,6 +586,30 @@ def _main_ip_why(ctx: Context) -> str:
     return "No default: only you know which machine hosts rank 0 (every node must reach it)."
 
 
+def _plans_gpus(ctx: Context) -> bool:
+    """GPU processes are planned (a CPU plan has no CUDA context: memory.CPU_PROCESS_OVERHEAD_BYTES instead)."""
+    if _given_bool(ctx, "use_cpu"):
+        return False
+    return ctx.hardware is None or bool(ctx.hardware.num_gpus)
+
+
+def _micro_batch_why(ctx: Context) -> str:
+    """With a plan: the largest micro-batch the chosen rung holds and the fastest split of the batch."""
+    least = "1 uses the least memory"
+    choice = ctx.plan.choice if ctx.plan is not None else None
+    if choice is None or not choice.max_micro_batch:
+        return f"{least}; raise it if the plan shows room to spare."
+    text = f"{least}; on {choice.name} up to {choice.max_micro_batch} fits"
+    if choice.max_micro_batch_gc and choice.max_micro_batch_gc != choice.max_micro_batch:
+        text += f" ({choice.max_micro_batch_gc} with gradient checkpointing)"
+    split = ctx.plan.batch
+    if split is not None:
+        gc = " with gradient checkpointing" if split.gradient_checkpointing else ""
+        text += (f"; the fastest split of the global batch of {split.global_batch} is micro-batch "
+                 f"{split.micro_batch} x accumulation {split.grad_accum}{gc}")
+    return text + "."
+
+
 def _use_cpu_default(ctx: Context) -> bool:
     if ctx.hardware.num_gpus:
         return False
@@ -701,7 +726,8 @@ def _q(id: str, prompt: str, help: str, kind: str, stage: str, *, group: str | N
     if kw.get("check") is _positive and "allowed" not in kw:
         kw["allowed"] = "a whole number >= 1"
     return Question(id=id, prompt=prompt, help=help, kind=kind, stage=stage, group=group or stage,
-                    flag=flag, compute_default=compute, explain_default=why, **kw)
+                    flag=flag, compute_default=compute, explain_default=why, fixed_default=not callable(default),
+                    **kw)
 
 
 def _shape_override(id: str, prompt: str, help: str) -> Question:
@@ -744,10 +770,10 @@ QUESTIONS: tuple[Question, ...] = (
        "Activation memory grows with it (quadratically without flash attention), so it often decides "
        "whether a rung fits.", "int", "training", default=2048, check=_positive,
        why="2048 tokens is a common fine-tuning context; raise it to what your data needs."),
-    _q("micro_batch", "Micro-batch per GPU",
-       "Samples each process holds at once; activations scale with it. Bigger is faster until memory runs out.",
-       "int", "training", default=1, check=_positive,
-       why="1 uses the least memory; raise it if the plan shows room to spare."),
+    _q("micro_batch", "Micro-batch per device",
+       "Samples each process (one per GPU, or per CPU process) holds at once; activations scale with it. "
+       "Bigger is faster until memory runs out.",
+       "int", "training", default=1, check=_positive, why=_micro_batch_why),
     _q("grad_accum", "Gradient accumulation steps",
        "Gives a bigger effective batch (micro-batch x accumulation x processes) at no extra memory, "
        "at the cost of fewer optimizer steps per sample.", "int", "training", default=1, check=_positive,
@@ -849,7 +875,7 @@ QUESTIONS: tuple[Question, ...] = (
        why="10% leaves room for the caching allocator's fragmentation and the estimate's error without wasting much."),
     _q("cuda_context", "CUDA context per process",
        "Every process pays for its CUDA context and kernels before any tensor exists; the plan counts it "
-       "on each GPU.", "size", "strategy", advanced=True, default=1 * GiB,
+       "on each GPU.", "size", "strategy", advanced=True, default=1 * GiB, when=_plans_gpus,
        why="About 1 GiB per process: what CUDA 12 with PyTorch's kernels usually takes (nvidia-smi shows yours)."),
 
     # ---------------------------------------------------------------- machines

@@ -222,3 +222,52 @@ def test_a_corrupt_existing_config_in_a_non_ascii_dir_is_regenerated(tmp_path):
     assert (out_dir / "ds_config.json.bak").read_bytes() == b"\xff\xfe{"
     check = run(["check", "--config-file", str(out_dir / "default_config.yaml")])
     assert check.returncode == 0, check.stdout + check.stderr
+
+
+# ---------------------------------------------------------------- accelerate's dialect and the help
+
+def test_underscore_flags_plan_like_the_dashed_ones():
+    """`accelerate launch` takes --num_processes as well as --num-processes; so does the wizard."""
+    common = ["plan", "--assume", "8xA100-80GB", "--params", "7B", "--json"]
+    dashed = run([*common, "--num-processes", "4", "--zero-stage", "3", "--mixed-precision", "bf16"])
+    under = run([*common, "--num_processes", "4", "--zero_stage", "3", "--mixed_precision=bf16"])
+    assert under.returncode == 0, under.stderr
+    assert json.loads(under.stdout) == json.loads(dashed.stdout)
+    choice = json.loads(under.stdout)["plan"]["choice"]
+    assert choice["backend"] == "deepspeed" and choice["zero_stage"] == 3
+
+
+def test_underscores_are_renamed_only_before_the_training_scripts_own_arguments():
+    from wizard.cli import build_subparser, dashed_spelling
+    options = build_subparser("launch")._option_string_actions
+    args = ["--config_file", "c.yaml", "--max_restarts=2", "--", "train.py", "--learning_rate", "1"]
+    assert dashed_spelling(args, options) == ["--config-file", "c.yaml", "--max-restarts=2", "--", "train.py",
+                                              "--learning_rate", "1"]
+    # without `--`, the script's arguments start at the first positional
+    assert dashed_spelling(["--detach", "train.py", "--config_file", "x"], options) == [
+        "--detach", "train.py", "--config_file", "x"]
+    ns = build_subparser("launch").parse_args(["--config_file", "c.yaml", "--", "train.py", "--max_restarts", "3"])
+    assert ns.config_file == "c.yaml" and ns.max_restarts == 0 and ns.command[-2:] == ["--max_restarts", "3"]
+
+
+def test_help_shows_every_default():
+    text = run(["--help"], env={"COLUMNS": "200"}).stdout
+    for flag, default in (("--seq-len", "2048"), ("--micro-batch", "1"), ("--headroom", "0.1"),
+                          ("--backend", "auto"), ("--optimizer", "adamw"), ("--cuda-context", "1GiB"),
+                          ("--num-processes", "from the hardware and the plan"), ("--model", "unset")):
+        lines = text.splitlines()
+        at = next(i for i, x in enumerate(lines) if x.strip().startswith(flag + " "))
+        entry = " ".join(lines[at:at + 2])          # long choice lists put the help on the next line
+        assert f"(default: {default})" in entry, entry
+    launch = run(["launch", "--help"], env={"COLUMNS": "200"}).stdout
+    assert "(default: 0, no restart)" in launch and "(default: off, no stall detection)" in launch
+    assert "underscore spelling" in text
+
+
+def test_non_interactive_help_says_what_is_required_and_what_is_defaulted():
+    plain = run(["--help"]).stdout
+    text = run(["--non-interactive", "--help"]).stdout
+    assert text != plain
+    assert text.startswith("usage: wizard --non-interactive")
+    assert "required: a model, --model ID_OR_PATH" in " ".join(text.split())
+    assert "defaulted: everything else" in " ".join(text.split())

@@ -38,14 +38,29 @@ def plain(request: Request, keys: str, capsys=None) -> int:
 
 
 def prompts_before_the_plan(request: Request) -> int:
-    """How many questions the plain flow asks before showing the plan (today 8 + 5)."""
+    """How many questions the plain flow asks before showing the plan (model and training)."""
     from wizard.questions import for_stage
     from wizard.tui.state import WizardState
     state = WizardState(request)
     state.set_probed(state.load_hardware())
     state.replan()
-    return sum(1 for stage in ("model", "training", "strategy") for q in for_stage(stage)
+    return sum(1 for stage in ("model", "training") for q in for_stage(stage)
                if not q.advanced and state.asked(q.id))
+
+
+def prompts_until_write(request: Request) -> int:
+    """Prompts before "Write these files?" when every default is taken: model and training, Next, then
+    machines and details for the plan's choice."""
+    from wizard.questions import for_stage
+    from wizard.tui.state import WizardState
+    state = WizardState(request)
+    state.set_probed(state.load_hardware())
+    job = state.replan()
+    while job is not None:
+        job = state.sized(job.model, pipeline.size_for_plan(job.model, job.trainings), None)
+    details = sum(1 for stage in ("machines", "details") for q in for_stage(stage)
+                  if not q.advanced and state.asked(q.id))
+    return prompts_before_the_plan(request) + 1 + details
 
 
 def same_as_non_interactive(request: Request, out: Path, given: dict) -> None:
@@ -120,16 +135,17 @@ def test_declining_the_plan_asks_the_strategy_again(tmp_path):
     request = Request(given={"model": model}, assume="8xA100-80GB", output_dir=str(out))
     first_pass = ENTER * prompts_before_the_plan(request)
     keys = (first_pass
-            + "n"                             # not ZeRO-2
-            + DOWN * 2 + ENTER                # backend: deepspeed
-            + DOWN * 3 + ENTER                # ZeRO stage 3
-            + ENTER * 3                       # offload auto, NVMe path none, headroom 0.1
-            + "y"                             # use ZeRO-3
+            + DOWN + ENTER                    # not ZeRO-2: change the strategy
+            + ENTER                           # backend: deepspeed, the plan's choice
+            + DOWN + ENTER                    # ZeRO stage 3 (the plan's choice, 2, is the default)
+            + ENTER * 3                       # offload none (the plan's), NVMe path none, headroom 0.1
+            + ENTER                           # use ZeRO-3
             + ENTER * 60)
     assert plain(request, keys) == 0
     ds = json.loads((out / "ds_config.json").read_text())
     assert ds["zero_optimization"]["stage"] == 3
-    same_as_non_interactive(request, out, {"model": model, "backend": "deepspeed", "zero_stage": "3"})
+    same_as_non_interactive(request, out, {"model": model, "backend": "deepspeed", "zero_stage": "3",
+                                           "offload": "none"})
 
 
 def test_ctrl_c_cancels_and_leaves_files_alone(tmp_path, capsys):
@@ -159,3 +175,59 @@ def test_no_gpu_hardware_is_described(tmp_path, capsys):
     assert plain(request, ENTER * 80) == 0
     printed = capsys.readouterr().out
     assert "GPUs: none (NVML Shared Library Not Found" in printed and "CPU processes" in printed
+
+
+def test_the_plan_comes_first_and_one_answer_can_be_changed_by_name(tmp_path, capsys):
+    """Issue 13: the plan is printed before any strategy question; "Change one answer" goes straight to
+    the question picked by name (here the sequence length) and plans again."""
+    from wizard.questions import for_stage
+    from wizard.tui.state import WizardState
+    out = tmp_path / "out"
+    model = str(MODELS / "qwen2.5-7b")
+    request = Request(given={"model": model}, assume="8xA100-80GB", output_dir=str(out))
+    state = WizardState(request)
+    state.set_probed(state.load_hardware())
+    state.replan()
+    names = [q.id for stage in ("model", "training", "strategy") for q in for_stage(stage)
+             if not q.advanced and state.asked(q.id)]
+    keys = (ENTER * prompts_before_the_plan(request)
+            + DOWN * 2 + ENTER                               # Next: change one answer
+            + DOWN * names.index("seq_len") + ENTER          # Which answer? the sequence length
+            + BACKSPACE * 4 + "8192" + ENTER
+            + ENTER * 60)                                   # use the new plan, details, write
+    assert plain(request, keys) == 0
+    printed = capsys.readouterr().out
+    assert printed.count("Choice:") >= 2 or printed.count("=> ") >= 2     # planned twice
+    record = json.loads((out / "wizard_plan.json").read_text())
+    assert record["given"]["seq_len"] == 8192 and "backend" not in record["given"]
+    same_as_non_interactive(request, out, {"model": model, "seq_len": 8192})
+
+
+def test_plain_asks_before_writing_and_yes_skips_it(tmp_path, capsys):
+    out = tmp_path / "out"
+    request = Request(given={"model": str(MODELS / "llama-3.1-8b")}, assume="8xA100-80GB", output_dir=str(out))
+    with create_pipe_input() as pipe:
+        pipe.send_text(ENTER * prompts_until_write(request) + "n")   # every default, then "Write these files?" no
+        code = run_plain(request, input=pipe, output=DummyOutput())
+    assert code == EXIT_INTERRUPTED and not (out / "default_config.yaml").exists()
+    printed = capsys.readouterr().out
+    assert "default_config.yaml: new file" in printed and "Sizing" in printed
+    with create_pipe_input() as pipe:
+        pipe.send_text(ENTER * 60)
+        assert run_plain(request, input=pipe, output=DummyOutput(), yes=True) == 0
+    assert (out / "default_config.yaml").exists()
+
+
+def test_another_machines_ram_is_asked_with_the_catalogues_default(tmp_path, capsys):
+    out = tmp_path / "out"
+    request = Request(hardware_file=NO_GPU, output_dir=str(out))
+    keys = (DOWN + ENTER                       # plan for another machine
+            + BACKSPACE + "4" + ENTER          # 4 GPUs
+            + ENTER                            # H100-80GB
+            + BACKSPACE * 10 + "1T" + ENTER    # RAM (default: the catalogue's)
+            + BACKSPACE * 4 + "48" + ENTER     # CPU cores
+            + "3T" + ENTER                     # free disk
+            + ENTER * 80)
+    assert plain(request, keys) == 0
+    printed = capsys.readouterr().out                       # the plan's Hardware line names the machine
+    assert "RAM 1.0 TiB [assume:4xH100-80GB,ram=1024GiB,cpus=48,disk=3072GiB]" in printed

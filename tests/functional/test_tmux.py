@@ -43,12 +43,17 @@ class Tmux:
         return subprocess.run([TMUX, "-L", self.socket, *args], check=True, capture_output=True, text=True,
                               timeout=30).stdout
 
-    def start(self, command: str, env: dict[str, str], cwd: str | None = None) -> None:
+    def start(self, command: str, env: dict[str, str], cwd: str | None = None, record: Path | None = None) -> None:
+        """Run `command`; with `record`, everything it writes to the terminal is appended to that file."""
+        env = {**env, "PYTHONPATH": os.environ.get("PYTHONPATH", "")}    # this checkout's code, not main's
         exports = " ".join(f"{k}={_quote(v)}" for k, v in env.items())
         where = ["-c", cwd] if cwd else []
+        wait = "sleep 1; " if record else ""            # time to attach the recorder before the first paint
         self.run("new-session", "-d", "-s", self.session, "-x", str(self.width), "-y", str(self.height), *where,
-                 f"env {exports} {command}; echo WIZARD_EXIT=$?; sleep 600")
+                 f"{wait}env {exports} {command}; echo WIZARD_EXIT=$?; sleep 600")
         self.run("set-option", "-t", self.session, "escape-time", "10")
+        if record:
+            self.run("pipe-pane", "-o", "-t", self.session, f"cat >> {_quote(str(record))}")
 
     def screen(self) -> str:
         return self.run("capture-pane", "-p", "-t", self.session)
@@ -73,6 +78,13 @@ class Tmux:
         subprocess.run([TMUX, "-L", self.socket, "kill-server"], capture_output=True, timeout=30)
 
 
+def printed_text(record: Path) -> str:
+    """What the terminal was sent, escape sequences removed."""
+    import re
+    raw = record.read_bytes().decode("utf-8", "replace") if record.exists() else ""
+    return re.sub(r"\x1b(\[[0-9;?<>=]*[ -/]*[@-~]|\][^\x07\x1b]*(\x07|\x1b\\)|[()][0-9A-B]|[@-_])", "", raw)
+
+
 def _quote(value: str) -> str:
     return "'" + value.replace("'", "'\\''") + "'"
 
@@ -93,8 +105,7 @@ def test_enter_through_every_screen_in_a_real_terminal(tmux, tmp_path):
                        TERM="xterm-256color")
     tmux.start(f"{WIZARD} --output-dir {_quote(str(out))}", env)
     tmux.wait_for("1/6")
-    tmux.wait_for("Next ▶")
-    time.sleep(0.3)                                   # the probe's result (Enter would wait for it anyway)
+    tmux.wait_for("Planning for", timeout=120)        # the probe's result: an Enter before it is dropped
     for step in ("2/6", "3/6", "4/6", "5/6"):
         tmux.keys("Enter")
         tmux.wait_for(step)
@@ -121,6 +132,35 @@ def test_enter_through_every_screen_in_a_real_terminal(tmux, tmp_path):
     assert [f for f in findings if f.severity == "error" and f.rule.startswith("ACC")] == []
 
 
+def test_enter_typed_all_the_time_while_sizing_is_slow_writes_only_after_review_was_shown(tmux, tmp_path):
+    """Issue 13: type-ahead fell through screens and wrote the files before Review was ever on the
+    terminal. Here Enter is typed every 0.3 s from the start while sizing the model takes 4 s longer
+    than usual (the test hook WIZARD_TEST_SIZING_DELAY_S). Every screen must be drawn in order, and
+    the files may exist only once the Review screen has been drawn."""
+    out, record = tmp_path / "out", tmp_path / "terminal.log"
+    model = Path(__file__).resolve().parents[1] / "fixtures" / "models" / "llama-3.1-8b"
+    env = checkout_env(HF_HOME=str(tmp_path / "hf_home"), WIZARD_CACHE_DIR=str(tmp_path / "cache"),
+                       TERM="xterm-256color", WIZARD_TEST_SIZING_DELAY_S="4")
+    tmux.start(f"{WIZARD} --assume 8xA100-80GB --model {_quote(str(model))} "
+               f"--output-dir {_quote(str(out))}", env, record=record)
+    files = out / "default_config.yaml"
+    deadline = time.monotonic() + 240
+    while True:
+        written = files.exists()              # first the files, then what the terminal had shown by then
+        shown = printed_text(record)
+        if written:
+            break
+        if "WIZARD_EXIT=" in tmux.screen() or time.monotonic() > deadline:
+            raise AssertionError(f"no files were written; the terminal shows:\n{tmux.screen()}")
+        tmux.keys("Enter")
+        time.sleep(0.3)
+    assert "Write ▶" in shown, "the files were written before the Review screen was drawn"
+    steps = [shown.find(f"{n}/6") for n in range(1, 6)]
+    assert all(at >= 0 for at in steps) and steps == sorted(steps), steps    # no screen skipped
+    plan_drawn = shown[steps[2]:steps[3]]
+    assert "Sizing" in shown[steps[1]:] and "≈" in plan_drawn, "the Plan screen was not drawn with a plan"
+
+
 def test_launch_now_runs_the_script_through_wizard_launch(tmux, tmp_path):
     """Done screen -> Launch now: the wizard exits and execs `wizard launch`, which runs the script
     under accelerate with the config just written (here: CPU processes, or this machine's GPUs)."""
@@ -132,8 +172,7 @@ def test_launch_now_runs_the_script_through_wizard_launch(tmux, tmp_path):
     env = checkout_env(HF_HOME=str(tmp_path / "hf_home"), WIZARD_CACHE_DIR=str(tmp_path / "cache"),
                        TERM="xterm-256color", MARK_DIR=str(marks))
     tmux.start(f"{WIZARD} --output-dir {_quote(str(out))}", env, cwd=str(tmp_path))
-    tmux.wait_for("Next ▶")
-    time.sleep(0.3)
+    tmux.wait_for("Planning for", timeout=120)
     for step in ("2/6", "3/6", "4/6", "5/6"):
         tmux.keys("Enter")
         tmux.wait_for(step)

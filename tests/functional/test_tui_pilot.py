@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -157,11 +158,53 @@ async def test_enter_through_on_this_machines_real_probe(tmp_path):
     assert doc["distributed_type"] == "DEEPSPEED" and doc["num_processes"] == 2
 
 
-async def test_enter_pressed_before_the_probe_finishes_still_goes_on(tmp_path):
+async def test_enter_typed_before_the_probe_is_shown_does_not_skip_the_hardware_screen(tmp_path, monkeypatch):
+    from wizard.tui.state import WizardState
+    probe_may_finish = threading.Event()
+    real_load = WizardState.load_hardware
+
+    def load_when_allowed(self):            # the real probe, held until the test has typed
+        probe_may_finish.wait(30)
+        return real_load(self)
+
+    monkeypatch.setattr(WizardState, "load_hardware", load_when_allowed)
     app = app_for(tmp_path)
     async with app.run_test(size=(80, 24)) as pilot:
-        await pilot.press("enter")          # at once: the probe thread may still be running
+        await pilot.press("enter", "enter")  # typed while the probe runs
+        probe_may_finish.set()
+        await settle(pilot)
+        assert screen_name(app) == "HardwareScreen"
+        assert app.state.probed is not None
+        await pilot.press("enter")          # typed after the probe's result was shown
         await wait_until(pilot, lambda: screen_name(app) == "ModelScreen")
+
+
+async def test_enters_typed_ahead_on_the_plan_screen_stop_at_the_next_screen(tmp_path):
+    """Four Enters typed at once on the Plan screen: the first goes on, the others were typed before the
+    Details screen was shown and are dropped; nothing is written."""
+    from textual import events
+    app = app_for(tmp_path, a100s(), model=LLAMA_8B)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await reach(pilot, "PlanScreen")
+        typed = [events.Key("enter", "\r") for _ in range(4)]    # their time: now, all four
+        for key in typed:
+            app.post_message(key)
+            await pilot.pause(0.3)
+        await settle(pilot)
+        assert screen_name(app) == "DetailsScreen"
+        assert "ignored" in text_of(app.screen.query_one("#status")) or app.screen.shown_at is not None
+        assert not (tmp_path / "out").exists()
+        typed = [events.Key("enter", "\r") for _ in range(4)]    # after Details was shown
+        for key in typed:
+            app.post_message(key)
+        await wait_until(pilot, lambda: screen_name(app) == "ReviewScreen")
+        await settle(pilot)
+        await pilot.pause(1.0)
+        assert screen_name(app) == "ReviewScreen"       # the other three were typed before Review was shown
+        assert not (tmp_path / "out" / "default_config.yaml").exists()
+        await pilot.press("enter")          # seen, validated: Write
+        await wait_until(pilot, lambda: screen_name(app) == "DoneScreen")
+        assert (tmp_path / "out" / "default_config.yaml").exists()
 
 
 # ---------------------------------------------------------------- going back keeps answers
@@ -361,6 +404,48 @@ async def test_model_field_completes_hub_ids_from_the_local_cache(tmp_path, monk
         assert "acme/Llama-3.1-8B" in text_of(app.screen.query_one("#model-summary"))
 
 
+async def test_another_machines_ram_cpus_and_disk_are_fields_that_replan(tmp_path):
+    """Issue 13: RAM decides the offload rungs, so "another machine" asks it (and CPU cores, free disk),
+    pre-filled with the catalogue's default; no markup leaks into the description."""
+    from wizard.units import GiB
+    app = app_for(tmp_path, hardware.load_file(str(ROOT / "snapshots" / "hardware" / "no-gpu.json")),
+                  params="7B")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        app.screen.query_one("#q-target_machine", Select).focus()
+        await pilot.press("enter", "down", "enter")        # another machine from the catalogue
+        await settle(pilot)
+        await type_into(pilot, "target_count", "4")
+        app.screen.query_one("#q-target_gpu", Select).value = "RTX4090-24GB"
+        await settle(pilot)
+        default_ram = hardware.assume("4xRTX4090-24GB").ram_total
+        assert field(app, "target_ram").control.value == f"{default_ram // GiB}GiB"   # the catalogue's default
+        assert field(app, "target_cpus").control.value == str(hardware.assume("4xRTX4090-24GB").cpu_cores)
+        assert field(app, "target_disk").control.value == ""                         # not checked
+        before = app.state.plan.choice
+        await type_into(pilot, "target_ram", "32G")
+        assert app.state.hardware.ram_total == 32 * GiB and app.state.other_spec() == "4xRTX4090-24GB,ram=32GiB"
+        after = app.state.plan.choice
+        assert before is not None and after is None     # 32 GiB cannot hold the offloaded optimizer states
+        await type_into(pilot, "target_cpus", "24")
+        await type_into(pilot, "target_disk", "2T")
+        assert app.state.hardware.cpu_cores == 24 and app.state.hardware.disk_free_nvme == 2 * 1024 ** 4
+        described = text_of(app.screen.query_one("#hw-describe"))
+        assert described.startswith("Target machine (4xRTX4090-24GB,ram=32GiB,cpus=24,disk=2048GiB):")
+        assert "[b]" not in described
+
+
+async def test_an_assumed_machine_is_not_called_this_machine(tmp_path):
+    app = app_for(tmp_path, a100s())
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        select = app.screen.query_one("#q-target_machine", Select)
+        labels = [str(prompt) for prompt, _ in select._options]
+        assert any(label.startswith("the assumed machine (8 x") for label in labels), labels
+        assert not any("this machine" in label for label in labels)
+        assert text_of(app.screen.query_one("#status")).strip() == "Planning for the assumed machine."
+
+
 async def test_zero_gpus_for_the_target_machine_is_refused(tmp_path):
     app = app_for(tmp_path, hardware.load_file(str(ROOT / "snapshots" / "hardware" / "no-gpu.json")))
     async with app.run_test(size=(80, 24)) as pilot:
@@ -507,6 +592,90 @@ async def test_launch_now_exits_with_the_wizard_launch_command(tmp_path):
     assert argv[1:] == ["-m", "wizard", "launch", "--config-file", yaml_path, "--", str(script),
                         "--epochs", "1", "--name", "a b"]
     assert os.path.exists(yaml_path)
+    summary = "\n".join(app.return_value.summary)
+    assert "Wrote" in summary and "Next:" not in summary     # `wizard launch` reports the run itself
+
+
+async def test_done_screen_placeholders_read_as_hints_not_values(tmp_path):
+    app = app_for(tmp_path, a100s(), model=QWEN_7B)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await reach(pilot, "DoneScreen")
+        script = app.screen.query_one("#launch-script", Input).placeholder
+        args = app.screen.query_one("#launch-args", Input).placeholder
+        assert script.startswith("(") and "examples/train.py" in script and "--epochs" not in args
+        assert os.path.isfile(ROOT / "examples" / "train.py")
+
+
+async def test_back_from_done_shows_the_written_files_as_unchanged_and_keys_move_on(tmp_path):
+    """After Back from Done the Changes tab describes the files now on disk; ←/→ switch the Review
+    tabs from the Write button; Back into Details and Enter goes on (no select opens)."""
+    from textual.widgets import TabbedContent
+    app = app_for(tmp_path, a100s(), model=QWEN_7B)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await reach(pilot, "ReviewScreen")
+        tabs = app.screen.query_one(TabbedContent)
+        assert tabs.active == "tab-yaml"
+        await pilot.press("right")
+        assert tabs.active == "tab-ds"
+        await pilot.press("right", "right")
+        assert tabs.active == "tab-validation"
+        await pilot.press("right")
+        assert tabs.active == "tab-yaml"
+        await pilot.press("left")
+        assert tabs.active == "tab-validation"
+        app.screen.next_button().focus()
+        await wait_until(pilot, lambda: app.screen.findings is not None)
+        assert "new file" in text_of(app.screen.query_one("#diff-text"))
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: screen_name(app) == "DoneScreen")
+        await pilot.press("escape")
+        await wait_until(pilot, lambda: screen_name(app) == "ReviewScreen")
+        await settle(pilot)
+        diff = text_of(app.screen.query_one("#diff-text"))
+        assert "new file" not in diff and "unchanged" in diff
+        await pilot.press("escape")
+        await wait_until(pilot, lambda: screen_name(app) == "DetailsScreen")
+        await settle(pilot)
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: screen_name(app) == "ReviewScreen")
+
+
+async def test_a_second_ctrl_c_quits_from_the_quit_dialog(tmp_path):
+    app = app_for(tmp_path, a100s())
+    async with app.run_test(size=(80, 24)) as pilot:
+        await reach(pilot, "ModelScreen")
+        await type_into(pilot, "seq_len", "4096")
+        await pilot.press("ctrl+c")
+        await settle(pilot)
+        assert screen_name(app) == "QuitModal"
+        await pilot.press("ctrl+c")
+        await wait_until(pilot, lambda: app.return_value is not None)
+    assert app.return_value.code == EXIT_INTERRUPTED
+
+
+async def test_below_80x24_the_screen_says_it_is_too_small(tmp_path):
+    app = app_for(tmp_path, a100s())
+    async with app.run_test(size=(60, 20)) as pilot:
+        await settle(pilot)
+        message = app.screen.query_one("#too-small")
+        assert message.display and "at least 80×24" in text_of(message) and "60×20" in text_of(message)
+        await pilot.resize_terminal(80, 24)
+        await settle(pilot)
+        assert not app.screen.query_one("#too-small").display
+
+
+async def test_nothing_fits_status_stays_on_one_80_column_line(tmp_path):
+    app = app_for(tmp_path, hardware.assume("1xRTX4090-24GB"), params="70B")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await reach(pilot, "ModelScreen")
+        status = text_of(app.screen.query_one("#status")).strip()
+        assert status.startswith("✗ Nothing fits") and len(status) <= 60, status
+        assert "closest" in text_of(app.screen.query_one("#plan-line")).lower() or len(
+            text_of(app.screen.query_one("#plan-line"))) > len(status)
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: screen_name(app) == "PlanScreen")
+        await settle(pilot)
+        assert len(text_of(app.screen.query_one("#status")).strip()) <= 60
 
 
 async def test_dry_run_writes_nothing(tmp_path):
@@ -516,3 +685,19 @@ async def test_dry_run_writes_nothing(tmp_path):
         await enter_through(pilot)
     assert app.return_value.code == 0
     assert not (tmp_path / "out").exists()
+
+
+async def test_f1_on_the_micro_batch_names_the_plans_largest_and_fastest_split(tmp_path):
+    """Issue 13: "Recommended: 1" with 29 GiB to spare; with a plan, F1 says how far the chosen rung goes."""
+    from wizard.tui.screens.modals import ExplainModal
+    app = app_for(tmp_path, a100s(), model=LLAMA_8B)
+    async with app.run_test(size=(100, 40)) as pilot:
+        await reach(pilot, "ModelScreen")
+        await wait_until(pilot, lambda: app.state.plan is not None and app.state.plan.choice is not None)
+        choice, split = app.state.plan.choice, app.state.plan.batch
+        field(app, "micro_batch").control.focus()
+        await pilot.press("f1")
+        await wait_until(pilot, lambda: isinstance(app.screen, ExplainModal))
+        body = " ".join(text_of(app.screen.query_one("#explain-body")).split())
+        assert f"on {choice.name} up to {choice.max_micro_batch} fits" in body
+        assert f"micro-batch {split.micro_batch} x accumulation {split.grad_accum}" in body

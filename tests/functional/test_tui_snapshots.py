@@ -167,3 +167,20 @@ def test_quit_question(snap_compare):
         await pilot.press("end", "ctrl+u", "8", "ctrl+q")
 
     assert snap_compare(a100_app(), terminal_size=(80, 24), run_before=go_to("ModelScreen", change_then_quit))
+
+
+def test_plan_in_a_terminal_below_80x24(snap_compare):
+    """Issue 13: at 60x20 the screen says it is too small instead of laying the selects out vertically."""
+    assert snap_compare(a100_app(), terminal_size=(60, 20), run_before=go_to("PlanScreen"))
+
+
+def test_hardware_another_machine_with_its_ram(snap_compare):
+    """Issue 13: another machine asks its GPUs, RAM, CPU cores and free disk (catalogue defaults shown)."""
+    async def other_machine(pilot):
+        from textual.widgets import Select
+        pilot.app.screen.query_one("#q-target_machine", Select).value = "other"
+        await settle(pilot)
+        pilot.app.screen.query_one("#q-target_ram", Input).focus()
+        await pilot.press("end", "ctrl+u", *"512G")
+
+    assert snap_compare(a100_app(), terminal_size=(80, 24), run_before=go_to("HardwareScreen", other_machine))

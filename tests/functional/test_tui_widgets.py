@@ -9,8 +9,8 @@ from rich.color import Color, ColorSystem
 
 from wizard import hardware, model, pipeline
 from wizard.plan import COMPONENTS
-from wizard.tui.widgets.memory_bar import (CAPACITY_MARK, COLOURS, OVERFLOW, RungRow, bar, legend, plan_scale,
-                                           short_name)
+from wizard.tui.widgets.memory_bar import (CAPACITY_MARK, COLOURS, LETTERS, OVERFLOW, RungRow, bar, legend,
+                                           plan_scale, short_name)
 from wizard.units import GiB
 
 
@@ -26,14 +26,17 @@ def test_components_stack_in_order_and_in_proportion():
     scale = plan_scale(plan)
     text = bar(rung, plan.gpu_capacity_bytes, scale, 60)
     assert len(text.plain) == 60
-    colours = [str(span.style.color.triplet.hex) if span.style.color and span.style.color.triplet else None
+    colours = [str(span.style.bgcolor.triplet.hex) if span.style.bgcolor and span.style.bgcolor.triplet else None
                for span in text.spans]
     used = [c for c in colours if c is not None]
     order = [COLOURS[n] for n in COMPONENTS if rung.breakdown.get(n)]
     # Runs appear in COMPONENTS order (a component too small for a cell may be absent).
     assert [c for c in dict.fromkeys(used)] == [c for c in order if c in used]
-    filled = text.plain.count("█")
+    filled = sum(text.plain.count(letter) for letter in LETTERS.values())
     assert abs(filled - rung.per_gpu_bytes / scale * 60) <= len(order)
+    # colour is not the only cue: each run is its component's letter, in COMPONENTS order
+    letters = "".join(dict.fromkeys(c for c in text.plain if c in LETTERS.values()))
+    assert letters == "".join(LETTERS[n] for n in COMPONENTS if LETTERS[n] in letters)
 
 
 def test_capacity_mark_and_overflow_cut():
@@ -66,8 +69,11 @@ def test_legend_names_every_component_and_the_capacity():
     plan = a_plan()
     text = legend(plan).plain
     assert len(text) <= 78
-    for name in ("params", "grads", "optim", "activ", "logits", "buffers", "ctx", "margin"):
-        assert name in text
+    for component, name in (("parameters", "params"), ("gradients", "grads"), ("optimizer", "optim"),
+                            ("activations", "activ"), ("logits", "logits"), ("buffers", "buf"),
+                            ("context", "ctx"), ("margin", "margin")):
+        assert f"{LETTERS[component]} {name}" in text
+    assert len(set(LETTERS.values())) == len(COMPONENTS)
     assert "80.0 GiB" in text or f"{plan.gpu_capacity_bytes / GiB:.1f} GiB" in text
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import errno
 import functools
-import os
 import socket
 from typing import Any, Iterable
 

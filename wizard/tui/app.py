@@ -15,7 +15,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from textual import work
+from textual import events, work
 from textual.app import App
 from textual.binding import Binding
 
@@ -57,6 +57,19 @@ class WizardApp(App[Outcome]):
         self._quitting = False
         self.written_result: pipeline.Result | None = None
         self.writes: list = []
+
+    # ------------------------------------------------------------------ type-ahead
+
+    async def on_event(self, event: events.Event) -> None:
+        """Drop an Enter typed before the current screen showed its result (see WizardScreen.result_pending):
+        keys typed while a screen is built or sized must not fall through it."""
+        if isinstance(event, events.Key) and event.key == "enter" and not event.is_forwarded:
+            from wizard.tui.screens.base import WizardScreen
+            screen = self.screen
+            if isinstance(screen, WizardScreen) and not screen.accepts_enter_typed_at(event.time):
+                screen.typed_ahead()
+                return
+        await super().on_event(event)
 
     # ------------------------------------------------------------------ start
 
@@ -137,6 +150,7 @@ class WizardApp(App[Outcome]):
     @work(thread=True, exclusive=True, exit_on_error=False, group="size")
     def size_in_thread(self, job) -> None:
         model_arg = job.model
+        _test_sizing_delay()
         try:
             with HEAVY_IMPORTS:
                 shape = pipeline.size_for_plan(model_arg, job.trainings)
@@ -211,6 +225,8 @@ class WizardApp(App[Outcome]):
     def action_request_quit(self) -> None:
         from wizard.tui.screens.modals import QuitModal
         if self._quitting:
+            # ctrl+c / ctrl+q again while "Quit the wizard?" is open: that is the answer.
+            self.exit(Outcome(EXIT_INTERRUPTED, summary=["Cancelled; nothing written."]))
             return
         if self.state.written:
             self.exit(Outcome(0, summary=self.summary_lines()))
@@ -228,8 +244,9 @@ class WizardApp(App[Outcome]):
         self.push_screen(QuitModal("You changed some answers. Nothing has been written yet; quitting "
                                    "leaves every existing file as it is."), decided)
 
-    def summary_lines(self) -> list[str]:
-        """What stays in the terminal after the screen is gone: what was written, how to launch."""
+    def summary_lines(self, launching: bool = False) -> list[str]:
+        """What stays in the terminal after the screen is gone: what was written, how to launch (unless
+        `launching`: then `wizard launch` takes over the terminal and says how the run went)."""
         from wizard.tui.snippets import launch_commands
         result = self.written_result
         if result is None:
@@ -243,9 +260,24 @@ class WizardApp(App[Outcome]):
                 lines.append(f"{'Unchanged' if not w.changed else 'Wrote'} {w.path}{backup}")
         if result.plan.topology.cpu:
             lines.append(f"A CPU-only configuration: {result.plan.topology.world_size} CPU process(es), gloo, fp32.")
+        if launching:
+            return lines
         accel, wiz = launch_commands(result.yaml_path, "your_train.py")
         lines += [f"Next: {wiz}", f"  or: {accel}"]
         return lines
+
+
+TEST_SIZING_DELAY_ENV = "WIZARD_TEST_SIZING_DELAY_S"
+
+
+def _test_sizing_delay() -> None:
+    """Tests only: WIZARD_TEST_SIZING_DELAY_S=N makes every sizing take N seconds more, as a large model on
+    a slow disk does, so the type-ahead test can type during it. Unset in real use."""
+    import os
+    import time
+    delay = os.environ.get(TEST_SIZING_DELAY_ENV)
+    if delay:
+        time.sleep(float(delay))
 
 
 def make_app(request: pipeline.Request, *, hardware: Hardware | None = None, preload: bool = True) -> WizardApp:

@@ -98,6 +98,7 @@ class WizardState:
         self.target = TARGET_HERE
         self.other_gpu = DEFAULT_OTHER_GPU
         self.other_count = DEFAULT_OTHER_COUNT
+        self.other_extras: dict[str, int] = {}    # ram / cpus / disk of the other machine, where typed
         self.entered: dict[str, Any] = {}         # values the user typed or chose, by question id
         self.changed = False                      # anything entered (quitting asks first)
         self.picked: str | None = None            # a rung the user picked on the plan screen
@@ -159,14 +160,20 @@ class WizardState:
         if not initial:
             self.changed = True
 
-    def other_spec(self) -> str:
-        return f"{self.other_count}x{self.other_gpu}"
+    def other_spec(self, extras: dict[str, int] | None = None) -> str:
+        """The --assume spec of the other machine: COUNTxGPU, then ram=/cpus=/disk= where typed."""
+        extras = self.other_extras if extras is None else extras
+        tail = "".join(f",{key}={_spec_value(key, value)}" for key, value in extras.items() if value is not None)
+        return f"{self.other_count}x{self.other_gpu}{tail}"
 
-    def set_other_machine(self, count: int, gpu: str) -> None:
-        """Plan for COUNT x GPU from the catalogue (same as --assume); InputError for a bad pair."""
+    def set_other_machine(self, count: int, gpu: str, **extras: int | None) -> None:
+        """Plan for COUNT x GPU from the catalogue (same as --assume), with its RAM, CPUs and free disk
+        (bytes, count, bytes; None: the catalogue's default); InputError for a bad pair."""
         from wizard import hardware as hardware_mod
-        hw = hardware_mod.assume(f"{count}x{gpu}")
-        self.other_count, self.other_gpu = count, gpu
+        merged = {**self.other_extras, **extras}
+        merged = {k: v for k, v in merged.items() if v is not None}
+        hw = hardware_mod.assume(f"{count}x{gpu}" + "".join(f",{k}={_spec_value(k, v)}" for k, v in merged.items()))
+        self.other_count, self.other_gpu, self.other_extras = count, gpu, merged
         if self.target == TARGET_OTHER:
             self.hardware = hw
         self.changed = True
@@ -397,6 +404,14 @@ class WizardState:
         writes = pipeline.write(result, self.given())
         self.written = True
         return writes
+
+
+def _spec_value(key: str, value: int) -> str:
+    """ram=512GiB, disk=2TiB, cpus=64: how --assume spells an extra."""
+    if key in ("ram", "disk"):
+        from wizard.units import GiB
+        return f"{value // GiB}GiB" if value % GiB == 0 else str(value)
+    return str(value)
 
 
 def _question_for_field(field: str | None) -> str | None:

@@ -7,9 +7,11 @@ up/down move between fields, ctrl+q quits (asking first when something changed).
 
 from __future__ import annotations
 
+import time
 from functools import partial
 from typing import TYPE_CHECKING, Any, Iterable
 
+from rich.markup import escape
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
@@ -28,6 +30,20 @@ if TYPE_CHECKING:
     from wizard.tui.state import WizardState
 
 STEPS = ("Hardware", "Model and training", "Plan", "Details", "Review", "Done")
+MIN_WIDTH, MIN_HEIGHT = 80, 24      # every screen is laid out for at least this (wizard.tcss)
+
+
+def first_sentence(text: str, limit: int = 56) -> str:
+    """The status line is one line of an 80-column screen: the error's first sentence, cut at `limit`
+    (the whole error is on the screen above or under F1)."""
+    end = text.find(". ")
+    head = text if end < 0 else text[:end + 1]
+    return head if len(head) <= limit else head[:limit - 1].rstrip() + "…"
+
+
+def too_small_text(width: int, height: int) -> str:
+    return (f"The terminal is {width}×{height}; the wizard needs at least {MIN_WIDTH}×{MIN_HEIGHT}. "
+            "Enlarge the window, or use `wizard --plain`.")
 
 
 class WizardScreen(Screen):
@@ -47,6 +63,8 @@ class WizardScreen(Screen):
         super().__init__()
         self.focused_qid: str | None = None
         self.advance_when_ready = False     # Next was pressed while a thread was still working
+        self.shown_at: float | None = None  # when this screen's result was last painted (None: not yet)
+        self.leaving = False                # Next was accepted: the next screen is being built
 
     # ------------------------------------------------------------------ layout
 
@@ -64,6 +82,7 @@ class WizardScreen(Screen):
         return f" {self.STEP + 1}/6 {steps}"
 
     def compose(self) -> ComposeResult:
+        yield Static("", id="too-small")
         yield Static(self.title_text(), id="title")
         with (VerticalScroll if self.BODY_SCROLLS else Vertical)(id="body"):
             yield from self.compose_body()
@@ -95,13 +114,26 @@ class WizardScreen(Screen):
     # methods (mounted, resumed, ...) instead of the handlers.
 
     def on_mount(self) -> None:
+        self.show_size(self.app.size.width, self.app.size.height)
         self.mounted()
+
+    def on_resize(self, event) -> None:
+        self.show_size(event.size.width, event.size.height)
+
+    def show_size(self, width: int, height: int) -> None:
+        """Below 80x24 the layout breaks (selects stack, lines are cut): say so at the top."""
+        small = width < MIN_WIDTH or height < MIN_HEIGHT
+        self.set_class(small, "-too-small")
+        self.query_one("#too-small", Static).update(too_small_text(width, height) if small else "")
 
     def mounted(self) -> None:
         self.sync()
 
     def on_screen_resume(self) -> None:
+        self.leaving = False
+        self.shown_at = None            # back (or out of a modal): Enter counts once it is shown again
         self.resumed()
+        self.mark_shown_after_paint()
 
     def resumed(self) -> None:
         self.sync()
@@ -125,6 +157,39 @@ class WizardScreen(Screen):
                 f.show(self.field_value(f))
         self.sync_status()
         self.update_help()
+        self.mark_shown_after_paint()
+
+    # ------------------------------------------------------------------ type-ahead
+
+    # Enter typed while a screen is being built or is still working is not an answer to what the
+    # screen shows: the app drops it (WizardApp.on_event), so type-ahead never falls through a
+    # screen whose result was not on the terminal, and files are written only from a Review
+    # screen that was seen.
+
+    def result_pending(self) -> str | None:
+        """What this screen's own result still waits for (the probe, the sizing), or None."""
+        return None
+
+    def mark_shown_after_paint(self) -> None:
+        """The screen's widgets now hold its result and are painted at the end of this cycle. The mark is
+        taken now, not after the paint: a key read while the paint is still queued was typed by someone
+        looking at the previous frame of this screen, not at an earlier screen."""
+        if self.result_pending():
+            self.shown_at = None
+        elif self.shown_at is None and self.is_current:
+            self.shown_at = time.monotonic()
+
+    def accepts_enter_typed_at(self, when: float) -> bool:
+        """Enter typed at `when` (monotonic) answers this screen: it came after the screen was painted."""
+        return not self.leaving and self.shown_at is not None and when >= self.shown_at
+
+    def typed_ahead(self) -> None:
+        """An Enter typed before the screen was shown was dropped: say so, and what it waits for."""
+        if self.leaving:
+            return
+        waiting = self.result_pending()
+        self.set_status(f"[dim]{waiting} ... (Enter again once it is shown)[/dim]" if waiting else
+                        "[dim]Enter typed before this screen was shown: ignored[/dim]")
 
     def field_visible(self, f: QuestionField) -> bool:
         state = self.state
@@ -141,7 +206,7 @@ class WizardScreen(Screen):
     def status_text(self) -> str:
         state = self.state
         if state.error and not self.error_is_inline():
-            return f"[red]✗ {state.error}[/red]"
+            return f"[red]✗ {escape(first_sentence(state.error))}[/red]"
         return ""
 
     def error_is_inline(self) -> bool:
@@ -277,6 +342,8 @@ class WizardScreen(Screen):
         return None
 
     def action_next(self) -> None:
+        if self.leaving:
+            return
         problem = self.blocking_problem()
         if problem:
             self.set_status(f"[red]✗ {problem}[/red]")
@@ -291,6 +358,14 @@ class WizardScreen(Screen):
         self.go_next()
 
     def go_next(self) -> None:
+        # Building the next screen can take a moment on a busy machine: say so first (painted before
+        # the push), and let no Enter typed meanwhile act on this screen again.
+        self.leaving = True
+        self.spinner().start("Opening the next screen ...")
+        self.call_after_refresh(self._advance)
+
+    def _advance(self) -> None:
+        self.spinner().stop()
         self.wizard.advance(self)
 
     def ready_again(self) -> None:

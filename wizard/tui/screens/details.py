@@ -65,8 +65,16 @@ class DetailsScreen(WizardScreen):
             line = f"Plan: [b]{plan.choice.name}[/b] on {plan.topology.world_size} process(es)"
         self.query_one("#details-plan", Static).update(line)
 
+    def resumed(self) -> None:
+        super().resumed()
+        # Back from Review: Enter goes on again (focus left on a select would open it instead).
+        self.next_button().focus()
+
     def blocking_problem(self) -> str | None:
         return self.plan_needed_problem("there is no plan: go back to the Plan screen")
+
+    def result_pending(self) -> str | None:
+        return self.sizing_busy()
 
     def busy(self) -> str | None:
         return self.sizing_busy()

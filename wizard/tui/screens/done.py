@@ -39,10 +39,11 @@ class DoneScreen(WizardScreen):
         yield Static("[b]Launch now[/b] (leaves the wizard and opens the live launch view)", classes="section")
         with Horizontal(classes="launch-row"):
             yield Label("Training script", classes="q-label")
-            yield Input("", placeholder="train.py", id="launch-script", compact=True)
+            yield Input("", placeholder="(path of your script, e.g. examples/train.py)", id="launch-script",
+                        compact=True)
         with Horizontal(classes="launch-row"):
             yield Label("Its arguments", classes="q-label")
-            yield Input("", placeholder="--epochs 1", id="launch-args", compact=True)
+            yield Input("", placeholder="(optional: the script's own arguments)", id="launch-args", compact=True)
         yield Static("", id="launch-error")
         yield Button("Launch now", id="launch-now", compact=True)
 
@@ -57,6 +58,7 @@ class DoneScreen(WizardScreen):
     def sync(self) -> None:
         self.sync_status()
         self.update_help()
+        self.mark_shown_after_paint()
 
     def show_done(self) -> None:
         state = self.state
@@ -81,6 +83,10 @@ class DoneScreen(WizardScreen):
             lines.append(f"[yellow]A CPU-only configuration:[/yellow] {n} CPU process{'es' if n != 1 else ''}, "
                          "gloo, fp32 (no GPU here). Run the wizard again on the GPU machine, or plan for it "
                          "on the Hardware screen.")
+            if result.plan.choice is not None and result.plan.choice.backend in ("deepspeed", "fsdp"):
+                lines.append("[dim]default_config.yaml says use_cpu: false, as `accelerate config` writes it for "
+                             "every distributed type but MULTI_CPU; with no GPU visible the processes run on "
+                             "the CPU, over gloo.[/dim]")
         warnings = [f for f in result.findings if f.severity == "warning"]
         lines.append("Validated with accelerate, DeepSpeed and transformers"
                      + (f" ({len(warnings)} warning(s))" if warnings else "") + ".")
@@ -137,7 +143,7 @@ class DoneScreen(WizardScreen):
             return
         argv = wizard_launch_argv(sys.executable, result.yaml_path, script, args)
         self.wizard.finish(Outcome(0, written=getattr(self.wizard, "writes", []), launch=argv,
-                                   summary=self.wizard.summary_lines()))
+                                   summary=self.wizard.summary_lines(launching=True)))
 
     def go_next(self) -> None:
         from wizard.tui.app import Outcome

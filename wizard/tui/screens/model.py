@@ -21,6 +21,9 @@ from wizard.units import fmt_bytes, fmt_count
 def plan_line(state) -> str:
     """One line: where the plan lands for the current inputs (or why there is none)."""
     plan = state.plan
+    if plan is not None and plan.choice is None and state.error:
+        from rich.markup import escape
+        return f"[red]✗ {escape(state.error)}[/red]"       # the whole story; the status line has room for less
     if plan is None or plan.choice is None:
         return ""
     c = plan.choice

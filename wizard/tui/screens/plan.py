@@ -65,6 +65,17 @@ def max_micro_batch_text(rung) -> str:
     return "micro-batch up to " + (f"{parts[0]} ({parts[1]})" if len(parts) == 2 else parts[0])
 
 
+def short_micro_batch_text(rung) -> str:
+    """'micro-batch ≤2 (8 +GC)': max_micro_batch_text for the one-line status of an 80-column screen."""
+    if not rung.max_micro_batch and not rung.max_micro_batch_gc:
+        return ""
+    if not rung.max_micro_batch:
+        return f"micro-batch ≤{rung.max_micro_batch_gc} +GC"
+    gc = (f" ({rung.max_micro_batch_gc} +GC)" if rung.max_micro_batch_gc
+          and rung.max_micro_batch_gc != rung.max_micro_batch else "")
+    return f"micro-batch ≤{rung.max_micro_batch}{gc}"
+
+
 class PlanScreen(WizardScreen):
     STEP = 2
     BODY_SCROLLS = False        # the rung list scrolls by itself; summary and strategy stay in view
@@ -120,12 +131,12 @@ class PlanScreen(WizardScreen):
             return f"[dim]Sizing {state.sizing.model} ...[/dim]"
         plan = state.plan
         if plan is None or plan.choice is None:
-            return "[red]Nothing to write yet: change the inputs (Escape) or the strategy below[/red]"
+            return "[red]✗ Nothing fits · Escape: the inputs · Tab: the strategy[/red]"
         c = plan.choice
-        text = f"[b]{c.name}[/b]" + (" + gradient checkpointing" if c.gradient_checkpointing else "")
+        text = f"[b]{c.name}[/b]" + (" +GC" if c.gradient_checkpointing else "")   # one 80-column line
         if c.speed is not None:
             text += f" · ≈{fmt_rate(c.speed.tokens_per_second)}"
-        biggest = max_micro_batch_text(c)
+        biggest = short_micro_batch_text(c)
         return text + (f" · {biggest}" if biggest else "")
 
     # ------------------------------------------------------------------ picking
@@ -139,6 +150,9 @@ class PlanScreen(WizardScreen):
             return
         self.state.pick_rung(key)
         self.wizard.refresh_state()
+
+    def result_pending(self) -> str | None:
+        return self.sizing_busy()
 
     def busy(self) -> str | None:
         return self.sizing_busy()

@@ -14,6 +14,7 @@ from rich.console import Group
 from rich.markup import escape
 from rich.syntax import Syntax
 from rich.text import Text
+from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.widget import Widget
 from textual.widgets import Static, TabbedContent, TabPane
@@ -56,6 +57,11 @@ class ReviewScreen(WizardScreen):
     STEP = 4
     NEXT_LABEL = "Write ▶"
     AUTO_FOCUS = "#next"
+    TAB_ORDER = ("tab-yaml", "tab-ds", "tab-diff", "tab-validation")
+    BINDINGS = [
+        Binding("left", "tab(-1)", "Previous tab", show=False),
+        Binding("right", "tab(1)", "Next tab", show=False),
+    ]
 
     def __init__(self) -> None:
         super().__init__()
@@ -88,16 +94,27 @@ class ReviewScreen(WizardScreen):
 
     def resumed(self) -> None:
         self.render_files()
+        if self.result is not None:
+            self.show_changes(self.result)    # back from Done: the files on disk are the written ones now
+
+    def action_tab(self, step: int) -> None:
+        """←/→ switch the tabs wherever the focus is (the Write button has it at first)."""
+        tabs = self.query_one(TabbedContent)
+        shown = [t for t in self.TAB_ORDER if not (t == "tab-ds" and self.result is not None
+                                                    and self.result.ds_text is None)]
+        at = shown.index(tabs.active) if tabs.active in shown else 0
+        tabs.active = shown[(at + step) % len(shown)]
 
     def sync(self) -> None:
         if self.result is None:
             self.render_files()
         self.sync_status()
         self.update_help()
+        self.mark_shown_after_paint()
 
     def screen_help(self) -> str:
         return (f"Files for {escape(self.state.output_dir)}. Enter writes them (atomically; an existing file is "
-                "kept as .bak). ←/→ on the tabs: the other file, the changes, the validation.")
+                "kept as .bak). ←/→: the other file, the changes, the validation.")
 
     # ------------------------------------------------------------------ rendering and validation
 
@@ -123,6 +140,13 @@ class ReviewScreen(WizardScreen):
             tabs.show_tab("tab-ds")
         else:
             tabs.hide_tab("tab-ds")
+        self.show_changes(result)
+        self.query_one("#validation-text", Static).update("Validating ...")
+        self.token = self.wizard.validate_in_thread(result)
+        self.spinner().start("Validating with accelerate, DeepSpeed and transformers ...")
+        self.sync_status()
+
+    def show_changes(self, result: pipeline.Result) -> None:
         parts = []
         for path, what, diff in changes(result):
             parts.append(Text(f"{path}: {what}", style="bold"))
@@ -130,10 +154,6 @@ class ReviewScreen(WizardScreen):
                 parts.append(syntax(diff.rstrip("\n"), "diff", self.app))
             parts.append(Text(""))
         self.query_one("#diff-text", Static).update(Group(*parts))
-        self.query_one("#validation-text", Static).update("Validating ...")
-        self.token = self.wizard.validate_in_thread(result)
-        self.spinner().start("Validating with accelerate, DeepSpeed and transformers ...")
-        self.sync_status()
 
     def validation_done(self, message: ValidationDone) -> None:
         if message.token != self.token:

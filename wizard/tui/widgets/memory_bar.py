@@ -2,7 +2,8 @@
 
 Rich renderables sized at render time (they take the width they are given), so the same rung
 list reads at 80 and at 200 columns. Colours are Tableau's 10: distinct in truecolor, after the
-downgrade to 256 colours, and on both light and dark backgrounds; the legend names them.
+downgrade to 256 colours, and on both light and dark backgrounds; the legend names them. Colour is
+never the only cue: each component's cells carry its letter (P params, G grads, ...), as in the legend.
 """
 
 from __future__ import annotations
@@ -30,8 +31,19 @@ COLOURS = {
 LEGEND_NAMES = {
     "parameters": "params", "gradients": "grads", "optimizer": "optim", "autocast": "amp",
     "activations": "activ",
-    "logits": "logits", "buffers": "buffers", "context": "ctx", "margin": "margin",
+    "logits": "logits", "buffers": "buf", "context": "ctx", "margin": "margin",
 }
+LETTERS = {
+    "parameters": "P", "gradients": "G", "optimizer": "O", "autocast": "H", "activations": "A",
+    "logits": "L", "buffers": "B", "context": "C", "margin": "M",
+}
+
+
+def letter_style(colour: str) -> Style:
+    """The component's colour as the background, its letter in black or white, whichever reads better."""
+    r, g, b = (int(colour[i:i + 2], 16) for i in (1, 3, 5))
+    light = 0.299 * r + 0.587 * g + 0.114 * b > 140
+    return Style(color="#000000" if light else "#ffffff", bgcolor=colour)
 SHORT_NAMES = {
     "single": "Single GPU", "ddp": "DDP", "zero1": "ZeRO-1", "zero1-offload-opt": "ZeRO-1 +opt→CPU",
     "zero2": "ZeRO-2", "zero2-offload-opt": "ZeRO-2 +opt→CPU", "zero3": "ZeRO-3",
@@ -75,7 +87,7 @@ def bar(rung: Rung, capacity: int, scale: int, width: int) -> Text:
         start = round(total / scale * width)
         total += size
         end = min(width, round(total / scale * width))
-        cells += [("█", COLOURS[name])] * max(0, end - start)
+        cells += [(LETTERS[name], COLOURS[name])] * max(0, end - start)
     overflow = total > scale
     cells = cells[:width]
     cap_at = min(width - 1, max(0, round(capacity / scale * width) - 1))
@@ -92,15 +104,16 @@ def bar(rung: Rung, capacity: int, scale: int, width: int) -> Text:
         elif char == OVERFLOW:
             text.append(char, colour)
         else:
-            text.append(char, Style(color=colour))
+            text.append(char, letter_style(colour))
     return text
 
 
 def legend(plan: Plan | None = None) -> Text:
     text = Text()
-    for name in COMPONENTS:
-        text.append("█", Style(color=COLOURS[name]))
-        text.append(f"{LEGEND_NAMES[name]} ")
+    for i, name in enumerate(COMPONENTS):
+        text.append(f"{' ' if i else ''}")
+        text.append(LETTERS[name], letter_style(COLOURS[name]))
+        text.append(f" {LEGEND_NAMES[name]}")
     if plan is not None:
         text.append(f" {CAPACITY_MARK}{fmt_bytes(plan.gpu_capacity_bytes)}", Style(bold=True))
     text.rstrip()
