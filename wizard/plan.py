@@ -12,7 +12,7 @@ from typing import Any
 from wizard import memory as mem
 from wizard import speed as speed_mod
 from wizard.errors import InputError
-from wizard.units import GiB, fmt_bytes
+from wizard.units import GiB, fmt_bytes, fmt_bytes_apart
 
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
 GC_MODES = ("auto", "on", "off")
@@ -514,7 +514,8 @@ def _problems(spec: RungSpec, est: _Estimate, x: _Inputs) -> list[str]:
         out.append(f"needs {fmt_bytes(est.per_gpu)} per {x.unit} (model states {fmt_bytes(est.model_states)}) "
                    f"but {fmt_bytes(x.usable)} is usable ({_capacity_text(x)})")
     if x.ram is not None and est.cpu > x.ram:
-        out.append(f"needs {fmt_bytes(est.cpu)} of host RAM per machine but {fmt_bytes(x.ram)} is available")
+        need, have = fmt_bytes_apart(est.cpu, x.ram)
+        out.append(f"needs {need} of host RAM per machine but {have} is available")
     if _uses_nvme(spec):
         if not x.nvme_path:
             out.append("needs an NVMe path for offload (--nvme-path) and none was given")

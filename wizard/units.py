@@ -76,6 +76,21 @@ def fmt_bytes(n: int | float | None) -> str:
     return f"{n:.1f} PiB"
 
 
+def fmt_bytes_apart(need: int | float, have: int | float) -> tuple[str, str]:
+    """fmt_bytes of two sizes with enough decimals that unequal sizes never read alike ("needs 1.1 TiB but
+    1.1 TiB is available" becomes "1.13 TiB ... 1.12 TiB")."""
+    a, b = fmt_bytes(need), fmt_bytes(have)
+    if a != b or need == have:
+        return a, b
+    for unit, scale in (("KiB", 1024), ("MiB", 1024 ** 2), ("GiB", 1024 ** 3), ("TiB", 1024 ** 4), ("PiB", 1024 ** 5)):
+        if a.endswith(" " + unit):
+            for digits in (2, 3, 4):
+                a2, b2 = f"{need / scale:.{digits}f} {unit}", f"{have / scale:.{digits}f} {unit}"
+                if a2 != b2:
+                    return a2, b2
+    return f"{need:,.0f} B", f"{have:,.0f} B"
+
+
 def fmt_count(n: int | None) -> str:
     """Parameter counts as people say them: 6.74B, 124M, 12.3K."""
     if n is None:

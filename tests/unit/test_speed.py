@@ -348,3 +348,11 @@ def test_what_would_fit_keeps_the_global_batch_on_the_fastest_rung_class():
                               Topology(1, 8))
         if other is not None and not other.choice.offloads:
             assert other.choice.tokens_per_second <= chosen.choice.tokens_per_second * (1 + 1e-9)
+
+
+def test_sizes_that_differ_never_read_alike():
+    from wizard.units import fmt_bytes_apart
+    tib = 1024 ** 4
+    assert fmt_bytes_apart(int(1.13 * tib), int(1.12 * tib)) == ("1.13 TiB", "1.12 TiB")
+    assert fmt_bytes_apart(3 * 1024 ** 3, 1024 ** 3) == ("3.0 GiB", "1.0 GiB")
+    assert fmt_bytes_apart(1024, 1024) == ("1.0 KiB", "1.0 KiB")
