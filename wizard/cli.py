@@ -369,8 +369,16 @@ def _error_line(exc: BaseException) -> str:
     return one_line(f"{type(exc).__name__}: {exc}")
 
 
+def _quiet_optional_libraries() -> None:
+    """bitsandbytes' CPU backend logs a warning about optional kernels when transformers or peft import it on a
+    machine without a GPU; the wizard runs no kernel, and its stderr is one line per problem."""
+    import logging
+    logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     as_program = argv is None
+    _quiet_optional_libraries()
     previous = _install_stop_signals()
     try:
         code = _main(list(sys.argv[1:] if argv is None else argv))

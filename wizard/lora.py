@@ -205,10 +205,6 @@ def size_adapters(model: Any, options: LoraOptions) -> AdapterShape:
     """
     if options.method not in ("lora", "qlora"):
         raise ValueError(f"size_adapters needs method lora or qlora, not {options.method!r}")
-    # peft imports bitsandbytes when it is installed; on a machine without a GPU its CPU backend logs a
-    # warning about optional kernels at import, which is noise for a sizing that runs no kernel.
-    import logging
-    logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
     from wizard.model import ModelShape
 
     if isinstance(model, ModelShape):

@@ -63,7 +63,10 @@ def yaml_on_disk(ctx: CheckContext) -> str | None:
         from wizard.check import _relative_to
         resolved = _relative_to(ref, ctx.acc_path)
     moved = isinstance(ref, str) and ref and resolved and os.path.abspath(resolved) != os.path.abspath(ref)
-    missing = isinstance(ref, str) and ref and not os.path.exists(ref) and ctx.ds_text is not None
+    # Text not yet written (the wizard's pre-write check) names the final ds_config path, where an older
+    # (even unreadable) file may still lie: the libraries must read the JSON being written, not that one.
+    missing = isinstance(ref, str) and ref and ctx.ds_text is not None and \
+        (not os.path.exists(ref) or (not same and not _holds(ref, ctx.ds_text)))
     if not same or moved:
         scratch = tempfile.mkdtemp(prefix="wizard-check-")
         ctx.cache["scratch_dir"] = scratch
@@ -74,12 +77,23 @@ def yaml_on_disk(ctx: CheckContext) -> str | None:
             ds_copy = os.path.join(scratch, "ds_config.json")
             with open(ds_copy, "w", encoding="utf-8") as f:
                 f.write(ctx.ds_text)
-            text = text.replace(ref, ds_copy)
+            # re-rendered, not a text replace: yaml escapes a non-ASCII path
+            from wizard.emit import yaml_naming
+            text = yaml_naming(text, ds_copy)
         path = os.path.join(scratch, "default_config.yaml")
         with open(path, "w", encoding="utf-8") as f:
             f.write(text)
     ctx.cache["acc_disk"] = path
     return path
+
+
+def _holds(path: str, text: str) -> bool:
+    """True when the file at `path` is exactly `text` (unreadable or different: False)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read() == text
+    except (OSError, UnicodeDecodeError):
+        return False
 
 
 def launch_outcome(ctx: CheckContext):
