@@ -9,6 +9,7 @@ and yaml lazily; the view is imported only when shown).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -148,14 +149,22 @@ def resolve_config_file(config_file: str | None) -> str | None:
     return default if os.path.isfile(default) else None
 
 
-def check_config(config_file: str | None) -> dict[str, Any] | None:
+def check_config(config_file: str | None, main_process_ip: str | None = None) -> dict[str, Any] | None:
     """Load and check the config before accelerate starts: a config `wizard check` finds an error in
-    (or cannot read) is exit 2 with that one-line finding, not an accelerate traceback in a log."""
+    (or cannot read) is exit 2 with that one-line finding, not an accelerate traceback in a log.
+
+    `main_process_ip`: the address this launch passes to accelerate (--main-process-ip, or the first node's,
+    which an emitted SLURM script finds at run time); the config is checked as launched with it, so a
+    multi-machine config that leaves the address to the launch is not refused for lacking it."""
     if config_file is None:
         return None
     from wizard.check import run_check
     from wizard.errors import InputError
-    findings = run_check(config_file=config_file, use_default_config=False)   # InputError if unreadable
+    with _as_launched(config_file, main_process_ip) as checked:
+        findings = run_check(config_file=checked, use_default_config=False)   # InputError if unreadable
+    for f in findings:
+        if f.file != config_file and f.file and os.path.basename(f.file) == os.path.basename(checked):
+            f.file = config_file
     errors = [f for f in findings if f.severity == "error"]
     if errors:
         f = errors[0]
@@ -164,6 +173,24 @@ def check_config(config_file: str | None) -> dict[str, Any] | None:
         raise InputError("--config-file", f"{where}: {f.message}{more}", "a config `wizard check` passes")
     from wizard.fsutil import read_yaml_mapping
     return read_yaml_mapping(config_file)
+
+
+@contextlib.contextmanager
+def _as_launched(config_file: str, main_process_ip: str | None):
+    """The config file as this launch runs it: itself, or a scratch copy with main_process_ip filled in
+    when a multi-machine config leaves it to the launch."""
+    from wizard.fsutil import read_yaml_mapping
+    doc = read_yaml_mapping(config_file) if main_process_ip else None
+    if not doc or int(doc.get("num_machines") or 1) <= 1 or doc.get("main_process_ip"):
+        yield config_file
+        return
+    import tempfile
+    import yaml
+    with tempfile.TemporaryDirectory(prefix="wizard-launch-check-") as tmp:
+        copy = os.path.join(tmp, os.path.basename(config_file))
+        with open(copy, "w", encoding="utf-8") as f:
+            yaml.safe_dump({**doc, "main_process_ip": main_process_ip}, f, sort_keys=False)
+        yield copy
 
 
 def make_spec(args, run_dir: Path, headless: bool) -> "Any":
@@ -183,7 +210,9 @@ def make_spec(args, run_dir: Path, headless: bool) -> "Any":
 def cmd_launch(args) -> int:
     _validate(args)
     config_file = resolve_config_file(args.config_file)
-    accel = check_config(config_file)
+    # An emitted SLURM script passes the first node's address at run time; 127.0.0.1 stands in for it here.
+    launched_ip = args.main_process_ip or ("127.0.0.1" if args.emit_slurm is not None else None)
+    accel = check_config(config_file, launched_ip)
     if args.emit_slurm is not None:      # the script lives where the job runs, maybe not here
         script, script_args = _script_and_args(args.command, must_exist=False)
         return emit_slurm(args, script, script_args, config_file, accel)

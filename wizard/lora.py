@@ -425,15 +425,18 @@ def size_llama_adapters(shape, options: LoraOptions) -> AdapterShape:
         notes=["--params shape: a Llama-like model, adapters counted analytically"],
     )
     if options.method == "qlora":
-        numels = [i * o for i, o in linears.values()] * shape.layers
-        single = sum(nf4_linear_bytes(n, False, options.quant_storage).constants for n in numels)
-        double = sum(nf4_linear_bytes(n, True, options.quant_storage).constants for n in numels)
+        # Every layer has the same Linears: one layer's figures times the layers (never a list per layer, which
+        # a huge --layers would make huge).
+        layer = [i * o for i, o in linears.values()]
+        single = shape.layers * sum(nf4_linear_bytes(n, False, options.quant_storage).constants for n in layer)
+        double = shape.layers * sum(nf4_linear_bytes(n, True, options.quant_storage).constants for n in layer)
+        weights = shape.layers * sum(nf4_linear_bytes(n, options.double_quant, options.quant_storage).weights
+                                     for n in layer)
         _fill_quant(result, _Quantized(
-            modules=len(numels), params=sum(numels),
-            weight_bytes=sum(nf4_linear_bytes(n, options.double_quant, options.quant_storage).weights for n in numels),
-            constant_bytes_single=single, constant_bytes_double=double,
+            modules=len(layer) * shape.layers, params=sum(layer) * shape.layers,
+            weight_bytes=weights, constant_bytes_single=single, constant_bytes_double=double,
             constant_bytes=double if options.double_quant else single,
-            unquantized_params=total - sum(numels),
+            unquantized_params=total - sum(layer) * shape.layers,
         ))
     return result
 
