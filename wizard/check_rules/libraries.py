@@ -232,34 +232,16 @@ def stage_conflict(ctx: CheckContext) -> Iterable:
 # ----------------------------------------------------------------------------- DeepSpeed
 
 
-class _WorldStandIn:
-    """deepspeed.comm as DeepSpeedConfig sees it: rank 0 of the config's world."""
-
-    def __init__(self, world_size: int):
-        self._world = world_size
-
-    def get_rank(self, group=None) -> int:
-        return 0
-
-    def get_world_size(self, group=None) -> int:
-        return self._world
-
-
 def deepspeed_config_errors(cfg: dict[str, Any], world_size: int) -> list[tuple[str | None, str]]:
     """(dotted key or None, message) for each error DeepSpeedConfig raises on cfg at world_size."""
-    from wizard.validate import _libs
+    from wizard.validate import deepspeed_config_check
 
-    module = _libs().ds_config
-    saved = module.dist
-    module.dist = _WorldStandIn(world_size)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            module.DeepSpeedConfig(copy.deepcopy(cfg))
+            deepspeed_config_check(cfg, world_size)
     except Exception as exc:  # noqa: BLE001 - whatever DeepSpeed raises is the finding
         return _split_error(exc)
-    finally:
-        module.dist = saved
     return []
 
 
