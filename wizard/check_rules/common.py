@@ -271,3 +271,14 @@ def walk(node: Any, prefix: str = "") -> Iterable[tuple[str, Any]]:
             path = f"{prefix}.{key}" if prefix else str(key)
             yield path, value
             yield from walk(value, path)
+
+
+def older(version: str | None, minimum: str) -> bool:
+    """True when an installed `version` is below `minimum` (unknown or unparsable versions are not)."""
+    if not version:
+        return False
+    from packaging.version import InvalidVersion, Version
+    try:
+        return Version(version) < Version(minimum)
+    except InvalidVersion:
+        return False

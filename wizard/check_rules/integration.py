@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-from wizard.check_rules.common import CheckContext, as_int, finding, rule
+from wizard.check_rules.common import CheckContext, as_int, finding, older, rule
 
 FAMILY = "integration"
 ENVIRONMENT = "<environment>"
@@ -150,16 +150,6 @@ def split_batches_indivisible(ctx: CheckContext) -> Iterable:
 # ----------------------------------------------------------------------------- versions
 
 
-def _older(version: str | None, minimum: str) -> bool:
-    if not version:
-        return False
-    from packaging.version import InvalidVersion, Version
-    try:
-        return Version(version) < Version(minimum)
-    except InvalidVersion:
-        return False
-
-
 def _uses_compile(ctx: CheckContext) -> bool:
     if ctx.ta is not None and (ctx.ta_given("torch_compile") or ctx.ta_given("torch_compile_backend")
                                or ctx.ta_given("torch_compile_mode")):
@@ -171,7 +161,7 @@ def _uses_compile(ctx: CheckContext) -> bool:
 @rule("VER-ACCELERATE-OLD", FAMILY, "accelerate below 1.1.0")
 def accelerate_old(ctx: CheckContext) -> Iterable:
     version = ctx.versions.get("accelerate")
-    if _older(version, MIN_ACCELERATE):
+    if older(version, MIN_ACCELERATE):
         yield finding(
             "error", "VER-ACCELERATE-OLD", ENVIRONMENT, "accelerate",
             f"accelerate {version} is below {MIN_ACCELERATE}: transformers' Trainer refuses to start "
@@ -182,7 +172,7 @@ def accelerate_old(ctx: CheckContext) -> Iterable:
 @rule("VER-ACCELERATE-COMPILE", FAMILY, "accelerate below 1.2.0 with torch compile")
 def accelerate_compile(ctx: CheckContext) -> Iterable:
     version = ctx.versions.get("accelerate")
-    if not _uses_compile(ctx) or _older(version, MIN_ACCELERATE) or not _older(version, MIN_ACCELERATE_COMPILE):
+    if not _uses_compile(ctx) or older(version, MIN_ACCELERATE) or not older(version, MIN_ACCELERATE_COMPILE):
         return
     yield finding(
         "warning", "VER-ACCELERATE-COMPILE", ENVIRONMENT, "accelerate",
@@ -195,7 +185,7 @@ def accelerate_compile(ctx: CheckContext) -> Iterable:
 @rule("VER-DEEPSPEED-OLD", FAMILY, "DeepSpeed below 0.9.3")
 def deepspeed_old(ctx: CheckContext) -> Iterable:
     version = ctx.versions.get("deepspeed")
-    if not ctx.uses_deepspeed or not _older(version, MIN_DEEPSPEED):
+    if not ctx.uses_deepspeed or not older(version, MIN_DEEPSPEED):
         return
     yield finding(
         "error", "VER-DEEPSPEED-OLD", ENVIRONMENT, "deepspeed",

@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
-from wizard.check_rules.common import CheckContext, finding
+from wizard.check_rules.common import CheckContext, finding, older
 from wizard.findings import Finding
 
 ENVIRONMENT = "<environment>"
@@ -79,16 +79,6 @@ def installed_version(ctx: CheckContext, name: str) -> str | None:
         return metadata.version(name)
     except metadata.PackageNotFoundError:
         return None
-
-
-def older(version: str | None, minimum: str) -> bool:
-    if not version:
-        return False
-    from packaging.version import InvalidVersion, Version
-    try:
-        return Version(version) < Version(minimum)
-    except InvalidVersion:
-        return False
 
 
 def sharded_qlora(ctx: CheckContext, options) -> bool:
