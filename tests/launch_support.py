@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -50,3 +51,11 @@ def run_pids(st: dict) -> set[int]:
     if st.get("launcher_pid"):
         pids.add(int(st["launcher_pid"]))
     return pids
+
+
+def state(run_dir: Path) -> dict:
+    """run.json of a run directory, or {} while it is missing or half-written."""
+    try:
+        return json.loads((run_dir / "run.json").read_text())
+    except (OSError, ValueError):
+        return {}

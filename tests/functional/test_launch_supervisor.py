@@ -19,7 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.launch_support import alive as still_alive, env, run_pids, wait_for
+from tests.launch_support import alive as still_alive, env, run_pids, state, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 TRAIN = str(REPO / "examples" / "train.py")
@@ -41,13 +41,6 @@ def ddp_config(tmp_path: Path) -> Path:
         "num_processes: 2\nmachine_rank: 0\nmixed_precision: 'no'\nuse_cpu: false\ngpu_ids: all\n"
         "main_process_port: 0\nrdzv_backend: static\nsame_network: true\nmain_training_function: main\n")
     return cfg
-
-
-def state(run_dir: Path) -> dict:
-    try:
-        return json.loads((run_dir / "run.json").read_text())
-    except (OSError, ValueError):
-        return {}
 
 
 def events(run_dir: Path) -> list[dict]:

@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.launch_support import alive, env, run_pids, wait_for
+from tests.launch_support import alive, env, run_pids, state, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -64,13 +64,6 @@ open(sys.argv[1], "w").write(str(child.pid))
 print("spawned", child.pid, flush=True)
 time.sleep(float(sys.argv[2]))
 """
-
-
-def state(run_dir: Path) -> dict:
-    try:
-        return json.loads((run_dir / "run.json").read_text())
-    except (OSError, ValueError):
-        return {}
 
 
 def events(run_dir: Path) -> list[dict]:
