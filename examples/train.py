@@ -83,6 +83,20 @@ def describe_engine(trainer, model) -> str:
     return f"engine=single model={ds_cls} world_size={world}"
 
 
+def leave_process_group() -> None:
+    """Wait for every rank, then tear the group down before the interpreter exits.
+
+    A rank that exits while another still talks to it (rank 0 printing its report after a ZeRO-3 gather) can
+    die in the gloo group's C++ destructor ("terminate called without an active exception", SIGABRT), and
+    torchrun then reports the whole run as failed.
+    """
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     import tempfile
@@ -158,6 +172,7 @@ def main(argv=None) -> int:
     trainer.train()
     if args.save:
         trainer.save_model(output_dir)
+    leave_process_group()
     say("done")
     return 0
 

@@ -50,6 +50,20 @@ def rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
 
+def leave_process_group() -> None:
+    """Wait for every rank, then tear the group down before the interpreter exits.
+
+    A rank that exits while another still talks to it (rank 0 printing its report after a ZeRO-3 gather) can
+    die in the gloo group's C++ destructor ("terminate called without an active exception", SIGABRT), and
+    torchrun then reports the whole run as failed.
+    """
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 def lora_config(args):
     from peft import LoraConfig
 
@@ -146,6 +160,7 @@ def main(argv=None) -> int:
         result.update(trainable=trainable, total=total, zero_stage=stage, world=world,
                       first_loss=losses[0] if losses else None, last_loss=losses[-1] if losses else None)
         print("LORA_RESULT " + json.dumps(result), flush=True)
+    leave_process_group()
     return 0
 
 
