@@ -18,22 +18,12 @@ from typing import Any
 
 from wizard.errors import InputError
 from wizard.memory import OPTIMIZER_STATE_BYTES, optimizer_for_rung
+from wizard.vocab import (DEEPSPEED_MULTINODE_LAUNCHERS, DYNAMO_BACKENDS, DYNAMO_MODES, FSDP1_STATE_DICT_TYPES,
+                          FSDP2_STATE_DICT_TYPES, FSDP_AUTO_WRAP_POLICIES, FSDP_BACKWARD_PREFETCH,
+                          FSDP_SHARDING_STRATEGIES, MIXED_PRECISIONS)
 
 YAML_NAME = "default_config.yaml"
 DS_NAME = "ds_config.json"
-
-# accelerate's own vocabularies (accelerate.utils.constants / config_utils, 1.15); a unit test
-# compares them with the installed accelerate so a drift is caught, without importing it here.
-DYNAMO_BACKENDS = ("EAGER", "AOT_EAGER", "INDUCTOR", "AOT_TS_NVFUSER", "NVPRIMS_NVFUSER", "CUDAGRAPHS", "OFI",
-                   "FX2TRT", "ONNXRT", "TENSORRT", "AOT_TORCHXLA_TRACE_ONCE", "TORHCHXLA_TRACE_ONCE", "TVM")
-DYNAMO_MODES = ("default", "reduce-overhead", "max-autotune")
-DEEPSPEED_MULTINODE_LAUNCHERS = ("pdsh", "standard", "openmpi", "mvapich", "mpich", "nossh", "slurm")
-FSDP_SHARDING_STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2")
-FSDP_AUTO_WRAP_POLICIES = ("TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP")
-FSDP_BACKWARD_PREFETCH = ("BACKWARD_PRE", "BACKWARD_POST", "NO_PREFETCH")
-FSDP1_STATE_DICT_TYPES = ("FULL_STATE_DICT", "LOCAL_STATE_DICT", "SHARDED_STATE_DICT")
-FSDP2_STATE_DICT_TYPES = ("SHARDED_STATE_DICT", "FULL_STATE_DICT")
-MIXED_PRECISIONS = ("no", "fp16", "bf16")   # fp8 is out of scope (README)
 
 # The keys accelerate refuses beside `deepspeed_config_file` (DeepSpeedPlugin._deepspeed_config_checks).
 REJECTED_BESIDE_DS_FILE = ("gradient_accumulation_steps", "gradient_clipping", "zero_stage",

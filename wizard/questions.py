@@ -29,22 +29,14 @@ from wizard.model import ModelShape
 from wizard.plan import (ATTENTIONS, BACKENDS, GC_MODES, HEADROOM_ALLOWED, MAX_HEADROOM, METHODS, OFFLOADS, OPTIMIZERS,
                          PRECISIONS, TRAINERS, ZERO_STAGES, Plan)
 from wizard.units import GiB, fmt_bytes, parse_bytes, parse_count
+from wizard.vocab import (DEEPSPEED_MULTINODE_LAUNCHERS, DYNAMO_BACKENDS_OFFERED, DYNAMO_MODES, FSDP1_STATE_DICT_TYPES,
+                          FSDP2_STATE_DICT_TYPES, FSDP_AUTO_WRAP_POLICIES, FSDP_BACKWARD_PREFETCH,
+                          FSDP_SHARDING_STRATEGIES, MIXED_PRECISIONS)
 
 STAGES = ("model", "training", "strategy", "machines", "details")
 KINDS = ("choice", "bool", "int", "float", "str", "path", "size", "count")
 DETAIL_GROUPS = ("processes", "compile", "deepspeed", "multinode", "fsdp", "precision")
 
-# accelerate's own menus (accelerate/utils/constants.py, commands/config/config_utils.py), restricted to
-# what runs on NVIDIA GPUs; accelerate's misspelt/XLA-only dynamo entries are left out.
-DYNAMO_BACKENDS = ("EAGER", "AOT_EAGER", "INDUCTOR", "CUDAGRAPHS", "ONNXRT", "TENSORRT", "TVM")
-DYNAMO_MODES = ("default", "reduce-overhead", "max-autotune")
-DEEPSPEED_MULTINODE_LAUNCHERS = ("pdsh", "standard", "openmpi", "mvapich", "mpich", "nossh", "slurm")
-FSDP_AUTO_WRAP_POLICIES = ("TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP")
-FSDP_SHARDING_STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2")
-FSDP_BACKWARD_PREFETCH = ("BACKWARD_PRE", "BACKWARD_POST", "NO_PREFETCH")
-FSDP1_STATE_DICT_TYPES = ("FULL_STATE_DICT", "LOCAL_STATE_DICT", "SHARDED_STATE_DICT")
-FSDP2_STATE_DICT_TYPES = ("SHARDED_STATE_DICT", "FULL_STATE_DICT")
-MIXED_PRECISIONS = ("no", "fp16", "bf16")
 RDZV_BACKENDS = ("static", "c10d", "etcd", "etcd-v2")     # what torchrun accepts
 DEFAULT_PORT = 29500                                      # torchrun's and accelerate's default master port
 
@@ -950,7 +942,7 @@ QUESTIONS: tuple[Question, ...] = (
        "compiles cleanly.", "bool", default=False,
        why="Off: get the run working first, then try compiling.", **_details("compile")),
     _q("dynamo_backend", "Compiler backend", "Which backend torch.compile hands the graph to; inductor is the "
-       "one PyTorch develops and tests for training.", "choice", choices=DYNAMO_BACKENDS, default="INDUCTOR",
+       "one PyTorch develops and tests for training.", "choice", choices=DYNAMO_BACKENDS_OFFERED, default="INDUCTOR",
        when=lambda ctx: bool(_a(ctx, "use_dynamo")), why="inductor: PyTorch's default compiler.",
        **_details("compile")),
     _q("dynamo_customize", "Customise torch.compile options",

@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from tests.plans import make_plan
-from wizard import emit
+from wizard import emit, vocab
 from wizard.plan import Plan
 
 pytestmark = pytest.mark.timeout(120)
@@ -291,16 +291,40 @@ def test_scripted_user_rejects_unknown_prompts():
 
 def test_accelerate_vocabularies_match_the_installed_accelerate():
     from accelerate.commands.config.config_utils import DYNAMO_BACKENDS
-    from accelerate.utils import constants
+    from accelerate.utils import PrecisionType, constants
 
-    assert tuple(DYNAMO_BACKENDS) == emit.DYNAMO_BACKENDS
-    assert tuple(constants.TORCH_DYNAMO_MODES) == emit.DYNAMO_MODES
-    assert tuple(constants.DEEPSPEED_MULTINODE_LAUNCHERS) == emit.DEEPSPEED_MULTINODE_LAUNCHERS
-    assert tuple(constants.FSDP_SHARDING_STRATEGY) == emit.FSDP_SHARDING_STRATEGIES
-    assert tuple(constants.FSDP_AUTO_WRAP_POLICY) == emit.FSDP_AUTO_WRAP_POLICIES
-    assert tuple(constants.FSDP_BACKWARD_PREFETCH) == emit.FSDP_BACKWARD_PREFETCH
-    assert tuple(constants.FSDP_STATE_DICT_TYPE) == emit.FSDP1_STATE_DICT_TYPES
-    assert tuple(constants.FSDP2_STATE_DICT_TYPE) == emit.FSDP2_STATE_DICT_TYPES
+    assert tuple(DYNAMO_BACKENDS) == vocab.DYNAMO_BACKENDS
+    assert tuple(constants.TORCH_DYNAMO_MODES) == vocab.DYNAMO_MODES
+    assert tuple(constants.DEEPSPEED_MULTINODE_LAUNCHERS) == vocab.DEEPSPEED_MULTINODE_LAUNCHERS
+    assert tuple(constants.FSDP_SHARDING_STRATEGY) == vocab.FSDP_SHARDING_STRATEGIES
+    assert tuple(constants.FSDP_AUTO_WRAP_POLICY) == vocab.FSDP_AUTO_WRAP_POLICIES
+    assert tuple(constants.FSDP_BACKWARD_PREFETCH) == vocab.FSDP_BACKWARD_PREFETCH
+    assert tuple(constants.FSDP_STATE_DICT_TYPE) == vocab.FSDP1_STATE_DICT_TYPES
+    assert tuple(constants.FSDP2_STATE_DICT_TYPE) == vocab.FSDP2_STATE_DICT_TYPES
+    assert set(vocab.MIXED_PRECISIONS) == {p.value for p in PrecisionType} - {"fp8"}
+
+
+def test_the_question_table_offers_accelerates_words_and_no_others():
+    """Every choice a question offers for an accelerate key is a word of accelerate's vocabulary; the dynamo
+    menu leaves out only backends the installed torch does not register (ONNXRT and TENSORRT stay: torch
+    registers them once onnxruntime / torch_tensorrt are installed)."""
+    import torch._dynamo
+    from accelerate.commands.config.config_utils import DYNAMO_BACKENDS
+
+    from wizard.questions import QUESTIONS
+
+    by_id = {q.id: q for q in QUESTIONS}
+    offered = by_id["dynamo_backend"].choices
+    assert set(offered) == set(DYNAMO_BACKENDS) - vocab.DYNAMO_BACKENDS_NOT_OFFERED
+    torch_backends = {b.upper() for b in torch._dynamo.list_backends(exclude_tags=())}
+    assert not vocab.DYNAMO_BACKENDS_NOT_OFFERED & torch_backends
+    assert set(offered) - torch_backends == {"ONNXRT", "TENSORRT"}
+    for qid, words in (("dynamo_mode", vocab.DYNAMO_MODES), ("fsdp_sharding_strategy", vocab.FSDP_SHARDING_STRATEGIES),
+                       ("fsdp_auto_wrap_policy", vocab.FSDP_AUTO_WRAP_POLICIES),
+                       ("fsdp_backward_prefetch", vocab.FSDP_BACKWARD_PREFETCH),
+                       ("deepspeed_multinode_launcher", vocab.DEEPSPEED_MULTINODE_LAUNCHERS),
+                       ("mixed_precision", vocab.MIXED_PRECISIONS)):
+        assert set(by_id[qid].choices) <= set(words), qid
 
 
 

@@ -1,0 +1,26 @@
+"""accelerate's own vocabularies, in one place (accelerate.utils.constants and
+commands/config/config_utils, 1.15). tests/functional/test_accelerate_differential.py compares each
+with the installed accelerate, so a drift is caught without importing accelerate here (start-up).
+
+The question table offers a subset where accelerate's menu lists what cannot run on NVIDIA GPUs;
+the emitter accepts the whole vocabulary, as accelerate's loader does.
+"""
+
+from __future__ import annotations
+
+DYNAMO_BACKENDS = ("EAGER", "AOT_EAGER", "INDUCTOR", "AOT_TS_NVFUSER", "NVPRIMS_NVFUSER", "CUDAGRAPHS", "OFI",
+                   "FX2TRT", "ONNXRT", "TENSORRT", "AOT_TORCHXLA_TRACE_ONCE", "TORHCHXLA_TRACE_ONCE", "TVM")
+# Left out of the menu: the nvFuser backends torch removed, OFI and FX2TRT (no longer in torch._dynamo's
+# list), and the XLA-only ones (one of them misspelt in accelerate itself).
+DYNAMO_BACKENDS_NOT_OFFERED = frozenset({"AOT_TS_NVFUSER", "NVPRIMS_NVFUSER", "OFI", "FX2TRT",
+                                         "AOT_TORCHXLA_TRACE_ONCE", "TORHCHXLA_TRACE_ONCE"})
+DYNAMO_BACKENDS_OFFERED = tuple(b for b in DYNAMO_BACKENDS if b not in DYNAMO_BACKENDS_NOT_OFFERED)
+DYNAMO_MODES = ("default", "reduce-overhead", "max-autotune")
+DEEPSPEED_MULTINODE_LAUNCHERS = ("pdsh", "standard", "openmpi", "mvapich", "mpich", "nossh", "slurm")
+FSDP_SHARDING_STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2")
+FSDP_AUTO_WRAP_POLICIES = ("TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP")
+FSDP_BACKWARD_PREFETCH = ("BACKWARD_PRE", "BACKWARD_POST", "NO_PREFETCH")
+FSDP1_STATE_DICT_TYPES = ("FULL_STATE_DICT", "LOCAL_STATE_DICT", "SHARDED_STATE_DICT")
+FSDP2_STATE_DICT_TYPES = ("SHARDED_STATE_DICT", "FULL_STATE_DICT")
+# accelerate also knows fp8; the wizard leaves it out of scope (README).
+MIXED_PRECISIONS = ("no", "fp16", "bf16")
