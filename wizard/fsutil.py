@@ -214,14 +214,6 @@ def check_writable_dir(path: str) -> None:
                          "a writable directory (created if missing)")
 
 
-def check_writable_file(path: str) -> None:
-    """The file's directory is writable and the path is not a directory (checked before writing)."""
-    target = os.path.abspath(os.path.expanduser(path))
-    if os.path.isdir(target):
-        raise InputError("output_dir", f"{target} is a directory, expected a file path", "a file path")
-    check_writable_dir(os.path.dirname(target))
-
-
 # ============================================================================================
 # Bounded reads: every file the wizard reads from the user has a size limit, a depth limit, and
 # never blocks (a FIFO or a device where a file should be is refused, not read).

@@ -21,7 +21,7 @@ from wizard import pipeline
 from wizard.errors import InputError
 from wizard.hardware import Hardware
 from wizard.model import ModelShape
-from wizard.plan import RUNG_SPECS, Plan, Rung
+from wizard.plan import RUNG_SPECS, Plan
 from wizard.questions import QUESTIONS, Context, Question, by_id
 
 # Where the files go when there is no GPU here: CPU processes on this machine (see `default_target`).
@@ -206,10 +206,6 @@ class WizardState:
             self.entered.pop("params", None)
         self.entered[qid] = value
         self.changed = True
-
-    def clear_answer(self, qid: str) -> None:
-        """Back to the recommended default."""
-        self.entered.pop(qid, None)
 
     def context(self, answers: dict[str, Any] | None = None) -> Context:
         if answers is None:
@@ -424,6 +420,3 @@ def _question_for_field(field: str | None) -> str | None:
     except KeyError:
         return None
 
-
-def rung_label(rung: Rung) -> str:
-    return rung.name + (" + GC" if rung.gradient_checkpointing else "")

@@ -381,12 +381,3 @@ class WizardScreen(Screen):
     def next_button(self) -> Button:
         return self.query_one("#next", Button)
 
-    def value_text(self, qid: str) -> str:
-        try:
-            q = by_id(qid)
-        except KeyError:
-            return ""
-        return format_value(q, self.state.value_of(qid))
-
-    def any_value(self, qid: str) -> Any:
-        return self.state.value_of(qid)
