@@ -106,3 +106,69 @@ def test_fixtures_are_up_to_date(tmp_path: Path, monkeypatch):
         rel = case.relative_to(FIXTURES)
         for f in case.iterdir():
             assert (tmp_path / rel / f.name).read_text() == f.read_text(), f"{rel}/{f.name} is stale"
+
+
+# How bad each rule's trigger is, as the doctor must say it: an error is what a library rejects or what
+# silently changes the training; a warning is legal but probably not meant; info asks for nothing.
+# (Written out here so that turning a warning into an error, or the reverse, fails a test.)
+SEVERITY = {
+    "ACC-COUNT-NOT-INTEGER": "error", "ACC-DISTRIBUTED-TYPE-CONTRADICTS": "error",
+    "ACC-DS-CONFIG-FILE-MISSING": "error", "ACC-FSDP-WRAP-CLASS-MISSING": "error",
+    "ACC-GPU-IDS-NOT-STRING": "error", "ACC-IGNORED-BY-LAUNCH": "warning", "ACC-KEYS-BESIDE-DS-FILE": "error",
+    "ACC-LAUNCH-REJECTS": "error", "ACC-LOADER-REJECTS": "error", "ACC-NUM-PROCESSES-EXCEEDS-GPUS": "error",
+    "ACC-NUM-PROCESSES-PER-NODE": "error", "ACC-PORT-IN-USE": "warning", "ACC-UNKNOWN-KEY": "error",
+    "ACC-UNKNOWN-NESTED-KEY": "warning", "ACC-UNQUOTED-NO": "error", "DS-AIO-IN-ZERO": "error",
+    "DS-AUTO-IN-SUBCONFIG": "error", "DS-AUTO-UNFILLED": "error", "DS-BF16-UNSUPPORTED": "error",
+    "DS-DUPLICATE-KEY": "error", "DS-FLOAT-BUCKET": "error", "DS-LIBRARY-REJECTS": "error",
+    "DS-NO-ZERO-OPTIMIZATION": "error", "DS-NVME-BELOW-ZERO3": "warning", "DS-NVME-NO-AIO": "error",
+    "DS-NVME-NO-PATH": "error", "DS-NVME-PATH-UNUSABLE": "error", "DS-ODD-ALLGATHER-BUCKET": "error",
+    "DS-OFFLOAD-CLIENT-OPTIMIZER": "error", "DS-OFFLOAD-PARAM-BELOW-ZERO3": "warning",
+    "DS-OFFLOAD-TORCH-OPTIMIZER": "info", "DS-TRAINER-MISMATCH": "error", "DS-UNKNOWN-TOP-KEY": "warning",
+    "DS-ZERO3-NO-16BIT-SAVE": "warning", "INT-FSDP-AND-DEEPSPEED": "error", "INT-STAGE-CONFLICT": "warning",
+    "PLAN-EXCEEDS-GPU": "error", "TRN-AUTO-BATCH-ZERO3": "error", "TRN-FSDP-AC-WITH-GC": "error",
+    "TRN-IGNORED-KEYS": "info", "TRN-LIBRARY-REJECTS": "error", "TRN-NON-BLOCKING-NO-PIN": "warning",
+    "TRN-SAVE-ONLY-MODEL-BEST": "error", "TRN-SAVE-ONLY-MODEL-SHARDED": "error",
+    "TRN-SPLIT-BATCHES-INDIVISIBLE": "error", "TRN-VALUE-TYPE": "error", "VER-ACCELERATE-COMPILE": "warning",
+    "VER-ACCELERATE-OLD": "error", "VER-DEEPSPEED-OLD": "error",
+}
+
+
+@pytest.mark.parametrize("case_dir", [p for p in CASE_DIRS if p.name == "trigger"],
+                         ids=[p.parent.name for p in CASE_DIRS if p.name == "trigger"])
+def test_each_rule_reports_its_trigger_with_its_own_severity(case_dir: Path, tmp_path: Path):
+    rule = case_dir.parent.name
+    if rule == "DS-NVME-NO-AIO":
+        from wizard.check_rules.deepspeed_json import aio_available
+        if aio_available():
+            pytest.skip("DeepSpeed's async_io op is available on this machine")
+    _, findings = check_case(case_dir, tmp_path)
+    assert {f.severity for f in findings if f.rule == rule} == {SEVERITY[rule]}
+
+
+def near_miss(rule: str, tmp_path: Path, edit) -> list[str]:
+    """The rule's trigger fixture with one edit to its ds_config.json; the rules that then fire."""
+    case = tmp_path / "near-miss"
+    shutil.copytree(FIXTURES / rule / "trigger", case)
+    ds = json.loads((case / "ds_config.json").read_text())
+    edit(ds)
+    (case / "ds_config.json").write_text(json.dumps(ds))
+    _, findings = check_case(case, tmp_path / "run")
+    return sorted({f.rule for f in findings})
+
+
+def test_an_odd_allgather_bucket_is_fine_under_zero3_which_never_reads_it(tmp_path: Path):
+    # stage3.py takes no allgather_bucket_size; only the ZeRO-1/2 optimizer asserts it is even.
+    def to_stage3(ds):
+        ds["zero_optimization"]["stage"] = 3
+    assert "DS-ODD-ALLGATHER-BUCKET" not in near_miss("DS-ODD-ALLGATHER-BUCKET", tmp_path, to_stage3)
+
+
+@pytest.mark.parametrize("value", [5e8, 15099494.0, 2e8])
+def test_a_whole_float_bucket_is_accepted_as_deepspeed_accepts_it(tmp_path: Path, value: float):
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+
+    DeepSpeedZeroConfig(stage3_prefetch_bucket_size=value)       # pydantic takes a float with no fraction
+
+    def whole(ds):
+        ds["zero_optimization"]["stage3_prefetch_bucket_size"] = value
+    assert "DS-FLOAT-BUCKET" not in near_miss("DS-FLOAT-BUCKET", tmp_path, whole)
