@@ -1,6 +1,6 @@
-"""bench/gpu/measure.py on the CPU: its pure parts (case selection, verdict arithmetic, probe and
-metrics comparison, the report) and its --dry-run-cpu mode end to end. No GPU here: the GPU figures
-come only from a run on a GPU machine (bench/gpu/README.md)."""
+"""bench/gpu (measure.py and the modules it imports) on the CPU: the pure parts (case selection,
+verdict arithmetic, probe and metrics comparison, the report) and the --dry-run-cpu mode end to end.
+No GPU here: the GPU figures come only from a run on a GPU machine (bench/gpu/README.md)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,15 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from bench.gpu.cases import (CaseSpec, Planner, Prediction, given_for, pick_predicted_oom, pick_smallest_headroom,
+                             rung_key, select_cases, write_models)
+from bench.gpu.launch_check import align, load_metrics_jsonl, metric_diffs, metrics_verdict
+from bench.gpu.memory_check import case_record, decide, error_pct, train_command
+from bench.gpu.probe_compare import compare_probe, load_hardware
+from bench.gpu.report import CASE_COLUMNS, render_markdown, summarize
+from bench.gpu.smi import (SMI_OPTIONAL_SAMPLE_FIELDS, SMI_SAMPLE_FIELDS, SMI_STATIC_FIELDS, parse_smi_csv,
+                           parse_smi_samples)
 
 REPO = Path(__file__).resolve().parents[2]
 GPU_DIR = REPO / "bench" / "gpu"
@@ -27,29 +36,28 @@ def _load(name: str, path: Path):
     return module
 
 
-measure = _load("gpu_bench_measure", GPU_DIR / "measure.py")
 train_one = _load("gpu_bench_train_one", GPU_DIR / "train_one.py")
 
 
 def pred(per_gpu_gib: float, fits: bool, usable_gib: float = 100.0, capacity_gib: float = 110.0,
          offload: bool = False):
-    return measure.Prediction(rung="single", fits=fits, per_gpu_bytes=int(per_gpu_gib * GiB),
-                              usable_bytes=int(usable_gib * GiB), capacity_bytes=int(capacity_gib * GiB),
-                              gc=False, offload=offload)
+    return Prediction(rung="single", fits=fits, per_gpu_bytes=int(per_gpu_gib * GiB),
+                      usable_bytes=int(usable_gib * GiB), capacity_bytes=int(capacity_gib * GiB),
+                      gc=False, offload=offload)
 
 
 def spec(model="m", backend="single", seq=512, mb=1, gc=False):
-    return measure.CaseSpec(model, backend, seq, mb, gc)
+    return CaseSpec(model, backend, seq, mb, gc)
 
 
 # ----------------------------------------------------------------------------- arithmetic
 
 def test_error_pct_is_relative_to_the_measurement():
-    assert measure.error_pct(110, 100) == pytest.approx(10.0)
-    assert measure.error_pct(90, 100) == pytest.approx(-10.0)
-    assert measure.error_pct(100, None) is None
-    assert measure.error_pct(None, 100) is None
-    assert measure.error_pct(100, 0) is None
+    assert error_pct(110, 100) == pytest.approx(10.0)
+    assert error_pct(90, 100) == pytest.approx(-10.0)
+    assert error_pct(100, None) is None
+    assert error_pct(None, 100) is None
+    assert error_pct(100, 0) is None
 
 
 @pytest.mark.parametrize("fits,status,measured,expected", [
@@ -65,7 +73,7 @@ def test_error_pct_is_relative_to_the_measurement():
     (False, "crash", None, "unknown"),
 ])
 def test_fit_decision(fits, status, measured, expected):
-    verdict, why = measure.decide(fits, status, measured, usable=100)
+    verdict, why = decide(fits, status, measured, usable=100)
     assert verdict == expected, why
     if fits and status == "ok" and measured and measured > 100:
         assert "headroom" in why
@@ -83,7 +91,7 @@ def test_summary_counts_decisions_and_the_10_percent_target():
         {"status": "ok", "decision": "unknown", "predicted_fits": True, "error_pct": None,
          "measured_bytes": None},                                   # a dry run's tiny CPU training
     ]
-    s = measure.summarize(cases)
+    s = summarize(cases)
     assert (s["cases"], s["measured"], s["decisions_right"], s["decisions_wrong"]) == (6, 4, 3, 1)
     assert (s["fitting_with_error"], s["within_target"], s["max_abs_error_pct"]) == (2, 1, 12.5)
 
@@ -98,10 +106,10 @@ def test_smallest_headroom_is_the_largest_fitting_ratio_without_offload():
         (spec(seq=4096), pred(101, False)),                 # does not fit
         (spec(seq=1024, mb=2), pred(92, True)),
     ]
-    chosen, p = measure.pick_smallest_headroom(candidates)
+    chosen, p = pick_smallest_headroom(candidates)
     assert (chosen.seq_len, chosen.micro_batch) == (1024, 1)
     assert p.per_gpu_bytes == int(97 * GiB)
-    assert measure.pick_smallest_headroom([(spec(), pred(50, False))]) is None
+    assert pick_smallest_headroom([(spec(), pred(50, False))]) is None
 
 
 def test_predicted_oom_is_the_smallest_prediction_over_the_factor():
@@ -112,9 +120,9 @@ def test_predicted_oom_is_the_smallest_prediction_over_the_factor():
         (spec(seq=4096), pred(200, False)),
         (spec(seq=4096, mb=2), pred(130, True)),  # "fits" is never an OOM case
     ]
-    chosen, p = measure.pick_predicted_oom(candidates, 1.05)
+    chosen, p = pick_predicted_oom(candidates, 1.05)
     assert chosen.seq_len == 2048 and not p.fits
-    assert measure.pick_predicted_oom(candidates[:1], 1.05) is None
+    assert pick_predicted_oom(candidates[:1], 1.05) is None
 
 
 def test_select_cases_orders_selected_first_and_merges_duplicates():
@@ -134,7 +142,7 @@ def test_select_cases_orders_selected_first_and_merges_duplicates():
         p = fake_predict(s)
         return (s, p) if p.fits else None
 
-    sel = measure.select_cases(cfg, ["a"], fake_predict, fake_recommend)
+    sel = select_cases(cfg, ["a"], fake_predict, fake_recommend)
     roles = [c.role for c in sel.cases]
     assert roles[:2] == ["smallest-headroom", "predicted-oom"]
     # smallest headroom: 512 x 1 = 51.2 GiB is the largest that fits (1024 x 1 = 102.4 does not)
@@ -151,7 +159,7 @@ def test_select_cases_orders_selected_first_and_merges_duplicates():
 @pytest.fixture(scope="module")
 def model_dirs(tmp_path_factory):
     shapes = json.loads((GPU_DIR / "models.json").read_text())
-    return measure.write_models(shapes, tmp_path_factory.mktemp("shapes"))
+    return write_models(shapes, tmp_path_factory.mktemp("shapes"))
 
 
 @pytest.fixture(scope="module")
@@ -162,8 +170,8 @@ def cases_cfg():
 @pytest.mark.parametrize("assume", ["1xH200,ram=128G,cpus=16", "1xH100-80GB,ram=128G,cpus=16"])
 def test_selection_from_the_planner_adapts_to_the_gpu(assume, model_dirs, cases_cfg):
     from wizard import hardware
-    planner = measure.Planner(hardware.assume(assume), model_dirs)
-    sel = measure.select_cases(cases_cfg, list(model_dirs), planner.predict, planner.recommend)
+    planner = Planner(hardware.assume(assume), model_dirs)
+    sel = select_cases(cases_cfg, list(model_dirs), planner.predict, planner.recommend)
     assert len(sel.cases) >= 6
     assert len({c.key() for c in sel.cases}) == len(sel.cases)
     roles = [c.role for c in sel.cases]
@@ -194,14 +202,14 @@ def test_selection_from_the_planner_adapts_to_the_gpu(assume, model_dirs, cases_
 
 
 def test_given_for_forces_the_rung():
-    assert measure.given_for("/m", "single", 512, 2, True)["backend"] == "ddp"
-    g = measure.given_for("/m", "zero3", 512, 2, False)
+    assert given_for("/m", "single", 512, 2, True)["backend"] == "ddp"
+    g = given_for("/m", "zero3", 512, 2, False)
     assert (g["backend"], g["zero_stage"], g["offload"], g["gradient_checkpointing"]) == \
         ("deepspeed", "3", "none", "off")
-    auto = measure.given_for("/m", None, 512, 2, None)
+    auto = given_for("/m", None, 512, 2, None)
     assert (auto["backend"], auto["zero_stage"], auto["gradient_checkpointing"]) == ("auto", "auto", "auto")
     with pytest.raises(ValueError):
-        measure.rung_key("fsdp")
+        rung_key("fsdp")
 
 
 # ----------------------------------------------------------------------------- probe comparison
@@ -212,42 +220,42 @@ SMI_TEXT = ("0, GPU-aaaa, NVIDIA H200, 143771, 550.54.15, 9.0, 1980\n"
 
 
 def test_parse_smi_csv_handles_na_and_skips_malformed_lines():
-    rows = measure.parse_smi_csv(SMI_TEXT, measure.SMI_STATIC_FIELDS)
+    rows = parse_smi_csv(SMI_TEXT, SMI_STATIC_FIELDS)
     assert len(rows) == 2
     assert rows[0]["memory.total"] == "143771" and rows[0]["clocks.max.sm"] == "1980"
     assert rows[1]["memory.total"] is None and rows[1]["clocks.max.sm"] is None
 
 
 def test_compare_probe_flags_mismatches_and_leaves_missing_values_undecided():
-    rows = measure.parse_smi_csv(SMI_TEXT, measure.SMI_STATIC_FIELDS)[:1]
+    rows = parse_smi_csv(SMI_TEXT, SMI_STATIC_FIELDS)[:1]
     probe = {"driver_version": "550.54.15",
              "gpus": [{"index": 0, "nvml_index": 0, "uuid": "GPU-aaaa", "name": "NVIDIA H200",
                        "memory_total": 143771 * MiB, "compute_capability": [9, 0]}]}
     nvml = {"available": True, "driver_version": "550.54.15",
             "gpus": [{"index": 0, "uuid": "GPU-aaaa", "name": "NVIDIA H200", "memory_total": 140000 * MiB,
                       "compute_capability": [9, 0], "clocks_max_sm_mhz": 1980}]}
-    by_field = {r["field"]: r for r in measure.compare_probe(probe, nvml, rows)}
+    by_field = {r["field"]: r for r in compare_probe(probe, nvml, rows)}
     assert by_field["name"]["ok"] is True
     assert by_field["memory.total MiB"]["ok"] is False          # pynvml disagrees with both
     assert by_field["compute capability"]["ok"] is True
     assert by_field["driver"]["ok"] is True
     assert by_field["clocks.max.sm MHz"]["ok"] is True and by_field["clocks.max.sm MHz"]["probe"] is None
     # only one source: nothing to compare
-    alone = measure.compare_probe(probe, {"available": False, "gpus": []}, [])
+    alone = compare_probe(probe, {"available": False, "gpus": []}, [])
     assert all(r["ok"] is None for r in alone)
 
 
 def test_hardware_falls_back_to_nvidia_smi_gpus_when_the_probe_sees_none():
     probe = {"hardware": {"gpus": [], "gpu_reason": "nvidia-ml-py is not installed", "ram_total": 128 * GiB,
                           "ram_available": 120 * GiB, "cpu_cores": 16}}
-    rows = measure.parse_smi_csv(SMI_TEXT, measure.SMI_STATIC_FIELDS)[:1]
-    hw, source = measure.load_hardware(probe, None, rows)
+    rows = parse_smi_csv(SMI_TEXT, SMI_STATIC_FIELDS)[:1]
+    hw, source = load_hardware(probe, None, rows)
     assert hw.num_gpus == 1 and hw.gpus[0].memory_total == 143771 * MiB and hw.gpus[0].bf16
     assert "nvidia-smi" in source
     torch_cuda = {"devices": [{"name": "NVIDIA H200", "total_memory": 150 * GiB, "capability": [9, 0]}]}
-    hw, source = measure.load_hardware(probe, None, [], torch_cuda)
+    hw, source = load_hardware(probe, None, [], torch_cuda)
     assert hw.gpus[0].memory_total == 150 * GiB and "torch" in source
-    hw, why = measure.load_hardware(probe, None, [], None)
+    hw, why = load_hardware(probe, None, [], None)
     assert hw is None and "nvidia-ml-py" in why
 
 
@@ -261,7 +269,7 @@ def _stamp(t: float) -> str:
 def test_metrics_align_by_time_and_report_mean_absolute_differences(tmp_path):
     t0 = 1_800_000_000.0
     smi = "".join(f"{_stamp(t0 + i)}, 0, {50 + i}, {1000 + 10 * i}, {200.0 + i:.2f}\n" for i in range(5))
-    reference = measure.parse_smi_samples(smi)
+    reference = parse_smi_samples(smi)
     assert len(reference) == 5 and reference[0]["t"] == pytest.approx(t0, abs=1e-3)
     lines = []
     for i in range(5):
@@ -271,30 +279,30 @@ def test_metrics_align_by_time_and_report_mean_absolute_differences(tmp_path):
     lines.insert(2, json.dumps({"t": t0 + 1.5, "available": False, "reason": "x", "gpus": []}))
     lines.append(json.dumps({"t": t0 + 30, "available": True, "gpus": gpus}))   # no partner: not paired
     (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + "\nnot json\n")
-    measured = measure.load_metrics_jsonl(tmp_path / "metrics.jsonl", 0)
+    measured = load_metrics_jsonl(tmp_path / "metrics.jsonl", 0)
     assert len(measured) == 6
-    pairs = measure.align(reference, measured)
+    pairs = align(reference, measured)
     assert len(pairs) == 5 and all(d == pytest.approx(0.3, abs=1e-3) for _, _, d in pairs)
-    d = measure.metric_diffs(pairs)
+    d = metric_diffs(pairs)
     assert d["util_pp"] == pytest.approx(4 / 5)                # +2 pp on samples 1 and 3
     assert d["mem_mib"] == pytest.approx(20)
     assert d["power_pct"] == pytest.approx(4.0)
-    v = measure.metrics_verdict(d)
+    v = metrics_verdict(d)
     assert v == {"util_pp": True, "mem_pct": True, "power_pct": True}
-    assert measure.metrics_verdict({"util_pp": 9.0, "mem_pct": None, "power_pct": 6.0}) == \
+    assert metrics_verdict({"util_pp": 9.0, "mem_pct": None, "power_pct": 6.0}) == \
         {"util_pp": False, "mem_pct": None, "power_pct": False}
     # samples further apart than max_dt are not paired
-    assert measure.align(reference, [dict(m, t=m["t"] + 5) for m in measured[:5]]) == []
+    assert align(reference, [dict(m, t=m["t"] + 5) for m in measured[:5]]) == []
 
 
 def test_optional_power_readings_are_compared_for_information():
     t0 = 1_800_000_000.0
-    fields = measure.SMI_SAMPLE_FIELDS + measure.SMI_OPTIONAL_SAMPLE_FIELDS
+    fields = SMI_SAMPLE_FIELDS + SMI_OPTIONAL_SAMPLE_FIELDS
     smi = f"{_stamp(t0)}, 0, 50, 1000, 300.00, 400.00, 300.00\n"
-    reference = measure.parse_smi_samples(smi, fields)
+    reference = parse_smi_samples(smi, fields)
     assert reference[0]["power_instant_w"] == 400.0 and reference[0]["power_average_w"] == 300.0
-    pairs = measure.align(reference, [{"t": t0, "index": 0, "util": 50, "mem_used_mib": 1000, "power_w": 300.0}])
-    d = measure.metric_diffs(pairs)
+    pairs = align(reference, [{"t": t0, "index": 0, "util": 50, "mem_used_mib": 1000, "power_w": 300.0}])
+    d = metric_diffs(pairs)
     assert d["power_average_pct"] == 0 and d["power_instant_pct"] == pytest.approx(25.0)
 
 
@@ -313,37 +321,37 @@ def test_out_of_memory_is_recognised_through_wrappers():
 
 
 def test_train_command_shrinks_only_in_a_dry_run(tmp_path):
-    s = measure.CaseSpec("m", "zero3", 4096, 8, True)
-    cmd = measure.train_command(s, "/models/m", 3, tmp_path, tmp_path / "ds.json", False, 0)
+    s = CaseSpec("m", "zero3", 4096, 8, True)
+    cmd = train_command(s, "/models/m", 3, tmp_path, tmp_path / "ds.json", False, 0)
     joined = " ".join(cmd)
     assert "--seq-len 4096 --micro-batch 8" in joined and "--gc on" in joined and "--nvml-index 0" in joined
     assert "--tiny" not in cmd and f"--ds-config {tmp_path / 'ds.json'}" in joined
-    dry = measure.train_command(s, "/models/m", 2, tmp_path, None, True, 0)
+    dry = train_command(s, "/models/m", 2, tmp_path, None, True, 0)
     assert "--tiny" in dry and "--device" in dry and "--seq-len 32 --micro-batch 2" in " ".join(dry)
 
 
 # ----------------------------------------------------------------------------- report
 
 def test_markdown_table_has_one_row_per_case_and_a_cell_per_column():
-    cases = [measure.case_record(spec("m", "single", 512, 2), pred(50, True),
-                                 {"status": "ok", "wall_s": 1, "child": {"measured_peak_bytes": 48 * GiB,
-                                                                         "non_torch_bytes": GiB // 2}}, False),
-             measure.case_record(spec("m", "zero3", 4096, 8), pred(130, False),
-                                 {"status": "oom", "wall_s": 1, "child": {"measured_peak_bytes": 100 * GiB}}, False),
-             measure.case_record(spec("m", "zero2", 1024, 1), pred(60, True),
-                                 {"status": "skipped", "error": "time budget: 3 s left"}, False)]
+    cases = [case_record(spec("m", "single", 512, 2), pred(50, True),
+                         {"status": "ok", "wall_s": 1, "child": {"measured_peak_bytes": 48 * GiB,
+                                                                 "non_torch_bytes": GiB // 2}}, False),
+             case_record(spec("m", "zero3", 4096, 8), pred(130, False),
+                         {"status": "oom", "wall_s": 1, "child": {"measured_peak_bytes": 100 * GiB}}, False),
+             case_record(spec("m", "zero2", 1024, 1), pred(60, True),
+                         {"status": "skipped", "error": "time budget: 3 s left"}, False)]
     assert cases[0]["error_pct"] == pytest.approx((50 - 48) / 48 * 100)
     assert cases[1]["error_pct"] is None and cases[1]["decision"] == "right"
     report = {"meta": {"mode": "GPU", "date": "d", "host": "h", "budget_s": 420, "elapsed_s": 1},
               "environment": {"libraries": {}, "missing": []}, "cases": cases,
-              "summary": measure.summarize(cases), "probe_comparison": [], "nvml": {"available": True},
+              "summary": summarize(cases), "probe_comparison": [], "nvml": {"available": True},
               "nvidia_smi": {"available": True}}
-    md = measure.render_markdown(report)
+    md = render_markdown(report)
     table = [line for line in md.splitlines() if line.startswith("| ") and "configuration" not in line
              and "---" not in line and "field" not in line]
     assert len(table) == 3
     for line in table:
-        assert line.count("|") == len(measure.CASE_COLUMNS) + 1
+        assert line.count("|") == len(CASE_COLUMNS) + 1
     assert "+4.2" in table[0] and "time budget" in table[2]
 
 
@@ -389,7 +397,7 @@ def test_dry_run_quick_end_to_end(tmp_path):
             assert c["status"] == "skipped" and "--quick" in c["run"]["error"]
     # the table: header + separator + one row per case, a cell per column
     rows = [line for line in md.splitlines() if line.startswith("| ") and line.count("|") ==
-            len(measure.CASE_COLUMNS) + 1]
+            len(CASE_COLUMNS) + 1]
     assert rows[0].startswith("| # | role | configuration | predicted GiB")
     assert len(rows) == 1 + len(cases)
     # probe through the fake NVML; pynvml and nvidia-smi honestly absent
