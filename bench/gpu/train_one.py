@@ -28,6 +28,12 @@ import threading
 import time
 import traceback
 
+# Run as a script, this directory is sys.path[0]: its siblings (report.py, common.py, runner.py, ...) would
+# then shadow any library's top-level module of the same name once torch and transformers import. This
+# script needs none of them.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
+
 MARKER = "GPU_BENCH_RESULT "
 EXIT_OK, EXIT_ERROR, EXIT_OOM = 0, 1, 3
 TINY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
