@@ -443,7 +443,7 @@ def _decoder_layer_class(model, num_layers: int | None) -> str | None:
 
     no_split = set(getattr(model, "_no_split_modules", None) or [])
     decoder = None
-    with contextlib.suppress(Exception):
+    with contextlib.suppress(Exception):     # each architecture's get_decoder fails its own way: no decoder
         decoder = model.get_decoder()
     scopes = [decoder, model] if isinstance(decoder, torch.nn.Module) else [model]
     for scope in scopes:
