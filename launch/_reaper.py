@@ -20,13 +20,21 @@ import time
 GRACE_S = 3.0
 
 
+# What a psutil call on someone else's process raises: NoSuchProcess (it is gone: the goal), AccessDenied
+# (not ours to end), both psutil.Error. Nothing to report: the reaper's output goes to /dev/null, and a
+# process it cannot end is one the supervisor could not end either.
+def _psutil_errors() -> tuple[type[Exception], ...]:
+    import psutil
+    return (psutil.Error, OSError)
+
+
 def _alive(procs):
     out = []
     for p in procs:
         try:
             if p.is_running() and p.status() != "zombie":
                 out.append(p)
-        except Exception:
+        except _psutil_errors():
             pass
     return out
 
@@ -42,13 +50,13 @@ def reap(tracked: dict[int, float], grace: float = GRACE_S) -> None:
             procs[pid] = p
             for c in p.children(recursive=True):
                 procs.setdefault(c.pid, c)
-        except Exception:
+        except (*_psutil_errors(), ValueError):   # ValueError: a negative pid off the pipe
             continue
     live = _alive(procs.values())
     for p in live:
         try:
             p.send_signal(signal.SIGTERM)
-        except Exception:
+        except _psutil_errors():
             pass
     deadline = time.monotonic() + grace
     while live and time.monotonic() < deadline:
@@ -57,7 +65,7 @@ def reap(tracked: dict[int, float], grace: float = GRACE_S) -> None:
     for p in live:
         try:
             p.kill()
-        except Exception:
+        except _psutil_errors():
             pass
 
 

@@ -42,7 +42,8 @@ def _dump_stacks_on_signal() -> None:
 
 
 def _set_parent_death_signal(sig: int) -> None:
-    """A failure goes to stderr (the rank's log): the rank then outlives its launcher until the reaper ends it."""
+    """A failure goes to stderr, still the launcher's here (the run's launcher.log; the rank's socket comes
+    next): the rank then outlives its launcher until the reaper ends it."""
     import ctypes
     try:
         libc = ctypes.CDLL(None, use_errno=True)

@@ -512,16 +512,14 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="subcommand", required=True)
     register(sub)
     args = parser.parse_args(argv)
+    from wizard.errors import WizardError
     try:
         return args.func(args)
     except KeyboardInterrupt:
         return 130
-    except Exception as exc:
-        from wizard.errors import WizardError
-        if isinstance(exc, WizardError):
-            print(f"error: {exc}", file=sys.stderr)
-            return exc.exit_code
-        raise
+    except WizardError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ One sample (one line of metrics.jsonl):
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -39,7 +40,7 @@ def _rank_of(pid: int, pid_to_rank: Callable[[int], int | None] | None) -> int |
         return None
     try:
         return pid_to_rank(pid)
-    except Exception:           # a lookup racing with a dying process is not worth a crash
+    except (OSError, LookupError):  # a /proc lookup racing with a dying process (ProcessLookupError), a table miss
         return None
 
 
@@ -92,7 +93,7 @@ class Sampler:
         if self._static is None:
             try:
                 self._static = {d.index: d for d in self.api.devices()}
-            except Exception:
+            except Exception:         # devices() must not raise (NvmlApi); a binding that does costs the names only
                 return {}
         return self._static
 
@@ -116,8 +117,11 @@ class Sampler:
         if self.on_sample is not None:
             try:
                 self.on_sample(sample)
-            except Exception:
+            except Exception as exc:  # the sampler must outlive its consumer's failures (metrics.jsonl on a full disk)
                 self.callback_errors += 1
+                if self.callback_errors == 1:       # said once, in the supervisor's log; later ones are counted
+                    print(f"wizard launch: a GPU metrics sample was not recorded: {type(exc).__name__}: {exc}",
+                          file=sys.stderr, flush=True)
 
     def _run(self) -> None:
         deadline = time.monotonic()

@@ -195,7 +195,7 @@ def open_nvml_safely():
     try:
         from wizard.nvml import open_nvml
         return open_nvml()
-    except Exception as exc:
+    except Exception as exc:  # start without metrics, never not at all: bad WIZARD_FAKE_NVML, a binding's surprise
         return _NoNvml(f"NVML unavailable: {type(exc).__name__}: {exc}".rstrip(": "))
 
 
@@ -393,7 +393,7 @@ class Supervisor:
         try:
             from launch.metrics import format_summary
             return format_summary(self.metrics_summary.as_dict())
-        except Exception:
+        except Exception:  # the supervisor must not die of its status line (the sampler thread adds to the summary)
             return "GPU metrics N/A"
 
     # ---------------------------------------------------------------- main

@@ -54,7 +54,7 @@ class Palette:
             try:
                 v = app.theme_variables or app.get_css_variables()
                 dark = app.current_theme.dark
-            except Exception:
+            except AttributeError:         # a Textual without theme_variables / current_theme: the dark defaults
                 v = {}
         def pick(name: str, fallback: str) -> Style:
             value = v.get(name, fallback)
@@ -557,7 +557,7 @@ class RunViewApp(App[str]):
     def poll(self) -> None:
         try:
             self._poll()
-        except Exception as exc:         # a malformed file must not take the view down
+        except Exception as exc:         # the view must survive whatever a run directory holds; it shows the error
             self.poll_errors += 1
             self._message = (f"view error: {type(exc).__name__}: {exc}", None)
 

@@ -75,17 +75,19 @@ def parse_accelerate_yaml(text: str, path: str) -> tuple[dict[str, Any], dict]:
     import yaml
 
     from wizard.check_rules.common import PlainScalar
+    from wizard.fsutil import yaml_load_errors
 
     try:
         data = yaml.safe_load(text)
         root = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.YAMLError as exc:
-        raise InputError("config-file", f"{path} is not valid YAML ({_one_line(exc)})") from None
     except (RecursionError, ValueError) as exc:
         guarded = _parse_guard(exc, path, "config-file")
-        if guarded is None:
-            raise
-        raise guarded from None
+        if guarded is not None:
+            raise guarded from None
+        # a value its tag can't take ("2024-13-45" is a date): accelerate's loader raises the same
+        raise InputError("config-file", f"{path} is not valid YAML ({_one_line(exc)})") from None
+    except yaml_load_errors() as exc:
+        raise InputError("config-file", f"{path} is not valid YAML ({_one_line(exc)})") from None
     if data is None:
         raise InputError("config-file", f"{path} is empty (accelerate's loader crashes on an empty file)",
                          "an accelerate config written by `wizard` or `accelerate config`")
@@ -162,18 +164,21 @@ def load_training_args(path: str) -> tuple[dict[str, Any], list[str]]:
     and framework keys: the TrainingArguments keys are taken, the others returned (reported in one info line).
     """
     text = read_input(path, "training-args")
+    if path.endswith(".json"):
+        parse, syntax_error = json.loads, json.JSONDecodeError
+    else:
+        import yaml
+
+        from wizard.fsutil import yaml_load_errors
+        parse, syntax_error = yaml.safe_load, yaml_load_errors()
     try:
-        if path.endswith(".json"):
-            data = json.loads(text)
-        else:
-            import yaml
-            data = yaml.safe_load(text)
-    except (RecursionError, ValueError) as exc:
+        data = parse(text)
+    except (RecursionError, ValueError) as exc:   # JSONDecodeError is a ValueError
         guarded = _parse_guard(exc, path, "training-args")
         if guarded is not None:
             raise guarded from None
         raise InputError("training-args", f"{path} cannot be parsed ({_one_line(exc)})") from None
-    except Exception as exc:  # noqa: BLE001 - JSON or YAML syntax error
+    except syntax_error as exc:                   # YAML's, see fsutil.yaml_load_errors
         raise InputError("training-args", f"{path} cannot be parsed ({_one_line(exc)})") from None
     if data is None:
         data = {}

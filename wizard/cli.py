@@ -306,7 +306,7 @@ def _preload_validation_in_background() -> None:
         try:
             from wizard.validate import preload as load
             load()
-        except Exception:  # validation itself reports real failures later
+        except Exception:  # a library's import can raise anything; validation imports it again and reports it
             pass
 
     threading.Thread(target=preload, name="wizard-preload", daemon=True).start()

@@ -64,6 +64,15 @@ def read_json_object(path: str | os.PathLike[str]) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
+def yaml_load_errors() -> tuple[type[Exception], ...]:
+    """What yaml.safe_load raises on bad text, beside ValueError (a bad date, an over-long integer) and
+    RecursionError: yaml.YAMLError, and the plain AttributeError / KeyError / IndexError that PyYAML's
+    constructors raise for a value an explicit tag can't take (`!!timestamp x`, `!!bool q`, `!!int ""`)."""
+    import yaml
+
+    return (yaml.YAMLError, AttributeError, LookupError)
+
+
 def read_yaml_mapping(path: str | os.PathLike[str]) -> dict[str, Any] | None:
     """The YAML mapping in `path` (yaml.safe_load, as accelerate reads it); None like read_json_object."""
     import yaml
@@ -71,7 +80,7 @@ def read_yaml_mapping(path: str | os.PathLike[str]) -> dict[str, Any] | None:
     try:
         with open(path, encoding="utf-8") as f:
             data = yaml.safe_load(f)
-    except (OSError, ValueError, yaml.YAMLError):
+    except (OSError, ValueError, RecursionError, *yaml_load_errors()):
         return None
     return data if isinstance(data, dict) else None
 
@@ -319,19 +328,20 @@ def loads_limited(text: str, parser: str, field: str, what: str, allowed: str) -
     Both parsers recurse per nesting level (RecursionError on 100k brackets), and Python refuses to
     parse an integer of more than 4300 digits (ValueError): both are bad input, not crashes.
     """
+    if parser == "json":
+        parse, syntax_error = json.loads, json.JSONDecodeError
+    else:
+        import yaml
+        parse, syntax_error = yaml.safe_load, yaml_load_errors()
     try:
-        if parser == "json":
-            data = json.loads(text)
-        else:
-            import yaml
-            data = yaml.safe_load(text)
+        data = parse(text)
     except RecursionError:
         raise InputError(field, f"{what} nests deeper than {MAX_NESTING} levels", allowed) from None
     except ValueError as exc:
         if isinstance(exc, json.JSONDecodeError):
             raise InputError(field, f"{what} is not valid JSON ({exc.msg} at line {exc.lineno})", allowed) from None
         raise InputError(field, f"{what}: {one_line(str(exc))}", allowed) from None
-    except Exception as exc:     # yaml.YAMLError: its first line says where
+    except syntax_error as exc:  # YAML's (JSON's is a ValueError, above): yaml.YAMLError's first line says where
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise InputError(field, f"{what} is not valid {parser.upper()}: {first}", allowed) from None
     if nesting_depth(data) > MAX_NESTING:

@@ -354,7 +354,8 @@ def aio_available() -> bool:
 
     try:
         return ctypes.util.find_library("aio") is not None
-    except Exception:       # find_library shells out to ldconfig/gcc; a broken toolchain is "not found"
+    except OSError:         # find_library shells out to ldconfig/gcc in a temp file; it catches their OSErrors
+                            # but not an unusable temp directory's: a broken toolchain is "not found"
         return False
 
 

@@ -349,7 +349,7 @@ def _build_config(data: dict[str, Any], config_path: Path):
     config_class = _config_class(data, config_path)
     try:
         return config_class.from_dict(dict(data))
-    except Exception as exc:
+    except Exception as exc:  # each model type's config __init__ raises its own (ValueError, TypeError, KeyError, ...)
         raise InputError("model", f"{config_path} is not a valid {data['model_type']} config: {_one_line(exc)}",
                          "a Hugging Face config.json") from None
 
@@ -401,7 +401,7 @@ def _build_on_meta(config, config_path: Path):
                 return cls(config)
         except ValueError as exc:  # "Unrecognized configuration class ... for this kind of AutoModel"
             errors.append(_one_line(exc))
-        except Exception as exc:
+        except Exception as exc:  # modeling code raises anything (ImportError of an optional package, TypeError, ...)
             errors.append(_one_line(exc))
             break
     raise InputError("model", f"transformers could not build {config.model_type} from {config_path}: "
@@ -443,7 +443,7 @@ def _decoder_layer_class(model, num_layers: int | None) -> str | None:
 
     no_split = set(getattr(model, "_no_split_modules", None) or [])
     decoder = None
-    with contextlib.suppress(Exception):
+    with contextlib.suppress(Exception):     # each architecture's get_decoder fails its own way: no decoder
         decoder = model.get_decoder()
     scopes = [decoder, model] if isinstance(decoder, torch.nn.Module) else [model]
     for scope in scopes:

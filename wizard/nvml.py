@@ -219,14 +219,16 @@ class RealNvml:
         with _PYNVML_LOCK:
             try:
                 pynvml.nvmlInit()
-            except Exception as exc:       # NVMLError subclasses, or OSError from ctypes
+            # Every init failure, a missing libnvidia-ml.so included, is an NVMLError; OSError is the
+            # ctypes load error that older bindings let through.
+            except (pynvml.NVMLError, OSError) as exc:
                 self.reason = init_failure_reason(exc)
                 self._nvml = None
                 return
             try:
                 count = pynvml.nvmlDeviceGetCount()
                 self._handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
-            except Exception as exc:
+            except pynvml.NVMLError as exc:
                 self.reason = f"NVML could not list the GPUs: {init_failure_reason(exc)}"
                 self._shutdown()
                 return
@@ -244,7 +246,9 @@ class RealNvml:
         try:
             with _PYNVML_LOCK:
                 return fn(*args)
-        except Exception:                  # NVMLError_*, ctypes errors: a metric reads as N/A
+        # Broad on purpose (nvitop's rule: a metric that fails reads as N/A, never a crash): beside
+        # NVMLError the wrappers raise ctypes.ArgumentError, UnicodeDecodeError, ... by binding and driver version.
+        except Exception:
             return None
 
     def _first(self, *calls: tuple[Any, ...]) -> Any:
@@ -260,7 +264,7 @@ class RealNvml:
             try:
                 with _PYNVML_LOCK:
                     self._nvml.nvmlShutdown()
-            except Exception:
+            except self._nvml.NVMLError:   # the driver went away first: nothing left to shut down
                 pass
         self._nvml = None
 
@@ -360,7 +364,7 @@ class RealNvml:
         for i, handle in enumerate(self._handles):
             try:
                 out.append(self._sample_one(i, handle))
-            except Exception:              # belt and braces: `_call` already swallows errors
+            except (TypeError, ValueError):  # `_call` swallows NVML's errors; this is an odd answer (int(pid))
                 out.append(GpuSample(index=i))
         return out
 

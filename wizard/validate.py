@@ -258,7 +258,7 @@ def accelerate_launch(yaml_path: str, planned_gpus: bool) -> LaunchOutcome:
                         plugin = libs.DeepSpeedPlugin()
                     elif args.use_fsdp:
                         plugin = libs.FSDPPlugin()
-                except Exception as exc:
+                except Exception as exc:   # the plugin's verdict on the config, whatever it raises, is the finding
                     error, stage = _one_line(exc), "prepare"
     texts = tuple(str(w.message) for w in caught if "already in use" not in str(w.message))
     return LaunchOutcome(env, args, error, stage, plugin, texts)
@@ -505,7 +505,7 @@ def check_deepspeed(ds_path: str, exp: Expect, answers: dict | None = None, disp
         else:
             filled = fill_like_hf_trainer(cfg, exp, answers)
             filler = "transformers"
-    except Exception as exc:
+    except Exception as exc:    # transformers' / accelerate's filling on the user's values: whatever it raises
         findings.append(_error("DS-TRAINER-MISMATCH", shown, None, exc,
                                "set these values to \"auto\" or to the planned values", "prepare"))
         return findings
@@ -521,7 +521,7 @@ def check_deepspeed(ds_path: str, exp: Expect, answers: dict | None = None, disp
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             deepspeed_config_check(filled, exp.world_size)
-    except Exception as exc:   # pydantic ValidationError, AssertionError, TypeError, ValueError
+    except Exception as exc:   # DeepSpeed's verdict: ValidationError, AssertionError, TypeError, AttributeError, ...
         findings.append(_error("DS-LIBRARY-REJECTS", shown, None, exc, "see DeepSpeed's message", "prepare"))
     return findings
 

@@ -5,6 +5,7 @@ build one), and the commands quote paths for the shell."""
 from __future__ import annotations
 
 import shlex
+from importlib.metadata import PackageNotFoundError
 from pathlib import Path
 
 import pytest
@@ -85,3 +86,18 @@ def test_launch_commands_quote_paths():
                                 "train.py", "--name", "a b"]
     assert wizard_launch_argv("/py", "/c.yaml", "t.py", ["-x"]) == [
         "/py", "-m", "wizard", "launch", "--config-file", "/c.yaml", "--", "t.py", "-x"]
+
+
+@pytest.mark.parametrize("version", [PackageNotFoundError("transformers"), "dev", None, "5.2.0", "4.57.1"])
+def test_checkpointing_argument_from_the_installed_version_alone(monkeypatch, version):
+    import importlib.metadata
+    import sys
+
+    def installed(name):
+        if isinstance(version, Exception):
+            raise version
+        return version
+    monkeypatch.delitem(sys.modules, "transformers.training_args", raising=False)   # read the version, not the class
+    monkeypatch.setattr(importlib.metadata, "version", installed)
+    expected = "activation_checkpointing" if version == "5.2.0" else "gradient_checkpointing"
+    assert checkpointing_argument() == expected

@@ -198,6 +198,12 @@ def test_bar_and_sparkline_shapes():
     assert spark([], 10) == ""
 
 
+def test_palette_from_an_app_without_theme_attributes_is_the_dark_default():
+    from types import SimpleNamespace
+    pal = Palette(SimpleNamespace())                # a Textual without theme_variables / current_theme
+    assert pal.ranks == Palette.DARK_RANKS and pal.ok.color.name == "#8ad4a1"
+
+
 def test_gpu_line_fits_and_shows_na():
     pal = Palette(None)
     g = {"index": 3, "util": None, "mem_used": 40 * 1024**3, "mem_total": 80 * 1024**3,

@@ -420,6 +420,26 @@ def test_bounded_reads_refuse_fifos_big_files_and_deep_nesting(tmp_path):
         fsutil.loads_limited('{"v": ' + "9" * 5000 + "}", "json", "model", "f", "a file")
 
 
+# PyYAML's constructors raise plain AttributeError / KeyError / IndexError / ValueError (not
+# yaml.YAMLError) for a value an explicit tag or an implicit date can't take.
+BAD_TAGGED_YAML = ["x: !!timestamp foo\n", "x: !!bool q\n", 'x: !!int ""\n', "x: 2024-13-45\n"]
+
+
+@pytest.mark.parametrize("text", BAD_TAGGED_YAML)
+def test_yaml_a_tag_cannot_take_is_bad_input_everywhere_it_is_read(tmp_path, text):
+    from wizard.check import load_training_args, parse_accelerate_yaml
+
+    with pytest.raises(InputError, match="answers"):
+        fsutil.loads_limited(text, "yaml", "answers", "f", "a file")
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    assert fsutil.read_yaml_mapping(path) is None
+    with pytest.raises(InputError, match="training-args"):
+        load_training_args(str(path))
+    with pytest.raises(InputError, match="config-file: .* is not valid YAML"):
+        parse_accelerate_yaml(text, str(path))
+
+
 def test_one_line_quoting_of_paths():
     assert fsutil.quote_path("/tmp/a\nb") == '"/tmp/a\\nb"'
     assert fsutil.quote_path("/tmp/out_ü") == '"/tmp/out_ü"'

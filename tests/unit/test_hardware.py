@@ -323,6 +323,13 @@ def test_load_file_on_a_directory(tmp_path):
 # ============================================================================================
 # probe
 
+def test_libaio_lookup_without_a_usable_temp_dir_is_not_found(monkeypatch):
+    def no_temp_dir(name):      # what find_library's gcc fallback raises when tempfile finds no directory
+        raise FileNotFoundError("No usable temporary directory found in ['/tmp', '/var/tmp', '/usr/tmp']")
+    monkeypatch.setattr(ctypes.util, "find_library", no_temp_dir)
+    assert hardware.aio_available() is False
+
+
 @needs_no_driver
 def test_probe_this_machine_without_a_driver():
     hw = probe()

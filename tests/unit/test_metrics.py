@@ -131,7 +131,7 @@ def test_thread_respects_interval_and_stop_joins(fake8):
     assert len(got) == n                     # nothing after stop()
 
 
-def test_callback_errors_do_not_kill_the_thread(fake8):
+def test_callback_errors_do_not_kill_the_thread_and_the_first_is_logged(fake8, capsys):
     calls = []
 
     def bad(sample):
@@ -140,6 +140,8 @@ def test_callback_errors_do_not_kill_the_thread(fake8):
     with Sampler(fake8, interval=0.25, on_sample=bad) as sampler:
         time.sleep(0.6)
     assert len(calls) >= 2 and sampler.callback_errors == len(calls)
+    assert capsys.readouterr().err.splitlines() == [
+        "wizard launch: a GPU metrics sample was not recorded: ValueError: disk full"]
 
 
 def test_interval_has_a_floor(fake8):

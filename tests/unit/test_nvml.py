@@ -17,7 +17,7 @@ from wizard import catalogue
 from wizard.errors import InputError
 from wizard.fake_nvml import FakeNvml, fake_from_spec
 from wizard.nvml import (
-    FAKE_ENV, GpuStatic, RealNvml, UnavailableNvml, init_failure_reason, open_nvml, visible_devices,
+    FAKE_ENV, GpuSample, GpuStatic, RealNvml, UnavailableNvml, init_failure_reason, open_nvml, visible_devices,
 )
 
 GiB = 1024**3
@@ -183,6 +183,23 @@ def test_unexpected_exception_types_read_as_none(monkeypatch):
     FakeDriver(monkeypatch)
     monkeypatch.setattr(pynvml, "nvmlDeviceGetUtilizationRates", lambda h: 1 / 0)
     assert RealNvml().sample()[0].util is None
+
+
+def test_an_odd_process_answer_makes_that_gpu_n_a_not_a_crash(monkeypatch):
+    FakeDriver(monkeypatch)
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetComputeRunningProcesses",
+                        lambda h: [SimpleNamespace(pid="not a pid", usedGpuMemory=GiB)] if h == "h1" else [])
+    samples = RealNvml().sample()
+    assert samples[0].util == 42
+    assert samples[1] == GpuSample(index=1)
+
+
+def test_a_failing_shutdown_still_closes(monkeypatch):
+    drv = FakeDriver(monkeypatch)
+    monkeypatch.setattr(pynvml, "nvmlShutdown", lambda: (_ for _ in ()).throw(_err(pynvml.NVML_ERROR_UNINITIALIZED)))
+    api = RealNvml()
+    api.close()
+    assert api.available is False and api.sample() == [] and drv.shutdowns == 0
 
 
 def test_p2p_matrix_and_nvlink_from_link_states(monkeypatch):

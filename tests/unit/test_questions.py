@@ -551,3 +551,18 @@ def test_precision_and_mixed_precision_must_agree():
 def test_huge_integers_are_refused_before_python_parses_them():
     with pytest.raises(InputError, match="more than 18 digits"):
         by_id("seq_len").coerce("9" * 5000)
+
+
+@pytest.mark.parametrize("hardware", [None, "8 GPUs"])
+def test_defaults_without_a_probe_model_or_plan_answer_or_raise_what_f1_catches(hardware):
+    """The TUI's F1 (screens/base.explanation) shows no recommendation on AttributeError/TypeError: what a
+    default reading a hardware, model or plan that is not there yet (None) raises. Anything else would crash it."""
+    ctx = Context(hardware=gpus(8) if hardware else None, answers={"num_processes": "x", "seq_len": None})
+    failed = []
+    for q in QUESTIONS:
+        for ask in (q.default, q.why_default):
+            try:
+                ask(ctx)
+            except (AttributeError, TypeError):
+                failed.append(q.id)
+    assert bool(failed) == (hardware is None)

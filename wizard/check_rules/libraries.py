@@ -128,7 +128,7 @@ def accelerate_built_ds(ctx: CheckContext) -> dict[str, Any] | None:
     if outcome is None or outcome.plugin is None or not hasattr(outcome.plugin, "deepspeed_config"):
         return None
     plugin = copy.deepcopy(outcome.plugin)
-    with contextlib.suppress(Exception):
+    with contextlib.suppress(Exception):    # it refuses a precision the config contradicts: judge it as built
         plugin.set_mixed_precision(_mixed_precision_for(ctx, outcome.env or {}))
     cfg = copy.deepcopy(plugin.deepspeed_config)
     if cfg.get("steps_per_print") == float("inf"):
@@ -315,7 +315,7 @@ def _planned_machine():
 
 def _arguments_class(ctx: CheckContext):
     if ctx.trainer == "trl":
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception):    # trl missing or broken: TrainingArguments' verdict
             from trl import SFTConfig  # type: ignore[import-not-found]
             return SFTConfig
     from transformers import TrainingArguments

@@ -121,8 +121,8 @@ class WizardApp(App[Outcome]):
             try:
                 from wizard import validate
                 validate.preload()
-            except Exception:
-                pass        # validation will report the real error when it runs
+            except Exception:   # importing third-party libraries can raise anything; validation,
+                pass            # which imports them again, reports the real error when it runs
         self._preloaded = True
 
     # ------------------------------------------------------------------ answers, plan, sizing
@@ -156,6 +156,8 @@ class WizardApp(App[Outcome]):
                 shape = pipeline.size_for_plan(model_arg, job.trainings)
         except InputError as e:
             self.post_message(ModelSized(model_arg, None, e))
+        # Broad: sizing runs torch's and transformers' config and modeling code on the user's model, which
+        # raise what they like; the screen shows it as a model error, and the worker must not die with it.
         except Exception as e:
             self.post_message(ModelSized(model_arg, None, InputError("model", f"cannot size it: {e}")))
         else:
@@ -186,7 +188,7 @@ class WizardApp(App[Outcome]):
         try:
             with HEAVY_IMPORTS:
                 pipeline.validate(result)
-        except Exception as e:
+        except Exception as e:      # the libraries' own checks raise anything; Review shows it, the worker lives
             self.post_message(ValidationDone(token, [], f"{type(e).__name__}: {e}"))
         else:
             self.post_message(ValidationDone(token, list(result.findings)))

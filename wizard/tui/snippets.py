@@ -19,8 +19,8 @@ def checkpointing_argument() -> str:
     try:
         from importlib.metadata import version
         major = int(version("transformers").split(".")[0])
-    except Exception:
-        return "gradient_checkpointing"
+    except (ImportError, ValueError, AttributeError):   # not installed (PackageNotFoundError), a version
+        return "gradient_checkpointing"                 # like "dev", metadata without a Version (None.split)
     return "activation_checkpointing" if major >= 5 else "gradient_checkpointing"
 
 

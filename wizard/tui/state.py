@@ -375,7 +375,7 @@ class WizardState:
         try:
             return explain_nothing_fits(self.plan, self.hardware, self.model, answers_mod.training_options(a),
                                         answers_mod.strategy_options(a), answers_mod.topology(a, self.hardware))
-        except Exception as e:  # the explanation is a courtesy; never let it hide the plan
+        except Exception as e:  # the explanation (it re-plans variants) is a courtesy; never let it hide the plan
             return f"Nothing fits ({e})."
 
     @property

@@ -262,7 +262,7 @@ class WizardScreen(Screen):
         try:
             default = q.default(ctx)
             why = q.why_default(ctx)
-        except Exception:            # a default that needs a plan we don't have yet
+        except (AttributeError, TypeError):   # a default reading the hardware, model or plan we don't have yet
             default, why = None, ""
         lines = [q.help, ""]
         shown = format_value(q, default) if default is not None else "none"
