@@ -162,3 +162,16 @@ def test_process_group_ignores_a_pid_that_is_gone(tmp_path):
     group = _ProcessGroup(on_tracked=lambda pid, ct: tracked.append((pid, ct)), on_forgotten=lambda pid: None)
     group.track(child.pid)
     assert tracked == [] and group.tracked == {}
+
+
+def test_gpus_last_busy_is_unknown_without_nvml_and_never_before_the_attempt(tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    sup = Supervisor(LaunchSpec(script="t.py", run_dir=str(run_dir), config_file=None), out=None)
+    assert sup.gpus_last_busy(100.0) is None                  # no NVML: no evidence either way
+    sup.nvml_available = True
+    assert sup.gpus_last_busy(100.0) == 100.0                 # no busy sample yet: the attempt's start
+    sup.gpu_active_at = 50.0
+    assert sup.gpus_last_busy(100.0) == 100.0
+    sup.gpu_active_at = 150.0
+    assert sup.gpus_last_busy(100.0) == 150.0
