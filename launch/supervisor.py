@@ -44,7 +44,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Callable
 
 from launch import classify as cls
 from launch.logs import StreamCapture
@@ -209,6 +209,106 @@ def fmt_eta(s: float | None) -> str:
     return f"{h}:{m:02d}:{sec:02d}" if h else f"{m}:{sec:02d}"
 
 
+# ------------------------------------------------------------------ the run's record
+
+class RunRecord:
+    """run.json (RunState) and events.jsonl (EventLog): what clients (the view, attach, stop) know of
+    the run. The supervisor and its attempts write them only through these methods, so each key and
+    each event has one home.
+
+    Run-level changes (update) are saved at once; an attempt's frequent ones (processes, progress)
+    mark the state dirty and reach the disk with the loop's flush(), at most every STATE_FLUSH_EVERY_S.
+    """
+
+    def __init__(self, state: RunState, events: EventLog):
+        self._state = state
+        self._events = events
+        self._dirty = False
+        self._last_flush = 0.0
+        self._last_progress_event = 0.0
+
+    # ---------------------------------------------------------------- run level (saved at once)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self._state.get(key, default)
+
+    def update(self, **fields: Any) -> None:
+        self._state.update(**fields)
+
+    def emit(self, type_: str, attempt: int | None, **fields: Any) -> None:
+        self._events.emit(type_, attempt, **fields)
+
+    def attempts_allowed(self) -> int:
+        return attempts_allowed(self._state.data)
+
+    # ---------------------------------------------------------------- an attempt's processes
+
+    def record_process(self, pid: int, create_time: float) -> None:
+        """A process of the run: from now on (pid, create time) is what may be signalled."""
+        self._state.data.setdefault("process_times", {})[str(pid)] = create_time
+        self._dirty = True
+
+    def record_rank(self, rank: int, pid: int) -> None:
+        self._state.data["pids"][str(rank)] = pid
+        self._dirty = True
+
+    def record_tracked(self, alive_pids: list[int], tracked_pids: list[int]) -> None:
+        """The attempt's processes still running (tracked_pids) and every one it ever had (seen_pids)."""
+        self._state.data["tracked_pids"] = sorted(alive_pids)
+        seen = self._state.data.setdefault("seen_pids", [])
+        seen.extend(pid for pid in tracked_pids if pid not in seen)
+        self._dirty = True
+
+    def record_stopping(self, attempt: int, why: str, grace_s: float) -> None:
+        if self._state.get("status") not in ("stopping",):
+            self._state.update(status="stopping")
+        self._events.emit("stop", attempt, reason=why, grace_s=grace_s)
+
+    def record_launcher_exit(self, attempt: int, exit_code: int) -> None:
+        self._events.emit("status", attempt, status="launcher_exited", exit_code=exit_code)
+
+    def record_stall(self, attempt: int, timeout_s: float, silent: str, gpus_idle: bool | None) -> None:
+        self._events.emit("stall", attempt, timeout_s=timeout_s, silent=silent, gpus_idle=gpus_idle)
+
+    # ---------------------------------------------------------------- training progress
+
+    def progress(self) -> dict[str, Any]:
+        return dict(self._state.data["progress"])
+
+    def record_train_log(self, attempt: int, rank: int | None, d: dict[str, Any]) -> None:
+        prog = self._state.data["progress"]
+        for k in ("loss", "learning_rate", "grad_norm", "epoch"):
+            if k in d:
+                prog[k] = d[k]
+        self._dirty = True
+        self._events.emit("train_log", attempt, rank=rank, step=prog.get("step"),
+                          **{k: d.get(k) for k in ("loss", "learning_rate", "grad_norm", "epoch")})
+
+    def record_progress(self, attempt: int, rank: int | None, p: dict[str, Any]) -> None:
+        prog = self._state.data["progress"]
+        changed = prog.get("step") != p["step"] or prog.get("total") != p["total"]
+        rate = p.get("rate")
+        eta = p.get("eta_s")
+        if eta is None and rate and p["total"]:
+            eta = (p["total"] - p["step"]) / rate
+        prog.update(step=p["step"], total=p["total"], rate=rate, eta_s=eta)
+        self._dirty = True
+        now = time.monotonic()
+        final = p["total"] and p["step"] >= p["total"]
+        # events.jsonl gets at most one progress event a second (and always the last step)
+        if changed and (now - self._last_progress_event >= 1.0 or final):
+            self._last_progress_event = now
+            self._events.emit("progress", attempt, rank=rank, step=p["step"], total=p["total"],
+                              rate=rate, eta_s=eta)
+
+    def flush(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if self._dirty and (force or now - self._last_flush >= STATE_FLUSH_EVERY_S):
+            self._state.save()
+            self._dirty = False
+            self._last_flush = now
+
+
 # ------------------------------------------------------------------ the supervisor
 
 class Supervisor:
@@ -222,10 +322,10 @@ class Supervisor:
             self.config_file = accelerate_default_config_file()
         self.accel = read_yaml_mapping(self.config_file) if self.config_file else None
         self.ds_config_file = ds_config_path(self.accel)
-        self.events = EventLog(self.run_dir / "events.jsonl", spec.jsonl_cap_bytes)
+        events = EventLog(self.run_dir / "events.jsonl", spec.jsonl_cap_bytes)
         self.command = build_command(spec, self.accel, self.config_file)
         now = time.time()
-        self.state = RunState(self.run_dir, {
+        state = RunState(self.run_dir, {
             "id": self.run_dir.name, "command": self.command, "script": spec.script,
             "script_args": list(spec.script_args), "config_file": self.config_file,
             "ds_config": self.ds_config_file, "cwd": spec.cwd or os.getcwd(), "run_dir": str(self.run_dir),
@@ -239,7 +339,8 @@ class Supervisor:
             "progress": {"step": None, "total": None, "rate": None, "eta_s": None, "loss": None,
                          "learning_rate": None, "grad_norm": None, "epoch": None},
         })
-        self.state.save()
+        state.save()
+        self.record = RunRecord(state, events)
         self.stop_requested = False
         self.kill_requested = False
         self.restart_requested = False
@@ -253,9 +354,6 @@ class Supervisor:
         self.gpu_active_at: float | None = None
         self.nvml_available = False
         self.pid_rank: dict[int, int] = {}
-        self._last_progress_event = 0.0
-        self._dirty = False
-        self._last_flush = 0.0
 
     # ---------------------------------------------------------------- output
 
@@ -307,7 +405,8 @@ class Supervisor:
         req = body.get("request")
         return req if req in ("stop", "kill", "restart", "detach") else None
 
-    def _poll_control(self) -> None:
+    def poll_control(self) -> None:
+        """Act on a control.json request that came without a doorbell signal (the file is checked by mtime)."""
         try:
             m = (self.run_dir / CONTROL_FILE).stat().st_mtime
         except OSError:
@@ -336,8 +435,8 @@ class Supervisor:
             signal.signal(signal.SIGHUP, signal.SIG_IGN)
         except ValueError:         # not the main thread (tests): the flag above is checked too
             pass
-        self.state.update(detached=True)
-        self.events.emit("detached", self.state.get("attempt"))
+        self.record.update(detached=True)
+        self.record.emit("detached", self.record.get("attempt"))
 
     # ---------------------------------------------------------------- reaper and metrics
 
@@ -402,7 +501,7 @@ class Supervisor:
         self._install_signals()
         self._start_reaper()
         self._start_metrics()
-        self.events.emit("status", 0, status="starting", command=self.command)
+        self.record.emit("status", 0, status="starting", command=self.command)
         sock, address = self._listen()
         exit_code = 1
         final_status = "failed"
@@ -415,7 +514,7 @@ class Supervisor:
                 launcher_exit = outcome.launcher_exit
                 if self.stop_requested:
                     final_status, exit_code = "stopped", STOPPED_EXIT_CODE
-                    self.state.update(classification=cl.to_json() if cl else None)
+                    self.record.update(classification=cl.to_json() if cl else None)
                     break
                 user_restart = self.restart_requested
                 if not user_restart and cl is None and launcher_exit == 0:
@@ -426,19 +525,19 @@ class Supervisor:
                                             f"accelerate launch exited with {launcher_exit}",
                                             "see launcher.log", outcome.launcher_tail[-cls.TAIL_LINES:])
                 if not user_restart:
-                    self.events.emit("failure", attempt, rank=cl.rank, kind=cl.kind, summary=cl.summary,
+                    self.record.emit("failure", attempt, rank=cl.rank, kind=cl.kind, summary=cl.summary,
                                      exit_code=cl.exit_code, signal=cl.signal, hint=cl.hint)
-                    self.state.update(classification=cl.to_json())
+                    self.record.update(classification=cl.to_json())
                     self._report_failure(attempt, cl)
                 if user_restart or (restarts_used < self.spec.max_restarts and cl.kind not in cls.NOT_RESTARTED):
                     if not user_restart:
                         restarts_used += 1
                     else:           # a restart the user asked for does not spend --max-restarts
-                        self.state.update(user_restarts=int(self.state.get("user_restarts") or 0) + 1)
+                        self.record.update(user_restarts=int(self.record.get("user_restarts") or 0) + 1)
                     self.restart_requested = False
                     why = "requested" if user_restart else f"{restarts_used}/{self.spec.max_restarts}"
-                    self.events.emit("restart", attempt + 1, reason=why)
-                    self.state.update(status="restarting")
+                    self.record.emit("restart", attempt + 1, reason=why)
+                    self.record.update(status="restarting")
                     self.say(f"restarting: attempt {attempt + 1} (restart {why})")
                     continue
                 final_status = "failed"
@@ -451,9 +550,9 @@ class Supervisor:
                 pass
             if self.sampler is not None:
                 self.sampler.stop()
-            self.state.update(status=final_status, ended_at=time.time(), exit_code=exit_code,
-                              launcher_pid=None, progress=self.state.get("progress"))
-            self.events.emit("exit", attempt, status=final_status, exit_code=exit_code)
+            self.record.update(status=final_status, ended_at=time.time(), exit_code=exit_code,
+                               launcher_pid=None, progress=self.record.get("progress"))
+            self.record.emit("exit", attempt, status=final_status, exit_code=exit_code)
             self._stop_reaper()
             self.say(f"{final_status} after {attempt} attempt{'s' if attempt != 1 else ''}; exit code {exit_code}; "
                      f"run directory {self.run_dir}")
@@ -495,10 +594,10 @@ class Supervisor:
         echo = self.out if (self.spec.headless and self.spec.echo) else None
         att = _Attempt(self, attempt, echo)
         started = time.time()
-        self.state.update(attempt=attempt, status="starting", attempt_started_at=started, pids={},
-                          launcher_pid=None, classification=None, tracked_pids=[],
-                          progress=dict.fromkeys(self.state.get("progress") or {}))   # a new attempt starts at zero
-        self.events.emit("status", attempt, status="starting")
+        self.record.update(attempt=attempt, status="starting", attempt_started_at=started, pids={},
+                           launcher_pid=None, classification=None, tracked_pids=[],
+                           progress=dict.fromkeys(self.record.get("progress") or {}))   # a new attempt starts at zero
+        self.record.emit("status", attempt, status="starting")
         self.say(f"attempt {attempt}: {' '.join(self.command)}")
         env = dict(os.environ)
         env[ENV_SOCKET] = address
@@ -513,9 +612,9 @@ class Supervisor:
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             start_new_session=True, close_fds=True, env=env, cwd=self.spec.cwd or None)
         att.proc = proc
-        att.track(proc.pid)
-        self.state.update(launcher_pid=proc.pid, status="running")
-        self.events.emit("status", attempt, status="running", launcher_pid=proc.pid)
+        att.processes.track(proc.pid)
+        self.record.update(launcher_pid=proc.pid, status="running")
+        self.record.emit("status", attempt, status="running", launcher_pid=proc.pid)
         try:
             att.loop(listener)
         finally:
@@ -523,17 +622,36 @@ class Supervisor:
             launcher_log.close()
         return att.outcome()
 
-    # ---------------------------------------------------------------- shared state updates
+    # ---------------------------------------------------------------- what an attempt tells and asks
 
-    def mark_dirty(self) -> None:
-        self._dirty = True
+    def own_process(self, pid: int, create_time: float) -> None:
+        """A process of the run: recorded in run.json, and the reaper ends it if we die."""
+        self.record.record_process(pid, create_time)
+        self._tell_reaper(f"{pid} {create_time}")
 
-    def flush_state(self, force: bool = False) -> None:
-        now = time.monotonic()
-        if self._dirty and (force or now - self._last_flush >= STATE_FLUSH_EVERY_S):
-            self.state.save()
-            self._dirty = False
-            self._last_flush = now
+    def disown_process(self, pid: int) -> None:
+        """A process of an attempt that is over: the reaper and the sampler can let it go."""
+        self._tell_reaper(f"forget {pid}")
+        self.pid_rank.pop(pid, None)
+
+    def rank_connected(self, rank: int, pid: int) -> None:
+        self.pid_rank[pid] = rank          # the sampler attributes GPU memory by pid
+        self.record.record_rank(rank, pid)
+
+    def gpus_last_busy(self, since: float) -> float | None:
+        """When the GPUs were last busy, counting from `since`; None without NVML (no evidence either way)."""
+        if not self.nvml_available:
+            return None
+        return max(self.gpu_active_at or 0.0, since)
+
+    def status_line(self, attempt: int) -> str:
+        p = self.record.progress()
+        step = f"step {p.get('step')}/{p.get('total')}" if p.get("total") else "step ?"
+        loss = f"loss {p['loss']:.4g}" if isinstance(p.get("loss"), (int, float)) else "loss ?"
+        rate = f"{p['rate']:.2f} it/s" if isinstance(p.get("rate"), (int, float)) else "? it/s"
+        eta = f"ETA {fmt_eta(p.get('eta_s'))}" if p.get("eta_s") is not None else "ETA ?"
+        return (f"attempt {attempt}/{self.record.attempts_allowed()} | {self.record.get('status')} | "
+                f"{step} | {loss} | {rate} | {eta} | {self._peak_gpu_text()}")
 
 
 def _create_time(pid: int) -> float | None:
@@ -544,35 +662,15 @@ def _create_time(pid: int) -> float | None:
         return None
 
 
-class _Attempt:
-    """One `accelerate launch` run: its processes, streams, teardown and outcome."""
+class _ProcessGroup:
+    """The processes one attempt owns, each known by pid *and* create time, so that a reused pid is
+    never signalled. Every process is handed to `on_tracked` the moment it is found (the supervisor
+    records it and tells the reaper) and to `on_forgotten` when the attempt is over."""
 
-    def __init__(self, sup: Supervisor, number: int, echo: BinaryIO | None):
-        self.sup = sup
-        self.number = number
-        self.echo = echo
-        self.proc: subprocess.Popen | None = None
-        self.launcher_capture: StreamCapture | None = None
-        self.ranks: dict[int, StreamCapture] = {}
+    def __init__(self, on_tracked: Callable[[int, float], None], on_forgotten: Callable[[int], None]):
         self.tracked: dict[int, Any] = {}          # pid -> psutil.Process
-        self.started_at = time.time()
-        self.launcher_exit: int | None = None
-        self.launcher_exited_at: float | None = None
-        self.teardown_at: float | None = None
-        self.killed = False
-        self.stalled = False
-        self.stall_dump_at: float | None = None
-        self.silent_at: dict[int, float | None] = {}      # each rank's last output when the stall was declared
-        self.stall_now: float | None = None
-        self.gpus_idle: bool | None = None
-        self._last_scan = 0.0
-        self._last_status = time.monotonic()
-        self._pending: dict[socket.socket, bytes] = {}
-        self._conn_rank: dict[socket.socket, int] = {}
-        self.sel = selectors.DefaultSelector()
-        self.progress_rank: int | None = None
-
-    # ---------------------------------------------------------------- processes
+        self._on_tracked = on_tracked
+        self._on_forgotten = on_forgotten
 
     def track(self, pid: int) -> None:
         if pid in self.tracked:
@@ -582,28 +680,18 @@ class _Attempt:
             p = psutil.Process(pid)
             ctime = p.create_time()
             self.tracked[pid] = p
-            self.sup.state.data.setdefault("process_times", {})[str(pid)] = ctime
-            self.sup.mark_dirty()
-            self.sup._tell_reaper(f"{pid} {ctime}")
+            self._on_tracked(pid, ctime)
         except psutil.Error:       # gone (or not ours) before we could look
             pass
 
-    def scan(self) -> None:
-        """Add every descendant of the launcher (and of known ranks: a re-parented one too)."""
+    def track_descendants(self, roots: list[int]) -> None:
         import psutil
-        roots = [self.proc.pid] if self.proc else []
-        roots += [c.pid for c in self.ranks.values() if c.pid]
         for root in roots:
             try:
                 for c in psutil.Process(root).children(recursive=True):
                     self.track(c.pid)
             except psutil.Error:
                 continue
-        alive = self.alive()
-        self.sup.state.data["tracked_pids"] = sorted(p.pid for p in alive)
-        seen = self.sup.state.data.setdefault("seen_pids", [])
-        seen.extend(pid for pid in self.tracked if pid not in seen)
-        self.sup.mark_dirty()
 
     def alive(self) -> list[Any]:
         """Tracked processes still running as themselves (psutil's is_running compares the start
@@ -627,61 +715,92 @@ class _Attempt:
         except psutil.Error:
             pass
 
+    def terminate_all(self) -> None:
+        for p in self.alive():
+            self.signal_verified(p, signal.SIGTERM)
+
+    def kill_all(self) -> None:
+        for p in self.alive():
+            self.signal_verified(p, signal.SIGKILL)
+
+    def forget_all(self) -> None:
+        for pid in list(self.tracked):
+            self._on_forgotten(pid)
+
+
+class _Attempt:
+    """One `accelerate launch` run: its streams, teardown and outcome. Its processes are a
+    _ProcessGroup; what it learns goes to the run's RunRecord; of the supervisor it uses only the
+    public methods (own_process, rank_connected, poll_control, say, ...) and reads its requests."""
+
+    def __init__(self, sup: Supervisor, number: int, echo: BinaryIO | None):
+        self.sup = sup
+        self.spec = sup.spec
+        self.record = sup.record
+        self.number = number
+        self.echo = echo
+        self.proc: subprocess.Popen | None = None
+        self.launcher_capture: StreamCapture | None = None
+        self.ranks: dict[int, StreamCapture] = {}
+        self.processes = _ProcessGroup(on_tracked=sup.own_process, on_forgotten=sup.disown_process)
+        self.started_at = time.time()
+        self.launcher_exit: int | None = None
+        self.launcher_exited_at: float | None = None
+        self.teardown_at: float | None = None
+        self.killed = False
+        self.stalled = False
+        self.stall_dump_at: float | None = None
+        self.silent_at: dict[int, float | None] = {}      # each rank's last output when the stall was declared
+        self.stall_now: float | None = None
+        self.gpus_idle: bool | None = None
+        self._last_scan = 0.0
+        self._last_status = time.monotonic()
+        self._pending: dict[socket.socket, bytes] = {}
+        self._conn_rank: dict[socket.socket, int] = {}
+        self.sel = selectors.DefaultSelector()
+        self.progress_rank: int | None = None
+
+    # ---------------------------------------------------------------- processes
+
+    def scan(self) -> None:
+        """Add every descendant of the launcher (and of known ranks: a re-parented one too)."""
+        roots = [self.proc.pid] if self.proc else []
+        roots += [c.pid for c in self.ranks.values() if c.pid]
+        self.processes.track_descendants(roots)
+        self.record.record_tracked([p.pid for p in self.processes.alive()], list(self.processes.tracked))
+
     def begin_teardown(self, why: str) -> None:
         if self.teardown_at is not None:
             return
         self.teardown_at = time.monotonic()
         self.scan()
-        if self.sup.state.get("status") not in ("stopping",):
-            self.sup.state.update(status="stopping")
-        self.sup.events.emit("stop", self.number, reason=why, grace_s=self.sup.spec.grace)
-        self.sup.say(f"stopping ({why}): SIGTERM to {len(self.alive())} processes, "
-                     f"SIGKILL after {self.sup.spec.grace:g} s")
-        for p in self.alive():
-            self.signal_verified(p, signal.SIGTERM)
+        self.record.record_stopping(self.number, why, self.spec.grace)
+        self.sup.say(f"stopping ({why}): SIGTERM to {len(self.processes.alive())} processes, "
+                     f"SIGKILL after {self.spec.grace:g} s")
+        self.processes.terminate_all()
         if self.sup.kill_requested:
             self.kill_all()
 
     def kill_all(self) -> None:
         self.killed = True
         self.scan()
-        for p in self.alive():
-            self.signal_verified(p, signal.SIGKILL)
+        self.processes.kill_all()
 
     # ---------------------------------------------------------------- streams
 
     def on_train_log(self, rank: int | None, d: dict[str, Any]) -> None:
         if "loss" not in d:
             return
-        prog = self.sup.state.data["progress"]
         if self.progress_rank is not None and rank is not None and rank > self.progress_rank:
             return          # one source: the progress line and the loss curve show the same rank's loss
-        for k in ("loss", "learning_rate", "grad_norm", "epoch"):
-            if k in d:
-                prog[k] = d[k]
-        self.sup.mark_dirty()
-        self.sup.events.emit("train_log", self.number, rank=rank, step=prog.get("step"),
-                             **{k: d.get(k) for k in ("loss", "learning_rate", "grad_norm", "epoch")})
+        self.record.record_train_log(self.number, rank, d)
 
     def on_progress(self, rank: int | None, p: dict[str, Any]) -> None:
         if self.progress_rank is not None and rank is not None and rank > self.progress_rank:
             return
         if rank is not None:
             self.progress_rank = rank if self.progress_rank is None else min(rank, self.progress_rank)
-        prog = self.sup.state.data["progress"]
-        changed = prog.get("step") != p["step"] or prog.get("total") != p["total"]
-        rate = p.get("rate")
-        eta = p.get("eta_s")
-        if eta is None and rate and p["total"]:
-            eta = (p["total"] - p["step"]) / rate
-        prog.update(step=p["step"], total=p["total"], rate=rate, eta_s=eta)
-        self.sup.mark_dirty()
-        now = time.monotonic()
-        final = p["total"] and p["step"] >= p["total"]
-        if changed and (now - self.sup._last_progress_event >= 1.0 or final):
-            self.sup._last_progress_event = now
-            self.sup.events.emit("progress", self.number, rank=rank, step=p["step"], total=p["total"],
-                                 rate=rate, eta_s=eta)
+        self.record.record_progress(self.number, rank, p)
 
     def _accept(self, listener: socket.socket) -> None:
         while True:
@@ -698,15 +817,13 @@ class _Attempt:
     def _rank_capture(self, rank: int, pid: int) -> StreamCapture:
         cap = self.ranks.get(rank)
         if cap is None:
-            log = RotatingLog(rank_log_path(self.sup.run_dir, self.number, rank), self.sup.spec.log_cap_bytes)
+            log = RotatingLog(rank_log_path(self.sup.run_dir, self.number, rank), self.spec.log_cap_bytes)
             cap = StreamCapture(rank, log, self.echo, on_train_log=self.on_train_log, on_progress=self.on_progress)
             self.ranks[rank] = cap
         cap.pid = pid
         cap.closed_at = None
-        self.sup.pid_rank[pid] = rank
-        self.sup.state.data["pids"][str(rank)] = pid
-        self.sup.mark_dirty()
-        self.track(pid)
+        self.sup.rank_connected(rank, pid)
+        self.processes.track(pid)
         return cap
 
     def _read_conn(self, conn: socket.socket) -> None:
@@ -774,7 +891,7 @@ class _Attempt:
         self.sel.register(listener, selectors.EVENT_READ, "listen")
         self.sel.register(self.proc.stdout, selectors.EVENT_READ, "launcher")
         launcher_open = True
-        spec = self.sup.spec
+        spec = self.spec
         while True:
             for key, _ in self.sel.select(timeout=0.2):
                 if key.data == "listen":
@@ -787,7 +904,7 @@ class _Attempt:
             if now_m - self._last_scan >= SCAN_EVERY_S:
                 self._last_scan = now_m
                 self.scan()
-            self.sup._poll_control()
+            self.sup.poll_control()
             if (self.sup.stop_requested or self.sup.restart_requested) and self.teardown_at is None:
                 self.begin_teardown("restart requested" if not self.sup.stop_requested else "stop requested")
             if self.sup.kill_requested and not self.killed:
@@ -797,29 +914,27 @@ class _Attempt:
             if self.stalled and self.teardown_at is None and now_m - (self.stall_dump_at or 0) >= STACK_WAIT_S:
                 self.begin_teardown(f"stall: no output for {spec.stall_timeout:g} s")
             if self.teardown_at is not None and not self.killed and now_m - self.teardown_at >= spec.grace:
-                self.sup.say(f"grace period over: SIGKILL to {len(self.alive())} processes")
+                self.sup.say(f"grace period over: SIGKILL to {len(self.processes.alive())} processes")
                 self.kill_all()
             if self.launcher_exit is None and self.proc.poll() is not None:
                 self.launcher_exit = self.proc.returncode
                 self.launcher_exited_at = now_m
-                self.sup.events.emit("status", self.number, status="launcher_exited",
-                                     exit_code=self.launcher_exit)
+                self.record.record_launcher_exit(self.number, self.launcher_exit)
             if spec.headless and now_m - self._last_status >= spec.status_interval:
                 self._last_status = now_m
-                self.sup.say(self.status_line())
-            self.sup.flush_state()
+                self.sup.say(self.sup.status_line(self.number))
+            self.record.flush()
             if self.launcher_exit is not None:
                 streams_open = launcher_open or bool(self._conn_rank) or bool(self._pending)
-                leftovers = self.alive()
+                leftovers = self.processes.alive()
                 if leftovers and self.teardown_at is None:
                     # the launcher is gone but something of the run is not: no orphans
                     self.begin_teardown(f"{len(leftovers)} processes left after the launcher exited")
                 drained = not streams_open or now_m - self.launcher_exited_at >= DRAIN_AFTER_EXIT_S
                 if drained and not leftovers:
                     break
-        self.sup.state.data["tracked_pids"] = []
-        self.sup.mark_dirty()
-        self.sup.flush_state(force=True)
+        self.record.record_tracked([], [])        # nothing of this attempt runs any more
+        self.record.flush(force=True)
 
     def _check_stall(self, timeout: float) -> None:
         now = time.time()
@@ -830,9 +945,9 @@ class _Attempt:
         if now - last < timeout:
             return
         idle = None
-        if self.sup.nvml_available:
-            active = max(self.sup.gpu_active_at or 0.0, self.started_at)
-            if now - active < timeout:
+        gpus_busy_at = self.sup.gpus_last_busy(self.started_at)
+        if gpus_busy_at is not None:
+            if now - gpus_busy_at < timeout:
                 return
             idle = True
         self.stalled = True
@@ -840,8 +955,7 @@ class _Attempt:
         self.gpus_idle = idle
         silent = ", ".join(f"rank {r} {now - (c.last_output_at or self.started_at):.0f} s"
                            for r, c in sorted(self.ranks.items()))
-        self.sup.events.emit("stall", self.number, timeout_s=timeout, silent=silent or "no rank connected",
-                             gpus_idle=idle)
+        self.record.record_stall(self.number, timeout, silent or "no rank connected", idle)
         self.silent_at = {r: c.last_output_at for r, c in self.ranks.items()}
         self._request_stacks()
         self.stall_dump_at = time.monotonic()      # teardown follows once the dumps had STACK_WAIT_S
@@ -850,18 +964,9 @@ class _Attempt:
         """Ask every connected rank (our _worker registered the signal with faulthandler) for its stacks."""
         from launch._worker import stack_dump_signal
         for cap in self.ranks.values():
-            p = self.tracked.get(cap.pid) if cap.pid else None
+            p = self.processes.tracked.get(cap.pid) if cap.pid else None
             if p is not None and cap.closed_at is None:
-                self.signal_verified(p, stack_dump_signal())
-
-    def status_line(self) -> str:
-        p = self.sup.state.data["progress"]
-        step = f"step {p.get('step')}/{p.get('total')}" if p.get("total") else "step ?"
-        loss = f"loss {p['loss']:.4g}" if isinstance(p.get("loss"), (int, float)) else "loss ?"
-        rate = f"{p['rate']:.2f} it/s" if isinstance(p.get("rate"), (int, float)) else "? it/s"
-        eta = f"ETA {fmt_eta(p.get('eta_s'))}" if p.get("eta_s") is not None else "ETA ?"
-        return (f"attempt {self.number}/{attempts_allowed(self.sup.state.data)} | {self.sup.state.get('status')} | "
-                f"{step} | {loss} | {rate} | {eta} | {self.sup._peak_gpu_text()}")
+                self.processes.signal_verified(p, stack_dump_signal())
 
     def close(self) -> None:
         for conn in list(self._pending) + list(self._conn_rank):
@@ -876,9 +981,7 @@ class _Attempt:
         except OSError:
             pass
         self.sel.close()
-        for pid in list(self.tracked):
-            self.sup._tell_reaper(f"forget {pid}")
-            self.sup.pid_rank.pop(pid, None)
+        self.processes.forget_all()
 
     # ---------------------------------------------------------------- outcome
 
@@ -926,7 +1029,7 @@ class _Attempt:
             training_finished_at=min(done) if done else None,
             launcher_exit=self.launcher_exit, ranks=ranks,
             stop_requested=sup.stop_requested or sup.restart_requested, stalled=self.stalled,
-            stall_timeout_s=sup.spec.stall_timeout, stall_now=self.stall_now, gpus_idle=self.gpus_idle,
+            stall_timeout_s=self.spec.stall_timeout, stall_now=self.stall_now, gpus_idle=self.gpus_idle,
             launcher_tail=launcher_tail, oom_killer_seen=oom_seen, next_rung=next_rung, suggested_command=cmd)
         return o, cls.classify(o)
 

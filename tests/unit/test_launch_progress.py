@@ -16,7 +16,7 @@ def test_loss_comes_from_the_rank_that_reports_progress(tmp_path):
     att.on_progress(0, {"step": 3, "total": 10, "rate": 2.0, "eta_s": None})
     att.on_train_log(1, {"loss": 9.5, "learning_rate": 0.1})       # another rank's own loss
     att.on_train_log(0, {"loss": 1.25, "learning_rate": 0.1})
-    sup.flush_state(force=True)
+    sup.record.flush(force=True)
     ev = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()]
     losses = [e["loss"] for e in ev if e["type"] == "train_log"]
     assert losses == [1.25]
