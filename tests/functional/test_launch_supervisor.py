@@ -162,7 +162,7 @@ def test_sigkill_to_supervisor_leaves_no_worker(tmp_path):
 def test_stall_detected_torn_down_and_restarted(tmp_path):
     run_dir = tmp_path / "run"
     r = subprocess.run(wizard("launch", "--headless", "--config-file", str(ddp_config(tmp_path)),
-                              "--run-dir", str(run_dir), "--stall-timeout", "20", "--max-restarts", "1",
+                              "--run-dir", str(run_dir), "--stall-timeout", "30", "--max-restarts", "1",
                               "--grace", "5", "--", TRAIN, "--steps", "100000", "--hang-on-rank", "1",
                               "--hang-at-step", "3"),
                        capture_output=True, text=True, env=env(), cwd=tmp_path, timeout=380)
