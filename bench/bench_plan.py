@@ -8,9 +8,9 @@ from __future__ import annotations
 import sys
 import time
 
-from wizard.hardware import GPU, Hardware
-from wizard.model import ModelShape
-from wizard.plan import StrategyOptions, Topology, TrainingOptions, explain_nothing_fits, make_plan
+from wizard.planning.plan import StrategyOptions, Topology, TrainingOptions, explain_nothing_fits, make_plan
+from wizard.probe.hardware import GPU, Hardware
+from wizard.sizing.model import ModelShape
 from wizard.units import GiB
 
 LLAMA3_70B = ModelShape(params=70_553_706_496, largest_layer_params=128_256 * 8192, hidden_size=8192, layers=80,

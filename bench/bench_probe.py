@@ -15,7 +15,7 @@ import time
 
 
 def cold(fake: str, runs: int) -> list[float]:
-    code = "import wizard.hardware as h; h.probe()"
+    code = "import wizard.probe.hardware as h; h.probe()"
     env = {**os.environ, "WIZARD_FAKE_NVML": fake}
     times = []
     for _ in range(runs):
@@ -35,7 +35,7 @@ def baseline(runs: int) -> list[float]:
 
 
 def warm(fake: str, runs: int) -> list[float]:
-    from wizard import hardware
+    from wizard.probe import hardware
 
     old = os.environ.get("WIZARD_FAKE_NVML")
     os.environ["WIZARD_FAKE_NVML"] = fake

@@ -23,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from launch.metrics import MetricsWriter, Sampler  # noqa: E402
-from wizard.nvml import open_nvml  # noqa: E402
+from wizard.probe.nvml import open_nvml  # noqa: E402
 
 
 def cpu_seconds() -> float:

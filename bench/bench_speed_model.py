@@ -119,7 +119,7 @@ class Row:
 
 
 def _shape(entry: dict[str, Any], model: dict[str, Any]):
-    from wizard.model import ModelShape
+    from wizard.sizing.model import ModelShape
 
     return ModelShape(
         params=param_count(model, entry["seq_len"]),
@@ -132,7 +132,7 @@ def _shape(entry: dict[str, Any], model: dict[str, Any]):
 
 
 def _options(entry: dict[str, Any]):
-    from wizard.plan import RUNG_SPECS, StrategyOptions, TrainingOptions
+    from wizard.planning.plan import RUNG_SPECS, StrategyOptions, TrainingOptions
 
     # Selective (per-op) checkpointing keeps the matmul outputs: its recompute cost is near zero,
     # so it is closer to "off" than to the full recompute that "on" models.
@@ -149,8 +149,8 @@ def _options(entry: dict[str, Any]):
 
 
 def predict(entry: dict[str, Any], model: dict[str, Any]) -> Row:
-    from wizard.hardware import assume
-    from wizard.plan import Topology, make_plan, rung_by_key
+    from wizard.planning.plan import Topology, make_plan, rung_by_key
+    from wizard.probe.hardware import assume
 
     hw = assume(f"{entry['gpus_per_node']}x{entry['gpu']},nodes={entry['nodes']}")
     training, strategy, checkpointing = _options(entry)

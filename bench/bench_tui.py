@@ -85,9 +85,9 @@ def bench_first_paint(runs: int) -> None:
 async def _plan_latency(samples: int) -> tuple[list[float], list[float]]:
     from textual.widgets import Input
 
-    from wizard import hardware
+    from wizard.frontends.tui.app import make_app
     from wizard.pipeline import Request
-    from wizard.tui.app import make_app
+    from wizard.probe import hardware
 
     model = str(ROOT / "tests" / "fixtures" / "models" / "qwen2.5-7b")
     with tempfile.TemporaryDirectory(prefix="bench-tui-") as tmp:

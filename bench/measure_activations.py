@@ -1,5 +1,5 @@
 """Measure what PyTorch keeps for backward in a real transformers causal LM, on CPU, and compare it with
-wizard/memory.py's activation and logits formulas.
+wizard/sizing/memory.py's activation and logits formulas.
 
     python bench/measure_activations.py            # the default grid (about 3 minutes on 2 cores)
     python bench/measure_activations.py --quick    # a few shapes
@@ -38,7 +38,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from wizard import memory as mem  # noqa: E402
+from wizard.sizing import memory as mem  # noqa: E402
 
 # --- Measurement ------------------------------------------------------------------------------------
 
@@ -324,7 +324,7 @@ def _peaks(events, excluded) -> tuple[int, int, int]:
 # --- Comparison with the formulas ---------------------------------------------------------------------
 
 def estimate(shape: Shape) -> dict[str, int]:
-    """wizard/memory.py's figures for this shape: one layer, all activations, logits.
+    """wizard/sizing/memory.py's figures for this shape: one layer, all activations, logits.
 
     One correction is CPU-only and applied here, not in the formula: torch's CPU dropout is unfused
     and keeps its mask in the compute dtype (w bytes per score) where the fused CUDA kernel keeps a
@@ -483,8 +483,8 @@ def estimate_family(config_dict: dict, seq: int, batch: int, dtype: str = "bf16"
     import json
     import tempfile
 
-    from wizard import plan
-    from wizard.model import size_model
+    from wizard.planning import plan
+    from wizard.sizing.model import size_model
 
     with tempfile.TemporaryDirectory() as tmp:
         Path(tmp, "config.json").write_text(json.dumps(config_dict))

@@ -297,11 +297,11 @@ def current_rung_key(accel_config: dict[str, Any] | None, ds_config: dict[str, A
 
 
 def _plan_next(rungs: list[dict[str, Any]], key: str) -> dict[str, Any] | None:
-    """wizard.plan.next_rung on the plan's JSON form: the first later rung that fits, else the next."""
+    """wizard.planning.plan.next_rung on the plan's JSON form: the first later rung that fits, else the next."""
     try:
         from dataclasses import asdict as _asdict
 
-        from wizard.plan import Plan, Rung, Topology, next_rung
+        from wizard.planning.plan import Plan, Rung, Topology, next_rung
         names = Rung.__dataclass_fields__
         objs = [Rung(**{k: v for k, v in r.items() if k in names}) for r in rungs]
         plan = Plan(rungs=objs, choice=None, gpu_capacity_bytes=0, usable_bytes=0, precision="",

@@ -1,7 +1,7 @@
 """CLI entry points: `wizard launch`, `wizard attach`, `wizard stop`.
 
 `register(subparsers)` adds the three subcommands (each sets `func=<callable(args) -> int>`);
-`python -m launch.commands launch|attach|stop ...` runs them without wizard/cli.py.
+`python -m launch.commands launch|attach|stop ...` runs them without wizard/frontends/cli.py.
 Importing this module is light: no torch, accelerate or textual (the supervisor imports psutil
 and yaml lazily; the view is imported only when shown).
 """
@@ -19,8 +19,6 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from launch.rundir import TERMINAL_STATUSES
-
-
 
 # ------------------------------------------------------------------ parsers
 
@@ -158,7 +156,7 @@ def check_config(config_file: str | None, main_process_ip: str | None = None) ->
     multi-machine config that leaves the address to the launch is not refused for lacking it."""
     if config_file is None:
         return None
-    from wizard.check import run_check
+    from wizard.check.doctor import run_check
     from wizard.errors import InputError
     with _as_launched(config_file, main_process_ip) as checked:
         findings = run_check(config_file=checked, use_default_config=False)   # InputError if unreadable
@@ -185,6 +183,7 @@ def _as_launched(config_file: str, main_process_ip: str | None):
         yield config_file
         return
     import tempfile
+
     import yaml
     with tempfile.TemporaryDirectory(prefix="wizard-launch-check-") as tmp:
         copy = os.path.join(tmp, os.path.basename(config_file))

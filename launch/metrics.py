@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 from launch.rundir import BoundedJsonl, read_jsonl
-from wizard.nvml import GpuSample, GpuStatic, NvmlApi
+from wizard.probe.nvml import GpuSample, GpuStatic, NvmlApi
 
 NO_GPU_METRICS = "no GPU metrics on this machine"
 DEFAULT_METRICS_CAP_BYTES = 8 * 1024 * 1024   # about 1.5 h of 8-GPU samples at 1 Hz

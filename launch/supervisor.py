@@ -48,8 +48,19 @@ from typing import Any, BinaryIO, Callable
 
 from launch import classify as cls
 from launch.logs import StreamCapture
-from launch.rundir import (CONTROL_FILE, JSONL_CAP_BYTES, LOG_CAP_BYTES, EventLog, RotatingLog, RunState,
-                           attempt_dir, attempts_allowed, launcher_log_path, rank_log_path, tail_lines)
+from launch.rundir import (
+    CONTROL_FILE,
+    JSONL_CAP_BYTES,
+    LOG_CAP_BYTES,
+    EventLog,
+    RotatingLog,
+    RunState,
+    attempt_dir,
+    attempts_allowed,
+    launcher_log_path,
+    rank_log_path,
+    tail_lines,
+)
 from wizard.fsutil import read_json_object, read_yaml_mapping
 from wizard.paths import accelerate_default_config_file
 
@@ -193,7 +204,7 @@ class _NoNvml:
 
 def open_nvml_safely():
     try:
-        from wizard.nvml import open_nvml
+        from wizard.probe.nvml import open_nvml
         return open_nvml()
     except Exception as exc:  # start without metrics, never not at all: bad WIZARD_FAKE_NVML, a binding's surprise
         return _NoNvml(f"NVML unavailable: {type(exc).__name__}: {exc}".rstrip(": "))

@@ -385,7 +385,7 @@ def elapsed_s(run: dict[str, Any], now: float) -> float | None:
 
 
 def fmt_clock(seconds: float | None) -> str:
-    """A clock for the view's header: "05:03", "1:02:03", "--:--" when unknown (wizard.speed.fmt_duration
+    """A clock for the view's header: "05:03", "1:02:03", "--:--" when unknown (wizard.planning.speed.fmt_duration
     says "1h 02m" for the plan; the supervisor's status line has its own fmt_eta)."""
     if seconds is None:
         return "--:--"

@@ -26,11 +26,33 @@ from textual.scroll_view import ScrollView
 from textual.strip import Strip
 from textual.widgets import Button, Footer, Input, Label, Static
 
-from launch.rundir import (ACTIVE_STATUSES, attempts_allowed, mark_lost_if_dead, read_state, state_problem,
-                           supervisor_alive)
+from launch.rundir import (
+    ACTIVE_STATUSES,
+    attempts_allowed,
+    mark_lost_if_dead,
+    read_state,
+    state_problem,
+    supervisor_alive,
+)
 from launch.view import (
-    ACTIVE, DEFAULT_GRACE_S, DETACHED, FINISHED, LAUNCHER, LOG_PANE_LINES, QUIT, STOPPED, WIZARD,
-    LogLine, RunFollower, ViewState, _as_int, as_number, elapsed_s, fmt_clock, send_control, status_text,
+    ACTIVE,
+    DEFAULT_GRACE_S,
+    DETACHED,
+    FINISHED,
+    LAUNCHER,
+    LOG_PANE_LINES,
+    QUIT,
+    STOPPED,
+    WIZARD,
+    LogLine,
+    RunFollower,
+    ViewState,
+    _as_int,
+    as_number,
+    elapsed_s,
+    fmt_clock,
+    send_control,
+    status_text,
 )
 
 SPARK = "▁▂▃▄▅▆▇█"

@@ -22,7 +22,7 @@ def case_args(name: str, out: Path, nvme: Path) -> list[str]:
 
 def run_case(name: str, workdir: Path) -> tuple[int, dict[str, str], str]:
     """Run the real CLI entry point in-process; return exit code, normalised files and stderr."""
-    from wizard.cli import main
+    from wizard.frontends.cli import main
 
     out, nvme = workdir / "out", workdir / "nvme"
     nvme.mkdir(parents=True, exist_ok=True)

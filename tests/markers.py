@@ -7,7 +7,7 @@ import pytest
 
 def no_nvidia_driver() -> bool:
     """NVML cannot start here (no driver): the real probe must say so, not fail."""
-    from wizard.nvml import RealNvml
+    from wizard.probe.nvml import RealNvml
 
     api = RealNvml()
     try:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from wizard.model import ModelShape
-from wizard.plan import Plan, Rung, Topology
+from wizard.planning.plan import Plan, Rung, Topology
+from wizard.sizing.model import ModelShape
 
 LLAMA2_7B = ModelShape(params=6_738_415_616, largest_layer_params=131_072_000, hidden_size=4096, layers=32,
                        heads=32, kv_heads=32, vocab_size=32000, intermediate_size=11008,

@@ -1,3 +1,3 @@
-from wizard.cli import main
+from wizard.frontends.cli import main
 
 raise SystemExit(main())

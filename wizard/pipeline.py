@@ -12,12 +12,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from wizard import answers as answers_mod
-from wizard import hardware as hardware_mod
+from wizard.config import answers as answers_mod
 from wizard.errors import InputError
-from wizard.hardware import Hardware
-from wizard.model import ModelShape
-from wizard.plan import Plan
+from wizard.planning.plan import Plan
+from wizard.probe import hardware as hardware_mod
+from wizard.probe.hardware import Hardware
+from wizard.sizing.model import ModelShape
 
 PLAN_FILE = "wizard_plan.json"
 PRE_PLAN_STAGES = ("model", "training", "strategy", "machines")
@@ -73,7 +73,7 @@ def load_hardware(hardware_file: str | None, assume: str | None, output_dir: str
 
 
 def context(hw: Hardware, model: ModelShape | None, plan: Plan | None, answers: dict[str, Any]):
-    from wizard.questions import Context
+    from wizard.config.questions import Context
     return Context(hardware=hw, model=model, plan=plan, answers=dict(answers))
 
 
@@ -108,7 +108,7 @@ def route_cpu_processes(answers: dict[str, Any], given: dict[str, Any]) -> dict[
 def refuse_mpirun(given: dict[str, Any]) -> None:
     """--use-mpirun is refused wherever it is given (asked or not), never dropped silently."""
     if given.get("use_mpirun") is not None:
-        from wizard.questions import by_id
+        from wizard.config.questions import by_id
         q = by_id("use_mpirun")
         if q.coerce(given["use_mpirun"]):
             q.check(True, None, q.field)
@@ -119,7 +119,7 @@ def _truthy(value: Any) -> bool:
 
 
 def size(answers: dict[str, Any]) -> ModelShape:
-    from wizard import model as model_mod
+    from wizard.sizing import model as model_mod
     if answers.get("model"):
         return model_mod.size_model(answers["model"])
     if answers.get("params"):
@@ -130,7 +130,7 @@ def size(answers: dict[str, Any]) -> ModelShape:
 
 
 def make_plan(hw: Hardware, model: ModelShape, answers: dict[str, Any]) -> Plan:
-    from wizard import plan as plan_mod
+    from wizard.planning import plan as plan_mod
     training = answers_mod.training_options(answers)
     return plan_mod.make_plan(hw, model, training, answers_mod.strategy_options(answers),
                               answers_mod.topology(answers, hw), adapters=adapters_for(model, training))
@@ -157,7 +157,7 @@ def alternatives(hw: Hardware, model: ModelShape, answers: dict[str, Any], plan:
     """What LoRA and QLoRA (r=16, peft's default targets) would need and how fast, when full fine-tuning
     offloads or does not fit; [] otherwise. `cached_only`: skip a method whose adapters are not sized yet
     (the TUI sizes them in a thread first)."""
-    from wizard import plan as plan_mod
+    from wizard.planning import plan as plan_mod
     if not wants_alternatives(plan, answers):
         return []
     out = []
@@ -182,7 +182,7 @@ _ADAPTERS: dict[tuple, Any] = {}
 
 
 def lora_options_for(training) -> Any:
-    from wizard import lora
+    from wizard.sizing import lora
     return lora.lora_options(training.method, training.lora_rank, training.lora_alpha, training.lora_dropout,
                              training.lora_targets)
 
@@ -203,7 +203,7 @@ def adapters_for(model: ModelShape, training) -> Any:
     A sizing that failed is remembered too (as its InputError), so a front end does not retry it forever."""
     if training.method == "full":
         return None
-    from wizard import lora
+    from wizard.sizing import lora
     options = lora_options_for(training)
     if not model.exact:
         return lora.size_llama_adapters(model, options)
@@ -222,7 +222,7 @@ def adapters_for(model: ModelShape, training) -> Any:
 def size_for_plan(model_arg: str, trainings=()) -> ModelShape:
     """What a front end's sizing thread does: size the model from its config and the adapters the plan will
     need for each of `trainings` (so make_plan, on the UI thread, finds them remembered)."""
-    from wizard import model as model_mod
+    from wizard.sizing import model as model_mod
     shape = model_mod.size_model(model_arg)
     for training in trainings:
         try:
@@ -248,7 +248,7 @@ def resolve_details(hw: Hardware, model: ModelShape, plan: Plan, answers: dict[s
 
 def render(result: Result) -> None:
     """Fill the documents and their text from the answers and the plan (nothing written)."""
-    from wizard import emit
+    from wizard.config import emit
     result.ds_doc = emit.deepspeed_config(result.answers, result.plan, result.model)
     ds_path = result.ds_path if result.ds_doc is not None else None
     result.accelerate_doc = emit.accelerate_config(result.answers, result.plan, ds_path, result.model)
@@ -260,7 +260,8 @@ def render(result: Result) -> None:
 def validate(result: Result) -> None:
     """Load the rendered files with accelerate, DeepSpeed and transformers (in a scratch dir)."""
     import tempfile
-    from wizard import validate as validate_mod
+
+    from wizard.config import validate as validate_mod
     with tempfile.TemporaryDirectory(prefix="wizard-validate-") as tmp:
         ds_tmp = None
         yaml_text = result.yaml_text
@@ -269,7 +270,7 @@ def validate(result: Result) -> None:
             Path(ds_tmp).write_text(result.ds_text)
             # The YAML names the final path; point the scratch copy at the scratch JSON (re-rendered,
             # not a text replace: yaml escapes a non-ASCII path, so the text need not contain it).
-            from wizard.emit import yaml_naming
+            from wizard.config.emit import yaml_naming
             yaml_text = yaml_naming(yaml_text, ds_tmp)
         yaml_tmp = os.path.join(tmp, "default_config.yaml")
         Path(yaml_tmp).write_text(yaml_text, encoding="utf-8")
@@ -283,7 +284,7 @@ TRAINING_MACHINE_ONLY = ("METHOD-BNB-MISSING", "METHOD-BNB-OLD")
 
 
 def method_options(answers: dict[str, Any]) -> Any:
-    """wizard.lora.LoraOptions for --method lora/qlora (what `wizard check --method` checks), None for full."""
+    """wizard.sizing.lora.LoraOptions for --method lora/qlora (what `wizard check --method` checks), None for full."""
     training = answers_mod.training_options(answers)
     return None if training.method == "full" else lora_options_for(training)
 
@@ -295,7 +296,8 @@ def doctor_findings(result: Result, loader_path: str | None = None) -> list:
     of the new YAML, never the file in the output dir (which is only being replaced, and may be broken).
     """
     import dataclasses
-    from wizard.check import check_texts
+
+    from wizard.check.doctor import check_texts
     seen = {(f.rule, f.key) for f in result.findings}
     found = check_texts(result.yaml_text, result.ds_text, accelerate_path=loader_path or result.yaml_path,
                         ds_path=result.ds_path or "ds_config.json", model_shape=result.model,
@@ -318,7 +320,7 @@ def build(request: Request, hw: Hardware | None = None) -> Result:
     # Flags and an answers file that contradict each other are refused, not silently resolved.
     conflicts: list[InputError] = []
     refuse_mpirun(request.given)
-    from wizard.questions import check_precision_pair
+    from wizard.config.questions import check_precision_pair
     check_precision_pair(request.given.get("precision"), request.given.get("mixed_precision"))
     answers = resolve_pre_plan(hw, request.given, conflicts)
     if conflicts:
@@ -347,7 +349,7 @@ def plan_record(result: Result, given: dict[str, Any]) -> str:
 
 def write(result: Result, given: dict[str, Any]) -> list:
     """The YAML, the JSON and the plan record as one set (emit.write_files); refuses when validation found an error."""
-    from wizard import emit
+    from wizard.config import emit
     if result.errors:
         raise RuntimeError("refusing to write configs with validation errors")
     writes = emit.write_files(result.yaml_text, result.ds_text, result.output_dir, dry_run=False,

@@ -92,7 +92,7 @@ class Planner:
         return self._cache[key]
 
     def predict(self, spec: CaseSpec) -> Prediction:
-        from wizard.plan import rung_by_key
+        from wizard.planning.plan import rung_by_key
         result = self.build(spec.model, spec.backend, spec.seq_len, spec.micro_batch, spec.gc)
         rung = rung_by_key(result.plan, rung_key(spec.backend))
         if rung is None:
@@ -113,8 +113,8 @@ class Planner:
         """The ds_config.json the wizard writes for this rung (also for a rung it would not choose)."""
         if spec.backend == "single":
             return None
-        from wizard import emit
-        from wizard.plan import rung_by_key
+        from wizard.config import emit
+        from wizard.planning.plan import rung_by_key
         result = self.build(spec.model, spec.backend, spec.seq_len, spec.micro_batch, spec.gc)
         plan = dataclasses.replace(result.plan, choice=rung_by_key(result.plan, spec.backend))
         return emit.render_json(emit.deepspeed_config(result.answers, plan, result.model))

@@ -213,7 +213,7 @@ class ReferenceSampler:
                                      stderr=subprocess.DEVNULL, start_new_session=True)
 
     def _fake_loop(self) -> None:
-        from wizard.fake_nvml import fake_from_spec
+        from wizard.probe.fake_nvml import fake_from_spec
         api = fake_from_spec(DRY_RUN_FAKE_NVML)
         while not self.stop_event.is_set():
             now = dt.datetime.now()

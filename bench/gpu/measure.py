@@ -55,7 +55,6 @@ from bench.gpu.report import gib, summarize, write_report  # noqa: E402
 from bench.gpu.runner import Budget, Interrupted, Options, child_env, kill_current_child, on_signal  # noqa: E402
 from bench.gpu.smi import gpus_from_smi, smi_static  # noqa: E402
 
-
 # ============================================================================ main
 
 def default_out(dry_run: bool) -> Path:

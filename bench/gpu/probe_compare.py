@@ -8,7 +8,7 @@ import subprocess
 import sys
 from typing import Any
 
-from bench.gpu.common import MiB, REPO
+from bench.gpu.common import REPO, MiB
 from bench.gpu.smi import as_float, gpus_from_smi
 
 
@@ -82,7 +82,7 @@ def run_probe(env: dict[str, str], timeout: float = 120) -> dict[str, Any]:
 
 
 def nvml_direct() -> dict[str, Any]:
-    """pynvml itself, independently of wizard/nvml.py: what the driver says, to compare with both."""
+    """pynvml itself, independently of wizard/probe/nvml.py: what the driver says, to compare with both."""
     out: dict[str, Any] = {"available": False, "reason": None, "gpus": []}
     try:
         import pynvml
@@ -139,7 +139,7 @@ def load_hardware(probe: dict, assume: str | None, smi_rows: list[dict] | None =
                   torch_cuda: dict | None = None):
     """(Hardware, where it came from): --assume, else the probe, else the probe's host with
     nvidia-smi's (or torch's) GPUs; (None, why) when there is nothing to plan for."""
-    from wizard import hardware
+    from wizard.probe import hardware
     if assume:
         return hardware.assume(assume), f"assumed: {assume}"
     data = probe.get("hardware")

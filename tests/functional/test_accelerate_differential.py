@@ -7,7 +7,7 @@ accelerate's own converters, defaults and branching build the ClusterConfig, and
 `to_yaml_file` writes the YAML. The device probes it consults (MPS/NPU/MLU/XPU/HPU/...) are pinned
 to "absent", so it behaves as on an NVIDIA GPU machine wherever the test runs.
 
-The scripted user knows nothing of wizard.emit: each prompt is answered from the answers dict
+The scripted user knows nothing of wizard.config.emit: each prompt is answered from the answers dict
 (or from the plan's backend for "which machine"/"use DeepSpeed/FSDP"), and every prompt must be
 recognised, so a question accelerate adds in a later release fails this test instead of being
 silently defaulted.
@@ -21,8 +21,8 @@ import pytest
 import yaml
 
 from tests.plans import make_plan
-from wizard import emit, vocab
-from wizard.plan import Plan
+from wizard.config import emit, vocab
+from wizard.planning.plan import Plan
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -311,7 +311,7 @@ def test_the_question_table_offers_accelerates_words_and_no_others():
     import torch._dynamo
     from accelerate.commands.config.config_utils import DYNAMO_BACKENDS
 
-    from wizard.questions import QUESTIONS
+    from wizard.config.questions import QUESTIONS
 
     by_id = {q.id: q for q in QUESTIONS}
     offered = by_id["dynamo_backend"].choices
@@ -339,7 +339,7 @@ def test_emitted_cpu_zero3_offload_config_trains_under_accelerate_launch(tmp_pat
     import sys
     from pathlib import Path
 
-    from wizard.model import ModelShape
+    from wizard.sizing.model import ModelShape
 
     repo = Path(__file__).resolve().parents[2]
     model = ModelShape(params=41_000, largest_layer_params=8192, hidden_size=64, layers=2, heads=4, kv_heads=4,

@@ -13,9 +13,15 @@ from pathlib import Path
 import pytest
 
 from wizard import pipeline
+from wizard.frontends.snippets import (
+    adapter_snippet,
+    bnb_config_kwargs,
+    kbit_prepared,
+    lora_config_kwargs,
+    setup_snippet,
+    training_arguments,
+)
 from wizard.pipeline import Request
-from wizard.tui.snippets import (adapter_snippet, bnb_config_kwargs, kbit_prepared, lora_config_kwargs, setup_snippet,
-                                 training_arguments)
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -89,7 +95,7 @@ def test_snippet_objects_build_with_the_installed_libraries(tmp_path, method, st
         return
     bnb = build(calls["BitsAndBytesConfig"], namespace)
     assert bnb.load_in_4bit and bnb.bnb_4bit_quant_type == "nf4"
-    assert bnb.bnb_4bit_use_double_quant is True             # what wizard.lora sized (LoraOptions.double_quant)
+    assert bnb.bnb_4bit_use_double_quant is True             # what wizard.sizing.lora sized (LoraOptions.double_quant)
     assert bnb.bnb_4bit_compute_dtype == torch.float16
     # ZeRO-3 partitions the 4-bit weights only when stored in the compute dtype (lora.qlora_requirements).
     assert bnb.bnb_4bit_quant_storage == (torch.float16 if key == "zero3" else torch.uint8)
@@ -139,7 +145,7 @@ def test_lora_snippet_runs_on_a_saved_tiny_llama(tmp_path, monkeypatch):
 
 
 def test_non_interactive_prints_the_adapter_setup_and_full_does_not(tmp_path):
-    from wizard.cli import main
+    from wizard.frontends.cli import main
 
     def run(*extra):
         out, err = io.StringIO(), io.StringIO()
@@ -169,7 +175,7 @@ async def test_done_screen_shows_the_qlora_setup(tmp_path, monkeypatch):
     """The Textual Done screen: the section names peft and bitsandbytes, and the code carries LoraConfig,
     BitsAndBytesConfig (bf16 storage under ZeRO-3) and the TrainingArguments."""
     from tests.functional.test_tui_pilot import app_for, reach, text_of
-    from wizard import hardware
+    from wizard.probe import hardware
 
     monkeypatch.setenv("TEXTUAL_ANIMATIONS", "none")
     app = app_for(tmp_path, hardware.assume("2xA100-80GB"), model=LLAMA_TINY, method="qlora",

@@ -1,4 +1,4 @@
-"""`python -m wizard.check_cli` (what `wizard check` runs): exit codes 0/1/2, --json shape, --fix then a clean
+"""`python -m wizard.frontends.check_cli` (what `wizard check` runs): exit codes 0/1/2, --json shape, --fix then a clean
 re-check with the .bak kept, and accelerate's default config location."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.timeout(300)
 def run_check(*args: str, env_extra: dict | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ACCELERATE_")}
     env.update(env_extra or {})
-    return subprocess.run([sys.executable, "-m", "wizard.check_cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "wizard.frontends.check_cli", *args], capture_output=True, text=True,
                           timeout=240, cwd=cwd or ROOT, env=env)
 
 
@@ -104,7 +104,7 @@ def test_default_config_file_and_the_ds_config_it_names(tmp_path):
     (accel / "default_config.yaml").write_text(text)
     env = {"XDG_CACHE_HOME": str(tmp_path / "xdg")}
     env_no_hf = {k: v for k, v in os.environ.items() if k != "HF_HOME"}
-    r = subprocess.run([sys.executable, "-m", "wizard.check_cli", "--assume", "4xA100-80GB", "--json"],
+    r = subprocess.run([sys.executable, "-m", "wizard.frontends.check_cli", "--assume", "4xA100-80GB", "--json"],
                        capture_output=True, text=True, timeout=240, cwd=ROOT, env={**env_no_hf, **env})
     assert r.returncode == 1, r.stderr
     assert [f["rule"] for f in json.loads(r.stdout)] == ["DS-AUTO-IN-SUBCONFIG"]

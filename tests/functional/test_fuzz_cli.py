@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from wizard import cli
-from wizard.questions import QUESTIONS
+from wizard.config.questions import QUESTIONS
+from wizard.frontends import cli
 
 SEED = 12
 CASES = 300                 # `wizard plan`: seconds for all of them

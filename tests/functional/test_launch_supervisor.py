@@ -19,7 +19,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.launch_support import alive as still_alive, env, run_pids, state, wait_for
+from tests.launch_support import alive as still_alive
+from tests.launch_support import env, run_pids, state, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 TRAIN = str(REPO / "examples" / "train.py")

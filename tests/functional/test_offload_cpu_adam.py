@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from tests.plans import make_plan
-from wizard import emit
-from wizard.model import ModelShape
+from wizard.config import emit
+from wizard.sizing.model import ModelShape
 
 pytestmark = pytest.mark.slow
 

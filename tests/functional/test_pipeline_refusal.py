@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from wizard import pipeline
-from wizard.hardware import assume
+from wizard.probe.hardware import assume
 
 
 def _result(tmp_path):

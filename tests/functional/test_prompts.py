@@ -11,10 +11,11 @@ import yaml
 from prompt_toolkit.input import create_pipe_input
 from prompt_toolkit.output import DummyOutput
 
-from wizard import hardware, pipeline
+from wizard import pipeline
 from wizard.errors import EXIT_INTERRUPTED
+from wizard.frontends.prompts import CANCELLED, run_plain
 from wizard.pipeline import Request
-from wizard.prompts import CANCELLED, run_plain
+from wizard.probe import hardware
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -39,8 +40,8 @@ def plain(request: Request, keys: str, capsys=None) -> int:
 
 def prompts_before_the_plan(request: Request) -> int:
     """How many questions the plain flow asks before showing the plan (model and training)."""
-    from wizard.questions import for_stage
-    from wizard.tui.state import WizardState
+    from wizard.config.questions import for_stage
+    from wizard.frontends.session import WizardState
     state = WizardState(request)
     state.set_probed(state.load_hardware())
     state.replan()
@@ -51,8 +52,8 @@ def prompts_before_the_plan(request: Request) -> int:
 def prompts_until_write(request: Request) -> int:
     """Prompts before "Write these files?" when every default is taken: model and training, Next, then
     machines and details for the plan's choice."""
-    from wizard.questions import for_stage
-    from wizard.tui.state import WizardState
+    from wizard.config.questions import for_stage
+    from wizard.frontends.session import WizardState
     state = WizardState(request)
     state.set_probed(state.load_hardware())
     job = state.replan()
@@ -80,7 +81,7 @@ def test_enter_on_every_prompt_writes_what_non_interactive_writes(tmp_path, caps
     request = Request(given={"model": model}, assume="8xA100-80GB", output_dir=str(out))
     assert plain(request, ENTER * 80) == 0
     printed = capsys.readouterr().out
-    assert "=> DeepSpeed ZeRO-2" in printed                 # wizard.report.print_plan
+    assert "=> DeepSpeed ZeRO-2" in printed                 # wizard.frontends.report.print_plan
     assert "Validated with accelerate, DeepSpeed and transformers: OK" in printed
     assert "TrainingArguments(" in printed and "deepspeed=" in printed
     same_as_non_interactive(request, out, {"model": model})
@@ -180,8 +181,8 @@ def test_no_gpu_hardware_is_described(tmp_path, capsys):
 def test_the_plan_comes_first_and_one_answer_can_be_changed_by_name(tmp_path, capsys):
     """Issue 13: the plan is printed before any strategy question; "Change one answer" goes straight to
     the question picked by name (here the sequence length) and plans again."""
-    from wizard.questions import for_stage
-    from wizard.tui.state import WizardState
+    from wizard.config.questions import for_stage
+    from wizard.frontends.session import WizardState
     out = tmp_path / "out"
     model = str(MODELS / "qwen2.5-7b")
     request = Request(given={"model": model}, assume="8xA100-80GB", output_dir=str(out))

@@ -51,7 +51,7 @@ def pair(out: Path) -> tuple[dict, dict]:
 
 
 def check_clean(out: Path) -> None:
-    from wizard.check import run_check
+    from wizard.check.doctor import run_check
     errors = [f for f in run_check(config_file=str(out / "default_config.yaml"), use_default_config=False)
               if f.severity == "error"]
     assert errors == [], errors

@@ -121,13 +121,13 @@ def test_enter_through_every_screen_in_a_real_terminal(tmux, tmp_path):
 
     doc = yaml.safe_load((out / "default_config.yaml").read_text())
     assert (out / "wizard_plan.json").exists()
-    from wizard.hardware import probe
+    from wizard.probe.hardware import probe
     if not probe().gpus:
         # No GPU here: the default is 2 CPU processes on this machine.
         assert doc["num_processes"] == 2
     # accelerate loads the written YAML and accepts it for `accelerate launch` (these checks need no
     # plan; the wizard itself ran every check with its plan before writing: "✓ validated" above).
-    from wizard.validate import validate_all
+    from wizard.config.validate import validate_all
     findings = validate_all(str(out / "default_config.yaml"), None, None, None, None)
     assert [f for f in findings if f.severity == "error" and f.rule.startswith("ACC")] == []
 

@@ -17,12 +17,13 @@ import pytest
 import yaml
 from textual.widgets import Input, Select
 
-from wizard import hardware, pipeline
+from wizard import pipeline
 from wizard.errors import EXIT_INTERRUPTED
+from wizard.frontends.tui.app import make_app
+from wizard.frontends.tui.widgets.question_field import QuestionField
+from wizard.frontends.tui.widgets.rung_list import RungList
 from wizard.pipeline import Request
-from wizard.tui.app import make_app
-from wizard.tui.widgets.question_field import QuestionField
-from wizard.tui.widgets.rung_list import RungList
+from wizard.probe import hardware
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -99,6 +100,7 @@ async def type_into(pilot, qid: str, text: str) -> None:
 def text_of(widget) -> str:
     """The text a Static shows (rich renderables included), as plain text."""
     import io
+
     from rich.console import Console
     console = Console(width=200, file=io.StringIO(), record=True, color_system=None)
     console.print(widget.content)
@@ -111,7 +113,7 @@ def field(app, qid: str) -> QuestionField:
 
 def assert_files_valid(out: Path, expect_ds: bool, state) -> dict:
     """Validate the files on disk again (not the wizard's scratch copies) for the wizard's plan."""
-    from wizard.validate import validate_all
+    from wizard.config.validate import validate_all
     yaml_path = out / "default_config.yaml"
     doc = yaml.safe_load(yaml_path.read_text())
     ds_path = out / "ds_config.json"
@@ -159,7 +161,7 @@ async def test_enter_through_on_this_machines_real_probe(tmp_path):
 
 
 async def test_enter_typed_before_the_probe_is_shown_does_not_skip_the_hardware_screen(tmp_path, monkeypatch):
-    from wizard.tui.state import WizardState
+    from wizard.frontends.session import WizardState
     probe_may_finish = threading.Event()
     real_load = WizardState.load_hardware
 
@@ -259,8 +261,8 @@ def first_value_that_moves_the_plan(qid: str, values) -> tuple[int, str]:
     The memory model gets refined; the test pins the wiring (the screen shows the core's plan for
     what was typed, and it moves), not today's thresholds.
     """
-    from wizard import model as model_mod
     from wizard.pipeline import make_plan, resolve_pre_plan
+    from wizard.sizing import model as model_mod
     hw = a100s()
     shape = model_mod.size_model(QWEN_7B)
     default = make_plan(hw, shape, resolve_pre_plan(hw, {"model": QWEN_7B})).choice.key
@@ -689,7 +691,7 @@ async def test_dry_run_writes_nothing(tmp_path):
 
 async def test_f1_on_the_micro_batch_names_the_plans_largest_and_fastest_split(tmp_path):
     """Issue 13: "Recommended: 1" with 29 GiB to spare; with a plan, F1 says how far the chosen rung goes."""
-    from wizard.tui.screens.modals import ExplainModal
+    from wizard.frontends.tui.screens.modals import ExplainModal
     app = app_for(tmp_path, a100s(), model=LLAMA_8B)
     async with app.run_test(size=(100, 40)) as pilot:
         await reach(pilot, "ModelScreen")

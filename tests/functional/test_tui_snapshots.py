@@ -20,9 +20,9 @@ import pytest
 import pytest_textual_snapshot
 from textual.widgets import Input
 
-from wizard import hardware
+from wizard.frontends.tui.app import make_app
 from wizard.pipeline import Request
-from wizard.tui.app import make_app
+from wizard.probe import hardware
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -11,8 +11,14 @@ from pathlib import Path
 import pytest
 
 from wizard import pipeline
+from wizard.frontends.snippets import (
+    checkpointing_argument,
+    launch_commands,
+    training_arguments,
+    training_arguments_code,
+    wizard_launch_argv,
+)
 from wizard.pipeline import Request
-from wizard.tui.snippets import checkpointing_argument, launch_commands, training_arguments, training_arguments_code, wizard_launch_argv
 
 pytestmark = pytest.mark.timeout(180)
 

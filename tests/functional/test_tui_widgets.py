@@ -7,10 +7,21 @@ import itertools
 
 from rich.color import Color, ColorSystem
 
-from wizard import hardware, model, pipeline
-from wizard.plan import COMPONENTS
-from wizard.tui.widgets.memory_bar import (CAPACITY_MARK, COLOURS, LETTERS, OVERFLOW, RungRow, bar, legend,
-                                           plan_scale, short_name)
+from wizard import pipeline
+from wizard.frontends.tui.widgets.memory_bar import (
+    CAPACITY_MARK,
+    COLOURS,
+    LETTERS,
+    OVERFLOW,
+    RungRow,
+    bar,
+    legend,
+    plan_scale,
+    short_name,
+)
+from wizard.planning.plan import COMPONENTS
+from wizard.probe import hardware
+from wizard.sizing import model
 from wizard.units import GiB
 
 

@@ -23,14 +23,34 @@ import pytest_textual_snapshot
 
 from launch.metrics import MetricsWriter, Sampler
 from launch.view import (
-    CONTROL_FILE, DETACHED, LAUNCHER, QUIT, STOPPED, WIZARD, FileTail, JsonlTail, RunFollower, clean_line,
+    CONTROL_FILE,
+    DETACHED,
+    LAUNCHER,
+    QUIT,
+    STOPPED,
+    WIZARD,
+    FileTail,
+    JsonlTail,
+    RunFollower,
+    clean_line,
     send_control,
 )
 from launch.widgets import (
-    FailurePanel, GpuPanel, Header, LogPane, Palette, QuitModal, TrainLine, bar, exit_code_for, gpu_line,
-    make_view_app, run_view, spark,
+    FailurePanel,
+    GpuPanel,
+    Header,
+    LogPane,
+    Palette,
+    QuitModal,
+    TrainLine,
+    bar,
+    exit_code_for,
+    gpu_line,
+    make_view_app,
+    run_view,
+    spark,
 )
-from wizard.nvml import open_nvml
+from wizard.probe.nvml import open_nvml
 
 pytestmark = pytest.mark.timeout(60)
 

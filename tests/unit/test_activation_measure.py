@@ -1,4 +1,4 @@
-"""The activation and logits formulas of wizard/memory.py against what PyTorch really keeps for backward.
+"""The activation and logits formulas of wizard/sizing/memory.py against what PyTorch really keeps for backward.
 
 Real transformers models on CPU (random weights, no download), measured by bench/measure_activations.py:
 saved_tensors_hooks for the tensors saved in forward, a live-storage tracker for the peaks of backward.
@@ -11,11 +11,10 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch  # noqa: E402  hard dependencies: a broken install fails here, never skips
+import transformers  # noqa: E402,F401
 
-from wizard import memory as mem
-
-import torch          # noqa: E402  hard dependencies: a broken install fails here, never skips
-import transformers   # noqa: E402,F401
+from wizard.sizing import memory as mem
 
 _BENCH = Path(__file__).resolve().parents[2] / "bench" / "measure_activations.py"
 

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from wizard import answers
+from wizard.config import answers
+from wizard.config.questions import QUESTIONS, Context
 from wizard.errors import InputError
-from wizard.hardware import GPU, Hardware
-from wizard.plan import Plan, Rung, StrategyOptions, Topology, TrainingOptions
-from wizard.questions import QUESTIONS, Context
+from wizard.planning.plan import Plan, Rung, StrategyOptions, Topology, TrainingOptions
+from wizard.probe.hardware import GPU, Hardware
 from wizard.units import GiB
 
 FIX = Path(__file__).resolve().parent.parent / "fixtures" / "answers"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from wizard.check import build_context, run_check, run_rules
+from wizard.check.doctor import build_context, run_check, run_rules
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -66,7 +66,8 @@ def test_no_false_alarm_on_the_corpus():
 
 def test_deepspeed_itself_rejects_axolotls_compile_block():
     from deepspeed.runtime.config import DeepSpeedConfig
-    from wizard.validate import preload
+
+    from wizard.config.validate import preload
 
     preload()
     cfg = json.loads((CORPUS / "axolotl/deepspeed_configs/zero1_torch_compile.json").read_text())
@@ -131,7 +132,7 @@ def test_transformers_itself_raises_that_mismatch(monkeypatch):
     from transformers import TrainingArguments
     from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig, unset_hf_deepspeed_config
 
-    from wizard.check_rules.common import training_defaults
+    from wizard.check.rules.common import training_defaults
 
     args = SimpleNamespace(**{**training_defaults(), "gradient_accumulation_steps": 8, "world_size": 8})
     args.get_warmup_steps = MethodType(TrainingArguments.get_warmup_steps, args)

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from wizard.check import apply_fixes, build_context, check_texts, format_findings, run_rules
-from wizard.check_rules import FIXERS, RULES
-from wizard.hardware import assume
+from wizard.check.doctor import apply_fixes, build_context, check_texts, format_findings, run_rules
+from wizard.check.rules import FIXERS, RULES
+from wizard.probe.hardware import assume
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "check"
 FIXABLE = sorted(r.id for r in RULES if r.fixable)
@@ -76,8 +76,8 @@ def _plan_ctx(seq_len: int, model: str = "llama-7b", spec: str = "1xA100-80GB"):
 
 def test_low_headroom_warning_and_exceeds_error_follow_the_plan():
     """Search the sequence length where ZeRO-less single-GPU training of the tiny model fills 95-100 % of a GPU."""
-    from wizard.check_rules.hardware_plan import plan_inputs
-    from wizard.plan import StrategyOptions, make_plan, rung_by_key
+    from wizard.check.rules.hardware_plan import plan_inputs
+    from wizard.planning.plan import StrategyOptions, make_plan, rung_by_key
 
     ctx = _plan_ctx(2048, model="tiny-llama", spec="1xRTX4090")
 

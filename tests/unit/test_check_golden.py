@@ -12,9 +12,9 @@ from typing import Callable
 import pytest
 import yaml
 
-from wizard.check import build_context, run_rules
-from wizard.check_rules.methods import method_options
-from wizard.hardware import assume, load_file
+from wizard.check.doctor import build_context, run_rules
+from wizard.check.rules.methods import method_options
+from wizard.probe.hardware import assume, load_file
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 GOLDEN = ROOT / "snapshots" / "golden"
@@ -78,7 +78,7 @@ class Golden(GoldenFiles):
                             method=method_options(_opt(self.args, "--method") or "full",
                                                   _opt(self.args, "--lora-rank") or 16, _opt(self.args, "--lora-targets")))
         if "--params" in self.args:
-            from wizard.model import from_params
+            from wizard.sizing.model import from_params
             ctx.model, ctx.model_id = from_params(_opt(self.args, "--params")), "--params " + _opt(self.args, "--params")
         return run_rules(ctx)
 

@@ -148,7 +148,7 @@ def test_keys_beside_ds_file_rejected_by_plugin(tmp_path, monkeypatch):
                                  "offload_optimizer_device", "offload_param_device", "offload_param_nvme_path",
                                  "offload_optimizer_nvme_path", "zero3_save_16bit_model"])
 def test_each_rejected_key_is_really_rejected(key, tmp_path, monkeypatch):
-    from wizard.check_rules.accelerate_yaml import REJECTED_BESIDE_DS_FILE
+    from wizard.check.rules.accelerate_yaml import REJECTED_BESIDE_DS_FILE
 
     assert key in REJECTED_BESIDE_DS_FILE
     monkeypatch.setenv("ACCELERATE_CONFIG_DS_FIELDS", f"deepspeed_config_file,{key}")
@@ -198,7 +198,7 @@ def test_port_in_use(tmp_path):
                                         "same_network": False}
         with pytest.raises(ConnectionError, match=f"port `{port}`"):
             launch(Path(), tmp_path, yaml.safe_dump(multi))
-        from wizard.check_rules.accelerate_yaml import port_in_use
+        from wizard.check.rules.accelerate_yaml import port_in_use
         assert port_in_use(port)
     assert not port_in_use(port)
 
@@ -305,8 +305,8 @@ def test_full_config_validation_on_clean_and_trigger():
     from deepspeed.runtime.config import DeepSpeedConfig
     from pydantic import ValidationError
 
-    from wizard.check import build_context
-    from wizard.check_rules.deepspeed_json import fill_analysis
+    from wizard.check.doctor import build_context
+    from wizard.check.rules.deepspeed_json import fill_analysis
 
     def filled(which: str) -> dict:
         d = fixture("DS-FLOAT-BUCKET", which, "default_config.yaml").parent
@@ -348,7 +348,7 @@ def test_unknown_top_level_key_silently_ignored():
 
 
 def test_known_top_level_keys_read_from_deepspeed_cover_the_fallback_list():
-    from wizard.check_rules.deepspeed_json import FALLBACK_TOP_LEVEL, known_top_level_keys
+    from wizard.check.rules.deepspeed_json import FALLBACK_TOP_LEVEL, known_top_level_keys
 
     assert FALLBACK_TOP_LEVEL <= known_top_level_keys()
     assert {"zero_optimization", "optimizer", "scheduler", "aio", "bf16"} <= known_top_level_keys()
@@ -357,7 +357,7 @@ def test_known_top_level_keys_read_from_deepspeed_cover_the_fallback_list():
 def test_aio_detection_is_deepspeeds_answer():
     from deepspeed.ops.op_builder import AsyncIOBuilder
 
-    from wizard.check_rules.deepspeed_json import aio_available
+    from wizard.check.rules.deepspeed_json import aio_available
 
     assert aio_available() == bool(AsyncIOBuilder().is_compatible(verbose=False))
 
@@ -366,8 +366,8 @@ def test_transformers_reports_every_mismatch_at_once():
     from transformers import TrainingArguments
     from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig, unset_hf_deepspeed_config
 
-    from wizard.check_rules.deepspeed_json import _training_namespace
-    from wizard.check_rules.common import CheckContext
+    from wizard.check.rules.common import CheckContext
+    from wizard.check.rules.deepspeed_json import _training_namespace
 
     cfg = ds("DS-TRAINER-MISMATCH")
     cfg["train_micro_batch_size_per_gpu"] = 3

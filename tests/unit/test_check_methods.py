@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from wizard import pipeline
-from wizard.check import check_texts
-from wizard.check_rules import methods
-from wizard.lora import lora_options
+from wizard.check.doctor import check_texts
+from wizard.check.rules import methods
 from wizard.pipeline import Request
+from wizard.sizing.lora import lora_options
 
 ROOT = Path(__file__).resolve().parents[2]
 LLAMA_TINY = str(ROOT / "tests" / "fixtures" / "models" / "llama-tiny")
@@ -101,8 +101,8 @@ def test_qlora_zero3_needs_zero3_init_flag(zero3):
 def test_memory_rule_sizes_the_adapters_with_method():
     """QLoRA on ZeRO-3 for 8B on 2 x A100-80GB fits (about 25 GiB per GPU); the same files read as full
     fine-tuning need about 92 GiB per GPU: without --method the memory rule says so, with it it is quiet."""
-    from wizard import hardware
-    from wizard.model import size_model
+    from wizard.probe import hardware
+    from wizard.sizing.model import size_model
 
     result = pipeline.build(Request(assume="2xA100-80GB", output_dir="/tmp/unused", given={
         "model": LLAMA_8B, "method": "qlora", "backend": "deepspeed", "zero_stage": "3"}))
@@ -116,7 +116,7 @@ def test_memory_rule_sizes_the_adapters_with_method():
 
 
 def test_cli_method_flags(tmp_path):
-    from wizard.check_cli import main
+    from wizard.frontends.check_cli import main
 
     result = pipeline.build(Request(assume="2xA100-80GB", output_dir=str(tmp_path), given={
         "model": LLAMA_TINY, "method": "qlora", "backend": "deepspeed", "zero_stage": "3"}))

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from wizard.check import build_context, run_rules
-from wizard.check_rules import RULES
-from wizard.hardware import Hardware, assume
+from wizard.check.doctor import build_context, run_rules
+from wizard.check.rules import RULES
+from wizard.probe.hardware import Hardware, assume
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "check"
 MODELS = FIXTURES / "models"
@@ -72,7 +72,7 @@ def check_case(case_dir: Path, tmp: Path):
 @pytest.mark.parametrize("case_dir", CASE_DIRS, ids=[f"{p.parent.name}/{p.name}" for p in CASE_DIRS])
 def test_fixture_reports_exactly_its_rule(case_dir: Path, tmp_path: Path):
     if case_dir.parent.name == "DS-NVME-NO-AIO" and case_dir.name == "trigger":
-        from wizard.check_rules.deepspeed_json import aio_available
+        from wizard.check.rules.deepspeed_json import aio_available
         if aio_available():
             pytest.skip("DeepSpeed's async_io op is available on this machine, so NVMe offload is fine here")
     spec, findings = check_case(case_dir, tmp_path)
@@ -138,7 +138,7 @@ SEVERITY = {
 def test_each_rule_reports_its_trigger_with_its_own_severity(case_dir: Path, tmp_path: Path):
     rule = case_dir.parent.name
     if rule == "DS-NVME-NO-AIO":
-        from wizard.check_rules.deepspeed_json import aio_available
+        from wizard.check.rules.deepspeed_json import aio_available
         if aio_available():
             pytest.skip("DeepSpeed's async_io op is available on this machine")
     _, findings = check_case(case_dir, tmp_path)

@@ -8,8 +8,8 @@ import os
 
 import pytest
 
-from wizard.check import MAX_INPUT_BYTES, MAX_NESTING, build_context, check_texts, run_rules
-from wizard.check_rules.common import trainer_defaults
+from wizard.check.doctor import MAX_INPUT_BYTES, MAX_NESTING, build_context, check_texts, run_rules
+from wizard.check.rules.common import trainer_defaults
 from wizard.errors import InputError
 
 pytestmark = pytest.mark.timeout(300)
@@ -122,7 +122,7 @@ def test_offload_with_deepspeed_cpu_adam_is_never_flagged_and_explicit_false_is_
 
 
 def test_fix_never_flips_an_explicit_true(tmp_path):
-    from wizard.check import apply_fixes
+    from wizard.check.doctor import apply_fixes
 
     offload = {**DS2, "zero_force_ds_cpu_optimizer": True,
                "zero_optimization": {**DS2["zero_optimization"], "offload_optimizer": {"device": "cpu"}}}

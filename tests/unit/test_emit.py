@@ -8,9 +8,9 @@ import pytest
 import yaml
 
 from tests.plans import LLAMA2_7B, make_plan
-from wizard import emit
+from wizard.config import emit
 from wizard.errors import InputError
-from wizard.model import ModelShape
+from wizard.sizing.model import ModelShape
 
 MODEL = LLAMA2_7B
 H = MODEL.hidden_size
@@ -354,7 +354,7 @@ def test_emit_imports_nothing_heavy():
     import subprocess
     import sys
 
-    code = ("import sys, wizard.emit, wizard.validate, wizard.fsutil; "
+    code = ("import sys, wizard.config.emit, wizard.config.validate, wizard.fsutil; "
             "print([m for m in ('torch','accelerate','deepspeed','transformers','yaml') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "[]", out.stderr

@@ -10,7 +10,8 @@ import tempfile
 
 import pytest
 
-from wizard import emit, fsutil
+from wizard import fsutil
+from wizard.config import emit
 from wizard.errors import InputError
 
 
@@ -427,7 +428,7 @@ BAD_TAGGED_YAML = ["x: !!timestamp foo\n", "x: !!bool q\n", 'x: !!int ""\n', "x:
 
 @pytest.mark.parametrize("text", BAD_TAGGED_YAML)
 def test_yaml_a_tag_cannot_take_is_bad_input_everywhere_it_is_read(tmp_path, text):
-    from wizard.check import load_training_args, parse_accelerate_yaml
+    from wizard.check.doctor import load_training_args, parse_accelerate_yaml
 
     with pytest.raises(InputError, match="answers"):
         fsutil.loads_limited(text, "yaml", "answers", "f", "a file")

@@ -13,14 +13,28 @@ from pathlib import Path
 
 import pytest
 
-from bench.gpu.cases import (CaseSpec, Planner, Prediction, given_for, pick_predicted_oom, pick_smallest_headroom,
-                             rung_key, select_cases, write_models)
+from bench.gpu.cases import (
+    CaseSpec,
+    Planner,
+    Prediction,
+    given_for,
+    pick_predicted_oom,
+    pick_smallest_headroom,
+    rung_key,
+    select_cases,
+    write_models,
+)
 from bench.gpu.launch_check import align, load_metrics_jsonl, metric_diffs, metrics_verdict
 from bench.gpu.memory_check import case_record, decide, error_pct, train_command
 from bench.gpu.probe_compare import compare_probe, load_hardware
 from bench.gpu.report import CASE_COLUMNS, render_markdown, summarize
-from bench.gpu.smi import (SMI_OPTIONAL_SAMPLE_FIELDS, SMI_SAMPLE_FIELDS, SMI_STATIC_FIELDS, parse_smi_csv,
-                           parse_smi_samples)
+from bench.gpu.smi import (
+    SMI_OPTIONAL_SAMPLE_FIELDS,
+    SMI_SAMPLE_FIELDS,
+    SMI_STATIC_FIELDS,
+    parse_smi_csv,
+    parse_smi_samples,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 GPU_DIR = REPO / "bench" / "gpu"
@@ -169,7 +183,7 @@ def cases_cfg():
 
 @pytest.mark.parametrize("assume", ["1xH200,ram=128G,cpus=16", "1xH100-80GB,ram=128G,cpus=16"])
 def test_selection_from_the_planner_adapts_to_the_gpu(assume, model_dirs, cases_cfg):
-    from wizard import hardware
+    from wizard.probe import hardware
     planner = Planner(hardware.assume(assume), model_dirs)
     sel = select_cases(cases_cfg, list(model_dirs), planner.predict, planner.recommend)
     assert len(sel.cases) >= 6

@@ -1,4 +1,4 @@
-"""wizard.hardware and wizard.catalogue: catalogue lookups, --assume specs, saved-probe JSON,
+"""wizard.probe.hardware and wizard.probe.catalogue: catalogue lookups, --assume specs, saved-probe JSON,
 the probe (this machine, and the fake NVML), describe/warnings, and the snapshot files.
 
 snapshots/hardware/ holds saved probes of typical machines (GPU part from the fake NVML, host
@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 
 from tests.markers import needs_no_driver
-from wizard import catalogue, hardware
 from wizard.errors import InputError
-from wizard.hardware import GPU, Hardware, assume, describe, from_json, load_file, probe, warnings
-from wizard.nvml import FAKE_ENV
+from wizard.probe import catalogue, hardware
+from wizard.probe.hardware import GPU, Hardware, assume, describe, from_json, load_file, probe, warnings
+from wizard.probe.nvml import FAKE_ENV
 
 GiB = 1024**3
 MiB = 1024**2
@@ -455,7 +455,7 @@ def test_probe_survives_an_nvml_surprise(monkeypatch):
         def close(self):
             pass
 
-    monkeypatch.setattr("wizard.nvml.open_nvml", lambda: Broken())
+    monkeypatch.setattr("wizard.probe.nvml.open_nvml", lambda: Broken())
     hw = probe()
     assert hw.gpus == [] and "GPU fell off the bus" in hw.gpu_reason and hw.ram_total > 0
 
@@ -510,7 +510,7 @@ def test_probe_applies_a_cgroup_cap(monkeypatch):
 
 
 def test_probe_does_not_import_heavy_libraries():
-    code = ("import json, sys\nimport wizard.hardware as h\nh.probe()\n"
+    code = ("import json, sys\nimport wizard.probe.hardware as h\nh.probe()\n"
             "print(json.dumps([m for m in ('torch', 'transformers', 'deepspeed', 'accelerate', 'textual') "
             "if m in sys.modules]))")
     for fake in ("", "8xH100-80GB"):

@@ -7,8 +7,19 @@ import sys
 
 import pytest
 
-from launch.rundir import (BoundedJsonl, EventLog, RotatingLog, RunState, create_run_dir, process_alive,
-                           rank_log_path, read_jsonl, read_state, resolve_run_dir, tail_lines)
+from launch.rundir import (
+    BoundedJsonl,
+    EventLog,
+    RotatingLog,
+    RunState,
+    create_run_dir,
+    process_alive,
+    rank_log_path,
+    read_jsonl,
+    read_state,
+    resolve_run_dir,
+    tail_lines,
+)
 from wizard.errors import InputError
 
 
@@ -118,8 +129,15 @@ def test_read_state_ignores_a_run_json_that_is_not_an_object(tmp_path):
 
 # ------------------------------------------------------------------ issue 11: lock, validation, lost
 
-from launch.rundir import (LOCK_FILE, attempts_allowed, end_recorded_processes, load_state,  # noqa: E402
-                           mark_lost_if_dead, state_problem, try_lock)
+from launch.rundir import (  # noqa: E402
+    LOCK_FILE,
+    attempts_allowed,
+    end_recorded_processes,
+    load_state,
+    mark_lost_if_dead,
+    state_problem,
+    try_lock,
+)
 
 
 def test_a_locked_run_dir_refuses_a_second_launch_and_a_file_is_input_error(tmp_path):

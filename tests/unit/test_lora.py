@@ -1,14 +1,18 @@
-"""LoRA / QLoRA sizing (wizard/lora.py) against the real peft, transformers and (where installed) bitsandbytes."""
+"""LoRA / QLoRA sizing (wizard/sizing/lora.py) against the real peft, transformers and (where installed)
+bitsandbytes."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
 
+import peft  # noqa: E402  hard dependencies (pyproject): a broken install fails here, never skips
 import pytest
+import torch  # noqa: E402
+import transformers  # noqa: E402
 
 from wizard.errors import InputError
-from wizard.lora import (
+from wizard.sizing.lora import (
     LLAMA_DEFAULT_TARGETS,
     AdapterShape,
     adapter_model_states,
@@ -21,12 +25,8 @@ from wizard.lora import (
     size_adapters,
     size_llama_adapters,
 )
-from wizard.memory import states_zero2, states_zero3
-from wizard.model import ModelShape, from_params
-
-import peft  # noqa: E402  hard dependencies (pyproject): a broken install fails here, never skips
-import torch  # noqa: E402
-import transformers  # noqa: E402
+from wizard.sizing.memory import states_zero2, states_zero3
+from wizard.sizing.model import ModelShape, from_params
 
 HAS_BNB = importlib.util.find_spec("bitsandbytes") is not None
 
@@ -307,5 +307,5 @@ def test_lora_module_imports_no_torch():
     import subprocess
     import sys
 
-    code = "import sys, wizard.lora; assert 'torch' not in sys.modules and 'peft' not in sys.modules"
+    code = "import sys, wizard.sizing.lora; assert 'torch' not in sys.modules and 'peft' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)

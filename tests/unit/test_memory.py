@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from wizard import memory as mem
+from wizard.sizing import memory as mem
 from wizard.units import GiB
 
 PARAMS = [1_000_000, 124_439_808, 1_100_048_384, 6_738_415_616, 7_000_000_000, 13_015_864_320,

@@ -6,12 +6,18 @@ import json
 import os
 import threading
 import time
+
 import pytest
 
 from launch.metrics import (
-    NO_GPU_METRICS, MetricsWriter, Sampler, format_summary, read_samples, summarise,
+    NO_GPU_METRICS,
+    MetricsWriter,
+    Sampler,
+    format_summary,
+    read_samples,
+    summarise,
 )
-from wizard.nvml import GpuSample, open_nvml
+from wizard.probe.nvml import GpuSample, open_nvml
 
 GPU_KEYS = {"index", "name", "util", "mem_used", "mem_total", "power_w", "power_limit_w",
             "temp_c", "sm_clock_mhz", "processes"}

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from wizard.errors import InputError
-from wizard.model import (
+from wizard.sizing.model import (
     KNOWN_SHAPES,
     ModelShape,
     cached_model_ids,
@@ -305,14 +305,14 @@ def _run(code: str, env: dict[str, str]) -> str:
 
 
 def test_importing_the_module_does_not_import_torch_or_transformers():
-    out = _run("import sys, wizard.model; from wizard.model import from_params; from_params('7B');"
+    out = _run("import sys, wizard.sizing.model; from wizard.sizing.model import from_params; from_params('7B');"
                "print(sorted(m for m in ('torch', 'transformers', 'huggingface_hub') if m in sys.modules))", {})
     assert out == "[]"
 
 
 def test_second_sizing_comes_from_the_cache_without_torch(tmp_path):
     env = {"WIZARD_CACHE_DIR": str(tmp_path / "shared-cache")}
-    code = ("import sys, json; from wizard.model import size_model;"
+    code = ("import sys, json; from wizard.sizing.model import size_model;"
             f"s = size_model({str(MODELS / 'llama-3-70b')!r});"
             "print(json.dumps([s.params, s.layer_class, s.source, 'torch' in sys.modules]))")
     first = json.loads(_run(code, env))
@@ -325,7 +325,7 @@ def test_second_sizing_comes_from_the_cache_without_torch(tmp_path):
 def test_cold_sizing_pauses_gc_for_the_imports_then_restores_it():
     """The first sizing freezes the objects the imports made (so neither later collections nor the
     final one at exit walk them) and leaves the GC as it found it; a second sizing freezes nothing."""
-    code = ("import gc, json; from wizard.model import size_model;"
+    code = ("import gc, json; from wizard.sizing.model import size_model;"
             f"a = size_model({str(MODELS / 'llama-3-70b')!r}, use_cache=False).params;"
             "frozen, enabled = gc.get_freeze_count(), gc.isenabled();"
             f"b = size_model({str(MODELS / 'llama-tiny')!r}, use_cache=False).params;"
@@ -333,7 +333,7 @@ def test_cold_sizing_pauses_gc_for_the_imports_then_restores_it():
     params, tiny, frozen, enabled, unchanged, still_enabled = json.loads(_run(code, {}))
     assert (params, tiny) == (70_553_706_496, 218_944)
     assert frozen > 100_000 and enabled and unchanged and still_enabled
-    disabled = _run("import gc; gc.disable(); from wizard.model import size_model;"
+    disabled = _run("import gc; gc.disable(); from wizard.sizing.model import size_model;"
                     f"size_model({str(MODELS / 'llama-tiny')!r}, use_cache=False); print(gc.isenabled())", {})
     assert disabled == "False"
 
@@ -346,7 +346,7 @@ def test_widened_transformers_scan_cache_gives_the_same_lazy_modules():
             "info = iu.create_import_structure_from_path.cache_info();"
             "print(json.dumps([sorted(m._class_to_module.items()), sorted(m._modules),"
             " sorted(transformers._class_to_module.items()), info.maxsize, info.hits]))")
-    widened = json.loads(_run(f"from wizard.model import size_model; size_model({str(MODELS / 'llama-tiny')!r}, "
+    widened = json.loads(_run(f"from wizard.sizing.model import size_model; size_model({str(MODELS / 'llama-tiny')!r}, "
                               f"use_cache=False); {dump}", {}))
     plain = json.loads(_run(f"import transformers; transformers.LlamaForCausalLM; {dump}", {}))
     assert widened[:3] == plain[:3]

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from tests.plans import make_plan
-from wizard import emit
-from wizard.model import size_model
+from wizard.config import emit
+from wizard.sizing.model import size_model
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "models"
 TINY_MOE = {

@@ -1,4 +1,4 @@
-"""wizard.nvml: the real binding's N/A handling (pynvml functions monkeypatched), the
+"""wizard.probe.nvml: the real binding's N/A handling (pynvml functions monkeypatched), the
 unavailable API, the deterministic fake and the CUDA_VISIBLE_DEVICES mapping."""
 
 from __future__ import annotations
@@ -13,11 +13,18 @@ import pynvml
 import pytest
 
 from tests.markers import needs_no_driver
-from wizard import catalogue
 from wizard.errors import InputError
-from wizard.fake_nvml import FakeNvml, fake_from_spec
-from wizard.nvml import (
-    FAKE_ENV, GpuSample, GpuStatic, RealNvml, UnavailableNvml, init_failure_reason, open_nvml, visible_devices,
+from wizard.probe import catalogue
+from wizard.probe.fake_nvml import FakeNvml, fake_from_spec
+from wizard.probe.nvml import (
+    FAKE_ENV,
+    GpuSample,
+    GpuStatic,
+    RealNvml,
+    UnavailableNvml,
+    init_failure_reason,
+    open_nvml,
+    visible_devices,
 )
 
 GiB = 1024**3

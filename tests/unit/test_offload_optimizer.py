@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from wizard import memory as mem
-from wizard.hardware import GPU, Hardware
-from wizard.model import ModelShape
-from wizard.plan import RUNG_SPECS, StrategyOptions, Topology, TrainingOptions, make_plan, what_would_fit
+from wizard.planning.plan import RUNG_SPECS, StrategyOptions, Topology, TrainingOptions, make_plan, what_would_fit
+from wizard.probe.hardware import GPU, Hardware
+from wizard.sizing import memory as mem
+from wizard.sizing.model import ModelShape
 from wizard.units import GiB
 
 LLAMA2_7B = ModelShape(params=6_738_415_616, largest_layer_params=32_000 * 4096, hidden_size=4096, layers=32,

@@ -8,12 +8,23 @@ from dataclasses import replace
 
 import pytest
 
-from wizard import memory as mem
 from wizard.errors import InputError
-from wizard.hardware import GPU, Hardware
-from wizard.model import ModelShape
-from wizard.plan import (COMPONENTS, Plan, StrategyOptions, Topology, TrainingOptions, explain_nothing_fits,
-                         ladder_keys, make_plan, next_rung, rung_by_key, what_would_fit)
+from wizard.planning.plan import (
+    COMPONENTS,
+    Plan,
+    StrategyOptions,
+    Topology,
+    TrainingOptions,
+    explain_nothing_fits,
+    ladder_keys,
+    make_plan,
+    next_rung,
+    rung_by_key,
+    what_would_fit,
+)
+from wizard.probe.hardware import GPU, Hardware
+from wizard.sizing import memory as mem
+from wizard.sizing.model import ModelShape
 from wizard.units import GiB
 
 # Shapes of real models (parameter counts as DeepSpeed counts them: tied weights once).
@@ -433,8 +444,8 @@ def test_nothing_fits_when_only_the_nvme_path_is_missing():
 
 from pathlib import Path  # noqa: E402
 
-from wizard.hardware import assume  # noqa: E402
-from wizard.model import size_model  # noqa: E402
+from wizard.probe.hardware import assume  # noqa: E402
+from wizard.sizing.model import size_model  # noqa: E402
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "models"
 
@@ -529,7 +540,7 @@ def test_nvme_rung_checks_disk_of_an_assumed_machine():
 
 
 def test_nvme_rung_measures_another_path_on_this_machine(tmp_path, monkeypatch):
-    import wizard.hardware as hardware_mod
+    import wizard.probe.hardware as hardware_mod
 
     monkeypatch.setattr(hardware_mod, "free_disk", lambda path: 10 * GiB if path == str(tmp_path) else None)
     hw = gpus(8, 80, ram_gib=1024, nvme_path="/elsewhere", disk_free_nvme=2**50)

@@ -1,4 +1,4 @@
-"""LoRA / QLoRA in the plan, through the pipeline (test_lora.py tests wizard.lora itself): trainable counts as
+"""LoRA / QLoRA in the plan, through the pipeline (test_lora.py tests wizard.sizing.lora itself): trainable counts as
 peft counts them, the adapter ladder, the alternatives full fine-tuning names, speed against full fine-tuning,
 DDP's buckets, and QLoRA + ZeRO-3's zero3_init_flag."""
 
@@ -8,11 +8,11 @@ import pytest
 
 from tests.unit.test_lora import _peft_counts, _tiny_configs
 from wizard import pipeline
-from wizard.answers import training_options
+from wizard.config.answers import training_options
 from wizard.errors import InputError
-from wizard.model import size_model
 from wizard.pipeline import Request
-from wizard.plan import StrategyOptions, ladder_keys, rung_by_key
+from wizard.planning.plan import StrategyOptions, ladder_keys, rung_by_key
+from wizard.sizing.model import size_model
 
 ARCHES = ["llama", "mistral", "qwen2", "gemma2", "mixtral", "gpt2"]
 

@@ -4,13 +4,22 @@ from __future__ import annotations
 
 import pytest
 
-from wizard import answers
+from wizard.config import answers
+from wizard.config.questions import (
+    DETAIL_GROUPS,
+    KINDS,
+    QUESTIONS,
+    STAGES,
+    Context,
+    by_id,
+    first_slurm_host,
+    for_stage,
+    is_valid_host,
+)
 from wizard.errors import InputError
-from wizard.hardware import GPU, Hardware
-from wizard.model import ModelShape
-from wizard.plan import Plan, Rung, Topology
-from wizard.questions import (DETAIL_GROUPS, KINDS, QUESTIONS, STAGES, Context, by_id, first_slurm_host,
-                              for_stage, is_valid_host)
+from wizard.planning.plan import Plan, Rung, Topology
+from wizard.probe.hardware import GPU, Hardware
+from wizard.sizing.model import ModelShape
 from wizard.units import GiB
 
 PRE_PLAN = ("model", "training", "strategy", "machines")
@@ -541,7 +550,7 @@ def test_a_details_answer_excluded_by_the_users_backend_is_refused_but_not_one_t
 
 
 def test_precision_and_mixed_precision_must_agree():
-    from wizard.questions import check_precision_pair
+    from wizard.config.questions import check_precision_pair
     with pytest.raises(InputError, match="conflicts with --precision bf16"):
         check_precision_pair("bf16", "fp16")
     for precision, mixed in (("bf16", "bf16"), ("fp16", "fp16"), ("fp32", "no"), ("auto", "fp16"), (None, "fp16")):

@@ -1,4 +1,4 @@
-"""The speed model (wizard/speed.py) and how the plan uses it: every figure by its own arithmetic."""
+"""The speed model (wizard/planning/speed.py) and how the plan uses it: every figure by its own arithmetic."""
 
 from __future__ import annotations
 
@@ -7,12 +7,20 @@ from dataclasses import replace
 
 import pytest
 
-from wizard import catalogue, hardware, plan as plan_mod
-from wizard import speed as sp
-from wizard.errors import InputError
-from wizard.plan import (RUNG_SPECS, StrategyOptions, Topology, TrainingOptions, largest_micro_batch, make_plan,
-                         rung_by_key)
 from tests.plans import LLAMA2_7B
+from wizard.errors import InputError
+from wizard.planning import plan as plan_mod
+from wizard.planning import speed as sp
+from wizard.planning.plan import (
+    RUNG_SPECS,
+    StrategyOptions,
+    Topology,
+    TrainingOptions,
+    largest_micro_batch,
+    make_plan,
+    rung_by_key,
+)
+from wizard.probe import catalogue, hardware
 
 GB = 1e9
 

@@ -3,7 +3,7 @@
 Data integrity: every entry complete, its fields agree with the row it quotes, its conversion to
 tokens/s per GPU holds, its architecture reproduces the published parameter count, and the
 implied utilisation is physically possible. A malformed entry must fail these checks (tested by
-breaking copies). Then, once wizard/speed.py exists: the median absolute error of the planner's
+breaking copies). Then, once wizard/planning/speed.py exists: the median absolute error of the planner's
 predictions over all entries stays under MEDIAN_ABS_ERROR_BOUND_PCT.
 """
 
@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from wizard.catalogue import names as gpu_names
-from wizard.plan import RUNG_SPECS
+from wizard.planning.plan import RUNG_SPECS
+from wizard.probe.catalogue import names as gpu_names
 
 ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("bench_speed_model", ROOT / "bench" / "bench_speed_model.py")
@@ -239,7 +239,7 @@ def test_samples_per_second_conversion():
 
 
 # ============================================================================================
-# the speed model against the data (needs wizard/speed.py)
+# the speed model against the data (needs wizard/planning/speed.py)
 
 # Median |error| over all entries must stay under this. Set from the achieved figure plus a
 # margin (see bench/results/speed-model.md and the report of the branch that added it).
@@ -250,7 +250,7 @@ def _has_speed_model() -> bool:
     # The rungs carry `.speed` once the speed model is wired into the plan.
     import dataclasses
 
-    from wizard.plan import Rung
+    from wizard.planning.plan import Rung
 
     return "speed" in {f.name for f in dataclasses.fields(Rung)}
 

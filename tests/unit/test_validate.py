@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from tests.plans import LLAMA2_7B, make_plan
-from wizard import emit, validate
+from wizard.config import emit, validate
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -188,7 +188,7 @@ def test_busy_port_is_a_warning_not_an_error(tmp_path):
         # validation judges the files for the planned machine; this machine's port is check's rule, with the
         # machine as an input (pipeline.doctor_findings asks the live one)
         assert rules(findings) == set() and "ACC-PORT-IN-USE" not in rules(findings, "warning")
-        from wizard.check import check_texts
+        from wizard.check.doctor import check_texts
         yaml_text = (tmp_path / "default_config.yaml").read_text()
         found = check_texts(yaml_text, None, port_in_use=lambda p: p == port)
     assert [(f.rule, f.severity) for f in found] == [("ACC-PORT-IN-USE", "warning")]

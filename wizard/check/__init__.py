@@ -1,0 +1,1 @@
+"""`wizard check`: the doctor for existing configs (context, rules, findings, fixes)."""

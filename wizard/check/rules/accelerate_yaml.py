@@ -1,0 +1,439 @@
+"""Rules on accelerate's default_config.yaml: what its loader rejects, what `accelerate launch`
+mishandles, and what both accept silently and then ignore.
+
+Facts (accelerate 1.15, checked in tests/unit/test_check_library_facts.py):
+- the loader (`ClusterConfig.from_yaml_file`) rejects unknown top-level keys and never looks inside
+  `deepspeed_config` / `fsdp_config`; launch copies those nested keys onto its argparse namespace,
+  where a key that no launch option reads has no effect;
+- `DeepSpeedPlugin` raises when `deepspeed_config_file` is used together with any of eight
+  `deepspeed_config` keys or a top-level `mixed_precision`;
+- launch copies a top-level YAML value only when the CLI default is None, so `rdzv_backend`,
+  `same_network` and `enable_cpu_affinity` from the YAML never take effect;
+- `num_processes` is the total over machines (torchrun gets num_processes // num_machines per node).
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import socket
+from typing import Any, Iterable
+
+from wizard.check.rules.common import CheckContext, as_int, finding, fixer, rule
+
+FAMILY = "accelerate"
+
+# Keys whose value accelerate reads as a string: an unquoted NO/no/yes/on/off there becomes a bool.
+STRING_KEYS: dict[tuple[str, ...], str] = {
+    ("distributed_type",): "upper",
+    ("mixed_precision",): "lower",
+    ("compute_environment",): "upper",
+    ("dynamo_backend",): "upper",            # legacy top-level form
+    ("rdzv_backend",): "keep",
+    ("dynamo_config", "dynamo_backend"): "upper",
+    ("dynamo_config", "dynamo_mode"): "keep",
+    ("deepspeed_config", "offload_optimizer_device"): "lower",
+    ("deepspeed_config", "offload_param_device"): "lower",
+    ("fp8_config", "backend"): "upper",
+}
+
+# DeepSpeedPlugin._deepspeed_config_checks: YAML keys that may not sit beside deepspeed_config_file.
+REJECTED_BESIDE_DS_FILE = (
+    "gradient_accumulation_steps", "gradient_clipping", "zero_stage", "offload_optimizer_device",
+    "offload_param_device", "offload_param_nvme_path", "offload_optimizer_nvme_path", "zero3_save_16bit_model",
+)
+
+DEFAULT_PORT = 29500
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+@functools.lru_cache(maxsize=1)
+def launch_option_groups() -> dict[str, frozenset[str]]:
+    """Option names per group of the real `accelerate launch` parser (what nested YAML keys can mean)."""
+    from accelerate.commands.launch import launch_command_parser
+
+    parser = launch_command_parser()
+    return {g.title: frozenset(a.dest for a in g._group_actions) for g in parser._action_groups}
+
+
+def known_deepspeed_keys() -> frozenset[str]:
+    return launch_option_groups().get("DeepSpeed Arguments", frozenset())
+
+
+def known_fsdp_keys() -> frozenset[str]:
+    return launch_option_groups().get("FSDP Arguments", frozenset())
+
+
+@functools.lru_cache(maxsize=1)
+def cluster_config_fields() -> frozenset[str]:
+    from accelerate.commands.config.config_args import ClusterConfig
+
+    return frozenset(ClusterConfig.__dataclass_fields__)
+
+
+def _yaml_name(path: tuple[str, ...]) -> str:
+    return ".".join(path)
+
+
+def _is_local_machine(ctx: CheckContext) -> bool:
+    env = ctx.acc_get("compute_environment", default="LOCAL_MACHINE")
+    return env == "LOCAL_MACHINE"
+
+
+def _launches_torchrun(ctx: CheckContext) -> bool:
+    """The launch paths that rendezvous on main_process_port (and check it): multi-GPU, FSDP, DeepSpeed."""
+    if ctx.acc_get("use_cpu") is True:
+        return False
+    return ctx.distributed_type in ("MULTI_GPU", "FSDP", "DEEPSPEED", "MEGATRON_LM") or ctx.num_machines > 1
+
+
+def gpu_id_list(ctx: CheckContext) -> list[str] | None:
+    """The ids of `gpu_ids` when it names GPUs, None for 'all' or absent."""
+    value = ctx.acc_get("gpu_ids")
+    if value is None or (isinstance(value, str) and value.strip().lower() == "all"):
+        return None
+    if isinstance(value, list):
+        return [str(v) for v in value]
+    return [part.strip() for part in str(value).split(",") if part.strip()]
+
+
+def port_in_use(port: int) -> bool:
+    """True when something listens on the port now: accelerate's own test (connect to localhost), then
+    a bind like torchrun's store does (SO_REUSEADDR, so sockets in TIME_WAIT don't count)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(0.5)
+        if s.connect_ex(("127.0.0.1", port)) == 0:
+            return True
+    for host in ("0.0.0.0", "127.0.0.1"):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind((host, port))
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE:
+                    return True
+    return False
+
+
+# ----------------------------------------------------------------------------- rules
+
+
+@rule("ACC-UNQUOTED-NO", FAMILY, "unquoted NO/no (YAML boolean) where accelerate expects a string", fixable=True)
+def unquoted_no(ctx: CheckContext) -> Iterable:
+    for path, scalar in sorted(ctx.acc_plain.items()):
+        if path not in STRING_KEYS or not scalar.tag.endswith(":bool"):
+            continue
+        name = _yaml_name(path)
+        breaks = True
+        consequence = "accelerate launch fails"
+        if path == ("distributed_type",):
+            if ctx.acc_get("num_processes") is None:
+                consequence = ("the loader then cannot default num_processes to 1 and launch fails with "
+                               "'You need to manually pass in `--num_processes`'")
+            else:
+                breaks = False
+                consequence = ("launch still picks the single-process launcher only by accident (False is no "
+                               "distributed type), and `accelerate env` / `config update` see a bool")
+        elif path == ("mixed_precision",):
+            consequence = "launch crashes with AttributeError: 'bool' object has no attribute 'lower'"
+        yield finding(
+            "error" if breaks else "warning", "ACC-UNQUOTED-NO", ctx.acc_path, name,
+            f"line {scalar.line}: `{name}: {scalar.raw}` is unquoted, so YAML reads it as the boolean "
+            f"{str(ctx.acc_get(*path))!s} instead of the string '{scalar.raw}'; {consequence}",
+            fix=f"quote it: {name}: '{_fixed_scalar(path, scalar.raw)}'", when="launch", fixable=True)
+
+
+def _fixed_scalar(path: tuple[str, ...], raw: str) -> str:
+    how = STRING_KEYS.get(path, "keep")
+    return raw.upper() if how == "upper" else raw.lower() if how == "lower" else raw
+
+
+@fixer("ACC-UNQUOTED-NO")
+def fix_unquoted_no(ctx: CheckContext, findings: list) -> list[str]:
+    changed = []
+    for path, scalar in ctx.acc_plain.items():
+        if path in STRING_KEYS and scalar.tag.endswith(":bool"):
+            node = ctx.acc
+            for key in path[:-1]:
+                node = node[key]
+            node[path[-1]] = _fixed_scalar(path, scalar.raw)
+            changed.append(f"{_yaml_name(path)}: {scalar.raw} -> '{_fixed_scalar(path, scalar.raw)}' (quoted string)")
+    return changed
+
+
+@rule("ACC-GPU-IDS-NOT-STRING", FAMILY, "gpu_ids is not a string", fixable=True)
+def gpu_ids_not_string(ctx: CheckContext) -> Iterable:
+    value = ctx.acc_get("gpu_ids")
+    if value is None or isinstance(value, str):
+        return
+    yield finding(
+        "error", "ACC-GPU-IDS-NOT-STRING", ctx.acc_path, "gpu_ids",
+        f"gpu_ids is a {type(value).__name__} ({value!r}), not a string; accelerate launch calls "
+        f"gpu_ids.split(',') and crashes with AttributeError",
+        fix=f"write it as a string: gpu_ids: '{_gpu_ids_text(value)}'", when="launch", fixable=True)
+
+
+def _gpu_ids_text(value: Any) -> str:
+    if isinstance(value, list):
+        return ",".join(str(v) for v in value)
+    return str(value)
+
+
+@fixer("ACC-GPU-IDS-NOT-STRING")
+def fix_gpu_ids(ctx: CheckContext, findings: list) -> list[str]:
+    value = ctx.acc.get("gpu_ids")
+    if value is None or isinstance(value, str):
+        return []
+    ctx.acc["gpu_ids"] = _gpu_ids_text(value)
+    return [f"gpu_ids: {value!r} -> '{ctx.acc['gpu_ids']}'"]
+
+
+@rule("ACC-UNKNOWN-KEY", FAMILY, "top-level key accelerate's loader does not know")
+def unknown_top_level(ctx: CheckContext) -> Iterable:
+    if ctx.acc is None or not _is_local_machine(ctx):
+        return
+    legacy = {"fp16", "dynamo_backend"}   # process_config converts these before the check
+    for key in sorted(set(ctx.acc) - cluster_config_fields() - legacy, key=str):
+        yield finding(
+            "error", "ACC-UNKNOWN-KEY", ctx.acc_path, str(key),
+            f"unknown top-level key '{key}': accelerate's loader raises 'had unknown keys' before anything runs",
+            fix="remove it or fix its spelling (a DeepSpeed/FSDP setting belongs in deepspeed_config / "
+                "fsdp_config or in ds_config.json)", when="launch")
+
+
+@rule("ACC-UNKNOWN-NESTED-KEY", FAMILY, "key inside deepspeed_config / fsdp_config that launch never reads")
+def unknown_nested(ctx: CheckContext) -> Iterable:
+    sections = (("deepspeed_config", known_deepspeed_keys(), ""), ("fsdp_config", known_fsdp_keys(), "fsdp_"))
+    for section, known, prefix in sections:
+        block = ctx.acc_get(section)
+        if not isinstance(block, dict):
+            continue
+        for key in block:
+            # launch adds the fsdp_ prefix itself when it is missing
+            name = key if (not prefix or str(key).startswith(prefix)) else prefix + str(key)
+            if name in known:
+                continue
+            hint = ""
+            if section == "deepspeed_config":
+                hint = " (DeepSpeed settings such as batch sizes go in ds_config.json)"
+            yield finding(
+                "warning", "ACC-UNKNOWN-NESTED-KEY", ctx.acc_path, f"{section}.{key}",
+                f"'{key}' is not an accelerate {section} option: the loader accepts it and launch silently "
+                f"ignores it, so the setting has no effect{hint}",
+                fix=f"remove it, or use one of: {', '.join(sorted(known))}", when="launch")
+
+
+@rule("ACC-KEYS-BESIDE-DS-FILE", FAMILY, "mixed_precision or DeepSpeed keys beside deepspeed_config_file",
+      fixable=True)
+def keys_beside_ds_file(ctx: CheckContext) -> Iterable:
+    if ctx.distributed_type != "DEEPSPEED" or not ctx.acc_get("deepspeed_config", "deepspeed_config_file"):
+        return
+    bad = _keys_beside_ds_file(ctx)
+    if not bad:
+        return
+    yield finding(
+        "error", "ACC-KEYS-BESIDE-DS-FILE", ctx.acc_path, ", ".join(bad),
+        f"{', '.join(bad)} set beside deepspeed_config_file: DeepSpeedPlugin raises 'When using "
+        f"`deepspeed_config_file`, the following accelerate config variables will be ignored' when the "
+        f"script builds its Accelerator / TrainingArguments",
+        fix="remove them from the YAML and put precision, stage, offload, accumulation and clipping in "
+            "ds_config.json (or \"auto\")", when="launch", fixable=True)
+
+
+def _keys_beside_ds_file(ctx: CheckContext) -> list[str]:
+    block = ctx.acc_get("deepspeed_config") or {}
+    bad = [f"deepspeed_config.{k}" for k in REJECTED_BESIDE_DS_FILE if k in block]
+    # launch sets mp_from_config_flag for any non-None YAML mixed_precision, even 'no'
+    if ctx.acc_get("mixed_precision") is not None:
+        bad.insert(0, "mixed_precision")
+    return bad
+
+
+@fixer("ACC-KEYS-BESIDE-DS-FILE")
+def fix_keys_beside_ds_file(ctx: CheckContext, findings: list) -> list[str]:
+    changed = []
+    for name in _keys_beside_ds_file(ctx):
+        path = name.split(".")
+        node = ctx.acc
+        for key in path[:-1]:
+            node = node[key]
+        value = node.pop(path[-1])
+        changed.append(f"removed {name}: {value!r} (DeepSpeedPlugin rejects it beside deepspeed_config_file)")
+    return changed
+
+
+@rule("ACC-IGNORED-BY-LAUNCH", FAMILY, "rdzv_backend / same_network / enable_cpu_affinity set in YAML")
+def ignored_by_launch(ctx: CheckContext) -> Iterable:
+    checks = [
+        ("rdzv_backend", lambda v: v is not None and str(v) != "static", "--rdzv_backend",
+         "torchrun gets rdzv_backend='static'"),
+        # same_network: true is ignored too (CLI default False), but harmlessly: launch then hands torchrun
+        # rdzv_endpoint=main_process_ip:port with the static backend, which reaches the same main node on
+        # one network as master_addr/master_port would. accelerate config writes it for every config, so
+        # warning about it would flag every file accelerate itself writes.
+        ("enable_cpu_affinity", lambda v: v is True, "--enable_cpu_affinity",
+         "ACCELERATE_CPU_AFFINITY is never set"),
+    ]
+    for key, is_set, flag, effect in checks:
+        value = ctx.acc_get(key)
+        if is_set(value):
+            yield finding(
+                "warning", "ACC-IGNORED-BY-LAUNCH", ctx.acc_path, key,
+                f"{key}: {value} has no effect: accelerate launch copies a YAML value only when the CLI default "
+                f"is None, and this one's is not, so {effect}",
+                fix=f"pass {flag} on the accelerate launch command line (wizard launch does), or drop the key",
+                when="launch")
+
+
+@rule("ACC-NUM-PROCESSES-PER-NODE", FAMILY, "num_processes looks per-node on a multi-machine config")
+def num_processes_per_node(ctx: CheckContext) -> Iterable:
+    machines = ctx.num_machines
+    total = as_int(ctx.acc_get("num_processes"), None)
+    if machines <= 1 or total is None or total <= 0:
+        return
+    if total < machines or total % machines:
+        yield finding(
+            "error", "ACC-NUM-PROCESSES-PER-NODE", ctx.acc_path, "num_processes",
+            f"num_processes={total} over num_machines={machines}: num_processes is the TOTAL over all machines; "
+            f"torchrun gets nproc_per_node={total // machines} and the machines disagree on the world size",
+            fix=f"set num_processes to machines x GPUs per machine, e.g. {machines * max(1, total)}",
+            when="launch")
+        return
+    local_gpus = _local_gpus(ctx)
+    if local_gpus and total == local_gpus and total // machines < local_gpus:
+        yield finding(
+            "warning", "ACC-NUM-PROCESSES-PER-NODE", ctx.acc_path, "num_processes",
+            f"num_processes={total} equals the GPUs of one machine, but it is the total over {machines} machines: "
+            f"each machine will start only {total // machines} of its {local_gpus} GPUs",
+            fix=f"num_processes: {total * machines}", when="launch")
+
+
+def _local_gpus(ctx: CheckContext) -> int:
+    hw = ctx.hardware
+    return len(hw.gpus) if hw is not None else 0
+
+
+@rule("ACC-NUM-PROCESSES-EXCEEDS-GPUS", FAMILY, "more processes per machine than GPUs present")
+def num_processes_exceeds_gpus(ctx: CheckContext) -> Iterable:
+    if ctx.acc is None or ctx.acc_get("use_cpu") is True:
+        return
+    gpus = _local_gpus(ctx)
+    if gpus == 0:
+        return          # no GPU seen here (CPU box, or planning for another machine without --assume)
+    per_node = max(1, ctx.num_processes // ctx.num_machines)
+    ids = gpu_id_list(ctx)
+    if ids is not None:
+        missing = [i for i in ids if not (i.isdigit() and int(i) < gpus)]
+        if missing:
+            yield finding(
+                "error", "ACC-NUM-PROCESSES-EXCEEDS-GPUS", ctx.acc_path, "gpu_ids",
+                f"gpu_ids names {', '.join(missing)} but this machine has GPUs 0-{gpus - 1}: CUDA_VISIBLE_DEVICES "
+                f"then hides the GPUs the processes expect",
+                fix=f"use ids between 0 and {gpus - 1}, or gpu_ids: all", when="launch")
+            return
+        available, what = len(ids), f"gpu_ids lists {len(ids)}"
+    else:
+        available, what = gpus, f"this machine has {gpus}"
+    if per_node > available:
+        yield finding(
+            "error", "ACC-NUM-PROCESSES-EXCEEDS-GPUS", ctx.acc_path, "num_processes",
+            f"{per_node} processes per machine but {what} GPU(s): two processes land on one GPU and NCCL "
+            f"fails at init ('Duplicate GPU detected') or they run out of memory",
+            fix=f"num_processes: {available * ctx.num_machines}", when="launch")
+
+
+@rule("ACC-PORT-IN-USE", FAMILY, "main process port already in use")
+def port_busy(ctx: CheckContext) -> Iterable:
+    if ctx.acc is None or not _launches_torchrun(ctx):
+        return
+    port = as_int(ctx.acc_get("main_process_port"), None)
+    port = DEFAULT_PORT if port is None else port
+    if port == 0 or not 0 < port < 65536:
+        return              # 0: accelerate picks a free port itself
+    if ctx.num_machines > 1 and as_int(ctx.acc_get("machine_rank"), 0) != 0:
+        return              # the port lives on the main machine, not here
+    busy = ctx.port_in_use if ctx.port_in_use is not None else port_in_use
+    if not busy(port):
+        return
+    # A warning, not an error: it is a fact about this machine now, not about the file, and the run may
+    # start later or elsewhere.
+    if ctx.num_machines > 1:
+        yield finding(
+            "warning", "ACC-PORT-IN-USE", ctx.acc_path, "main_process_port",
+            f"port {port} is in use on this machine right now (rank 0 of {ctx.num_machines}): if it still is at "
+            f"launch, accelerate launch raises ConnectionError 'Tried to launch distributed communication on port "
+            f"{port}'", fix="pick a free port (the same on every machine), or stop the job holding it",
+            when="launch")
+    else:
+        yield finding(
+            "warning", "ACC-PORT-IN-USE", ctx.acc_path, "main_process_port",
+            f"port {port} is in use on this machine right now (another job?): if it still is at launch, "
+            f"accelerate launch warns and falls back to torchrun --standalone on another port; `wizard launch` "
+            f"picks a free port itself for a single-machine run",
+            fix="main_process_port: 0 (accelerate picks a free one), another free port, or `wizard launch`",
+            when="launch")
+
+
+@rule("ACC-FSDP-WRAP-CLASS-MISSING", FAMILY, "FSDP wrap class not in the model (with --model)")
+def fsdp_wrap_class_missing(ctx: CheckContext) -> Iterable:
+    if not ctx.uses_fsdp or not ctx.module_classes:
+        return
+    opts = ctx.fsdp_options()
+    policy = str(opts.get("auto_wrap_policy") or "")
+    names = opts.get("transformer_layer_cls_to_wrap")
+    if policy and policy != "TRANSFORMER_BASED_WRAP":
+        return
+    if not names:
+        return              # accelerate falls back to the model's _no_split_modules
+    wanted = [n.strip() for n in (names if isinstance(names, list) else str(names).split(",")) if n.strip()]
+    missing = [n for n in wanted if n not in ctx.module_classes]
+    if not missing:
+        return
+    suggestion = ctx.model.layer_class if ctx.model is not None and ctx.model.layer_class else None
+    key = "fsdp_config.fsdp_transformer_layer_cls_to_wrap" if ctx.distributed_type == "FSDP" else \
+        "fsdp_config.transformer_layer_cls_to_wrap"
+    yield finding(
+        "error", "ACC-FSDP-WRAP-CLASS-MISSING", ctx.acc_path if ctx.distributed_type == "FSDP" else ctx.ta_path, key,
+        f"{', '.join(missing)} is not a module class of {ctx.model_id}: at prepare accelerate raises "
+        f"'Could not find the transformer layer class to wrap in the model.' (class names are case-sensitive)",
+        fix=f"use {suggestion}" if suggestion else "use the model's decoder layer class", when="prepare")
+
+
+@rule("ACC-LOADER-REJECTS", FAMILY, "accelerate's own loader rejects the file")
+def loader_rejects(ctx: CheckContext) -> Iterable:
+    error = loader_error(ctx)
+    if error is None or "unknown keys" in error:
+        return              # unknown keys: ACC-UNKNOWN-KEY says which
+    yield finding("error", "ACC-LOADER-REJECTS", ctx.acc_path, None,
+                  f"accelerate's config loader raises: {error}",
+                  fix="regenerate with `wizard` or `accelerate config`, or fix the value named above",
+                  when="launch")
+
+
+def loader_error(ctx: CheckContext) -> str | None:
+    """The one-line error of accelerate's real loader on this YAML, None when it loads."""
+    if "loader_error" in ctx.cache:
+        return ctx.cache["loader_error"]
+    error = None
+    from wizard.check.rules.libraries import yaml_on_disk
+
+    path = yaml_on_disk(ctx)     # the text being checked, also when it is not written yet
+    if path:
+        from accelerate.commands.config.config_args import load_config_from_file
+        try:
+            load_config_from_file(path)
+        except Exception as exc:  # noqa: BLE001 - any loader failure is the finding
+            error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    ctx.cache["loader_error"] = error
+    return error
+
+
+@rule("ACC-DS-CONFIG-FILE-MISSING", FAMILY, "deepspeed_config_file points at a missing file")
+def ds_file_missing(ctx: CheckContext) -> Iterable:
+    if ctx.ds_missing_ref:
+        yield finding(
+            "error", "ACC-DS-CONFIG-FILE-MISSING", ctx.acc_path, "deepspeed_config.deepspeed_config_file",
+            f"{ctx.ds_missing_ref} does not exist: the script fails when it builds its DeepSpeed config",
+            fix="point it at ds_config.json by absolute path", when="launch")

@@ -1,0 +1,194 @@
+"""The configured strategy against the memory plan (needs --model and a hardware with GPUs).
+
+The strategy in the files (single / DDP / ZeRO stage + offload / FSDP reshard + offload) is mapped to
+its rung of wizard.planning.plan's ladder; that rung's per-GPU estimate is compared with the smallest GPU.
+Over the GPU: error; under 5 % of it left free: warning. Either way the finding names the cheapest
+rung that fits this model on this hardware (plan with backend auto, or FSDP's ladder for FSDP).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from wizard.check.rules.common import CheckContext, as_int, finding, rule
+
+FAMILY = "hardware"
+LOW_FREE_FRACTION = 0.05
+
+
+def configured_rung_key(ctx: CheckContext) -> tuple[str, str] | None:
+    """(rung key, backend option for wizard.planning.plan) of the strategy the files configure, None if not on the ladder."""
+    dtype = ctx.distributed_type
+    if ctx.uses_deepspeed:
+        stage = ctx.zero_stage()
+        opt, param = ctx.offload_device("optimizer"), ctx.offload_device("param")
+        if stage not in (1, 2, 3):
+            return None
+        if stage in (1, 2):
+            key = {"none": f"zero{stage}", "cpu": f"zero{stage}-offload-opt"}.get(opt)
+            return (key, "deepspeed") if key else None
+        key = {("none", "none"): "zero3", ("cpu", "none"): "zero3-offload-opt", ("cpu", "cpu"): "zero3-offload-all",
+               ("nvme", "nvme"): "zero3-nvme"}.get((opt, param))
+        return (key, "deepspeed") if key else None
+    if ctx.uses_fsdp:
+        opts = ctx.fsdp_options()
+        if str(opts.get("offload_params")).lower() == "true":
+            return "fsdp-offload", "fsdp"
+        reshard = opts.get("reshard_after_forward", opts.get("sharding_strategy", True))
+        reshard_on = reshard is True or str(reshard).upper() in ("TRUE", "FULL_SHARD", "HYBRID_SHARD", "1")
+        return ("fsdp-reshard" if reshard_on else "fsdp-noreshard"), "fsdp"
+    if dtype in ("MULTI_GPU", "NO", "MULTI_CPU"):
+        return ("ddp" if ctx.num_processes > 1 else "single"), "ddp"
+    return None
+
+
+def _optimizer(ctx: CheckContext) -> str:
+    optim = str(ctx.ta_value("optim") or "adamw_torch").lower() if ctx.ta is not None else "adamw_torch"
+    if "8bit" in optim:
+        return "adamw-8bit"
+    if optim.startswith("sgd"):
+        return "sgd"
+    if optim.startswith("adafactor"):
+        return "adafactor"
+    return "adamw"
+
+
+def _precision(ctx: CheckContext) -> str:
+    if ctx.ds is not None:
+        for name, value in (("bf16", ctx.ds_get("bf16.enabled")), ("fp16", ctx.ds_get("fp16.enabled"))):
+            if value is True:
+                return name
+    if ctx.ta is not None:
+        if ctx.ta_value("bf16"):
+            return "bf16"
+        if ctx.ta_value("fp16"):
+            return "fp16"
+    mp = ctx.acc_get("mixed_precision")
+    if mp in ("bf16", "fp16"):
+        return mp
+    return "auto"
+
+
+def _gradient_checkpointing(ctx: CheckContext) -> str:
+    if str(ctx.fsdp_options().get("activation_checkpointing")).lower() == "true":
+        return "on"
+    if ctx.ta is not None:
+        return "on" if ctx.activation_checkpointing() else "off"
+    return "auto"            # unknown script: let the plan switch it on where it helps (lenient)
+
+
+def _int_from(ctx: CheckContext, ta_key: str, ds_key: str, default: int) -> int:
+    if ctx.ta is not None and ta_key in ctx.ta:
+        return as_int(ctx.ta[ta_key], default) or default
+    value = as_int(ctx.ds_get(ds_key), None) if ctx.ds is not None else None
+    return value if value and value > 0 else default
+
+
+def plan_inputs(ctx: CheckContext):
+    from wizard.planning.plan import StrategyOptions, Topology, TrainingOptions
+
+    training = TrainingOptions(
+        seq_len=ctx.seq_len,
+        micro_batch=_int_from(ctx, "per_device_train_batch_size", "train_micro_batch_size_per_gpu",
+                              8 if ctx.ta is not None else 1),
+        grad_accum=_int_from(ctx, "gradient_accumulation_steps", "gradient_accumulation_steps", 1),
+        precision=_precision(ctx), gradient_checkpointing=_gradient_checkpointing(ctx),
+        optimizer=_optimizer(ctx), trainer=ctx.trainer, **_method_fields(ctx.method))
+    cpu = ctx.acc_get("use_cpu") is True
+    topology = Topology(num_machines=ctx.num_machines,
+                        processes_per_machine=max(1, ctx.num_processes // ctx.num_machines), cpu=cpu)
+    return training, topology, StrategyOptions
+
+
+def _method_fields(options) -> dict[str, Any]:
+    """TrainingOptions' method fields for --method lora/qlora (wizard.sizing.lora.LoraOptions), {} for full fine-tuning."""
+    if options is None or options.method == "full":
+        return {}
+    return {"method": options.method, "lora_rank": options.rank, "lora_alpha": options.alpha,
+            "lora_targets": options.targets, "lora_dropout": options.dropout}
+
+
+def _adapters(model, training):
+    """The AdapterShape make_plan needs for LoRA / QLoRA (peft on the meta device, remembered), else None."""
+    from wizard.pipeline import adapters_for
+    return adapters_for(model, training)
+
+
+@rule("PLAN-EXCEEDS-GPU", FAMILY, "estimated per-GPU memory over the GPU, or under 5 % free (with --model)")
+def plan_memory(ctx: CheckContext) -> Iterable:
+    hw, model = ctx.hardware, ctx.model
+    if hw is None or model is None:
+        return
+    configured = configured_rung_key(ctx)
+    cpu = ctx.acc_get("use_cpu") is True
+    if configured is None or (not hw.gpus and not cpu):
+        return
+    from wizard.errors import InputError
+    from wizard.planning.plan import make_plan, rung_by_key
+
+    key, backend = configured
+    training, topology, StrategyOptions = plan_inputs(ctx)
+    stage = {"zero1": "1", "zero2": "2"}.get(key.split("-")[0], "3") if backend == "deepspeed" else "auto"
+    try:
+        configured_plan = make_plan(hw, model, training, StrategyOptions(backend=backend, zero_stage=stage), topology,
+                                    adapters=_adapters(model, training))
+    except InputError:
+        return              # e.g. more processes than GPUs: ACC-NUM-PROCESSES-EXCEEDS-GPUS says so
+    rung = rung_by_key(configured_plan, key)
+    if rung is None:
+        return
+    capacity = configured_plan.gpu_capacity_bytes
+    if capacity <= 0:
+        return
+    free = capacity - rung.per_gpu_bytes
+    if free >= LOW_FREE_FRACTION * capacity:
+        return
+    better = _cheapest_fit(ctx, hw, model, training, topology, StrategyOptions, backend, key)
+    from wizard.units import fmt_bytes
+
+    unit = "process (host RAM)" if cpu else "GPU"
+    file, where = _where(ctx)
+    gc = " with gradient checkpointing" if rung.gradient_checkpointing else ""
+    if free < 0:
+        yield finding(
+            "error", "PLAN-EXCEEDS-GPU", file, where,
+            f"{rung.name}{gc} needs about {fmt_bytes(rung.per_gpu_bytes)} per {unit} for {ctx.model_id} at "
+            f"seq {training.seq_len} x micro-batch {training.micro_batch}, but the {unit} has "
+            f"{fmt_bytes(capacity)}: CUDA out of memory at step 0 (or while loading). {better}",
+            fix=better, when="step 0")
+    else:
+        yield finding(
+            "warning", "PLAN-LOW-HEADROOM", file, where,
+            f"{rung.name}{gc} needs about {fmt_bytes(rung.per_gpu_bytes)} of {fmt_bytes(capacity)} per {unit}: "
+            f"under 5 % left for fragmentation and spikes, a late OOM is likely. {better}",
+            fix=better, when="step 0")
+
+
+def _where(ctx: CheckContext) -> tuple[str | None, str]:
+    if ctx.uses_deepspeed and ctx.ds is not None:
+        return ctx.ds_path, "zero_optimization"
+    return ctx.acc_path, "distributed_type"
+
+
+def _cheapest_fit(ctx, hw, model, training, topology, StrategyOptions, backend: str, key: str) -> str:
+    from wizard.errors import InputError
+    from wizard.planning.plan import make_plan
+
+    ladders: list[Any] = [StrategyOptions(backend="fsdp")] if backend == "fsdp" else []
+    ladders.append(StrategyOptions())
+    for strategy in ladders:
+        try:
+            plan = make_plan(hw, model, training, strategy, topology, adapters=_adapters(model, training))
+        except InputError:
+            continue
+        if plan.choice is not None and plan.choice.key != key:
+            gc = " with gradient checkpointing" if plan.choice.gradient_checkpointing else ""
+            return f"{plan.choice.name}{gc} fits (about {_gib(plan.choice.per_gpu_bytes)} per GPU): use it " \
+                   f"(wizard writes it)."
+    return "No rung of the ladder fits this model here: more GPUs, a shorter sequence or a smaller micro-batch."
+
+
+def _gib(n: int) -> str:
+    from wizard.units import fmt_bytes
+
+    return fmt_bytes(n)

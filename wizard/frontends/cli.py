@@ -1,0 +1,447 @@
+"""Command line: `wizard` (TUI), `--plain`, `--non-interactive`, and the probe/plan/check/launch/attach/stop
+subcommands of DESIGN.md's CLI contract.
+
+Start-up matters: this module imports nothing heavy. Flags for the wizard's questions are generated
+from the question table, so the TUI, the plain prompts, the answers file and the flags cannot drift.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any, Sequence
+
+from wizard import __version__
+from wizard.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_NOTHING_FITS, InputError, WizardError
+
+SUBCOMMANDS = ("probe", "plan", "check", "launch", "attach", "stop")
+
+
+class _DefaultsFormatter(argparse.HelpFormatter):
+    """Every option's help ends with its default, unless the text already says it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        unset = default is None or default is False or default == [] or default == argparse.SUPPRESS
+        if "default" in text or unset or not action.option_strings or action.nargs == 0:
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but usage errors are one line and exit 2 like every other bad input, every
+    default is in the help, and every flag takes accelerate's underscore spelling as well
+    (`--num_processes 4` = `--num-processes 4`, as `accelerate launch` accepts both)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("formatter_class", _DefaultsFormatter)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str):  # noqa: D401 - argparse API
+        self.exit(EXIT_BAD_INPUT, f"wizard: error: {message} (see `{self.prog} --help`)\n")
+
+    def parse_known_args(self, args=None, namespace=None):  # noqa: D401 - argparse API
+        args = list(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(dashed_spelling(args, self._option_string_actions), namespace)
+
+
+def dashed_spelling(args: list[str], options: dict[str, argparse.Action]) -> list[str]:
+    """`--zero_stage 3` -> `--zero-stage 3` for the options this parser knows, up to `--` or the first
+    positional (after it come a training script's own arguments, which are not ours to rename)."""
+    out: list[str] = []
+    value_next = False
+    for i, arg in enumerate(args):
+        if arg == "--":
+            return out + args[i:]
+        if arg.startswith("--"):
+            name, eq, value = arg.partition("=")
+            dashed = name.replace("_", "-")
+            if name not in options and dashed in options:
+                name = dashed
+            out.append(name + eq + value)
+            action = options.get(name)
+            value_next = action is not None and not eq and action.nargs != 0
+            continue
+        if value_next or arg.startswith("-"):
+            out.append(arg)
+            value_next = False
+            continue
+        return out + args[i:]         # a positional: the rest is not ours
+    return out
+
+
+def _add_question_flags(parser: argparse.ArgumentParser) -> None:
+    from wizard.config.answers import cli_arguments
+    groups: dict[str, argparse._ArgumentGroup] = {}
+    for flag, kwargs in cli_arguments():
+        title = kwargs.pop("group", None) or "options"
+        group = groups.get(title) or parser.add_argument_group(title)
+        groups[title] = group
+        kwargs["help"] = f"{kwargs['help']} (default: {help_default(kwargs['dest'])})"
+        group.add_argument(flag, default=argparse.SUPPRESS, **kwargs)
+
+
+def help_default(qid: str) -> str:
+    """The default a question's flag has, as --help shows it: the value where it is fixed, else what
+    it is computed from (the plan's and the hardware's defaults are shown by `wizard plan`)."""
+    from wizard.config.questions import Context, by_id
+    from wizard.frontends.session import format_value
+    q = by_id(qid)
+    if not q.fixed_default:
+        return "from the hardware and the plan"
+    value = q.default(Context(hardware=None))
+    if value is None:
+        return "unset"
+    return format_value(q, value).replace("%", "%%")
+
+
+def _add_common_flags(parser: argparse.ArgumentParser, *, json_help: str) -> None:
+    g = parser.add_argument_group("input and output")
+    g.add_argument("--answers", metavar="FILE", default=argparse.SUPPRESS,
+                   help="YAML/JSON answers keyed by question id (flags win over the file)")
+    _add_hardware_flags(g)
+    g.add_argument("--output-dir", metavar="D", default=argparse.SUPPRESS,
+                   help="where default_config.yaml and ds_config.json go (default: accelerate's config dir)")
+    g.add_argument("--dry-run", action="store_true", default=argparse.SUPPRESS, help="write nothing")
+    g.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help=json_help)
+
+
+def _add_hardware_flags(g) -> None:
+    g.add_argument("--hardware", metavar="FILE", default=argparse.SUPPRESS,
+                   help="replay a saved `wizard probe --json` instead of probing this machine")
+    g.add_argument("--assume", metavar="SPEC", default=argparse.SUPPRESS,
+                   help="plan for another machine, e.g. 8xH100-80GB, 4xA100-40GB,ram=512G, 2xRTX4090")
+
+
+UNDERSCORES = "Every flag also takes accelerate's underscore spelling (--num_processes = --num-processes)."
+
+NON_INTERACTIVE_DESCRIPTION = (
+    "wizard --non-interactive: never prompts. Every answer comes from the flags, then --answers FILE, then the "
+    "recommended default shown after each flag; the files are validated by accelerate, DeepSpeed and "
+    "transformers, then written (atomically, the previous file kept as .bak) unless --dry-run.")
+
+NON_INTERACTIVE_EPILOG = (
+    "required: a model, --model ID_OR_PATH (a local directory or config.json, or a Hub id in the local cache) "
+    "or --params 7B; --nvme-path with --offload nvme; --main-process-ip with --num-machines > 1 (outside SLURM). "
+    "defaulted: everything else; '(default: from the hardware and the plan)' means the probe (or --assume / "
+    "--hardware) and the plan decide it: backend, ZeRO stage and offload walk the memory ladder, the process "
+    "count is one per GPU, precision is bf16 where every GPU has it. `wizard plan` with the same flags shows "
+    "the choice and writes nothing. Exit codes: 0 written, 2 bad input, 3 nothing fits, 130 interrupted. "
+    + UNDERSCORES)
+
+
+def build_parser(non_interactive: bool = False) -> argparse.ArgumentParser:
+    if non_interactive:
+        p = _Parser(prog="wizard --non-interactive", description=NON_INTERACTIVE_DESCRIPTION,
+                    epilog=NON_INTERACTIVE_EPILOG)
+    else:
+        p = _Parser(prog="wizard", description=(
+            "Plan, configure, launch and watch multi-GPU Hugging Face training. Without a subcommand: the "
+            "interactive wizard (a full-screen TUI; --plain for inline prompts; --non-interactive for scripts)."),
+            epilog="subcommands: probe, plan, check, launch, attach, stop (wizard SUBCOMMAND --help). "
+                   + UNDERSCORES)
+    p.add_argument("--version", action="version", version=f"wizard {__version__}")
+    mode = p.add_argument_group("mode")
+    mode.add_argument("--non-interactive", action="store_true", default=False,
+                      help="never prompt: flags > --answers FILE > recommended defaults")
+    mode.add_argument("--plain", action="store_true", default=False,
+                      help="ask the questions inline (no full-screen app); also used when TERM=dumb")
+    mode.add_argument("--yes", "-y", action="store_true", default=False,
+                      help="--plain: write the files without the final confirmation (for scripts that feed "
+                           "the answers)")
+    _add_common_flags(p, json_help="print the machine-readable result")
+    _add_question_flags(p)
+    return p
+
+
+def build_subparser(name: str) -> argparse.ArgumentParser:
+    if name in ("check", "launch", "attach", "stop"):
+        return _registered_subparser(name)
+    p = _Parser(prog=f"wizard {name}")
+    if name == "probe":
+        p.description = "What this machine has: GPUs (NVML), interconnect, CPU, RAM, disk, library versions."
+        g = p.add_argument_group("input and output")
+        _add_hardware_flags(g)
+        g.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON")
+        g.add_argument("--output-dir", metavar="D", default=argparse.SUPPRESS,
+                       help="directory whose free disk is reported (default: accelerate's config dir)")
+        g.add_argument("--nvme-path", metavar="P", default=argparse.SUPPRESS,
+                       help="candidate NVMe offload path whose free disk is reported")
+        p.set_defaults(func=cmd_probe)
+        return p
+    if name == "plan":
+        p.description = "The memory ladder and the choice, with every rung's per-GPU arithmetic. Writes nothing."
+        p.epilog = UNDERSCORES
+        _add_common_flags(p, json_help="print the machine-readable plan")
+        _add_question_flags(p)
+        p.set_defaults(func=cmd_plan)
+        return p
+    raise ValueError(name)
+
+
+def _registered_subparser(name: str) -> argparse.ArgumentParser:
+    """check/launch/attach/stop own their flags; they register on a parser whose prog is `wizard`."""
+    sub = _Parser(prog="wizard").add_subparsers(dest="command")
+    if name == "check":
+        from wizard.frontends.check_cli import register
+    else:
+        from launch.commands import register
+    register(sub)
+    return sub.choices[name]
+
+
+def _given(ns: argparse.Namespace) -> dict[str, Any]:
+    """Question answers: the answers file first, flags over it."""
+    from wizard.config.answers import load_answers_file, merge_given, values_from_namespace
+    from_file = load_answers_file(ns.answers) if getattr(ns, "answers", None) else {}
+    return merge_given(values_from_namespace(ns), from_file)
+
+
+_NOT_EMPTY = {"answers": "a YAML or JSON answers file", "hardware": "a file written by `wizard probe --json`",
+              "assume": "a machine such as 8xH100-80GB", "output_dir": "a directory (omit the flag for the default)"}
+
+
+def _refuse_empty_values(ns: argparse.Namespace) -> None:
+    """`--assume ""` must not quietly probe this machine, nor `--output-dir ""` write to the default dir."""
+    for dest, allowed in _NOT_EMPTY.items():
+        value = getattr(ns, dest, None)
+        if value is not None and not str(value).strip():
+            raise InputError(dest.replace("_", "-"), "is empty", allowed)
+
+
+def _request(ns: argparse.Namespace):
+    from wizard.pipeline import Request
+    _refuse_empty_values(ns)
+    return Request(given=_given(ns), hardware_file=getattr(ns, "hardware", None), assume=getattr(ns, "assume", None),
+                   output_dir=getattr(ns, "output_dir", None), dry_run=bool(getattr(ns, "dry_run", False)))
+
+
+# ----------------------------------------------------------------------------- commands
+
+def cmd_probe(ns: argparse.Namespace) -> int:
+    from wizard.probe import hardware
+    _refuse_empty_values(ns)
+    from wizard.pipeline import default_output_dir, load_hardware
+    hw = load_hardware(getattr(ns, "hardware", None), getattr(ns, "assume", None),
+                       getattr(ns, "output_dir", None) or default_output_dir(), getattr(ns, "nvme_path", None))
+    if getattr(ns, "json", False):
+        print(json.dumps(hw.to_json(), indent=2, sort_keys=True))
+        return 0
+    for line in hardware.describe(hw):
+        print(line)
+    for line in hardware.warnings(hw):
+        print(f"warning: {line}")
+    return 0
+
+
+def cmd_plan(ns: argparse.Namespace) -> int:
+    from wizard.frontends import report
+    from wizard.pipeline import build
+    req = _request(ns)
+    result = build(req)
+    if getattr(ns, "json", False):
+        from wizard.pipeline import to_json
+        doc = to_json(result)
+        doc["files"] = {"accelerate_config": None, "deepspeed_config": None}
+        print(json.dumps(doc, indent=2, sort_keys=True, default=str))
+    else:
+        report.print_plan(result)
+    return _nothing_fits_exit(result)
+
+
+def _nothing_fits_exit(result) -> int:
+    if result.plan.choice is not None:
+        return 0
+    from wizard.frontends import report
+    print(f"wizard: {report.nothing_fits_message(result)}", file=sys.stderr)
+    return EXIT_NOTHING_FITS
+
+
+def cmd_non_interactive(ns: argparse.Namespace) -> int:
+    from wizard.frontends import report
+    from wizard.pipeline import build, to_json, validate, write
+    req = _request(ns)
+    _preload_validation_in_background()
+    if not req.dry_run:
+        from wizard.fsutil import check_writable_dir
+        from wizard.pipeline import default_output_dir
+        check_writable_dir(os.path.abspath(os.path.expanduser(req.output_dir or default_output_dir())))
+    result = build(req)
+    as_json = bool(getattr(ns, "json", False))
+    if result.plan.choice is None:
+        if as_json:
+            print(json.dumps(to_json(result), indent=2, sort_keys=True, default=str))
+        else:
+            report.print_plan(result)
+        return _nothing_fits_exit(result)
+    validate(result)
+    if result.errors:
+        if as_json:
+            print(json.dumps(to_json(result), indent=2, sort_keys=True, default=str))
+        report.print_findings(result.findings, file=sys.stderr)
+        print("wizard: the generated configuration failed validation; nothing was written", file=sys.stderr)
+        return 1
+    if not req.dry_run:
+        write(result, req.given)
+    if as_json:
+        doc = to_json(result)
+        if req.dry_run:
+            doc["files"] = {"accelerate_config": None, "deepspeed_config": None}
+        print(json.dumps(doc, indent=2, sort_keys=True, default=str))
+    else:
+        report.print_plan(result)
+        report.print_written(result, dry_run=req.dry_run)
+        report.print_adapter_snippet(result)
+    return 0
+
+
+def _preload_validation_in_background() -> None:
+    """Importing accelerate/DeepSpeed/transformers takes seconds: overlap it with probing and sizing."""
+    import threading
+
+    def preload():
+        try:
+            from wizard.config.validate import preload as load
+            load()
+        except Exception:  # a library's import can raise anything; validation imports it again and reports it
+            pass
+
+    threading.Thread(target=preload, name="wizard-preload", daemon=True).start()
+
+
+def cmd_interactive(ns: argparse.Namespace) -> int:
+    plain = ns.plain or os.environ.get("TERM") == "dumb"
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+        print("wizard: no terminal here (stdin/stdout is not a TTY); use `wizard --non-interactive ...` "
+              "or connect with `ssh -t`", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    req = _request(ns)
+    if plain:
+        from wizard.frontends.prompts import run_plain
+        return run_plain(req, yes=bool(getattr(ns, "yes", False)))
+    from wizard.frontends.tui import run_tui
+    return run_tui(req)
+
+
+_STOP_SIGNALS = ("SIGTERM", "SIGHUP")
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _install_stop_signals() -> dict:
+    """SIGTERM and SIGHUP end the wizard like Ctrl-C: whatever is being written rolls back, exit 130."""
+    import signal
+    import threading
+    previous: dict = {}
+    if threading.current_thread() is not threading.main_thread():
+        return previous
+    for name in _STOP_SIGNALS:
+        sig = getattr(signal, name, None)
+        if sig is not None:
+            previous[sig] = signal.signal(sig, _interrupt)
+    return previous
+
+
+def _quiet_exit_on_signals() -> None:
+    """After main returns, a signal during interpreter shutdown (atexit hooks) exits 130, without a traceback."""
+    import signal
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, lambda signum, frame: os._exit(EXIT_INTERRUPTED))
+
+
+def _error_line(exc: BaseException) -> str:
+    """One line for an error the commands did not turn into InputError: what, where, why."""
+    from wizard.fsutil import one_line, quote_path
+    if isinstance(exc, OSError):
+        where = f" {quote_path(exc.filename)}" if exc.filename else ""
+        if exc.filename2:
+            where += f" -> {quote_path(exc.filename2)}"
+        if not where:
+            return one_line(f"writing the output failed: {exc.strerror or exc}")
+        return one_line(f"cannot use{where}: {exc.strerror or exc}")
+    if isinstance(exc, RecursionError):
+        return "input nests too deeply to be read"
+    return one_line(f"{type(exc).__name__}: {exc}")
+
+
+def _quiet_optional_libraries() -> None:
+    """bitsandbytes' CPU backend logs a warning about optional kernels when transformers or peft import it on a
+    machine without a GPU; the wizard runs no kernel, and its stderr is one line per problem."""
+    import logging
+    logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    as_program = argv is None
+    _quiet_optional_libraries()
+    previous = _install_stop_signals()
+    try:
+        code = _main(list(sys.argv[1:] if argv is None else argv))
+        sys.stdout.flush()        # a full or closed stdout fails here, inside the handlers, not at exit
+        return code
+    except InputError as e:
+        return _fail(str(e), EXIT_BAD_INPUT)
+    except WizardError as e:
+        return _fail(str(e), e.exit_code)
+    except KeyboardInterrupt as e:
+        from wizard.fsutil import InterruptedAfterWrite
+        done = "the files were written" if isinstance(e, InterruptedAfterWrite) else "nothing written"
+        return _fail(f"interrupted; {done}", EXIT_INTERRUPTED)
+    except BrokenPipeError:
+        _silence_stdout()
+        return 0
+    except (OSError, RecursionError) as e:
+        if isinstance(e, OSError) and e.filename is None:
+            _silence_stdout()      # stdout itself failed (>/dev/full): say so once, on stderr
+        return _fail(_error_line(e), EXIT_BAD_INPUT)
+    finally:
+        if as_program:
+            _quiet_exit_on_signals()
+        else:
+            import signal
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+
+def _fail(message: str, code: int) -> int:
+    from wizard.fsutil import one_line
+    try:
+        print(f"wizard: {one_line(message)}", file=sys.stderr)
+    except OSError:
+        pass
+    return code
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's flush at exit does not fail a second time."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
+
+
+def _main(argv: list[str]) -> int:
+    if argv and argv[0] in SUBCOMMANDS:
+        parser = build_subparser(argv[0])
+        ns = parser.parse_args(argv[1:])
+        return int(ns.func(ns) or 0)
+    if not argv:
+        # Plain `wizard`: nothing to parse, so skip building ~60 flags from the question table
+        # (about a tenth of the time to the first screen).
+        return cmd_interactive(argparse.Namespace(non_interactive=False, plain=False))
+    # `--non-interactive --help` explains what that mode requires and what it defaults.
+    ns = build_parser(non_interactive="--non-interactive" in argv).parse_args(argv)
+    if ns.non_interactive:
+        return cmd_non_interactive(ns)
+    return cmd_interactive(ns)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

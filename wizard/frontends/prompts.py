@@ -1,0 +1,345 @@
+"""`wizard --plain` (and TERM=dumb): the wizard's questions inline with questionary, one after another.
+
+The same question table, defaults and validation as the TUI and the flags (Question.parse runs as
+questionary's validator), the same state and pipeline (wizard.frontends.session.WizardState, which imports
+no UI): hardware -> model and training -> the plan (printed by wizard.frontends.report) -> use it, or change
+the strategy (defaulting to the plan's choice) or any one answer by name and plan again ->
+machines and details -> validation -> "Write these files?" (--yes skips it) -> atomic writes.
+Questions marked advanced keep their recommended value (or the flag's) and are not asked, to keep
+the sequence short. Every slow step (probe, sizing, validation) prints a line first, and keys typed
+during it are dropped rather than taken as answers to questions the user has not seen.
+
+Ctrl+C anywhere: "Cancelled; nothing written.", exit 130 (prompts use unsafe_ask, so Ctrl+C is
+never mistaken for an answer).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, TextIO
+
+from wizard import pipeline
+from wizard.config.questions import Question, for_stage
+from wizard.errors import EXIT_INTERRUPTED, EXIT_NOTHING_FITS, InputError
+
+CANCELLED = "Cancelled; nothing written."
+
+
+class _Prompter:
+    """Asks Questions with questionary; `input`/`output` are prompt_toolkit's (tests pass pipes)."""
+
+    def __init__(self, state, input=None, output=None, out: TextIO | None = None) -> None:
+        self.state = state
+        self.input = input
+        self.output = output
+        self.out = out or sys.stdout
+
+    def _kw(self) -> dict[str, Any]:
+        kw: dict[str, Any] = {}
+        if self.input is not None:
+            kw["input"] = self.input
+        if self.output is not None:
+            kw["output"] = self.output
+        return kw
+
+    def say(self, text: str = "") -> None:
+        print(text, file=self.out)
+        self.out.flush()
+
+    def validator(self, q: Question, extra=None):
+        def validate(raw: str) -> bool | str:
+            try:
+                value = q.parse(raw, self.state.context_for(q.id))
+                if extra is not None:
+                    extra(value)
+            except InputError as e:
+                return str(e)
+            return True
+        return validate
+
+    def drop_typeahead(self) -> None:
+        """Keys typed during a slow step would answer questions not yet shown: drop them (a real terminal only)."""
+        if self.input is not None or not sys.stdin.isatty():
+            return
+        import select
+        import termios
+        try:
+            pending = select.select([sys.stdin], [], [], 0)[0]
+            if pending:
+                termios.tcflush(sys.stdin, termios.TCIFLUSH)
+                self.say("  (keys typed meanwhile were dropped: answer each question once it is shown)")
+        except (OSError, ValueError, termios.error):
+            pass
+
+    def ask(self, q: Question, current: Any, *, extra=None) -> Any:
+        """One question, pre-filled with `current`; returns the parsed value."""
+        import questionary
+
+        from wizard.frontends.session import format_value
+
+        ctx = self.state.context_for(q.id)
+        message = q.prompt
+        if q.kind == "bool":
+            return bool(questionary.confirm(message, default=bool(current), **self._kw()).unsafe_ask())
+        if q.kind == "choice":
+            options = q.options(ctx) or ()
+            choices = [questionary.Choice(str(o), value=o) for o in options]
+            default = next((c for c in choices if c.value == current), None)
+            value = questionary.select(message, choices=choices, default=default, **self._kw()).unsafe_ask()
+            return q.parse(value, ctx)
+        raw = questionary.text(message, default=format_value(q, current), validate=self.validator(q, extra),
+                               validate_while_typing=False, **self._kw()).unsafe_ask()
+        return q.parse(raw, self.state.context_for(q.id))
+
+    def ask_stage(self, stages: tuple[str, ...], skip: tuple[str, ...] = (),
+                  defaults: dict[str, Any] | None = None) -> None:
+        """Every applicable, not-advanced question of these stages, re-planning after each answer
+        so that conditions and defaults follow the earlier answers (as in the table's order).
+        `defaults` pre-fill some questions instead of their recommended value (the plan's choice)."""
+        defaults = defaults or {}
+        for stage in stages:
+            for q in for_stage(stage):
+                if q.advanced or q.id in skip or not self.state.asked(q.id):
+                    continue
+                self.ask_one(q, defaults.get(q.id, self.state.value_of(q.id)))
+
+    def ask_one(self, q: Question, current: Any) -> None:
+        extra = self._size_check if q.id == "model" else None
+        value = self.ask(q, current, extra=extra)
+        self.state.set_answer(q.id, value)
+        self.replan()
+
+    def _size_check(self, value: Any) -> None:
+        """The model question's validation also sizes it: a path without config.json is refused
+        at the prompt, with the same message as everywhere else."""
+        if value and ("model", value) not in self.state.models:
+            self.say(f"\nSizing {value} from its config (no weights) ...")
+            self.state.models[("model", value)] = _size(value)
+
+    def replan(self) -> None:
+        import time
+        job = self.state.replan()
+        while job is not None:
+            what = "LoRA adapters of " if job.trainings else ""
+            self.say(f"Sizing {what}{job.model} from its config (no weights) ...")
+            started = time.monotonic()
+            try:
+                shape, error = pipeline.size_for_plan(job.model, job.trainings), None
+            except InputError as e:
+                shape, error = None, e
+            self.say(f"  done in {time.monotonic() - started:.1f} s")
+            self.drop_typeahead()
+            job = self.state.sized(job.model, shape, error)
+
+
+def _size(model_arg: str):
+    from wizard.sizing import model as model_mod
+    return model_mod.size_model(model_arg)
+
+
+def _choose_target(p: _Prompter) -> None:
+    """No GPU here: CPU processes on this machine (default), or a machine from the catalogue."""
+    import questionary
+
+    from wizard.frontends.session import DEFAULT_OTHER_COUNT, DEFAULT_OTHER_GPU, TARGET_CPU, TARGET_OTHER
+    from wizard.probe import catalogue, hardware
+    state = p.state
+    choices = [questionary.Choice("CPU processes on this machine (try the whole pipeline here)", value=TARGET_CPU),
+               questionary.Choice("another machine with GPUs from the catalogue (like --assume)",
+                                  value=TARGET_OTHER)]
+    target = questionary.select("No GPU here. Plan for", choices=choices, default=choices[0], **p._kw()).unsafe_ask()
+    state.set_target(target)
+    if target == TARGET_OTHER:
+        def check_count(raw: str) -> bool | str:
+            try:
+                hardware.assume(f"{int(raw)}x{DEFAULT_OTHER_GPU}")
+            except (ValueError, InputError) as e:
+                return str(e) if isinstance(e, InputError) else f"GPUs: {raw!r} is not a whole number"
+            return True
+        count = int(questionary.text("GPUs in that machine", default=str(DEFAULT_OTHER_COUNT), validate=check_count,
+                                     **p._kw()).unsafe_ask())
+        gpu_choices = [questionary.Choice(name, value=name) for name in catalogue.names()]
+        default = next(c for c in gpu_choices if c.value == DEFAULT_OTHER_GPU)
+        gpu = questionary.select("GPU model", choices=gpu_choices, default=default, **p._kw()).unsafe_ask()
+        state.set_other_machine(count, gpu, **_ask_machine_extras(p, hardware.assume(f"{count}x{gpu}")))
+    p.replan()
+
+
+def _ask_machine_extras(p: _Prompter, catalogue_hw) -> dict[str, int | None]:
+    """RAM, CPU cores and free disk of the other machine (they decide the offload rungs), each pre-filled
+    with the catalogue's default; only what differs from it is returned (like ram=/cpus=/disk= of --assume)."""
+    import questionary
+
+    from wizard.units import GiB, parse_bytes
+
+    def size_check(field: str, empty_ok: bool):
+        def check(raw: str) -> bool | str:
+            if empty_ok and not raw.strip():
+                return True
+            try:
+                parse_bytes(raw, field)
+            except InputError as e:
+                return str(e)
+            return True
+        return check
+
+    def cpus_check(raw: str) -> bool | str:
+        return True if raw.strip().isdigit() and 1 <= int(raw) <= 8192 else \
+            f"cpus: {raw!r} is not a CPU count (allowed: 1 to 8192)"
+
+    ram_default = f"{catalogue_hw.ram_total // GiB}GiB"
+    ram = questionary.text("RAM in that machine", default=ram_default, validate=size_check("ram", False),
+                           **p._kw()).unsafe_ask()
+    cpus = questionary.text("CPU cores in that machine", default=str(catalogue_hw.cpu_cores), validate=cpus_check,
+                            **p._kw()).unsafe_ask()
+    disk = questionary.text("Free disk for NVMe offload (empty: not checked)", default="",
+                            validate=size_check("disk", True), **p._kw()).unsafe_ask()
+    extras: dict[str, int | None] = {}
+    if parse_bytes(ram, "ram") != catalogue_hw.ram_total:
+        extras["ram"] = parse_bytes(ram, "ram")
+    if int(cpus) != catalogue_hw.cpu_cores:
+        extras["cpus"] = int(cpus)
+    if disk.strip():
+        extras["disk"] = parse_bytes(disk, "disk")
+    return extras
+
+
+def _changes(result: pipeline.Result) -> list[str]:
+    """What Write would do to each file (the Review screen's Changes, in lines)."""
+    import os
+
+    from wizard import fsutil
+    pairs = [(result.yaml_path, result.yaml_text)]
+    if result.ds_text is not None:
+        pairs.insert(0, (result.ds_path, result.ds_text))
+    lines = []
+    for path, text in pairs:
+        planned = fsutil.plan_write(path, text)
+        what = ("new file" if planned.created else "unchanged" if not planned.changed else
+                f"replaces the file there (kept as {os.path.basename(path)}.bak)")
+        lines.append(f"  {path}: {what}")
+    return lines
+
+
+def _strategy_of(choice) -> dict[str, Any]:
+    """The strategy answers that lead to the plan's choice: what the strategy questions start from."""
+    if choice is None:
+        return {}
+    from wizard.frontends.session import strategy_for_rung
+    return {k: v for k, v in strategy_for_rung(choice.key).items() if v is not None}
+
+
+def _change_one_answer(p: _Prompter, allow_quit: bool = False) -> bool:
+    """Pick one question by name (model, training or strategy), answer it, plan again. False: quit."""
+    import questionary
+    state = p.state
+    asked = [q for stage in ("model", "training", "strategy") for q in for_stage(stage)
+             if not q.advanced and state.asked(q.id)]
+    if not asked:                                  # no plan to ask from (a bad model): the model question
+        asked = [q for q in for_stage("model") if not q.advanced]
+    from wizard.frontends.session import format_value
+    choices = [questionary.Choice(f"{q.prompt} ({format_value(q, state.value_of(q.id)) or 'unset'})", value=q.id)
+               for q in asked]
+    if allow_quit:
+        choices.append(questionary.Choice("Quit", value=None))
+    qid = questionary.select("Which answer?", choices=choices, default=choices[0], **p._kw()).unsafe_ask()
+    if qid is None:
+        return False
+    q = next(q for q in asked if q.id == qid)
+    p.ask_one(q, state.value_of(q.id))
+    return True
+
+
+def run_plain(request: pipeline.Request, *, input=None, output=None, out: TextIO | None = None,
+              yes: bool = False) -> int:
+    """Ask, plan, ask the details, validate, confirm (unless `yes`), write. Returns the exit code
+    (130 on Ctrl+C or when the writing is declined)."""
+    try:
+        return _run(request, input, output, out, yes)
+    except KeyboardInterrupt:
+        print(CANCELLED, file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def _run(request: pipeline.Request, input, output, out: TextIO | None, yes: bool) -> int:
+    import questionary
+
+    from wizard.frontends import report
+    from wizard.frontends.session import WizardState
+    from wizard.frontends.snippets import launch_commands, setup_snippet, uses_adapters
+    from wizard.probe import hardware
+
+    state = WizardState(request)
+    p = _Prompter(state, input, output, out)
+    p.say("Probing the hardware ...")
+    state.set_probed(state.load_hardware())
+    p.drop_typeahead()
+    for line in hardware.describe(state.probed):
+        p.say(f"  {line}")
+    for line in hardware.warnings(state.probed):
+        if state.probed.gpus:
+            p.say(f"  warning: {line}")
+    if not state.probed.gpus:
+        _choose_target(p)
+    else:
+        p.replan()
+
+    p.ask_stage(("model", "training"))
+    while True:
+        if state.error and not state.plan:
+            p.say(f"wizard: {state.error}")
+            if not _change_one_answer(p, allow_quit=True):
+                return 2
+            continue
+        result = pipeline.Result(hardware=state.hardware, model=state.model, plan=state.plan,
+                                 answers=dict(state.answers), output_dir=state.output_dir, yaml_path="", ds_path="")
+        p.say()
+        report.print_plan(result, file=p.out)
+        p.say()
+        choice = state.plan.choice
+        if choice is None:
+            p.say(f"wizard: {state.error}")
+        options = ([questionary.Choice(f"Use {choice.name}", value="use")] if choice is not None else []) + [
+            questionary.Choice("Change the strategy (backend, ZeRO stage, offload, ...)", value="strategy"),
+            questionary.Choice("Change one answer and plan again", value="one"),
+            questionary.Choice("Quit without writing", value="quit")]
+        action = questionary.select("Next", choices=options, default=options[0], **p._kw()).unsafe_ask()
+        if action == "use":
+            break
+        if action == "quit":
+            p.say(CANCELLED)
+            return EXIT_NOTHING_FITS if choice is None else EXIT_INTERRUPTED
+        if action == "strategy":
+            p.ask_stage(("strategy",), defaults=_strategy_of(choice))
+        else:
+            _change_one_answer(p)
+
+    p.ask_stage(("machines", "details"))
+    if not state.ready:
+        p.say(f"wizard: {state.error}")
+        return 2
+    result = state.result()
+    p.say("Validating with accelerate, DeepSpeed and transformers ...")
+    pipeline.validate(result)
+    p.drop_typeahead()
+    if result.errors:
+        report.print_findings(result.findings, file=sys.stderr)
+        print("wizard: the generated configuration failed validation; nothing was written", file=sys.stderr)
+        return 1
+    if not request.dry_run:
+        for line in _changes(result):
+            p.say(line)
+        if not yes and not questionary.confirm("Write these files?", default=True, **p._kw()).unsafe_ask():
+            p.say(CANCELLED)
+            return EXIT_INTERRUPTED
+        state.write(result)
+    report.print_written(result, dry_run=request.dry_run, file=p.out)
+    if not request.dry_run:
+        accel, wiz = launch_commands(result.yaml_path)
+        p.say(f"Or: {accel}")
+        p.say("The same setup in Python (HF Trainer with peft):" if uses_adapters(result.answers)
+              else "The same setup as TrainingArguments (HF Trainer):")
+        ds = result.ds_path if result.ds_text is not None else None
+        for line in setup_snippet(result.answers, result.plan, result.model, ds).splitlines():
+            p.say(f"  {line}")
+    return 0

@@ -1,0 +1,422 @@
+"""What the wizard knows between screens: the hardware planned for, what the user typed, the model, the plan.
+
+No Textual here: the screens are views of one WizardState, and every decision goes through
+wizard.pipeline (resolve -> size -> make_plan -> resolve_details -> render), exactly as the
+non-interactive CLI takes it. The state only keeps track of *what the user entered* (`entered`);
+every other value shown on a screen is the pipeline's default for the current inputs, so a
+default that depends on an earlier answer (processes on the GPU count, mixed precision on the
+plan) follows that answer until the user types over it.
+
+Cheap to import: no torch, no UI. Sizing a model from a config (which imports transformers) is
+the one slow step, so `replan` reports it instead of doing it; the app runs it in a thread.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+from typing import Any
+
+from wizard import pipeline
+from wizard.config.questions import QUESTIONS, Context, Question, by_id
+from wizard.errors import InputError
+from wizard.planning.plan import RUNG_SPECS, Plan
+from wizard.probe.hardware import Hardware
+from wizard.sizing.model import ModelShape
+
+# Where the files go when there is no GPU here: CPU processes on this machine (see `default_target`).
+TARGET_HERE, TARGET_CPU, TARGET_OTHER = "here", "cpu", "other"
+DEFAULT_CPU_PROCESSES = 2
+DEFAULT_OTHER_GPU = "H100-80GB"
+DEFAULT_OTHER_COUNT = 8
+# Parameter counts pre-filled when no model is given: a size people fine-tune on GPUs, and one
+# that trains on CPU processes in a few GiB of RAM.
+RECOMMENDED_PARAMS_GPU = "7B"
+RECOMMENDED_PARAMS_CPU = "125M"
+STRATEGY_IDS = ("backend", "zero_stage", "offload")
+_ORDER = {q.id: i for i, q in enumerate(QUESTIONS)}
+
+
+@dataclass(frozen=True)
+class SizingJob:
+    """A model that must be sized from its config before the plan can be made (slow: a thread), and the
+    LoRA / QLoRA adapters (peft on the meta device) the plan or its alternatives need."""
+    model: str
+    trainings: tuple = ()
+
+
+def model_key(answers: dict[str, Any]) -> tuple:
+    if answers.get("model"):
+        return ("model", answers["model"])
+    return ("params", answers.get("params"), answers.get("hidden_size"), answers.get("layers"),
+            answers.get("heads"), answers.get("vocab_size"))
+
+
+def strategy_for_rung(key: str) -> dict[str, Any]:
+    """Strategy answers whose ladder starts at (or contains) this rung; None removes an answer."""
+    spec = RUNG_SPECS[key]
+    if spec.backend in ("single", "ddp"):
+        return {"backend": "ddp", "zero_stage": None, "offload": None}
+    if spec.backend == "fsdp":
+        return {"backend": "fsdp", "zero_stage": None, "offload": "cpu" if spec.offloads else "none"}
+    return {"backend": "deepspeed", "zero_stage": str(spec.zero_stage), "offload": spec.offload_optimizer}
+
+
+def format_value(q: Question, value: Any) -> str:
+    """How a normalised answer is shown in a text field (the inverse of Question.parse)."""
+    if value is None:
+        return ""
+    if q.kind == "bool":
+        return "yes" if value else "no"
+    if q.kind == "count":
+        from wizard.units import fmt_count, parse_count
+        text = fmt_count(value)
+        try:
+            return text if parse_count(text, q.id) == value else str(value)
+        except InputError:
+            return str(value)
+    if q.kind == "size":
+        from wizard.units import GiB, MiB
+        if value % GiB == 0:
+            return f"{value // GiB}GiB"
+        if value % MiB == 0:
+            return f"{value // MiB}MiB"
+        return str(value)
+    if q.kind == "float":
+        return f"{value:g}"
+    return str(value)
+
+
+class WizardState:
+    """One wizard session: inputs in, plan and files out, through the shared pipeline."""
+
+    def __init__(self, request: pipeline.Request, hardware: Hardware | None = None):
+        self.request = request
+        self.output_dir = os.path.abspath(os.path.expanduser(request.output_dir or pipeline.default_output_dir()))
+        self.probed: Hardware | None = None       # what --hardware/--assume/the probe gave
+        self.hardware: Hardware | None = None     # what the plan is for (probed, or a catalogue machine)
+        self.target = TARGET_HERE
+        self.other_gpu = DEFAULT_OTHER_GPU
+        self.other_count = DEFAULT_OTHER_COUNT
+        self.other_extras: dict[str, int] = {}    # ram / cpus / disk of the other machine, where typed
+        self.entered: dict[str, Any] = {}         # values the user typed or chose, by question id
+        self.changed = False                      # anything entered (quitting asks first)
+        self.picked: str | None = None            # a rung the user picked on the plan screen
+        self.pick_base: dict[str, Any] | None = None  # the strategy answers before the pick
+        self.models: dict[tuple, ModelShape] = {}  # sized models, by model_key
+        self.model: ModelShape | None = None
+        self.answers: dict[str, Any] = {}         # pre-plan answers (model, training, strategy, machines)
+        self.full_answers: dict[str, Any] = {}    # + details, once there is a plan with a choice
+        self.plan: Plan | None = None
+        self.error: str | None = None             # why there is no plan (bad input, model not found)
+        self.error_field: str | None = None       # the question id the error is about, when known
+        self.sizing: SizingJob | None = None      # a model waiting to be sized
+        self.written = False
+        if hardware is not None:
+            self.set_probed(hardware)
+
+    # ------------------------------------------------------------------ hardware and target
+
+    def load_hardware(self) -> Hardware:
+        """--hardware FILE, --assume SPEC or the probe (call from a thread: the probe may take a while)."""
+        return pipeline.load_hardware(self.request.hardware_file, self.request.assume, self.output_dir,
+                                      self.request.given.get("nvme_path"))
+
+    def set_probed(self, hw: Hardware) -> None:
+        self.probed = hw
+        self.set_target(self.default_target(), initial=True)
+
+    def default_target(self) -> str:
+        """With GPUs: plan for them. Without: CPU processes on this machine.
+
+        The files land in this machine's accelerate config dir, where `accelerate launch` reads
+        them: a configuration for GPUs this machine lacks would make every launch here fail, while
+        2 CPU processes run here (DDP / DeepSpeed over gloo), exercise the distributed path, pass
+        validation and can be launched from the Done screen. Planning for the GPU machine is one
+        choice away on the Hardware screen.
+        """
+        return TARGET_HERE if self.probed is not None and self.probed.gpus else TARGET_CPU
+
+    def set_target(self, target: str, *, initial: bool = False) -> None:
+        from wizard.probe import hardware as hardware_mod
+        if target not in (TARGET_HERE, TARGET_CPU, TARGET_OTHER):
+            raise ValueError(target)
+        self.target = target
+        if target == TARGET_OTHER:
+            self.hardware = hardware_mod.assume(self.other_spec())
+            self.entered.pop("use_cpu", None)
+            self.entered.pop("num_processes", None)
+            self.entered.pop("gpu_ids", None)
+        else:
+            self.hardware = self.probed
+            if target == TARGET_CPU:
+                self.entered["use_cpu"] = True
+                if self.request.given.get("num_processes") is None:
+                    self.entered.setdefault("num_processes", DEFAULT_CPU_PROCESSES)
+            else:
+                self.entered.pop("use_cpu", None)
+                if not initial:
+                    self.entered.pop("num_processes", None)
+        if not initial:
+            self.changed = True
+
+    def other_spec(self, extras: dict[str, int] | None = None) -> str:
+        """The --assume spec of the other machine: COUNTxGPU, then ram=/cpus=/disk= where typed."""
+        extras = self.other_extras if extras is None else extras
+        tail = "".join(f",{key}={_spec_value(key, value)}" for key, value in extras.items() if value is not None)
+        return f"{self.other_count}x{self.other_gpu}{tail}"
+
+    def set_other_machine(self, count: int, gpu: str, **extras: int | None) -> None:
+        """Plan for COUNT x GPU from the catalogue (same as --assume), with its RAM, CPUs and free disk
+        (bytes, count, bytes; None: the catalogue's default); InputError for a bad pair."""
+        from wizard.probe import hardware as hardware_mod
+        merged = {**self.other_extras, **extras}
+        merged = {k: v for k, v in merged.items() if v is not None}
+        hw = hardware_mod.assume(f"{count}x{gpu}" + "".join(f",{k}={_spec_value(k, v)}" for k, v in merged.items()))
+        self.other_count, self.other_gpu, self.other_extras = count, gpu, merged
+        if self.target == TARGET_OTHER:
+            self.hardware = hw
+        self.changed = True
+
+    # ------------------------------------------------------------------ answers
+
+    def given(self) -> dict[str, Any]:
+        """What resolve() sees: flags and answers file, then what was typed here; None means unset."""
+        merged = {**self.request.given, **self.entered}
+        # Typing a model here replaces a parameter count from the flags (and the other way round).
+        if self.entered.get("model") is not None:
+            merged.pop("params", None)
+        elif self.entered.get("params") is not None:
+            merged.pop("model", None)
+        merged = {k: v for k, v in merged.items() if v is not None}
+        if merged.get("model") is None and merged.get("params") is None:
+            merged["params"] = self.recommended_params(merged)
+        return merged
+
+    def recommended_params(self, given: dict[str, Any] | None = None) -> str:
+        given = self.given() if given is None else given
+        cpu = bool(given.get("use_cpu")) or (self.hardware is not None and not self.hardware.gpus)
+        return RECOMMENDED_PARAMS_CPU if cpu else RECOMMENDED_PARAMS_GPU
+
+    def set_answer(self, qid: str, value: Any) -> None:
+        """A value the user entered (already parsed by the question); None clears it to 'unset'."""
+        if qid in STRATEGY_IDS:
+            self.picked = self.pick_base = None
+        if qid == "model" and value is not None:
+            self.entered.pop("params", None)
+        self.entered[qid] = value
+        self.changed = True
+
+    def context(self, answers: dict[str, Any] | None = None) -> Context:
+        if answers is None:
+            answers = self.full_answers or self.answers
+        return Context(hardware=self.hardware, model=self.model, plan=self.plan, answers=dict(answers),
+                       given=self.given())
+
+    def context_for(self, qid: str) -> Context:
+        """The context a question's own value is checked in: the answers before it in asking order
+        (as answers.resolve gives them). A model typed here is checked without the recommended
+        parameter count, which it replaces."""
+        order = _ORDER.get(qid, len(_ORDER))
+        source = self.full_answers or self.answers
+        answers = {k: v for k, v in source.items() if _ORDER.get(k, -1) < order}
+        given = self.given()
+        if qid == "model":
+            given.pop("params", None)
+        return Context(hardware=self.hardware, model=self.model, plan=self.plan, answers=answers, given=given)
+
+    def value_of(self, qid: str) -> Any:
+        """The current answer shown for a question (entered, else the default), or None when not asked."""
+        source = self.full_answers if self.full_answers else self.answers
+        return source.get(qid)
+
+    def asked(self, qid: str) -> bool:
+        source = self.full_answers if by_id(qid).stage == "details" else (self.full_answers or self.answers)
+        return qid in source
+
+    # ------------------------------------------------------------------ planning
+
+    def replan(self) -> SizingJob | None:
+        """Resolve the answers, size (when cheap) and plan. Returns a job when a config must be sized.
+
+        Fast (well under 50 ms): everything here is pure arithmetic over the question table.
+        """
+        self.error = self.error_field = None
+        self.full_answers = {}
+        if self.hardware is None:
+            self.plan = None
+            self.error = "the hardware is not known yet"
+            return None
+        given = self.given()
+        try:
+            answers = pipeline.resolve_pre_plan(self.hardware, given)
+        except InputError as e:
+            self._fail(e)
+            return None
+        self.answers = answers
+        key = model_key(answers)
+        model = self.models.get(key)
+        if model is None:
+            if key[0] == "model":
+                self.model = None
+                self.plan = None
+                self.sizing = SizingJob(answers["model"])
+                return self.sizing
+            try:
+                model = pipeline.size(answers)
+            except InputError as e:
+                self._fail(e)
+                return None
+            self.models[key] = model
+        self.sizing = None
+        self.model = model
+        ladder = self._ladder_answers(answers)
+        missing = pipeline.adapter_trainings_to_size(model, ladder, None) if model.exact else []
+        if missing:
+            # --method lora/qlora on a config: peft must size the adapters first (a thread, like the model).
+            self.plan = None
+            self.sizing = SizingJob(answers["model"], tuple(missing))
+            return self.sizing
+        try:
+            plan = pipeline.make_plan(self.hardware, model, ladder)
+        except InputError as e:
+            self._fail(e)
+            return None
+        if self.picked is not None and all(r.key != self.picked for r in plan.rungs):
+            # The inputs changed so much that the picked rung left the ladder (DDP -> single GPU):
+            # forget the pick and give the strategy answers back.
+            self._drop_pick()
+            return self.replan()
+        self.plan = self._apply_pick(plan)
+        self.plan.alternatives = pipeline.alternatives(self.hardware, model, ladder, self.plan, cached_only=True)
+        warm = pipeline.adapter_trainings_to_size(model, ladder, self.plan) if model.exact else []
+        job = SizingJob(answers["model"], tuple(warm)) if warm else None   # in the background: the plan stands
+        if self.plan.choice is None:
+            self.error = self.nothing_fits()
+            return job
+        try:
+            self.full_answers = pipeline.resolve_details(self.hardware, model, self.plan, answers, given)
+        except InputError as e:
+            self._fail(e)
+        return job
+
+    def sized(self, model_arg: str, shape: ModelShape | None, error: InputError | None) -> SizingJob | None:
+        """The thread's result for SizingJob(model_arg); re-plan with it (or show why it failed). Returns the
+        next job, if the new plan needs one."""
+        key = ("model", model_arg)
+        if shape is not None:
+            self.models[key] = shape
+        if self.sizing is not None and self.sizing.model == model_arg:
+            self.sizing = None
+            if error is not None:
+                self.model = self.plan = None
+                self.full_answers = {}
+                self._fail(error, field="model")
+                return None
+        return self.replan()
+
+    def _fail(self, e: InputError, field: str | None = None) -> None:
+        self.plan = None
+        self.full_answers = {}
+        self.error = str(e)
+        self.error_field = field or _question_for_field(e.field)
+
+    def _ladder_answers(self, answers: dict[str, Any]) -> dict[str, Any]:
+        """The answers the ladder is walked with: after a pick, the strategy from before it, so
+        the screen keeps showing every rung (the pick's own strategy would leave only its rung)."""
+        if self.picked is None or self.pick_base is None:
+            return answers
+        ladder = dict(answers)
+        for qid in STRATEGY_IDS:
+            if self.pick_base.get(qid) is None:
+                ladder.pop(qid, None)
+            else:
+                ladder[qid] = self.pick_base[qid]
+        return ladder
+
+    def _drop_pick(self) -> None:
+        for qid, value in (self.pick_base or {}).items():
+            if value is None:
+                self.entered.pop(qid, None)
+            else:
+                self.entered[qid] = value
+        self.picked = self.pick_base = None
+
+    def _apply_pick(self, plan: Plan) -> Plan:
+        if self.picked is None:
+            return plan
+        rung = next((r for r in plan.rungs if r.key == self.picked), None)
+        if rung is None or rung is plan.choice:
+            return plan
+        return replace(plan, choice=rung)
+
+    def pick_rung(self, key: str) -> None:
+        """Use this rung: set the strategy answers that lead to it, and keep it even where the
+        ladder would stop earlier (or where it does not fit: the screens say so)."""
+        if self.pick_base is None:
+            self.pick_base = {qid: self.entered.get(qid) for qid in STRATEGY_IDS}
+        for qid, value in strategy_for_rung(key).items():
+            if value is None:
+                self.entered.pop(qid, None)
+            else:
+                self.entered[qid] = value
+        self.picked = key
+        self.changed = True
+        self.replan()
+
+    @property
+    def picked_does_not_fit(self) -> bool:
+        return bool(self.plan and self.plan.choice and self.picked == self.plan.choice.key and not self.plan.choice.fits)
+
+    def nothing_fits(self) -> str:
+        from wizard.config import answers as answers_mod
+        from wizard.planning.plan import explain_nothing_fits
+        a = self.answers
+        try:
+            return explain_nothing_fits(self.plan, self.hardware, self.model, answers_mod.training_options(a),
+                                        answers_mod.strategy_options(a), answers_mod.topology(a, self.hardware))
+        except Exception as e:  # the explanation (it re-plans variants) is a courtesy; never let it hide the plan
+            return f"Nothing fits ({e})."
+
+    @property
+    def ready(self) -> bool:
+        """A plan with a choice and every answer valid: the files can be rendered."""
+        return self.plan is not None and self.plan.choice is not None and bool(self.full_answers)
+
+    # ------------------------------------------------------------------ files
+
+    def result(self) -> pipeline.Result:
+        """The documents for the current answers (nothing written, nothing validated yet)."""
+        if not self.ready:
+            raise RuntimeError(self.error or "no plan yet")
+        result = pipeline.Result(hardware=self.hardware, model=self.model, plan=self.plan,
+                                 answers=dict(self.full_answers), output_dir=self.output_dir,
+                                 yaml_path=os.path.join(self.output_dir, "default_config.yaml"),
+                                 ds_path=os.path.join(self.output_dir, "ds_config.json"))
+        pipeline.render(result)
+        return result
+
+    def write(self, result: pipeline.Result) -> list:
+        writes = pipeline.write(result, self.given())
+        self.written = True
+        return writes
+
+
+def _spec_value(key: str, value: int) -> str:
+    """ram=512GiB, disk=2TiB, cpus=64: how --assume spells an extra."""
+    if key in ("ram", "disk"):
+        from wizard.units import GiB
+        return f"{value // GiB}GiB" if value % GiB == 0 else str(value)
+    return str(value)
+
+
+def _question_for_field(field: str | None) -> str | None:
+    """The question id an InputError's field names ('--seq-len', 'seq-len' or 'seq_len')."""
+    if not field:
+        return None
+    name = field.lstrip("-").replace("-", "_")
+    try:
+        return by_id(name).id
+    except KeyError:
+        return None
+

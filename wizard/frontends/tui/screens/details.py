@@ -1,0 +1,80 @@
+"""Screen 4, Details: the 'machines' and 'details' questions, grouped as the table groups them.
+
+Each group is a collapsible; groups whose questions are all rarely needed start collapsed. Only
+the questions that apply to the plan's choice are shown (DeepSpeed's for a ZeRO rung, FSDP's for
+FSDP, multi-node ones with more than one machine). Machine answers change the topology, so they
+re-plan; the other defaults follow the plan's choice.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from textual.widget import Widget
+from textual.widgets import Collapsible, Static
+
+from wizard.config.questions import DETAIL_GROUPS, for_group, for_stage
+from wizard.frontends.tui.screens.base import WizardScreen
+from wizard.frontends.tui.widgets.question_field import QuestionField
+
+GROUP_TITLES = {
+    "machines": "Processes and machines",
+    "processes": "Process checks",
+    "multinode": "Multi-node (DeepSpeed launcher)",
+    "deepspeed": "DeepSpeed",
+    "fsdp": "FSDP",
+    "compile": "Compilation (torch.compile)",
+    "precision": "Precision",
+}
+GROUP_ORDER = ("machines", "precision", "deepspeed", "fsdp", "multinode", "processes", "compile")
+
+
+def group_questions(group: str):
+    if group == "machines":
+        return for_stage("machines")
+    return tuple(q for q in for_group(group) if q.stage == "details")
+
+
+class DetailsScreen(WizardScreen):
+    STEP = 3
+    AUTO_FOCUS = "#q-num_machines"
+
+    def compose_body(self) -> Iterable[Widget]:
+        assert set(GROUP_ORDER) == {"machines", *DETAIL_GROUPS}
+        for group in GROUP_ORDER:
+            questions = group_questions(group)
+            collapsed = all(q.advanced for q in questions)
+            with Collapsible(title=GROUP_TITLES[group], collapsed=collapsed, id=f"group-{group}",
+                             classes="details-group"):
+                for q in questions:
+                    yield self.make_field(q)
+        yield Static("", id="details-plan")
+
+    def screen_help(self) -> str:
+        return "The rest of what `accelerate config` asks, pre-filled for the plan's choice. Enter writes nothing yet."
+
+    def sync(self) -> None:
+        super().sync()
+        for group in GROUP_ORDER:
+            box = self.query_one(f"#group-{group}", Collapsible)
+            box.display = any(f.display for f in box.query(QuestionField))
+        state = self.state
+        plan = state.plan
+        line = ""
+        if plan is not None and plan.choice is not None:
+            line = f"Plan: [b]{plan.choice.name}[/b] on {plan.topology.world_size} process(es)"
+        self.query_one("#details-plan", Static).update(line)
+
+    def resumed(self) -> None:
+        super().resumed()
+        # Back from Review: Enter goes on again (focus left on a select would open it instead).
+        self.next_button().focus()
+
+    def blocking_problem(self) -> str | None:
+        return self.plan_needed_problem("there is no plan: go back to the Plan screen")
+
+    def result_pending(self) -> str | None:
+        return self.sizing_busy()
+
+    def busy(self) -> str | None:
+        return self.sizing_busy()

@@ -1,0 +1,154 @@
+"""Screen 6, Done: where the files are, how to launch, the matching TrainingArguments, and "launch now".
+
+Launch now exits the wizard and execs `python -m wizard launch --config-file ... -- SCRIPT ARGS`
+(run_tui does the exec once the terminal is restored), which opens the launch view.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+from typing import Iterable
+
+from rich.markup import escape
+from textual.containers import Horizontal
+from textual.widget import Widget
+from textual.widgets import Button, Input, Label, Static
+
+from wizard.frontends.snippets import launch_commands, setup_snippet, uses_adapters, wizard_launch_argv
+from wizard.frontends.tui.screens.base import WizardScreen
+from wizard.frontends.tui.screens.review import syntax
+
+ARGS_TITLE = "[b]The same setup as TrainingArguments[/b] (HF Trainer, without accelerate's config)"
+ADAPTER_TITLE = ("[b]The same setup in Python[/b] (HF Trainer with peft's LoRA{}, without accelerate's config; "
+                 "needs {})")
+
+
+class DoneScreen(WizardScreen):
+    STEP = 5
+    NEXT_LABEL = "Finish"
+    AUTO_FOCUS = "#next"
+
+    def compose_body(self) -> Iterable[Widget]:
+        yield Static("", id="done-files")
+        yield Static("[b]Launch[/b]", classes="section")
+        yield Static("", id="done-commands")
+        yield Static(ARGS_TITLE, classes="section", id="done-args-title")
+        yield Static("", id="done-args")
+        yield Static("[b]Launch now[/b] (leaves the wizard and opens the live launch view)", classes="section")
+        with Horizontal(classes="launch-row"):
+            yield Label("Training script", classes="q-label")
+            yield Input("", placeholder="(path of your script, e.g. examples/train.py)", id="launch-script",
+                        compact=True)
+        with Horizontal(classes="launch-row"):
+            yield Label("Its arguments", classes="q-label")
+            yield Input("", placeholder="(optional: the script's own arguments)", id="launch-args", compact=True)
+        yield Static("", id="launch-error")
+        yield Button("Launch now", id="launch-now", compact=True)
+
+    def mounted(self) -> None:
+        super().mounted()
+        self.query_one("#back", Button).disabled = False
+        self.show_done()
+
+    def screen_help(self) -> str:
+        return "Enter finishes. Tab to the script and its arguments, then Launch now, to start training."
+
+    def sync(self) -> None:
+        self.sync_status()
+        self.update_help()
+        self.mark_shown_after_paint()
+
+    def show_done(self) -> None:
+        state = self.state
+        result = getattr(self.wizard, "written_result", None)
+        if result is None:
+            return
+        writes = getattr(self.wizard, "writes", [])
+        lines = []
+        dry = state.request.dry_run
+        if dry:
+            lines.append("[yellow]Dry run: nothing written.[/yellow] These files would be written:")
+        for w in writes:
+            if dry:
+                lines.append(f"  {escape(w.path)}")
+            elif not w.changed:
+                lines.append(f"[green]✓[/green] {escape(w.path)} (unchanged)")
+            else:
+                backup = f" (previous kept as {escape(os.path.basename(w.backup_path))})" if w.backup_path else ""
+                lines.append(f"[green]✓[/green] Wrote {escape(w.path)}{backup}")
+        if result.plan.topology.cpu:
+            n = result.plan.topology.world_size
+            lines.append(f"[yellow]A CPU-only configuration:[/yellow] {n} CPU process{'es' if n != 1 else ''}, "
+                         "gloo, fp32 (no GPU here). Run the wizard again on the GPU machine, or plan for it "
+                         "on the Hardware screen.")
+            if result.plan.choice is not None and result.plan.choice.backend in ("deepspeed", "fsdp"):
+                lines.append("[dim]default_config.yaml says use_cpu: false, as `accelerate config` writes it for "
+                             "every distributed type but MULTI_CPU; with no GPU visible the processes run on "
+                             "the CPU, over gloo.[/dim]")
+        warnings = [f for f in result.findings if f.severity == "warning"]
+        lines.append("Validated with accelerate, DeepSpeed and transformers"
+                     + (f" ({len(warnings)} warning(s))" if warnings else "") + ".")
+        self.query_one("#done-files", Static).update("\n".join(lines))
+        accel, wiz = launch_commands(result.yaml_path)
+        self.query_one("#done-commands", Static).update(
+            syntax(f"{accel}\n{wiz}", "bash", self.app, word_wrap=True))
+        ds_path = result.ds_path if result.ds_text is not None else None
+        code = setup_snippet(result.answers, result.plan, result.model, ds_path)
+        if uses_adapters(result.answers):
+            qlora = result.answers.get("method") == "qlora"
+            self.query_one("#done-args-title", Static).update(ADAPTER_TITLE.format(
+                " on a 4-bit base" if qlora else "", "peft and bitsandbytes" if qlora else "peft"))
+        self.query_one("#done-args", Static).update(
+            syntax(code, "python", self.app, word_wrap=True))
+
+    def status_text(self) -> str:
+        return "[dim]dry run[/dim]" if self.state.request.dry_run else "[green]✓ done[/green]"
+
+    # ------------------------------------------------------------------ actions
+
+    def input_submitted(self, control: Input) -> None:
+        if control.id in ("launch-script", "launch-args") and self.query_one("#launch-script", Input).value:
+            self.launch()
+        else:
+            self.action_next()
+
+    def button_pressed(self, button_id: str | None) -> None:
+        if button_id == "launch-now":
+            self.launch()
+        else:
+            super().button_pressed(button_id)
+
+    def launch(self) -> None:
+        from wizard.frontends.tui.app import Outcome
+        result = getattr(self.wizard, "written_result", None)
+        error = self.query_one("#launch-error", Static)
+        script = self.query_one("#launch-script", Input).value.strip()
+        if self.state.request.dry_run or result is None:
+            error.update("[red]✗ nothing was written (dry run): there is no config to launch with[/red]")
+            return
+        if not script:
+            error.update("[red]✗ launch: give the training script, e.g. train.py[/red]")
+            self.query_one("#launch-script", Input).focus()
+            return
+        if not os.path.isfile(script):
+            error.update(f"[red]✗ launch: {escape(script)} is not a file (allowed: a Python script path)[/red]")
+            self.query_one("#launch-script", Input).focus()
+            return
+        try:
+            args = shlex.split(self.query_one("#launch-args", Input).value)
+        except ValueError as e:
+            error.update(f"[red]✗ arguments: {escape(str(e))} (allowed: shell-style words)[/red]")
+            return
+        argv = wizard_launch_argv(sys.executable, result.yaml_path, script, args)
+        self.wizard.finish(Outcome(0, written=getattr(self.wizard, "writes", []), launch=argv,
+                                   summary=self.wizard.summary_lines(launching=True)))
+
+    def go_next(self) -> None:
+        from wizard.frontends.tui.app import Outcome
+        self.wizard.finish(Outcome(0, written=getattr(self.wizard, "writes", []),
+                                   summary=self.wizard.summary_lines()))
+
+    def action_back(self) -> None:
+        self.wizard.back()

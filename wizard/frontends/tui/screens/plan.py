@@ -1,0 +1,191 @@
+"""Screen 3, Plan: every rung as a bar of per-GPU memory against the capacity, and why it was chosen or not.
+
+Enter on the marked rung accepts the plan; Enter on another rung picks it (the strategy answers
+backend / ZeRO stage / offload are set to lead to it, and the plan is made again at once; a pick
+that does not fit is kept, with a warning). The strategy questions under the ladder re-plan too.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from rich.text import Text
+from textual.containers import Grid
+from textual.widget import Widget
+from textual.widgets import OptionList, Static
+
+from wizard.config.questions import for_stage
+from wizard.frontends.tui.screens.base import WizardScreen
+from wizard.frontends.tui.widgets.memory_bar import legend
+from wizard.frontends.tui.widgets.rung_list import RungList
+from wizard.planning.plan import COMPONENTS
+from wizard.planning.speed import fmt_rate
+from wizard.units import fmt_bytes, fmt_count
+
+
+def budget_line(state) -> str:
+    plan, hw = state.plan, state.hardware
+    if plan is None:
+        return ""
+    topo = plan.topology
+    if topo.cpu:
+        where = f"{topo.world_size} CPU process{'es' if topo.world_size != 1 else ''}"
+        unit = "process"
+    else:
+        names = " / ".join(sorted({g.name.replace('NVIDIA ', '') for g in hw.gpus}))
+        where = f"{topo.world_size} x {names}"
+        unit = "GPU"
+    machines = f" on {topo.num_machines} machines" if topo.num_machines > 1 else ""
+    model = state.model
+    model_text = f" · {fmt_count(model.params)} params" if model is not None else ""
+    return (f"{where}{machines} · [b]{fmt_bytes(plan.usable_bytes)}[/b] usable per {unit} of "
+            f"{fmt_bytes(plan.gpu_capacity_bytes)} · {plan.precision}{model_text}")
+
+
+def alternatives_text(plan) -> Text:
+    """'Instead: LoRA r=16 fits ...' lines (plain text: model names may hold '[')."""
+    text = Text()
+    for i, alt in enumerate(plan.alternatives):
+        if i:
+            text.append("\n")
+        text.append("Instead (--method): ", "bold yellow")
+        text.append(alt.text)
+    return text
+
+
+def max_micro_batch_text(rung) -> str:
+    """'micro-batch up to 8 (24 with GC)': the largest that fits on this rung."""
+    parts = []
+    if rung.max_micro_batch:
+        parts.append(str(rung.max_micro_batch))
+    if rung.max_micro_batch_gc and rung.max_micro_batch_gc != rung.max_micro_batch:
+        parts.append(f"{rung.max_micro_batch_gc} with GC" if parts else f"{rung.max_micro_batch_gc} (with GC)")
+    if not parts:
+        return ""
+    return "micro-batch up to " + (f"{parts[0]} ({parts[1]})" if len(parts) == 2 else parts[0])
+
+
+def short_micro_batch_text(rung) -> str:
+    """'micro-batch ≤2 (8 +GC)': max_micro_batch_text for the one-line status of an 80-column screen."""
+    if not rung.max_micro_batch and not rung.max_micro_batch_gc:
+        return ""
+    if not rung.max_micro_batch:
+        return f"micro-batch ≤{rung.max_micro_batch_gc} +GC"
+    gc = (f" ({rung.max_micro_batch_gc} +GC)" if rung.max_micro_batch_gc
+          and rung.max_micro_batch_gc != rung.max_micro_batch else "")
+    return f"micro-batch ≤{rung.max_micro_batch}{gc}"
+
+
+class PlanScreen(WizardScreen):
+    STEP = 2
+    BODY_SCROLLS = False        # the rung list scrolls by itself; summary and strategy stay in view
+    AUTO_FOCUS = "#rungs"
+
+    def compose_body(self) -> Iterable[Widget]:
+        yield Static("", id="plan-summary")
+        yield Static("", id="plan-legend")
+        yield RungList(id="rungs")
+        yield Static("", id="plan-warning")
+        with Grid(id="strategy"):
+            for q in for_stage("strategy"):
+                yield self.make_field(q)
+
+    def mounted(self) -> None:
+        super().mounted()
+        self.wizard.start_preload()
+
+    def screen_help(self) -> str:
+        return ("↑↓ rungs · Enter on the marked rung goes on, on another picks it · Tab: backend, ZeRO stage, "
+                "offload, headroom · F1 explains the highlighted rung")
+
+    def sync(self) -> None:
+        super().sync()
+        state = self.state
+        plan = state.plan
+        self.query_one("#plan-summary", Static).update(budget_line(state))
+        self.query_one("#plan-legend", Static).update(legend(plan) if plan is not None else "")
+        self.query_one(RungList).show_plan(plan, state.picked)
+        warning = self.query_one("#plan-warning", Static)
+        if plan is not None and plan.choice is None:
+            text = Text(f"✗ {state.error}", "red")
+            if plan.alternatives:
+                text.append("\n")
+                text.append_text(alternatives_text(plan))
+            warning.update(text)
+        elif state.picked_does_not_fit:
+            c = plan.choice
+            warning.update(f"[red]⚠ {c.name} does not fit: it needs {fmt_bytes(c.per_gpu_bytes)} per GPU and "
+                           f"{fmt_bytes(plan.usable_bytes)} is usable. Training will run out of memory; pick "
+                           "a rung marked ✓ or set the backend back to auto.[/red]")
+        elif state.error and plan is None:
+            warning.update(f"[red]✗ {state.error}[/red]")
+        elif plan is not None and plan.alternatives:
+            warning.update(alternatives_text(plan))
+        else:
+            warning.update("")
+        warning.display = bool(str(warning.render()))
+
+    def status_text(self) -> str:
+        state = self.state
+        if state.sizing is not None:
+            return f"[dim]Sizing {state.sizing.model} ...[/dim]"
+        plan = state.plan
+        if plan is None or plan.choice is None:
+            return "[red]✗ Nothing fits · Escape: the inputs · Tab: the strategy[/red]"
+        c = plan.choice
+        text = f"[b]{c.name}[/b]" + (" +GC" if c.gradient_checkpointing else "")   # one 80-column line
+        if c.speed is not None:
+            text += f" · ≈{fmt_rate(c.speed.tokens_per_second)}"
+        biggest = short_micro_batch_text(c)
+        return text + (f" · {biggest}" if biggest else "")
+
+    # ------------------------------------------------------------------ picking
+
+    def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
+        event.stop()
+        key = event.option.id
+        plan = self.state.plan
+        if plan is not None and plan.choice is not None and key == plan.choice.key:
+            self.action_next()
+            return
+        self.state.pick_rung(key)
+        self.wizard.refresh_state()
+
+    def result_pending(self) -> str | None:
+        return self.sizing_busy()
+
+    def busy(self) -> str | None:
+        return self.sizing_busy()
+
+    def blocking_problem(self) -> str | None:
+        return self.plan_needed_problem("there is no plan yet")
+
+    def explanation(self) -> tuple[str, str]:
+        rungs = self.query_one(RungList)
+        plan = self.state.plan
+        if self.focused is not rungs or plan is None or rungs.highlighted_key is None:
+            return super().explanation()
+        rung = next(r for r in plan.rungs if r.key == rungs.highlighted_key)
+        lines = [rung.reason, ""]
+        width = max(len(name) for name in COMPONENTS)
+        for name in COMPONENTS:
+            lines.append(f"  {name:<{width}}  {fmt_bytes(rung.breakdown.get(name, 0)):>10}")
+        lines.append(f"  {'total':<{width}}  {fmt_bytes(rung.per_gpu_bytes):>10}   "
+                     f"(usable {fmt_bytes(plan.usable_bytes)} of {fmt_bytes(plan.gpu_capacity_bytes)})")
+        if rung.cpu_bytes:
+            lines.append(f"  host RAM needed: {fmt_bytes(rung.cpu_bytes)}")
+        if rung.nvme_bytes:
+            lines.append(f"  NVMe needed: {fmt_bytes(rung.nvme_bytes)}")
+        if rung.speed is not None:
+            s = rung.speed
+            lines += ["", f"  speed            ≈{fmt_rate(s.tokens_per_second)} "
+                          f"({fmt_rate(s.tokens_per_second_per_gpu)} per GPU), {s.step_seconds:.3g} s per step, "
+                          f"MFU {s.mfu * 100:.0f}%, {s.bound}-bound"]
+            biggest = max_micro_batch_text(rung)
+            if biggest:
+                lines.append(f"  {biggest}")
+        lines += ["", "The wizard takes the fastest rung that fits, by its speed model, but never offloads while a "
+                      "rung without offload fits (offload is the slow last resort). Gradient checkpointing (+GC) is "
+                      "switched on where activations, not model states, are what does not fit."]
+        lines += [f"[dim]• {n}[/dim]" for n in plan.notes]
+        return rung.name, "\n".join(lines)

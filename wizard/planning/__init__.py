@@ -1,0 +1,1 @@
+"""The plan: the memory ladder of distributed setups, the speed model, the choice."""

@@ -1,0 +1,460 @@
+"""The speed model: step time, tokens/s and MFU of one rung of the ladder.
+
+Pure arithmetic over the model's shape, the machine and the strategy; no torch. A step is
+
+    step = grad_accum x (compute + exposed communication + offload traffic + overhead of one micro-step)
+           + what happens once per optimizer step (optimizer update, DDP's all-reduce, ZeRO-1/2's
+             parameter all-gather, CPU Adam and the parameter upload of offload)
+
+Every figure below is either sourced or marked GUESS / CALIBRATED; `bench/bench_speed_model.py`
+compares the result with published measurements (bench/results/speed-model.md).
+
+Sources:
+- Training FLOPs per token: 6 N for the matmuls (forward 2 N, backward 4 N; Kaplan et al. 2020,
+  arXiv:2001.08361, 2.1) plus 12 L h s for attention scores and their product with V, without the
+  causal discount (Chowdhery et al. 2022, PaLM, arXiv:2204.02311, appendix B: the MFU definition used
+  by most published figures). Full activation recomputation adds one forward: 8 N + 16 L h s
+  (Korthikanti et al. 2022, arXiv:2205.05198, 5: "hardware FLOPs").
+- Collectives: ring algorithms move 2 (W-1)/W x S bytes per GPU for an all-reduce and (W-1)/W x S
+  for an all-gather or reduce-scatter; nccl-tests' "bus bandwidth" is defined so that time = that
+  factor x S / busbw (NVIDIA nccl-tests doc/PERFORMANCE.md).
+- Per-strategy volumes: DDP all-reduces the fp32 gradients of AMP once per optimizer step
+  (accelerate's `no_sync` during accumulation) and overlaps it with backward (Li et al. 2020,
+  arXiv:2006.15704); ZeRO-1/2 reduce(-scatter) the 16-bit gradients and all-gather the updated 16-bit
+  weights, ZeRO-3 and FSDP all-gather the weights in forward and again in backward and reduce-scatter
+  the gradients: 1.5x DDP's volume (Rajbhandari et al. 2019, arXiv:1910.02054, 7.2-7.3). DeepSpeed
+  ZeRO-2 reduces every micro-step (stage_1_and_2.py reduces in the backward hooks whatever the
+  accumulation boundary), stage 1 only at the boundary.
+- Offload: ZeRO-Offload moves the 16-bit gradients to the host every micro-step and the updated
+  16-bit weights back after the CPU step (Ren et al. 2021, arXiv:2101.06840, 4.1); ZeRO-3 parameter
+  offload fetches every partition from the host for forward and for backward; NVMe offload swaps the
+  fp32 optimizer states (16 B/param) in and out every step (Rajbhandari et al. 2021, ZeRO-Infinity).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from wizard.probe import catalogue
+
+GB = 1e9
+TFLOP = 1e12
+
+BOUNDS = ("compute", "communication", "offload")
+
+# --- Achievable efficiency (CALIBRATED against bench/data/published_speed.json) -------------------
+
+# Fraction of the dense tensor peak that large transformer matmuls reach in a Hugging Face / DeepSpeed /
+# FSDP training step on each generation, before the size and batch factors below. Public MFU figures for
+# 7B-70B models: A100 45-55 % (llm-foundry, Megatron without TP), H100 35-45 % (torchtitan, llm-foundry):
+# newer generations outgrow what the rest of the step can feed.
+GENERATION_EFFICIENCY = {"volta": 0.45, "turing": 0.40, "ampere": 0.50, "ada": 0.45, "hopper": 0.40,
+                         "blackwell": 0.35}
+FP32_EFFICIENCY = 0.60           # plain fp32 SIMT matmuls reach more of their (much lower) peak: GUESS
+EAGER_ATTENTION_EFFICIENCY = 0.5  # eager softmax/score kernels are memory-bound: GUESS (relative)
+
+# Narrow layers and short micro-batches leave the GPU under-occupied: efficiency x h / (h + H0) and
+# x T / (T + T0), normalised to 1 at h = 4096 and T = 4096 tokens, capped at 1.1 (CALIBRATED shape).
+HIDDEN_KNEE = 1024
+TOKENS_KNEE = 512
+FACTOR_CAP = 1.1
+
+# Overlap of communication with compute (GUESS, per backend's scheduling): DDP overlaps its bucketed
+# all-reduce with backward; DeepSpeed ZeRO-2 with overlap_comm the gradient reduction with backward;
+# ZeRO-3's prefetch hides part of its gathers behind forward and backward; FSDP2's implicit prefetch
+# hides more of them.
+OVERLAP = {"ddp": 0.8, "zero12": 0.8, "zero3": 0.6, "fsdp": 0.8}
+
+# Host work per micro-step that no GPU figure covers (kernel launches, Python, the data loader): GUESS.
+STEP_OVERHEAD_S = 0.004
+LAYER_OVERHEAD_S = 0.00025
+# DeepSpeed's engine per optimizer step (gradient norm and overflow check, bookkeeping) and its copy of every
+# 16-bit gradient into the contiguous reduction buckets each micro-step (read + write): GUESS for the former,
+# stage_1_and_2.py / stage3.py (contiguous_gradients) for the latter.
+DEEPSPEED_STEP_OVERHEAD_S = 0.01
+# ZeRO-3 / FSDP resharding run Python hooks per module per pass: GUESS.
+SHARDED_LAYER_OVERHEAD_S = {"zero3": 0.0015, "fsdp": 0.0005}
+
+# Bytes an optimizer update reads and writes per parameter on the GPU (fp32 master, gradient, two
+# Adam moments read; master and moments written; 16-bit copy written), at 70 % of HBM bandwidth.
+OPTIMIZER_BYTES_PER_PARAM = 30
+DEQUANT_BYTES_PER_PARAM = 4.5
+HBM_EFFICIENCY = 0.7
+
+# DeepSpeedCPUAdam: parameters updated per second per physical core (AVX2/AVX-512, fp32 states).
+# GUESS from ZeRO-Offload's CPU-Adam figures (arXiv:2101.06840, 5: a 1B-parameter step in about a
+# quarter of a second on a multi-core Xeon), i.e. ~0.1 Gparam/s/core, memory-bandwidth bound.
+CPU_ADAM_PARAMS_PER_CORE = 0.1e9
+
+# Links when nothing better is known (GB/s, effective).
+PCIE_P2P_BUSBW = {3: 10, 4: 20, 5: 40}        # GPU-to-GPU with P2P over a PCIe switch
+PCIE_HOST_BUSBW = {3: 6, 4: 10, 5: 20}        # without P2P (RTX 40xx): through host memory
+HOST_LINK = {3: 12, 4: 24, 5: 48}             # one GPU's pinned-memory copies to/from the host
+DEFAULT_INTER_NODE_GBPS = 50                  # 400 Gb/s per machine: GUESS, shown to the user
+DEFAULT_NVME_GBPS = 3                         # one local NVMe drive, mixed reads and writes: GUESS
+CPU_FLOPS_PER_CORE = 50e9                     # fp32 with AVX2 FMA at ~3 GHz, achievable: GUESS
+CPU_GLOO_BUSBW = 2 * GB                       # gloo over loopback TCP: GUESS
+
+
+@dataclass(frozen=True)
+class Machine:
+    """What one process runs on, and the links between processes."""
+
+    name: str
+    peak_flops: float                  # dense peak for the training dtype, FLOP/s per process
+    efficiency: float                  # generation x dtype factor (before size/batch factors)
+    hbm_bytes_per_s: float
+    intra_busbw: float                 # bytes/s, collectives inside one machine
+    inter_busbw: float                 # bytes/s, per machine between machines
+    host_link: float                   # bytes/s per process to host memory
+    nvme_bytes_per_s: float            # per machine
+    cpu_cores_per_process: float
+    assumptions: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One micro-step's work: the model's shape and the training options."""
+
+    matmul_params: int                 # parameters in matmuls a token passes through (MoE: active ones)
+    params: int                        # all parameters (communication and optimizer sizes)
+    layers: int
+    hidden: int
+    seq: int
+    micro_batch: int
+    grad_accum: int
+    precision: str
+    flash: bool
+    gradient_checkpointing: bool
+    trainable_params: int | None = None  # None: all (full fine-tuning)
+    dequant_params: int = 0            # QLoRA: 4-bit weights dequantised for every pass that reads them
+    weight_bytes: int | None = None    # bytes of all weights as gathered (QLoRA: NF4); None: params x dtype
+
+    @property
+    def tokens(self) -> int:
+        return self.seq * self.micro_batch
+
+    @property
+    def trained(self) -> int:
+        return self.params if self.trainable_params is None else self.trainable_params
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The strategy as the speed model sees it."""
+
+    backend: str                       # single | ddp | deepspeed | fsdp
+    zero_stage: int | None
+    offload_optimizer: str             # none | cpu | nvme
+    offload_param: str
+    fsdp_reshard: bool | None
+    per_machine: int
+    machines: int
+
+    @property
+    def world(self) -> int:
+        return self.per_machine * self.machines
+
+
+@dataclass(frozen=True)
+class Speed:
+    step_seconds: float
+    tokens_per_second: float           # whole job
+    tokens_per_second_per_gpu: float
+    mfu: float                         # model FLOPs utilisation, 0..1
+    bound: str                         # compute | communication | offload
+    compute_seconds: float             # per optimizer step, each part
+    communication_seconds: float       # exposed (not hidden behind compute)
+    offload_seconds: float             # exposed
+    overhead_seconds: float
+    optimizer_seconds: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: (round(v, 6) if isinstance(v, float) else v) for k, v in asdict(self).items()}
+
+    def train_seconds(self, tokens: int) -> float:
+        return tokens / self.tokens_per_second
+
+
+# --- The machine -----------------------------------------------------------------------------
+
+def _gpu_perf(hw) -> tuple[catalogue.GpuPerf, str, str | None]:
+    """The slowest GPU's figures (a data-parallel step waits for it), its name, and a note when guessed."""
+    best: tuple[catalogue.GpuPerf, str] | None = None
+    unknown = []
+    for g in hw.gpus:
+        spec = catalogue.match_device(g.name, g.memory_total)
+        if spec is None:
+            unknown.append(g.name)
+            continue
+        perf = catalogue.performance(spec)
+        if best is None or perf.tensor16 < best[0].tensor16:
+            best = (perf, spec.name)
+    if best is not None and not unknown:
+        return best[0], best[1], None
+    cc = min((g.compute_capability for g in hw.gpus if g.compute_capability), default=(8, 0))
+    fallback = "H100-PCIe-80GB" if cc >= (9, 0) else "A100-PCIe-80GB" if cc == (8, 0) else \
+        "A10-24GB" if cc >= (8, 0) else "T4-16GB"
+    perf = catalogue.PERFORMANCE[fallback]
+    if best is not None and best[0].tensor16 < perf.tensor16:
+        return best[0], best[1], None
+    names = ", ".join(sorted(set(unknown))) or "unknown GPU"
+    return perf, fallback, f"{names} is not in the GPU catalogue: speed assumes {fallback}'s figures."
+
+
+def _consumer(hw) -> bool:
+    for g in hw.gpus:
+        spec = catalogue.match_device(g.name, g.memory_total)
+        if spec is not None and spec.consumer:
+            return True
+    return False
+
+
+def _p2p_ok(hw) -> bool | None:
+    if not hw.p2p:
+        return None
+    return all(v == "OK" for i, row in enumerate(hw.p2p) for j, v in enumerate(row) if i != j)
+
+
+def machine_from_hardware(hw, precision: str, per_machine: int, cpu: bool = False) -> Machine:
+    """The speed-relevant figures of this machine, with what had to be assumed said in `assumptions`."""
+    notes: list[str] = []
+    cores = float(hw.cpu_physical_cores or hw.cpu_cores or 1)
+    cores_per_process = max(cores / max(per_machine, 1), 1.0)
+    inter = DEFAULT_INTER_NODE_GBPS * GB
+    if cpu:
+        notes.append(f"CPU processes: {CPU_FLOPS_PER_CORE / 1e9:.0f} GFLOP/s per core and gloo at "
+                     f"{CPU_GLOO_BUSBW / GB:.0f} GB/s are rough guesses; treat these speeds as orders of magnitude.")
+        return Machine("CPU", cores_per_process * CPU_FLOPS_PER_CORE, 1.0, 20 * GB, CPU_GLOO_BUSBW, inter,
+                       20 * GB, DEFAULT_NVME_GBPS * GB, cores_per_process, tuple(notes))
+    perf, name, note = _gpu_perf(hw)
+    if note:
+        notes.append(note)
+    if precision == "fp32":
+        peak, eff = perf.fp32 * TFLOP, FP32_EFFICIENCY
+    else:
+        peak, eff = perf.tensor16 * TFLOP, GENERATION_EFFICIENCY[perf.generation]
+    if per_machine > 1:
+        if hw.nvlink and perf.nvlink_busbw:
+            intra = perf.nvlink_busbw * GB
+            link = f"NVLink ({perf.nvlink_busbw:.0f} GB/s bus bandwidth)"
+        else:
+            p2p = _p2p_ok(hw)
+            if p2p is None:
+                p2p = not _consumer(hw)
+            table = PCIE_P2P_BUSBW if p2p else PCIE_HOST_BUSBW
+            intra = table[perf.pcie_gen] * GB
+            link = (f"PCIe {perf.pcie_gen}.0 {'with' if p2p else 'without'} P2P "
+                    f"({table[perf.pcie_gen]:.0f} GB/s bus bandwidth)")
+        notes.append(f"GPUs talk over {link}.")
+    else:
+        intra = perf.nvlink_busbw * GB if perf.nvlink_busbw else PCIE_P2P_BUSBW[perf.pcie_gen] * GB
+    return Machine(name, peak, eff, perf.hbm * GB, intra, inter, HOST_LINK[perf.pcie_gen] * GB,
+                   DEFAULT_NVME_GBPS * GB, cores_per_process, tuple(notes))
+
+
+def inter_node_note() -> str:
+    return (f"Machines are assumed to be joined by {DEFAULT_INTER_NODE_GBPS * 8:.0f} Gb/s "
+            f"({DEFAULT_INTER_NODE_GBPS:.0f} GB/s) of network per machine.")
+
+
+# --- FLOPs and efficiency ----------------------------------------------------------------------
+
+def matmul_params(params: int, hidden: int, vocab: int, tied: bool, layers: int, num_experts: int = 0,
+                  experts_per_token: int = 0, expert_intermediate: int | None = None,
+                  moe_layers: int | None = None) -> int:
+    """Parameters whose matmuls every token runs through: all of them, less the input embedding (a
+    lookup, no FLOPs; when tied it is the LM head's matmul and stays), less the experts a token is not
+    routed to (gated experts: 3 h f each)."""
+    n = params - (0 if tied else vocab * hidden)
+    if num_experts and experts_per_token and expert_intermediate:
+        idle = (num_experts - min(experts_per_token, num_experts)) * 3 * hidden * expert_intermediate
+        n -= idle * (moe_layers if moe_layers is not None else layers)
+    return max(n, 1)
+
+
+def model_flops_per_token(w: Workload) -> float:
+    """6 N + 12 L h s: the FLOPs MFU is measured against (PaLM appendix B). With a frozen base (LoRA) the
+    weight gradients of the frozen matmuls are not computed: 2 N forward + 2 N input gradients + 2 N x the
+    trainable share."""
+    trained_share = w.trained / w.params if w.params else 1.0
+    return (4.0 + 2.0 * trained_share) * w.matmul_params + 12.0 * w.layers * w.hidden * w.seq
+
+
+def _size_factor(hidden: int) -> float:
+    return min(FACTOR_CAP, (4096 + HIDDEN_KNEE) / 4096 * hidden / (hidden + HIDDEN_KNEE))
+
+
+def _tokens_factor(tokens: int) -> float:
+    return min(FACTOR_CAP, (4096 + TOKENS_KNEE) / 4096 * tokens / (tokens + TOKENS_KNEE))
+
+
+def efficiency(m: Machine, w: Workload) -> float:
+    return m.efficiency * _size_factor(w.hidden) * _tokens_factor(w.tokens)
+
+
+def compute_seconds(m: Machine, w: Workload) -> tuple[float, float]:
+    """(forward + backward time of one micro-step, of which backward) on one GPU.
+
+    Passes over the matmul weights: forward 1, backward 2 (activation and weight gradients), a frozen
+    base (LoRA) skips the weight gradients of its frozen matmuls; recomputation adds one forward.
+    """
+    eff = efficiency(m, w)
+    frozen_share = 1.0 - (w.trained / w.params if w.params else 1.0)
+    bwd_passes = 2.0 - frozen_share
+    fwd_passes = 2.0 if w.gradient_checkpointing else 1.0
+    matmul = 2.0 * w.matmul_params * w.tokens
+    attention = 4.0 * w.layers * w.hidden * w.seq * w.tokens
+    attn_eff = eff * (1.0 if w.flash else EAGER_ATTENTION_EFFICIENCY)
+    fwd = fwd_passes * (matmul / (m.peak_flops * eff) + attention / (m.peak_flops * attn_eff))
+    bwd = bwd_passes * matmul / (m.peak_flops * eff) + 2.0 * attention / (m.peak_flops * attn_eff)
+    if w.dequant_params:
+        # bitsandbytes dequantises each NF4 weight to 16 bits before its matmul, in every forward (and
+        # recomputed forward) and for the input gradient in backward: read 0.5 B, write 2 B, read 2 B again,
+        # memory-bound (QLoRA paper, 4: NF4 is a storage type, computation is in BF16).
+        per_pass = DEQUANT_BYTES_PER_PARAM * w.dequant_params / (m.hbm_bytes_per_s * HBM_EFFICIENCY)
+        fwd += fwd_passes * per_pass
+        bwd += per_pass
+    return fwd + bwd, bwd
+
+
+# --- Communication and offload -----------------------------------------------------------------
+
+def _busbw(m: Machine, layout: Layout) -> float:
+    if layout.machines > 1:
+        return min(m.intra_busbw, m.inter_busbw)
+    return m.intra_busbw
+
+
+def collective_seconds(nbytes: float, world: int, busbw: float, all_reduce: bool = False) -> float:
+    if world <= 1 or nbytes <= 0:
+        return 0.0
+    factor = (2.0 if all_reduce else 1.0) * (world - 1) / world
+    return factor * nbytes / busbw
+
+
+def _w(precision: str) -> int:
+    return 4 if precision == "fp32" else 2
+
+
+@dataclass(frozen=True)
+class _Parts:
+    micro_compute: float
+    micro_backward: float
+    micro_comm: float                  # exposed, per micro-step
+    micro_offload: float               # exposed, per micro-step
+    micro_overhead: float
+    step_comm: float                   # exposed, once per optimizer step
+    step_offload: float
+    step_optimizer: float
+    step_overhead: float = 0.0
+
+
+def _parts(m: Machine, w: Workload, layout: Layout) -> _Parts:
+    compute, backward = compute_seconds(m, w)
+    world, bw, wb = layout.world, _busbw(m, layout), _w(w.precision)
+    trained = w.trained
+    weights = wb * w.params if w.weight_bytes is None else w.weight_bytes
+    sharded = layout.backend in ("deepspeed", "fsdp") and (layout.zero_stage == 3 or layout.fsdp_reshard)
+    overhead = STEP_OVERHEAD_S + LAYER_OVERHEAD_S * w.layers
+    micro_comm = step_comm = micro_off = step_off = 0.0
+    local = w.params / world if layout.backend in ("deepspeed", "fsdp") else w.params
+    local_trained = trained / world if layout.backend in ("deepspeed", "fsdp") else trained
+    if layout.backend == "ddp":
+        # AMP keeps fp32 weights, so the gradients DDP all-reduces are fp32.
+        ar = collective_seconds(4.0 * trained, world, bw, all_reduce=True)
+        step_comm = max(ar - OVERLAP["ddp"] * backward, 0.0)
+    elif layout.backend == "deepspeed" and layout.zero_stage in (1, 2):
+        reduce = collective_seconds(wb * trained, world, bw)
+        gather = collective_seconds(weights, world, bw)
+        if layout.zero_stage == 2:
+            micro_comm = max(reduce - OVERLAP["zero12"] * backward, 0.0)
+        else:
+            step_comm = max(reduce - OVERLAP["zero12"] * backward, 0.0)
+        step_comm += gather
+    elif sharded:
+        kind = "zero3" if layout.backend == "deepspeed" else "fsdp"
+        gathers = 2.0 * collective_seconds(weights, world, bw)
+        reduce = collective_seconds(wb * trained, world, bw)
+        micro_comm = max(gathers + reduce - OVERLAP[kind] * compute, 0.0)
+        if world > 1 or kind == "zero3":
+            overhead += SHARDED_LAYER_OVERHEAD_S[kind] * w.layers
+    elif layout.backend == "fsdp":
+        gather = collective_seconds(weights, world, bw)
+        reduce = collective_seconds(wb * trained, world, bw)
+        micro_comm = max(gather + reduce - OVERLAP["fsdp"] * compute, 0.0)
+
+    step_overhead = 0.0
+    if layout.backend == "deepspeed":
+        step_overhead = DEEPSPEED_STEP_OVERHEAD_S
+        overhead += 2.0 * wb * trained / (m.hbm_bytes_per_s * HBM_EFFICIENCY)
+    on_cpu = layout.offload_optimizer in ("cpu", "nvme")
+    if on_cpu:
+        # Gradients to the host every micro-step (half hidden behind backward), the CPU update, and the
+        # updated 16-bit weights back to the GPU.
+        micro_off = max(wb * local_trained / m.host_link - 0.5 * backward, 0.0)
+        step_optimizer = local_trained / (m.cpu_cores_per_process * CPU_ADAM_PARAMS_PER_CORE)
+        step_off = wb * local_trained / m.host_link
+    else:
+        step_optimizer = OPTIMIZER_BYTES_PER_PARAM * local_trained / (m.hbm_bytes_per_s * HBM_EFFICIENCY)
+    if layout.offload_param in ("cpu", "nvme"):
+        micro_off += 2.0 * wb * local / m.host_link
+    if "nvme" in (layout.offload_optimizer, layout.offload_param):
+        per_machine_params = trained / layout.machines
+        step_off += 2.0 * 16 * per_machine_params / m.nvme_bytes_per_s      # fp32 states in and out
+        if layout.offload_param == "nvme":
+            micro_off += 2.0 * wb * w.params / layout.machines / m.nvme_bytes_per_s
+    return _Parts(compute, backward, micro_comm, micro_off, overhead, step_comm, step_off, step_optimizer,
+                  step_overhead)
+
+
+def estimate(m: Machine, w: Workload, layout: Layout) -> Speed:
+    """Step time, throughput and MFU of one rung."""
+    p = _parts(m, w, layout)
+    ga = w.grad_accum
+    compute = ga * p.micro_compute
+    comm = ga * p.micro_comm + p.step_comm
+    offload = ga * p.micro_offload + p.step_offload + (p.step_optimizer if layout.offload_optimizer != "none" else 0)
+    optimizer = p.step_optimizer
+    overhead = ga * p.micro_overhead + p.step_overhead
+    step = compute + comm + ga * p.micro_offload + p.step_offload + optimizer + overhead
+    tokens = w.tokens * ga * layout.world
+    tps = tokens / step
+    mfu = model_flops_per_token(w) * tps / (layout.world * m.peak_flops)
+    shares = {"compute": compute, "communication": comm, "offload": offload}
+    bound = max(BOUNDS, key=lambda k: shares[k])
+    return Speed(step_seconds=step, tokens_per_second=tps, tokens_per_second_per_gpu=tps / layout.world,
+                 mfu=mfu, bound=bound, compute_seconds=compute, communication_seconds=comm,
+                 offload_seconds=ga * p.micro_offload + p.step_offload, overhead_seconds=overhead,
+                 optimizer_seconds=optimizer)
+
+
+def fmt_rate(tokens_per_second: float) -> str:
+    """12,345 -> '12.3k tok/s'."""
+    for unit, scale in (("M", 1e6), ("k", 1e3)):
+        if tokens_per_second >= scale:
+            return f"{tokens_per_second / scale:.3g}{unit} tok/s"
+    return f"{tokens_per_second:.3g} tok/s"
+
+
+def fmt_duration(seconds: float) -> str:
+    """3725 -> '1h 02m'; 1.5e6 -> '17.4 days'."""
+    if seconds < 60:
+        return f"{seconds:.0f}s"
+    if seconds < 3600:
+        return f"{seconds // 60:.0f}m {seconds % 60:02.0f}s"
+    if seconds < 48 * 3600:
+        return f"{seconds // 3600:.0f}h {(seconds % 3600) // 60:02.0f}m"
+    return f"{seconds / 86400:.1f} days"
+
+
+def relative(speed: Speed, reference: Speed) -> str:
+    """'3.1x slower' / '1.4x faster' / 'as fast' of `speed` against `reference`."""
+    ratio = reference.tokens_per_second / speed.tokens_per_second
+    if 0.97 <= ratio <= 1.03:
+        return "about as fast"
+    digits = 2 if max(ratio, 1 / ratio) < 1.1 else 1
+    if ratio > 1:
+        return f"{ratio:.{digits}f}x slower"
+    return f"{1 / ratio:.{digits}f}x faster"

@@ -1,0 +1,1 @@
+"""Probe the hardware: NVML (real or fake), /proc, cgroups, disks, and the GPU catalogue."""

@@ -1,0 +1,438 @@
+"""The one small interface to NVIDIA's NVML, shared by the probe and the launch sampler.
+
+Like nvitop's api layer: nothing here raises for one missing metric; it reports None (shown as
+N/A). `open_nvml()` returns the real binding (nvidia-ml-py's `pynvml`), an unavailable API with
+the reason when there is no driver, or, when WIZARD_FAKE_NVML is set, the fake of
+wizard/probe/fake_nvml.py (tests and demos): a catalogue spec such as "8xH100-80GB" or a JSON file.
+
+Indices: `GpuStatic.index` and `GpuSample.index` are NVML's indices (PCI bus order, what
+nvidia-smi shows). What CUDA calls device 0 depends on CUDA_VISIBLE_DEVICES; `visible_devices`
+does that mapping.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from wizard.errors import InputError
+
+FAKE_ENV = "WIZARD_FAKE_NVML"
+
+
+@dataclass
+class GpuStatic:
+    index: int
+    name: str
+    memory_total: int                                 # bytes
+    uuid: str | None = None
+    pci_bus_id: str | None = None
+    compute_capability: tuple[int, int] | None = None
+
+
+@dataclass
+class GpuProcess:
+    pid: int
+    used_memory: int | None                           # bytes
+
+
+@dataclass
+class GpuSample:
+    index: int
+    util: int | None = None                           # percent
+    mem_used: int | None = None                       # bytes
+    mem_total: int | None = None                      # bytes
+    power_w: float | None = None
+    power_limit_w: float | None = None
+    temp_c: int | None = None
+    sm_clock_mhz: int | None = None
+    processes: list[GpuProcess] = field(default_factory=list)
+
+
+class NvmlApi(Protocol):
+    available: bool                                   # False: no driver / no NVML
+    reason: str | None                                # why unavailable, one line
+
+    def driver_version(self) -> str | None: ...
+    def cuda_version(self) -> str | None: ...         # e.g. "12.4"
+    def devices(self) -> list[GpuStatic]: ...
+    # "OK" / "NS" / ... per pair ("X" on the diagonal), None if unknown. `indices` (NVML indices)
+    # restricts the matrix to those devices, in that order; None means all.
+    def p2p_matrix(self, indices: list[int] | None = None) -> list[list[str]] | None: ...
+    def nvlink_all(self, indices: list[int] | None = None) -> bool | None: ...  # every pair NVLinked
+    def sample(self) -> list[GpuSample]: ...          # never raises
+    def close(self) -> None: ...
+
+
+SAMPLE_METRICS = ("util", "mem_used", "mem_total", "power_w", "power_limit_w", "temp_c",
+                  "sm_clock_mhz", "processes")
+STATIC_METRICS = ("uuid", "pci_bus_id", "compute_capability")
+
+
+def open_nvml() -> NvmlApi:
+    """The fake when WIZARD_FAKE_NVML is set (non-empty), else the real NVML or why it is unavailable.
+
+    Raises InputError (field WIZARD_FAKE_NVML) only for a malformed fake spec or file.
+    """
+    spec = os.environ.get(FAKE_ENV, "").strip()
+    if spec:
+        from wizard.probe.fake_nvml import fake_from_spec  # only when asked for: the product runs on the real one
+        return fake_from_spec(spec)
+    return RealNvml()
+
+
+class UnavailableNvml:
+    """No NVML: every query answers None / nothing, and `reason` says why in one line."""
+
+    def __init__(self, reason: str):
+        self.available = False
+        self.reason = reason
+
+    def driver_version(self) -> str | None:
+        return None
+
+    def cuda_version(self) -> str | None:
+        return None
+
+    def devices(self) -> list[GpuStatic]:
+        return []
+
+    def p2p_matrix(self, indices: list[int] | None = None) -> list[list[str]] | None:
+        return None
+
+    def nvlink_all(self, indices: list[int] | None = None) -> bool | None:
+        return None
+
+    def sample(self) -> list[GpuSample]:
+        return []
+
+    def close(self) -> None:
+        pass
+
+
+# --------------------------------------------------------------------------------------------
+# CUDA_VISIBLE_DEVICES
+
+
+def visible_devices(devices: list[GpuStatic], value: str | None) -> tuple[list[GpuStatic], str | None]:
+    """The devices CUDA would expose for CUDA_VISIBLE_DEVICES=`value`, in CUDA's order, and a note.
+
+    Follows CUDA's rules: entries are indices or (prefixes of) UUIDs, separated by commas;
+    parsing stops at the first entry that is invalid, out of range or repeated, and the devices
+    before it stay visible. Unset (None) means every device. The note (None when nothing
+    unusual happened) says what was dropped, so the probe can tell the user.
+    Indices are taken in NVML's order, which is CUDA's when CUDA_DEVICE_ORDER=PCI_BUS_ID and,
+    for identical GPUs, also under CUDA's default fastest-first order.
+    """
+    if value is None:
+        return list(devices), None
+    entries = [e.strip() for e in value.split(",")]
+    if entries == [""]:
+        return [], f"CUDA_VISIBLE_DEVICES is empty: it hides all {len(devices)} GPUs"
+    chosen: list[GpuStatic] = []
+    for entry in entries:
+        device, problem = _match_visible_entry(devices, entry)
+        if device is not None and device in chosen:
+            problem = f"{entry!r} repeats a device"
+        if problem:
+            kept = f"; CUDA sees only the {len(chosen)} before it" if chosen else "; CUDA sees no GPU"
+            return chosen, f"CUDA_VISIBLE_DEVICES={value!r}: {problem}{kept}"
+        chosen.append(device)
+    return chosen, None
+
+
+def _match_visible_entry(devices: list[GpuStatic], entry: str) -> tuple[GpuStatic | None, str | None]:
+    if re.fullmatch(r"\d+", entry):
+        i = int(entry)
+        if i >= len(devices):
+            return None, f"index {i} is out of range ({len(devices)} GPUs)"
+        return devices[i], None
+    if entry.upper().startswith("MIG-"):
+        return None, f"{entry!r} is a MIG instance, which the wizard does not plan for"
+    if entry.upper().startswith("GPU-") and len(entry) > 4:
+        hits = [d for d in devices if d.uuid and d.uuid.upper().startswith(entry.upper())]
+        if len(hits) == 1:
+            return hits[0], None
+        return None, f"{entry!r} matches {'no' if not hits else 'more than one'} GPU UUID"
+    return None, f"{entry!r} is neither a GPU index nor a GPU UUID"
+
+
+# --------------------------------------------------------------------------------------------
+# The real NVML
+
+_P2P_CODES = {0: "OK", 1: "CNS", 2: "GNS", 3: "TNS", 4: "NS", 5: "NS", 6: "U"}  # nvidia-smi topo -p2p legend
+
+_INIT_HINTS = {
+    "NVMLError_LibraryNotFound": "no NVIDIA driver on this machine",
+    "NVMLError_DriverNotLoaded": "the NVIDIA kernel driver is not loaded",
+    "NVMLError_LibRmVersionMismatch": "the driver was upgraded without reloading its kernel module (reboot)",
+    "NVMLError_NoPermission": "no permission to open the NVIDIA devices",
+    "NVMLError_FunctionNotFound": "the NVIDIA driver is older than the nvidia-ml-py binding",
+}
+
+# pynvml keeps process-wide state (the library handle, a refcount): one lock for every call.
+_PYNVML_LOCK = threading.RLock()
+
+
+def init_failure_reason(exc: BaseException) -> str:
+    """One line for a failed nvmlInit: NVML's own words plus what they mean here."""
+    text = str(exc).strip() or type(exc).__name__
+    hint = _INIT_HINTS.get(type(exc).__name__)
+    return f"{text}: {hint}" if hint else text
+
+
+def _text(value: Any) -> str:
+    return value.decode(errors="replace") if isinstance(value, (bytes, bytearray)) else str(value)
+
+
+def _cuda_version_text(code: int | None) -> str | None:
+    """NVML's 12040 -> '12.4' (major*1000 + minor*10)."""
+    if not isinstance(code, int) or code <= 0:
+        return None
+    return f"{code // 1000}.{(code % 1000) // 10}"
+
+
+class RealNvml:
+    """nvidia-ml-py's pynvml, every call under one lock, every metric failure turned into None."""
+
+    def __init__(self) -> None:
+        self.available = False
+        self.reason: str | None = None
+        self._nvml: Any = None
+        self._handles: list[Any] = []
+        self._static: list[GpuStatic] | None = None
+        self._closed = False
+        try:
+            import pynvml
+        except ImportError:
+            self.reason = "nvidia-ml-py is not installed (pip install nvidia-ml-py): no GPU information"
+            return
+        if not hasattr(pynvml, "nvmlInitWithFlags"):
+            # The deprecated `pynvml` package (<= 11.x) shipped its own module over NVIDIA's.
+            self.reason = ("the installed pynvml module is not nvidia-ml-py's (clobbered install): "
+                           "pip uninstall -y pynvml && pip install --force-reinstall nvidia-ml-py")
+            return
+        self._nvml = pynvml
+        with _PYNVML_LOCK:
+            try:
+                pynvml.nvmlInit()
+            # Every init failure, a missing libnvidia-ml.so included, is an NVMLError; OSError is the
+            # ctypes load error that older bindings let through.
+            except (pynvml.NVMLError, OSError) as exc:
+                self.reason = init_failure_reason(exc)
+                self._nvml = None
+                return
+            try:
+                count = pynvml.nvmlDeviceGetCount()
+                self._handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+            except pynvml.NVMLError as exc:
+                self.reason = f"NVML could not list the GPUs: {init_failure_reason(exc)}"
+                self._shutdown()
+                return
+        self.available = True
+
+    # -- plumbing ------------------------------------------------------------------------
+
+    def _call(self, name: str, *args: Any) -> Any:
+        """pynvml.<name>(*args), or None when NVML can't answer (NotSupported, lost GPU, ...)."""
+        if self._nvml is None:
+            return None
+        fn = getattr(self._nvml, name, None)
+        if fn is None:
+            return None
+        try:
+            with _PYNVML_LOCK:
+                return fn(*args)
+        # Broad on purpose (nvitop's rule: a metric that fails reads as N/A, never a crash): beside
+        # NVMLError the wrappers raise ctypes.ArgumentError, UnicodeDecodeError, ... by binding and driver version.
+        except Exception:
+            return None
+
+    def _first(self, *calls: tuple[Any, ...]) -> Any:
+        """The first of several (name, *args) calls that answers: newer API first, older next."""
+        for name, *args in calls:
+            value = self._call(name, *args)
+            if value is not None:
+                return value
+        return None
+
+    def _shutdown(self) -> None:
+        if self._nvml is not None:
+            try:
+                with _PYNVML_LOCK:
+                    self._nvml.nvmlShutdown()
+            except self._nvml.NVMLError:   # the driver went away first: nothing left to shut down
+                pass
+        self._nvml = None
+
+    # -- system --------------------------------------------------------------------------
+
+    def driver_version(self) -> str | None:
+        value = self._call("nvmlSystemGetDriverVersion")
+        return _text(value) if value is not None else None
+
+    def cuda_version(self) -> str | None:
+        return _cuda_version_text(self._first(("nvmlSystemGetCudaDriverVersion",),
+                                              ("nvmlSystemGetCudaDriverVersion_v2",)))
+
+    # -- devices -------------------------------------------------------------------------
+
+    def devices(self) -> list[GpuStatic]:
+        if self._static is None and self.available:
+            self._static = [self._device_static(i, h) for i, h in enumerate(self._handles)]
+        return list(self._static or [])
+
+    def _device_static(self, index: int, handle: Any) -> GpuStatic:
+        name = self._call("nvmlDeviceGetName", handle)
+        memory = self._call("nvmlDeviceGetMemoryInfo", handle)
+        uuid = self._call("nvmlDeviceGetUUID", handle)
+        pci = self._first(("nvmlDeviceGetPciInfo", handle), ("nvmlDeviceGetPciInfo_v2", handle))
+        cc = self._call("nvmlDeviceGetCudaComputeCapability", handle)
+        return GpuStatic(
+            index=index,
+            name=_text(name) if name is not None else f"GPU {index}",
+            memory_total=int(getattr(memory, "total", 0) or 0),
+            uuid=_text(uuid) if uuid is not None else None,
+            pci_bus_id=(_text(getattr(pci, "busId", "")) or None) if pci is not None else None,
+            compute_capability=(int(cc[0]), int(cc[1])) if cc is not None else None,
+        )
+
+    def _pick(self, indices: list[int] | None) -> list[tuple[int, Any]]:
+        chosen = range(len(self._handles)) if indices is None else indices
+        return [(i, self._handles[i]) for i in chosen if 0 <= i < len(self._handles)]
+
+    def _p2p_index(self, name: str, default: int) -> int:
+        value = getattr(self._nvml, name, default) if self._nvml is not None else default
+        # nvidia-ml-py 13.x defines NVML_P2P_CAPS_INDEX_READ = 0, (a one-element tuple).
+        return int(value[0] if isinstance(value, tuple) else value)
+
+    def p2p_matrix(self, indices: list[int] | None = None) -> list[list[str]] | None:
+        picked = self._pick(indices)
+        if not picked:
+            return None
+        cap = self._p2p_index("NVML_P2P_CAPS_INDEX_READ", 0)
+        matrix: list[list[str]] = []
+        answered = False
+        for i, hi in picked:
+            row = []
+            for j, hj in picked:
+                if i == j:
+                    row.append("X")
+                    continue
+                status = self._call("nvmlDeviceGetP2PStatus", hi, hj, cap)
+                answered = answered or status is not None
+                row.append(_P2P_CODES.get(status, "U") if status is not None else "U")
+            matrix.append(row)
+        return matrix if answered or len(picked) == 1 else None
+
+    def nvlink_all(self, indices: list[int] | None = None) -> bool | None:
+        picked = self._pick(indices)
+        if len(picked) < 2:
+            return None
+        # The direct question first: can each pair do P2P over NVLink?
+        cap = self._p2p_index("NVML_P2P_CAPS_INDEX_NVLINK", 2)
+        pairs = [(hi, hj) for a, (_, hi) in enumerate(picked) for (_, hj) in picked[a + 1:]]
+        answers = [self._call("nvmlDeviceGetP2PStatus", hi, hj, cap) for hi, hj in pairs]
+        if all(a is not None for a in answers):
+            return all(a == 0 for a in answers)
+        # Older drivers: every GPU having an active link is what NVSwitch boxes look like.
+        actives = [self._active_nvlinks(h) for _, h in picked]
+        if any(a == 0 for a in actives):
+            return False
+        if all(a is not None and a > 0 for a in actives):
+            return True
+        return None
+
+    def _active_nvlinks(self, handle: Any) -> int | None:
+        """Active NVLink count, 0 when none, None when NVML can't say (no NVLink support at all)."""
+        max_links = int(getattr(self._nvml, "NVML_NVLINK_MAX_LINKS", 18) or 18)
+        states = [self._call("nvmlDeviceGetNvLinkState", handle, link) for link in range(max_links)]
+        known = [s for s in states if s is not None]
+        if not known:
+            return None
+        return sum(1 for s in known if s)
+
+    # -- samples -------------------------------------------------------------------------
+
+    def sample(self) -> list[GpuSample]:
+        if not self.available:
+            return []
+        out = []
+        for i, handle in enumerate(self._handles):
+            try:
+                out.append(self._sample_one(i, handle))
+            except (TypeError, ValueError):  # `_call` swallows NVML's errors; this is an odd answer (int(pid))
+                out.append(GpuSample(index=i))
+        return out
+
+    def _sample_one(self, index: int, handle: Any) -> GpuSample:
+        util = self._call("nvmlDeviceGetUtilizationRates", handle)
+        memory = self._call("nvmlDeviceGetMemoryInfo", handle)
+        power = self._call("nvmlDeviceGetPowerUsage", handle)
+        limit = self._first(("nvmlDeviceGetEnforcedPowerLimit", handle),
+                            ("nvmlDeviceGetPowerManagementLimit", handle))
+        sensor = getattr(self._nvml, "NVML_TEMPERATURE_GPU", 0)
+        # GetTemperature is deprecated (removed with CUDA 14); older drivers lack the V form.
+        temp = self._first(("nvmlDeviceGetTemperatureV", handle, sensor), ("nvmlDeviceGetTemperature", handle, sensor))
+        clock = self._call("nvmlDeviceGetClockInfo", handle, getattr(self._nvml, "NVML_CLOCK_SM", 1))
+        procs = self._first(("nvmlDeviceGetComputeRunningProcesses", handle),
+                            ("nvmlDeviceGetComputeRunningProcesses_v2", handle))
+        return GpuSample(
+            index=index,
+            util=_int_or_none(getattr(util, "gpu", None)),
+            mem_used=_int_or_none(getattr(memory, "used", None)),
+            mem_total=_int_or_none(getattr(memory, "total", None)),
+            power_w=power / 1000.0 if isinstance(power, (int, float)) else None,      # mW -> W
+            power_limit_w=limit / 1000.0 if isinstance(limit, (int, float)) else None,
+            temp_c=_int_or_none(temp),
+            sm_clock_mhz=_int_or_none(clock),
+            processes=[GpuProcess(pid=int(p.pid), used_memory=_int_or_none(getattr(p, "usedGpuMemory", None)))
+                       for p in (procs or []) if getattr(p, "pid", None) is not None],
+        )
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._shutdown()
+            self.available = False
+
+
+def _int_or_none(value: Any) -> int | None:
+    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def parse_gpu_groups(text: str, field: str) -> list[tuple[int, Any, str | None]]:
+    """'8xH100-80GB' or '4xA100-80GB+4xA100-40GB' -> [(count, GpuSpec, note)]. Counts 1..64 each."""
+    from wizard.probe import catalogue
+
+    groups = []
+    for part in text.split("+"):
+        m = re.fullmatch(r"\s*(\d+)\s*[xX×]\s*(\S.*?)\s*", part)
+        if not m:
+            raise InputError(field, f"{part.strip()!r} is not COUNTxGPU",
+                             "COUNTxGPU[,key=value...] such as 8xH100-80GB or 4xA100-40GB,ram=512G")
+        count = int(m.group(1))
+        if not 1 <= count <= 64:
+            raise InputError(field, f"GPU count {count} is out of range", "1 to 64 GPUs")
+        spec, note = catalogue.resolve(m.group(2), field)
+        groups.append((count, spec, note))
+    total = sum(c for c, _, _ in groups)
+    if total > 64:
+        raise InputError(field, f"{total} GPUs in all is out of range", "1 to 64 GPUs")
+    return groups
+
+
+def parse_yes_no(value: str, field: str, key: str) -> bool:
+    v = value.strip().lower()
+    if v in ("yes", "y", "true", "1", "on", ""):
+        return True
+    if v in ("no", "n", "false", "0", "off"):
+        return False
+    raise InputError(field, f"{key}={value!r} is not yes or no", f"{key}=yes or {key}=no")
+
+
+__all__ = ["FAKE_ENV", "GpuProcess", "GpuSample", "GpuStatic", "NvmlApi", "RealNvml", "UnavailableNvml",
+           "init_failure_reason", "open_nvml", "parse_gpu_groups", "parse_yes_no", "visible_devices"]

@@ -1,0 +1,1 @@
+"""Size the model from its config (no weights), LoRA/QLoRA adapters, and the memory model."""

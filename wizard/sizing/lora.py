@@ -1,0 +1,567 @@
+"""LoRA / QLoRA sizing: adapters counted by the real peft on the meta device, the frozen base's NF4 bytes
+derived from bitsandbytes' layout, and the model-state bytes per GPU of each strategy.
+
+Three parts:
+- `LoraOptions` / `lora_options(...)`: the method question (`--method full|lora|qlora`, `--lora-rank`,
+  `--lora-alpha`, `--lora-targets`, `--lora-dropout`) validated into one frozen dataclass.
+- `size_adapters(model, options) -> AdapterShape`: transformers builds the model on the meta device
+  (wizard.sizing.model's build, no weights), peft's `get_peft_model` wraps it with the LoraConfig and peft's own
+  `get_nb_trainable_parameters()` counts trainable and frozen parameters. For QLoRA the modules that
+  transformers' bitsandbytes quantiser would turn into `Linear4bit` are found with transformers' own rules
+  and their NF4 bytes computed from bitsandbytes' layout (see `nf4_linear_bytes`). bitsandbytes is never
+  imported: sizing works without it. A `--params` shape (no config) is sized analytically as a Llama
+  (`size_llama_adapters`), which a test checks against peft on a real Llama config.
+- `adapter_model_states(...) -> ModelStates`: pure arithmetic, the same shape as wizard.sizing.memory's.
+
+torch / transformers / peft are imported inside functions only, never at module import.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from wizard.errors import InputError
+from wizard.sizing.memory import (
+    DS_ADDITIONAL_BUFFER_FACTOR,
+    FP32_GRAD_BYTES,
+    ModelStates,
+    state_bytes,
+    states_zero1,
+    states_zero2,
+    states_zero3,
+    working_bytes,
+)
+
+METHODS = ("full", "lora", "qlora")
+ALL_LINEAR = "all-linear"          # peft's INCLUDE_LINEAR_LAYERS_SHORTHAND: every Linear except the output layer
+QUANT_STORAGES = {"uint8": 1, "bf16": 2, "fp16": 2, "fp32": 4}   # bnb_4bit_quant_storage -> itemsize
+STRATEGIES = ("single", "ddp", "zero1", "zero2", "zero3")
+
+# --- bitsandbytes' NF4 layout (bitsandbytes 0.50.2, functional.py quantize_4bit and _ops.py) ---------------
+# quantize_4bit(A, blocksize=64, ...): the fake/meta kernel allocates
+#   out    = empty(((n + 1) // (quant_storage.itemsize * 2), 1), dtype=quant_storage)   two 4-bit codes per byte
+#   absmax = empty((ceil(n / blocksize),), dtype=float32)                               one scale per block
+# Linear4bit / Params4bit default blocksize 64, and transformers' BitsAndBytesConfig has no blocksize option
+# (integrations/bitsandbytes.py replace_with_bnb_linear builds Linear4bit without one), so 64 it is.
+NF4_BLOCKSIZE = 64
+# compress_statistics=True (bnb_4bit_use_double_quant): offset = absmax.mean(); the absmax are quantised again
+# with quantize_blockwise(absmax - offset, blocksize=256): uint8 codes, one fp32 absmax per 256, the 0-d fp32
+# offset, and the 256-entry fp32 dynamic code: cached in name2qmap["dynamic"] but stored in each QuantState
+# as `code.to(A.device, copy=True)` (functional.py quantize_blockwise), so one copy per quantised Linear.
+NESTED_BLOCKSIZE = 256
+NESTED_CODE_BYTES = 256 * 4
+OFFSET_BYTES = 4
+# get_4bit_type("nf4") builds a fresh 16-entry fp32 table for every quantize_4bit call: one per Linear4bit.
+NF4_CODE_BYTES = 16 * 4
+
+
+@dataclass(frozen=True)
+class LoraOptions:
+    """The method question, validated (see `lora_options`)."""
+
+    method: str = "full"
+    rank: int = 16
+    # None: 2 x rank, TRL's ModelConfig default (lora_r=16, lora_alpha=32; trl/trainer/model_config.py).
+    # alpha only scales the update (alpha / r); it changes no byte.
+    alpha: int | None = None
+    # TRL ModelConfig's lora_dropout default; peft's own default is 0.0. No byte depends on it either.
+    dropout: float = 0.05
+    # None: what peft picks for the architecture (TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING);
+    # "all-linear"; or module names, comma-separated ("q_proj,k_proj,v_proj,o_proj").
+    targets: str | None = None
+    # QLoRA's double quantisation (Dettmers et al. 2023, section 3): the recipe of the QLoRA paper.
+    # BitsAndBytesConfig and TRL default to False; what is emitted must say the same as what is sized.
+    double_quant: bool = True
+    # bnb_4bit_quant_storage; ZeRO-3 and FSDP need it equal to the compute dtype (qlora_requirements).
+    quant_storage: str = "uint8"
+
+    @property
+    def lora_alpha(self) -> int:
+        return self.alpha if self.alpha is not None else 2 * self.rank
+
+    @property
+    def target_list(self) -> list[str] | None:
+        """None (peft's default), or the module names; "all-linear" is `targets` itself."""
+        if self.targets is None or self.targets == ALL_LINEAR:
+            return None
+        return [t.strip() for t in self.targets.split(",") if t.strip()]
+
+
+def lora_options(method: str = "full", rank: Any = 16, alpha: Any = None, dropout: Any = 0.05,
+                 targets: str | None = None, double_quant: bool = True, quant_storage: str = "uint8") -> LoraOptions:
+    """LoraOptions from flag or answers-file values; InputError (field + allowed values) on bad input."""
+    method = str(method).strip().lower()
+    if method not in METHODS:
+        raise InputError("method", f"{method!r} is not a method", "|".join(METHODS))
+    rank = _positive_int(rank, "lora_rank")
+    alpha = None if alpha is None or alpha == "" else _positive_int(alpha, "lora_alpha")
+    try:
+        dropout = float(dropout)
+    except (TypeError, ValueError):
+        raise InputError("lora_dropout", f"{dropout!r} is not a number", "a number from 0 up to (not including) 1") \
+            from None
+    if not 0.0 <= dropout < 1.0:
+        raise InputError("lora_dropout", f"{dropout} is out of range", "a number from 0 up to (not including) 1")
+    if targets is not None:
+        targets = str(targets).strip()
+        if targets in ("", "default", "auto"):
+            targets = None
+        elif targets.lower() == ALL_LINEAR:
+            targets = ALL_LINEAR
+        else:
+            names = [t.strip() for t in targets.split(",")]
+            if any(not n or not all(c.isalnum() or c in "_." for c in n) for n in names):
+                raise InputError("lora_targets", f"{targets!r} is not a list of module names",
+                                 "default, all-linear, or comma-separated module names such as q_proj,v_proj")
+            targets = ",".join(names)
+    storage = str(quant_storage).strip().lower()
+    storage = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}.get(storage, storage)
+    if storage not in QUANT_STORAGES:
+        raise InputError("quant_storage", f"{quant_storage!r} is not a storage dtype", "|".join(QUANT_STORAGES))
+    return LoraOptions(method=method, rank=rank, alpha=alpha, dropout=dropout, targets=targets,
+                       double_quant=bool(double_quant), quant_storage=storage)
+
+
+def _positive_int(value: Any, field_name: str) -> int:
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value.strip())
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise InputError(field_name, f"{value!r} is not a positive whole number", "a positive integer such as 16")
+    return value
+
+
+# ---------------------------------------------------------------------------------------------------------
+# NF4 bytes of one quantised Linear
+# ---------------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Nf4Bytes:
+    weights: int          # the packed 4-bit codes (Params4bit data)
+    constants: int        # absmax (fp32, or uint8 + nested fp32 absmax + offset) and the NF4 code table
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.constants
+
+
+def nf4_linear_bytes(numel: int, double_quant: bool, quant_storage: str = "uint8",
+                     blocksize: int = NF4_BLOCKSIZE) -> Nf4Bytes:
+    """Bytes of one Linear4bit weight of `numel` elements and its quant state, as bitsandbytes allocates them."""
+    itemsize = QUANT_STORAGES[quant_storage]
+    weights = (numel + 1) // (itemsize * 2) * itemsize
+    blocks = -(numel // -blocksize)
+    if double_quant:
+        absmax = blocks * 1 + -(blocks // -NESTED_BLOCKSIZE) * 4 + OFFSET_BYTES + NESTED_CODE_BYTES
+    else:
+        absmax = blocks * 4
+    return Nf4Bytes(weights=weights, constants=absmax + NF4_CODE_BYTES)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Sizing the adapters
+# ---------------------------------------------------------------------------------------------------------
+
+@dataclass
+class AdapterShape:
+    """What LoRA / QLoRA adds to (and leaves of) one model; counts are per model, not per GPU."""
+
+    method: str                              # "lora" | "qlora"
+    rank: int
+    trainable_params: int                    # peft's get_nb_trainable_parameters()[0]
+    frozen_params: int                       # every other parameter (tied weights once)
+    adapted_modules: int                     # modules (or MoE parameters) that received an adapter
+    modules_per_target: dict[str, int]       # leaf name -> how many were adapted ("q_proj": 32, ...)
+    targets: list[str]                       # the target names actually used (after peft resolved them)
+    # QLoRA only (zero for LoRA): the frozen base as transformers' bitsandbytes quantiser leaves it.
+    quantized_modules: int = 0
+    quantized_params: int = 0                # weights that become NF4
+    nf4_weight_bytes: int = 0                # packed 4-bit codes
+    nf4_constant_bytes: int = 0              # absmax / nested constants / code tables (double_quant as given)
+    nf4_constant_bytes_single: int = 0       # the same without double quantisation, for comparison
+    nf4_constant_bytes_double: int = 0       # the same with double quantisation
+    unquantized_params: int = 0              # embeddings, norms, lm_head, biases, non-Linear parameters
+    double_quant: bool = True
+    quant_storage: str = "uint8"
+    source: str = ""
+    exact: bool = True                       # False for an analytic --params shape
+    notes: list[str] = field(default_factory=list)
+
+    def frozen_bytes(self, dtype_bytes: int, unquantized_dtype_bytes: int | None = None) -> int:
+        """Bytes of the frozen base on one replica: in `dtype_bytes` for LoRA; for QLoRA the NF4 bytes plus
+        the unquantised parameters in `unquantized_dtype_bytes` (default: dtype_bytes)."""
+        if self.method != "qlora":
+            return self.frozen_params * dtype_bytes
+        unq = dtype_bytes if unquantized_dtype_bytes is None else unquantized_dtype_bytes
+        return self.nf4_weight_bytes + self.nf4_constant_bytes + self.unquantized_params * unq
+
+
+def size_adapters(model: Any, options: LoraOptions) -> AdapterShape:
+    """Size the adapters of `model` for `options` (method lora or qlora).
+
+    `model`: a local directory / config.json path / cached Hub id (as wizard.sizing.model.size_model takes), a
+    transformers PretrainedConfig, or a wizard.sizing.model.ModelShape. A ModelShape that is not exact (from
+    --params) is sized analytically as a Llama; an exact one is rebuilt from its source.
+    """
+    if options.method not in ("lora", "qlora"):
+        raise ValueError(f"size_adapters needs method lora or qlora, not {options.method!r}")
+    from wizard.sizing.model import ModelShape
+
+    if isinstance(model, ModelShape):
+        if not model.exact or not model.source or model.source.startswith("--params"):
+            return size_llama_adapters(model, options)
+        model = model.source
+    if isinstance(model, str):
+        from wizard.sizing.model import _read_config_dict, _resolve_config_path
+
+        config_path, source = _resolve_config_path(model)
+        data = _read_config_dict(config_path)
+        return _size_with_peft(data=data, config=None, config_path=config_path, source=source, options=options)
+    return _size_with_peft(data=None, config=model, config_path=None, source=type(model).__name__, options=options)
+
+
+def _size_with_peft(data, config, config_path, source: str, options: LoraOptions) -> AdapterShape:
+    from pathlib import Path
+
+    from wizard.sizing.model import _build_config, _build_on_meta, _offline, _quiet_transformers
+
+    with _offline(), _quiet_transformers():
+        if config is None:
+            config = _build_config(data, config_path)
+        base = _build_on_meta(config, config_path or Path(source))
+        quant = _nf4_of_model(base, options) if options.method == "qlora" else None
+        peft_model, targets = _apply_lora(base, options, source)
+        trainable, total = peft_model.get_nb_trainable_parameters()
+        per_target = _adapted_modules(peft_model)
+    shape = AdapterShape(
+        method=options.method, rank=options.rank, trainable_params=trainable, frozen_params=total - trainable,
+        adapted_modules=sum(per_target.values()), modules_per_target=per_target, targets=targets,
+        double_quant=options.double_quant, quant_storage=options.quant_storage, source=source, exact=True,
+    )
+    if quant is not None:
+        _fill_quant(shape, quant)
+    return shape
+
+
+def default_targets(model_type: str | None) -> list[str] | None:
+    """peft's default LoRA targets for a model type (TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING)."""
+    from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as mapping
+
+    found = mapping.get(model_type or "")
+    if found is None:
+        return None
+    return [found] if isinstance(found, str) else list(found)
+
+
+def _apply_lora(base, options: LoraOptions, source: str):
+    """get_peft_model on the meta model; returns (peft model, the target names used)."""
+    from peft import LoraConfig, get_peft_model
+
+    model_type = getattr(base.config, "model_type", None)
+    if options.targets == ALL_LINEAR:
+        target_modules: Any = ALL_LINEAR
+    elif options.targets is None:
+        # peft would look this mapping up itself; resolving it here keeps the answer identical and avoids
+        # peft 0.21's transformers-v5 MoE conversion, which empties a None target list (Mixtral then fails).
+        target_modules = default_targets(model_type)
+        if target_modules is None:
+            raise InputError("lora_targets", f"peft has no default LoRA targets for model type {model_type!r}",
+                             "all-linear, or comma-separated module names such as q_proj,v_proj")
+    else:
+        target_modules = options.target_list
+    config = LoraConfig(r=options.rank, lora_alpha=options.lora_alpha, lora_dropout=options.dropout,
+                        target_modules=target_modules, bias="none", task_type="CAUSAL_LM")
+    try:
+        peft_model = get_peft_model(base, config)
+    except (ValueError, TypeError, RuntimeError) as exc:
+        text = str(exc).strip().splitlines()
+        if "lora_dropout" in str(exc):   # peft's ParamWrapper (MoE experts under all-linear) needs dropout 0
+            raise InputError("lora_dropout", f"{options.dropout} with these targets on {source}: "
+                             f"{(text[0] if text else '')[:200]}", "0 when MoE expert weights are targeted") from None
+        raise InputError("lora_targets", f"peft cannot apply {options.targets or 'the default targets'} to "
+                                         f"{source}: {(text[0] if text else type(exc).__name__)[:200]}",
+                         "all-linear, or module names that exist in the model") from None
+    used = peft_model.peft_config["default"]
+    names = set(used.target_modules) if not isinstance(used.target_modules, str) else {used.target_modules}
+    names |= set(getattr(used, "target_parameters", None) or [])
+    return peft_model, sorted(names)
+
+
+def _adapted_modules(peft_model) -> dict[str, int]:
+    """Leaf name -> count of the layers peft wrapped (every LoraLayer has a lora_A ModuleDict)."""
+    counts: dict[str, int] = {}
+    for name, module in peft_model.named_modules():
+        lora_a = getattr(module, "lora_A", None)
+        if lora_a is None or not len(lora_a) or name.endswith(("lora_A", "lora_B")):
+            continue
+        leaf = _adapted_leaf(name, module)
+        counts[leaf] = counts.get(leaf, 0) + 1
+    return dict(sorted(counts.items()))
+
+
+def _adapted_leaf(name: str, module) -> str:
+    # A peft ParamWrapper adapts one parameter (transformers v5 MoE: the experts' fused gate_up_proj /
+    # down_proj, nested in one another, or the router's weight); name it by that parameter, a Linear by its module.
+    parameter = getattr(module, "parameter_name", None)
+    leaf = name.rsplit(".", 1)[-1]
+    if isinstance(parameter, str) and parameter and parameter != "weight":
+        return parameter
+    return leaf
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Which weights bitsandbytes quantises (transformers' Bnb4BitHfQuantizer, read from transformers 5.24)
+# ---------------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _Quantized:
+    modules: int
+    params: int
+    weight_bytes: int
+    constant_bytes_single: int
+    constant_bytes_double: int
+    constant_bytes: int
+    unquantized_params: int
+
+
+def quantized_module_names(model) -> list[str]:
+    """Names of the modules that `from_pretrained(..., quantization_config=BitsAndBytesConfig(load_in_4bit=True))`
+    turns into bnb Linear4bit, decided as transformers decides it without importing bitsandbytes:
+
+    - Bnb4BitHfQuantizer._process_model_before_weight_loading skips get_modules_to_not_convert(model,
+      llm_int8_skip_modules=None, model._keep_in_fp32_modules); with no skip list that is
+      quantizers/base.py get_keys_to_not_convert: tied weights, the last parameter's module and the output
+      embeddings (lm_head).
+    - integrations/bitsandbytes.py replace_with_bnb_linear converts only `type(module) is nn.Linear` or a
+      GPT-2 Conv1D, when quantizers_utils.should_convert_module says the name is not skipped. Embeddings and
+      norms are not Linear; transformers v5's fused MoE experts are parameters of a non-Linear module, so
+      they stay in the compute dtype too.
+    """
+    import torch
+    from transformers.pytorch_utils import Conv1D
+    from transformers.quantizers.base import HfQuantizer
+    from transformers.quantizers.quantizers_utils import should_convert_module
+
+    skip = HfQuantizer.get_modules_to_not_convert(model, None, getattr(model, "_keep_in_fp32_modules", None))
+    return [name for name, module in model.named_modules()
+            if (type(module) is torch.nn.Linear or isinstance(module, Conv1D)) and should_convert_module(name, skip)]
+
+
+def _nf4_of_model(model, options: LoraOptions) -> _Quantized:
+    names = set(quantized_module_names(model))
+    modules = dict(model.named_modules())
+    numels = [modules[n].weight.numel() for n in sorted(names)]
+    quantized_ids = {id(modules[n].weight) for n in names}
+    total = sum(p.numel() for _, p in model.named_parameters())
+    unquantized = total - sum(p.numel() for _, p in model.named_parameters() if id(p) in quantized_ids)
+    single = sum(nf4_linear_bytes(n, False, options.quant_storage).constants for n in numels)
+    double = sum(nf4_linear_bytes(n, True, options.quant_storage).constants for n in numels)
+    return _Quantized(
+        modules=len(numels), params=sum(numels),
+        weight_bytes=sum(nf4_linear_bytes(n, options.double_quant, options.quant_storage).weights for n in numels),
+        constant_bytes_single=single, constant_bytes_double=double,
+        constant_bytes=double if options.double_quant else single, unquantized_params=unquantized,
+    )
+
+
+def _fill_quant(shape: AdapterShape, quant: _Quantized) -> None:
+    shape.quantized_modules = quant.modules
+    shape.quantized_params = quant.params
+    shape.nf4_weight_bytes = quant.weight_bytes
+    shape.nf4_constant_bytes = quant.constant_bytes
+    shape.nf4_constant_bytes_single = quant.constant_bytes_single
+    shape.nf4_constant_bytes_double = quant.constant_bytes_double
+    shape.unquantized_params = quant.unquantized_params
+
+
+# ---------------------------------------------------------------------------------------------------------
+# --params: a Llama shape, counted analytically (no torch)
+# ---------------------------------------------------------------------------------------------------------
+
+# Llama's Linear layers per decoder layer: name -> (in_features, out_features) as functions of the shape.
+def _llama_linears(hidden: int, heads: int, kv_heads: int, intermediate: int) -> dict[str, tuple[int, int]]:
+    head_dim = hidden // heads
+    return {
+        "q_proj": (hidden, heads * head_dim), "k_proj": (hidden, kv_heads * head_dim),
+        "v_proj": (hidden, kv_heads * head_dim), "o_proj": (heads * head_dim, hidden),
+        "gate_proj": (hidden, intermediate), "up_proj": (hidden, intermediate), "down_proj": (intermediate, hidden),
+    }
+
+
+LLAMA_DEFAULT_TARGETS = ("q_proj", "v_proj")     # peft's mapping for "llama" (checked by a test)
+
+
+def size_llama_adapters(shape, options: LoraOptions) -> AdapterShape:
+    """Adapters of a LlamaForCausalLM of `shape` (wizard.sizing.model.ModelShape), without building anything.
+
+    LoRA on a Linear(in, out) adds A (r x in) and B (out x r): r * (in + out) parameters (peft
+    tuners/lora/layer.py update_layer). "all-linear" is every Linear but the output layer (peft
+    _maybe_include_all_linear_layers); QLoRA quantises the same seven Linears per layer and leaves the
+    embeddings, norms and lm_head unquantised (quantized_module_names).
+    """
+    from wizard.sizing.model import llama_param_count
+
+    if options.method not in ("lora", "qlora"):
+        raise ValueError(f"size_llama_adapters needs method lora or qlora, not {options.method!r}")
+    linears = _llama_linears(shape.hidden_size, shape.heads, shape.kv_heads, shape.intermediate_size)
+    if options.targets == ALL_LINEAR:
+        targets = list(linears)
+    elif options.targets is None:
+        targets = list(LLAMA_DEFAULT_TARGETS)
+    else:
+        targets = options.target_list or []
+        unknown = [t for t in targets if t not in linears]
+        if unknown:
+            raise InputError("lora_targets", f"{','.join(unknown)} is not a Linear of a Llama layer",
+                             "all-linear, default, or names from " + ",".join(linears))
+    trainable = shape.layers * sum(options.rank * sum(linears[t]) for t in targets)
+    total = llama_param_count(shape.hidden_size, shape.layers, shape.heads, shape.kv_heads,
+                              shape.intermediate_size, shape.vocab_size, shape.tied_embeddings)
+    result = AdapterShape(
+        method=options.method, rank=options.rank, trainable_params=trainable, frozen_params=total,
+        adapted_modules=shape.layers * len(targets), modules_per_target={t: shape.layers for t in sorted(targets)},
+        targets=sorted(targets), double_quant=options.double_quant, quant_storage=options.quant_storage,
+        source=shape.source, exact=False,
+        notes=["--params shape: a Llama-like model, adapters counted analytically"],
+    )
+    if options.method == "qlora":
+        # Every layer has the same Linears: one layer's figures times the layers (never a list per layer, which
+        # a huge --layers would make huge).
+        layer = [i * o for i, o in linears.values()]
+        single = shape.layers * sum(nf4_linear_bytes(n, False, options.quant_storage).constants for n in layer)
+        double = shape.layers * sum(nf4_linear_bytes(n, True, options.quant_storage).constants for n in layer)
+        weights = shape.layers * sum(nf4_linear_bytes(n, options.double_quant, options.quant_storage).weights
+                                     for n in layer)
+        _fill_quant(result, _Quantized(
+            modules=len(layer) * shape.layers, params=sum(layer) * shape.layers,
+            weight_bytes=weights, constant_bytes_single=single, constant_bytes_double=double,
+            constant_bytes=double if options.double_quant else single,
+            unquantized_params=total - sum(layer) * shape.layers,
+        ))
+    return result
+
+
+# ---------------------------------------------------------------------------------------------------------
+# What QLoRA needs from the strategy
+# ---------------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class QloraRequirements:
+    quant_storage: str            # the bnb_4bit_quant_storage to emit
+    zero3_init_flag: bool | None  # accelerate's deepspeed_config.zero3_init_flag (None: not DeepSpeed ZeRO-3)
+    reason: str
+
+
+def qlora_requirements(backend: str, zero_stage: int | None, precision: str) -> QloraRequirements:
+    """The rule implemented (peft 0.21 / transformers 5.24 / accelerate 1.15):
+
+    - DeepSpeed ZeRO-3: bnb_4bit_quant_storage = the compute dtype and zero3_init_flag: true (peft docs,
+      accelerate/deepspeed.md "Use PEFT QLoRA and DeepSpeed with ZeRO3"): ZeRO-3 partitions parameters as
+      flat tensors of the model's dtype, so the packed 4-bit weights must be stored in that dtype to be
+      partitioned with the rest. transformers skips zero.Init for quantised models (modeling_utils.py
+      `needs_zero3_init = is_deepspeed_zero3_enabled() and not _is_quantized`), so the NF4 model is loaded
+      whole on each GPU before the engine partitions it.
+    - FSDP: bnb_4bit_quant_storage = the compute dtype (peft docs, accelerate/fsdp.md "Use PEFT QLoRA and
+      FSDP"); accelerate's fsdp2_prepare_model (utils/fsdp_utils.py) excludes non-floating frozen
+      Params4bit (uint8 storage) from sharding, so they would stay whole on every GPU.
+    - Single GPU, DDP, ZeRO-1/2: the default uint8 storage (no parameter is partitioned).
+    """
+    compute = {"bf16": "bf16", "fp16": "fp16", "fp32": "fp32"}.get(precision)
+    if compute is None:
+        raise InputError("precision", f"{precision!r} is not a resolved precision", "bf16|fp16|fp32")
+    if backend == "deepspeed" and zero_stage == 3:
+        return QloraRequirements(compute, True, "DeepSpeed ZeRO-3 partitions the 4-bit weights only when they "
+                                 "are stored in the compute dtype; zero3_init_flag: true as peft's guide says")
+    if backend == "fsdp":
+        return QloraRequirements(compute, None, "FSDP shards Params4bit only when stored in a floating dtype "
+                                 "(accelerate leaves uint8 ones unsharded)")
+    return QloraRequirements("uint8", None, "no parameter is partitioned: bitsandbytes' default uint8 storage")
+
+
+def check_qlora_strategy(options: LoraOptions, backend: str, zero_stage: int | None, precision: str) -> None:
+    """InputError when an explicitly chosen quant storage contradicts what the strategy needs."""
+    if options.method != "qlora":
+        return
+    need = qlora_requirements(backend, zero_stage, precision)
+    if need.quant_storage != "uint8" and options.quant_storage != need.quant_storage:
+        raise InputError("quant_storage", f"{options.quant_storage} with {backend}"
+                         f"{' ZeRO-3' if zero_stage == 3 else ''}: {need.reason}", need.quant_storage)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Model states per GPU
+# ---------------------------------------------------------------------------------------------------------
+
+def adapter_model_states(adapters: AdapterShape, strategy: str, precision: str, optimizer: str = "adamw",
+                         num_gpus_per_node: int = 1, num_nodes: int = 1, offload_optimizer: bool = False,
+                         largest_frozen_layer_params: int = 0, kbit_prepared: bool = True,
+                         additional_buffer_factor: float = DS_ADDITIONAL_BUFFER_FACTOR) -> ModelStates:
+    """Weights, gradients and optimizer states per GPU of LoRA / QLoRA training, and host RAM per machine.
+
+    T = trainable (adapter) parameters, w = bytes of the compute dtype (working_bytes(precision)).
+    - Frozen base: LoRA keeps it in the compute dtype (from_pretrained(dtype=...)); QLoRA keeps the NF4
+      bytes plus the unquantised parameters. No gradient and no optimizer state: peft sets
+      requires_grad=False on it, and the HF Trainer gives the optimizer only parameters that require grad.
+    - single / ddp (torch AMP, no DeepSpeed): peft's autocast_adapter_dtype=True (tuners_utils.py
+      cast_adapter_dtype) keeps the adapters in fp32 when the base is 16-bit, so they are their own master:
+      4T weights + 4T fp32 gradients + optimizer states (memory.state_bytes). For QLoRA, peft's
+      prepare_model_for_kbit_training (utils/other.py; the QLoRA recipes call it) casts every non-Params4bit
+      16-bit parameter to fp32: the unquantised parameters cost 4 B each (kbit_prepared=False: w).
+    - zero1 / zero2 (DeepSpeed): the engine casts every floating parameter, adapters and unquantised base
+      included, to the compute dtype (engine.py _configure_distributed_model ->
+      _cast_module_mixed_precision). DeepSpeed's optimizer holds only the trainable parameters, so the frozen
+      base is replicated on every GPU, and the adapters cost what memory.states_zero1 / states_zero2 give
+      for T parameters (DeepSpeed's estimator accounting).
+    - zero3: every parameter is partitioned, frozen ones too (stage3.py partitions all module parameters):
+      base / N, except the quantisation constants, which live in Params4bit.quant_state (not parameters)
+      and stay whole on every GPU; plus the gathered 16-bit weights of the largest frozen module
+      (w * largest_frozen_layer_params, no gradient since it is frozen). Adapters: memory.states_zero3 for
+      T parameters with no largest-layer term.
+    - offload_optimizer: the adapters' fp32 master, gradients and optimizer states move to host RAM as in
+      the ZeRO estimators (memory.states_zero2 / states_zero3 with offload, for T).
+    Host RAM (cpu): the offloaded adapter states (estimator accounting) plus, GUESS, the base as loaded:
+    LoRA without ZeRO-3 materialises the frozen base in the compute dtype in every local process before it
+    moves to the GPU (w * frozen * processes per machine); with ZeRO-3 (zero.Init) and for QLoRA (weights
+    quantised as each is loaded onto the GPU) no whole copy is held on the host, so that term is 0.
+    """
+    if strategy not in STRATEGIES:
+        raise ValueError(f"strategy must be one of {STRATEGIES}, not {strategy!r}")
+    if adapters.method not in ("lora", "qlora"):
+        raise ValueError("adapter_model_states needs a lora or qlora AdapterShape")
+    w = working_bytes(precision)
+    trainable = adapters.trainable_params
+    world = num_gpus_per_node * num_nodes
+    qlora = adapters.method == "qlora"
+    host_load = 0 if qlora or strategy == "zero3" else adapters.frozen_params * w * num_gpus_per_node
+
+    if strategy in ("single", "ddp"):
+        unq = 4 if qlora and kbit_prepared else w
+        sb = state_bytes(precision, optimizer)
+        adapter_bytes = 4                 # fp32 adapters (cast_adapter_dtype), also in fp32 training
+        cpu = host_load
+        optim = sb.optim * trainable
+        if offload_optimizer:
+            raise ValueError("optimizer offload needs DeepSpeed (zero1/zero2/zero3)")
+        return ModelStates(parameters=adapters.frozen_bytes(w, unq) + adapter_bytes * trainable,
+                           gradients=FP32_GRAD_BYTES * trainable, optimizer=optim, cpu=cpu)
+
+    if strategy in ("zero1", "zero2"):
+        states_of = states_zero1 if strategy == "zero1" else states_zero2
+        adapter = states_of(trainable, precision, optimizer, num_gpus_per_node, num_nodes,
+                            offload_optimizer=offload_optimizer, additional_buffer_factor=additional_buffer_factor)
+        cpu = host_load + (adapter.cpu if offload_optimizer else 0)
+        return ModelStates(parameters=adapters.frozen_bytes(w) + adapter.parameters,
+                           gradients=adapter.gradients, optimizer=adapter.optimizer, cpu=cpu)
+
+    adapter = states_zero3(trainable, 0, precision, optimizer, num_gpus_per_node, num_nodes,
+                           offload_optimizer=offload_optimizer, offload_param=False, zero_init=True,
+                           additional_buffer_factor=additional_buffer_factor)
+    if qlora:
+        partitioned = adapters.nf4_weight_bytes + adapters.unquantized_params * w
+        replicated = adapters.nf4_constant_bytes
+    else:
+        partitioned, replicated = adapters.frozen_params * w, 0
+    frozen = int(partitioned / world) + replicated + w * largest_frozen_layer_params
+    cpu = host_load + (adapter.cpu if offload_optimizer else 0)
+    return ModelStates(parameters=frozen + adapter.parameters, gradients=adapter.gradients,
+                       optimizer=adapter.optimizer, cpu=cpu)
