@@ -167,3 +167,30 @@ def test_qlora_zero3_refuses_zero3_init_flag_off(model_dirs):
     lora = pipeline.build(Request(assume="2xA100-80GB", output_dir="/tmp/unused",
                                   given={**given, "method": "lora", "zero3_init_flag": False}))
     assert lora.accelerate_doc["deepspeed_config"]["zero3_init_flag"] is False
+
+
+# --- host RAM while the base model loads ------------------------------------------------------------------
+
+def test_qlora_streams_the_base_to_the_gpus_instead_of_holding_it_in_host_ram():
+    """bitsandbytes' quantiser gives from_pretrained device_map={"": current GPU}, so under DDP / ZeRO-2 a QLoRA
+    process never holds the whole base in host RAM (LoRA in bf16 does: transformers materialises it on the CPU
+    first); under ZeRO-3, rank 0 still reads the whole state dict for zero.Init."""
+    import inspect
+
+    from transformers.quantizers.quantizer_bnb_4bit import Bnb4BitHfQuantizer
+
+    assert 'device_map = {"": torch.cuda.current_device()}' in inspect.getsource(Bnb4BitHfQuantizer.update_device_map)
+
+    def host(method: str, key: str) -> int:
+        given = {"params": "70B", "method": method, "backend": "deepspeed" if key.startswith("zero") else "ddp"}
+        result = pipeline.build(Request(assume="8xA100-80GB,ram=1T", output_dir="/tmp/unused", given=given))
+        return rung_by_key(result.plan, key).cpu_bytes, result.model
+
+    qlora_ddp, model = host("qlora", "ddp")
+    lora_ddp, _ = host("lora", "ddp")
+    assert lora_ddp == 8 * model.params * 2                        # eight bf16 copies in host RAM
+    largest = max(model.largest_layer_params, model.vocab_size * model.hidden_size)
+    assert qlora_ddp == 8 * largest * 2                            # one module in transit per process
+    assert qlora_ddp < lora_ddp / 50
+    assert host("qlora", "zero2")[0] == qlora_ddp
+    assert host("qlora", "zero3")[0] >= model.params * 2           # rank 0 reads the state dict

@@ -434,19 +434,22 @@ class _Estimate:
         return self.model_states + b["buffers"] + b["context"] + b.get("autocast", 0)
 
 
-def _loader(spec: RungSpec) -> str:
+def _loader(spec: RungSpec, x: _Inputs) -> str:
     """Which processes load the pretrained weights into host RAM (memory.load_host_bytes)."""
     if spec.backend == "fsdp":
         return "local-rank0"            # fsdp_cpu_ram_efficient_loading, the wizard's default
     if spec.backend == "deepspeed" and spec.zero_stage == 3:
         return "rank0"                  # zero.Init: global rank 0 reads the state dict, the rest stay on meta
+    if x.adapters is not None and x.adapters.method == "qlora" and not x.cpu:
+        return "device"                 # bitsandbytes loads each tensor straight to the rank's GPU
     return "every"
 
 
 def _host_ram(spec: RungSpec, x: _Inputs, states: mem.ModelStates) -> int:
     """Host RAM per machine: the larger of loading the checkpoint and the states an offload rung keeps
     there (they happen one after the other: the weights are loaded before the optimizer exists)."""
-    load = mem.load_host_bytes(x.params, x.weights_bytes, x.per_machine, _loader(spec))
+    load = mem.load_host_bytes(x.params, x.weights_bytes, x.per_machine, _loader(spec, x),
+                               largest_module_params=max(x.largest_layer, x.vocab * x.hidden))
     offloaded = mem.offloaded_host_bytes(states, x.params, x.precision, _rung_optimizer(spec, x), x.machines,
                                          spec.zero_stage,
                                          spec.offload_optimizer != "none", spec.offload_param != "none")

@@ -750,7 +750,8 @@ def autocast_weight_bytes(matmul_params: int, layer_params: int, head_params: in
 
 # --- Host RAM of loading the model ----------------------------------------------------------------
 
-def load_host_bytes(params: int, weights_bytes: int, processes_per_machine: int, loader: str) -> int:
+def load_host_bytes(params: int, weights_bytes: int, processes_per_machine: int, loader: str,
+                    largest_module_params: int = 0) -> int:
     """Host RAM per machine (the busiest one) while transformers loads the pretrained model.
 
     The rule, read from transformers 5.24 modeling_utils.py and accelerate 1.15:
@@ -769,7 +770,15 @@ def load_host_bytes(params: int, weights_bytes: int, processes_per_machine: int,
     - "local-rank0": FSDP with fsdp_cpu_ram_efficient_loading (the wizard's default; accelerate exports
       FSDP_CPU_RAM_EFFICIENT_LOADING, transformers is_fsdp_enabled) loads on local rank 0 only and
       keeps the other ranks on meta: P * weights_bytes per machine.
+    - "device": QLoRA without ZeRO-3. bitsandbytes' quantiser sets device_map={"": current GPU} when none
+      is given (quantizer_bnb_4bit.update_device_map; TrainingArguments, built first, has set each rank's
+      GPU), so every tensor goes from the mapped file to the GPU, where it is quantised: a process holds at
+      most one module's weights in transit, counted as the largest module (DeepSpeed's largest layer: a
+      Linear, a fused expert block or the embedding): processes_per_machine * largest_module_params *
+      weights_bytes.
     """
+    if loader == "device":
+        return processes_per_machine * largest_module_params * weights_bytes
     copies = {"every": processes_per_machine, "rank0": 1, "local-rank0": 1}[loader]
     return params * weights_bytes * copies
 
