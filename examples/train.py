@@ -86,9 +86,9 @@ def describe_engine(trainer, model) -> str:
 def leave_process_group() -> None:
     """Wait for every rank, then tear the group down before the interpreter exits.
 
-    A rank that exits while another still talks to it (rank 0 printing its report after a ZeRO-3 gather) can
-    die in the gloo group's C++ destructor ("terminate called without an active exception", SIGABRT), and
-    torchrun then reports the whole run as failed.
+    Without it gloo's worker threads can outlive the interpreter and abort the exit ("terminate called
+    without an active exception", SIGABRT; pytorch/pytorch#190489), and torchrun then reports a run that
+    trained well as failed.
     """
     import torch.distributed as dist
 

@@ -28,6 +28,9 @@ KINDS = ("python_exception", "nccl_abort", "oom_killed", "cuda_oom", "collateral
 NOT_RESTARTED = ("shutdown_crash",)       # the training finished: another attempt would redo it all
 COLLATERAL_SIGNALS = (_signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP)
 TAIL_LINES = 30
+# std::terminate's message for a joinable std::thread destroyed at exit (pytorch/pytorch#190489: gloo's workers
+# when the process group was never destroyed).
+THREADS_AT_EXIT = "terminate called without an active exception"
 
 
 @dataclass
@@ -429,6 +432,9 @@ def classify(o: AttemptOutcome) -> Classification | None:
            if sig in (_signal.SIGSEGV, _signal.SIGBUS) else ""}
     hint = HINTS[kind].format(**fmt)
     next_rung = cmd = None
+    if kind == "shutdown_crash" and any(THREADS_AT_EXIT in line for line in first.log_tail):
+        hint += ("; here a C++ thread was still running at exit, as gloo's are when the script never calls "
+                 "torch.distributed.destroy_process_group(): call it at the end of the script")
     if kind == "cuda_oom":
         next_rung, cmd = o.next_rung, o.suggested_command
         hint += (f": the plan's next rung is {next_rung}: `{cmd}` (same model and training flags)"

@@ -101,6 +101,11 @@ SCRIPT = textwrap.dedent('''
             if RANK == 0:
                 print(f"LOSS {loss.item()}", flush=True)
     print(f"DONE rank={RANK}", flush=True)
+    # Without this, gloo's worker threads can outlive the interpreter and abort the exit (SIGABRT, "terminate
+    # called without an active exception"; pytorch/pytorch#190489), failing a run that trained well.
+    if torch.distributed.is_initialized():
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
 ''')
 
 

@@ -186,6 +186,15 @@ def test_sigabrt_after_the_last_training_line_is_a_shutdown_crash_not_restarted(
     before = c.classify(c.AttemptOutcome(launcher_exit=1, ranks=[c.RankOutcome(rank=1, exit_code=134, ended_at=5.0)],
                                          training_finished_at=10.0))
     assert before.kind == "signal"
+    assert "destroy_process_group" not in r.hint          # nothing in the log says why
+
+
+def test_a_shutdown_crash_from_threads_at_exit_names_destroy_process_group():
+    tail = ["{'train_runtime': 3.7, 'train_loss': 4.56, 'epoch': 0.01}", "terminate called without an active exception"]
+    ranks = [c.RankOutcome(rank=0, exit_code=-6, ended_at=12.0, log_tail=tail)]
+    r = c.classify(c.AttemptOutcome(launcher_exit=1, ranks=ranks, training_finished_at=10.0))
+    assert r.kind == "shutdown_crash"
+    assert "torch.distributed.destroy_process_group()" in r.hint
 
 
 def test_the_trainer_summary_marks_the_end_of_training():
