@@ -435,7 +435,7 @@ class _SignalGate:
 
     def check(self) -> None:
         if self.pending is not None:
-            raise KeyboardInterrupt(f"signal {self.pending}")
+            raise KeyboardInterrupt(signal.Signals(self.pending).name)
 
     def __exit__(self, *exc) -> None:
         for sig, handler in self._previous.items():
@@ -500,7 +500,7 @@ class FileSet:
             if exc_type is not None or not self._done:
                 self._remove_created_dirs()
         if exc_type is None and self._gate is not None and self._gate.pending is not None:
-            raise InterruptedAfterWrite(f"signal {self._gate.pending}")
+            raise InterruptedAfterWrite(signal.Signals(self._gate.pending).name)
 
     # ---- set-up
 

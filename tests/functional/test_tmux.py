@@ -203,3 +203,59 @@ def test_no_terminal_means_no_full_screen_app(tmp_path):
     assert done.returncode == 2
     assert "--non-interactive" in done.stderr and "ssh -t" in done.stderr
     assert not (tmp_path / "out").exists()
+
+
+def _walk_to_review(tmux: Tmux) -> None:
+    tmux.wait_for("Planning for", timeout=120)
+    for step in ("2/6", "3/6", "4/6", "5/6"):
+        tmux.keys("Enter")
+        tmux.wait_for(step)
+    tmux.wait_for("✓ validated", timeout=120)
+
+
+def _wizards_writing_to(out: Path) -> list:
+    import psutil
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        if str(out) in " ".join(p.info["cmdline"] or []) and "-m wizard" in " ".join(p.info["cmdline"] or []):
+            found.append(p)
+    return found
+
+
+def test_a_terminal_that_goes_away_right_after_write_leaves_no_wizard_running(tmux, tmp_path):
+    """A dropped SSH session (the terminal hangs up: SIGHUP, then EIO on every write) just after Write: the
+    wizard used to outlive it, its main thread stuck behind Textual's dead output thread or its input thread
+    spinning at full CPU on the hung-up terminal."""
+    out = tmp_path / "out"
+    env = checkout_env(HF_HOME=str(tmp_path / "hf_home"), WIZARD_CACHE_DIR=str(tmp_path / "cache"),
+                       TERM="xterm-256color")
+    tmux.start(f"{WIZARD} --output-dir {_quote(str(out))}", env)
+    _walk_to_review(tmux)
+    assert _wizards_writing_to(out), "the wizard under test was not found"
+    tmux.keys("Enter")
+    tmux.kill()
+    deadline = time.monotonic() + 15
+    while _wizards_writing_to(out) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = _wizards_writing_to(out)
+    for p in left:
+        p.kill()
+    assert not left, "the wizard kept running after its terminal went away"
+
+
+def test_a_stop_signal_during_the_write_ends_the_tui_with_one_line_and_nothing_written(tmux, tmp_path):
+    """SIGTERM held by the set write until its next safe point (fsutil's test hook sends it after the first
+    rename): the set is rolled back, and the app ends through Textual's own exit: one line, exit 130, no
+    traceback (a KeyboardInterrupt raised into the event loop printed asyncio's "Task exception was never
+    retrieved")."""
+    out = tmp_path / "out"
+    env = checkout_env(HF_HOME=str(tmp_path / "hf_home"), WIZARD_CACHE_DIR=str(tmp_path / "cache"),
+                       TERM="xterm-256color", WIZARD_FAULT_AFTER="1", WIZARD_FAULT_SIGNAL="TERM")
+    tmux.start(f"{WIZARD} --output-dir {_quote(str(out))}", env)
+    _walk_to_review(tmux)
+    tmux.keys("Enter")
+    shown = tmux.wait_for("WIZARD_EXIT=", timeout=30)
+    assert "WIZARD_EXIT=130" in shown, shown
+    assert "Interrupted (SIGTERM); nothing written." in shown
+    assert "Traceback" not in shown and "never retrieved" not in shown, shown
+    assert not out.exists() or not any(p.suffix in (".yaml", ".json") for p in out.iterdir())

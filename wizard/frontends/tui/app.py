@@ -11,6 +11,8 @@ thread at a time (two threads importing the same package tree can see half-initi
 
 from __future__ import annotations
 
+import os
+import sys
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,6 +29,34 @@ from wizard.probe.hardware import Hardware
 
 HEAVY_IMPORTS = threading.Lock()
 SIZING_DEBOUNCE_S = 0.2
+STOP_SIGNALS = ("SIGTERM", "SIGHUP", "SIGINT")
+STOP_DEADLINE_S = 5.0      # a stop signal ends the process by then, even if a worker thread is still busy
+
+
+def _terminal_alive() -> bool:
+    """Whether the controlling terminal still answers (a hung-up one fails tcgetattr with EIO)."""
+    import termios
+    try:
+        termios.tcgetattr(sys.__stdin__.fileno())
+        return True
+    except (termios.error, OSError, ValueError, AttributeError):
+        return False
+
+
+def _exit_after(seconds: float) -> None:
+    """A daemon timer that ends the process if the orderly exit has not finished by then: a thread
+    that will not stop (a sizing import, a Textual thread on a dead terminal) must not keep it alive."""
+    def deadline() -> None:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(EXIT_INTERRUPTED)
+
+    timer = threading.Timer(seconds, deadline)
+    timer.daemon = True
+    timer.start()
 
 
 @dataclass
@@ -55,6 +85,7 @@ class WizardApp(App[Outcome]):
         self._sizing_timer = None
         self._validation_token = 0
         self._quitting = False
+        self._stopping = False
         self.written_result: pipeline.Result | None = None
         self.writes: list = []
 
@@ -75,6 +106,7 @@ class WizardApp(App[Outcome]):
 
     def on_mount(self) -> None:
         from wizard.frontends.tui.screens.hardware import HardwareScreen
+        self._handle_stop_signals()
         self.push_screen(HardwareScreen())
         if self.state.probed is None:
             # After the first paint: the probe thread would otherwise compete for the GIL with it.
@@ -245,6 +277,41 @@ class WizardApp(App[Outcome]):
         self._quitting = True
         self.push_screen(QuitModal("You changed some answers. Nothing has been written yet; quitting "
                                    "leaves every existing file as it is."), decided)
+
+    # ------------------------------------------------------------------ signals
+
+    def _handle_stop_signals(self) -> None:
+        """A closed terminal (SIGHUP), `kill` (SIGTERM) or SIGINT ends the app through Textual's own exit, which
+        restores the terminal and ends its input and output threads. Python's handlers would raise
+        KeyboardInterrupt inside the event loop instead: the loop dies, those threads live on, and the process
+        never exits (spinning at full CPU once the terminal is gone)."""
+        import asyncio
+        import signal
+        if threading.current_thread() is not threading.main_thread():
+            return
+        loop = asyncio.get_running_loop()
+        for name in STOP_SIGNALS:
+            try:
+                loop.add_signal_handler(getattr(signal, name), self.stop_for_signal, name)
+            except (ValueError, RuntimeError, NotImplementedError):   # not the main interpreter / no signals here
+                return
+
+    def stop_for_signal(self, name: str, files_written: bool | None = None) -> None:
+        """End the app after a stop signal; `files_written` when the set write reported it (fsutil).
+
+        Handlers run between the loop's callbacks, never inside a set write, so there is nothing to roll back.
+        With the terminal gone (SIGHUP from a dropped SSH session) Textual's exit would block on its output
+        thread, which died writing to it: leave at once. Otherwise exit through Textual, with a deadline."""
+        if self._stopping:
+            return                       # the write's own report came first; the loop's handler follows it
+        self._stopping = True
+        if not _terminal_alive():
+            os._exit(EXIT_INTERRUPTED)
+        _exit_after(STOP_DEADLINE_S)
+        written = self.state.written if files_written is None else files_written
+        summary = self.summary_lines() if self.state.written else []
+        summary.append(f"Interrupted ({name}); {'the files were written' if written else 'nothing written'}.")
+        self.exit(Outcome(EXIT_INTERRUPTED, summary=summary))
 
     def summary_lines(self, launching: bool = False) -> list[str]:
         """What stays in the terminal after the screen is gone: what was written, how to launch (unless

@@ -226,6 +226,11 @@ class ReviewScreen(WizardScreen):
             except (OSError, WizardError, RuntimeError) as e:
                 self.set_status(f"[red]✗ could not write: {escape(str(e))}[/red]")
                 return
+            except KeyboardInterrupt as e:
+                # A stop signal the set write held until a safe point: rolled back, or after the set was in place.
+                from wizard.fsutil import InterruptedAfterWrite
+                self.wizard.stop_for_signal(str(e) or "a signal", files_written=isinstance(e, InterruptedAfterWrite))
+                return
         else:
             from wizard.config import emit
             writes = emit.write_files(result.yaml_text, result.ds_text, result.output_dir, dry_run=True)
