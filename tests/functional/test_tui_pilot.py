@@ -209,6 +209,25 @@ async def test_enters_typed_ahead_on_the_plan_screen_stop_at_the_next_screen(tmp
         assert (tmp_path / "out" / "default_config.yaml").exists()
 
 
+async def test_an_enter_reaching_a_screen_before_it_is_composed_is_dropped_without_error(tmp_path):
+    """CI caught this one: Enter typed all the time reached the Review screen after it was pushed and
+    before its widgets were composed; saying "ignored" on its status line raised NoMatches and the wizard
+    stopped. The screen is pushed here and the key delivered in the same cycle, before compose."""
+    from textual import events
+
+    from wizard.frontends.tui.screens.review import ReviewScreen
+    app = app_for(tmp_path, a100s(), model=LLAMA_8B)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await reach(pilot, "DetailsScreen")
+        app.push_screen(ReviewScreen())
+        assert not app.screen.query("#status"), "the screen was composed already: this tests nothing"
+        await app.on_event(events.Key("enter", "\r"))
+        await settle(pilot)
+        assert screen_name(app) == "ReviewScreen"
+        assert app.screen.shown_at is not None and app.return_code is None
+        assert not (tmp_path / "out" / "default_config.yaml").exists()
+
+
 # ---------------------------------------------------------------- going back keeps answers
 
 async def test_escape_goes_back_and_keeps_answers(tmp_path):

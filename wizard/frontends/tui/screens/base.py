@@ -214,7 +214,11 @@ class WizardScreen(Screen):
         return f is not None and f.display
 
     def set_status(self, markup: str) -> None:
-        self.query_one("#status", Static).update(markup)
+        # A key can reach a screen that is current but not yet composed (pushed, compose still
+        # queued): there is no status line to write to yet, and mounting will write its own.
+        status = self.query("#status")
+        if status:
+            status.first(Static).update(markup)
 
     def spinner(self) -> Spinner:
         return self.query_one("#spinner", Spinner)
