@@ -217,6 +217,12 @@ def test_plain_asks_before_writing_and_yes_skips_it(tmp_path, capsys):
         pipe.send_text(ENTER * 60)
         assert run_plain(request, input=pipe, output=DummyOutput(), yes=True) == 0
     assert (out / "default_config.yaml").exists()
+    capsys.readouterr()
+    with create_pipe_input() as pipe:                  # the same answers again: nothing would change
+        pipe.send_text(ENTER * prompts_until_write(request) + "n")
+        assert run_plain(request, input=pipe, output=DummyOutput()) == EXIT_INTERRUPTED
+    printed = capsys.readouterr().out
+    assert f"{out / 'default_config.yaml'}: unchanged" in printed and "new file" not in printed
 
 
 def test_another_machines_ram_is_asked_with_the_catalogues_default(tmp_path, capsys):

@@ -204,21 +204,9 @@ def _ask_machine_extras(p: _Prompter, catalogue_hw) -> dict[str, int | None]:
     return extras
 
 
-def _changes(result: pipeline.Result) -> list[str]:
-    """What Write would do to each file (the Review screen's Changes, in lines)."""
-    import os
-
-    from wizard import fsutil
-    pairs = [(result.yaml_path, result.yaml_text)]
-    if result.ds_text is not None:
-        pairs.insert(0, (result.ds_path, result.ds_text))
-    lines = []
-    for path, text in pairs:
-        planned = fsutil.plan_write(path, text)
-        what = ("new file" if planned.created else "unchanged" if not planned.changed else
-                f"replaces the file there (kept as {os.path.basename(path)}.bak)")
-        lines.append(f"  {path}: {what}")
-    return lines
+def _change_lines(result: pipeline.Result) -> list[str]:
+    from wizard.frontends.session import planned_changes
+    return [f"  {c.path}: {c.what}" for c in planned_changes(result)]
 
 
 def _strategy_of(choice) -> dict[str, Any]:
@@ -327,7 +315,7 @@ def _run(request: pipeline.Request, input, output, out: TextIO | None, yes: bool
         print("wizard: the generated configuration failed validation; nothing was written", file=sys.stderr)
         return 1
     if not request.dry_run:
-        for line in _changes(result):
+        for line in _change_lines(result):
             p.say(line)
         if not yes and not questionary.confirm("Write these files?", default=True, **p._kw()).unsafe_ask():
             p.say(CANCELLED)

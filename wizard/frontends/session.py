@@ -402,6 +402,29 @@ class WizardState:
         return writes
 
 
+@dataclass(frozen=True)
+class PlannedChange:
+    """What Write would do to one file: the Review screen's Changes tab and --plain's summary."""
+    path: str
+    what: str           # "new file", "unchanged", or "replaces the file there (kept as X.bak)"
+    diff: str
+
+
+def planned_changes(result: pipeline.Result) -> list[PlannedChange]:
+    """What Write would do to each file of the pair, the DeepSpeed file first (it is written first)."""
+    from wizard import fsutil
+    pairs = [(result.yaml_path, result.yaml_text)]
+    if result.ds_text is not None:
+        pairs.insert(0, (result.ds_path, result.ds_text))
+    out = []
+    for path, text in pairs:
+        planned = fsutil.plan_write(path, text)
+        what = ("new file" if planned.created else "unchanged" if not planned.changed else
+                f"replaces the file there (kept as {os.path.basename(path)}.bak)")
+        out.append(PlannedChange(path, what, planned.diff))
+    return out
+
+
 def _spec_value(key: str, value: int) -> str:
     """ram=512GiB, disk=2TiB, cpus=64: how --assume spells an extra."""
     if key in ("ram", "disk"):

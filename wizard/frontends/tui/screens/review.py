@@ -7,7 +7,6 @@ Writing is pipeline.write: atomic, the previous file kept as .bak.
 
 from __future__ import annotations
 
-import os
 from typing import Iterable
 
 from rich.console import Group
@@ -21,6 +20,7 @@ from textual.widgets import Static, TabbedContent, TabPane
 
 from wizard import pipeline
 from wizard.errors import WizardError
+from wizard.frontends.session import planned_changes
 from wizard.frontends.tui.messages import ValidationDone
 from wizard.frontends.tui.screens.base import WizardScreen
 
@@ -32,25 +32,6 @@ def syntax(text: str, lexer: str, app, word_wrap: bool = False) -> Syntax:
     background = app.get_css_variables().get("background", "default")
     return Syntax(text, lexer, theme="ansi_dark" if dark else "ansi_light", background_color=background,
                   word_wrap=word_wrap)
-
-
-def changes(result: pipeline.Result) -> list[tuple[str, str, str]]:
-    """(path, what happens, diff) for each file Write would write."""
-    from wizard import fsutil
-    pairs = [(result.yaml_path, result.yaml_text)]
-    if result.ds_text is not None:
-        pairs.insert(0, (result.ds_path, result.ds_text))
-    out = []
-    for path, text in pairs:
-        planned = fsutil.plan_write(path, text)
-        if planned.created:
-            what = "new file"
-        elif not planned.changed:
-            what = "unchanged"
-        else:
-            what = f"replaces the file there (kept as {os.path.basename(path)}.bak)"
-        out.append((path, what, planned.diff))
-    return out
 
 
 class ReviewScreen(WizardScreen):
@@ -148,10 +129,10 @@ class ReviewScreen(WizardScreen):
 
     def show_changes(self, result: pipeline.Result) -> None:
         parts = []
-        for path, what, diff in changes(result):
-            parts.append(Text(f"{path}: {what}", style="bold"))
-            if diff:
-                parts.append(syntax(diff.rstrip("\n"), "diff", self.app))
+        for change in planned_changes(result):
+            parts.append(Text(f"{change.path}: {change.what}", style="bold"))
+            if change.diff:
+                parts.append(syntax(change.diff.rstrip("\n"), "diff", self.app))
             parts.append(Text(""))
         self.query_one("#diff-text", Static).update(Group(*parts))
 
