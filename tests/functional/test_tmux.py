@@ -217,7 +217,8 @@ def _wizards_writing_to(out: Path) -> list:
     import psutil
     found = []
     for p in psutil.process_iter(["cmdline"]):
-        if str(out) in " ".join(p.info["cmdline"] or []) and "-m wizard" in " ".join(p.info["cmdline"] or []):
+        cmdline = " ".join(p.info["cmdline"] or [])
+        if str(out) in cmdline and "-m wizard" in cmdline:
             found.append(p)
     return found
 
