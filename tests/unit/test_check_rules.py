@@ -172,3 +172,14 @@ def test_a_whole_float_bucket_is_accepted_as_deepspeed_accepts_it(tmp_path: Path
     def whole(ds):
         ds["zero_optimization"]["stage3_prefetch_bucket_size"] = value
     assert "DS-FLOAT-BUCKET" not in near_miss("DS-FLOAT-BUCKET", tmp_path, whole)
+
+
+def test_a_finding_line_ends_its_message_with_one_full_stop():
+    """A library's own message (accelerate's "Choose between [...].") already ends with a full stop."""
+    from wizard.check.doctor import format_finding
+    from wizard.check.rules.common import finding
+    quoted = finding("error", "ACC-LAUNCH-REJECTS", "a.yaml", None,
+                     "ValueError: Unknown mixed_precision mode: bf17. Choose between ['no', 'bf16'].", fix="fix it")
+    ours = finding("warning", "X", "a.yaml", "k", "our own sentence", fix="fix it")
+    assert "['no', 'bf16'].  fix: fix it" in format_finding(quoted)
+    assert "our own sentence.  fix: fix it" in format_finding(ours)

@@ -512,7 +512,9 @@ def format_finding(f: Finding) -> str:
     when = f" [at {f.when}]" if f.when else ""
     fix = f"  fix: {f.fix}" if f.fix else ""
     auto = " (--fix)" if f.fixable else ""
-    return f"  {f.severity:<7} {f.rule:<30} {where}{when}: {f.message}.{fix}{auto}"
+    # A library's own message often ends with its full stop already: do not add a second one.
+    stop = "" if f.message.endswith((".", "!", "?")) else "."
+    return f"  {f.severity:<7} {f.rule:<30} {where}{when}: {f.message}{stop}{fix}{auto}"
 
 
 def format_findings(findings: list[Finding]) -> str:
