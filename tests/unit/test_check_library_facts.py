@@ -141,11 +141,27 @@ def test_keys_beside_ds_file_rejected_by_plugin(tmp_path, monkeypatch):
     _plugin_from_env(_ds_env(clean, tmp_path), clean.parent, monkeypatch)
 
 
+def test_the_rejected_keys_are_accelerates_own_list():
+    """One list (config/vocab.py) for the emitter and the check, equal to the names accelerate's plugin refuses."""
+    import inspect
+    import re
+
+    from accelerate.utils import DeepSpeedPlugin
+
+    from wizard.config.vocab import REJECTED_BESIDE_DS_FILE
+
+    source = inspect.getsource(DeepSpeedPlugin._deepspeed_config_checks)
+    listed = re.search(r"env_variable_names_to_ignore = \[(.*?)\]", source, re.S).group(1)
+    names = re.findall(r'"ACCELERATE_([A-Z0-9_]+)"', listed)
+    theirs = {n.replace("DEEPSPEED_", "").lower() for n in names}
+    assert theirs == set(REJECTED_BESIDE_DS_FILE)
+
+
 @pytest.mark.parametrize("key", ["gradient_accumulation_steps", "gradient_clipping", "zero_stage",
                                  "offload_optimizer_device", "offload_param_device", "offload_param_nvme_path",
-                                 "offload_optimizer_nvme_path", "zero3_save_16bit_model"])
+                                 "offload_optimizer_nvme_path", "zero3_save_16bit_model", "mixed_precision"])
 def test_each_rejected_key_is_really_rejected(key, tmp_path, monkeypatch):
-    from wizard.check.rules.accelerate_yaml import REJECTED_BESIDE_DS_FILE
+    from wizard.config.vocab import REJECTED_BESIDE_DS_FILE
 
     assert key in REJECTED_BESIDE_DS_FILE
     monkeypatch.setenv("ACCELERATE_CONFIG_DS_FIELDS", f"deepspeed_config_file,{key}")

@@ -9,6 +9,7 @@ import yaml
 
 from tests.plans import LLAMA2_7B, make_plan
 from wizard.config import emit
+from wizard.config.vocab import REJECTED_BESIDE_DS_FILE
 from wizard.errors import InputError
 from wizard.sizing.model import ModelShape
 
@@ -77,7 +78,7 @@ def test_deepspeed_document_has_only_keys_allowed_beside_the_file():
     assert doc["distributed_type"] == "DEEPSPEED"
     assert "mixed_precision" not in doc and "gpu_ids" not in doc
     section = doc["deepspeed_config"]
-    assert not set(section) & set(emit.REJECTED_BESIDE_DS_FILE)
+    assert not set(section) & set(REJECTED_BESIDE_DS_FILE)
     assert set(section) == {"deepspeed_config_file", "zero3_init_flag", "deepspeed_moe_layer_cls_names"}
     assert section["deepspeed_config_file"].startswith("/") and section["deepspeed_config_file"].endswith("rel/ds.json")
     assert section["zero3_init_flag"] is True   # default for ZeRO-3: zero.Init partitions at load

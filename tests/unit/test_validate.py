@@ -11,6 +11,7 @@ import yaml
 
 from tests.plans import LLAMA2_7B, make_plan
 from wizard.config import emit, validate
+from wizard.config.vocab import REJECTED_BESIDE_DS_FILE
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -118,10 +119,10 @@ def test_mixed_precision_beside_the_ds_file_is_accelerates_value_error(tmp_path,
     assert "the following accelerate config variables will be ignored" in findings[0].message
 
 
-@pytest.mark.parametrize("key", [k for k in emit.REJECTED_BESIDE_DS_FILE if k != "mixed_precision"])
+@pytest.mark.parametrize("key", REJECTED_BESIDE_DS_FILE)
 def test_every_rejected_key_is_rejected_by_accelerate(tmp_path, key):
     value = {"gradient_accumulation_steps": 1, "gradient_clipping": 1.0, "zero_stage": 2,
-             "zero3_save_16bit_model": True}.get(key, "none")
+             "zero3_save_16bit_model": True, "mixed_precision": "bf16"}.get(key, "none")
     findings = run(tmp_path, {}, make_plan("deepspeed", stage=2),
                    yaml_edit=lambda d: d["deepspeed_config"].update({key: value}))
     assert "ACC-KEYS-BESIDE-DS-FILE" in rules(findings)

@@ -26,6 +26,7 @@ from wizard.config.vocab import (
     FSDP_BACKWARD_PREFETCH,
     FSDP_SHARDING_STRATEGIES,
     MIXED_PRECISIONS,
+    REJECTED_BESIDE_DS_FILE,
 )
 from wizard.errors import InputError
 from wizard.sizing.memory import OPTIMIZER_STATE_BYTES, optimizer_for_rung
@@ -33,10 +34,6 @@ from wizard.sizing.memory import OPTIMIZER_STATE_BYTES, optimizer_for_rung
 YAML_NAME = "default_config.yaml"
 DS_NAME = "ds_config.json"
 
-# The keys accelerate refuses beside `deepspeed_config_file` (DeepSpeedPlugin._deepspeed_config_checks).
-REJECTED_BESIDE_DS_FILE = ("gradient_accumulation_steps", "gradient_clipping", "zero_stage",
-                           "offload_optimizer_device", "offload_param_device", "offload_param_nvme_path",
-                           "offload_optimizer_nvme_path", "zero3_save_16bit_model", "mixed_precision")
 
 # DeepSpeed knobs, in elements. Integers always: pydantic rejects a float with a fraction
 # (DeepSpeed #6525) and the ZeRO-1/2 runtime asserts an even allgather bucket.

@@ -24,3 +24,10 @@ FSDP1_STATE_DICT_TYPES = ("FULL_STATE_DICT", "LOCAL_STATE_DICT", "SHARDED_STATE_
 FSDP2_STATE_DICT_TYPES = ("SHARDED_STATE_DICT", "FULL_STATE_DICT")
 # accelerate also knows fp8; the wizard leaves it out of scope (README).
 MIXED_PRECISIONS = ("no", "fp16", "bf16")
+
+# The YAML keys accelerate refuses beside `deepspeed_config_file`: DeepSpeedPlugin._deepspeed_config_checks
+# raises when any of them is among the deepspeed_config block's keys (launch passes those keys on), and a
+# top-level `mixed_precision` is passed on as one of them too. The emitter writes none; the check reports each.
+REJECTED_BESIDE_DS_FILE = ("gradient_accumulation_steps", "gradient_clipping", "zero_stage",
+                           "offload_optimizer_device", "offload_param_device", "offload_param_nvme_path",
+                           "offload_optimizer_nvme_path", "zero3_save_16bit_model", "mixed_precision")

@@ -20,6 +20,7 @@ import socket
 from typing import Any, Iterable
 
 from wizard.check.rules.common import CheckContext, as_int, finding, fixer, rule
+from wizard.config.vocab import REJECTED_BESIDE_DS_FILE
 
 FAMILY = "accelerate"
 
@@ -37,11 +38,6 @@ STRING_KEYS: dict[tuple[str, ...], str] = {
     ("fp8_config", "backend"): "upper",
 }
 
-# DeepSpeedPlugin._deepspeed_config_checks: YAML keys that may not sit beside deepspeed_config_file.
-REJECTED_BESIDE_DS_FILE = (
-    "gradient_accumulation_steps", "gradient_clipping", "zero_stage", "offload_optimizer_device",
-    "offload_param_device", "offload_param_nvme_path", "offload_optimizer_nvme_path", "zero3_save_16bit_model",
-)
 
 DEFAULT_PORT = 29500
 
