@@ -63,6 +63,7 @@ from launch.rundir import (
 )
 from wizard.fsutil import read_json_object, read_yaml_mapping
 from wizard.paths import accelerate_default_config_file
+from wizard.units import fmt_clock
 
 WORKER = str(Path(__file__).with_name("_worker.py"))
 ENV_SOCKET = "WIZARD_LAUNCH_SOCKET"
@@ -208,16 +209,6 @@ def open_nvml_safely():
         return open_nvml()
     except Exception as exc:  # start without metrics, never not at all: bad WIZARD_FAKE_NVML, a binding's surprise
         return _NoNvml(f"NVML unavailable: {type(exc).__name__}: {exc}".rstrip(": "))
-
-
-def fmt_eta(s: float | None) -> str:
-    """The headless status line's ETA: "5:03", "1:02:03" (unpadded minutes, unlike the view's fmt_clock)."""
-    if s is None:
-        return "?"
-    s = int(s)
-    h, rem = divmod(s, 3600)
-    m, sec = divmod(rem, 60)
-    return f"{h}:{m:02d}:{sec:02d}" if h else f"{m}:{sec:02d}"
 
 
 # ------------------------------------------------------------------ the run's record
@@ -660,7 +651,7 @@ class Supervisor:
         step = f"step {p.get('step')}/{p.get('total')}" if p.get("total") else "step ?"
         loss = f"loss {p['loss']:.4g}" if isinstance(p.get("loss"), (int, float)) else "loss ?"
         rate = f"{p['rate']:.2f} it/s" if isinstance(p.get("rate"), (int, float)) else "? it/s"
-        eta = f"ETA {fmt_eta(p.get('eta_s'))}" if p.get("eta_s") is not None else "ETA ?"
+        eta = f"ETA {fmt_clock(p['eta_s'], pad_minutes=False)}" if p.get("eta_s") is not None else "ETA ?"
         return (f"attempt {attempt}/{self.record.attempts_allowed()} | {self.record.get('status')} | "
                 f"{step} | {loss} | {rate} | {eta} | {self._peak_gpu_text()}")
 

@@ -35,6 +35,7 @@ from typing import Any, Callable
 
 from launch.rundir import ACTIVE_STATUSES, CONTROL_FILE, TERMINAL_STATUSES, process_alive, read_state
 from wizard.fsutil import replace_file
+from wizard.units import fmt_clock
 
 CONTROL_SIGNALS = {"stop": signal.SIGTERM, "restart": signal.SIGUSR1, "kill": signal.SIGUSR2}
 CONTROL_REQUESTS = (*CONTROL_SIGNALS, "detach")      # detach: control.json only (the supervisor polls it)
@@ -382,17 +383,6 @@ def elapsed_s(run: dict[str, Any], now: float) -> float | None:
         return None
     end = as_number(run.get("ended_at")) if run.get("status") in FINISHED else None
     return max(0.0, (end if end is not None else now) - start)
-
-
-def fmt_clock(seconds: float | None) -> str:
-    """A clock for the view's header: "05:03", "1:02:03", "--:--" when unknown (wizard.planning.speed.fmt_duration
-    says "1h 02m" for the plan; the supervisor's status line has its own fmt_eta)."""
-    if seconds is None:
-        return "--:--"
-    s = int(round(seconds))
-    h, rem = divmod(s, 3600)
-    m, s = divmod(rem, 60)
-    return f"{h}:{m:02d}:{s:02d}" if h else f"{m:02d}:{s:02d}"
 
 
 def status_text(run: dict[str, Any], now: float | None = None) -> str:

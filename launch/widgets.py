@@ -50,14 +50,13 @@ from launch.view import (
     _as_int,
     as_number,
     elapsed_s,
-    fmt_clock,
     send_control,
     status_text,
 )
+from wizard.units import GiB, fmt_clock
 
 SPARK = "▁▂▃▄▅▆▇█"
 PARTIAL = " ▏▎▍▌▋▊▉"
-GiB = 1024**3
 
 
 # ---------------------------------------------------------------- colours (theme-aware)

@@ -99,3 +99,29 @@ def fmt_count(n: int | None) -> str:
         if abs(n) >= div:
             return f"{n / div:.3g}{suffix}" if n / div < 100 else f"{n / div:.0f}{suffix}"
     return str(n)
+
+
+# ----------------------------------------------------------------------------- durations (one home)
+
+def fmt_duration(seconds: float) -> str:
+    """A planned duration: 3725 -> '1h 02m'; 1.5e6 -> '17.4 days'."""
+    if seconds < 60:
+        return f"{seconds:.0f}s"
+    if seconds < 3600:
+        return f"{seconds // 60:.0f}m {seconds % 60:02.0f}s"
+    if seconds < 48 * 3600:
+        return f"{seconds // 3600:.0f}h {(seconds % 3600) // 60:02.0f}m"
+    return f"{seconds / 86400:.1f} days"
+
+
+def fmt_clock(seconds: float | None, *, unknown: str = "--:--", pad_minutes: bool = True) -> str:
+    """A running clock: "05:03" (or "5:03" unpadded, as the headless status line prints it), "1:02:03";
+    `unknown` when there is no figure."""
+    if seconds is None:
+        return unknown
+    s = int(round(seconds))
+    h, rem = divmod(s, 3600)
+    m, s = divmod(rem, 60)
+    if h:
+        return f"{h}:{m:02d}:{s:02d}"
+    return f"{m:02d}:{s:02d}" if pad_minutes else f"{m}:{s:02d}"

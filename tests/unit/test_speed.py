@@ -21,6 +21,7 @@ from wizard.planning.plan import (
     rung_by_key,
 )
 from wizard.probe import catalogue, hardware
+from wizard.units import fmt_duration
 
 GB = 1e9
 
@@ -207,7 +208,7 @@ def test_an_unknown_gpu_is_planned_with_a_said_fallback():
 
 def test_formatting():
     assert sp.fmt_rate(12_345) == "12.3k tok/s" and sp.fmt_rate(2.5e6) == "2.5M tok/s"
-    assert sp.fmt_duration(3725) == "1h 02m" and sp.fmt_duration(3 * 86400) == "3.0 days"
+    assert fmt_duration(3725) == "1h 02m" and fmt_duration(3 * 86400) == "3.0 days"
     a = replace(sp.estimate(ROUND, work(), layout()), tokens_per_second=100.0)
     b = replace(a, tokens_per_second=310.0)
     assert sp.relative(a, b) == "3.1x slower" and sp.relative(b, a) == "3.1x faster"

@@ -26,7 +26,6 @@ from wizard.config.vocab import (
     FSDP_BACKWARD_PREFETCH,
     FSDP_SHARDING_STRATEGIES,
     MIXED_PRECISIONS,
-    REJECTED_BESIDE_DS_FILE,
 )
 from wizard.errors import InputError
 from wizard.sizing.memory import OPTIMIZER_STATE_BYTES, optimizer_for_rung

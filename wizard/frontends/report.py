@@ -5,8 +5,8 @@ from __future__ import annotations
 import sys
 from typing import TextIO
 
-from wizard.planning.speed import fmt_duration, fmt_rate
-from wizard.units import fmt_bytes, fmt_count
+from wizard.planning.speed import fmt_rate
+from wizard.units import fmt_bytes, fmt_count, fmt_duration
 
 
 def hardware_line(hw) -> str:

@@ -438,17 +438,6 @@ def fmt_rate(tokens_per_second: float) -> str:
     return f"{tokens_per_second:.3g} tok/s"
 
 
-def fmt_duration(seconds: float) -> str:
-    """3725 -> '1h 02m'; 1.5e6 -> '17.4 days'."""
-    if seconds < 60:
-        return f"{seconds:.0f}s"
-    if seconds < 3600:
-        return f"{seconds // 60:.0f}m {seconds % 60:02.0f}s"
-    if seconds < 48 * 3600:
-        return f"{seconds // 3600:.0f}h {(seconds % 3600) // 60:02.0f}m"
-    return f"{seconds / 86400:.1f} days"
-
-
 def relative(speed: Speed, reference: Speed) -> str:
     """'3.1x slower' / '1.4x faster' / 'as fast' of `speed` against `reference`."""
     ratio = reference.tokens_per_second / speed.tokens_per_second

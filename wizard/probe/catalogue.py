@@ -21,9 +21,7 @@ import re
 from dataclasses import dataclass
 
 from wizard.errors import InputError
-
-MiB = 1024**2
-GiB = 1024**3
+from wizard.units import MiB
 
 
 @dataclass(frozen=True)
