@@ -1,6 +1,6 @@
 """One problem found in a configuration: what `wizard check` and the wizard's own validation report.
 
-Shared by check.py (the doctor), the emitters (which refuse to write a file with an error finding)
+Shared by check/doctor.py (`wizard check`), config/validate.py (the pre-write check), the emitters (which refuse to write a file with an error finding)
 and every front end that shows findings.
 """
 

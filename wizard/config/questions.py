@@ -1,6 +1,6 @@
 """The question table: every question the wizard asks, in asking order, with why it matters.
 
-One source of truth (see notes/contract_answers.md): the CLI flags (`--seq-len` <- id `seq_len`), the
+One source of truth (DESIGN.md's CLI contract): the CLI flags (`--seq-len` <- id `seq_len`), the
 answers-file keys, the TUI's fields and the plain prompts are all generated from `QUESTIONS`.
 Conditions and defaults mirror `accelerate config` for "This machine" (shared/reference/accelerate.md
 §2); where the wizard knows better than accelerate's static default (it has probed the machine and

@@ -199,7 +199,7 @@ def match_device(nvml_name: str, memory_total: int | None = None) -> GpuSpec | N
 # rate, so their figure is the lower one of the whitepaper ("Peak FP16 Tensor TFLOPS with FP32
 # Accumulate"). `fp32` is the non-tensor fp32 peak (PyTorch does not use TF32 for matmuls unless asked).
 # `hbm` is memory bandwidth in GB/s. `link` is the NCCL bus bandwidth (GB/s, nccl-tests' "busbw") an
-# all-reduce reaches between the GPUs of one server joined as `CatalogueEntry.nvlink` says: measured
+# all-reduce reaches between the GPUs of one server joined as `GpuSpec.nvlink` says: measured
 # orders of magnitude from public nccl-tests results (8x H100 NVSwitch ~ 360-480, 8x A100 ~ 230,
 # 8x V100 hybrid cube-mesh ~ 130); PCIe servers fall back on `pcie_link`. `pcie_gen` decides the
 # host link used by offload (per GPU, one x16 link each).
