@@ -175,11 +175,14 @@ def test_a_whole_float_bucket_is_accepted_as_deepspeed_accepts_it(tmp_path: Path
 
 
 def test_a_finding_line_ends_its_message_with_one_full_stop():
-    """A library's own message (accelerate's "Choose between [...].") already ends with a full stop."""
-    from wizard.check.doctor import format_finding
+    """A library's own message (accelerate's "Choose between [...].") already ends with a full stop; every
+    front end's line (check's columns, the plain report, the TUI's Review screen) reads the same words."""
     from wizard.check.rules.common import finding
+    from wizard.findings import finding_column_line, finding_line
     quoted = finding("error", "ACC-LAUNCH-REJECTS", "a.yaml", None,
                      "ValueError: Unknown mixed_precision mode: bf17. Choose between ['no', 'bf16'].", fix="fix it")
     ours = finding("warning", "X", "a.yaml", "k", "our own sentence", fix="fix it")
-    assert "['no', 'bf16'].  fix: fix it" in format_finding(quoted)
-    assert "our own sentence.  fix: fix it" in format_finding(ours)
+    assert "['no', 'bf16'].  fix: fix it" in finding_column_line(quoted)
+    assert "our own sentence.  fix: fix it" in finding_column_line(ours)
+    assert finding_line(quoted).endswith("['no', 'bf16']. Fix: fix it")
+    assert finding_line(ours) == "warning: [X] a.yaml:k: our own sentence. Fix: fix it"

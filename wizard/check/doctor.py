@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
 
-from wizard.check.findings import Finding
+from wizard.findings import Finding, finding_column_line
 from wizard.errors import InputError
 from wizard.paths import accelerate_default_config_file
 
@@ -507,16 +507,6 @@ def apply_fixes(ctx, findings: list[Finding]) -> FixResult:
 # ----------------------------------------------------------------------------- output
 
 
-def format_finding(f: Finding) -> str:
-    where = f"{f.key}" if f.key else "(file)"
-    when = f" [at {f.when}]" if f.when else ""
-    fix = f"  fix: {f.fix}" if f.fix else ""
-    auto = " (--fix)" if f.fixable else ""
-    # A library's own message often ends with its full stop already: do not add a second one.
-    stop = "" if f.message.endswith((".", "!", "?")) else "."
-    return f"  {f.severity:<7} {f.rule:<30} {where}{when}: {f.message}{stop}{fix}{auto}"
-
-
 def format_findings(findings: list[Finding]) -> str:
     """One line per finding, grouped by file, errors first."""
     if not findings:
@@ -527,7 +517,7 @@ def format_findings(findings: list[Finding]) -> str:
         if f.file != current:
             current = f.file
             lines.append(f"{f.file}:")
-        lines.append(format_finding(f))
+        lines.append(finding_column_line(f))
     errors = sum(f.severity == "error" for f in findings)
     warnings = sum(f.severity == "warning" for f in findings)
     infos = len(findings) - errors - warnings

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
-from wizard.check.findings import Finding
+from wizard.findings import Finding
 from wizard.fsutil import read_yaml_mapping
 
 AUTO = "auto"

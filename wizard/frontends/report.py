@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from typing import TextIO
 
+from wizard.findings import finding_line
 from wizard.planning.speed import fmt_rate
 from wizard.units import fmt_bytes, fmt_count, fmt_duration
 
@@ -107,11 +108,7 @@ def nothing_fits_message(result) -> str:
 def print_findings(findings, file: TextIO | None = None) -> None:
     out = file or sys.stdout
     for f in findings:
-        where = f"{f.file}" + (f":{f.key}" if f.key else "")
-        line = f"{f.severity}: [{f.rule}] {where}: {f.message}"
-        if getattr(f, "fix", None):
-            line += f" Fix: {f.fix}"
-        print(line, file=out)
+        print(finding_line(f), file=out)
 
 
 def print_written(result, dry_run: bool, file: TextIO | None = None) -> None:

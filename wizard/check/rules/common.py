@@ -12,7 +12,7 @@ import functools
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
-from wizard.check.findings import Finding
+from wizard.findings import Finding
 
 # ----------------------------------------------------------------------------- registry
 

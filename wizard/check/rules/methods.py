@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
-from wizard.check.findings import Finding
+from wizard.findings import Finding
 from wizard.check.rules.common import CheckContext, finding, older
 
 ENVIRONMENT = "<environment>"

@@ -20,6 +20,7 @@ from textual.widgets import Static, TabbedContent, TabPane
 
 from wizard import pipeline
 from wizard.errors import WizardError
+from wizard.findings import finding_words
 from wizard.frontends.session import planned_changes
 from wizard.frontends.tui.messages import ValidationDone
 from wizard.frontends.tui.screens.base import WizardScreen
@@ -155,11 +156,13 @@ class ReviewScreen(WizardScreen):
             return "[green]✓ accelerate, DeepSpeed and transformers accept both files.[/green]"
         lines = []
         for f in self.findings:
-            colour = "red" if f.severity == "error" else "yellow"
-            where = escape(f.file + (f":{f.key}" if f.key else ""))
-            line = f"[{colour}]{'✗' if f.severity == 'error' else '⚠'} {f.severity} [{escape(f.rule)}][/{colour}] {where}: {escape(f.message)}"
-            if f.fix:
-                line += f"\n    Fix: {escape(f.fix)}"
+            w = finding_words(f)
+            colour = "red" if w.severity == "error" else "yellow"
+            mark = "✗" if w.severity == "error" else "⚠"
+            line = (f"[{colour}]{mark} {w.severity} [{escape(w.rule)}][/{colour}] {escape(w.location)}: "
+                    f"{escape(w.message)}")
+            if w.fix:
+                line += f"\n    Fix: {escape(w.fix)}"
             lines.append(line)
         return "\n".join(lines)
 
