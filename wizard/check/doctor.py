@@ -348,8 +348,6 @@ def run_rules(ctx, only: set[str] | None = None) -> list[Finding]:
         import shutil
         shutil.rmtree(scratch, ignore_errors=True)
         ctx.cache.pop("acc_disk", None)
-    from wizard.check.rules.methods import run_method_rules
-    findings += run_method_rules(ctx, ctx.method)
     return sort_findings(_virtual_ds_keys(ctx, one_finding_per_problem(findings)))
 
 

@@ -7,5 +7,12 @@ Importing this package registers every rule (the modules below import `common` a
 
 from __future__ import annotations
 
-from wizard.check.rules import accelerate_yaml, deepspeed_json, hardware_plan, integration, libraries  # noqa: F401
+from wizard.check.rules import (  # noqa: F401
+    accelerate_yaml,
+    deepspeed_json,
+    hardware_plan,
+    integration,
+    libraries,
+    methods,
+)
 from wizard.check.rules.common import FIXERS, RULES, CheckContext, Rule  # noqa: F401

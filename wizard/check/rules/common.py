@@ -20,7 +20,7 @@ from wizard.findings import Finding
 @dataclass
 class Rule:
     id: str
-    family: str                    # integration | accelerate | deepspeed | hardware
+    family: str                    # integration | accelerate | deepspeed | hardware | library | method
     summary: str
     func: Callable[["CheckContext"], Iterable[Finding]]
     fixable: bool = False

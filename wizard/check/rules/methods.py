@@ -1,8 +1,8 @@
 """`wizard check --method lora|qlora`: are peft (and, for QLoRA, bitsandbytes) installed in versions that
 support what the files plan?
 
-These rules run only when a method is given (check.run_method_rules), so they keep their own small registry
-instead of the package-wide one: a full fine-tuning check never sees them.
+These rules are in the one registry (family "method") and say nothing unless a method is given
+(`ctx.method`): a full fine-tuning check never sees them.
 
 Minimum versions, and where each comes from:
 - peft >= 0.8.0 for `target_modules="all-linear"`: the shorthand was added by huggingface/peft PR #1295
@@ -23,11 +23,11 @@ Minimum versions, and where each comes from:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+import functools
+from typing import Any, Iterable
 
+from wizard.check.rules.common import CheckContext, finding, older, rule
 from wizard.findings import Finding
-from wizard.check.rules.common import CheckContext, finding, older
 
 ENVIRONMENT = "<environment>"
 PEFT_ALL_LINEAR = "0.8.0"
@@ -38,28 +38,18 @@ TRANSFORMERS_QUANT_STORAGE = "4.39.0"
 BNB_FALLBACK_MINIMUM = "0.39.0"     # the first bitsandbytes with 4-bit (NF4/FP4) Linear4bit, for QLoRA
 
 
-@dataclass(frozen=True)
-class MethodRule:
-    id: str
-    summary: str
-    func: Callable[[CheckContext, Any], Iterable[Finding]]
-
-
-METHOD_RULES: list[MethodRule] = []
-
-
 def method_rule(rule_id: str, summary: str):
+    """A rule of the "method" family: `func(ctx, options)` runs only for --method lora/qlora."""
     def register(func):
-        METHOD_RULES.append(MethodRule(rule_id, summary, func))
+        @functools.wraps(func)
+        def with_options(ctx: CheckContext) -> Iterable[Finding]:
+            options = ctx.method
+            if options is None or options.method not in ("lora", "qlora"):
+                return ()
+            return func(ctx, options)
+        rule(rule_id, "method", summary)(with_options)
         return func
     return register
-
-
-def run_method_rules(ctx: CheckContext, options) -> list[Finding]:
-    """Every method finding for `options` (wizard.sizing.lora.LoraOptions); nothing for full fine-tuning."""
-    if options is None or options.method not in ("lora", "qlora"):
-        return []
-    return [f for r in METHOD_RULES for f in r.func(ctx, options)]
 
 
 def method_options(method: str, rank: Any = 16, targets: str | None = None):
