@@ -261,7 +261,6 @@ def validate(result: Result) -> None:
     """Load the rendered files with accelerate, DeepSpeed and transformers (in a scratch dir)."""
     import tempfile
 
-    from wizard.config import validate as validate_mod
     with tempfile.TemporaryDirectory(prefix="wizard-validate-") as tmp:
         ds_tmp = None
         yaml_text = result.yaml_text
@@ -274,10 +273,7 @@ def validate(result: Result) -> None:
             yaml_text = yaml_naming(yaml_text, ds_tmp)
         yaml_tmp = os.path.join(tmp, "default_config.yaml")
         Path(yaml_tmp).write_text(yaml_text, encoding="utf-8")
-        result.findings = list(validate_mod.validate_all(
-            yaml_tmp, ds_tmp, result.answers, result.plan, result.model,
-            yaml_display=result.yaml_path, ds_display=result.ds_path if ds_tmp else None))
-        result.findings += doctor_findings(result, loader_path=yaml_tmp)
+        result.findings = check_before_write(result, yaml_tmp, ds_tmp)
 
 
 TRAINING_MACHINE_ONLY = ("METHOD-BNB-MISSING", "METHOD-BNB-OLD")
@@ -289,26 +285,22 @@ def method_options(answers: dict[str, Any]) -> Any:
     return None if training.method == "full" else lora_options_for(training)
 
 
-def doctor_findings(result: Result, loader_path: str | None = None) -> list:
-    """`wizard check`'s rules on the files about to be written: the wizard writes nothing it would flag.
-
-    accelerate's loader rule reads the file at the path it is given: `loader_path` is the scratch copy
-    of the new YAML, never the file in the output dir (which is only being replaced, and may be broken).
-    """
+def check_before_write(result: Result, yaml_tmp: str, ds_tmp: str | None) -> list:
+    """`wizard check`'s rules, once, on the scratch copies of the files about to be written, with the plan they
+    were written for: the wizard writes nothing it would flag. Findings name the final paths."""
     import dataclasses
 
-    from wizard.check.doctor import check_texts
-    seen = {(f.rule, f.key) for f in result.findings}
-    found = check_texts(result.yaml_text, result.ds_text, accelerate_path=loader_path or result.yaml_path,
-                        ds_path=result.ds_path or "ds_config.json", model_shape=result.model,
-                        hardware=result.hardware, trainer=result.answers.get("trainer", "hf"),
-                        seq_len=result.answers.get("seq_len", 2048), method=method_options(result.answers))
-    if loader_path:
-        found = [dataclasses.replace(f, file=result.yaml_path) if f.file == loader_path else f for f in found]
+    from wizard.check.doctor import check_planned
+    displays = {yaml_tmp: result.yaml_path}
+    if ds_tmp:
+        displays[ds_tmp] = result.ds_path
+    found = check_planned(yaml_tmp, ds_tmp, answers=result.answers, plan=result.plan, model=result.model,
+                          hardware=result.hardware, method=method_options(result.answers),
+                          trainer=result.answers.get("trainer", "hf"), seq_len=result.answers.get("seq_len", 2048),
+                          displays=displays)
     # bitsandbytes is optional where the wizard runs (sizing never needs it): planning QLoRA for another machine
     # must not be refused for it; `wizard check --method qlora` on the training machine keeps it an error.
-    found = [dataclasses.replace(f, severity="warning") if f.rule in TRAINING_MACHINE_ONLY else f for f in found]
-    return [f for f in found if (f.rule, f.key) not in seen]
+    return [dataclasses.replace(f, severity="warning") if f.rule in TRAINING_MACHINE_ONLY else f for f in found]
 
 
 def build(request: Request, hw: Hardware | None = None) -> Result:

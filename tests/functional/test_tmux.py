@@ -127,8 +127,9 @@ def test_enter_through_every_screen_in_a_real_terminal(tmux, tmp_path):
         assert doc["num_processes"] == 2
     # accelerate loads the written YAML and accepts it for `accelerate launch` (these checks need no
     # plan; the wizard itself ran every check with its plan before writing: "✓ validated" above).
-    from wizard.config.validate import validate_all
-    findings = validate_all(str(out / "default_config.yaml"), None, None, None, None)
+    from wizard.check.doctor import check_planned
+    findings = check_planned(str(out / "default_config.yaml"), None, answers=None, plan=None, model=None,
+                             port_in_use=lambda port: False)
     assert [f for f in findings if f.severity == "error" and f.rule.startswith("ACC")] == []
 
 

@@ -113,13 +113,13 @@ def field(app, qid: str) -> QuestionField:
 
 def assert_files_valid(out: Path, expect_ds: bool, state) -> dict:
     """Validate the files on disk again (not the wizard's scratch copies) for the wizard's plan."""
-    from wizard.config.validate import validate_all
+    from wizard.check.doctor import check_planned
     yaml_path = out / "default_config.yaml"
     doc = yaml.safe_load(yaml_path.read_text())
     ds_path = out / "ds_config.json"
     assert ds_path.exists() == expect_ds
-    findings = validate_all(str(yaml_path), str(ds_path) if expect_ds else None, state.full_answers,
-                            state.plan, state.model)
+    findings = check_planned(str(yaml_path), str(ds_path) if expect_ds else None, answers=state.full_answers,
+                             plan=state.plan, model=state.model, port_in_use=lambda port: False)
     assert [f for f in findings if f.severity == "error"] == []
     assert (out / "wizard_plan.json").exists()
     return doc

@@ -17,6 +17,7 @@ from wizard.check.rules import RULES
 from wizard.probe.hardware import Hardware, assume
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "check"
+ROOT = Path(__file__).resolve().parents[2]
 MODELS = FIXTURES / "models"
 CASE_DIRS = sorted(p.parent for p in FIXTURES.glob("*/*/case.json"))
 
@@ -90,12 +91,27 @@ def test_every_rule_has_a_trigger_and_a_clean_fixture():
     method_ids = {r.id for r in RULES if r.family == "method"}
     method_tests = (Path(__file__).parent / "test_check_methods.py").read_text()
     assert method_ids and all(rule_id in method_tests for rule_id in method_ids)
-    ids = {r.id for r in RULES if r.family != "method"} | {"PLAN-LOW-HEADROOM"}
+    # The plan family judges files against the plan they were written for: test_validate.py drives it.
+    ids = {r.id for r in RULES if r.family not in ("method", "plan")} | {"PLAN-LOW-HEADROOM"}
     with_fixture = {p.parent.name for p in CASE_DIRS if p.name == "trigger"}
     # PLAN-LOW-HEADROOM depends on the plan's arithmetic: test_check_plan.py searches for its trigger instead.
     assert ids - with_fixture == {"PLAN-LOW-HEADROOM"}
     for rule_id in with_fixture:
         assert (FIXTURES / rule_id / "clean" / "case.json").exists()
+
+
+def test_every_reported_id_has_one_home_in_the_registry():
+    """Every finding id written anywhere in the wizard is a registered rule's, one the "plan" rule reports for
+    the libraries' verdicts, the runner's own, or PLAN-EXCEEDS-GPU's milder twin: no id lives outside it."""
+    import re
+
+    from wizard.check.rules.planned import PLAN_FILE_IDS
+
+    source = "\n".join(p.read_text() for p in (ROOT / "wizard").rglob("*.py"))
+    written = set(re.findall(r'"((?:ACC|DS|TRN|INT|PLAN|VER|METHOD|CHECK)-[A-Z0-9-]+)"', source))
+    known = {r.id for r in RULES} | set(PLAN_FILE_IDS) | {"CHECK-RULE-FAILED", "PLAN-LOW-HEADROOM"}
+    assert written - known == set()
+    assert not set(PLAN_FILE_IDS) & {r.id for r in RULES}
 
 
 def test_fixtures_are_up_to_date(tmp_path: Path, monkeypatch):

@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from tests.plans import LLAMA2_7B, make_plan
+from wizard.check.doctor import check_planned
 from wizard.config import emit, validate
 from wizard.config.vocab import REJECTED_BESIDE_DS_FILE
 
@@ -39,9 +40,16 @@ def emit_pair(tmp_path, answers, plan, yaml_edit=None, ds_edit=None, yaml_text=N
     return yaml_path, None
 
 
+def checked(yaml_path, ds_path, answers, plan, model=MODEL, displays=None):
+    """The check before a write on these files: every rule once, the libraries judging them with the plan;
+    no machine (the files are for the planned one)."""
+    return check_planned(yaml_path, ds_path, answers=answers, plan=plan, model=model, displays=displays,
+                         port_in_use=lambda port: False)
+
+
 def run(tmp_path, answers, plan, **edits):
     yaml_path, ds_path = emit_pair(tmp_path, answers, plan, **edits)
-    return validate.validate_all(yaml_path, ds_path, answers, plan, MODEL)
+    return checked(yaml_path, ds_path, answers, plan)
 
 
 def rules(findings, severity="error"):
@@ -187,7 +195,7 @@ def test_busy_port_is_a_warning_not_an_error(tmp_path):
         # On a real rank-0 launch accelerate raises ConnectionError here; for the file it is a warning.
         findings = run(tmp_path, {**MULTINODE, "main_process_port": port}, make_plan("ddp", world=16, machines=2))
         # validation judges the files for the planned machine; this machine's port is check's rule, with the
-        # machine as an input (pipeline.doctor_findings asks the live one)
+        # machine as an input (the wizard's check before a write asks the live one)
         assert rules(findings) == set() and "ACC-PORT-IN-USE" not in rules(findings, "warning")
         from wizard.check.doctor import check_texts
         yaml_text = (tmp_path / "default_config.yaml").read_text()
@@ -336,7 +344,7 @@ def test_missing_zero_section(tmp_path):
 def test_ds_file_found_through_the_yaml_when_not_given(tmp_path):
     answers, plan = {}, make_plan("deepspeed", stage=2)
     yaml_path, _ = emit_pair(tmp_path, answers, plan, ds_edit=lambda d: d.update(gradient_accumulation_steps=8))
-    findings = validate.validate_all(yaml_path, None, answers, plan, MODEL)
+    findings = checked(yaml_path, None, answers, plan)
     assert "DS-TRAINER-MISMATCH" in rules(findings)
 
 
@@ -344,8 +352,8 @@ def test_display_names_are_reported(tmp_path):
     answers, plan = {}, make_plan("deepspeed", stage=2)
     yaml_path, ds_path = emit_pair(tmp_path, answers, plan, ds_edit=lambda d: d.update(gradient_accumulation_steps=8),
                                    yaml_edit=lambda d: d.update(mixed_precision="bf16"))
-    findings = validate.validate_all(yaml_path, ds_path, answers, plan, MODEL,
-                                     yaml_display="/final/default_config.yaml", ds_display="/final/ds_config.json")
+    findings = checked(yaml_path, ds_path, answers, plan, displays={yaml_path: "/final/default_config.yaml",
+                                                                    ds_path: "/final/ds_config.json"})
     assert {f.file for f in findings} == {"/final/default_config.yaml", "/final/ds_config.json"}
 
 
@@ -354,4 +362,4 @@ def test_check_without_a_plan_uses_the_yaml(tmp_path):
     answers, plan = {}, make_plan("deepspeed", world=4, stage=3)
     yaml_path, ds_path = emit_pair(tmp_path, answers, plan)
     assert validate.expectations(None, None, MODEL, yaml.safe_load(open(yaml_path))).world_size == 4
-    assert rules(validate.validate_all(yaml_path, ds_path, None, None, MODEL)) == set()
+    assert rules(checked(yaml_path, ds_path, None, None)) == set()

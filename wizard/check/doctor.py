@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
 
+from wizard.check.rules.common import relative_to_naming_file
 from wizard.findings import Finding, finding_column_line
 from wizard.errors import InputError
 from wizard.paths import accelerate_default_config_file
@@ -273,13 +274,13 @@ def _load_ds(ctx, ds_config: str | None) -> None:
         ctx.ds_path = f"{ctx.ta_path}:deepspeed"
         return
     if path is None and isinstance(ta_ds, str) and ta_ds:
-        path, origin = _relative_to(ta_ds, ctx.ta_path), "training-args"
+        path, origin = relative_to_naming_file(ta_ds, ctx.ta_path), "training-args"
         if not os.path.isfile(path):
             raise InputError("training-args", f"deepspeed={ta_ds!r}: {path} does not exist")
     if path is None and ctx.distributed_type == "DEEPSPEED":
         ref = ctx.acc_get("deepspeed_config", "deepspeed_config_file")
         if isinstance(ref, str) and ref:
-            path, origin = _relative_to(ref, ctx.acc_path), "deepspeed_config_file"
+            path, origin = relative_to_naming_file(ref, ctx.acc_path), "deepspeed_config_file"
             if not os.path.isfile(path):
                 ctx.ds_missing_ref = ref
                 return
@@ -301,24 +302,6 @@ def _load_inline_ds(ctx) -> None:
     built = accelerate_built_ds(ctx)
     if built is not None:
         ctx.ds, ctx.ds_from, ctx.ds_path = built, "accelerate-yaml", ctx.acc_path
-
-
-def _relative_to(path: str, base_file: str | None) -> str:
-    """A relative path as the script would see it (cwd), else next to the file that names it."""
-    path = os.path.expanduser(path)
-    if os.path.isabs(path) or os.path.exists(path) or not base_file:
-        return path
-    directory = os.path.dirname(os.path.abspath(base_file))
-    while True:
-        # beside the naming file, then each folder above it: a training YAML's `deepspeed: examples/ds.json`
-        # is relative to the repository root the script is started from
-        candidate = os.path.join(directory, path)
-        if os.path.exists(candidate):
-            return candidate
-        parent = os.path.dirname(directory)
-        if parent == directory:
-            return path
-        directory = parent
 
 
 # ----------------------------------------------------------------------------- running
@@ -348,7 +331,21 @@ def run_rules(ctx, only: set[str] | None = None) -> list[Finding]:
         import shutil
         shutil.rmtree(scratch, ignore_errors=True)
         ctx.cache.pop("acc_disk", None)
-    return sort_findings(_virtual_ds_keys(ctx, one_finding_per_problem(findings)))
+    if ctx.planned is not None:         # scratch copies of the files about to be written: name the final paths
+        for f in findings:
+            f.file = ctx.planned.displays.get(f.file, f.file)
+    return sort_findings(_virtual_ds_keys(ctx, one_finding_per_problem(_once_each(findings))))
+
+
+def _once_each(findings: list[Finding]) -> list[Finding]:
+    """One finding per (rule, file, key): a library's verdict and a rule can reach the same problem."""
+    seen: set[tuple[str, str, str | None]] = set()
+    out = []
+    for f in findings:
+        if (f.rule, f.file, f.key) not in seen:
+            seen.add((f.rule, f.file, f.key))
+            out.append(f)
+    return out
 
 
 def one_finding_per_problem(findings: list[Finding]) -> list[Finding]:
@@ -405,6 +402,38 @@ def run_check(config_file: str | None = None, ds_config: str | None = None, trai
     """Every finding for these inputs. Raises InputError for unreadable input."""
     ctx = build_context(config_file, ds_config, training_args, model, hardware, trainer, seq_len, versions,
                         use_default_config, port_in_use, method)
+    return run_rules(ctx)
+
+
+def check_planned(yaml_path: str, ds_path: str | None, *, answers: dict[str, Any] | None, plan: Any, model: Any,
+                  hardware: Any = None, method: Any = None, trainer: str | None = None, seq_len: int | None = None,
+                  displays: dict[str, str] | None = None, port_in_use=None,
+                  versions: dict[str, str | None] | None = None) -> list[Finding]:
+    """The check before a write: every rule, once, on the files about to be written (scratch copies at
+    `yaml_path`/`ds_path`, named in the findings by `displays`), the libraries judging them against the plan
+    (the "plan" rule) and the machine rules against `hardware` (None: none known, as for files read alone).
+    The wizard writes nothing this reports as an error."""
+    from wizard.check.rules.common import PlannedFiles
+
+    trainer = trainer or str((answers or {}).get("trainer") or "hf")
+    seq_len = seq_len or int((answers or {}).get("seq_len") or 2048)
+    machine_known = hardware is not None
+    if not machine_known:            # not this machine and no GPUs: the machine rules stay silent
+        from types import SimpleNamespace
+        hardware = SimpleNamespace(source="plan", gpus=[], all_bf16=True)
+    displays = dict(displays or {})
+    planned = PlannedFiles(answers=answers, plan=plan, model=model, displays=displays)
+    try:
+        ctx = build_context(config_file=yaml_path, ds_config=ds_path, hardware=hardware, trainer=trainer,
+                            seq_len=seq_len, versions=versions, use_default_config=False,
+                            port_in_use=port_in_use, method=method)
+    except InputError:
+        # Files the rules cannot read: the libraries' own verdict (the loader's finding) says why.
+        from wizard.config.validate import library_findings
+        return library_findings(yaml_path, ds_path, answers, plan, model, yaml_display=displays.get(yaml_path),
+                                ds_display=displays.get(ds_path) if ds_path else None)
+    ctx.model = model if machine_known else None       # the memory rules size the model on a known machine
+    ctx.planned = planned
     return run_rules(ctx)
 
 

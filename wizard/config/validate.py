@@ -128,7 +128,7 @@ def _cpu_adam_expected(answers: dict, rung) -> bool | None:
 # --------------------------------------------------------------------------------------------
 
 @contextlib.contextmanager
-def _environ(env: dict[str, str]):
+def environ_replaced(env: dict[str, str]):
     """Replace os.environ by `env` for the block; restore it exactly afterwards."""
     saved = dict(os.environ)
     os.environ.clear()
@@ -151,7 +151,7 @@ def _libs() -> SimpleNamespace:
     env = dict(os.environ)
     env.setdefault("DS_ACCELERATOR", "cpu")
     env.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
-    with _environ(env), warnings.catch_warnings():
+    with environ_replaced(env), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         import accelerate.commands.launch as acc_launch
         import accelerate.utils.dataclasses as acc_dataclasses
@@ -233,7 +233,7 @@ def accelerate_launch(yaml_path: str, planned_gpus: bool) -> LaunchOutcome:
     error = stage = None
     plugin = None
     with _LOCK, warnings.catch_warnings(record=True) as caught, \
-            _launch_time_bypasses(libs, planned_gpus=planned_gpus), _environ(dict(os.environ)):
+            _launch_time_bypasses(libs, planned_gpus=planned_gpus), environ_replaced(dict(os.environ)):
         warnings.simplefilter("always")
         try:
             args = libs.parser.parse_args(["launch", "--config_file", yaml_path, "train.py"])
@@ -252,7 +252,7 @@ def accelerate_launch(yaml_path: str, planned_gpus: bool) -> LaunchOutcome:
         except (Exception, SystemExit) as exc:
             error, stage = _one_line(exc), "launch"
         if env is not None:
-            with _environ(env):
+            with environ_replaced(env):
                 try:
                     if args.use_deepspeed:
                         plugin = libs.DeepSpeedPlugin()
@@ -273,7 +273,7 @@ def check_accelerate(yaml_path: str, exp: Expect, display: str | None = None,
                      ds_path: str | None = None, ds_display: str | None = None) -> list[Finding]:
     """Stage a: accelerate's loader, launch validation, launch environment and plugin; the YAML against the
     plan. Problems of the file itself that `wizard check` has a rule for (unquoted NO, a busy port, ...)
-    are left to those rules (pipeline.doctor_findings): one problem, one id."""
+    are left to those rules (check/rules, run once with this file's verdicts): one problem, one id."""
     libs = _libs()
     shown = display or yaml_path
     findings: list[Finding] = []
@@ -329,7 +329,7 @@ def load_ds_json(path: str) -> dict:
 def static_ds_checks(cfg: dict, file: str, exp: Expect | None = None) -> list[Finding]:
     """The ds_config against the plan. What is wrong with the file on its own (odd all-gather bucket, aio
     nested, float counts, offload_param below ZeRO-3, NVMe without a path, ZeRO-3 without 16-bit save, the
-    offload optimizer) is `wizard check`'s rules' (pipeline.doctor_findings): one problem, one id."""
+    offload optimizer) is `wizard check`'s rules' (check/rules, run once with this file's verdicts): one problem, one id."""
     out: list[Finding] = []
     zero = cfg.get("zero_optimization")
     if not isinstance(zero, dict) or exp is None or exp.zero_stage is None or exp.backend != "deepspeed":
@@ -413,7 +413,7 @@ def fill_like_accelerate(cfg: dict, exp: Expect) -> dict:
     # What `accelerate launch` exports for a YAML with deepspeed_config_file and no mixed_precision.
     env.update({"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_MIXED_PRECISION": "no",
                 "ACCELERATE_CONFIG_DS_FIELDS": "deepspeed_config_file,zero3_init_flag"})
-    with _environ(env), warnings.catch_warnings():
+    with environ_replaced(env), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         plugin = libs.DeepSpeedPlugin(hf_ds_config=copy.deepcopy(cfg))
         plugin.set_mixed_precision("no")
@@ -527,64 +527,24 @@ def check_deepspeed(ds_path: str, exp: Expect, answers: dict | None = None, disp
 
 
 # --------------------------------------------------------------------------------------------
-# Entry point
+# Entry point (the check layer's "plan" rule calls it: check/rules/planned.py)
 # --------------------------------------------------------------------------------------------
 
-def validate_all(yaml_path: str, ds_path: str | None, answers: dict | None, plan, model, *,
-                 yaml_display: str | None = None, ds_display: str | None = None) -> list[Finding]:
-    """Every check on the pair of files; [] means accelerate, DeepSpeed and transformers accept them.
+def library_findings(yaml_path: str, ds_path: str | None, answers: dict | None, plan, model, *,
+                     yaml_display: str | None = None, ds_display: str | None = None) -> list[Finding]:
+    """accelerate, DeepSpeed and transformers on the pair of files, judged against the plan they were written
+    for; [] means the libraries accept them as planned.
 
     `ds_path` None: the DeepSpeed file is the one the YAML names (if any). The *_display names are
     what findings report as `file` (the final paths, when the files are validated from a scratch dir).
     """
     with _LOCK:
-        return _validate_all(yaml_path, ds_path, answers, plan, model, yaml_display, ds_display)
-
-
-def _validate_all(yaml_path, ds_path, answers, plan, model, yaml_display, ds_display) -> list[Finding]:
-    from wizard.check.doctor import one_finding_per_problem
-
-    findings = _plan_and_library_findings(yaml_path, ds_path, answers, plan, model, yaml_display, ds_display)
-    findings += _check_rule_findings(yaml_path, ds_path, answers, yaml_display, ds_display)
-    seen: set[tuple[str, str, str | None]] = set()
-    unique = []
-    for f in findings:
-        if (f.rule, f.file, f.key) not in seen:
-            seen.add((f.rule, f.file, f.key))
-            unique.append(f)
-    return one_finding_per_problem(unique)
-
-
-def _check_rule_findings(yaml_path, ds_path, answers, yaml_display, ds_display) -> list[Finding]:
-    """`wizard check`'s rules on the same files: one set of rules and ids for the wizard and for check."""
-    from wizard.check.doctor import build_context, run_rules
-    from wizard.errors import InputError
-
-    trainer = str((answers or {}).get("trainer") or "hf")
-    # The files are for the planned machine, not necessarily this one: the rules that look at this machine
-    # (nvme_path, async_io, a busy port) run in pipeline.doctor_findings with the real hardware.
-    planned = SimpleNamespace(source="plan", gpus=[], all_bf16=True)
-    try:
-        ctx = build_context(config_file=yaml_path, ds_config=ds_path, trainer=trainer, use_default_config=False,
-                            hardware=planned, port_in_use=lambda port: False)
-    except InputError:
-        return []               # unreadable: the loader's finding above says why
-    shown = {yaml_path: yaml_display or yaml_path}
-    if ds_path:
-        shown[ds_path] = ds_display or ds_path
-    out = run_rules(ctx)
-    for f in out:
-        f.file = shown.get(f.file, f.file)
-    return out
-
-
-def _plan_and_library_findings(yaml_path, ds_path, answers, plan, model, yaml_display, ds_display) -> list[Finding]:
-    yaml_doc = read_yaml_mapping(yaml_path)
-    exp = expectations(answers, plan, model, yaml_doc)
-    findings = check_accelerate(yaml_path, exp, display=yaml_display, ds_path=ds_path, ds_display=ds_display)
-    if ds_path is None and yaml_doc and isinstance(yaml_doc.get("deepspeed_config"), dict):
-        ds_path = yaml_doc["deepspeed_config"].get("deepspeed_config_file")
-        ds_display = ds_display or ds_path
-    if ds_path:
-        findings += check_deepspeed(ds_path, exp, answers, display=ds_display)
-    return findings
+        yaml_doc = read_yaml_mapping(yaml_path)
+        exp = expectations(answers, plan, model, yaml_doc)
+        findings = check_accelerate(yaml_path, exp, display=yaml_display, ds_path=ds_path, ds_display=ds_display)
+        if ds_path is None and yaml_doc and isinstance(yaml_doc.get("deepspeed_config"), dict):
+            ds_path = yaml_doc["deepspeed_config"].get("deepspeed_config_file")
+            ds_display = ds_display or ds_path
+        if ds_path:
+            findings += check_deepspeed(ds_path, exp, answers, display=ds_display)
+        return findings

@@ -14,5 +14,6 @@ from wizard.check.rules import (  # noqa: F401
     integration,
     libraries,
     methods,
+    planned,
 )
 from wizard.check.rules.common import FIXERS, RULES, CheckContext, Rule  # noqa: F401

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
@@ -46,6 +47,16 @@ def fixer(rule_id: str):
 
 
 # ----------------------------------------------------------------------------- context
+
+
+@dataclass(frozen=True)
+class PlannedFiles:
+    """What the check before a write knows beyond the files: the answers and the plan they were written
+    from, and the names the findings give the scratch copies (the final paths)."""
+    answers: dict[str, Any] | None
+    plan: Any                                  # wizard.planning.plan.Plan
+    model: Any                                 # wizard.sizing.model.ModelShape
+    displays: dict[str, str] = field(default_factory=dict)   # scratch path -> final path
 
 
 @dataclass
@@ -86,6 +97,8 @@ class CheckContext:
     aio_available: bool | None = None     # DeepSpeed's async_io op builds here; None: ask DeepSpeed
     # the live machine, as an input: port -> "something listens there now"; None: probe this machine
     port_in_use: Callable[[int], bool] | None = None
+    # files the wizard is about to write, with the plan they were written for (check/rules/planned.py)
+    planned: "PlannedFiles | None" = None
     # cached results shared between rules
     cache: dict[str, Any] = field(default_factory=dict)
 
@@ -282,3 +295,21 @@ def older(version: str | None, minimum: str) -> bool:
         return Version(version) < Version(minimum)
     except InvalidVersion:
         return False
+
+
+def relative_to_naming_file(path: str, base_file: str | None) -> str:
+    """A relative path as the script would see it (cwd), else next to the file that names it."""
+    path = os.path.expanduser(path)
+    if os.path.isabs(path) or os.path.exists(path) or not base_file:
+        return path
+    directory = os.path.dirname(os.path.abspath(base_file))
+    while True:
+        # beside the naming file, then each folder above it: a training YAML's `deepspeed: examples/ds.json`
+        # is relative to the repository root the script is started from
+        candidate = os.path.join(directory, path)
+        if os.path.exists(candidate):
+            return candidate
+        parent = os.path.dirname(directory)
+        if parent == directory:
+            return path
+        directory = parent

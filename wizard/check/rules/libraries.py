@@ -18,7 +18,7 @@ import typing
 import warnings
 from typing import Any, Iterable
 
-from wizard.check.rules.common import CheckContext, as_int, finding, rule
+from wizard.check.rules.common import CheckContext, as_int, finding, relative_to_naming_file, rule
 
 FAMILY = "library"
 LIBRARY_RULES = frozenset({"ACC-LAUNCH-REJECTS", "DS-LIBRARY-REJECTS", "TRN-LIBRARY-REJECTS"})
@@ -57,11 +57,10 @@ def yaml_on_disk(ctx: CheckContext) -> str | None:
         same = False
     ref = ctx.acc_get("deepspeed_config", "deepspeed_config_file")
     # check reads a relative deepspeed_config_file from the launch directory, else beside the YAML
-    # (check._relative_to); the libraries get that same file, by absolute path
+    # (relative_to_naming_file); the libraries get that same file, by absolute path
     resolved = None
     if isinstance(ref, str) and ref:
-        from wizard.check.doctor import _relative_to
-        resolved = _relative_to(ref, ctx.acc_path)
+        resolved = relative_to_naming_file(ref, ctx.acc_path)
     moved = isinstance(ref, str) and ref and resolved and os.path.abspath(resolved) != os.path.abspath(ref)
     # Text not yet written (the wizard's pre-write check) names the final ds_config path, where an older
     # (even unreadable) file may still lie: the libraries must read the JSON being written, not that one.
@@ -300,13 +299,13 @@ def _planned_machine():
     GPUs have it is DS-BF16-UNSUPPORTED's question), and nothing it exports leaks into this process."""
     import transformers.training_args as ta_module
 
-    from wizard.config.validate import _environ
+    from wizard.config.validate import environ_replaced
 
     saved = ta_module.is_torch_bf16_gpu_available
     ta_module.is_torch_bf16_gpu_available = lambda *a, **k: True
     env = {k: v for k, v in os.environ.items() if not k.startswith("ACCELERATE_")}
     try:
-        with _environ(env), warnings.catch_warnings():
+        with environ_replaced(env), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             yield
     finally:
