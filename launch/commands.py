@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Callable, TextIO
 
 from launch.rundir import TERMINAL_STATUSES
 
@@ -72,11 +72,13 @@ def add_stop_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-wait", action="store_true", help="send the request and return")
 
 
-def register(subparsers) -> None:
+def register(subparsers, config_findings: Callable[[str], list] | None = None) -> None:
+    """`config_findings(path)`: the front end's check of an accelerate config (the wizard passes `wizard check`),
+    run before accelerate starts; launch itself knows no rules."""
     p = subparsers.add_parser("launch", help="run accelerate launch under a supervisor (restarts, stalls, live view)",
                               description="wizard launch [OPTIONS] -- SCRIPT [ARGS...]")
     add_launch_arguments(p)
-    p.set_defaults(func=cmd_launch)
+    p.set_defaults(func=cmd_launch, config_findings=config_findings)
     p = subparsers.add_parser("attach", help="reopen the live view of a running or finished run")
     add_attach_arguments(p)
     p.set_defaults(func=cmd_attach)
@@ -147,19 +149,20 @@ def resolve_config_file(config_file: str | None) -> str | None:
     return default if os.path.isfile(default) else None
 
 
-def check_config(config_file: str | None, main_process_ip: str | None = None) -> dict[str, Any] | None:
-    """Load and check the config before accelerate starts: a config `wizard check` finds an error in
-    (or cannot read) is exit 2 with that one-line finding, not an accelerate traceback in a log.
+def check_config(config_file: str | None, main_process_ip: str | None = None,
+                 config_findings: Callable[[str], list] | None = None) -> dict[str, Any] | None:
+    """Load and check the config before accelerate starts: a config `config_findings` (the wizard's: `wizard
+    check`) finds an error in (or cannot read) is exit 2 with that one-line finding, not an accelerate traceback
+    in a log.
 
     `main_process_ip`: the address this launch passes to accelerate (--main-process-ip, or the first node's,
     which an emitted SLURM script finds at run time); the config is checked as launched with it, so a
     multi-machine config that leaves the address to the launch is not refused for lacking it."""
     if config_file is None:
         return None
-    from wizard.check.doctor import run_check
     from wizard.errors import InputError
     with _as_launched(config_file, main_process_ip) as checked:
-        findings = run_check(config_file=checked, use_default_config=False)   # InputError if unreadable
+        findings = config_findings(checked) if config_findings else []   # InputError if unreadable
     for f in findings:
         if f.file != config_file and f.file and os.path.basename(f.file) == os.path.basename(checked):
             f.file = config_file
@@ -211,7 +214,7 @@ def cmd_launch(args) -> int:
     config_file = resolve_config_file(args.config_file)
     # An emitted SLURM script passes the first node's address at run time; 127.0.0.1 stands in for it here.
     launched_ip = args.main_process_ip or ("127.0.0.1" if args.emit_slurm is not None else None)
-    accel = check_config(config_file, launched_ip)
+    accel = check_config(config_file, launched_ip, getattr(args, "config_findings", None))
     if args.emit_slurm is not None:      # the script lives where the job runs, maybe not here
         script, script_args = _script_and_args(args.command, must_exist=False)
         return emit_slurm(args, script, script_args, config_file, accel)

@@ -187,10 +187,17 @@ def _registered_subparser(name: str) -> argparse.ArgumentParser:
     sub = _Parser(prog="wizard").add_subparsers(dest="command")
     if name == "check":
         from wizard.frontends.check_cli import register
+        register(sub)
     else:
         from launch.commands import register
-    register(sub)
+        register(sub, config_findings=launch_config_findings)
     return sub.choices[name]
+
+
+def launch_config_findings(path: str) -> list:
+    """What `wizard launch` checks before accelerate starts: `wizard check` on the config alone."""
+    from wizard.check.doctor import run_check
+    return run_check(config_file=path, use_default_config=False)
 
 
 def _given(ns: argparse.Namespace) -> dict[str, Any]:
