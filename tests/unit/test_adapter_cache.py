@@ -31,9 +31,7 @@ def _cache(monkeypatch, tmp_path):
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
     monkeypatch.delenv("WIZARD_NO_CACHE", raising=False)
     monkeypatch.setattr(adapters, "_ADAPTERS", {})
-    model_mod.forget_built()
-    yield
-    model_mod.forget_built()
+    monkeypatch.setattr(model_mod, "_LAST_BUILT", None)
 
 
 class _Calls:
@@ -62,14 +60,13 @@ def _forget_process_memory(monkeypatch):
     monkeypatch.setattr(adapters, "_ADAPTERS", {})
 
 
-# --- the model is built once ------------------------------------------------------------------------------
+# --- the model size_model built is handed to the first adapter sizing ----------------------------------------
 
 SEQUENCE = [
-    dict(method="lora", rank=8),
     dict(method="qlora", rank=16),
-    dict(method="lora", rank=16, targets="all-linear", dropout=0.0),
-    dict(method="qlora", rank=8, targets="no_such_proj"),           # peft refuses, possibly half way
     dict(method="lora", rank=8),
+    dict(method="lora", rank=16, targets="all-linear", dropout=0.0),
+    dict(method="qlora", rank=8, targets="no_such_proj"),
     dict(method="qlora", rank=4, targets="all-linear", dropout=0.0, double_quant=False, quant_storage="bf16"),
 ]
 
@@ -82,22 +79,34 @@ def _sized(shape, options):
 
 
 @pytest.mark.parametrize("name", ["llama-tiny", "mixtral-tiny", "gpt2-tiny"])
-def test_sizings_on_the_model_size_model_built_equal_fresh_ones(monkeypatch, name):
-    """One build serves the sizing and every method after it (peft's layers unloaded after each count); a
-    refusal drops the model, which peft may have left half wrapped. Each figure equals a sizing on a fresh build."""
+def test_the_first_adapter_sizing_uses_the_model_size_model_built(monkeypatch, name):
+    """A cold plan builds its model once for the shape and the first method; peft changes the model it wraps,
+    so every later method builds its own. Each figure equals a sizing on a fresh build."""
     builds = _Calls(monkeypatch, model_mod, "_build_on_meta")
     shape = size_model(str(MODELS / name), use_cache=False)
     options = [lora.lora_options(**o) for o in SEQUENCE]
-    shared = [_sized(shape, o) for o in options]
-    assert builds.count == 2          # size_model's, and one again after the refusal
+    handed_over = [_sized(shape, o) for o in options]
+    assert builds.count == len(options)          # size_model's, then one for each method after the first
     fresh = []
     for o in options:
-        model_mod.forget_built()
+        monkeypatch.setattr(model_mod, "_LAST_BUILT", None)
         fresh.append(_sized(shape, o))
-    assert builds.count == 2 + len(options)
-    assert shared == fresh
-    assert isinstance(shared[3], str) and shared[3].startswith("lora_targets:")
-    assert all(isinstance(s, dict) and s["trainable_params"] > 0 for i, s in enumerate(shared) if i != 3)
+    assert builds.count == 2 * len(options)
+    assert handed_over == fresh
+    assert isinstance(fresh[3], str) and fresh[3].startswith("lora_targets:")
+    assert all(isinstance(s, dict) and s["trainable_params"] > 0 for i, s in enumerate(fresh) if i != 3)
+
+
+def test_a_model_built_from_another_config_is_not_used(monkeypatch):
+    size_model(str(MODELS / "llama-tiny"))                    # fills the sizing cache
+    builds = _Calls(monkeypatch, model_mod, "_build_on_meta")
+    size_model(str(MODELS / "llama-tiny-tied"), use_cache=False)
+    other = size_model(str(MODELS / "llama-tiny"))          # from the cache: nothing built, the slot still holds
+    assert builds.count == 1
+    sized = lora.size_adapters(other, lora.lora_options("lora"))
+    assert builds.count == 2
+    monkeypatch.setattr(model_mod, "_LAST_BUILT", None)
+    assert dataclasses.asdict(lora.size_adapters(other, lora.lora_options("lora"))) == dataclasses.asdict(sized)
 
 
 def test_sizing_never_imports_bitsandbytes_and_leaves_it_importable():
@@ -174,7 +183,8 @@ def test_the_key_changes_with_config_options_versions_and_code(monkeypatch, tmp_
 
     real_version = metadata.version
     for library in ("peft", "transformers", "torch"):
-        monkeypatch.setattr(metadata, "version", lambda name, lib=library: "0.0.1" if name == lib else real_version(name))
+        monkeypatch.setattr(metadata, "version",
+                            lambda name, lib=library: "0.0.1" if name == lib else real_version(name))
         assert adapters._cache_file(shape, options) != changed, library
     monkeypatch.setattr(metadata, "version", real_version)
     assert adapters._cache_file(shape, options) == changed

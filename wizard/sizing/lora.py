@@ -225,30 +225,22 @@ def size_adapters(model: Any, options: LoraOptions) -> AdapterShape:
 def _size_with_peft(data, config, config_path, source: str, options: LoraOptions) -> AdapterShape:
     from pathlib import Path
 
-    from wizard.sizing.model import (_build_on_meta, _import_and_build_config, _offline, _quiet_transformers,
-                                     forget_built, last_built, remember_built)
+    from wizard.sizing.model import _build_on_meta, _import_and_build_config, _offline, _quiet_transformers, take_built
 
     with _offline(), _quiet_transformers():
-        # The model size_model (or the previous method's sizing) just built from this config, when there is one.
-        found = last_built(data, config_path) if config is None else None
+        # The model size_model just built from this config, when it was not handed to another sizing yet.
+        found = take_built(data, config_path) if config is None else None
         if found is not None:
             config, base = found
         else:
             if config is None:
                 config = _import_and_build_config(data, config_path)
             base = _build_on_meta(config, config_path or Path(source))
-        try:
-            with _peft_on_meta():
-                quant = _nf4_of_model(base, options) if options.method == "qlora" else None
-                peft_model, targets = _apply_lora(base, options, source)
-                trainable, total = peft_model.get_nb_trainable_parameters()
-                per_target = _adapted_modules(peft_model)
-                peft_model.unload()        # every LoRA layer back to its base layer: the model as it was built
-        except BaseException:
-            forget_built()                 # peft may have stopped half way through the model
-            raise
-        if data is not None:
-            remember_built(data, config_path, config, base)
+        with _peft_on_meta():
+            quant = _nf4_of_model(base, options) if options.method == "qlora" else None
+            peft_model, targets = _apply_lora(base, options, source)
+            trainable, total = peft_model.get_nb_trainable_parameters()
+            per_target = _adapted_modules(peft_model)
     shape = AdapterShape(
         method=options.method, rank=options.rank, trainable_params=trainable, frozen_params=total - trainable,
         adapted_modules=sum(per_target.values()), modules_per_target=per_target, targets=targets,
