@@ -263,7 +263,9 @@ def _peft_on_meta() -> Iterator[None]:
     of None in sys.modules makes `import bitsandbytes` fail and find_spec answer None for the duration; the
     libraries' cached "is it available" answers are cleared afterwards, so later callers see it again (only
     peft.helpers' module-level `bnb`, used to dequantise bnb weights, stays None in this process, which never
-    loads a quantised model). Nothing is hidden when bitsandbytes is already imported.
+    loads a quantised model). Another thread importing a library meanwhile (--non-interactive preloads accelerate
+    and DeepSpeed for validation) sees it missing too: validation never uses it, and the wizard's own
+    bitsandbytes rules read the package metadata. Nothing is hidden when bitsandbytes is already imported.
     """
     import torch
 
