@@ -1,7 +1,7 @@
 """The adapters a plan sizes: LoRA / QLoRA counts of a sized model, remembered in the process and on disk.
 
-Counting adapters means peft on a model transformers builds on the meta device (wizard.sizing.lora), so
-torch, transformers and peft imported: seconds. The counts depend only on the config, the method options, the
+Counting adapters runs peft on a model transformers builds on the meta device (wizard.sizing.lora), which
+imports torch, transformers and peft: seconds. The counts depend only on the config, the method options, the
 libraries' versions and the sizing code, so they are kept beside the sizing cache (`adapters/` next to
 `sizing/` under $WIZARD_CACHE_DIR or ~/.cache/wizard; WIZARD_NO_CACHE=1 turns it off), and a plan of a model
 sized before (its full fine-tuning, and the LoRA / QLoRA alternatives it names) imports none of them.
