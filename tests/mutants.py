@@ -62,6 +62,20 @@ MUTANTS = (
              "nvme = int(params * (param16 + FP32_MASTER_BYTES + sb.optim))"),),
            ("tests/unit/test_memory.py::test_nvme_states",),
            "every machine's NVMe holds the whole model's swapped states"),
+    # ---- adapter sizing and its cache (tests/unit/test_adapter_cache.py)
+    Mutant("adapters-key-ignores-peft-version", "wizard/sizing/adapters.py",
+           (('_LIBRARIES = ("transformers", "torch", "peft")', '_LIBRARIES = ("transformers", "torch")'),),
+           ("tests/unit/test_adapter_cache.py::test_the_key_changes_with_config_options_versions_and_code",),
+           "adapter counts cached under one peft version are read back under another"),
+    Mutant("model-built-model-handed-twice", "wizard/sizing/model.py",
+           (("    found, _LAST_BUILT = _LAST_BUILT, None\n", "    found = _LAST_BUILT\n"),),
+           ("tests/unit/test_adapter_cache.py::test_the_first_adapter_sizing_uses_the_model_size_model_built"
+            "[llama-tiny]",),
+           "a second method is sized on the model peft already wrapped for the first"),
+    Mutant("lora-bitsandbytes-not-hidden", "wizard/sizing/lora.py",
+           (('    hide = "bitsandbytes" not in sys.modules\n', "    hide = False\n"),),
+           ("tests/unit/test_adapter_cache.py::test_sizing_never_imports_bitsandbytes_and_leaves_it_importable",),
+           "sizing adapters imports bitsandbytes (0.8 s and torch._inductor) through peft"),
     # ---- atomic writes (tests/unit/test_fsutil.py)
     Mutant("fsutil-temp-in-tmpdir", "wizard/fsutil.py",
            (("fd, tmp = tempfile.mkstemp(dir=directory, prefix=", "fd, tmp = tempfile.mkstemp(prefix="),),

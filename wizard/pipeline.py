@@ -17,6 +17,7 @@ from wizard.errors import InputError
 from wizard.planning.plan import Plan
 from wizard.probe import hardware as hardware_mod
 from wizard.probe.hardware import Hardware
+from wizard.sizing.adapters import adapters_cached, adapters_for, lora_options_for
 from wizard.sizing.model import ModelShape
 
 PLAN_FILE = "wizard_plan.json"
@@ -174,49 +175,6 @@ def alternatives(hw: Hardware, model: ModelShape, answers: dict[str, Any], plan:
         out.append(plan_mod.Alternative(method, training.lora_rank, adapters.trainable_params, alt_plan.choice,
                                         plan.choice))
     return out
-
-
-# Adapter sizings by (model, options): peft builds the model again on the meta device (seconds), and the TUI
-# re-plans on every keystroke. Sizings are small and few per session.
-_ADAPTERS: dict[tuple, Any] = {}
-
-
-def lora_options_for(training) -> Any:
-    from wizard.sizing import lora
-    return lora.lora_options(training.method, training.lora_rank, training.lora_alpha, training.lora_dropout,
-                             training.lora_targets)
-
-
-def _adapters_key(model: ModelShape, options) -> tuple:
-    return (model.source, model.params, model.exact, options)
-
-
-def adapters_cached(model: ModelShape, training) -> bool:
-    """True when make_plan needs no slow adapter sizing for these answers (full, --params, or sized already)."""
-    if training.method == "full" or not model.exact:
-        return True
-    return _adapters_key(model, lora_options_for(training)) in _ADAPTERS
-
-
-def adapters_for(model: ModelShape, training) -> Any:
-    """The AdapterShape of --method lora/qlora for this model (peft on the meta device, remembered), or None.
-    A sizing that failed is remembered too (as its InputError), so a front end does not retry it forever."""
-    if training.method == "full":
-        return None
-    from wizard.sizing import lora
-    options = lora_options_for(training)
-    if not model.exact:
-        return lora.size_llama_adapters(model, options)
-    key = _adapters_key(model, options)
-    if key not in _ADAPTERS:
-        try:
-            _ADAPTERS[key] = lora.size_adapters(model, options)
-        except InputError as e:
-            _ADAPTERS[key] = e
-    found = _ADAPTERS[key]
-    if isinstance(found, InputError):
-        raise found
-    return found
 
 
 def size_for_plan(model_arg: str, trainings=()) -> ModelShape:

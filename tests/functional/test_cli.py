@@ -41,6 +41,44 @@ def test_light_commands_do_not_import_heavy_libraries(args):
     assert imported_heavy(args) == []
 
 
+SIZING_LIBRARIES = ("torch", "transformers", "peft", "deepspeed", "bitsandbytes", "accelerate")
+
+
+def _run_listing_modules(args, env) -> tuple[subprocess.CompletedProcess, list[str]]:
+    """The CLI in a fresh process; also which of SIZING_LIBRARIES were in sys.modules when it ended."""
+    code = ("import sys, runpy\nsys.argv = ['wizard'] + %r\n"
+            "try:\n    runpy.run_module('wizard', run_name='__main__')\nexcept SystemExit as e:\n    code = e.code\n"
+            "else:\n    code = 0\n"
+            "sys.stdout.flush()\nsys.stderr.write('\\nLOADED=' + ','.join(m for m in %r if m in sys.modules) + '\\n')\n"
+            "sys.exit(code)\n")
+    out = subprocess.run([sys.executable, "-c", code % (list(args), SIZING_LIBRARIES)], capture_output=True,
+                         text=True, timeout=300, env={**os.environ, **env})
+    line = [x for x in out.stderr.splitlines() if x.startswith("LOADED=")][-1]
+    return out, [m for m in line[len("LOADED="):].split(",") if m]
+
+
+@pytest.mark.parametrize("method", ["full", "lora", "qlora"])
+def test_a_warm_plan_imports_no_heavy_library_and_equals_the_cold_one(tmp_path, method):
+    """The second plan of a model reads its sizing and its adapter counts (the method's, or for full fine-tuning
+    the LoRA/QLoRA alternatives') from the cache: none of torch, transformers, peft, bitsandbytes, DeepSpeed or
+    accelerate is imported, and its JSON is byte for byte the first plan's."""
+    env = {"WIZARD_CACHE_DIR": str(tmp_path / "cache"), "HF_HOME": str(tmp_path / "hf_home"), "WIZARD_NO_CACHE": ""}
+    args = ["plan", "--model", str(FIX / "models" / "llama-3.1-8b"), "--assume", "1xRTX4090", "--method", method,
+            "--json"]
+    cold, loaded_cold = _run_listing_modules(args, env)
+    warm, loaded_warm = _run_listing_modules(args, env)
+    assert cold.returncode in (0, 3), cold.stderr
+    assert {"torch", "transformers"} <= set(loaded_cold)       # the first plan did size the model
+    assert loaded_warm == [], warm.stderr
+    assert (warm.returncode, warm.stdout) == (cold.returncode, cold.stdout)
+    plan = json.loads(warm.stdout)["plan"]
+    if method == "full":     # 8B does not fit one 24 GB card: the plan names LoRA and QLoRA, sized with peft
+        assert [a["method"] for a in plan["alternatives"]] == ["lora", "qlora"]
+        assert all(a["trainable_params"] > 0 for a in plan["alternatives"])
+    else:
+        assert plan["choice"] is not None
+
+
 def test_core_never_imports_a_ui_toolkit():
     """Every module of the core (all of wizard/ but wizard/frontends/) imports without a UI toolkit or a heavy
     library: walked, not listed, so a module added to the core is covered too."""

@@ -18,8 +18,10 @@ torch / transformers / peft are imported inside functions only, never at module 
 
 from __future__ import annotations
 
+import contextlib
+import sys
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 from wizard.errors import InputError
 from wizard.sizing.memory import (
@@ -223,16 +225,22 @@ def size_adapters(model: Any, options: LoraOptions) -> AdapterShape:
 def _size_with_peft(data, config, config_path, source: str, options: LoraOptions) -> AdapterShape:
     from pathlib import Path
 
-    from wizard.sizing.model import _build_config, _build_on_meta, _offline, _quiet_transformers
+    from wizard.sizing.model import _build_on_meta, _import_and_build_config, _offline, _quiet_transformers, take_built
 
     with _offline(), _quiet_transformers():
-        if config is None:
-            config = _build_config(data, config_path)
-        base = _build_on_meta(config, config_path or Path(source))
-        quant = _nf4_of_model(base, options) if options.method == "qlora" else None
-        peft_model, targets = _apply_lora(base, options, source)
-        trainable, total = peft_model.get_nb_trainable_parameters()
-        per_target = _adapted_modules(peft_model)
+        # The model size_model just built from this config, when it was not handed to another sizing yet.
+        found = take_built(data, config_path) if config is None else None
+        if found is not None:
+            config, base = found
+        else:
+            if config is None:
+                config = _import_and_build_config(data, config_path)
+            base = _build_on_meta(config, config_path or Path(source))
+        with _peft_on_meta():
+            quant = _nf4_of_model(base, options) if options.method == "qlora" else None
+            peft_model, targets = _apply_lora(base, options, source)
+            trainable, total = peft_model.get_nb_trainable_parameters()
+            per_target = _adapted_modules(peft_model)
     shape = AdapterShape(
         method=options.method, rank=options.rank, trainable_params=trainable, frozen_params=total - trainable,
         adapted_modules=sum(per_target.values()), modules_per_target=per_target, targets=targets,
@@ -241,6 +249,50 @@ def _size_with_peft(data, config, config_path, source: str, options: LoraOptions
     if quant is not None:
         _fill_quant(shape, quant)
     return shape
+
+
+@contextlib.contextmanager
+def _peft_on_meta() -> Iterator[None]:
+    """peft counting on the meta device, with bitsandbytes hidden from it.
+
+    The meta device: peft creates lora_A / lora_B where the device context says and initialises them (kaiming,
+    zeros); on the CPU that is about 0.5 s of a 70B sizing spent on numbers nobody reads. On meta it is nothing.
+    bitsandbytes: `import peft` imports it when it is installed (peft.helpers), and peft's dispatch for each
+    adapted layer asks for it (is_bnb_4bit_available imports it): 0.8 s and torch._inductor, on a model that has
+    no bitsandbytes layer, so peft's default dispatch wraps every target exactly as it would with it. An entry
+    of None in sys.modules makes `import bitsandbytes` fail and find_spec answer None for the duration; the
+    libraries' cached "is it available" answers are cleared afterwards, so later callers see it again (only
+    peft.helpers' module-level `bnb`, used to dequantise bnb weights, stays None in this process, which never
+    loads a quantised model). Another thread importing a library meanwhile (--non-interactive preloads accelerate
+    and DeepSpeed for validation) sees it missing too: validation never uses it, and the wizard's own
+    bitsandbytes rules read the package metadata. Nothing is hidden when bitsandbytes is already imported.
+    """
+    import torch
+
+    hide = "bitsandbytes" not in sys.modules
+    if hide:
+        sys.modules["bitsandbytes"] = None
+        _clear_bnb_availability()
+    try:
+        with torch.device("meta"):
+            yield
+    finally:
+        if hide:
+            if "bitsandbytes" in sys.modules and sys.modules["bitsandbytes"] is None:
+                del sys.modules["bitsandbytes"]
+            _clear_bnb_availability()
+
+
+# lru_cached "is bitsandbytes available" answers of the libraries sizing drives (peft 0.21, transformers 5.24).
+_BNB_AVAILABILITY = (("peft.import_utils", "is_bnb_available"), ("peft.import_utils", "is_bnb_4bit_available"),
+                     ("transformers.utils.import_utils", "is_bitsandbytes_available"))
+
+
+def _clear_bnb_availability() -> None:
+    for module_name, name in _BNB_AVAILABILITY:
+        clear = getattr(getattr(sys.modules.get(module_name), name, None), "cache_clear", None)
+        if clear is not None:
+            clear()
 
 
 def default_targets(model_type: str | None) -> list[str] | None:

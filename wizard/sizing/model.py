@@ -611,6 +611,7 @@ def _size_config(data: dict[str, Any], config_path: Path, source: str) -> ModelS
         config = _import_and_build_config(data, config_path)
         with _quiet_transformers():
             model = _build_on_meta(config, config_path)
+            _remember_built(data, config_path, config, model)
             text = _text_config(config)
             shape = _shape_from_config(text, config_path)
             layer_class = _decoder_layer_class(model, shape["layers"] - shape["encoder_layers"] or None)
@@ -685,6 +686,30 @@ def _read_cached_shape(path: Path) -> ModelShape | None:
     except (OSError, ValueError, TypeError):  # missing, unreadable or from another layout: rebuild
         return None
     return shape if isinstance(shape.params, int) and shape.params > 0 and shape.exact else None
+
+
+# The last model built on the meta device, for the adapter sizing that usually follows in the same process
+# (wizard.sizing.lora), which then builds nothing. Handed over once: peft changes the model it wraps, and
+# building again (0.04 s for 70B on the meta device) is cheaper than peft's unload (0.06-0.19 s), so a second
+# method builds its own. One slot: a TUI session sizes many models, and only the latest is asked about.
+_LAST_BUILT: tuple[tuple[str, str], Any, Any] | None = None
+
+
+def _built_key(data: dict[str, Any], config_path: Path) -> tuple[str, str]:
+    return json.dumps(data, sort_keys=True, separators=(",", ":"), default=str), str(config_path)
+
+
+def _remember_built(data: dict[str, Any], config_path: Path, config, model) -> None:
+    global _LAST_BUILT
+    _LAST_BUILT = (_built_key(data, config_path), config, model)
+
+
+def take_built(data: dict[str, Any], config_path: Path):
+    """(config, model) that size_model last built from exactly this config, or None; the caller owns the model
+    from then on (a second call answers None)."""
+    global _LAST_BUILT
+    found, _LAST_BUILT = _LAST_BUILT, None
+    return (found[1], found[2]) if found is not None and found[0] == _built_key(data, config_path) else None
 
 
 def _write_cached_shape(path: Path, shape: ModelShape) -> None:

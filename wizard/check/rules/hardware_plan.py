@@ -110,7 +110,7 @@ def _method_fields(options) -> dict[str, Any]:
 
 def _adapters(model, training):
     """The AdapterShape make_plan needs for LoRA / QLoRA (peft on the meta device, remembered), else None."""
-    from wizard.pipeline import adapters_for
+    from wizard.sizing.adapters import adapters_for
     return adapters_for(model, training)
 
 
