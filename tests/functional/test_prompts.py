@@ -238,3 +238,31 @@ def test_another_machines_ram_is_asked_with_the_catalogues_default(tmp_path, cap
     assert plain(request, keys) == 0
     printed = capsys.readouterr().out                       # the plan's Hardware line names the machine
     assert "RAM 1.0 TiB [assume:4xH100-80GB,ram=1024GiB,cpus=48,disk=3072GiB]" in printed
+
+
+def test_answers_piped_to_plain_are_refused_and_the_message_says_how_a_script_answers(tmp_path):
+    """Issue 21, point 7: `--yes` said "for scripts that feed the answers", yet --plain refuses a pipe. Answers
+    fed by position would land on other questions as soon as the plan changes which ones are asked, so a
+    script names them: --non-interactive --answers FILE. The message says so, --help too, and that works."""
+    import os
+    import subprocess
+    import sys
+    env = {**os.environ, "HF_HOME": str(tmp_path / "hf_home"), "WIZARD_CACHE_DIR": str(tmp_path / "cache")}
+    out = tmp_path / "out"
+    common = ["--assume", "8xA100-80GB", "--output-dir", str(out)]
+    piped = subprocess.run([sys.executable, "-m", "wizard", "--plain", "--yes", "--params", "7B", *common],
+                           input="\n" * 60, capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
+    assert piped.returncode == 2 and not out.exists()
+    assert len(piped.stderr.strip().splitlines()) == 1, piped.stderr
+    assert "`wizard --non-interactive --answers FILE`" in piped.stderr
+    helped = subprocess.run([sys.executable, "-m", "wizard", "--help"], capture_output=True, text=True,
+                            timeout=120, env={**env, "COLUMNS": "250"}, cwd=ROOT).stdout
+    yes_help = " ".join(helped[helped.index("--yes, -y"):].split())
+    assert "scripts that feed" not in yes_help and "--non-interactive --answers FILE" in yes_help[:300]
+    answers = tmp_path / "answers.yaml"
+    answers.write_text("params: 7B\nseq_len: 4096\n")
+    scripted = subprocess.run([sys.executable, "-m", "wizard", "--non-interactive", "--answers", str(answers),
+                               *common], stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300,
+                              env=env, cwd=ROOT)
+    assert scripted.returncode == 0, scripted.stderr
+    assert (out / "default_config.yaml").exists()

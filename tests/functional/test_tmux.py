@@ -261,3 +261,25 @@ def test_a_stop_signal_during_the_write_ends_the_tui_with_one_line_and_nothing_w
     assert "Interrupted (SIGTERM); nothing written." in shown
     assert "Traceback" not in shown and "never retrieved" not in shown, shown
     assert not out.exists() or not any(p.suffix in (".yaml", ".json") for p in out.iterdir())
+
+
+def test_plain_report_wraps_between_words_in_an_80_column_terminal(tmux, tmp_path):
+    """Issue 21, point 8: `wizard --plain` printed 150-column lines and the terminal cut them anywhere ("do" |
+    "es not fit"). In tmux at 80 columns no line is cut inside a word: a terminal's own wrap fills the row to
+    the last column and goes on at column 0 of the next, mid-word."""
+    env = checkout_env(HF_HOME=str(tmp_path / "hf_home"), WIZARD_CACHE_DIR=str(tmp_path / "cache"),
+                       TERM="xterm-256color")
+    tmux.start(f"{WIZARD} --plain --assume 1xA100-80GB,ram=128G --params 70B --dry-run", env, cwd=str(tmp_path))
+    deadline = time.monotonic() + 120
+    while "? Next" not in tmux.screen():                 # every default, up to the plan and its "Next" menu
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the plan never came; the terminal shows:\n{tmux.screen()}")
+        tmux.keys("Enter")
+        time.sleep(0.7)
+    lines = tmux.run("capture-pane", "-p", "-S", "-", "-t", tmux.session).splitlines()
+    printed = "\n".join(lines)
+    assert "Nothing fits." in printed and "does not fit" in printed
+    assert any(len(line) > 60 for line in lines)        # long lines were printed, wrapped
+    cut = [(a, b) for a, b in zip(lines, lines[1:]) if len(a) == tmux.width and a[-1:].isalnum() and b[:1].isalnum()]
+    assert not cut, "cut inside a word:\n" + "\n".join(f"{a}\n{b}" for a, b in cut)
+    tmux.keys("C-c")

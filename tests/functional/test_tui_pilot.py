@@ -325,7 +325,7 @@ async def test_backend_choice_replans_with_fsdp(tmp_path):
         await reach(pilot, "PlanScreen")
         select = app.screen.query_one("#q-backend", Select)
         select.focus()
-        await pilot.press("enter")                  # open the menu
+        await pilot.press("space")                  # open the menu
         await pilot.press("down", "down", "down", "enter")   # auto, ddp, deepspeed, fsdp
         await settle(pilot)
         assert app.state.answers["backend"] == "fsdp"
@@ -341,22 +341,24 @@ async def test_backend_choice_replans_with_fsdp(tmp_path):
     assert doc["fsdp_config"]["fsdp_transformer_layer_cls_to_wrap"] == "Qwen2DecoderLayer"
 
 
-async def test_picking_a_rung_that_does_not_fit_warns(tmp_path):
+async def test_a_backend_that_does_not_fit_is_said_and_auto_gives_the_ladder_back(tmp_path):
+    """DDP chosen in the backend menu (a rung that does not fit cannot be picked in the ladder: see
+    test_tui_plan_fit.py): nothing fits, the screen says so and holds Next; auto gives the ladder's choice back."""
     app = app_for(tmp_path, a100s(), model=QWEN_7B)
     async with app.run_test(size=(80, 24)) as pilot:
         await reach(pilot, "PlanScreen")
-        await pilot.press("up", "enter")            # DDP: 160 GiB per GPU on 80 GB GPUs
-        await settle(pilot)
-        assert app.state.plan.choice.key == "ddp" and not app.state.plan.choice.fits
-        # The whole ladder stays on screen, so the user can pick again.
-        assert [r.key for r in app.state.plan.rungs][:3] == ["ddp", "zero2", "zero3"]
-        warning = text_of(app.screen.query_one("#plan-warning"))
-        assert "does not fit" in warning and "out of memory" in warning
-        assert app.state.answers["backend"] == "ddp"
-        # Back to auto through the backend question: the ladder's own choice again.
         select = app.screen.query_one("#q-backend", Select)
         select.focus()
-        await pilot.press("enter", "up", "enter")
+        await pilot.press("space", "down", "enter")   # auto -> ddp: 160 GiB per GPU on 80 GB GPUs
+        await settle(pilot)
+        assert app.state.answers["backend"] == "ddp" and app.state.plan.choice is None
+        warning = text_of(app.screen.query_one("#plan-warning"))
+        assert "Nothing fits" in warning and "What would fit" in warning
+        await pilot.press("enter")                    # Enter on the select: Next, refused
+        await settle(pilot)
+        assert screen_name(app) == "PlanScreen"
+        assert text_of(app.screen.query_one("#status")).strip().startswith("✗ Nothing fits")
+        await pilot.press("space", "up", "enter")     # back to auto: the ladder's own choice again
         await settle(pilot)
         assert app.state.plan.choice.key == "zero2" and app.state.picked is None
 
@@ -436,7 +438,7 @@ async def test_another_machines_ram_cpus_and_disk_are_fields_that_replan(tmp_pat
     async with app.run_test(size=(80, 24)) as pilot:
         await settle(pilot)
         app.screen.query_one("#q-target_machine", Select).focus()
-        await pilot.press("enter", "down", "enter")        # another machine from the catalogue
+        await pilot.press("space", "down", "enter")        # another machine from the catalogue
         await settle(pilot)
         await type_into(pilot, "target_count", "4")
         app.screen.query_one("#q-target_gpu", Select).value = "RTX4090-24GB"
@@ -475,7 +477,7 @@ async def test_zero_gpus_for_the_target_machine_is_refused(tmp_path):
         await settle(pilot)
         select = app.screen.query_one("#q-target_machine", Select)
         select.focus()
-        await pilot.press("enter", "down", "enter")        # another machine from the catalogue
+        await pilot.press("space", "down", "enter")        # another machine from the catalogue
         await settle(pilot)
         assert app.state.target == "other" and app.state.hardware.num_gpus == 8
         await type_into(pilot, "target_count", "0")

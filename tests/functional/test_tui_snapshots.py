@@ -138,11 +138,19 @@ def test_plan_light_theme(snap_compare):
     assert snap_compare(app, terminal_size=(80, 24), run_before=go_to("PlanScreen", light))
 
 
-def test_plan_pick_that_does_not_fit(snap_compare):
-    async def pick_ddp(pilot):
+def test_plan_enter_on_a_rung_that_does_not_fit(snap_compare):
+    """Issue 21: DDP does not fit; Enter on it says so and picks nothing (the ladder's choice stays marked)."""
+    async def enter_on_ddp(pilot):
         await pilot.press("up", "enter")
 
-    assert snap_compare(a100_app(), terminal_size=(80, 24), run_before=go_to("PlanScreen", pick_ddp))
+    assert snap_compare(a100_app(), terminal_size=(80, 24), run_before=go_to("PlanScreen", enter_on_ddp))
+
+
+def test_plan_nothing_fits(snap_compare):
+    """Issue 21: nothing fits; the screen says what would (more GPUs, more host RAM, QLoRA), in its own words."""
+    app = make_app(Request(given={"params": "70B"}, output_dir=str(OUTPUT_DIR)),
+                   hardware=hardware.assume("2xA100-80GB,ram=256G"), preload=False)
+    assert snap_compare(app, terminal_size=(80, 24), run_before=go_to("PlanScreen"))
 
 
 def test_model_inline_error(snap_compare):

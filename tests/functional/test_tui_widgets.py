@@ -19,6 +19,7 @@ from wizard.frontends.tui.widgets.memory_bar import (
     plan_scale,
     short_name,
 )
+from wizard.frontends.tui.words import in_words
 from wizard.planning.plan import COMPONENTS
 from wizard.probe import hardware
 from wizard.sizing import model
@@ -72,7 +73,7 @@ def test_rows_say_why_and_mark_the_choice():
     for row in rows:
         head = row.head(80).plain
         assert len(head) <= 80 and ("✓" in head) == row.rung.fits
-        assert row.rung.reason in row.why().plain
+        assert in_words(row.rung.reason) in row.why().plain
     assert short_name(plan.choice).startswith("ZeRO")
 
 
@@ -92,3 +93,20 @@ def test_component_colours_stay_distinct_in_256_colours():
     downgraded = {name: Color.parse(hex_).downgrade(ColorSystem.EIGHT_BIT).number for name, hex_ in COLOURS.items()}
     for a, b in itertools.combinations(COLOURS, 2):
         assert downgraded[a] != downgraded[b], (a, b)
+
+
+def test_rung_names_are_whole_with_their_gc_mark_at_80_columns():
+    """Issue 21: "ZeRO-3 +opt→CPU…" hid the "+GC" of a rung that checkpoints; the bar makes room instead."""
+    hw = hardware.assume("8xA100-80GB,ram=2T")
+    plan = pipeline.make_plan(hw, model.from_params("70B"), pipeline.resolve_pre_plan(hw, {"params": "70B"}))
+    long_names = [short_name(r) for r in plan.rungs if r.gradient_checkpointing and len(short_name(r)) > 16]
+    assert "ZeRO-3 +opt→CPU +GC" in long_names
+    column = max(len(short_name(r)) + 1 for r in plan.rungs)
+    for width in (76, 116):             # the rung list's width at 80 and at 120 columns
+        for rung in plan.rungs:
+            head = RungRow(rung, plan, chosen=rung is plan.choice).head(width).plain
+            assert len(head) <= width, head
+            assert head[2:2 + column].rstrip() == short_name(rung), head     # whole, and one column for all
+    narrow = RungRow(next(r for r in plan.rungs if short_name(r) == "ZeRO-3 +opt→CPU +GC"), plan,
+                     chosen=False).head(50).plain
+    assert "+GC" in narrow and "…" in narrow             # cut only when the bar has given up what it can

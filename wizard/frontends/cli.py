@@ -150,8 +150,9 @@ def build_parser(non_interactive: bool = False) -> argparse.ArgumentParser:
     mode.add_argument("--plain", action="store_true", default=False,
                       help="ask the questions inline (no full-screen app); also used when TERM=dumb")
     mode.add_argument("--yes", "-y", action="store_true", default=False,
-                      help="--plain: write the files without the final confirmation (for scripts that feed "
-                           "the answers)")
+                      help="--plain: write the files without asking \"Write these files?\" at the end (the "
+                           "questions still need a terminal; a script gives its answers with --non-interactive "
+                           "--answers FILE)")
     _add_common_flags(p, json_help="print the machine-readable result")
     _add_question_flags(p)
     return p
@@ -322,8 +323,12 @@ def _preload_validation_in_background() -> None:
 def cmd_interactive(ns: argparse.Namespace) -> int:
     plain = ns.plain or os.environ.get("TERM") == "dumb"
     if not (sys.stdin.isatty() and sys.stdout.isatty()):
-        print("wizard: no terminal here (stdin/stdout is not a TTY); use `wizard --non-interactive ...` "
-              "or connect with `ssh -t`", file=sys.stderr)
+        # Answers piped to --plain would be taken by position, and which questions come depends on the earlier
+        # answers and the plan: a script's answer would land on another question without a word. A script
+        # names its answers instead (the same question table, the same defaults).
+        print("wizard: no terminal here (stdin/stdout is not a TTY) to ask the questions on; a script gives its "
+              "answers by name: `wizard --non-interactive --answers FILE` (or the same options as flags); "
+              "over SSH, connect with `ssh -t`", file=sys.stderr)
         return EXIT_BAD_INPUT
     req = _request(ns)
     if plain:

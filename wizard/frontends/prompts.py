@@ -32,7 +32,8 @@ class _Prompter:
         self.state = state
         self.input = input
         self.output = output
-        self.out = out or sys.stdout
+        from wizard.frontends.report import wrapping
+        self.out = wrapping(out or sys.stdout)      # on a terminal: wrapped between words, to its width
 
     def _kw(self) -> dict[str, Any]:
         kw: dict[str, Any] = {}

@@ -1,13 +1,91 @@
-"""Plain-text reports for the CLI: the ladder with its arithmetic, findings, what was written."""
+"""Plain-text reports for the CLI: the ladder with its arithmetic, findings, what was written.
+
+On a terminal the lines are wrapped at word boundaries to its width (a terminal cuts them anywhere: "do" at
+the end of one line, "es not fit" on the next); to a pipe or a file they stay whole, one record a line, for grep.
+"""
 
 from __future__ import annotations
 
+import os
+import re
 import sys
+import textwrap
 from typing import TextIO
 
 from wizard.findings import finding_line
 from wizard.planning.speed import fmt_rate
 from wizard.units import fmt_bytes, fmt_count, fmt_duration
+
+
+def terminal_width(out: TextIO) -> int | None:
+    """Columns of the terminal `out` writes to (COLUMNS, as the shell sets it, else the terminal's own), or None
+    when `out` is not a terminal."""
+    try:
+        if not out.isatty():
+            return None
+    except (AttributeError, ValueError, OSError):
+        return None
+    columns = os.environ.get("COLUMNS", "")
+    if columns.isdigit() and int(columns) > 0:
+        return int(columns)
+    try:
+        return os.get_terminal_size(out.fileno()).columns or 80
+    except (AttributeError, ValueError, OSError):
+        return 80
+
+
+_HANG = re.compile(r"\s*(?:[\w ]{1,20}:\s+(?=\S))?")
+
+
+def wrap_line(line: str, width: int) -> list[str]:
+    """`line` in lines of at most `width` columns, broken between words only (a word longer than a line, such
+    as a path, stays whole); continuation lines start under the text, after the line's indent and its
+    "Label:" prefix ("Note:     ", "     ", "wizard: ")."""
+    if len(line) <= width:
+        return [line]
+    hang = len(_HANG.match(line).group(0))
+    if hang > width // 2:
+        hang = len(line) - len(line.lstrip())
+        hang = hang if hang <= width // 2 else 4
+    return textwrap.wrap(line, width, subsequent_indent=" " * hang, break_long_words=False,
+                         break_on_hyphens=False) or [line]
+
+
+class Wrapping:
+    """A text stream that wraps what is printed to it with `wrap_line`, one whole line at a time."""
+
+    def __init__(self, out: TextIO, width: int) -> None:
+        self.out = out
+        self.width = width
+        self._pending = ""
+
+    def write(self, text: str) -> int:
+        self._pending += text
+        *lines, self._pending = self._pending.split("\n")
+        for line in lines:
+            self.out.write("".join(part + "\n" for part in wrap_line(line, self.width)))
+        return len(text)
+
+    def flush(self) -> None:
+        if self._pending:
+            self.out.write("\n".join(wrap_line(self._pending, self.width)))
+            self._pending = ""
+        self.out.flush()
+
+    def isatty(self) -> bool:
+        return True
+
+    def fileno(self) -> int:
+        return self.out.fileno()
+
+
+def wrapping(out: TextIO | None) -> TextIO:
+    """`out` (default stdout), wrapped at word boundaries to its terminal's width when it is a terminal."""
+    out = out or sys.stdout
+    if isinstance(out, Wrapping):
+        return out
+    width = terminal_width(out)
+    return Wrapping(out, width) if width else out
 
 
 def hardware_line(hw) -> str:
@@ -27,7 +105,7 @@ def model_line(m) -> str:
 
 
 def print_plan(result, file: TextIO | None = None) -> None:
-    out = file or sys.stdout
+    out = wrapping(file)
     plan = result.plan
     print(f"Hardware: {hardware_line(result.hardware)}", file=out)
     print(f"Model:    {model_line(result.model)}", file=out)
@@ -60,6 +138,7 @@ def print_plan(result, file: TextIO | None = None) -> None:
               + (" with gradient checkpointing" if plan.choice.gradient_checkpointing else ""), file=out)
         for line in speed_lines(plan):
             print(f"          {line}", file=out)
+    out.flush()
 
 
 def speed_lines(plan) -> list[str]:
@@ -106,9 +185,10 @@ def nothing_fits_message(result) -> str:
 
 
 def print_findings(findings, file: TextIO | None = None) -> None:
-    out = file or sys.stdout
+    out = wrapping(file)
     for f in findings:
         print(finding_line(f), file=out)
+    out.flush()
 
 
 def print_written(result, dry_run: bool, file: TextIO | None = None) -> None:

@@ -202,6 +202,10 @@ class WizardState:
         """A value the user entered (already parsed by the question); None clears it to 'unset'."""
         if qid in STRATEGY_IDS:
             self.picked = self.pick_base = None
+        elif qid == "method" and value != self.entered.get("method", self.answers.get("method")):
+            # Another method walks another ladder: a rung picked on the old one is not the user's strategy
+            # for the new one, so the strategy goes back to what it was before the pick (the ladder's).
+            self._drop_pick()
         if qid == "model" and value is not None:
             self.entered.pop("params", None)
         self.entered[qid] = value
@@ -373,10 +377,29 @@ class WizardState:
         from wizard.planning.plan import explain_nothing_fits
         a = self.answers
         try:
-            return explain_nothing_fits(self.plan, self.hardware, self.model, answers_mod.training_options(a),
+            text = explain_nothing_fits(self.plan, self.hardware, self.model, answers_mod.training_options(a),
                                         answers_mod.strategy_options(a), answers_mod.topology(a, self.hardware))
         except Exception as e:  # the explanation (it re-plans variants) is a courtesy; never let it hide the plan
-            return f"Nothing fits ({e})."
+            text = f"Nothing fits ({e})."
+        more_ram = self.more_ram_would_fit()
+        return f"{text} {more_ram}" if more_ram else text
+
+    def more_ram_would_fit(self) -> str:
+        """'With 384 GiB of host RAM per machine, ZeRO-3 + CPU offload ... fits.', verified by planning again
+        with that RAM; '' when more RAM alone does not make a rung fit."""
+        from wizard.planning.plan import host_ram_to_fit, with_host_ram
+        from wizard.units import fmt_bytes
+        try:
+            total = host_ram_to_fit(self.plan, self.hardware)
+            if total is None:
+                return ""
+            plan = pipeline.make_plan(with_host_ram(self.hardware, total), self.model,
+                                      self._ladder_answers(self.answers))
+        except Exception:   # a courtesy, like the explanation it completes
+            return ""
+        if plan.choice is None:
+            return ""
+        return f"With {fmt_bytes(total)} of host RAM per machine, {plan.choice.name} fits."
 
     @property
     def ready(self) -> bool:

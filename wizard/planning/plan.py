@@ -1191,3 +1191,27 @@ def explain_nothing_fits(plan: Plan, hw, model, training: TrainingOptions, strat
                      f"{_MAX_MACHINES_TRIED} machines, a smaller micro-batch, gradient checkpointing, a shorter "
                      "sequence, SDPA attention, 8-bit AdamW) makes a rung fit.")
     return " ".join(lines)
+
+
+def host_ram_to_fit(plan: Plan, hw) -> int | None:
+    """The least total host RAM per machine with which some rung of `plan` would fit, or None when RAM is not
+    what stops them (every rung also misses GPU memory). NVMe rungs are left out: more RAM is the cure for the
+    CPU-offload rungs, NVMe the last resort. The share of the total that is available now (an assumed
+    machine: 90 %) is kept. Not verified: re-plan with `with_host_ram` to be sure."""
+    ram = _available_host_ram(hw)
+    if not ram or plan.topology.cpu:
+        return None
+    needs = [r.cpu_bytes for r in plan.rungs
+             if not r.fits and r.per_gpu_bytes <= plan.usable_bytes and r.cpu_bytes > ram
+             and not _uses_nvme(RUNG_SPECS[r.key])]
+    if not needs:
+        return None
+    total = math.ceil(min(needs) * (hw.ram_total or ram) / ram)
+    return -(-total // (16 * GiB)) * 16 * GiB        # whole 16 GiB, as RAM is sold
+
+
+def with_host_ram(hw, total: int):
+    """The same machine with `total` bytes of host RAM, the same share of it available."""
+    ram = _available_host_ram(hw) or total
+    share = ram / (hw.ram_total or ram)
+    return replace(hw, ram_total=total, ram_available=int(total * share))

@@ -23,6 +23,7 @@ from wizard.config.questions import Question, by_id
 from wizard.frontends.session import format_value
 from wizard.frontends.tui.messages import AnswerEntered, AnswerInvalid, FieldFocused, StateChanged
 from wizard.frontends.tui.widgets.question_field import QuestionField
+from wizard.frontends.tui.words import in_words
 from wizard.frontends.tui.widgets.spinner import Spinner
 
 if TYPE_CHECKING:
@@ -50,6 +51,9 @@ class WizardScreen(Screen):
     STEP = 0
     NEXT_LABEL = "Next ▶"
     BODY_SCROLLS = True
+    # The scrolling body takes no focus of its own: Tab goes from Next (or the start) to the first field, not
+    # to an invisible container. A screen of text to read (Done) lets the body take it, to scroll by keys.
+    BODY_FOCUSABLE = False
     BINDINGS = [
         Binding("enter", "next", "Next", key_display="⏎"),
         Binding("escape", "back", "Back"),
@@ -84,7 +88,9 @@ class WizardScreen(Screen):
     def compose(self) -> ComposeResult:
         yield Static("", id="too-small")
         yield Static(self.title_text(), id="title")
-        with (VerticalScroll if self.BODY_SCROLLS else Vertical)(id="body"):
+        body = (VerticalScroll(id="body", can_focus=self.BODY_FOCUSABLE) if self.BODY_SCROLLS else
+                Vertical(id="body"))
+        with body:
             yield from self.compose_body()
         yield Static("", id="help")
         with Horizontal(id="navbar"):
@@ -252,7 +258,8 @@ class WizardScreen(Screen):
         if q is None:
             help_line.update(self.screen_help())
             return
-        help_line.update(f"[b]{q.prompt}[/b]: {q.help}  [dim](F1: why this default)[/dim]")
+        keys = "Space: the choices · F1: why this default" if q.kind in ("choice", "bool") else "F1: why this default"
+        help_line.update(f"[b]{q.prompt}[/b]: {in_words(q.help)}  [dim]({keys})[/dim]")
 
     def screen_help(self) -> str:
         return ""
@@ -268,7 +275,7 @@ class WizardScreen(Screen):
             why = q.why_default(ctx)
         except (AttributeError, TypeError):   # a default reading the hardware, model or plan we don't have yet
             default, why = None, ""
-        lines = [q.help, ""]
+        lines = [in_words(q.help), ""]
         shown = format_value(q, default) if default is not None else "none"
         lines.append(f"[b]Recommended:[/b] {shown}" + (f": {why}" if why else ""))
         current = self.state.value_of(q.id)

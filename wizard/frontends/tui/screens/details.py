@@ -67,8 +67,11 @@ class DetailsScreen(WizardScreen):
 
     def resumed(self) -> None:
         super().resumed()
-        # Back from Review: Enter goes on again (focus left on a select would open it instead).
-        self.next_button().focus()
+        # Back from Review: Next has the focus, so Enter goes on again. Shown for the first time: the first field
+        # has it (AUTO_FOCUS), so the first Tab goes to the second field, not to Next.
+        if getattr(self, "_seen", False):
+            self.next_button().focus()
+        self._seen = True
 
     def blocking_problem(self) -> str | None:
         return self.plan_needed_problem("there is no plan: go back to the Plan screen")

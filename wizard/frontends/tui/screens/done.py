@@ -28,6 +28,7 @@ ADAPTER_TITLE = ("[b]The same setup in Python[/b] (HF Trainer with peft's LoRA{}
 class DoneScreen(WizardScreen):
     STEP = 5
     NEXT_LABEL = "Finish"
+    BODY_FOCUSABLE = True       # the launch commands and the snippet are read, and scrolled by keys
     AUTO_FOCUS = "#next"
 
     def compose_body(self) -> Iterable[Widget]:

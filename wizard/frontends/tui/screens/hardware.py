@@ -48,12 +48,12 @@ def target_question(has_gpus: bool, here: str, name: str = "this machine") -> Qu
         id="target_machine", prompt="Plan for", kind="choice", stage="machines", group="hardware",
         choices=choices,
         help=("The files are for the machine you will train on. " + (
-            f"{name[0].upper()}{name[1:]} has {here}; or plan for another machine from the GPU catalogue "
-            "(like --assume), with its RAM, CPU cores and free disk."
+            f"{name[0].upper()}{name[1:]} has {here}; or plan for another machine from the GPU catalogue"
+            ", with its RAM, CPU cores and free disk."
             if has_gpus else
             "There is no GPU here: write a CPU-only configuration to try the whole pipeline on this machine "
             "(DDP / DeepSpeed over gloo, fp32; it runs here, so `wizard launch` works), or plan for a GPU "
-            "machine from the catalogue (like --assume) and copy the files there.")),
+            "machine from the catalogue and copy the files there.")),
         explain_default=(f"GPUs in {name}: plan for them." if has_gpus else
                          "CPU processes: the files go to this machine's accelerate config dir, where a "
                          "configuration for absent GPUs would make every `accelerate launch` here fail; "
@@ -82,19 +82,19 @@ def _check_disk(value: str, ctx: Any, field: str) -> int:
 RAM_QUESTION = Question(
     id="target_ram", prompt="RAM in that machine", kind="size", stage="machines", group="hardware",
     help=("Host memory of the target machine: it decides whether the CPU-offload rungs fit (their optimizer "
-          "states and parameters live there) or the plan falls to NVMe. Like ram= of --assume."),
+          "states and parameters live there) or the plan falls to NVMe."),
     explain_default="From the catalogue: max(64 GiB, 2 x the GPUs' memory), in whole 16 GiB.")
 
 CPUS_QUESTION = Question(
     id="target_cpus", prompt="CPU cores in that machine", kind="int", stage="machines", group="hardware",
-    help="Logical CPUs of the target machine; CPU offload runs the optimizer on them. Like cpus= of --assume.",
+    help="Logical CPUs of the target machine; CPU offload runs the optimizer on them.",
     check=lambda v, ctx, f: _check_cpus(v, f), allowed="1 to 8192",
     explain_default="From the catalogue: 16 per data-centre GPU, 8 per other GPU, at least 8.")
 
 DISK_QUESTION = Question(
     id="target_disk", prompt="Free disk for NVMe offload", kind="str", stage="machines", group="hardware",
     help=("Free space at the NVMe offload path of the target machine; the NVMe rung fits only where its need "
-          "is below it. Empty: not checked. Like disk= of --assume."),
+          "is below it. Empty: not checked."),
     check=_check_disk, allowed="a size such as 2T or 800GiB, or empty (not checked)", metavar="empty: not checked",
     explain_default="Unknown for a catalogue machine: empty, so the NVMe rung's disk need is not checked.")
 

@@ -23,7 +23,8 @@ def plan_line(state) -> str:
     plan = state.plan
     if plan is not None and plan.choice is None and state.error:
         from rich.markup import escape
-        return f"[red]✗ {escape(state.error)}[/red]"       # the whole story; the status line has room for less
+        from wizard.frontends.tui.words import in_words
+        return f"[red]✗ {escape(in_words(state.error))}[/red]"   # the whole story; the status line has room for less
     if plan is None or plan.choice is None:
         return ""
     c = plan.choice
@@ -39,7 +40,9 @@ def model_summary(model) -> str:
         return ""
     how = "exact, from its config" if model.exact else "estimated from a parameter count"
     name = model.source or model.model_type or "model"
-    return (f"{name}: {fmt_count(model.params)} parameters ({how}), {model.layers} layers, hidden "
+    # A shape from a parameter count is named by its flag ("--params 7B"): the count says it all here.
+    head = "" if name.startswith("--") else f"{name}: "
+    return (f"{head}{fmt_count(model.params)} parameters ({how}), {model.layers} layers, hidden "
             f"{model.hidden_size}, vocab {model.vocab_size:,}")
 
 

@@ -1,8 +1,10 @@
 """Screen 3, Plan: every rung as a bar of per-GPU memory against the capacity, and why it was chosen or not.
 
-Enter on the marked rung accepts the plan; Enter on another rung picks it (the strategy answers
-backend / ZeRO stage / offload are set to lead to it, and the plan is made again at once; a pick
-that does not fit is kept, with a warning). The strategy questions under the ladder re-plan too.
+Enter on the marked rung accepts the plan; Enter on another rung that fits picks it (the strategy
+answers backend / ZeRO stage / offload are set to lead to it, and the plan is made again at once).
+A rung that does not fit is never picked, and Next refuses a plan whose choice does not fit: when
+nothing fits, the screen says what would (more GPUs, more RAM, a smaller batch, LoRA / QLoRA) and stays.
+The strategy questions under the ladder re-plan too.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from textual.widgets import OptionList, Static
 
 from wizard.config.questions import for_stage
 from wizard.frontends.tui.screens.base import WizardScreen
-from wizard.frontends.tui.widgets.memory_bar import legend
+from wizard.frontends.tui.widgets.memory_bar import legend, short_name
+from wizard.frontends.tui.words import field_name, in_words
 from wizard.frontends.tui.widgets.rung_list import RungList
 from wizard.planning.plan import COMPONENTS
 from wizard.planning.speed import fmt_rate
@@ -43,13 +46,34 @@ def budget_line(state) -> str:
 
 
 def alternatives_text(plan) -> Text:
-    """'Instead: LoRA r=16 fits ...' lines (plain text: model names may hold '[')."""
+    """'Instead: LoRA r=16 fits ...' lines, and where to switch (plain text: model names may hold '[')."""
+    from wizard.config.questions import by_id
     text = Text()
     for i, alt in enumerate(plan.alternatives):
         if i:
             text.append("\n")
-        text.append("Instead (--method): ", "bold yellow")
+        text.append("Instead: ", "bold yellow")
         text.append(alt.text)
+    if any(alt.choice is not None for alt in plan.alternatives):
+        text.append(f"\n(switch with {field_name(by_id('method'))} on the Model screen: Escape)", "dim")
+    return text
+
+
+def nothing_fits_text(error: str) -> Text:
+    """The planner's 'Nothing fits. The closest rung ... What would fit: ... With N of host RAM ...' with the
+    verdict in red and each cure on its own line, in the words of the screens."""
+    text = Text()
+    head, sep, rest = in_words(error).partition(" ")
+    if head == "Nothing" and rest.startswith("fits."):
+        text.append("✗ Nothing fits.", "bold red")
+        rest = rest[len("fits."):]
+    else:
+        text.append("✗ ", "bold red")
+        rest = f"{head}{sep}{rest}"
+    for marker in ("What would fit:", "No single change tried", "With "):
+        rest = rest.replace(f". {marker}", f".\n{marker}")
+    text.append(rest)
+    text.highlight_words(["What would fit:"], "bold green")
     return text
 
 
@@ -95,6 +119,10 @@ class PlanScreen(WizardScreen):
         self.wizard.start_preload()
 
     def screen_help(self) -> str:
+        plan = self.state.plan
+        if plan is not None and plan.choice is None:
+            return ("Nothing fits; what would is listed under the ladder. Escape: the model and training (LoRA, "
+                    "QLoRA) · Tab: the strategy · F1 explains the highlighted rung")
         return ("↑↓ rungs · Enter on the marked rung goes on, on another picks it · Tab: backend, ZeRO stage, "
                 "offload, headroom · F1 explains the highlighted rung")
 
@@ -107,18 +135,18 @@ class PlanScreen(WizardScreen):
         self.query_one(RungList).show_plan(plan, state.picked)
         warning = self.query_one("#plan-warning", Static)
         if plan is not None and plan.choice is None:
-            text = Text(f"✗ {state.error}", "red")
+            text = nothing_fits_text(state.error or "Nothing fits.")
             if plan.alternatives:
                 text.append("\n")
                 text.append_text(alternatives_text(plan))
             warning.update(text)
         elif state.picked_does_not_fit:
             c = plan.choice
-            warning.update(f"[red]⚠ {c.name} does not fit: it needs {fmt_bytes(c.per_gpu_bytes)} per GPU and "
-                           f"{fmt_bytes(plan.usable_bytes)} is usable. Training will run out of memory; pick "
-                           "a rung marked ✓ or set the backend back to auto.[/red]")
+            warning.update(Text(f"⚠ {c.name} does not fit: it needs {fmt_bytes(c.per_gpu_bytes)} per GPU and "
+                                f"{fmt_bytes(plan.usable_bytes)} is usable. Training would run out of memory, so "
+                                "Next waits: pick a rung marked ✓ or set the backend back to auto.", "red"))
         elif state.error and plan is None:
-            warning.update(f"[red]✗ {state.error}[/red]")
+            warning.update(Text(f"✗ {in_words(state.error)}", "red"))
         elif plan is not None and plan.alternatives:
             warning.update(alternatives_text(plan))
         else:
@@ -148,8 +176,21 @@ class PlanScreen(WizardScreen):
         if plan is not None and plan.choice is not None and key == plan.choice.key:
             self.action_next()
             return
+        rung = next((r for r in plan.rungs if r.key == key), None) if plan is not None else None
+        if rung is not None and not rung.fits:
+            # Picking it would only walk the user to files that run out of memory.
+            self.set_status(f"[red]✗ {self.does_not_fit(rung)}[/red]")
+            self.app.bell()
+            return
         self.state.pick_rung(key)
         self.wizard.refresh_state()
+
+    def does_not_fit(self, rung) -> str:
+        """One status line: why Enter on this rung (or Next with it) goes nowhere."""
+        plan = self.state.plan
+        if plan is not None and plan.choice is None:
+            return "Nothing fits: what would is under the ladder"
+        return f"{short_name(rung)} does not fit: pick a rung marked ✓"
 
     def result_pending(self) -> str | None:
         return self.sizing_busy()
@@ -158,6 +199,12 @@ class PlanScreen(WizardScreen):
         return self.sizing_busy()
 
     def blocking_problem(self) -> str | None:
+        problem = WizardScreen.blocking_problem(self)
+        if problem:
+            return problem
+        plan = self.state.plan
+        if self.state.sizing is None and plan is not None and (plan.choice is None or not plan.choice.fits):
+            return self.does_not_fit(plan.choice)
         return self.plan_needed_problem("there is no plan yet")
 
     def explanation(self) -> tuple[str, str]:
@@ -166,7 +213,7 @@ class PlanScreen(WizardScreen):
         if self.focused is not rungs or plan is None or rungs.highlighted_key is None:
             return super().explanation()
         rung = next(r for r in plan.rungs if r.key == rungs.highlighted_key)
-        lines = [rung.reason, ""]
+        lines = [in_words(rung.reason), ""]
         width = max(len(name) for name in COMPONENTS)
         for name in COMPONENTS:
             lines.append(f"  {name:<{width}}  {fmt_bytes(rung.breakdown.get(name, 0)):>10}")
@@ -187,5 +234,5 @@ class PlanScreen(WizardScreen):
         lines += ["", "The wizard takes the fastest rung that fits, by its speed model, but never offloads while a "
                       "rung without offload fits (offload is the slow last resort). Gradient checkpointing (+GC) is "
                       "switched on where activations, not model states, are what does not fit."]
-        lines += [f"[dim]• {n}[/dim]" for n in plan.notes]
+        lines += [f"[dim]• {in_words(n)}[/dim]" for n in plan.notes]
         return rung.name, "\n".join(lines)

@@ -13,6 +13,7 @@ from rich.padding import Padding
 from rich.style import Style
 from rich.text import Text
 
+from wizard.frontends.tui.words import in_words
 from wizard.planning.plan import COMPONENTS, Plan, Rung
 from wizard.planning.speed import fmt_rate
 from wizard.units import fmt_bytes
@@ -51,7 +52,8 @@ SHORT_NAMES = {
     "zero3-nvme": "ZeRO-3 +NVMe", "fsdp-noreshard": "FSDP2 keep", "fsdp-reshard": "FSDP2 reshard",
     "fsdp-offload": "FSDP2 +CPU",
 }
-LABEL_WIDTH = 17
+LABEL_WIDTH = 17       # the narrowest label column; a plan with longer names widens it (label_width)
+MIN_BAR = 12           # the bar gives up cells to the names down to this
 FIGURE_WIDTH = 12       # " 160.9 GiB ✗"
 SPEED_WIDTH = 12        # " 12.3k tok/s"
 TRACK = "·"
@@ -65,6 +67,19 @@ def short_name(rung: Rung) -> str:
     if rung.key == "single" and rung.name != "Single GPU":
         name = rung.name
     return name + (" +GC" if rung.gradient_checkpointing else "")
+
+
+def label_width(plan: Plan) -> int:
+    """The label column for this plan: its longest rung name (with " +GC") and a space, at least LABEL_WIDTH."""
+    return max([LABEL_WIDTH] + [len(short_name(r)) + 1 for r in plan.rungs])
+
+
+def fit_label(label: str, room: int) -> str:
+    """The label in `room` cells; cut before its " +GC" (never through it) when it must be cut."""
+    if len(label) <= room:
+        return label
+    base, gc = (label[:-4], " +GC") if label.endswith(" +GC") else (label, "")
+    return base[:max(1, room - len(gc) - 1)] + "…" + gc
 
 
 def plan_scale(plan: Plan) -> int:
@@ -124,22 +139,23 @@ class RungRow:
     """One rung: marker, short name, bar and figure on the first line; why, wrapped, below."""
 
     def __init__(self, rung: Rung, plan: Plan, *, chosen: bool, picked: bool = False,
-                 ladder_choice: bool = False) -> None:
+                 ladder_choice: bool = False, labels: int | None = None) -> None:
         self.rung = rung
         self.plan = plan
         self.chosen = chosen
         self.picked = picked
         self.ladder_choice = ladder_choice      # the ladder's own choice, overridden by a pick
+        self.labels = labels or label_width(plan)   # the same column for every row of the list
 
     def head(self, width: int) -> Text:
         r = self.rung
         mark = "▶ " if self.chosen else "  "
-        label = short_name(r)
-        if len(label) > LABEL_WIDTH - 1:
-            label = label[:LABEL_WIDTH - 2] + "…"
+        # The names take what they need from the bar, down to MIN_BAR cells; only below that are they cut.
+        column = max(LABEL_WIDTH, min(self.labels, width - len(mark) - FIGURE_WIDTH - SPEED_WIDTH - MIN_BAR))
+        label = fit_label(short_name(r), column - 1)
         line = Text(mark, Style(bold=True))
-        line.append(f"{label:<{LABEL_WIDTH}}", Style(bold=self.chosen))
-        bar_width = max(4, width - len(mark) - LABEL_WIDTH - FIGURE_WIDTH - SPEED_WIDTH)
+        line.append(f"{label:<{column}}", Style(bold=self.chosen))
+        bar_width = max(4, width - len(mark) - column - FIGURE_WIDTH - SPEED_WIDTH)
         line.append_text(bar(r, self.plan.gpu_capacity_bytes, plan_scale(self.plan), bar_width))
         verdict = Text(" ✓", "green") if r.fits else Text(" ✗", "red")
         line.append(f" {fmt_bytes(r.per_gpu_bytes):>9}")
@@ -160,7 +176,7 @@ class RungRow:
             prefix = "The ladder's choice. "
         text.append(prefix, Style(bold=True, color="red" if (self.picked and not r.fits) else None))
         text.append(f"{r.name}: ", Style(italic=True))
-        text.append(r.reason)
+        text.append(in_words(r.reason))
         if r.cpu_bytes and (r.offload_optimizer != "none" or r.offload_param != "none"):
             text.append(f" Host RAM {fmt_bytes(r.cpu_bytes)}.")
         return text

@@ -24,11 +24,29 @@ from wizard.frontends.tui.messages import AnswerEntered, AnswerInvalid, FieldFoc
 TEXT_KINDS = ("int", "float", "str", "path", "count", "size")
 
 
-class ChoiceSelect(Select):
-    """A Select that opens on Enter/space only, so up/down move between fields as in any form."""
+class ChoiceSelect(Select, inherit_bindings=False):
+    """A Select that opens on space only: up/down move between fields as in any form, and Enter goes on
+    (Next), as it does in every other field; inside the open list Enter takes the highlighted choice.
+    (Textual reads inherit_bindings as a class keyword; as a class attribute it kept Select's enter/up/down.)"""
 
-    inherit_bindings = False
-    BINDINGS = [Binding("enter,space", "show_overlay", "Open", show=False)]
+    BINDINGS = [Binding("space", "show_overlay", "Choices", show=False)]
+
+
+# What an empty field means, where "not set" says too little.
+EMPTY_MEANS = {
+    "model": "(empty: the parameter count below)",
+    "nvme_path": "(none)",
+}
+
+
+def placeholder(q: Question) -> str:
+    """The grey text of an empty field: a hint in parentheses, never something that reads as a value (the
+    metavar "1e9" or "CLASS[,CLASS]" did). The format and an example are in the help line and under F1."""
+    if q.id in EMPTY_MEANS:
+        return EMPTY_MEANS[q.id]
+    if q.metavar and q.metavar.startswith("empty"):
+        return f"({q.metavar})"
+    return "(not set)"
 
 
 def select_options(q: Question, ctx: Context | None, labels: dict | None = None) -> list[tuple[str, Any]]:
@@ -81,7 +99,7 @@ class QuestionField(Vertical):
                              if self._suggestions else None)
                 text = format_value(q, self._shown)
                 self._shown = text
-                yield Input(text, placeholder=q.metavar or "", compact=True, suggester=suggester,
+                yield Input(text, placeholder=placeholder(q), compact=True, suggester=suggester,
                             select_on_focus=False, id=f"q-{q.id}", classes="q-control")
         yield Static("", classes="q-error")
 
@@ -172,4 +190,8 @@ class QuestionField(Vertical):
         return None
 
     def on_descendant_focus(self) -> None:
+        self.add_class("-focused")          # wizard.tcss marks the label (a class: :focus-within can go stale)
         self.post_message(FieldFocused(self.qid))
+
+    def on_descendant_blur(self) -> None:
+        self.remove_class("-focused")
