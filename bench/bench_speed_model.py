@@ -155,6 +155,7 @@ def _shape(entry: dict[str, Any], model: dict[str, Any]):
         kv_heads=model["kv_heads"], vocab_size=model["vocab_size"],
         intermediate_size=model["intermediate_size"], model_type=model_type(model),
         tied_embeddings=model["tied_embeddings"], source=entry["model"],
+        attention_dropout=model.get("attention_dropout", 0.0),
     )
 
 
@@ -189,7 +190,8 @@ def adapters_for(entry: dict[str, Any], shape):
 
     cfg = entry["lora"]
     options = lora.lora_options(entry["method"], cfg["rank"], cfg.get("alpha"), cfg.get("dropout", 0.05),
-                                cfg.get("targets"), double_quant=cfg.get("double_quant", True))
+                                cfg.get("targets"), double_quant=cfg.get("double_quant", True),
+                                quant_storage=cfg.get("quant_storage", "uint8"))
     return lora.size_llama_adapters(shape, options)
 
 
