@@ -247,7 +247,15 @@ def render_markdown(data: dict[str, Any], rows: list[Row], summ: dict[str, Any],
     out += [f"- `{r.id}` ({r.kind}, {r.error_pct:+.0f} %): measured {r.measured_gib:.2f} GiB, predicted "
             f"{r.predicted_gib:.2f} GiB ({', '.join(f'{k} {v:.2f}' for k, v in r.breakdown_gib.items() if v)})."
             for r in worst]
-    out += ["", "## Sources", ""]
+    out += ["", "Caveats: the gist's 'GPU Mem.' peaks are not all physically consistent: ZeRO-2 with checkpointing at "
+            "micro-batch 1 reports 23.5, what its model states alone take (16-bit weights 12.55 GiB, fp32 master and "
+            "Adam partition 9.41, 16-bit gradient partition 1.57), with no room for activations or logits; the same "
+            "ZeRO-3 run reports 39.1 with one accumulation step and 63.9 with two; parameter offload reports 7.9, "
+            "less than its checkpointed activations and fp32 logits. They are kept and counted as published. litgpt "
+            "runs its own GPT implementation (one dropout for the fused qkv adapter, bf16 adapters under bf16-true) "
+            "where the plan counts peft's. fms-acceleration's LoRA runs load the model in bf16 without mixed "
+            "precision.", ""]
+    out += ["## Sources", ""]
     for key, s in data["sources"].items():
         out.append(f"- **{key}** ({s.get('split', '?')}): {s['title']}. {s['url']}. {s['setup']}")
         if "memory_note" in s:

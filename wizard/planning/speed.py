@@ -75,8 +75,9 @@ EAGER_ATTENTION_EFFICIENCY = 0.5  # eager softmax/score kernels are memory-bound
 # HIDDEN_KNEE 1024 -> 256 and TOKENS_KNEE 512 -> 128: with 1024 / 512 the fit half's narrow models were far too
 # slow (llm-foundry mpt-125m-s2048-8xA100-80GB -35 %, mpt-350m-s8192-8xA100-80GB -37 %; hf-perf-train-gpu-one
 # bert-large, h = 1024: -47 % at mb4) and micro-batch 1 was 38 % slower than micro-batch 4 where the doc
-# measured 12.5 % (7.75 against 8.86 samples/s); at 256 / 128 those rows are within -6..+9 % and mb1 is 15 %
-# slower. The fit median was flat (11.6-13.0 %) for TOKENS_KNEE 64-256 and rose to 16 % at HIDDEN_KNEE 128.
+# measured 12.5 % (7.75 against 8.86 samples/s); at 256 / 128 (with the fp32 efficiency below) those rows are
+# within -7..+8 % and mb1 is 19 % slower. The fit median was flat (11.6-13.0 %) for TOKENS_KNEE 64-256 and rose
+# to 16 % at HIDDEN_KNEE 128.
 HIDDEN_KNEE = 256
 TOKENS_KNEE = 128
 FACTOR_CAP = 1.1

@@ -958,7 +958,8 @@ def usable_bytes(capacity: int, headroom: float) -> int:
 
 
 __all__ = [
-    "GiB", "OPTIMIZER_STATE_BYTES", "CUDA_CONTEXT_BYTES", "frozen_base_unsaved_bytes_per_token", "GUESSED_OPTIMIZERS", "MARGIN_FRACTION", "CPU_PROCESS_OVERHEAD_BYTES",
+    "GiB", "OPTIMIZER_STATE_BYTES", "GUESSED_OPTIMIZERS", "MARGIN_FRACTION", "CPU_PROCESS_OVERHEAD_BYTES",
+    "CUDA_CONTEXT_BYTES", "frozen_base_unsaved_bytes_per_token",
     "StateBytes", "ModelStates", "state_bytes", "working_bytes", "optimizer_state_bytes", "optimizer_for_rung",
     "ds_estimate_zero2_model_states_mem_needs", "ds_estimate_zero3_model_states_mem_needs",
     "states_single_or_ddp", "states_zero1", "states_zero2", "states_zero3", "states_zero3_nvme", "states_fsdp",
