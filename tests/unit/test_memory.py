@@ -205,7 +205,8 @@ def test_logits_and_buffers():
     assert mem.zero3_buffers(70_000_000_000, h, "bf16") == h * h * 2 + int(1e9) * 2
     assert mem.zero3_buffers(1_000_000, h, "bf16") == h * h * 2 + 1_000_000 * 2
     assert mem.ddp_buffers(1_000, "bf16") == 4_000
-    assert mem.margin_bytes(1000) == 50
+    # 7 %: re-fitted on published whole-process peaks (bench/results/memory-model.md); it was 5 %.
+    assert mem.margin_bytes(1000) == 70
     assert mem.usable_bytes(80 * GiB, 0.10) == int(80 * GiB * 0.9)
 
 

@@ -111,6 +111,18 @@ def test_gpt2_style_attribute_names_and_default_mlp_width():
     assert shape.max_position_embeddings == 128
 
 
+def test_attention_dropout_is_read_from_the_config(tmp_path):
+    # GPT2Config's attn_pdrop defaults to 0.1 (the fixture leaves it out); Llama's attention_dropout is 0.0;
+    # BERT names it attention_probs_dropout_prob. Eager attention keeps a mask and a dropped copy of every
+    # score when it is > 0 (memory.attention_score_bytes), which the plan counts.
+    assert size_model(str(MODELS / "gpt2-tiny")).attention_dropout == 0.1
+    assert size_model(str(MODELS / "llama-tiny")).attention_dropout == 0.0
+    config = json.loads((MODELS / "llama-tiny" / "config.json").read_text())
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text(json.dumps({**config, "attention_dropout": 0.25}))
+    assert size_model(str(tmp_path / "m"), use_cache=False).attention_dropout == 0.25
+
+
 def test_moe_largest_layer_is_the_expert_bank():
     shape = size_model(str(MODELS / "mixtral-tiny"))
     assert shape.num_experts == 4 and shape.experts_per_token == 2

@@ -87,7 +87,9 @@ def test_frozen_weights_skip_their_weight_gradients():
 
 def test_small_layers_and_short_micro_batches_lose_efficiency_monotonically():
     effs = [sp.efficiency(ROUND, work(hidden=h)) for h in (512, 1024, 2048, 4096, 8192)]
-    assert effs == sorted(effs) and effs[0] < 0.5 * effs[3]
+    # h = 512 keeps about 70 % of h = 4096's efficiency: the knee was re-fitted on published narrow-model rows
+    # (mpt-125m/350m, bert-large; bench/results/speed-model.md); it was below half with the older 1024 knee.
+    assert effs == sorted(effs) and effs[0] < 0.75 * effs[3]
     toks = [sp.efficiency(ROUND, work(seq=s)) for s in (128, 512, 2048, 8192, 65536)]
     assert toks == sorted(toks) and max(toks) <= 0.5 * sp.FACTOR_CAP * sp.FACTOR_CAP
 

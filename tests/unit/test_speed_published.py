@@ -3,8 +3,8 @@
 Data integrity: every entry complete, its fields agree with the row it quotes, its conversion to
 tokens/s per GPU holds, its architecture reproduces the published parameter count, and the
 implied utilisation is physically possible. A malformed entry must fail these checks (tested by
-breaking copies). Then, once wizard/planning/speed.py exists: the median absolute error of the planner's
-predictions over all entries stays under MEDIAN_ABS_ERROR_BOUND_PCT.
+breaking copies). Every source belongs to one half, 'fit' or 'holdout': the speed model's constants are chosen
+on the fit half only, and the held-out half's median absolute error stays under HELDOUT_MEDIAN_BOUND_PCT.
 """
 
 from __future__ import annotations
@@ -31,7 +31,12 @@ DATA = bench.load()
 
 # Dense bf16 tensor peak of each GPU the data uses, TFLOP/s (NVIDIA datasheets: half the sparse
 # figure). Only for the plausibility check below; A800 has A100 compute.
-DENSE_BF16_TFLOPS = {"H100-80GB": 989.5, "A100-80GB": 312.0, "A100-40GB": 312.0, "A800-80GB": 312.0}
+DENSE_BF16_TFLOPS = {"H100-80GB": 989.5, "A100-80GB": 312.0, "A100-40GB": 312.0, "A800-80GB": 312.0,
+                     "V100-16GB": 125.0, "RTX4090-24GB": 165.2}
+# Dense fp32 (no tensor cores) peak, for fp32 entries: V100 datasheet.
+DENSE_FP32_TFLOPS = {"V100-16GB": 15.7}
+METHODS = ("full", "lora", "qlora")
+OPTIMIZERS = ("adamw", "adamw-8bit", "adafactor", "sgd")
 
 REQUIRED = {
     "id": str, "source": str, "where": str, "quote": str, "model": str, "gpu": str, "gpus_per_node": int,
@@ -76,12 +81,20 @@ def entry_problems(entry: dict[str, Any], data: dict[str, Any]) -> list[str]:
         problems.append(f"unknown rung {entry['rung']}")
     elif RUNG_SPECS[entry["rung"]].backend != entry["backend"]:
         problems.append(f"rung {entry['rung']} is not a {entry['backend']} rung")
-    if entry["backend"] not in ("ddp", "deepspeed", "fsdp"):
+    if entry["backend"] not in ("single", "ddp", "deepspeed", "fsdp"):
         problems.append(f"backend {entry['backend']}")
     if entry.get("gradient_checkpointing") not in (True, False, "selective"):
         problems.append(f"gradient_checkpointing {entry.get('gradient_checkpointing')!r}")
-    if entry["precision"] not in ("bf16", "fp16"):
+    if entry["precision"] not in ("bf16", "fp16", "fp32"):
         problems.append(f"precision {entry['precision']}")
+    if entry.get("method", "full") not in METHODS:
+        problems.append(f"method {entry.get('method')}")
+    elif entry.get("method", "full") != "full":
+        lora = entry.get("lora")
+        if not isinstance(lora, dict) or not isinstance(lora.get("rank"), int) or not lora.get("targets"):
+            problems.append("an adapter entry needs lora.rank and lora.targets")
+    if entry.get("optimizer", "adamw") not in OPTIMIZERS:
+        problems.append(f"optimizer {entry.get('optimizer')}")
     if entry["attention"] not in ("flash", "sdpa", "eager"):
         problems.append(f"attention {entry['attention']}")
     for field in ("gpus_per_node", "nodes", "seq_len", "micro_batch", "grad_accum"):
@@ -143,10 +156,31 @@ def _mpt_row_problems(entry: dict[str, Any], data: dict[str, Any]) -> list[str]:
 
 def test_enough_entries_and_sources():
     entries = DATA["entries"]
-    assert len(entries) >= 20
-    assert len({e["source"] for e in entries}) >= 2
+    assert len(entries) >= 60
+    assert len({e["source"] for e in entries}) >= 8
     assert len({e["id"] for e in entries}) == len(entries), "entry ids are unique"
-    assert {e["backend"] for e in entries} >= {"fsdp", "deepspeed"}
+    assert {e["backend"] for e in entries} >= {"single", "fsdp", "deepspeed"}
+    assert {e["precision"] for e in entries} == {"fp32", "fp16", "bf16"}
+    assert {e.get("method", "full") for e in entries} == {"full", "lora", "qlora"}
+    assert {e["rung"] for e in entries} >= {"single", "fsdp-reshard", "fsdp-noreshard", "zero2", "zero3",
+                                             "zero2-offload-opt", "zero3-offload-opt", "zero3-offload-all"}
+    one_gpu = {e["gpu"] for e in entries if e["gpus_per_node"] * e["nodes"] == 1}
+    assert one_gpu >= {"V100-16GB", "A100-80GB", "RTX4090-24GB"}
+
+
+def test_sources_are_split_in_two_halves():
+    """The split is by source, fixed in the data: every source is 'fit' or 'holdout', and each half holds
+    several sources, one-GPU and multi-GPU rows, FSDP and DeepSpeed or adapters, so that the held-out error
+    says something about data the constants were not chosen on."""
+    splits = {key: source.get("split") for key, source in DATA["sources"].items()}
+    assert set(splits.values()) == {"fit", "holdout"}, splits
+    for half in ("fit", "holdout"):
+        entries = [e for e in DATA["entries"] if splits[e["source"]] == half]
+        assert len({e["source"] for e in entries}) >= 4, half
+        assert len(entries) >= 15, half
+        assert any(e["gpus_per_node"] * e["nodes"] == 1 for e in entries), half
+        assert any(e["gpus_per_node"] * e["nodes"] > 1 for e in entries), half
+        assert any(e.get("method", "full") != "full" for e in entries), half
 
 
 def test_every_source_is_cited():
@@ -187,7 +221,10 @@ def test_param_counts_match_published_models():
 def test_implied_utilisation_is_possible(entry):
     model = DATA["models"][entry["model"]]
     flops = bench.model_flops_per_token(bench.param_count(model, entry["seq_len"]), model, entry["seq_len"])
-    mfu = flops * entry["tokens_per_second_per_gpu"] / (DENSE_BF16_TFLOPS[entry["gpu"]] * 1e12)
+    if entry.get("method", "full") != "full":   # frozen base: no weight gradients, 4N instead of 6N
+        flops -= 2 * bench.param_count(model, entry["seq_len"])
+    peaks = DENSE_FP32_TFLOPS if entry["precision"] == "fp32" else DENSE_BF16_TFLOPS
+    mfu = flops * entry["tokens_per_second_per_gpu"] / (peaks[entry["gpu"]] * 1e12)
     assert 0.05 < mfu < 0.75, f"{entry['id']}: implied MFU {mfu:.2f}"
 
 
@@ -241,9 +278,11 @@ def test_samples_per_second_conversion():
 # ============================================================================================
 # the speed model against the data (needs wizard/planning/speed.py)
 
-# Median |error| over all entries must stay under this. Set from the achieved figure plus a
-# margin (see bench/results/speed-model.md and the report of the branch that added it).
-MEDIAN_ABS_ERROR_BOUND_PCT = 20.0  # achieved 15.6% over 36 entries (speed model of 86b0024)
+# The held-out half's median |error| must stay under this (issue 19's target); the fit half's, which the
+# constants were chosen on, under FIT_MEDIAN_BOUND_PCT. Achieved: fit 10.5 % over 43 entries, held-out
+# 11.3 % over 16 (bench/results/speed-model.md); before the re-fit they were 18.9 % and 14.5 %.
+HELDOUT_MEDIAN_BOUND_PCT = 15.0
+FIT_MEDIAN_BOUND_PCT = 13.0
 
 
 def _has_speed_model() -> bool:
@@ -255,11 +294,56 @@ def _has_speed_model() -> bool:
     return "speed" in {f.name for f in dataclasses.fields(Rung)}
 
 
+@pytest.fixture(scope="module")
+def predicted():
+    return bench.predict_all(DATA)
+
+
 @pytest.mark.skipif(not _has_speed_model(), reason="the plan's rungs have no speed model yet")
-def test_speed_model_median_error_is_bounded():
-    rows = [bench.predict(e, DATA["models"][e["model"]]) for e in DATA["entries"]]
+def test_speed_model_held_out_error_is_bounded(predicted):
+    rows, unplanned = predicted
     for r in rows:
         assert r.predicted > 0 and math.isfinite(r.predicted), r.id
         assert 0 < r.predicted_mfu <= 1, r.id
-    median = bench.median_abs(rows)
-    assert median < MEDIAN_ABS_ERROR_BOUND_PCT, f"median |error| {median:.1f}%"
+    held_out = [r for r in rows if r.split == "holdout"]
+    fit = [r for r in rows if r.split == "fit"]
+    assert len(held_out) >= 15 and len(fit) >= 30
+    assert bench.median_abs(held_out) <= HELDOUT_MEDIAN_BOUND_PCT, f"held-out median |error| {bench.median_abs(held_out):.1f}%"
+    assert bench.median_abs(fit) <= FIT_MEDIAN_BOUND_PCT, f"fit median |error| {bench.median_abs(fit):.1f}%"
+    # Only rungs the wizard does not plan yet (adapters under FSDP) may be left out of the figures.
+    assert all(u.method != "full" and u.rung.startswith("fsdp") for u in unplanned), unplanned
+
+
+def _row(rows, entry_id):
+    return next(r for r in rows if r.id == entry_id)
+
+
+@pytest.mark.skipif(not _has_speed_model(), reason="the plan's rungs have no speed model yet")
+def test_fp16_on_a_v100_is_about_twice_fp32(predicted):
+    """hf-perf-train-gpu-one (fit half): bert-large on one V100 trains 2.1x faster with --fp16 (18.64 against
+    8.86 samples/s). The model said 5.5x before Volta's fp16 and the fp32 efficiency were fitted."""
+    rows, _ = predicted
+    fp32 = _row(rows, "hfdoc-bert-large-fp32-mb4-1xV100-16GB")
+    fp16 = _row(rows, "hfdoc-bert-large-fp16-mb4-1xV100-16GB")
+    assert 1.5 <= fp16.predicted / fp32.predicted <= 3.0
+
+
+@pytest.mark.skipif(not _has_speed_model(), reason="the plan's rungs have no speed model yet")
+def test_micro_batch_one_is_only_somewhat_slower_on_a_narrow_model(predicted):
+    """The same source: micro-batch 1 (x4 accumulation) is 12.5 % slower than micro-batch 4 (7.75 against 8.86
+    samples/s). The old knees made it 38 % slower."""
+    rows, _ = predicted
+    mb4 = _row(rows, "hfdoc-bert-large-fp32-mb4-1xV100-16GB")
+    mb1 = _row(rows, "hfdoc-bert-large-fp32-mb1-ga4-1xV100-16GB")
+    assert 0.75 <= mb1.predicted / mb4.predicted <= 0.95
+
+
+@pytest.mark.skipif(not _has_speed_model(), reason="the plan's rungs have no speed model yet")
+def test_cpu_optimizer_offload_costs_what_it_measured(predicted):
+    """chenyaofo-gist (fit half): CPU optimizer offload runs Llama-7B on 8x A800 at 35-40 % of the speed of the
+    same settings without it (1.81 against 4.19 samples/s for ZeRO-2). The model said 96 % before the CPU step
+    rate was fitted."""
+    rows, _ = predicted
+    off = _row(rows, "gist-llama-7b-zero2-offload-opt-ckpt-mb1-gb64")
+    on = _row(rows, "gist-llama-7b-zero2-ckpt-mb1-gb64")
+    assert 0.3 <= off.predicted / on.predicted <= 0.6

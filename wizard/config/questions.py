@@ -50,6 +50,7 @@ from wizard.planning.plan import (
     Plan,
 )
 from wizard.probe.hardware import Hardware
+from wizard.sizing.memory import CUDA_CONTEXT_BYTES
 from wizard.sizing.model import ModelShape
 from wizard.units import GiB, fmt_bytes, parse_bytes, parse_count
 
@@ -887,8 +888,9 @@ QUESTIONS: tuple[Question, ...] = (
        why="10% leaves room for the caching allocator's fragmentation and the estimate's error without wasting much."),
     _q("cuda_context", "CUDA context per process",
        "Every process pays for its CUDA context and kernels before any tensor exists; the plan counts it "
-       "on each GPU.", "size", "strategy", advanced=True, default=1 * GiB, when=_plans_gpus,
-       why="About 1 GiB per process: what CUDA 12 with PyTorch's kernels usually takes (nvidia-smi shows yours)."),
+       "on each GPU.", "size", "strategy", advanced=True, default=CUDA_CONTEXT_BYTES, when=_plans_gpus,
+       why="About 1.3 GiB per process: what nvidia-smi shows for PyTorch's CUDA context and kernels before the "
+           "first tensor (1343 MiB measured); nvidia-smi shows yours."),
 
     # ---------------------------------------------------------------- machines
     _q("num_machines", "Machines (nodes)",

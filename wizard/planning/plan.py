@@ -12,7 +12,7 @@ from typing import Any
 from wizard.errors import InputError
 from wizard.planning import speed as speed_mod
 from wizard.sizing import memory as mem
-from wizard.units import GiB, fmt_bytes, fmt_bytes_apart
+from wizard.units import fmt_bytes, fmt_bytes_apart
 
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
 GC_MODES = ("auto", "on", "off")
@@ -60,7 +60,7 @@ class StrategyOptions:
     offload: str = "auto"
     nvme_path: str | None = None
     headroom: float = 0.10
-    cuda_context_bytes: int = 1 * GiB     # per process; DESIGN.md: "about 1 GiB per process (configurable)"
+    cuda_context_bytes: int = mem.CUDA_CONTEXT_BYTES   # per process (configurable); the measurement in memory.py
 
 
 @dataclass
@@ -492,18 +492,31 @@ _FFN_INPUT_MODULES = frozenset({"down_proj", "w2", "fc2", "dense_4h_to_h", "wo",
 
 
 def _adapter_activation_bytes(x: _Inputs, gc: bool) -> int:
-    """What LoRA's adapters save for backward on top of the base model's activations. ESTIMATE, from peft's
-    LoRA Linear forward (tuners/lora/layer.py): with dropout > 0 each adapter keeps its own dropped copy of
-    the input (lora_A's input, w bytes) and the dropout mask (1 byte); every adapter keeps lora_A's r-wide
-    output for lora_B. With dropout 0 the input is the one the base layer already saved. Under gradient
-    checkpointing only one layer's worth is alive (the layer being recomputed)."""
-    w = mem.working_bytes(x.precision)
+    """What LoRA changes in the activations: what its adapters save, less what a frozen base does not save.
+    Under gradient checkpointing only one layer's worth is alive (the layer being recomputed).
+
+    Adapters (peft tuners/lora/layer.py; MEASURED, torch 2.13, transformers Llama, CPU, saved_tensors_hooks,
+    exact to the byte): peft keeps the adapters in fp32 over a 16-bit base (autocast_adapter_dtype) and casts
+    their input to it, so each adapter keeps an fp32 copy of its input (4 B; with dropout > 0 the dropout's
+    output, plus the mask: 1 B on CUDA's fused dropout) and lora_A's fp32 r-wide output for lora_B.
+    Frozen base (LoRA, not QLoRA): memory.frozen_base_unsaved_bytes_per_token. Without it the plan counted the
+    inputs of frozen linears as saved, over-estimating LoRA by 1.2 GiB for Llama-2-7B at 2 x 512 tokens
+    (bench/results/memory-model.md, litgpt-hub-llama-2-7b-lora-mb2-s512-1xA10G) and planning LoRA runs that
+    fit on 24 GB cards as not fitting. QLoRA keeps the full-model count: bitsandbytes' MatMul4Bit saved its
+    input on ctx up to the 0.4x releases, and the fit half's QLoRA rows are already under-predicted by 7-8 %.
+    """
+    adapter_dtype = 4
     per_token = 0
     for name, count in x.adapters.modules_per_target.items():
         width = x.ffn if name in _FFN_INPUT_MODULES else x.hidden
-        per_token += count * ((w + 1) * width * (x.lora_dropout > 0) + w * x.adapters.rank)
+        per_token += count * ((adapter_dtype + (1 if x.lora_dropout > 0 else 0)) * width
+                              + adapter_dtype * x.adapters.rank)
+    layers = max(x.layers, 1)
+    if x.adapters.method == "lora":
+        per_token -= layers * mem.frozen_base_unsaved_bytes_per_token(
+            x.hidden, x.ffn, x.flash, x.precision, x.profile, x.experts_per_token)
     total = per_token * x.seq * x.batch
-    return total // max(x.layers, 1) if gc else total
+    return total // layers if gc else total
 
 
 def _uses_nvme(spec: RungSpec) -> bool:
@@ -822,7 +835,8 @@ def layer_stack(model, profile: mem.LayerProfile | None = None) -> mem.LayerStac
         cross_attention_layers=decoder if encoder and decoder else 0,
         head_dim=getattr(model, "head_dim", None), v_head_dim=getattr(model, "v_head_dim", None),
         kv_lora_rank=getattr(model, "kv_lora_rank", 0) or 0,
-        ssm_state=getattr(model, "ssm_state_size", 0) or 0, ssm_inner=getattr(model, "ssm_inner_size", 0) or 0)
+        ssm_state=getattr(model, "ssm_state_size", 0) or 0, ssm_inner=getattr(model, "ssm_inner_size", 0) or 0,
+        attention_dropout=(getattr(model, "attention_dropout", 0.0) or 0.0) > 0)
 
 
 def activation_estimate(model, seq_len: int, micro_batch: int, precision: str, attention: str = "auto",

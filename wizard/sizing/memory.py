@@ -40,10 +40,21 @@ FP32_GRAD_BYTES = 4            # DeepSpeed's fp32 gradient partition ("4_grads_3
 # DeepSpeed's estimators use this factor for host RAM only (stage_1_and_2.py / stage3.py defaults).
 DS_ADDITIONAL_BUFFER_FACTOR = 1.5
 
-# Fragmentation allowance on top of the sum: HEURISTIC. Megatron-LM's theoretical_memory_usage.py
-# multiplies activations by 1.05 "buffer for optimizer and miscellaneous temporaries"; the torch
-# caching allocator's fragmentation is workload-dependent, so 5% of the allocator-managed total.
-MARGIN_FRACTION = 0.05
+# Fragmentation allowance on top of the sum: what the caching allocator reserves beyond the live tensors
+# (what nvidia-smi shows beyond max_memory_allocated, less the CUDA context). Megatron-LM's
+# theoretical_memory_usage.py multiplies activations by 1.05 "buffer for optimizer and miscellaneous
+# temporaries". 0.05 -> 0.07 (CALIBRATED on the fit half of bench/data/published_memory.json): at 0.05 the
+# fit half's whole-process peaks reached -10.2 % (hfdoc-bert-large-fp16-mb4-1xV100-16GB-mem), beyond the
+# -10 % that an under-prediction may reach before "fits" becomes an OOM; 0.07 is the smallest whole percent
+# that keeps every fit-half whole-process row more than a point inside it (-8.7 %).
+MARGIN_FRACTION = 0.07
+
+# What a GPU process holds before its first tensor: the CUDA context and the kernels PyTorch loads with it.
+# MEASURED in the fit half of bench/data/published_memory.json: hf-perf-train-gpu-one's torch.ones((1, 1)).to("cuda")
+# on a V100 shows "GPU memory occupied: 1343 MB" (NVML, MiB): 1343 MiB, where the plan assumed 1 GiB and so
+# under-predicted every whole-process (nvidia-smi) peak by 0.3 GiB. Lazy module loading (CUDA >= 11.7,
+# CUDA_MODULE_LOADING=LAZY) can make it smaller; the answer "cuda_context" sets it per machine.
+CUDA_CONTEXT_BYTES = 1343 * MiB
 
 # Per-process overhead of a CPU (gloo) process standing in for the CUDA context: GUESS
 # (torch + Python + DeepSpeed's CPU accelerator import, typically a few hundred MiB RSS).
@@ -613,6 +624,30 @@ def activation_bytes(seq_len: int, micro_batch: int, hidden_size: int, heads: in
     return per_layer * layers + tokens * norm_bytes_per_token(hidden_size, precision, p)
 
 
+def frozen_base_unsaved_bytes_per_token(hidden_size: int, intermediate_size: int | None, flash: bool,
+                                        precision: str = "bf16", profile: LayerProfile | None = None,
+                                        experts_per_token: int = 0) -> int:
+    """Bytes per token that one layer does NOT save for backward when its weights are frozen (LoRA's base).
+
+    Autograd saves a matmul's input only for the weight's gradient (y = x W^T: dx needs W, dW needs x), and
+    a norm's normalised tensor only for the norm weight's gradient. With the base frozen these are never
+    saved: each norm's output (the next linear's input) and, for HF RMSNorm, its normalised tensor before
+    the weight multiply (w each); the MLP's last intermediate (down_proj's input, w * f); with eager
+    attention the reshaped output copy that only o_proj keeps (w * h). Flash / SDPA keep their own output,
+    which is o_proj's input, so nothing is saved there. MEASURED (torch 2.13, transformers LlamaForCausalLM
+    h=256 f=704, bf16, CPU, saved_tensors_hooks): the full layer saves 11800 B/token, the frozen one 8344,
+    exactly 2 * 2wh + wf less; eager 13960 against 17928, 2 * 2wh + wf + wh less.
+    """
+    p = _profile(profile)
+    w = working_bytes(precision)
+    f = intermediate_size or 4 * hidden_size
+    per_norm = 2 * w * hidden_size if p.rms_norm_fp32 else w * hidden_size
+    unsaved = 2 * per_norm + int(w * f) * max(experts_per_token, 1)
+    if not flash:
+        unsaved += w * hidden_size
+    return unsaved
+
+
 def backward_working_bytes_per_token(seq_len: int, hidden_size: int, heads: int, intermediate_size: int | None,
                                      flash: bool, precision: str = "bf16", profile: LayerProfile | None = None,
                                      experts_per_token: int = 0) -> int:
@@ -673,6 +708,7 @@ class LayerStack:
     kv_lora_rank: int = 0
     ssm_state: int = 0                # Mamba: state size (0: attention layers)
     ssm_inner: int = 0
+    attention_dropout: bool = False   # dropout on the attention probabilities in training (BERT, GPT-2 configs)
 
 
 def _layer_kinds(stack: LayerStack, seq: int, batch: int, flash: bool, precision: str,
@@ -720,7 +756,7 @@ def stack_activation_bytes(stack: LayerStack, seq_len: int, micro_batch: int, fl
     p = _profile(stack.profile)
     w = working_bytes(precision)
     tokens = seq_len * micro_batch
-    kinds = _layer_kinds(stack, seq_len, micro_batch, flash, precision, attention_dropout)
+    kinds = _layer_kinds(stack, seq_len, micro_batch, flash, precision, attention_dropout or stack.attention_dropout)
     if gradient_checkpointing:
         _, per_layer, backward = max(kinds, key=lambda k: k[1] + tokens * k[2])
         return w * tokens * stack.hidden * stack.layers + per_layer + tokens * backward
@@ -923,6 +959,7 @@ def usable_bytes(capacity: int, headroom: float) -> int:
 
 __all__ = [
     "GiB", "OPTIMIZER_STATE_BYTES", "GUESSED_OPTIMIZERS", "MARGIN_FRACTION", "CPU_PROCESS_OVERHEAD_BYTES",
+    "CUDA_CONTEXT_BYTES", "frozen_base_unsaved_bytes_per_token",
     "StateBytes", "ModelStates", "state_bytes", "working_bytes", "optimizer_state_bytes", "optimizer_for_rung",
     "ds_estimate_zero2_model_states_mem_needs", "ds_estimate_zero3_model_states_mem_needs",
     "states_single_or_ddp", "states_zero1", "states_zero2", "states_zero3", "states_zero3_nvme", "states_fsdp",

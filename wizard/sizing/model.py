@@ -67,6 +67,8 @@ class ModelShape:
     ssm_inner_size: int = 0               # Mamba-style SSM: the expanded inner width
     weights_dtype_bytes: int | None = None    # bytes per weight of the checkpoint's dtype (config dtype)
     gated_mlp: bool | None = None         # set when the config says (T5's is_gated_act); else from model_type
+    attention_dropout: float = 0.0        # training dropout on the attention probabilities (BERT 0.1, Llama 0.0):
+    #                                       eager attention then keeps a mask and a dropped copy of every score
 
     @property
     def is_ssm(self) -> bool:
@@ -524,7 +526,17 @@ def _shape_from_config(text_config, config_path: Path) -> dict[str, int]:
                 kv_lora_rank=_first_int(text_config, "kv_lora_rank") or 0,
                 moe_intermediate_size=moe_width or 0, shared_expert_intermediate_size=shared or 0,
                 gated_mlp=gated if isinstance(gated, bool) else None,
+                attention_dropout=_attention_dropout(text_config),
                 ssm_state_size=ssm[0] if ssm else 0, ssm_inner_size=ssm[1] if ssm else 0)
+
+
+def _attention_dropout(text_config) -> float:
+    """The config's dropout on attention probabilities (0.0 when it names none)."""
+    for key in ("attention_dropout", "attention_probs_dropout_prob", "attn_pdrop", "attention_dropout_prob"):
+        value = getattr(text_config, key, None)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    return 0.0
 
 
 def _ssm_fields(text_config, hidden: int | None) -> tuple[int, int] | None:
