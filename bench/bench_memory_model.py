@@ -204,8 +204,8 @@ def render_markdown(data: dict[str, Any], rows: list[Row], summ: dict[str, Any],
            "of a reserved / whole-process figure % |",
            "| --- | ---: | ---: | ---: | ---: | ---: | --- |",
            line("fit", fit), line("**held-out**", hold), line("all", a), "",
-           f"Targets (issue 19): within +-15 % on at least 85 % of rows; no reserved or whole-process figure "
-           f"under-predicted by more than 10 %.", ""]
+           "Targets (issue 19): within +-15 % on at least 85 % of rows; no reserved or whole-process figure "
+           "under-predicted by more than 10 %.", ""]
     if a.get("adapter_rows_planned_not_fitting"):
         out += ["LoRA / QLoRA rows whose estimate exceeds the GPU they were measured on: "
                 + ", ".join(f"`{i}`" for i in a["adapter_rows_planned_not_fitting"]) + ".", ""]

@@ -52,7 +52,7 @@ from wizard.planning.plan import (
 from wizard.probe.hardware import Hardware
 from wizard.sizing.memory import CUDA_CONTEXT_BYTES
 from wizard.sizing.model import ModelShape
-from wizard.units import GiB, fmt_bytes, parse_bytes, parse_count
+from wizard.units import fmt_bytes, parse_bytes, parse_count
 
 STAGES = ("model", "training", "strategy", "machines", "details")
 KINDS = ("choice", "bool", "int", "float", "str", "path", "size", "count")

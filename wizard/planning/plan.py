@@ -12,7 +12,7 @@ from typing import Any
 from wizard.errors import InputError
 from wizard.planning import speed as speed_mod
 from wizard.sizing import memory as mem
-from wizard.units import fmt_bytes, fmt_bytes_apart
+from wizard.units import GiB, fmt_bytes, fmt_bytes_apart
 
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
 GC_MODES = ("auto", "on", "off")
