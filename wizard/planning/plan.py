@@ -10,7 +10,9 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from wizard.errors import InputError
+from wizard.planning import rungs as rung_table
 from wizard.planning import speed as speed_mod
+from wizard.planning.rungs import BY_KEY, RungSpec
 from wizard.sizing import memory as mem
 from wizard.units import GiB, fmt_bytes, fmt_bytes_apart
 
@@ -199,60 +201,9 @@ class Plan:
 
 # --- The ladder ------------------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class RungSpec:
-    """One strategy of the ladder, before any arithmetic."""
-
-    key: str
-    name: str
-    backend: str
-    zero_stage: int | None = None
-    offload_optimizer: str = "none"
-    offload_param: str = "none"
-    fsdp_reshard: bool | None = None
-
-    @property
-    def offloads(self) -> bool:
-        return self.offload_optimizer != "none" or self.offload_param != "none"
-
-
-RUNG_SPECS: dict[str, RungSpec] = {s.key: s for s in (
-    RungSpec("single", "Single GPU", "single"),
-    RungSpec("ddp", "DDP (data parallel)", "ddp"),
-    RungSpec("zero1", "DeepSpeed ZeRO-1", "deepspeed", 1),
-    RungSpec("zero1-offload-opt", "ZeRO-1 + CPU optimizer offload", "deepspeed", 1, "cpu"),
-    RungSpec("zero2", "DeepSpeed ZeRO-2", "deepspeed", 2),
-    RungSpec("zero2-offload-opt", "ZeRO-2 + CPU optimizer offload", "deepspeed", 2, "cpu"),
-    RungSpec("zero3", "DeepSpeed ZeRO-3", "deepspeed", 3),
-    RungSpec("zero3-offload-opt", "ZeRO-3 + CPU optimizer offload", "deepspeed", 3, "cpu"),
-    RungSpec("zero3-offload-all", "ZeRO-3 + CPU offload of optimizer and parameters", "deepspeed", 3, "cpu", "cpu"),
-    RungSpec("zero3-nvme", "ZeRO-3 + NVMe offload of optimizer and parameters", "deepspeed", 3, "nvme", "nvme"),
-    RungSpec("fsdp-noreshard", "FSDP2 without resharding (~ZeRO-2)", "fsdp", fsdp_reshard=False),
-    RungSpec("fsdp-reshard", "FSDP2 with resharding (~ZeRO-3)", "fsdp", fsdp_reshard=True),
-    RungSpec("fsdp-offload", "FSDP2 + CPU offload", "fsdp", offload_optimizer="cpu", offload_param="cpu",
-             fsdp_reshard=True),
-)}
-
-# ZeRO-2 + optimizer offload sits in the auto ladder too: on one node it is usually the fastest offload rung
-# (it gathers no weights), and on one GPU ZeRO-3 partitions nothing.
-_ZERO_LADDERS = {
-    "auto": ("zero2", "zero3", "zero2-offload-opt", "zero3-offload-opt", "zero3-offload-all", "zero3-nvme"),
-    "1": ("zero1", "zero1-offload-opt"),
-    "2": ("zero2", "zero2-offload-opt"),
-    "3": ("zero3", "zero3-offload-opt", "zero3-offload-all", "zero3-nvme"),
-}
-_FSDP_LADDER = ("fsdp-noreshard", "fsdp-reshard", "fsdp-offload")
-
-
 def _check_choice(value: str, allowed: tuple[str, ...], flag: str) -> None:
     if value not in allowed:
         raise InputError(flag, f"{value!r} is not a valid choice", ", ".join(allowed))
-
-
-def _offload_matches(spec: RungSpec, offload: str) -> bool:
-    if offload == "auto":
-        return True
-    return spec.offload_optimizer == offload
 
 
 def ladder_keys(strategy: StrategyOptions, world_size: int, cpu: bool = False, method: str = "full") -> list[str]:
@@ -263,7 +214,6 @@ def ladder_keys(strategy: StrategyOptions, world_size: int, cpu: bool = False, m
     _check_choice(backend, BACKENDS, "--backend")
     _check_choice(stage, ZERO_STAGES, "--zero-stage")
     _check_choice(offload, OFFLOADS, "--offload")
-    base = "single" if world_size == 1 else "ddp"
     if cpu and offload in ("cpu", "nvme"):
         raise InputError("--offload", f"{offload!r} needs GPUs; these are CPU processes", "auto, none")
     if backend == "ddp":
@@ -271,21 +221,16 @@ def ladder_keys(strategy: StrategyOptions, world_size: int, cpu: bool = False, m
             raise InputError("--zero-stage", f"{stage!r} applies to --backend deepspeed, not ddp", "auto")
         if offload in ("cpu", "nvme"):
             raise InputError("--offload", f"{offload!r} needs --backend deepspeed or fsdp, not ddp", "auto, none")
-        return [base]
     if backend == "fsdp":
         if stage != "auto":
             raise InputError("--zero-stage", f"{stage!r} applies to --backend deepspeed, not fsdp", "auto")
         if offload == "nvme":
             raise InputError("--offload", "FSDP has no NVMe offload", "auto, none, cpu")
-        keys = [k for k in _FSDP_LADDER if _offload_matches(RUNG_SPECS[k], offload)]
-    else:
-        keys = [k for k in _ZERO_LADDERS[stage] if _offload_matches(RUNG_SPECS[k], offload)]
-        if not keys:
-            raise InputError("--offload", "NVMe offload is available only with ZeRO stage 3", "auto, none, cpu")
-        if backend == "auto" and stage == "auto" and offload in ("auto", "none"):
-            keys.insert(0, base)
+    keys = rung_table.ladder(backend, stage, offload, method, world_size)
+    if not keys:
+        raise InputError("--offload", "NVMe offload is available only with ZeRO stage 3", "auto, none, cpu")
     if cpu:
-        keys = [k for k in keys if not RUNG_SPECS[k].offloads]
+        keys = [k for k in keys if not BY_KEY[k].offloads]
     return keys
 
 
@@ -304,14 +249,10 @@ def _adapter_ladder(strategy: StrategyOptions, world_size: int, cpu: bool, metho
     if strategy.offload in ("cpu", "nvme"):
         raise InputError("--offload", f"{strategy.offload!r} with --method {method}: the adapters' states are tiny "
                          "and the frozen base has none to offload", "auto, none")
-    base = "single" if world_size == 1 else "ddp"
     stage = str(strategy.zero_stage)
-    if strategy.backend == "ddp":
-        if stage != "auto":
-            raise InputError("--zero-stage", f"{stage!r} applies to --backend deepspeed, not ddp", "auto")
-        return [base]
-    zero = {"auto": ["zero2", "zero3"], "1": ["zero1"], "2": ["zero2"], "3": ["zero3"]}[stage]
-    return ([base] if strategy.backend == "auto" and stage == "auto" else []) + zero
+    if strategy.backend == "ddp" and stage != "auto":
+        raise InputError("--zero-stage", f"{stage!r} applies to --backend deepspeed, not ddp", "auto")
+    return rung_table.ladder(strategy.backend, stage, strategy.offload, method, world_size)
 
 
 # --- Evaluating a rung ------------------------------------------------------------------------------
@@ -375,27 +316,27 @@ def _rung_optimizer(spec: RungSpec, x: _Inputs) -> str:
 
 
 def _adapter_strategy(spec: RungSpec) -> str:
-    return spec.backend if spec.backend in ("single", "ddp") else f"zero{spec.zero_stage}"
+    return spec.backend if spec.memory == "replicated" else spec.memory
 
 
 def _states(spec: RungSpec, x: _Inputs) -> mem.ModelStates:
+    """The model states of the rung's memory family (rungs.RungSpec.memory)."""
     if x.adapters is not None:
         from wizard.sizing import lora
         return lora.adapter_model_states(x.adapters, _adapter_strategy(spec), x.precision, x.optimizer,
                                          x.per_machine, x.machines, largest_frozen_layer_params=x.largest_layer)
-    if spec.backend in ("single", "ddp"):
+    family = spec.memory
+    if family == "replicated":
         return mem.states_single_or_ddp(x.params, x.precision, x.optimizer, x.per_machine)
-    if spec.backend == "fsdp":
+    if family == "fsdp":
         return mem.states_fsdp(x.params, x.precision, x.optimizer, x.per_machine, x.machines,
                                reshard=bool(spec.fsdp_reshard), offload=spec.offloads)
     optimizer = _rung_optimizer(spec, x)
-    if spec.zero_stage == 1:
-        return mem.states_zero1(x.params, x.precision, optimizer, x.per_machine, x.machines,
-                                offload_optimizer=spec.offload_optimizer == "cpu")
-    if spec.zero_stage == 2:
-        return mem.states_zero2(x.params, x.precision, optimizer, x.per_machine, x.machines,
-                                offload_optimizer=spec.offload_optimizer == "cpu")
-    if spec.offload_optimizer == "nvme":
+    if family in ("zero1", "zero2"):
+        states_of = mem.states_zero1 if family == "zero1" else mem.states_zero2
+        return states_of(x.params, x.precision, optimizer, x.per_machine, x.machines,
+                         offload_optimizer=spec.offload_optimizer == "cpu")
+    if family == "nvme":
         return mem.states_zero3_nvme(x.params, x.largest_layer, x.precision, optimizer, x.per_machine, x.machines)
     return mem.states_zero3(x.params, x.largest_layer, x.precision, optimizer, x.per_machine, x.machines,
                             offload_optimizer=spec.offload_optimizer == "cpu",
@@ -506,10 +447,6 @@ def _adapter_activation_bytes(x: _Inputs, gc: bool) -> int:
     return total // max(x.layers, 1) if gc else total
 
 
-def _uses_nvme(spec: RungSpec) -> bool:
-    return "nvme" in (spec.offload_optimizer, spec.offload_param)
-
-
 def _problems(spec: RungSpec, est: _Estimate, x: _Inputs) -> list[str]:
     """Why this estimate does not fit, as clauses; empty when it fits."""
     out = []
@@ -519,7 +456,7 @@ def _problems(spec: RungSpec, est: _Estimate, x: _Inputs) -> list[str]:
     if x.ram is not None and est.cpu > x.ram:
         need, have = fmt_bytes_apart(est.cpu, x.ram)
         out.append(f"needs {need} of host RAM per machine but {have} is available")
-    if _uses_nvme(spec):
+    if spec.uses_nvme:
         if not x.nvme_path:
             out.append("needs an NVMe path for offload (--nvme-path) and none was given")
         elif x.nvme_free is not None and est.nvme > x.nvme_free:
@@ -543,7 +480,7 @@ def _evaluate(spec: RungSpec, x: _Inputs, gc_mode: str) -> tuple[Rung, int | Non
         # Model states fit but the total does not: activations are the problem, so checkpoint them.
         without_gc, gc = est.per_gpu, True
         est = _estimate(spec, x, True)
-    name = "Single process" if x.cpu and spec.key == "single" else spec.name
+    name = "Single process" if x.cpu and spec.key == "single" else spec.label
     rung = Rung(key=spec.key, name=name, backend=spec.backend, zero_stage=spec.zero_stage,
                 offload_optimizer=spec.offload_optimizer, offload_param=spec.offload_param,
                 fsdp_reshard=spec.fsdp_reshard, gradient_checkpointing=gc, per_gpu_bytes=est.per_gpu,
@@ -866,10 +803,10 @@ def make_plan(hw, model, training: TrainingOptions, strategy: StrategyOptions, t
     x = _with_adapters(x, model, training, adapters, notes)
     train_tokens = _train_tokens(training)
     keys = ladder_keys(strategy, x.world, x.cpu, training.method)
-    evaluated = [_evaluate(RUNG_SPECS[k], x, training.gradient_checkpointing) for k in keys]
+    evaluated = [_evaluate(BY_KEY[k], x, training.gradient_checkpointing) for k in keys]
     rungs = [r for r, _ in evaluated]
     for rung in rungs:
-        spec = RUNG_SPECS[rung.key]
+        spec = BY_KEY[rung.key]
         rung.speed = _speed(spec, x, x.batch, x.grad_accum, rung.gradient_checkpointing)
         if train_tokens:
             rung.train_seconds = rung.speed.train_seconds(train_tokens)
@@ -884,12 +821,12 @@ def make_plan(hw, model, training: TrainingOptions, strategy: StrategyOptions, t
         for rung, without_gc in evaluated:
             if rung.fits:
                 rung.reason = _fit_reason(rung, x, without_gc, choice, tie)
-    if x.nvme_path and x.nvme_free is None and any(_uses_nvme(RUNG_SPECS[k]) for k in keys):
+    if x.nvme_path and x.nvme_free is None and any(BY_KEY[k].uses_nvme for k in keys):
         notes.append(f"Free space at the NVMe path {x.nvme_path} is unknown, so the NVMe rung's disk need is not "
                      "checked.")
     batch = None
     if choice is not None:
-        batch = fastest_split(RUNG_SPECS[choice.key], x, _global_batch(training, x.world),
+        batch = fastest_split(BY_KEY[choice.key], x, _global_batch(training, x.world),
                               training.gradient_checkpointing, choice.speed if choice.fits else None)
     return Plan(rungs=rungs, choice=choice, gpu_capacity_bytes=x.capacity, usable_bytes=x.usable,
                 precision=x.precision, topology=topology, notes=notes, batch=batch, train_tokens=train_tokens)
@@ -1108,7 +1045,7 @@ def what_would_fit(hw, model, training: TrainingOptions, strategy: StrategyOptio
     def attempt(label: str, t: TrainingOptions = training, s: StrategyOptions = strategy,
                 topo: Topology = topology, without_offload: bool = False) -> bool:
         plan = _try(hw, model, t, s, topo)
-        if plan is None or (without_offload and RUNG_SPECS[plan.choice.key].offloads):
+        if plan is None or (without_offload and BY_KEY[plan.choice.key].offloads):
             return False
         out.append(Suggestion(f"{label}: {_fits_text(plan)}", t, s, topo, plan.choice.key))
         return True
@@ -1180,7 +1117,7 @@ def explain_nothing_fits(plan: Plan, hw, model, training: TrainingOptions, strat
         lines.append(f"Nothing fits. The closest rung, {best.name}, {phrase}.")
     else:
         lines.append("Nothing fits.")
-    nvme_missing = any(_uses_nvme(RUNG_SPECS[r.key]) and "--nvme-path" in r.reason for r in plan.rungs)
+    nvme_missing = any(BY_KEY[r.key].uses_nvme and "--nvme-path" in r.reason for r in plan.rungs)
     if nvme_missing and "--nvme-path" not in phrase:
         lines.append("NVMe offload (the last rung) was not possible: give --nvme-path on a fast local disk.")
     fixes = what_would_fit(hw, model, training, strategy, topology)
