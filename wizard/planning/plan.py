@@ -96,6 +96,7 @@ class Rung:
     train_seconds: float | None = None    # time to train --train-tokens at this rung's speed
     max_micro_batch: int = 0              # largest micro-batch whose per-GPU estimate fits (0: none)
     max_micro_batch_gc: int = 0           # the same with gradient checkpointing on
+    load_bytes: int = 0                   # per GPU while loading, where that is its own peak (QLoRA sharded)
 
     @property
     def offloads(self) -> bool:
@@ -201,6 +202,10 @@ class Plan:
 
 # --- The ladder ------------------------------------------------------------------------------------
 
+# The rung table's entries by key (wizard.planning.rungs), under the name older callers import.
+RUNG_SPECS = BY_KEY
+
+
 def _check_choice(value: str, allowed: tuple[str, ...], flag: str) -> None:
     if value not in allowed:
         raise InputError(flag, f"{value!r} is not a valid choice", ", ".join(allowed))
@@ -235,24 +240,31 @@ def ladder_keys(strategy: StrategyOptions, world_size: int, cpu: bool = False, m
 
 
 def _adapter_ladder(strategy: StrategyOptions, world_size: int, cpu: bool, method: str) -> list[str]:
-    """LoRA / QLoRA: one GPU / DDP, ZeRO-2, ZeRO-3; no offload rung and no FSDP.
+    """LoRA / QLoRA: one GPU / DDP, ZeRO-2, ZeRO-3, FSDP2 (with and without resharding), then the rungs that
+    move the frozen base to the CPU (ZeRO-3 parameter offload, FSDP2 CPU offload).
 
-    Offloading the adapters' optimizer states saves next to nothing (they are a few per mille of the model)
-    and the frozen base has no optimizer state; parameter offload of a frozen, possibly 4-bit base is not
-    something peft, bitsandbytes and DeepSpeed support together. FSDP with LoRA works in accelerate, but its
-    memory is not modelled here yet, so it is refused rather than guessed."""
+    No optimizer-only offload rung: the adapters' optimizer states are a few per mille of the model and the
+    frozen base has none, so offloading them saves next to nothing. No NVMe rung."""
     _check_choice(strategy.backend, BACKENDS, "--backend")
     _check_choice(str(strategy.zero_stage), ZERO_STAGES, "--zero-stage")
     _check_choice(strategy.offload, OFFLOADS, "--offload")
-    if strategy.backend == "fsdp":
-        raise InputError("--backend", f"fsdp with --method {method} is not planned yet", "auto, ddp, deepspeed")
-    if strategy.offload in ("cpu", "nvme"):
-        raise InputError("--offload", f"{strategy.offload!r} with --method {method}: the adapters' states are tiny "
-                         "and the frozen base has none to offload", "auto, none")
     stage = str(strategy.zero_stage)
-    if strategy.backend == "ddp" and stage != "auto":
-        raise InputError("--zero-stage", f"{stage!r} applies to --backend deepspeed, not ddp", "auto")
-    return rung_table.ladder(strategy.backend, stage, strategy.offload, method, world_size)
+    if strategy.offload == "nvme":
+        raise InputError("--offload", f"'nvme' with --method {method}: the adapters' states are tiny and the "
+                         "frozen base has none to swap", "auto, none, cpu")
+    if cpu and strategy.offload == "cpu":
+        raise InputError("--offload", "'cpu' needs GPUs; these are CPU processes", "auto, none")
+    if strategy.backend in ("ddp", "fsdp") and stage != "auto":
+        raise InputError("--zero-stage", f"{stage!r} applies to --backend deepspeed, not {strategy.backend}", "auto")
+    if strategy.backend == "ddp" and strategy.offload == "cpu":
+        raise InputError("--offload", "'cpu' needs --backend deepspeed or fsdp, not ddp", "auto, none")
+    keys = rung_table.ladder(strategy.backend, stage, strategy.offload, method, world_size)
+    if not keys:
+        raise InputError("--offload", f"'cpu' with --method {method} offloads the frozen base: ZeRO stage 3 or FSDP "
+                         "(the adapters' optimizer states are too small to be worth offloading)", "auto, none")
+    if cpu:
+        keys = [k for k in keys if not BY_KEY[k].offloads]
+    return keys
 
 
 # --- Evaluating a rung ------------------------------------------------------------------------------
@@ -324,7 +336,10 @@ def _states(spec: RungSpec, x: _Inputs) -> mem.ModelStates:
     if x.adapters is not None:
         from wizard.sizing import lora
         return lora.adapter_model_states(x.adapters, _adapter_strategy(spec), x.precision, x.optimizer,
-                                         x.per_machine, x.machines, largest_frozen_layer_params=x.largest_layer)
+                                         x.per_machine, x.machines, largest_frozen_layer_params=x.largest_layer,
+                                         offload_optimizer=spec.offload_optimizer == "cpu",
+                                         offload_param=spec.offload_param == "cpu",
+                                         reshard=spec.fsdp_reshard is not False)
     family = spec.memory
     if family == "replicated":
         return mem.states_single_or_ddp(x.params, x.precision, x.optimizer, x.per_machine)
@@ -350,6 +365,10 @@ def _buffers(spec: RungSpec, x: _Inputs) -> int:
         # DDP buckets only parameters that require grad (torch's _build_params_for_reducer): the adapters' for LoRA.
         return mem.ddp_buffers(x.params if x.adapters is None else x.adapters.trainable_params, x.precision)
     if spec.backend == "fsdp":
+        if x.adapters is not None:
+            from wizard.sizing import lora
+            return lora.adapter_fsdp_buffers(x.adapters, x.layers, x.root_params, x.precision,
+                                             bool(spec.fsdp_reshard))
         return mem.fsdp_buffers(x.layer_params, x.root_params, x.precision, bool(spec.fsdp_reshard))
     if spec.zero_stage in (1, 2):
         return mem.zero12_buffers(x.hidden, spec.zero_stage, x.precision)
@@ -362,6 +381,7 @@ class _Estimate:
     per_gpu: int
     cpu: int
     nvme: int
+    load: int = 0                       # per GPU while the model loads, when that is a moment of its own
 
     @property
     def model_states(self) -> int:
@@ -377,6 +397,8 @@ class _Estimate:
 
 def _loader(spec: RungSpec, x: _Inputs) -> str:
     """Which processes load the pretrained weights into host RAM (memory.load_host_bytes)."""
+    if x.adapters is not None and x.adapters.method == "qlora" and not x.cpu and spec.memory in ("zero3", "fsdp"):
+        return "device"                 # quantised models skip zero.Init and FSDP's meta loading (qlora_load_gpu_bytes)
     if spec.backend == "fsdp":
         return "local-rank0"            # fsdp_cpu_ram_efficient_loading, the wizard's default
     if spec.backend == "deepspeed" and spec.zero_stage == 3:
@@ -425,7 +447,19 @@ def _estimate(spec: RungSpec, x: _Inputs, gc: bool) -> _Estimate:
         "context": x.context, "margin": margin,
     }
     # CPU processes: everything is already host RAM inside the per-process figure.
-    return _Estimate(breakdown, sum(breakdown.values()), 0 if x.cpu else _host_ram(spec, x, states), states.nvme)
+    return _Estimate(breakdown, sum(breakdown.values()), 0 if x.cpu else _host_ram(spec, x, states), states.nvme,
+                     _load_bytes(spec, x))
+
+
+def _load_bytes(spec: RungSpec, x: _Inputs) -> int:
+    """Per GPU while loading, where that exceeds nothing else the rung counts: QLoRA on a rung that shards the
+    weights quantises the whole model onto every GPU first (lora.qlora_load_gpu_bytes), plus the CUDA context.
+    0 elsewhere (the steady state is the peak)."""
+    if x.adapters is None or x.cpu or spec.memory not in ("zero3", "fsdp"):
+        return 0
+    from wizard.sizing import lora
+    whole = lora.qlora_load_gpu_bytes(x.adapters, x.precision)
+    return whole + x.context if whole else 0
 
 
 # Adapted modules whose input is the MLP's intermediate activation rather than the hidden state.
@@ -453,6 +487,9 @@ def _problems(spec: RungSpec, est: _Estimate, x: _Inputs) -> list[str]:
     if est.per_gpu > x.usable:
         out.append(f"needs {fmt_bytes(est.per_gpu)} per {x.unit} (model states {fmt_bytes(est.model_states)}) "
                    f"but {fmt_bytes(x.usable)} is usable ({_capacity_text(x)})")
+    if est.load > x.usable:
+        out.append(f"needs {fmt_bytes(est.load)} per {x.unit} while loading, before it shards the weights "
+                   f"(bitsandbytes quantises the whole model onto every GPU) but {fmt_bytes(x.usable)} is usable")
     if x.ram is not None and est.cpu > x.ram:
         need, have = fmt_bytes_apart(est.cpu, x.ram)
         out.append(f"needs {need} of host RAM per machine but {have} is available")
@@ -484,13 +521,13 @@ def _evaluate(spec: RungSpec, x: _Inputs, gc_mode: str) -> tuple[Rung, int | Non
     rung = Rung(key=spec.key, name=name, backend=spec.backend, zero_stage=spec.zero_stage,
                 offload_optimizer=spec.offload_optimizer, offload_param=spec.offload_param,
                 fsdp_reshard=spec.fsdp_reshard, gradient_checkpointing=gc, per_gpu_bytes=est.per_gpu,
-                cpu_bytes=est.cpu, nvme_bytes=est.nvme, breakdown=est.breakdown)
+                cpu_bytes=est.cpu, nvme_bytes=est.nvme, breakdown=est.breakdown, load_bytes=est.load)
     problems = _problems(spec, est, x)
     rung.fits = not problems
     if problems:
         gc_text = " even with gradient checkpointing" if without_gc is not None else ""
         first = problems[0]
-        if gc_text and first.startswith("needs ") and " per " in first:
+        if gc_text and first.startswith("needs ") and " per " in first and "while loading" not in first:
             first = first.replace(f" per {x.unit} ", f" per {x.unit}{gc_text} ", 1)
         rung.reason = _sentence("; and ".join([first] + problems[1:]))
     return rung, without_gc
@@ -876,7 +913,8 @@ def _speed(spec: RungSpec, x: _Inputs, batch: int, grad_accum: int, gc: bool) ->
 
 
 def _fits_gpu(spec: RungSpec, x: _Inputs, batch: int, gc: bool) -> bool:
-    return _estimate(spec, replace(x, batch=batch), gc).per_gpu <= x.usable
+    est = _estimate(spec, replace(x, batch=batch), gc)
+    return est.per_gpu <= x.usable and est.load <= x.usable
 
 
 # Above this a micro-batch is not a planning question any more; the search stops there.
@@ -980,6 +1018,13 @@ def _shortfall(rung: Rung, plan: Plan, hw, strategy: StrategyOptions) -> tuple[f
                          f"needs {fmt_bytes(rung.per_gpu_bytes)} per {unit}, "
                          f"{fmt_bytes(rung.per_gpu_bytes - plan.usable_bytes)} "
                          f"({(rung.per_gpu_bytes / usable - 1) * 100:.0f}%) more than the "
+                         f"{fmt_bytes(plan.usable_bytes)} usable"))
+    if rung.load_bytes > plan.usable_bytes:
+        failures.append((rung.load_bytes / usable,
+                         f"needs {fmt_bytes(rung.load_bytes)} per {unit} while loading (bitsandbytes quantises the "
+                         f"whole model onto every GPU before it is sharded), "
+                         f"{fmt_bytes(rung.load_bytes - plan.usable_bytes)} "
+                         f"({(rung.load_bytes / usable - 1) * 100:.0f}%) more than the "
                          f"{fmt_bytes(plan.usable_bytes)} usable"))
     ram = _available_host_ram(hw)
     if ram and not plan.topology.cpu and rung.cpu_bytes > ram:

@@ -47,7 +47,7 @@ class RungSpec:
     fsdp_reshard: bool | None = None
     memory: str = "replicated"            # sizing family: replicated | zero1 | zero2 | zero3 | nvme | fsdp
     methods: tuple[str, ...] = FULL       # the fine-tuning methods whose ladder holds it
-    in_auto: bool = True                  # in the ladder of --zero-stage auto (or --backend auto)
+    auto: tuple[str, ...] = FULL          # the methods whose --backend auto / --zero-stage auto ladder holds it
     why: str = ""                         # why the ladder holds it, in a clause
     oom_next: str | None = None           # after a CUDA OOM on it and no saved plan: the next key to try
 
@@ -91,13 +91,13 @@ RUNGS: tuple[RungSpec, ...] = (
     RungSpec("ddp", "DDP (data parallel)", "DDP", "ddp", methods=ALL_METHODS, oom_next="zero2",
              why="every GPU holds a full replica: the least communication"),
     RungSpec("zero1", "DeepSpeed ZeRO-1", "ZeRO-1", "deepspeed", 1, memory="zero1", methods=ALL_METHODS,
-             in_auto=False, oom_next="zero2", why="optimizer states partitioned (asked for with --zero-stage 1)"),
+             auto=(), oom_next="zero2", why="optimizer states partitioned (asked for with --zero-stage 1)"),
     RungSpec("zero2", "DeepSpeed ZeRO-2", "ZeRO-2", "deepspeed", 2, memory="zero2", methods=ALL_METHODS,
-             oom_next="zero3", why="optimizer states and gradients partitioned, weights replicated"),
+             auto=ALL_METHODS, oom_next="zero3", why="optimizer states and gradients partitioned, weights replicated"),
     RungSpec("zero3", "DeepSpeed ZeRO-3", "ZeRO-3", "deepspeed", 3, memory="zero3", methods=ALL_METHODS,
-             oom_next="zero3-offload-opt", why="weights partitioned too, gathered layer by layer"),
+             auto=ALL_METHODS, oom_next="zero3-offload-opt", why="weights partitioned too, gathered layer by layer"),
     RungSpec("zero1-offload-opt", "ZeRO-1 + CPU optimizer offload", "ZeRO-1 +opt→CPU", "deepspeed", 1, "cpu",
-             memory="zero1", in_auto=False, oom_next="zero2-offload-opt",
+             memory="zero1", auto=(), oom_next="zero2-offload-opt",
              why="the optimizer states and step move to the CPU (asked for with --zero-stage 1)"),
     RungSpec("zero2-offload-opt", "ZeRO-2 + CPU optimizer offload", "ZeRO-2 +opt→CPU", "deepspeed", 2, "cpu",
              memory="zero2", oom_next="zero3-offload-opt",
@@ -106,17 +106,19 @@ RUNGS: tuple[RungSpec, ...] = (
              memory="zero3", oom_next="zero3-offload-all",
              why="weights partitioned and the optimizer on the CPU"),
     RungSpec("zero3-offload-all", "ZeRO-3 + CPU offload of optimizer and parameters", "ZeRO-3 +all→CPU",
-             "deepspeed", 3, "cpu", "cpu", memory="zero3", oom_next="zero3-nvme",
-             why="the weights live on the CPU too, fetched layer by layer"),
+             "deepspeed", 3, "cpu", "cpu", memory="zero3", methods=ALL_METHODS, auto=ALL_METHODS,
+             oom_next="zero3-nvme",
+             why="the weights live on the CPU too, fetched layer by layer (for LoRA / QLoRA: the frozen base, as "
+                 "peft's ZeRO-3 CPU-offload example runs it)"),
     RungSpec("zero3-nvme", "ZeRO-3 + NVMe offload of optimizer and parameters", "ZeRO-3 +NVMe", "deepspeed", 3,
              "nvme", "nvme", memory="nvme", why="the optimizer states swap through NVMe: the last resort"),
     RungSpec("fsdp-noreshard", "FSDP2 without resharding (~ZeRO-2)", "FSDP2 keep", "fsdp", fsdp_reshard=False,
-             memory="fsdp", oom_next="fsdp-reshard",
+             memory="fsdp", methods=ALL_METHODS, auto=ADAPTERS, oom_next="fsdp-reshard",
              why="everything sharded; weights kept gathered between forward and backward"),
     RungSpec("fsdp-reshard", "FSDP2 with resharding (~ZeRO-3)", "FSDP2 reshard", "fsdp", fsdp_reshard=True,
-             memory="fsdp", oom_next="fsdp-offload", why="weights resharded after forward, gathered again in backward"),
+             memory="fsdp", methods=ALL_METHODS, auto=ADAPTERS, oom_next="fsdp-offload", why="weights resharded after forward, gathered again in backward"),
     RungSpec("fsdp-offload", "FSDP2 + CPU offload", "FSDP2 +CPU", "fsdp", offload_optimizer="cpu",
-             offload_param="cpu", fsdp_reshard=True, memory="fsdp",
+             offload_param="cpu", fsdp_reshard=True, memory="fsdp", methods=ALL_METHODS, auto=ADAPTERS,
              why="weights, gradients and optimizer on the CPU, the step there"),
 )
 
@@ -124,9 +126,12 @@ BY_KEY: dict[str, RungSpec] = {r.key: r for r in RUNGS}
 
 
 def ladder(backend: str, zero_stage: str, offload: str, method: str, world_size: int) -> list[str]:
-    """The keys of the entries these (already validated) options select, in table order.
+    """The keys of the entries these (already validated) options select: no-offload rungs first, then CPU
+    offload, then NVMe, each in table order.
 
-    backend auto walks single/DDP then DeepSpeed; `fsdp` and `deepspeed` their own entries; `ddp` the base."""
+    `--backend auto` with `--zero-stage auto` walks single/DDP then the entries whose `auto` holds the method (for
+    LoRA / QLoRA that includes FSDP: FSDP-QLoRA is the known recipe for a large model on small GPUs); a given
+    stage, `--backend deepspeed` or `--backend fsdp` their own entries; `--backend ddp` the base."""
     base = "single" if world_size == 1 else "ddp"
     out = []
     for r in RUNGS:
@@ -135,16 +140,19 @@ def ladder(backend: str, zero_stage: str, offload: str, method: str, world_size:
         if r.backend in ("single", "ddp"):
             if r.key == base and (backend == "ddp" or (backend == "auto" and zero_stage == "auto"
                                                        and offload in ("auto", "none"))):
-                out.append(r.key)
+                out.append(r)
             continue
-        if backend not in (r.backend, "auto") or (backend == "auto" and r.backend == "fsdp"):
+        if backend == "ddp" or backend not in ("auto", r.backend):
             continue
-        if r.backend == "deepspeed" and not (str(r.zero_stage) == zero_stage or (zero_stage == "auto" and r.in_auto)):
+        if zero_stage != "auto":
+            if str(r.zero_stage) != zero_stage:
+                continue
+        elif (backend == "auto" or r.backend == "deepspeed") and method not in r.auto:
             continue
         if offload != "auto" and r.offload_optimizer != offload:
             continue
-        out.append(r.key)
-    return out
+        out.append(r)
+    return [r.key for r in sorted(out, key=lambda r: (r.offloads, r.uses_nvme))]
 
 
 # --- Recognising a rung from written files ---------------------------------------------------------
