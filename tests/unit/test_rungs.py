@@ -117,3 +117,91 @@ def test_no_module_outside_the_table_spells_a_rung_key():
             if isinstance(node, ast.Constant) and node.value in RUNG_KEY_LITERALS:
                 offenders.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.value!r}")
     assert not offenders, offenders
+
+
+# --- Every rung says why it is there; one GPU; like with like (issue 19) ----------------------------------
+
+def _cli_plan(*args: str) -> dict:
+    import contextlib
+    import io
+    import json
+
+    from wizard.frontends.cli import main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+        main(["plan", *args, "--json"])
+    return json.loads(out.getvalue())["plan"]
+
+
+def _keys(plan: dict) -> list[str]:
+    return [r["key"] for r in plan["rungs"]]
+
+
+def test_one_gpu_walks_only_rungs_that_hold_something_off_the_gpu():
+    """On one GPU ZeRO-3, FSDP and ZeRO-3 + optimizer offload partition nothing: the walk leaves them out. ZeRO-2
+    stays for LoRA / QLoRA, whose entry says why; explicit choices are kept."""
+    full = _cli_plan("--params", "7B", "--assume", "1xA100-40GB,ram=256G")
+    assert _keys(full) == ["single", "zero2-offload-opt", "zero3-offload-all", "zero3-nvme"]
+    qlora = _cli_plan("--params", "8B", "--assume", "1xRTX4090,ram=128G", "--method", "qlora")
+    assert _keys(qlora) == ["single", "zero2", "zero3-offload-all", "fsdp-offload"]
+    eight = _cli_plan("--params", "7B", "--assume", "8xA100-40GB,ram=256G")
+    assert "zero3" in _keys(eight) and "zero3-offload-opt" in _keys(eight)
+    asked = _cli_plan("--params", "7B", "--assume", "1xA100-40GB,ram=256G", "--backend", "deepspeed",
+                      "--zero-stage", "3")
+    assert _keys(asked) == ["zero3", "zero3-offload-opt", "zero3-offload-all", "zero3-nvme"]
+    assert _keys(_cli_plan("--params", "7B", "--assume", "1xA100-40GB,ram=256G", "--backend", "fsdp")) == \
+        ["fsdp-noreshard", "fsdp-reshard", "fsdp-offload"]
+    for plan in (full, qlora, eight, asked):
+        assert all(r["why"] for r in plan["rungs"])
+    by_key = {r["key"]: r for r in qlora["rungs"]}
+    assert by_key["zero2"]["why"].startswith("one GPU: nothing to partition")
+    assert {r["key"]: r for r in eight["rungs"]}["zero2"]["why"] == rungs.BY_KEY["zero2"].why
+
+
+def test_the_one_gpu_reasons_are_true():
+    """ZeRO-2 on one GPU holds less than one GPU without DeepSpeed for QLoRA (its stated why) and not for full
+    fine-tuning (why the walk leaves it out there); ZeRO-3 + optimizer offload holds no less than ZeRO-2's."""
+    def per_gpu(plan: dict, key: str) -> int:
+        return next(r["per_gpu_bytes"] for r in plan["rungs"] if r["key"] == key)
+
+    qlora = _cli_plan("--params", "8B", "--assume", "1xRTX4090,ram=128G", "--method", "qlora",
+                      "--gradient-checkpointing", "on")
+    assert per_gpu(qlora, "zero2") < per_gpu(qlora, "single")
+    one = ["--params", "7B", "--assume", "1xA100-40GB,ram=256G", "--gradient-checkpointing", "on"]
+    single = _cli_plan(*one)
+    stage2 = _cli_plan(*one, "--backend", "deepspeed", "--zero-stage", "2")
+    stage3 = _cli_plan(*one, "--backend", "deepspeed", "--zero-stage", "3")
+    assert per_gpu(stage2, "zero2") >= per_gpu(single, "single")
+    assert per_gpu(stage3, "zero3") >= per_gpu(single, "single")
+    assert per_gpu(stage3, "zero3-offload-opt") >= per_gpu(stage2, "zero2-offload-opt")
+
+
+def test_a_ladder_that_mixes_gc_settings_shows_every_rung_with_gc_too():
+    """70B on 8xH100 at seq 1920: ZeRO-3 + optimizer offload needs GC, the parameter-offload rung fits without it
+    and so reads as needing more memory. Each rung without GC carries its figure with GC, and at like settings
+    more offload never needs more memory."""
+    import contextlib
+    import io
+
+    from wizard.frontends.cli import main
+
+    args = ["--params", "70B", "--assume", "8xH100-80GB,ram=4T", "--seq-len", "1920"]
+    plan = _cli_plan(*args)
+    by_key = {r["key"]: r for r in plan["rungs"]}
+    opt, everything = by_key["zero3-offload-opt"], by_key["zero3-offload-all"]
+    assert opt["gradient_checkpointing"] and not everything["gradient_checkpointing"]
+    assert everything["per_gpu_bytes"] > opt["per_gpu_bytes"]              # the mismatch the issue saw
+    assert everything["per_gpu_bytes_gc"] < opt["per_gpu_bytes"]            # like with like: less
+    with_gc = [r["per_gpu_bytes"] if r["gradient_checkpointing"] else r["per_gpu_bytes_gc"]
+               for r in plan["rungs"] if r["key"] in ("zero3", "zero3-offload-opt", "zero3-offload-all")]
+    assert with_gc == sorted(with_gc, reverse=True)
+    assert all(r["per_gpu_bytes_gc"] is None for r in plan["rungs"] if r["gradient_checkpointing"])
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+        main(["plan", *args])
+    from wizard.units import fmt_bytes
+    assert f"with gradient checkpointing: {fmt_bytes(everything['per_gpu_bytes_gc'])} per GPU" in out.getvalue()
+    # with GC forced either way there is nothing to compare
+    forced = _cli_plan(*args, "--gradient-checkpointing", "off")
+    assert all(r["per_gpu_bytes_gc"] is None for r in forced["rungs"])

@@ -97,6 +97,8 @@ class Rung:
     max_micro_batch: int = 0              # largest micro-batch whose per-GPU estimate fits (0: none)
     max_micro_batch_gc: int = 0           # the same with gradient checkpointing on
     load_bytes: int = 0                   # per GPU while loading, where that is its own peak (QLoRA sharded)
+    why: str = ""                         # why the ladder holds this rung (rungs.why)
+    per_gpu_bytes_gc: int | None = None   # with gradient checkpointing, for a rung evaluated without it (GC auto)
 
     @property
     def offloads(self) -> bool:
@@ -518,10 +520,14 @@ def _evaluate(spec: RungSpec, x: _Inputs, gc_mode: str) -> tuple[Rung, int | Non
         without_gc, gc = est.per_gpu, True
         est = _estimate(spec, x, True)
     name = "Single process" if x.cpu and spec.key == "single" else spec.label
+    # Like with like: a rung that runs without GC also says what it needs with it, as the rungs that switched
+    # it on do (their reason gives the figure without it).
+    with_gc = _estimate(spec, x, True).per_gpu if gc_mode == "auto" and not gc else None
     rung = Rung(key=spec.key, name=name, backend=spec.backend, zero_stage=spec.zero_stage,
                 offload_optimizer=spec.offload_optimizer, offload_param=spec.offload_param,
                 fsdp_reshard=spec.fsdp_reshard, gradient_checkpointing=gc, per_gpu_bytes=est.per_gpu,
-                cpu_bytes=est.cpu, nvme_bytes=est.nvme, breakdown=est.breakdown, load_bytes=est.load)
+                cpu_bytes=est.cpu, nvme_bytes=est.nvme, breakdown=est.breakdown, load_bytes=est.load,
+                why=rung_table.why(spec.key, x.world), per_gpu_bytes_gc=with_gc)
     problems = _problems(spec, est, x)
     rung.fits = not problems
     if problems:

@@ -48,6 +48,8 @@ class RungSpec:
     memory: str = "replicated"            # sizing family: replicated | zero1 | zero2 | zero3 | nvme | fsdp
     methods: tuple[str, ...] = FULL       # the fine-tuning methods whose ladder holds it
     auto: tuple[str, ...] = FULL          # the methods whose --backend auto / --zero-stage auto ladder holds it
+    one_gpu: tuple[str, ...] = ALL_METHODS  # ... and on one GPU, where sharding alone partitions nothing
+    why_one_gpu: str = ""                 # why it is there on one GPU, when that differs from `why`
     why: str = ""                         # why the ladder holds it, in a clause
     oom_next: str | None = None           # after a CUDA OOM on it and no saved plan: the next key to try
 
@@ -86,40 +88,46 @@ class RungSpec:
 
 
 RUNGS: tuple[RungSpec, ...] = (
-    RungSpec("single", "Single GPU", "Single GPU", "single", methods=ALL_METHODS, oom_next="zero3-offload-opt",
+    RungSpec("single", "Single GPU", "Single GPU", "single", methods=ALL_METHODS, oom_next="zero2-offload-opt",
              why="one process holds everything: nothing to communicate"),
     RungSpec("ddp", "DDP (data parallel)", "DDP", "ddp", methods=ALL_METHODS, oom_next="zero2",
              why="every GPU holds a full replica: the least communication"),
     RungSpec("zero1", "DeepSpeed ZeRO-1", "ZeRO-1", "deepspeed", 1, memory="zero1", methods=ALL_METHODS,
              auto=(), oom_next="zero2", why="optimizer states partitioned (asked for with --zero-stage 1)"),
     RungSpec("zero2", "DeepSpeed ZeRO-2", "ZeRO-2", "deepspeed", 2, memory="zero2", methods=ALL_METHODS,
-             auto=ALL_METHODS, oom_next="zero3", why="optimizer states and gradients partitioned, weights replicated"),
+             auto=ALL_METHODS, one_gpu=ADAPTERS, oom_next="zero3",
+             why_one_gpu="one GPU: nothing to partition, but DeepSpeed's engine keeps the adapters and the "
+                         "unquantised parameters in 16 bits where torch AMP keeps them in fp32", why="optimizer states and gradients partitioned, weights replicated"),
     RungSpec("zero3", "DeepSpeed ZeRO-3", "ZeRO-3", "deepspeed", 3, memory="zero3", methods=ALL_METHODS,
-             auto=ALL_METHODS, oom_next="zero3-offload-opt", why="weights partitioned too, gathered layer by layer"),
+             auto=ALL_METHODS, one_gpu=(), oom_next="zero3-offload-opt", why="weights partitioned too, gathered layer by layer"),
     RungSpec("zero1-offload-opt", "ZeRO-1 + CPU optimizer offload", "ZeRO-1 +opt→CPU", "deepspeed", 1, "cpu",
              memory="zero1", auto=(), oom_next="zero2-offload-opt",
              why="the optimizer states and step move to the CPU (asked for with --zero-stage 1)"),
     RungSpec("zero2-offload-opt", "ZeRO-2 + CPU optimizer offload", "ZeRO-2 +opt→CPU", "deepspeed", 2, "cpu",
              memory="zero2", oom_next="zero3-offload-opt",
-             why="the optimizer states and step move to the CPU; no weights gathered"),
+             why="the optimizer states and step move to the CPU; no weights gathered",
+             why_one_gpu="one GPU: nothing to partition; the optimizer states and step move to the CPU"),
     RungSpec("zero3-offload-opt", "ZeRO-3 + CPU optimizer offload", "ZeRO-3 +opt→CPU", "deepspeed", 3, "cpu",
-             memory="zero3", oom_next="zero3-offload-all",
+             memory="zero3", one_gpu=(), oom_next="zero3-offload-all",
              why="weights partitioned and the optimizer on the CPU"),
     RungSpec("zero3-offload-all", "ZeRO-3 + CPU offload of optimizer and parameters", "ZeRO-3 +all→CPU",
              "deepspeed", 3, "cpu", "cpu", memory="zero3", methods=ALL_METHODS, auto=ALL_METHODS,
              oom_next="zero3-nvme",
-             why="the weights live on the CPU too, fetched layer by layer (for LoRA / QLoRA: the frozen base, as "
-                 "peft's ZeRO-3 CPU-offload example runs it)"),
+             # for LoRA / QLoRA the weights are the frozen base, as peft's ZeRO-3 CPU-offload example runs it
+             why="the weights live on the CPU too, fetched layer by layer",
+             why_one_gpu="one GPU: nothing to partition; the weights and the optimizer live on the CPU, the weights "
+                         "fetched layer by layer"),
     RungSpec("zero3-nvme", "ZeRO-3 + NVMe offload of optimizer and parameters", "ZeRO-3 +NVMe", "deepspeed", 3,
              "nvme", "nvme", memory="nvme", why="the optimizer states swap through NVMe: the last resort"),
     RungSpec("fsdp-noreshard", "FSDP2 without resharding (~ZeRO-2)", "FSDP2 keep", "fsdp", fsdp_reshard=False,
-             memory="fsdp", methods=ALL_METHODS, auto=ADAPTERS, oom_next="fsdp-reshard",
+             memory="fsdp", methods=ALL_METHODS, auto=ADAPTERS, one_gpu=(), oom_next="fsdp-reshard",
              why="everything sharded; weights kept gathered between forward and backward"),
     RungSpec("fsdp-reshard", "FSDP2 with resharding (~ZeRO-3)", "FSDP2 reshard", "fsdp", fsdp_reshard=True,
-             memory="fsdp", methods=ALL_METHODS, auto=ADAPTERS, oom_next="fsdp-offload", why="weights resharded after forward, gathered again in backward"),
+             memory="fsdp", methods=ALL_METHODS, auto=ADAPTERS, one_gpu=(), oom_next="fsdp-offload", why="weights resharded after forward, gathered again in backward"),
     RungSpec("fsdp-offload", "FSDP2 + CPU offload", "FSDP2 +CPU", "fsdp", offload_optimizer="cpu",
              offload_param="cpu", fsdp_reshard=True, memory="fsdp", methods=ALL_METHODS, auto=ADAPTERS,
-             why="weights, gradients and optimizer on the CPU, the step there"),
+             why="weights, gradients and optimizer on the CPU, the step there",
+             why_one_gpu="one GPU: nothing to shard; the weights, gradients and optimizer live on the CPU"),
 )
 
 BY_KEY: dict[str, RungSpec] = {r.key: r for r in RUNGS}
@@ -152,7 +160,19 @@ def ladder(backend: str, zero_stage: str, offload: str, method: str, world_size:
         if offload != "auto" and r.offload_optimizer != offload:
             continue
         out.append(r)
+    walking = backend == "auto" or (backend == "deepspeed" and zero_stage == "auto")
+    if world_size == 1 and walking:
+        # One GPU: a rung that only partitions (ZeRO-3, FSDP, ZeRO-3 + optimizer offload over ZeRO-2's) holds no
+        # less than one that does not; the walk leaves it out unless its entry says why it is there.
+        useful = [r for r in out if method in r.one_gpu]
+        out = useful or out
     return [r.key for r in sorted(out, key=lambda r: (r.offloads, r.uses_nvme))]
+
+
+def why(key: str, world_size: int) -> str:
+    """Why the ladder holds this rung, for this many processes."""
+    r = BY_KEY[key]
+    return r.why_one_gpu if world_size == 1 and r.why_one_gpu else r.why
 
 
 # --- Recognising a rung from written files ---------------------------------------------------------
