@@ -23,6 +23,8 @@ import signal as _signal
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from wizard.planning import rungs as rung_table
+
 KINDS = ("python_exception", "nccl_abort", "oom_killed", "cuda_oom", "collateral", "stall", "signal",
          "shutdown_crash", "unknown")
 NOT_RESTARTED = ("shutdown_crash",)       # the training finished: another attempt would redo it all
@@ -214,89 +216,40 @@ def waiting_for_others(stack: list[str] | None) -> bool | None:
 
 # ------------------------------------------------------------------ next rung for CUDA OOM
 
-# Ladder order of DESIGN.md, by rung key; the flags that make the wizard produce each rung.
-LADDER = ("single", "ddp", "zero2", "zero3", "zero3-offload-opt", "zero3-offload-all", "zero3-nvme")
-RUNG_NAMES = {
-    "single": "single GPU", "ddp": "DDP", "zero2": "DeepSpeed ZeRO-2", "zero3": "DeepSpeed ZeRO-3",
-    "zero3-offload-opt": "ZeRO-3 + CPU optimizer offload",
-    "zero3-offload-all": "ZeRO-3 + CPU optimizer and parameter offload",
-    "zero3-nvme": "ZeRO-3 + NVMe offload",
-    "fsdp": "FSDP (no resharding)", "fsdp-reshard": "FSDP with resharding", "fsdp-offload": "FSDP + CPU offload",
-}
-FSDP_LADDER = ("fsdp", "fsdp-reshard", "fsdp-offload")
+# The rungs (labels, flags, where an OOM goes next without a saved plan) are wizard.planning.rungs' table: pure
+# data, cheap to import.
 
 
 def wizard_command_for(rung: dict[str, Any]) -> str:
     """`wizard --non-interactive ...` flags that select this rung (keep your model/training flags)."""
-    backend = rung.get("backend")
-    parts = ["wizard", "--non-interactive"]
-    if backend in ("single", "ddp"):
-        parts += ["--backend", "ddp"]
-    elif backend == "fsdp":
-        parts += ["--backend", "fsdp"]
-        if rung.get("offload_param", "none") != "none" or rung.get("offload_optimizer", "none") != "none":
-            parts += ["--offload", "cpu"]
-    else:
-        parts += ["--backend", "deepspeed"]
-        if rung.get("zero_stage"):
-            parts += ["--zero-stage", str(rung["zero_stage"])]
-        off = rung.get("offload_param") if rung.get("offload_param", "none") != "none" else rung.get("offload_optimizer")
-        parts += ["--offload", off if off and off != "none" else "none"]
+    parts = ["wizard", "--non-interactive"] + _spec_of(rung).cli_flags()
     if rung.get("gradient_checkpointing"):
         parts += ["--gradient-checkpointing", "on"]
     return " ".join(parts)
 
 
+def _spec_of(rung: dict[str, Any]) -> rung_table.RungSpec:
+    """The table's entry for a rung of the plan's JSON: by key, else by its flags."""
+    spec = rung_table.BY_KEY.get(rung.get("key") or "")
+    if spec is not None:
+        return spec
+    strategy = rung_table.Strategy(rung.get("backend") or "single", rung.get("zero_stage"),
+                              rung.get("offload_optimizer") or "none", rung.get("offload_param") or "none",
+                              rung.get("fsdp_reshard"), offload_fsdp=(rung.get("offload_param") or "none") != "none")
+    return rung_table.BY_KEY[rung_table.key_for(strategy, exact=False) or "single"]
+
+
 def _rung_from_key(key: str) -> dict[str, Any]:
-    table = {
-        "single": {"backend": "single"}, "ddp": {"backend": "ddp"},
-        "zero2": {"backend": "deepspeed", "zero_stage": 2}, "zero3": {"backend": "deepspeed", "zero_stage": 3},
-        "zero3-offload-opt": {"backend": "deepspeed", "zero_stage": 3, "offload_optimizer": "cpu"},
-        "zero3-offload-all": {"backend": "deepspeed", "zero_stage": 3, "offload_optimizer": "cpu",
-                              "offload_param": "cpu"},
-        "zero3-nvme": {"backend": "deepspeed", "zero_stage": 3, "offload_optimizer": "nvme",
-                       "offload_param": "nvme"},
-        "fsdp": {"backend": "fsdp"}, "fsdp-reshard": {"backend": "fsdp", "fsdp_reshard": True},
-        "fsdp-offload": {"backend": "fsdp", "fsdp_reshard": True, "offload_param": "cpu"},
-    }
-    rung = {"key": key, "name": RUNG_NAMES.get(key, key), "offload_optimizer": "none", "offload_param": "none"}
-    rung.update(table.get(key, {}))
-    return rung
+    spec = rung_table.BY_KEY[key]
+    return {"key": key, "name": spec.label, "backend": spec.backend, "zero_stage": spec.zero_stage,
+            "offload_optimizer": spec.offload_optimizer, "offload_param": spec.offload_param,
+            "fsdp_reshard": spec.fsdp_reshard}
 
 
 def current_rung_key(accel_config: dict[str, Any] | None, ds_config: dict[str, Any] | None) -> str | None:
     """Which ladder rung the running config is, from the YAML and the DeepSpeed JSON."""
-    dtype = str((accel_config or {}).get("distributed_type", "")).upper()
-    if ds_config is not None or dtype == "DEEPSPEED":
-        zero = (ds_config or {}).get("zero_optimization") or {}
-        stage = zero.get("stage")
-        if stage is None:
-            stage = ((accel_config or {}).get("deepspeed_config") or {}).get("zero_stage", 0)
-        try:
-            stage = int(stage)
-        except (TypeError, ValueError):
-            stage = 0
-        dev = lambda k: ((zero.get(k) or {}).get("device") or "none")  # noqa: E731
-        if stage < 3:
-            return "zero2" if stage == 2 else "ddp"       # ZeRO-0/1 ≈ DDP memory: the next is ZeRO-2
-        if "nvme" in (dev("offload_optimizer"), dev("offload_param")):
-            return "zero3-nvme"
-        if dev("offload_param") == "cpu":
-            return "zero3-offload-all"
-        if dev("offload_optimizer") == "cpu":
-            return "zero3-offload-opt"
-        return "zero3"
-    if dtype == "FSDP":
-        fsdp = (accel_config or {}).get("fsdp_config") or {}
-        if str(fsdp.get("fsdp_offload_params", "false")).lower() == "true":
-            return "fsdp-offload"
-        reshard = str(fsdp.get("fsdp_reshard_after_forward", fsdp.get("fsdp_sharding_strategy", ""))).upper()
-        return "fsdp-reshard" if reshard in ("TRUE", "FULL_SHARD") else "fsdp"
-    if dtype.startswith("MULTI_"):
-        return "ddp"
-    if dtype in ("NO", ""):
-        return "single" if accel_config else None
-    return None
+    strategy = rung_table.strategy_from_files(accel_config, ds_config)
+    return None if strategy is None else rung_table.key_for(strategy, exact=False)
 
 
 def _plan_next(rungs: list[dict[str, Any]], key: str) -> dict[str, Any] | None:
@@ -327,15 +280,10 @@ def next_rung_after(key: str | None, plan: dict[str, Any] | None = None) -> dict
             if found is not None:
                 return found
         key = key or k
-    if key is None:
+    if key is None or key not in rung_table.BY_KEY:
         return None
-    ladder = FSDP_LADDER if key.startswith("fsdp") else LADDER
-    if key not in ladder:
-        return None
-    i = ladder.index(key)
-    if key == "single":          # one GPU out of memory: the next rung needs more GPUs or ZeRO offload
-        return _rung_from_key("zero3-offload-opt")
-    return _rung_from_key(ladder[i + 1]) if i + 1 < len(ladder) else None
+    following = rung_table.BY_KEY[key].oom_next
+    return _rung_from_key(following) if following else None
 
 
 def suggest_for_cuda_oom(plan: dict[str, Any] | None, accel_config: dict[str, Any] | None,

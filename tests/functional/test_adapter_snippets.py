@@ -1,6 +1,7 @@
 """The LoRA / QLoRA setup the Done screen, --plain and --non-interactive print: every constructor in it is
 built by the installed peft / transformers (BitsAndBytesConfig constructs without a GPU) with the values the
-plan sized, for lora and qlora on a single GPU, ZeRO-2 and ZeRO-3; the LoRA snippet runs whole on a saved tiny
+plan sized, for lora and qlora on a single GPU, ZeRO-2, ZeRO-3 (with and without CPU offload of the base) and
+FSDP2 (with and without CPU offload); the LoRA snippet runs whole on a saved tiny
 Llama and gives the trainable count the plan reported."""
 
 from __future__ import annotations
@@ -33,7 +34,14 @@ STRATEGIES = {
     "single": ("1xA100-80GB", {}, "single"),
     "zero2": ("2xA100-80GB", {"backend": "deepspeed", "zero_stage": "2"}, "zero2"),
     "zero3": ("2xA100-80GB", {"backend": "deepspeed", "zero_stage": "3"}, "zero3"),
+    "zero3-offload-all": ("2xA100-80GB", {"backend": "deepspeed", "zero_stage": "3", "offload": "cpu"},
+                          "zero3-offload-all"),
+    "fsdp": ("2xA100-80GB", {"backend": "fsdp", "offload": "none"}, "fsdp-noreshard"),
+    "fsdp-offload": ("2xA100-80GB", {"backend": "fsdp", "offload": "cpu"}, "fsdp-offload"),
 }
+# Rungs that shard the weights: the 4-bit codes must be stored in the compute dtype, and TRL skips
+# prepare_model_for_kbit_training there.
+SHARDED = ("zero3", "zero3-offload-all", "fsdp-noreshard", "fsdp-offload")
 
 
 @pytest.fixture(autouse=True)
@@ -86,8 +94,10 @@ def test_snippet_objects_build_with_the_installed_libraries(tmp_path, method, st
 
     args = build(calls["TrainingArguments"], namespace)
     assert args.fp16 and args.per_device_train_batch_size == 1
-    assert args.deepspeed == (result.ds_path if key != "single" else None)
-    if key == "zero3":
+    assert args.deepspeed == (result.ds_path if key.startswith("zero") else None)
+    if key.startswith("fsdp"):
+        assert "distributed_type: FSDP" in result.yaml_text and result.ds_text is None
+    if key.startswith("zero3"):
         assert args.hf_deepspeed_config.is_zero3()
 
     if method == "lora":
@@ -98,8 +108,8 @@ def test_snippet_objects_build_with_the_installed_libraries(tmp_path, method, st
     assert bnb.bnb_4bit_use_double_quant is True             # what wizard.sizing.lora sized (LoraOptions.double_quant)
     assert bnb.bnb_4bit_compute_dtype == torch.float16
     # ZeRO-3 partitions the 4-bit weights only when stored in the compute dtype (lora.qlora_requirements).
-    assert bnb.bnb_4bit_quant_storage == (torch.float16 if key == "zero3" else torch.uint8)
-    assert ("prepare_model_for_kbit_training(" in code) == (key != "zero3") == kbit_prepared(result.plan)
+    assert bnb.bnb_4bit_quant_storage == (torch.float16 if key in SHARDED else torch.uint8)
+    assert ("prepare_model_for_kbit_training(" in code) == (key not in SHARDED) == kbit_prepared(result.plan)
 
 
 def test_bf16_qlora_zero3_stores_the_4bit_weights_in_bf16(tmp_path):

@@ -95,3 +95,56 @@ def test_two_rank_lora_trains_only_the_adapters(tmp_path, stage):
     assert result["base_identical"] is True, result
     assert result["adapters"] == 2 * 4 * 2 and result["adapters_changed"] == result["adapters"], result
     assert result["last_loss"] < 0.9 * result["first_loss"], result
+
+
+# --- FSDP2 (issue 19) ----------------------------------------------------------------------------------------
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("reshard", [None, "yes"])
+def test_two_rank_lora_under_the_wizards_fsdp_config_trains_only_the_adapters(tmp_path, reshard):
+    """The wizard plans LoRA on FSDP2 for two GPUs and writes the YAML; `accelerate launch` with that YAML starts
+    two ranks here that shard the peft model with accelerate's own plugin and fsdp2_prepare_model over gloo, and
+    train. Every parameter is a DTensor (each rank holds half the elements), the base weights stay bit-identical,
+    every adapter moves, and the loss falls.
+
+    What does not run on this CPU, and why (asserted below, so that a change in accelerate shows): the HF Trainer
+    under FSDP. accelerate 1.15 switches its state to FSDP only from a MULTI_<accelerator> state; without an
+    accelerator the state is NO ("state" below), so the Trainer would train each rank alone. The FSDP2 + CPU
+    offload rung cannot run here either: CPUOffloadPolicy moves shards to an accelerator that does not exist
+    ("Cannot access accelerator device when none is available")."""
+    model = tiny_llama_config(tmp_path / "model")
+    out = tmp_path / "accelerate"
+    extra = ["--fsdp-reshard-after-forward", reshard] if reshard else []
+    wizard = subprocess.run(
+        [sys.executable, "-m", "wizard", "--non-interactive", "--assume", "2xA100-80GB", "--model", str(model),
+         "--method", "lora", "--lora-rank", "4", "--lora-targets", "q_proj,k_proj,v_proj,o_proj",
+         "--backend", "fsdp", "--offload", "none", "--precision", "fp32", "--seq-len", "32",
+         "--output-dir", str(out), *extra],
+        capture_output=True, text=True, env=env(tmp_path), timeout=300)
+    assert wizard.returncode == 0, wizard.stdout[-3000:] + wizard.stderr[-3000:]
+    yaml_text = (out / "default_config.yaml").read_text()
+    assert "distributed_type: FSDP" in yaml_text and "fsdp_version: 2" in yaml_text
+    assert f"fsdp_reshard_after_forward: {'true' if reshard else 'false'}" in yaml_text
+    lora = printed_lora_config(wizard.stdout)
+    planned = int(re.search(r"LoRA r=4 on [^:]+: ([\d,]+) trainable", wizard.stdout).group(1).replace(",", ""))
+
+    run = subprocess.run(
+        [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(out / "default_config.yaml"),
+         "--main_process_port", str(_free_port()), str(REPO / "tests" / "functional" / "fsdp_lora_cpu.py"),
+         "--steps", "30", "--lora-rank", str(lora["r"]), "--lora-alpha", str(lora["lora_alpha"]),
+         "--lora-dropout", str(lora["lora_dropout"]), "--lora-targets", ",".join(lora["target_modules"])],
+        capture_output=True, text=True, env=env(tmp_path), cwd=tmp_path, timeout=840)
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
+    found = re.search(r"FSDP_LORA_RESULT (\{.*\})", run.stdout)
+    assert found, run.stdout[-3000:] + run.stderr[-3000:]
+    result = json.loads(found.group(1))
+    print("FSDP_LORA_RESULT", result)
+    assert result["state"] == "NO", result                         # why the Trainer cannot run FSDP here
+    assert result["fsdp"] and result["fsdp_version"] == 2 and result["world"] == 2, result
+    assert result["reshard"] is bool(reshard) and result["offload"] is False, result
+    assert result["sharded"] == result["params"], result            # the frozen base is sharded too
+    assert result["local_elements"] * 2 <= result["total"] + 2 * result["params"], result
+    assert result["trainable"] == planned, result
+    assert result["base_identical"] is True, result
+    assert result["adapters"] == 2 * 4 * 2 and result["adapters_changed"] == result["adapters"], result
+    assert result["last_loss"] < 0.9 * result["first_loss"], result

@@ -142,9 +142,10 @@ def test_cuda_oom_follows_the_saved_plan():
 
 def test_fsdp_ladder():
     acc = {"distributed_type": "FSDP", "fsdp_config": {"fsdp_reshard_after_forward": False}}
-    assert c.current_rung_key(acc, None) == "fsdp"
+    # the plan's own key (classify once said "fsdp" where the plan said "fsdp-noreshard") and the plan's label
+    assert c.current_rung_key(acc, None) == "fsdp-noreshard"
     name, cmd = c.suggest_for_cuda_oom(None, acc, None)
-    assert name == "FSDP with resharding" and "--backend fsdp" in cmd
+    assert name == "FSDP2 with resharding (~ZeRO-3)" and cmd == "wizard --non-interactive --backend fsdp --offload none"
 
 
 def test_saved_plan_file_shape_and_fallback_to_ladder():

@@ -66,22 +66,32 @@ def test_the_plan_carries_the_counted_adapters(model_dirs):
 @pytest.mark.parametrize("method", ["lora", "qlora"])
 def test_adapter_ladder_keys(method):
     auto = StrategyOptions()
-    assert ladder_keys(auto, 1, method=method) == ["single", "zero2", "zero3"]
-    assert ladder_keys(auto, 8, method=method) == ["ddp", "zero2", "zero3"]
+    # FSDP-QLoRA / FSDP-LoRA and the rungs that move the frozen base to the CPU are in the auto ladder; offload last.
+    sharded = ["fsdp-noreshard", "fsdp-reshard"]
+    offload = ["zero3-offload-all", "fsdp-offload"]
+    assert ladder_keys(auto, 8, method=method) == ["ddp", "zero2", "zero3"] + sharded + offload
     assert ladder_keys(StrategyOptions(backend="ddp"), 8, method=method) == ["ddp"]
-    assert ladder_keys(StrategyOptions(backend="deepspeed"), 8, method=method) == ["zero2", "zero3"]
+    assert ladder_keys(StrategyOptions(backend="deepspeed"), 8, method=method) == ["zero2", "zero3",
+                                                                                     "zero3-offload-all"]
     assert ladder_keys(StrategyOptions(backend="deepspeed", zero_stage="1"), 8, method=method) == ["zero1"]
-    assert ladder_keys(StrategyOptions(backend="deepspeed", zero_stage="3"), 8, method=method) == ["zero3"]
-    # Offload rungs exist for full fine-tuning only.
-    assert any("offload" in k for k in ladder_keys(auto, 8))
+    assert ladder_keys(StrategyOptions(backend="deepspeed", zero_stage="3"), 8, method=method) == ["zero3",
+                                                                                                    "zero3-offload-all"]
+    assert ladder_keys(StrategyOptions(backend="fsdp"), 8, method=method) == sharded + ["fsdp-offload"]
+    assert ladder_keys(StrategyOptions(offload="cpu"), 8, method=method) == offload
+    assert ladder_keys(StrategyOptions(backend="fsdp", offload="none"), 8, method=method) == sharded
+    # No optimizer-only offload rung for adapters: their optimizer states are tiny.
+    assert not any(k.endswith("offload-opt") for k in ladder_keys(auto, 8, method=method))
+    assert "zero3-offload-opt" in ladder_keys(auto, 8)
 
 
 @pytest.mark.parametrize("method", ["lora", "qlora"])
-@pytest.mark.parametrize("strategy,field", [(StrategyOptions(backend="fsdp"), "--backend"),
-                                            (StrategyOptions(offload="cpu"), "--offload"),
+@pytest.mark.parametrize("strategy,field", [(StrategyOptions(backend="deepspeed", zero_stage="2", offload="cpu"),
+                                             "--offload"),
                                             (StrategyOptions(backend="deepspeed", offload="nvme"), "--offload"),
+                                            (StrategyOptions(backend="ddp", offload="cpu"), "--offload"),
+                                            (StrategyOptions(backend="fsdp", zero_stage="3"), "--zero-stage"),
                                             (StrategyOptions(backend="ddp", zero_stage="2"), "--zero-stage")])
-def test_fsdp_and_offload_are_refused(method, strategy, field):
+def test_offload_of_the_adapters_alone_and_nvme_are_refused(method, strategy, field):
     with pytest.raises(InputError) as e:
         ladder_keys(strategy, 8, method=method)
     assert e.value.field == field
@@ -90,7 +100,8 @@ def test_fsdp_and_offload_are_refused(method, strategy, field):
 def test_refusal_reaches_the_cli_as_exit_2(model_dirs):
     with pytest.raises(InputError) as e:
         pipeline.build(Request(assume="8xA100-80GB", output_dir="/tmp/unused",
-                               given={"model": model_dirs["llama"], "method": "lora", "backend": "fsdp"}))
+                               given={"model": model_dirs["llama"], "method": "lora", "backend": "deepspeed",
+                                      "zero_stage": "2", "offload": "cpu"}))
     assert e.value.exit_code == 2
 
 
@@ -174,15 +185,21 @@ def test_qlora_zero3_refuses_zero3_init_flag_off(model_dirs):
 def test_qlora_streams_the_base_to_the_gpus_instead_of_holding_it_in_host_ram():
     """bitsandbytes' quantiser gives from_pretrained device_map={"": current GPU}, so under DDP / ZeRO-2 a QLoRA
     process never holds the whole base in host RAM (LoRA in bf16 does: transformers materialises it on the CPU
-    first); under ZeRO-3, rank 0 still reads the whole state dict for zero.Init."""
+    first). Nor under ZeRO-3 or FSDP: transformers builds a quantised model without zero.Init and loads it
+    through the same device map (rank 0 reads the state dict only for an unquantised ZeRO-3 model)."""
     import inspect
 
+    from transformers import PreTrainedModel
     from transformers.quantizers.quantizer_bnb_4bit import Bnb4BitHfQuantizer
 
     assert 'device_map = {"": torch.cuda.current_device()}' in inspect.getsource(Bnb4BitHfQuantizer.update_device_map)
+    assert "if not is_quantized and not _is_ds_init_called" in inspect.getsource(PreTrainedModel.get_init_context)
+    assert "if is_deepspeed_zero3_enabled() and not is_quantized:" in \
+        inspect.getsource(PreTrainedModel._load_pretrained_model)
 
     def host(method: str, key: str) -> int:
-        given = {"params": "70B", "method": method, "backend": "deepspeed" if key.startswith("zero") else "ddp"}
+        backend = "deepspeed" if key.startswith("zero") else "fsdp" if key.startswith("fsdp") else "ddp"
+        given = {"params": "70B", "method": method, "backend": backend}
         result = pipeline.build(Request(assume="8xA100-80GB,ram=1T", output_dir="/tmp/unused", given=given))
         return rung_by_key(result.plan, key).cpu_bytes, result.model
 
@@ -193,4 +210,89 @@ def test_qlora_streams_the_base_to_the_gpus_instead_of_holding_it_in_host_ram():
     assert qlora_ddp == 8 * largest * 2                            # one module in transit per process
     assert qlora_ddp < lora_ddp / 50
     assert host("qlora", "zero2")[0] == qlora_ddp
-    assert host("qlora", "zero3")[0] >= model.params * 2           # rank 0 reads the state dict
+    assert host("qlora", "zero3")[0] == qlora_ddp                  # no zero.Init for a quantised model
+    assert host("lora", "zero3")[0] >= model.params * 2             # rank 0 reads the state dict for zero.Init
+    assert host("qlora", "fsdp-reshard")[0] == qlora_ddp           # FSDP's meta loading skips quantised models
+    assert host("lora", "fsdp-reshard")[0] == model.params * 2     # fsdp_cpu_ram_efficient_loading: local rank 0
+
+
+# --- FSDP-LoRA / FSDP-QLoRA and the rungs that move the frozen base to the CPU -----------------------------
+
+def _plan(method: str, assume: str, **given):
+    result = pipeline.build(Request(assume=assume, output_dir="/tmp/unused",
+                                    given={"params": "70B", "method": method, **given}))
+    adapters = pipeline.adapters_for(result.model, training_options(result.answers))
+    return result.plan, adapters
+
+
+@pytest.mark.parametrize("method", ["lora", "qlora"])
+def test_fsdp_shards_the_frozen_base_and_the_adapter_states(method):
+    """FSDP2 shards every parameter, the frozen base included (QLoRA's codes in the compute dtype, the constants
+    whole on every GPU); the adapters' fp32 weights, gradients and AdamW states are sharded too. Without
+    resharding the whole gathered base stays alive; with CPU offload only the constants stay on the GPU."""
+    plan, a = _plan(method, "4xA100-80GB,ram=1T", backend="fsdp")
+    w, world, t = 2, 4, a.trainable_params
+    if method == "qlora":
+        partitioned, whole = a.nf4_weight_bytes + a.unquantized_params * w, a.nf4_constant_bytes
+    else:
+        partitioned, whole = a.frozen_params * w, 0
+    reshard, keep, offload = (rung_by_key(plan, k) for k in ("fsdp-reshard", "fsdp-noreshard", "fsdp-offload"))
+    assert reshard.breakdown["parameters"] == partitioned // world + whole + 4 * t // world
+    assert reshard.breakdown["gradients"] == 4 * t // world
+    assert reshard.breakdown["optimizer"] == 8 * t // world
+    assert keep.breakdown["parameters"] - reshard.breakdown["parameters"] == partitioned + w * t
+    assert offload.breakdown["parameters"] == whole and offload.breakdown["optimizer"] == 0
+    assert offload.cpu_bytes >= int((partitioned + 16 * t) * 1.5)
+    # the frozen base is a few hundred times the adapters: sharding it is what FSDP buys
+    assert reshard.breakdown["parameters"] < rung_by_key(plan, "fsdp-noreshard").breakdown["parameters"] / 3
+
+
+@pytest.mark.parametrize("method", ["lora", "qlora"])
+def test_zero3_parameter_offload_moves_the_partitioned_base_to_the_cpu(method):
+    plan, a = _plan(method, "4xA100-80GB,ram=1T", backend="deepspeed", zero_stage="3")
+    on_gpu, offloaded = rung_by_key(plan, "zero3"), rung_by_key(plan, "zero3-offload-all")
+    partitioned = a.nf4_weight_bytes + a.unquantized_params * 2 if method == "qlora" else a.frozen_params * 2
+    assert on_gpu.breakdown["parameters"] - offloaded.breakdown["parameters"] >= partitioned // 4
+    assert offloaded.cpu_bytes >= int(partitioned * 1.5)
+
+
+def test_qlora_on_a_sharding_rung_loads_the_whole_4bit_model_onto_every_gpu_first():
+    """transformers builds a quantised model without zero.Init and outside FSDP's meta loading, and bitsandbytes'
+    device map puts all of it on the rank's GPU: the loading peak is the whole 4-bit model, whatever the rung
+    shards afterwards. LoRA (zero.Init / RAM-efficient loading) and unsharded rungs have no such moment."""
+    plan, a = _plan("qlora", "2xRTX6000Ada-48GB,ram=256G")
+    whole = a.frozen_bytes(2) + (1 << 30)                                  # + the CUDA context
+    for key in ("zero3", "fsdp-reshard", "fsdp-noreshard", "zero3-offload-all", "fsdp-offload"):
+        assert rung_by_key(plan, key).load_bytes == whole, key
+    for key in ("ddp", "zero2"):
+        assert rung_by_key(plan, key).load_bytes == 0
+    lora, _ = _plan("lora", "2xRTX6000Ada-48GB,ram=256G")
+    assert all(r.load_bytes == 0 for r in lora.rungs)
+
+
+def test_70b_qlora_on_two_48gb_gpus_fits_with_fsdp():
+    plan, _ = _plan("qlora", "2xRTX6000Ada-48GB,ram=256G")
+    fsdp = rung_by_key(plan, "fsdp-reshard")
+    assert fsdp.fits and fsdp.load_bytes <= plan.usable_bytes
+
+
+def test_70b_qlora_on_two_4090s_plans_fsdp_qlora_and_says_by_how_much_it_misses(tmp_path):
+    """The FSDP-QLoRA rungs are in the ladder; with transformers 5.24 every rank first quantises the whole 70B
+    model onto its own 24 GB card, so nothing fits, and the message says so with the figure."""
+    import contextlib
+    import io
+
+    from wizard.frontends.cli import main
+
+    plan, a = _plan("qlora", "2xRTX4090,ram=128G")
+    keys = [r.key for r in plan.rungs]
+    assert {"fsdp-noreshard", "fsdp-reshard", "fsdp-offload", "zero3-offload-all"} <= set(keys)
+    assert plan.choice is None
+    offload = rung_by_key(plan, "fsdp-offload")
+    assert offload.per_gpu_bytes <= plan.usable_bytes < offload.load_bytes   # training would fit; loading does not
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(["plan", "--params", "70B", "--assume", "2xRTX4090,ram=128G", "--method", "qlora"])
+    assert code == 3
+    text = err.getvalue()
+    assert "while loading" in text and "more than the 21.6 GiB usable" in text, text

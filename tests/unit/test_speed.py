@@ -228,7 +228,11 @@ def plan(spec, model=LLAMA2_7B, training=None, strategy=None, per_machine=None):
 def test_one_a100_takes_zero2_offload_over_zero3_offload():
     # The issue's case: on one GPU ZeRO-3 partitions nothing, ZeRO-2 + optimizer offload fits and is faster.
     p = plan("1xA100-80GB,ram=512G")
-    z2o, z3o = rung_by_key(p, "zero2-offload-opt"), rung_by_key(p, "zero3-offload-opt")
+    # the walk on one GPU leaves ZeRO-3 + optimizer offload out (issue 19); asked for, it is slower
+    assert rung_by_key(p, "zero3-offload-opt") is None
+    z2o = rung_by_key(p, "zero2-offload-opt")
+    z3o = rung_by_key(plan("1xA100-80GB,ram=512G", strategy=StrategyOptions(backend="deepspeed", zero_stage="3")),
+                      "zero3-offload-opt")
     assert z2o.fits and z3o.fits
     assert z2o.tokens_per_second > z3o.tokens_per_second
     assert p.choice is z2o and "fastest offload rung" in z2o.reason

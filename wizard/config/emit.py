@@ -48,17 +48,10 @@ AUTO = "auto"
 
 
 def distributed_type(plan, use_cpu: bool) -> str:
-    """accelerate's distributed_type for the plan's chosen rung."""
-    backend = _choice(plan).backend
-    if backend == "single":
-        return "NO"
-    if backend == "ddp":
-        return "MULTI_CPU" if use_cpu else "MULTI_GPU"
-    if backend == "deepspeed":
-        return "DEEPSPEED"
-    if backend == "fsdp":
-        return "FSDP"
-    raise ValueError(f"unknown plan backend {backend!r}")
+    """accelerate's distributed_type for the plan's chosen rung (the rung table's emit part)."""
+    from wizard.planning.rungs import distributed_type as of_backend
+
+    return of_backend(_choice(plan).backend, use_cpu)
 
 
 def _choice(plan):

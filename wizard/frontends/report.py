@@ -118,6 +118,7 @@ def print_plan(result, file: TextIO | None = None) -> None:
     print("", file=out)
     width = max((len(r.name) for r in plan.rungs), default=10)
     unit = "per process" if topo.cpu else "per GPU"
+    mixed_gc = any(r.gradient_checkpointing for r in plan.rungs)
     for r in plan.rungs:
         mark = "=>" if plan.choice is not None and r.key == plan.choice.key else "  "
         verdict = "fits" if r.fits else "does not fit"
@@ -125,6 +126,11 @@ def print_plan(result, file: TextIO | None = None) -> None:
         rate = f"{fmt_rate(r.tokens_per_second):>14}" if r.speed else ""
         print(f"{mark} {r.name + gc:<{width + 4}} {fmt_bytes(r.per_gpu_bytes):>10} {unit}   {verdict:<12} {rate}",
               file=out)
+        if r.why:
+            print(f"     why: {r.why}", file=out)
+        if mixed_gc and r.per_gpu_bytes_gc is not None:
+            # the ladder mixes GC settings: this rung's figure with GC too, to compare like with like
+            print(f"     with gradient checkpointing: {fmt_bytes(r.per_gpu_bytes_gc)} {unit}", file=out)
         parts = ", ".join(f"{k} {fmt_bytes(v)}" for k, v in r.breakdown.items() if v)
         print(f"     {parts}", file=out)
         if r.cpu_bytes:

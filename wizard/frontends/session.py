@@ -20,7 +20,8 @@ from typing import Any
 from wizard import pipeline
 from wizard.config.questions import QUESTIONS, Context, Question, by_id
 from wizard.errors import InputError
-from wizard.planning.plan import RUNG_SPECS, Plan
+from wizard.planning.plan import Plan
+from wizard.planning.rungs import BY_KEY
 from wizard.probe.hardware import Hardware
 from wizard.sizing.model import ModelShape
 
@@ -54,12 +55,7 @@ def model_key(answers: dict[str, Any]) -> tuple:
 
 def strategy_for_rung(key: str) -> dict[str, Any]:
     """Strategy answers whose ladder starts at (or contains) this rung; None removes an answer."""
-    spec = RUNG_SPECS[key]
-    if spec.backend in ("single", "ddp"):
-        return {"backend": "ddp", "zero_stage": None, "offload": None}
-    if spec.backend == "fsdp":
-        return {"backend": "fsdp", "zero_stage": None, "offload": "cpu" if spec.offloads else "none"}
-    return {"backend": "deepspeed", "zero_stage": str(spec.zero_stage), "offload": spec.offload_optimizer}
+    return BY_KEY[key].flags()
 
 
 def format_value(q: Question, value: Any) -> str:

@@ -154,9 +154,11 @@ def bnb_config_kwargs(answers: dict[str, Any], plan) -> dict[str, Any]:
 
 def kbit_prepared(plan) -> bool:
     """Whether the QLoRA snippet calls peft's prepare_model_for_kbit_training: yes where the 4-bit weights
-    stay uint8 (what the memory model assumes: the unquantised parameters upcast to fp32), no under ZeRO-3,
-    whose engine works in the compute dtype (TRL's SFTTrainer skips it for such sharded QLoRA as well)."""
-    return not (plan.choice.backend == "deepspeed" and plan.choice.zero_stage == 3)
+    stay uint8 (what the memory model assumes: the unquantised parameters upcast to fp32), no where the weights
+    are sharded (ZeRO-3, FSDP), which keep them in the compute dtype (TRL's SFTTrainer skips it for such sharded
+    QLoRA as well, `is_sharded_qlora`)."""
+    choice = plan.choice
+    return not (choice.backend == "fsdp" or (choice.backend == "deepspeed" and choice.zero_stage == 3))
 
 
 def model_reference(model) -> str:

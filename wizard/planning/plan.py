@@ -10,7 +10,9 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from wizard.errors import InputError
+from wizard.planning import rungs as rung_table
 from wizard.planning import speed as speed_mod
+from wizard.planning.rungs import BY_KEY, RungSpec
 from wizard.sizing import memory as mem
 from wizard.units import GiB, fmt_bytes, fmt_bytes_apart
 
@@ -94,6 +96,9 @@ class Rung:
     train_seconds: float | None = None    # time to train --train-tokens at this rung's speed
     max_micro_batch: int = 0              # largest micro-batch whose per-GPU estimate fits (0: none)
     max_micro_batch_gc: int = 0           # the same with gradient checkpointing on
+    load_bytes: int = 0                   # per GPU while loading, where that is its own peak (QLoRA sharded)
+    why: str = ""                         # why the ladder holds this rung (rungs.why)
+    per_gpu_bytes_gc: int | None = None   # with gradient checkpointing, for a rung evaluated without it (GC auto)
 
     @property
     def offloads(self) -> bool:
@@ -199,60 +204,13 @@ class Plan:
 
 # --- The ladder ------------------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class RungSpec:
-    """One strategy of the ladder, before any arithmetic."""
-
-    key: str
-    name: str
-    backend: str
-    zero_stage: int | None = None
-    offload_optimizer: str = "none"
-    offload_param: str = "none"
-    fsdp_reshard: bool | None = None
-
-    @property
-    def offloads(self) -> bool:
-        return self.offload_optimizer != "none" or self.offload_param != "none"
-
-
-RUNG_SPECS: dict[str, RungSpec] = {s.key: s for s in (
-    RungSpec("single", "Single GPU", "single"),
-    RungSpec("ddp", "DDP (data parallel)", "ddp"),
-    RungSpec("zero1", "DeepSpeed ZeRO-1", "deepspeed", 1),
-    RungSpec("zero1-offload-opt", "ZeRO-1 + CPU optimizer offload", "deepspeed", 1, "cpu"),
-    RungSpec("zero2", "DeepSpeed ZeRO-2", "deepspeed", 2),
-    RungSpec("zero2-offload-opt", "ZeRO-2 + CPU optimizer offload", "deepspeed", 2, "cpu"),
-    RungSpec("zero3", "DeepSpeed ZeRO-3", "deepspeed", 3),
-    RungSpec("zero3-offload-opt", "ZeRO-3 + CPU optimizer offload", "deepspeed", 3, "cpu"),
-    RungSpec("zero3-offload-all", "ZeRO-3 + CPU offload of optimizer and parameters", "deepspeed", 3, "cpu", "cpu"),
-    RungSpec("zero3-nvme", "ZeRO-3 + NVMe offload of optimizer and parameters", "deepspeed", 3, "nvme", "nvme"),
-    RungSpec("fsdp-noreshard", "FSDP2 without resharding (~ZeRO-2)", "fsdp", fsdp_reshard=False),
-    RungSpec("fsdp-reshard", "FSDP2 with resharding (~ZeRO-3)", "fsdp", fsdp_reshard=True),
-    RungSpec("fsdp-offload", "FSDP2 + CPU offload", "fsdp", offload_optimizer="cpu", offload_param="cpu",
-             fsdp_reshard=True),
-)}
-
-# ZeRO-2 + optimizer offload sits in the auto ladder too: on one node it is usually the fastest offload rung
-# (it gathers no weights), and on one GPU ZeRO-3 partitions nothing.
-_ZERO_LADDERS = {
-    "auto": ("zero2", "zero3", "zero2-offload-opt", "zero3-offload-opt", "zero3-offload-all", "zero3-nvme"),
-    "1": ("zero1", "zero1-offload-opt"),
-    "2": ("zero2", "zero2-offload-opt"),
-    "3": ("zero3", "zero3-offload-opt", "zero3-offload-all", "zero3-nvme"),
-}
-_FSDP_LADDER = ("fsdp-noreshard", "fsdp-reshard", "fsdp-offload")
+# The rung table's entries by key (wizard.planning.rungs), under the name older callers import.
+RUNG_SPECS = BY_KEY
 
 
 def _check_choice(value: str, allowed: tuple[str, ...], flag: str) -> None:
     if value not in allowed:
         raise InputError(flag, f"{value!r} is not a valid choice", ", ".join(allowed))
-
-
-def _offload_matches(spec: RungSpec, offload: str) -> bool:
-    if offload == "auto":
-        return True
-    return spec.offload_optimizer == offload
 
 
 def ladder_keys(strategy: StrategyOptions, world_size: int, cpu: bool = False, method: str = "full") -> list[str]:
@@ -263,7 +221,6 @@ def ladder_keys(strategy: StrategyOptions, world_size: int, cpu: bool = False, m
     _check_choice(backend, BACKENDS, "--backend")
     _check_choice(stage, ZERO_STAGES, "--zero-stage")
     _check_choice(offload, OFFLOADS, "--offload")
-    base = "single" if world_size == 1 else "ddp"
     if cpu and offload in ("cpu", "nvme"):
         raise InputError("--offload", f"{offload!r} needs GPUs; these are CPU processes", "auto, none")
     if backend == "ddp":
@@ -271,47 +228,45 @@ def ladder_keys(strategy: StrategyOptions, world_size: int, cpu: bool = False, m
             raise InputError("--zero-stage", f"{stage!r} applies to --backend deepspeed, not ddp", "auto")
         if offload in ("cpu", "nvme"):
             raise InputError("--offload", f"{offload!r} needs --backend deepspeed or fsdp, not ddp", "auto, none")
-        return [base]
     if backend == "fsdp":
         if stage != "auto":
             raise InputError("--zero-stage", f"{stage!r} applies to --backend deepspeed, not fsdp", "auto")
         if offload == "nvme":
             raise InputError("--offload", "FSDP has no NVMe offload", "auto, none, cpu")
-        keys = [k for k in _FSDP_LADDER if _offload_matches(RUNG_SPECS[k], offload)]
-    else:
-        keys = [k for k in _ZERO_LADDERS[stage] if _offload_matches(RUNG_SPECS[k], offload)]
-        if not keys:
-            raise InputError("--offload", "NVMe offload is available only with ZeRO stage 3", "auto, none, cpu")
-        if backend == "auto" and stage == "auto" and offload in ("auto", "none"):
-            keys.insert(0, base)
+    keys = rung_table.ladder(backend, stage, offload, method, world_size)
+    if not keys:
+        raise InputError("--offload", "NVMe offload is available only with ZeRO stage 3", "auto, none, cpu")
     if cpu:
-        keys = [k for k in keys if not RUNG_SPECS[k].offloads]
+        keys = [k for k in keys if not BY_KEY[k].offloads]
     return keys
 
 
 def _adapter_ladder(strategy: StrategyOptions, world_size: int, cpu: bool, method: str) -> list[str]:
-    """LoRA / QLoRA: one GPU / DDP, ZeRO-2, ZeRO-3; no offload rung and no FSDP.
+    """LoRA / QLoRA: one GPU / DDP, ZeRO-2, ZeRO-3, FSDP2 (with and without resharding), then the rungs that
+    move the frozen base to the CPU (ZeRO-3 parameter offload, FSDP2 CPU offload).
 
-    Offloading the adapters' optimizer states saves next to nothing (they are a few per mille of the model)
-    and the frozen base has no optimizer state; parameter offload of a frozen, possibly 4-bit base is not
-    something peft, bitsandbytes and DeepSpeed support together. FSDP with LoRA works in accelerate, but its
-    memory is not modelled here yet, so it is refused rather than guessed."""
+    No optimizer-only offload rung: the adapters' optimizer states are a few per mille of the model and the
+    frozen base has none, so offloading them saves next to nothing. No NVMe rung."""
     _check_choice(strategy.backend, BACKENDS, "--backend")
     _check_choice(str(strategy.zero_stage), ZERO_STAGES, "--zero-stage")
     _check_choice(strategy.offload, OFFLOADS, "--offload")
-    if strategy.backend == "fsdp":
-        raise InputError("--backend", f"fsdp with --method {method} is not planned yet", "auto, ddp, deepspeed")
-    if strategy.offload in ("cpu", "nvme"):
-        raise InputError("--offload", f"{strategy.offload!r} with --method {method}: the adapters' states are tiny "
-                         "and the frozen base has none to offload", "auto, none")
-    base = "single" if world_size == 1 else "ddp"
     stage = str(strategy.zero_stage)
-    if strategy.backend == "ddp":
-        if stage != "auto":
-            raise InputError("--zero-stage", f"{stage!r} applies to --backend deepspeed, not ddp", "auto")
-        return [base]
-    zero = {"auto": ["zero2", "zero3"], "1": ["zero1"], "2": ["zero2"], "3": ["zero3"]}[stage]
-    return ([base] if strategy.backend == "auto" and stage == "auto" else []) + zero
+    if strategy.offload == "nvme":
+        raise InputError("--offload", f"'nvme' with --method {method}: the adapters' states are tiny and the "
+                         "frozen base has none to swap", "auto, none, cpu")
+    if cpu and strategy.offload == "cpu":
+        raise InputError("--offload", "'cpu' needs GPUs; these are CPU processes", "auto, none")
+    if strategy.backend in ("ddp", "fsdp") and stage != "auto":
+        raise InputError("--zero-stage", f"{stage!r} applies to --backend deepspeed, not {strategy.backend}", "auto")
+    if strategy.backend == "ddp" and strategy.offload == "cpu":
+        raise InputError("--offload", "'cpu' needs --backend deepspeed or fsdp, not ddp", "auto, none")
+    keys = rung_table.ladder(strategy.backend, stage, strategy.offload, method, world_size)
+    if not keys:
+        raise InputError("--offload", f"'cpu' with --method {method} offloads the frozen base: ZeRO stage 3 or FSDP "
+                         "(the adapters' optimizer states are too small to be worth offloading)", "auto, none")
+    if cpu:
+        keys = [k for k in keys if not BY_KEY[k].offloads]
+    return keys
 
 
 # --- Evaluating a rung ------------------------------------------------------------------------------
@@ -375,27 +330,30 @@ def _rung_optimizer(spec: RungSpec, x: _Inputs) -> str:
 
 
 def _adapter_strategy(spec: RungSpec) -> str:
-    return spec.backend if spec.backend in ("single", "ddp") else f"zero{spec.zero_stage}"
+    return spec.backend if spec.memory == "replicated" else spec.memory
 
 
 def _states(spec: RungSpec, x: _Inputs) -> mem.ModelStates:
+    """The model states of the rung's memory family (rungs.RungSpec.memory)."""
     if x.adapters is not None:
         from wizard.sizing import lora
         return lora.adapter_model_states(x.adapters, _adapter_strategy(spec), x.precision, x.optimizer,
-                                         x.per_machine, x.machines, largest_frozen_layer_params=x.largest_layer)
-    if spec.backend in ("single", "ddp"):
+                                         x.per_machine, x.machines, largest_frozen_layer_params=x.largest_layer,
+                                         offload_optimizer=spec.offload_optimizer == "cpu",
+                                         offload_param=spec.offload_param == "cpu",
+                                         reshard=spec.fsdp_reshard is not False)
+    family = spec.memory
+    if family == "replicated":
         return mem.states_single_or_ddp(x.params, x.precision, x.optimizer, x.per_machine)
-    if spec.backend == "fsdp":
+    if family == "fsdp":
         return mem.states_fsdp(x.params, x.precision, x.optimizer, x.per_machine, x.machines,
                                reshard=bool(spec.fsdp_reshard), offload=spec.offloads)
     optimizer = _rung_optimizer(spec, x)
-    if spec.zero_stage == 1:
-        return mem.states_zero1(x.params, x.precision, optimizer, x.per_machine, x.machines,
-                                offload_optimizer=spec.offload_optimizer == "cpu")
-    if spec.zero_stage == 2:
-        return mem.states_zero2(x.params, x.precision, optimizer, x.per_machine, x.machines,
-                                offload_optimizer=spec.offload_optimizer == "cpu")
-    if spec.offload_optimizer == "nvme":
+    if family in ("zero1", "zero2"):
+        states_of = mem.states_zero1 if family == "zero1" else mem.states_zero2
+        return states_of(x.params, x.precision, optimizer, x.per_machine, x.machines,
+                         offload_optimizer=spec.offload_optimizer == "cpu")
+    if family == "nvme":
         return mem.states_zero3_nvme(x.params, x.largest_layer, x.precision, optimizer, x.per_machine, x.machines)
     return mem.states_zero3(x.params, x.largest_layer, x.precision, optimizer, x.per_machine, x.machines,
                             offload_optimizer=spec.offload_optimizer == "cpu",
@@ -409,6 +367,10 @@ def _buffers(spec: RungSpec, x: _Inputs) -> int:
         # DDP buckets only parameters that require grad (torch's _build_params_for_reducer): the adapters' for LoRA.
         return mem.ddp_buffers(x.params if x.adapters is None else x.adapters.trainable_params, x.precision)
     if spec.backend == "fsdp":
+        if x.adapters is not None:
+            from wizard.sizing import lora
+            return lora.adapter_fsdp_buffers(x.adapters, x.layers, x.root_params, x.precision,
+                                             bool(spec.fsdp_reshard))
         return mem.fsdp_buffers(x.layer_params, x.root_params, x.precision, bool(spec.fsdp_reshard))
     if spec.zero_stage in (1, 2):
         return mem.zero12_buffers(x.hidden, spec.zero_stage, x.precision)
@@ -421,6 +383,7 @@ class _Estimate:
     per_gpu: int
     cpu: int
     nvme: int
+    load: int = 0                       # per GPU while the model loads, when that is a moment of its own
 
     @property
     def model_states(self) -> int:
@@ -436,6 +399,8 @@ class _Estimate:
 
 def _loader(spec: RungSpec, x: _Inputs) -> str:
     """Which processes load the pretrained weights into host RAM (memory.load_host_bytes)."""
+    if x.adapters is not None and x.adapters.method == "qlora" and not x.cpu and spec.memory in ("zero3", "fsdp"):
+        return "device"                 # quantised models skip zero.Init and FSDP's meta loading (qlora_load_gpu_bytes)
     if spec.backend == "fsdp":
         return "local-rank0"            # fsdp_cpu_ram_efficient_loading, the wizard's default
     if spec.backend == "deepspeed" and spec.zero_stage == 3:
@@ -484,7 +449,19 @@ def _estimate(spec: RungSpec, x: _Inputs, gc: bool) -> _Estimate:
         "context": x.context, "margin": margin,
     }
     # CPU processes: everything is already host RAM inside the per-process figure.
-    return _Estimate(breakdown, sum(breakdown.values()), 0 if x.cpu else _host_ram(spec, x, states), states.nvme)
+    return _Estimate(breakdown, sum(breakdown.values()), 0 if x.cpu else _host_ram(spec, x, states), states.nvme,
+                     _load_bytes(spec, x))
+
+
+def _load_bytes(spec: RungSpec, x: _Inputs) -> int:
+    """Per GPU while loading, where that exceeds nothing else the rung counts: QLoRA on a rung that shards the
+    weights quantises the whole model onto every GPU first (lora.qlora_load_gpu_bytes), plus the CUDA context.
+    0 elsewhere (the steady state is the peak)."""
+    if x.adapters is None or x.cpu or spec.memory not in ("zero3", "fsdp"):
+        return 0
+    from wizard.sizing import lora
+    whole = lora.qlora_load_gpu_bytes(x.adapters, x.precision)
+    return whole + x.context if whole else 0
 
 
 # Adapted modules whose input is the MLP's intermediate activation rather than the hidden state.
@@ -519,20 +496,19 @@ def _adapter_activation_bytes(x: _Inputs, gc: bool) -> int:
     return total // layers if gc else total
 
 
-def _uses_nvme(spec: RungSpec) -> bool:
-    return "nvme" in (spec.offload_optimizer, spec.offload_param)
-
-
 def _problems(spec: RungSpec, est: _Estimate, x: _Inputs) -> list[str]:
     """Why this estimate does not fit, as clauses; empty when it fits."""
     out = []
     if est.per_gpu > x.usable:
         out.append(f"needs {fmt_bytes(est.per_gpu)} per {x.unit} (model states {fmt_bytes(est.model_states)}) "
                    f"but {fmt_bytes(x.usable)} is usable ({_capacity_text(x)})")
+    if est.load > x.usable:
+        out.append(f"needs {fmt_bytes(est.load)} per {x.unit} while loading, before it shards the weights "
+                   f"(bitsandbytes quantises the whole model onto every GPU) but {fmt_bytes(x.usable)} is usable")
     if x.ram is not None and est.cpu > x.ram:
         need, have = fmt_bytes_apart(est.cpu, x.ram)
         out.append(f"needs {need} of host RAM per machine but {have} is available")
-    if _uses_nvme(spec):
+    if spec.uses_nvme:
         if not x.nvme_path:
             out.append("needs an NVMe path for offload (--nvme-path) and none was given")
         elif x.nvme_free is not None and est.nvme > x.nvme_free:
@@ -556,17 +532,21 @@ def _evaluate(spec: RungSpec, x: _Inputs, gc_mode: str) -> tuple[Rung, int | Non
         # Model states fit but the total does not: activations are the problem, so checkpoint them.
         without_gc, gc = est.per_gpu, True
         est = _estimate(spec, x, True)
-    name = "Single process" if x.cpu and spec.key == "single" else spec.name
+    name = "Single process" if x.cpu and spec.key == "single" else spec.label
+    # Like with like: a rung that runs without GC also says what it needs with it, as the rungs that switched
+    # it on do (their reason gives the figure without it).
+    with_gc = _estimate(spec, x, True).per_gpu if gc_mode == "auto" and not gc else None
     rung = Rung(key=spec.key, name=name, backend=spec.backend, zero_stage=spec.zero_stage,
                 offload_optimizer=spec.offload_optimizer, offload_param=spec.offload_param,
                 fsdp_reshard=spec.fsdp_reshard, gradient_checkpointing=gc, per_gpu_bytes=est.per_gpu,
-                cpu_bytes=est.cpu, nvme_bytes=est.nvme, breakdown=est.breakdown)
+                cpu_bytes=est.cpu, nvme_bytes=est.nvme, breakdown=est.breakdown, load_bytes=est.load,
+                why=rung_table.why(spec.key, x.world), per_gpu_bytes_gc=with_gc)
     problems = _problems(spec, est, x)
     rung.fits = not problems
     if problems:
         gc_text = " even with gradient checkpointing" if without_gc is not None else ""
         first = problems[0]
-        if gc_text and first.startswith("needs ") and " per " in first:
+        if gc_text and first.startswith("needs ") and " per " in first and "while loading" not in first:
             first = first.replace(f" per {x.unit} ", f" per {x.unit}{gc_text} ", 1)
         rung.reason = _sentence("; and ".join([first] + problems[1:]))
     return rung, without_gc
@@ -880,10 +860,10 @@ def make_plan(hw, model, training: TrainingOptions, strategy: StrategyOptions, t
     x = _with_adapters(x, model, training, adapters, notes)
     train_tokens = _train_tokens(training)
     keys = ladder_keys(strategy, x.world, x.cpu, training.method)
-    evaluated = [_evaluate(RUNG_SPECS[k], x, training.gradient_checkpointing) for k in keys]
+    evaluated = [_evaluate(BY_KEY[k], x, training.gradient_checkpointing) for k in keys]
     rungs = [r for r, _ in evaluated]
     for rung in rungs:
-        spec = RUNG_SPECS[rung.key]
+        spec = BY_KEY[rung.key]
         rung.speed = _speed(spec, x, x.batch, x.grad_accum, rung.gradient_checkpointing)
         if train_tokens:
             rung.train_seconds = rung.speed.train_seconds(train_tokens)
@@ -898,12 +878,12 @@ def make_plan(hw, model, training: TrainingOptions, strategy: StrategyOptions, t
         for rung, without_gc in evaluated:
             if rung.fits:
                 rung.reason = _fit_reason(rung, x, without_gc, choice, tie)
-    if x.nvme_path and x.nvme_free is None and any(_uses_nvme(RUNG_SPECS[k]) for k in keys):
+    if x.nvme_path and x.nvme_free is None and any(BY_KEY[k].uses_nvme for k in keys):
         notes.append(f"Free space at the NVMe path {x.nvme_path} is unknown, so the NVMe rung's disk need is not "
                      "checked.")
     batch = None
     if choice is not None:
-        batch = fastest_split(RUNG_SPECS[choice.key], x, _global_batch(training, x.world),
+        batch = fastest_split(BY_KEY[choice.key], x, _global_batch(training, x.world),
                               training.gradient_checkpointing, choice.speed if choice.fits else None)
     return Plan(rungs=rungs, choice=choice, gpu_capacity_bytes=x.capacity, usable_bytes=x.usable,
                 precision=x.precision, topology=topology, notes=notes, batch=batch, train_tokens=train_tokens)
@@ -953,7 +933,8 @@ def _speed(spec: RungSpec, x: _Inputs, batch: int, grad_accum: int, gc: bool) ->
 
 
 def _fits_gpu(spec: RungSpec, x: _Inputs, batch: int, gc: bool) -> bool:
-    return _estimate(spec, replace(x, batch=batch), gc).per_gpu <= x.usable
+    est = _estimate(spec, replace(x, batch=batch), gc)
+    return est.per_gpu <= x.usable and est.load <= x.usable
 
 
 # Above this a micro-batch is not a planning question any more; the search stops there.
@@ -1058,6 +1039,13 @@ def _shortfall(rung: Rung, plan: Plan, hw, strategy: StrategyOptions) -> tuple[f
                          f"{fmt_bytes(rung.per_gpu_bytes - plan.usable_bytes)} "
                          f"({(rung.per_gpu_bytes / usable - 1) * 100:.0f}%) more than the "
                          f"{fmt_bytes(plan.usable_bytes)} usable"))
+    if rung.load_bytes > plan.usable_bytes:
+        failures.append((rung.load_bytes / usable,
+                         f"needs {fmt_bytes(rung.load_bytes)} per {unit} while loading (bitsandbytes quantises the "
+                         f"whole model onto every GPU before it is sharded), "
+                         f"{fmt_bytes(rung.load_bytes - plan.usable_bytes)} "
+                         f"({(rung.load_bytes / usable - 1) * 100:.0f}%) more than the "
+                         f"{fmt_bytes(plan.usable_bytes)} usable"))
     ram = _available_host_ram(hw)
     if ram and not plan.topology.cpu and rung.cpu_bytes > ram:
         failures.append((rung.cpu_bytes / ram,
@@ -1122,7 +1110,7 @@ def what_would_fit(hw, model, training: TrainingOptions, strategy: StrategyOptio
     def attempt(label: str, t: TrainingOptions = training, s: StrategyOptions = strategy,
                 topo: Topology = topology, without_offload: bool = False) -> bool:
         plan = _try(hw, model, t, s, topo)
-        if plan is None or (without_offload and RUNG_SPECS[plan.choice.key].offloads):
+        if plan is None or (without_offload and BY_KEY[plan.choice.key].offloads):
             return False
         out.append(Suggestion(f"{label}: {_fits_text(plan)}", t, s, topo, plan.choice.key))
         return True
@@ -1194,7 +1182,7 @@ def explain_nothing_fits(plan: Plan, hw, model, training: TrainingOptions, strat
         lines.append(f"Nothing fits. The closest rung, {best.name}, {phrase}.")
     else:
         lines.append("Nothing fits.")
-    nvme_missing = any(_uses_nvme(RUNG_SPECS[r.key]) and "--nvme-path" in r.reason for r in plan.rungs)
+    nvme_missing = any(BY_KEY[r.key].uses_nvme and "--nvme-path" in r.reason for r in plan.rungs)
     if nvme_missing and "--nvme-path" not in phrase:
         lines.append("NVMe offload (the last rung) was not possible: give --nvme-path on a fast local disk.")
     fixes = what_would_fit(hw, model, training, strategy, topology)

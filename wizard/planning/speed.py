@@ -426,7 +426,8 @@ def _parts(m: Machine, w: Workload, layout: Layout) -> _Parts:
     else:
         step_optimizer = OPTIMIZER_BYTES_PER_PARAM * local_trained / (m.hbm_bytes_per_s * HBM_EFFICIENCY)
     if layout.offload_param in ("cpu", "nvme"):
-        micro_off += 2.0 * wb * local / m.host_link
+        # the weights' own bytes: a QLoRA base crosses the link as 4-bit codes
+        micro_off += 2.0 * weights / world / m.host_link
     if "nvme" in (layout.offload_optimizer, layout.offload_param):
         per_machine_params = trained / layout.machines
         step_off += 2.0 * 16 * per_machine_params / m.nvme_bytes_per_s      # fp32 states in and out

@@ -38,7 +38,7 @@ from wizard.sizing.memory import (
 METHODS = ("full", "lora", "qlora")
 ALL_LINEAR = "all-linear"          # peft's INCLUDE_LINEAR_LAYERS_SHORTHAND: every Linear except the output layer
 QUANT_STORAGES = {"uint8": 1, "bf16": 2, "fp16": 2, "fp32": 4}   # bnb_4bit_quant_storage -> itemsize
-STRATEGIES = ("single", "ddp", "zero1", "zero2", "zero3")
+STRATEGIES = ("single", "ddp", "zero1", "zero2", "zero3", "fsdp")
 
 # --- bitsandbytes' NF4 layout (bitsandbytes 0.50.2, functional.py quantize_4bit and _ops.py) ---------------
 # quantize_4bit(A, blocksize=64, ...): the fake/meta kernel allocates
@@ -547,7 +547,8 @@ def check_qlora_strategy(options: LoraOptions, backend: str, zero_stage: int | N
 def adapter_model_states(adapters: AdapterShape, strategy: str, precision: str, optimizer: str = "adamw",
                          num_gpus_per_node: int = 1, num_nodes: int = 1, offload_optimizer: bool = False,
                          largest_frozen_layer_params: int = 0, kbit_prepared: bool = True,
-                         additional_buffer_factor: float = DS_ADDITIONAL_BUFFER_FACTOR) -> ModelStates:
+                         additional_buffer_factor: float = DS_ADDITIONAL_BUFFER_FACTOR,
+                         offload_param: bool = False, reshard: bool = True) -> ModelStates:
     """Weights, gradients and optimizer states per GPU of LoRA / QLoRA training, and host RAM per machine.
 
     T = trainable (adapter) parameters, w = bytes of the compute dtype (working_bytes(precision)).
@@ -571,6 +572,11 @@ def adapter_model_states(adapters: AdapterShape, strategy: str, precision: str, 
       T parameters with no largest-layer term.
     - offload_optimizer: the adapters' fp32 master, gradients and optimizer states move to host RAM as in
       the ZeRO estimators (memory.states_zero2 / states_zero3 with offload, for T).
+    - zero3 with offload_param (and offload_optimizer, DeepSpeed has no parameter-only case): the partitioned
+      base moves to host RAM (its 16-bit / packed 4-bit bytes, per machine its processes' partitions, x1.5 as
+      the estimators' additional buffer); the GPU keeps the whole quantisation constants and the gathered
+      largest frozen module.
+    - fsdp: see `_fsdp_adapter_states`.
     Host RAM (cpu): the offloaded adapter states (estimator accounting) plus, GUESS, the base as loaded:
     LoRA without ZeRO-3 materialises the frozen base in the compute dtype in every local process before it
     moves to the GPU (w * frozen * processes per machine); with ZeRO-3 (zero.Init) and for QLoRA (weights
@@ -597,6 +603,10 @@ def adapter_model_states(adapters: AdapterShape, strategy: str, precision: str, 
         return ModelStates(parameters=adapters.frozen_bytes(w, unq) + adapter_bytes * trainable,
                            gradients=FP32_GRAD_BYTES * trainable, optimizer=optim, cpu=cpu)
 
+    if strategy == "fsdp":
+        return _fsdp_adapter_states(adapters, precision, optimizer, world, num_nodes, reshard, offload_param,
+                                    additional_buffer_factor)
+
     if strategy in ("zero1", "zero2"):
         states_of = states_zero1 if strategy == "zero1" else states_zero2
         adapter = states_of(trainable, precision, optimizer, num_gpus_per_node, num_nodes,
@@ -606,14 +616,82 @@ def adapter_model_states(adapters: AdapterShape, strategy: str, precision: str, 
                            gradients=adapter.gradients, optimizer=adapter.optimizer, cpu=cpu)
 
     adapter = states_zero3(trainable, 0, precision, optimizer, num_gpus_per_node, num_nodes,
-                           offload_optimizer=offload_optimizer, offload_param=False, zero_init=True,
+                           offload_optimizer=offload_optimizer, offload_param=offload_param, zero_init=True,
                            additional_buffer_factor=additional_buffer_factor)
-    if qlora:
-        partitioned = adapters.nf4_weight_bytes + adapters.unquantized_params * w
-        replicated = adapters.nf4_constant_bytes
-    else:
-        partitioned, replicated = adapters.frozen_params * w, 0
-    frozen = int(partitioned / world) + replicated + w * largest_frozen_layer_params
+    partitioned, replicated = _partitioned_base(adapters, w)
+    gathered = w * largest_frozen_layer_params
     cpu = host_load + (adapter.cpu if offload_optimizer else 0)
+    if offload_param:
+        cpu += int(partitioned / num_nodes * additional_buffer_factor)
+        return ModelStates(parameters=replicated + gathered + adapter.parameters, gradients=adapter.gradients,
+                           optimizer=adapter.optimizer, cpu=cpu)
+    frozen = int(partitioned / world) + replicated + gathered
     return ModelStates(parameters=frozen + adapter.parameters, gradients=adapter.gradients,
                        optimizer=adapter.optimizer, cpu=cpu)
+
+
+def _partitioned_base(adapters: AdapterShape, w: int) -> tuple[int, int]:
+    """(bytes of the frozen base a ZeRO-3 / FSDP rung partitions, bytes every GPU keeps whole). QLoRA: the
+    packed NF4 codes (stored in the compute dtype, the same bytes) and the unquantised parameters in the
+    compute dtype are parameters and get partitioned; the quantisation constants live in Params4bit.quant_state,
+    not in parameters, and stay whole on every GPU."""
+    if adapters.method == "qlora":
+        return adapters.nf4_weight_bytes + adapters.unquantized_params * w, adapters.nf4_constant_bytes
+    return adapters.frozen_params * w, 0
+
+
+def _fsdp_adapter_states(adapters: AdapterShape, precision: str, optimizer: str, world: int, num_nodes: int,
+                         reshard: bool, offload: bool, additional_buffer_factor: float) -> ModelStates:
+    """LoRA / QLoRA under FSDP2 (fully_shard), as accelerate 1.15's fsdp2_prepare_model sets it up.
+
+    - Every parameter is sharded over the N ranks, the frozen base too (`_partitioned_base`): LoRA's base in the
+      compute dtype; QLoRA's NF4 codes only when bnb_4bit_quant_storage is a floating dtype (accelerate leaves
+      uint8 Params4bit out of sharding; qlora_requirements makes it the compute dtype) and its unquantised
+      parameters in the compute dtype (TRL's SFTTrainer skips prepare_model_for_kbit_training for sharded QLoRA,
+      `is_sharded_qlora`). The quantisation constants stay whole on every rank.
+    - The adapters are fp32 (peft's cast_adapter_dtype; accelerate upcasts trainable parameters for FSDP2 mixed
+      precision) and sharded with their fp32 gradients and optimizer states: (4 + 4 + optimizer) T / N, as
+      memory.states_fsdp for T parameters.
+    - Without resharding every layer's gathered weights stay alive from its forward to its backward: the whole
+      base (partitioned bytes) plus the adapters in the compute dtype, as states_fsdp's unsharded term.
+    - CPU offload (CPUOffloadPolicy): the shards of the base, the adapters' weights, gradients and optimizer
+      states live in host RAM, per machine its processes' shards, x1.5 as states_fsdp (GUESS modelled on
+      DeepSpeed's accounting).
+    """
+    sb = state_bytes(precision, optimizer)
+    w = working_bytes(precision)
+    trainable = adapters.trainable_params
+    partitioned, replicated = _partitioned_base(adapters, w)
+    unsharded = 0 if reshard else partitioned + w * trainable
+    if offload:
+        on_host = partitioned + (4 + FP32_GRAD_BYTES + sb.optim) * trainable
+        return ModelStates(parameters=replicated + unsharded, gradients=0, optimizer=0,
+                           cpu=int(on_host / num_nodes * additional_buffer_factor))
+    return ModelStates(parameters=int(partitioned / world) + replicated + int(4 * trainable / world) + unsharded,
+                       gradients=int(FP32_GRAD_BYTES * trainable / world),
+                       optimizer=int(sb.optim * trainable / world), cpu=0)
+
+
+def qlora_load_gpu_bytes(adapters: AdapterShape, precision: str) -> int:
+    """GPU bytes of one rank while a QLoRA model loads on a rung that shards weights (ZeRO-3, FSDP): the whole
+    4-bit model. transformers 5.24 builds quantised models without zero.Init (modeling_utils: zero.Init and
+    FSDP's meta loading both exclude `is_quantized`), and bitsandbytes' quantiser sets device_map={"": current
+    GPU} (quantizer_bnb_4bit.update_device_map), so every rank quantises the whole model onto its own GPU;
+    accelerate 1.15's fsdp2_prepare_model skips its RAM-efficient path for Params4bit ("bypassing the move to
+    meta will still cause the VRAM spike"). Only then does ZeRO-3 / FSDP partition it. 0 for LoRA."""
+    if adapters.method != "qlora":
+        return 0
+    return adapters.frozen_bytes(working_bytes(precision))
+
+
+def adapter_fsdp_buffers(adapters: AdapterShape, layers: int, root_params: int, precision: str,
+                         reshard: bool) -> int:
+    """memory.fsdp_buffers for LoRA / QLoRA: the gathered root (embeddings, LM head, in the compute dtype) and,
+    with resharding, two gathered layers of the frozen base in its stored bytes (4-bit codes for QLoRA); backward
+    reduces only the adapters' gradients: two layers' worth of them. HEURISTIC, as fsdp_buffers."""
+    w = working_bytes(precision)
+    partitioned, _ = _partitioned_base(adapters, w)
+    root = min(root_params * w, partitioned)
+    layer = max(partitioned - root, 0) // max(layers, 1) + w * adapters.trainable_params // max(layers, 1)
+    adapter_grads = 2 * w * adapters.trainable_params // max(layers, 1)
+    return root + (2 * layer if reshard else 0) + adapter_grads

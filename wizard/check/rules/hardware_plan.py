@@ -18,28 +18,22 @@ LOW_FREE_FRACTION = 0.05
 
 def configured_rung_key(ctx: CheckContext) -> tuple[str, str] | None:
     """(rung key, backend option for wizard.planning.plan) of the strategy the files configure, None if not on the ladder."""
-    dtype = ctx.distributed_type
+    from wizard.planning import rungs
+
     if ctx.uses_deepspeed:
-        stage = ctx.zero_stage()
-        opt, param = ctx.offload_device("optimizer"), ctx.offload_device("param")
-        if stage not in (1, 2, 3):
-            return None
-        if stage in (1, 2):
-            key = {"none": f"zero{stage}", "cpu": f"zero{stage}-offload-opt"}.get(opt)
-            return (key, "deepspeed") if key else None
-        key = {("none", "none"): "zero3", ("cpu", "none"): "zero3-offload-opt", ("cpu", "cpu"): "zero3-offload-all",
-               ("nvme", "nvme"): "zero3-nvme"}.get((opt, param))
-        return (key, "deepspeed") if key else None
-    if ctx.uses_fsdp:
-        opts = ctx.fsdp_options()
-        if str(opts.get("offload_params")).lower() == "true":
-            return "fsdp-offload", "fsdp"
-        reshard = opts.get("reshard_after_forward", opts.get("sharding_strategy", True))
-        reshard_on = reshard is True or str(reshard).upper() in ("TRUE", "FULL_SHARD", "HYBRID_SHARD", "1")
-        return ("fsdp-reshard" if reshard_on else "fsdp-noreshard"), "fsdp"
-    if dtype in ("MULTI_GPU", "NO", "MULTI_CPU"):
-        return ("ddp" if ctx.num_processes > 1 else "single"), "ddp"
-    return None
+        strategy = rungs.Strategy("deepspeed", ctx.zero_stage(), ctx.offload_device("optimizer"),
+                                  ctx.offload_device("param"))
+    elif ctx.uses_fsdp:
+        strategy = rungs.fsdp_strategy(ctx.fsdp_options())
+    elif ctx.distributed_type in ("MULTI_GPU", "NO", "MULTI_CPU"):
+        strategy = rungs.Strategy("ddp")
+    else:
+        return None
+    key = rungs.key_for(strategy, processes=ctx.num_processes)
+    if key is None:
+        return None
+    flags = rungs.BY_KEY[key].flags()
+    return key, flags["backend"]
 
 
 def _optimizer(ctx: CheckContext) -> str:
@@ -128,7 +122,9 @@ def plan_memory(ctx: CheckContext) -> Iterable:
 
     key, backend = configured
     training, topology, StrategyOptions = plan_inputs(ctx)
-    stage = {"zero1": "1", "zero2": "2"}.get(key.split("-")[0], "3") if backend == "deepspeed" else "auto"
+    from wizard.planning.rungs import BY_KEY
+
+    stage = BY_KEY[key].flags()["zero_stage"] or "auto"
     try:
         configured_plan = make_plan(hw, model, training, StrategyOptions(backend=backend, zero_stage=stage), topology,
                                     adapters=_adapters(model, training))

@@ -15,6 +15,7 @@ from rich.text import Text
 
 from wizard.frontends.tui.words import in_words
 from wizard.planning.plan import COMPONENTS, Plan, Rung
+from wizard.planning.rungs import BY_KEY
 from wizard.planning.speed import fmt_rate
 from wizard.units import fmt_bytes
 
@@ -45,13 +46,6 @@ def letter_style(colour: str) -> Style:
     r, g, b = (int(colour[i:i + 2], 16) for i in (1, 3, 5))
     light = 0.299 * r + 0.587 * g + 0.114 * b > 140
     return Style(color="#000000" if light else "#ffffff", bgcolor=colour)
-SHORT_NAMES = {
-    "single": "Single GPU", "ddp": "DDP", "zero1": "ZeRO-1", "zero1-offload-opt": "ZeRO-1 +opt→CPU",
-    "zero2": "ZeRO-2", "zero2-offload-opt": "ZeRO-2 +opt→CPU", "zero3": "ZeRO-3",
-    "zero3-offload-opt": "ZeRO-3 +opt→CPU", "zero3-offload-all": "ZeRO-3 +all→CPU",
-    "zero3-nvme": "ZeRO-3 +NVMe", "fsdp-noreshard": "FSDP2 keep", "fsdp-reshard": "FSDP2 reshard",
-    "fsdp-offload": "FSDP2 +CPU",
-}
 LABEL_WIDTH = 17       # the narrowest label column; a plan with longer names widens it (label_width)
 MIN_BAR = 12           # the bar gives up cells to the names down to this
 FIGURE_WIDTH = 12       # " 160.9 GiB ✗"
@@ -63,9 +57,9 @@ MAX_SCALE = 2.0         # beyond twice the capacity the bar is cut (and says so 
 
 
 def short_name(rung: Rung) -> str:
-    name = SHORT_NAMES.get(rung.key, rung.name)
-    if rung.key == "single" and rung.name != "Single GPU":
-        name = rung.name
+    spec = BY_KEY.get(rung.key)
+    # A rung the plan renamed (one CPU process is "Single process") keeps its own name.
+    name = spec.short if spec is not None and rung.name == spec.label else rung.name
     return name + (" +GC" if rung.gradient_checkpointing else "")
 
 

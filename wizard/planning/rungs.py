@@ -1,0 +1,267 @@
+"""The rung table: every strategy the ladder can hold, one entry each, and nothing else to edit to add one.
+
+An entry is what a rung *is*, before any arithmetic:
+- its key (stable: plan JSON, wizard_plan.json, tests), its label and the short label of the TUI's bars;
+- the flags that select it (backend, ZeRO stage, offload) and the methods whose ladder holds it;
+- how to recognise it from written files (`key_for`, `strategy_from_files`): the same flags;
+- its memory part (`memory`: the family of sizing formulas in wizard.sizing, picked by wizard.planning.plan),
+  its speed part (the flags are speed.Layout's) and its emit part (`distributed_type`, and the flags the
+  DeepSpeed JSON / FSDP section are written from in wizard.config.emit);
+- why the ladder holds it, and where a CUDA out-of-memory on it goes next when no saved plan says.
+
+The ladder for given options is the table's entries that match them, in table order (cheapest first).
+Adding a rung = one entry here, plus its sizing when its memory family is new.
+
+Pure data: no imports beyond the standard library, so launch/ and the check rules can read it cheaply.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+FULL = ("full",)
+ADAPTERS = ("lora", "qlora")
+ALL_METHODS = FULL + ADAPTERS
+
+
+def distributed_type(backend: str, use_cpu: bool) -> str:
+    """accelerate's distributed_type for a rung's backend."""
+    types = {"single": "NO", "ddp": "MULTI_CPU" if use_cpu else "MULTI_GPU", "deepspeed": "DEEPSPEED", "fsdp": "FSDP"}
+    if backend not in types:
+        raise ValueError(f"unknown plan backend {backend!r}")
+    return types[backend]
+
+
+@dataclass(frozen=True)
+class RungSpec:
+    """One strategy of the ladder."""
+
+    key: str
+    label: str                            # what the user reads: "ZeRO-3 + CPU optimizer offload"
+    short: str                            # the TUI's bar label: "ZeRO-3 +opt→CPU"
+    backend: str                          # single | ddp | deepspeed | fsdp
+    zero_stage: int | None = None
+    offload_optimizer: str = "none"       # none | cpu | nvme
+    offload_param: str = "none"
+    fsdp_reshard: bool | None = None
+    memory: str = "replicated"            # sizing family: replicated | zero1 | zero2 | zero3 | nvme | fsdp
+    methods: tuple[str, ...] = FULL       # the fine-tuning methods whose ladder holds it
+    auto: tuple[str, ...] = FULL          # the methods whose --backend auto / --zero-stage auto ladder holds it
+    one_gpu: tuple[str, ...] = ALL_METHODS  # ... and on one GPU, where sharding alone partitions nothing
+    why_one_gpu: str = ""                 # why it is there on one GPU, when that differs from `why`
+    why: str = ""                         # why the ladder holds it, in a clause
+    oom_next: str | None = None           # after a CUDA OOM on it and no saved plan: the next key to try
+
+    @property
+    def offloads(self) -> bool:
+        return self.offload_optimizer != "none" or self.offload_param != "none"
+
+    @property
+    def uses_nvme(self) -> bool:
+        return "nvme" in (self.offload_optimizer, self.offload_param)
+
+    @property
+    def offload(self) -> str:
+        """The --offload value that selects it: the parameters' device where they move, else the optimizer's."""
+        return self.offload_param if self.offload_param != "none" else self.offload_optimizer
+
+    def distributed_type(self, use_cpu: bool) -> str:
+        """accelerate's distributed_type for this rung (the emit part's first word)."""
+        return distributed_type(self.backend, use_cpu)
+
+    def flags(self) -> dict[str, str | None]:
+        """The strategy answers that select it (None: the answer does not apply)."""
+        if self.backend in ("single", "ddp"):
+            return {"backend": "ddp", "zero_stage": None, "offload": None}
+        if self.backend == "fsdp":
+            return {"backend": "fsdp", "zero_stage": None, "offload": "cpu" if self.offloads else "none"}
+        return {"backend": "deepspeed", "zero_stage": str(self.zero_stage), "offload": self.offload}
+
+    def cli_flags(self) -> list[str]:
+        """The same as `wizard` command-line flags."""
+        out: list[str] = []
+        for name, value in self.flags().items():
+            if value is not None:
+                out += [f"--{name.replace('_', '-')}", value]
+        return out
+
+
+RUNGS: tuple[RungSpec, ...] = (
+    RungSpec("single", "Single GPU", "Single GPU", "single", methods=ALL_METHODS, oom_next="zero2-offload-opt",
+             why="one process holds everything: nothing to communicate"),
+    RungSpec("ddp", "DDP (data parallel)", "DDP", "ddp", methods=ALL_METHODS, oom_next="zero2",
+             why="every GPU holds a full replica: the least communication"),
+    RungSpec("zero1", "DeepSpeed ZeRO-1", "ZeRO-1", "deepspeed", 1, memory="zero1", methods=ALL_METHODS,
+             auto=(), oom_next="zero2", why="optimizer states partitioned (asked for with --zero-stage 1)"),
+    RungSpec("zero2", "DeepSpeed ZeRO-2", "ZeRO-2", "deepspeed", 2, memory="zero2", methods=ALL_METHODS,
+             auto=ALL_METHODS, one_gpu=ADAPTERS, oom_next="zero3",
+             why_one_gpu="one GPU: nothing to partition, but DeepSpeed's engine keeps the adapters and the "
+                         "unquantised parameters in 16 bits where torch AMP keeps them in fp32", why="optimizer states and gradients partitioned, weights replicated"),
+    RungSpec("zero3", "DeepSpeed ZeRO-3", "ZeRO-3", "deepspeed", 3, memory="zero3", methods=ALL_METHODS,
+             auto=ALL_METHODS, one_gpu=(), oom_next="zero3-offload-opt", why="weights partitioned too, gathered layer by layer"),
+    RungSpec("zero1-offload-opt", "ZeRO-1 + CPU optimizer offload", "ZeRO-1 +opt→CPU", "deepspeed", 1, "cpu",
+             memory="zero1", auto=(), oom_next="zero2-offload-opt",
+             why="the optimizer states and step move to the CPU (asked for with --zero-stage 1)"),
+    RungSpec("zero2-offload-opt", "ZeRO-2 + CPU optimizer offload", "ZeRO-2 +opt→CPU", "deepspeed", 2, "cpu",
+             memory="zero2", oom_next="zero3-offload-opt",
+             why="the optimizer states and step move to the CPU; no weights gathered",
+             why_one_gpu="one GPU: nothing to partition; the optimizer states and step move to the CPU"),
+    RungSpec("zero3-offload-opt", "ZeRO-3 + CPU optimizer offload", "ZeRO-3 +opt→CPU", "deepspeed", 3, "cpu",
+             memory="zero3", one_gpu=(), oom_next="zero3-offload-all",
+             why="weights partitioned and the optimizer on the CPU"),
+    RungSpec("zero3-offload-all", "ZeRO-3 + CPU offload of optimizer and parameters", "ZeRO-3 +all→CPU",
+             "deepspeed", 3, "cpu", "cpu", memory="zero3", methods=ALL_METHODS, auto=ALL_METHODS,
+             oom_next="zero3-nvme",
+             # for LoRA / QLoRA the weights are the frozen base, as peft's ZeRO-3 CPU-offload example runs it
+             why="the weights live on the CPU too, fetched layer by layer",
+             why_one_gpu="one GPU: nothing to partition; the weights and the optimizer live on the CPU, the weights "
+                         "fetched layer by layer"),
+    RungSpec("zero3-nvme", "ZeRO-3 + NVMe offload of optimizer and parameters", "ZeRO-3 +NVMe", "deepspeed", 3,
+             "nvme", "nvme", memory="nvme", why="the optimizer states swap through NVMe: the last resort"),
+    RungSpec("fsdp-noreshard", "FSDP2 without resharding (~ZeRO-2)", "FSDP2 keep", "fsdp", fsdp_reshard=False,
+             memory="fsdp", methods=ALL_METHODS, auto=ADAPTERS, one_gpu=(), oom_next="fsdp-reshard",
+             why="everything sharded; weights kept gathered between forward and backward"),
+    RungSpec("fsdp-reshard", "FSDP2 with resharding (~ZeRO-3)", "FSDP2 reshard", "fsdp", fsdp_reshard=True,
+             memory="fsdp", methods=ALL_METHODS, auto=ADAPTERS, one_gpu=(), oom_next="fsdp-offload", why="weights resharded after forward, gathered again in backward"),
+    RungSpec("fsdp-offload", "FSDP2 + CPU offload", "FSDP2 +CPU", "fsdp", offload_optimizer="cpu",
+             offload_param="cpu", fsdp_reshard=True, memory="fsdp", methods=ALL_METHODS, auto=ADAPTERS,
+             why="weights, gradients and optimizer on the CPU, the step there",
+             why_one_gpu="one GPU: nothing to shard; the weights, gradients and optimizer live on the CPU"),
+)
+
+BY_KEY: dict[str, RungSpec] = {r.key: r for r in RUNGS}
+
+
+def ladder(backend: str, zero_stage: str, offload: str, method: str, world_size: int) -> list[str]:
+    """The keys of the entries these (already validated) options select: no-offload rungs first, then CPU
+    offload, then NVMe, each in table order.
+
+    `--backend auto` with `--zero-stage auto` walks single/DDP then the entries whose `auto` holds the method (for
+    LoRA / QLoRA that includes FSDP: FSDP-QLoRA is the known recipe for a large model on small GPUs); a given
+    stage, `--backend deepspeed` or `--backend fsdp` their own entries; `--backend ddp` the base."""
+    base = "single" if world_size == 1 else "ddp"
+    out = []
+    for r in RUNGS:
+        if method not in r.methods:
+            continue
+        if r.backend in ("single", "ddp"):
+            if r.key == base and (backend == "ddp" or (backend == "auto" and zero_stage == "auto"
+                                                       and offload in ("auto", "none"))):
+                out.append(r)
+            continue
+        if backend == "ddp" or backend not in ("auto", r.backend):
+            continue
+        if zero_stage != "auto":
+            if str(r.zero_stage) != zero_stage:
+                continue
+        elif (backend == "auto" or r.backend == "deepspeed") and method not in r.auto:
+            continue
+        if offload != "auto" and r.offload_optimizer != offload:
+            continue
+        out.append(r)
+    walking = backend == "auto" or (backend == "deepspeed" and zero_stage == "auto")
+    if world_size == 1 and walking:
+        # One GPU: a rung that only partitions (ZeRO-3, FSDP, ZeRO-3 + optimizer offload over ZeRO-2's) holds no
+        # less than one that does not; the walk leaves it out unless its entry says why it is there.
+        useful = [r for r in out if method in r.one_gpu]
+        out = useful or out
+    return [r.key for r in sorted(out, key=lambda r: (r.offloads, r.uses_nvme))]
+
+
+def why(key: str, world_size: int) -> str:
+    """Why the ladder holds this rung, for this many processes."""
+    r = BY_KEY[key]
+    return r.why_one_gpu if world_size == 1 and r.why_one_gpu else r.why
+
+
+# --- Recognising a rung from written files ---------------------------------------------------------
+
+@dataclass(frozen=True)
+class Strategy:
+    """The strategy a set of files configures, in the table's words."""
+
+    backend: str                          # single | ddp | deepspeed | fsdp
+    zero_stage: int | None = None
+    offload_optimizer: str = "none"
+    offload_param: str = "none"
+    fsdp_reshard: bool | None = None
+    offload_fsdp: bool = False            # fsdp_offload_params
+
+
+def fsdp_reshards(value: Any) -> bool:
+    """fsdp_reshard_after_forward (FSDP2 bool) or the FSDP1 sharding strategy it replaced, as a bool; accelerate's
+    default (absent) reshards."""
+    if value is None or value is True:
+        return True
+    return str(value).upper() in ("TRUE", "FULL_SHARD", "HYBRID_SHARD", "1")
+
+
+def strategy_from_files(accel_config: dict[str, Any] | None, ds_config: dict[str, Any] | None) -> Strategy | None:
+    """The strategy in accelerate's YAML and DeepSpeed's JSON (either may be None); None when neither says."""
+    acc = accel_config or {}
+    dtype = str(acc.get("distributed_type", "")).upper()
+    if ds_config is not None or dtype == "DEEPSPEED":
+        inline = acc.get("deepspeed_config") or {}
+        zero = (ds_config or {}).get("zero_optimization") or {}
+        stage = zero.get("stage")
+        if stage is None:
+            stage = inline.get("zero_stage")
+        try:
+            stage = int(stage if stage is not None else 0)
+        except (TypeError, ValueError):
+            stage = 0
+
+        def device(which: str) -> str:
+            if ds_config is not None:
+                value = (zero.get(f"offload_{which}") or {}).get("device")
+            else:
+                value = inline.get(f"offload_{which}_device")
+            return str(value).lower() if value else "none"
+
+        return Strategy("deepspeed", stage, device("optimizer"), device("param"))
+    if dtype == "FSDP":
+        fsdp = {k[5:] if k.startswith("fsdp_") else k: v for k, v in (acc.get("fsdp_config") or {}).items()}
+        return fsdp_strategy(fsdp)
+    if dtype.startswith("MULTI_"):
+        return Strategy("ddp")
+    if dtype == "NO" or (dtype == "" and acc):
+        return Strategy("single")
+    return None
+
+
+def fsdp_strategy(options: dict[str, Any]) -> Strategy:
+    """FSDP settings without their `fsdp_` prefix, as a Strategy."""
+    reshard = options.get("reshard_after_forward", options.get("sharding_strategy"))
+    return Strategy("fsdp", fsdp_reshard=fsdp_reshards(reshard),
+                    offload_fsdp=str(options.get("offload_params")).lower() == "true")
+
+
+def key_for(s: Strategy, processes: int | None = None, exact: bool = True) -> str | None:
+    """The table's key for a strategy; None when no entry is exactly it (exact), else the closest entry of
+    the same backend and stage (fewest differing offload devices; on a tie the later, more offloaded one).
+    ZeRO-0 is DDP's memory: read as DDP when not exact. Without DeepSpeed or FSDP, `processes` (when known)
+    tells one process from DDP."""
+    if s.backend in ("single", "ddp"):
+        return s.backend if processes is None else ("ddp" if processes > 1 else "single")
+    if s.backend == "fsdp":
+        if s.offload_fsdp:
+            return "fsdp-offload"
+        return "fsdp-reshard" if s.fsdp_reshard else "fsdp-noreshard"
+    same = [r for r in RUNGS if r.backend == "deepspeed" and r.zero_stage == s.zero_stage]
+    found = next((r.key for r in same if (r.offload_optimizer, r.offload_param) == (s.offload_optimizer,
+                                                                                     s.offload_param)), None)
+    if found or exact:
+        return found
+    if not same:
+        return "ddp" if s.zero_stage == 0 else None
+
+    def distance(r: RungSpec) -> int:
+        return (r.offload_optimizer != s.offload_optimizer) + (r.offload_param != s.offload_param)
+
+    best = min(distance(r) for r in same)
+    return [r.key for r in same if distance(r) == best][-1]
+
+
+def labels(keys: Iterable[str]) -> list[str]:
+    return [BY_KEY[k].label for k in keys]
