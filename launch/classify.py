@@ -253,21 +253,8 @@ def current_rung_key(accel_config: dict[str, Any] | None, ds_config: dict[str, A
 
 
 def _plan_next(rungs: list[dict[str, Any]], key: str) -> dict[str, Any] | None:
-    """wizard.planning.plan.next_rung on the plan's JSON form: the first later rung that fits, else the next."""
-    try:
-        from dataclasses import asdict as _asdict
-
-        from wizard.planning.plan import Plan, Rung, Topology, next_rung
-        names = Rung.__dataclass_fields__
-        objs = [Rung(**{k: v for k, v in r.items() if k in names}) for r in rungs]
-        plan = Plan(rungs=objs, choice=None, gpu_capacity_bytes=0, usable_bytes=0, precision="",
-                    topology=Topology())
-        nr = next_rung(plan, key)
-        return _asdict(nr) if nr is not None else None
-    except (ImportError, TypeError, AttributeError):
-        keys = [r.get("key") for r in rungs]
-        later = rungs[keys.index(key) + 1:] if key in keys else []
-        return next((r for r in later if r.get("fits")), later[0] if later else None)
+    """The plan's next rung (planning's rule, rungs.next_after) on the plan's JSON form."""
+    return rung_table.next_after(rungs, key, lambda r: r.get("key"), lambda r: bool(r.get("fits")))
 
 
 def next_rung_after(key: str | None, plan: dict[str, Any] | None = None) -> dict[str, Any] | None:

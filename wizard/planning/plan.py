@@ -1021,11 +1021,7 @@ def rung_by_key(plan: Plan, key: str) -> Rung | None:
 def next_rung(plan: Plan, current_key: str) -> Rung | None:
     """What to try after `current_key` failed (e.g. CUDA OOM): the first later rung that fits,
     else the next rung up the ladder; None when `current_key` is the last rung or unknown."""
-    keys = [r.key for r in plan.rungs]
-    if current_key not in keys:
-        return None
-    later = plan.rungs[keys.index(current_key) + 1:]
-    return next((r for r in later if r.fits), later[0] if later else None)
+    return rung_table.next_after(plan.rungs, current_key, lambda r: r.key, lambda r: r.fits)
 
 
 def _shortfall(rung: Rung, plan: Plan, hw, strategy: StrategyOptions) -> tuple[float, str]:
@@ -1205,7 +1201,7 @@ def host_ram_to_fit(plan: Plan, hw) -> int | None:
         return None
     needs = [r.cpu_bytes for r in plan.rungs
              if not r.fits and r.per_gpu_bytes <= plan.usable_bytes and r.cpu_bytes > ram
-             and not _uses_nvme(RUNG_SPECS[r.key])]
+             and not RUNG_SPECS[r.key].uses_nvme]
     if not needs:
         return None
     total = math.ceil(min(needs) * (hw.ram_total or ram) / ram)

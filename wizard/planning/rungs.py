@@ -265,3 +265,14 @@ def key_for(s: Strategy, processes: int | None = None, exact: bool = True) -> st
 
 def labels(keys: Iterable[str]) -> list[str]:
     return [BY_KEY[k].label for k in keys]
+
+
+def next_after(rungs: list, key: str, key_of, fits_of):
+    """What to try after the rung `key` failed (a CUDA out-of-memory): the first later rung of the plan's ladder
+    that fits, else the next one up; None when `key` is the last rung or not in it. One rule for the plan's
+    objects (planning.plan.next_rung) and for its JSON (launch.classify, reading wizard_plan.json)."""
+    keys = [key_of(r) for r in rungs]
+    if key not in keys:
+        return None
+    later = rungs[keys.index(key) + 1:]
+    return next((r for r in later if fits_of(r)), later[0] if later else None)

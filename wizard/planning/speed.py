@@ -386,7 +386,6 @@ def _parts(m: Machine, w: Workload, layout: Layout) -> _Parts:
     sharded = layout.backend in ("deepspeed", "fsdp") and (layout.zero_stage == 3 or layout.fsdp_reshard)
     overhead = STEP_OVERHEAD_S + LAYER_OVERHEAD_S * w.layers
     micro_comm = step_comm = micro_off = step_off = 0.0
-    local = w.params / world if layout.backend in ("deepspeed", "fsdp") else w.params
     local_trained = trained / world if layout.backend in ("deepspeed", "fsdp") else trained
     if layout.backend == "ddp":
         # AMP keeps fp32 weights, so the gradients DDP all-reduces are fp32.
