@@ -651,7 +651,7 @@ class Supervisor:
         step = f"step {p.get('step')}/{p.get('total')}" if p.get("total") else "step ?"
         loss = f"loss {p['loss']:.4g}" if isinstance(p.get("loss"), (int, float)) else "loss ?"
         rate = f"{p['rate']:.2f} it/s" if isinstance(p.get("rate"), (int, float)) else "? it/s"
-        eta = f"ETA {fmt_clock(p['eta_s'], pad_minutes=False)}" if p.get("eta_s") is not None else "ETA ?"
+        eta = f"ETA {fmt_clock(int(p['eta_s']), pad_minutes=False)}" if p.get("eta_s") is not None else "ETA ?"
         return (f"attempt {attempt}/{self.record.attempts_allowed()} | {self.record.get('status')} | "
                 f"{step} | {loss} | {rate} | {eta} | {self._peak_gpu_text()}")
 

@@ -12,6 +12,7 @@ from wizard.config.answers import training_options
 from wizard.errors import InputError
 from wizard.pipeline import Request
 from wizard.planning.plan import StrategyOptions, ladder_keys, rung_by_key
+from wizard.sizing.memory import CUDA_CONTEXT_BYTES
 from wizard.sizing.model import size_model
 
 ARCHES = ["llama", "mistral", "qwen2", "gemma2", "mixtral", "gpt2"]
@@ -261,7 +262,7 @@ def test_qlora_on_a_sharding_rung_loads_the_whole_4bit_model_onto_every_gpu_firs
     device map puts all of it on the rank's GPU: the loading peak is the whole 4-bit model, whatever the rung
     shards afterwards. LoRA (zero.Init / RAM-efficient loading) and unsharded rungs have no such moment."""
     plan, a = _plan("qlora", "2xRTX6000Ada-48GB,ram=256G")
-    whole = a.frozen_bytes(2) + (1 << 30)                                  # + the CUDA context
+    whole = a.frozen_bytes(2) + CUDA_CONTEXT_BYTES                         # + the CUDA context
     for key in ("zero3", "fsdp-reshard", "fsdp-noreshard", "zero3-offload-all", "fsdp-offload"):
         assert rung_by_key(plan, key).load_bytes == whole, key
     for key in ("ddp", "zero2"):
