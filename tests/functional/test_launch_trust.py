@@ -275,6 +275,43 @@ def test_supervisor_sigkill_shows_lost_in_attach_within_5_s(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
+def test_supervisor_sigkill_is_recorded_lost_within_5_s_with_no_reader(tmp_path):
+    """No attach, no stop, no view: only what survives the supervisor (its reaper) can write `lost`.
+    run.json is read here as a script or a SLURM epilogue would, by opening the file."""
+    script = tmp_path / "tick.py"
+    script.write_text(TICKER)
+    run_dir = tmp_path / "run"
+    r = wizard("launch", "--detach", "--config-file", str(single_config(tmp_path)), "--run-dir", str(run_dir),
+               "--", str(script), cwd=tmp_path, timeout=120)
+    assert r.returncode == 0, r.stderr
+    st = wait_for(lambda: running_with_ranks(run_dir, 1), 120)
+    try:
+        assert st, state(run_dir)
+        time.sleep(1.0)
+        pids = run_pids(state(run_dir))
+        os.kill(st["supervisor_pid"], signal.SIGKILL)
+        killed_at = time.time()
+        t0 = time.monotonic()
+        final = wait_for(lambda: (lambda s: s if s.get("status") == "lost" else None)(state(run_dir)), 15, every=0.05)
+        took = time.monotonic() - t0
+        assert final and took <= 5.0, (took, state(run_dir))
+        assert final["lost_by"] == "reaper" and "SIGKILL" in final["lost_cause"] and final["exit_code"] == 137
+        assert killed_at - 1 <= final["lost_at"] <= killed_at + 5
+        lost = [e for e in events(run_dir) if e["type"] == "lost"]
+        assert len(lost) == 1 and lost[0]["by"] == "reaper" and lost[0]["cause"] == final["lost_cause"]
+        assert set(final["lost_cleaned"]) & pids
+        assert wait_for(lambda: not alive(pids), 10), alive(pids)
+        # `wizard runs` shows it, and `stop` finds nothing left to do
+        runs = wizard("runs", str(tmp_path), cwd=tmp_path)
+        assert runs.returncode == 0 and "lost" in runs.stdout.splitlines()[1], runs.stdout
+        s = wizard("stop", str(run_dir), cwd=tmp_path)
+        assert s.returncode == 0 and "already lost" in s.stdout
+    finally:
+        cleanup(st and st.get("supervisor_pid"), *run_pids(state(run_dir)))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
 def test_sighup_of_a_foreground_run_ends_it_with_nothing_left(tmp_path):
     script = tmp_path / "tick.py"
     script.write_text(TICKER)
@@ -316,20 +353,24 @@ time.sleep(600)
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_killing_the_launch_the_user_started_ends_a_foreground_run(tmp_path):
+@pytest.mark.parametrize("under_nohup", [False, True], ids=["sighup-default", "sighup-ignored-nohup"])
+def test_killing_the_launch_the_user_started_ends_a_foreground_run(tmp_path, under_nohup):
     """The view's process (here a stand-in that starts the supervisor exactly as `wizard launch`
-    does without --detach) is SIGKILLed: the run stops, nothing of it is left."""
+    does without --detach) is SIGKILLed: the run stops, nothing of it is left. Under nohup too,
+    where SIGHUP is ignored from the start and the supervisor inherits that."""
     script = tmp_path / "tick.py"
     script.write_text(TICKER)
     run_dir = tmp_path / "run"
-    parent = subprocess.Popen([sys.executable, "-c", FOREGROUND_PARENT, str(run_dir), str(script),
-                               str(single_config(tmp_path))], stdout=subprocess.PIPE, text=True, env=env(),
-                              cwd=tmp_path)
+    argv = [sys.executable, "-c", FOREGROUND_PARENT, str(run_dir), str(script), str(single_config(tmp_path))]
+    parent = subprocess.Popen((["nohup"] if under_nohup else []) + argv, stdout=subprocess.PIPE, text=True,
+                              env=env(), cwd=tmp_path)
     st = {}
     try:
         assert parent.stdout.readline().strip() == "started"
         st = wait_for(lambda: running_with_ranks(run_dir, 1), 120)
         assert st and st["detached"] is False, state(run_dir)
+        ignored = _sighup_ignored(st["supervisor_pid"])
+        assert ignored is under_nohup          # the supervisor really inherited nohup's "ignore"
         time.sleep(1.0)
         pids = run_pids(state(run_dir)) | {st["supervisor_pid"]}
         parent.kill()
@@ -342,6 +383,14 @@ def test_killing_the_launch_the_user_started_ends_a_foreground_run(tmp_path):
         if parent.poll() is None:
             parent.kill()
         cleanup(st.get("supervisor_pid"), *run_pids(state(run_dir)))
+
+
+def _sighup_ignored(pid: int) -> bool:
+    """Whether SIGHUP is ignored in process pid (SigIgn of /proc/PID/status)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigIgn:"):
+            return bool(int(line.split()[1], 16) >> (signal.SIGHUP - 1) & 1)
+    raise AssertionError("no SigIgn line")
 
 
 @pytest.mark.slow
