@@ -100,6 +100,61 @@ def test_emit_slurm_takes_the_config_port_and_cpu_needs_and_refuses_a_node_misma
     assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "x").exists()
 
 
+@pytest.mark.timeout(300)
+def test_emit_slurm_asks_for_the_plans_host_ram_plus_the_processes_rss_and_says_how(tmp_path):
+    """A 2-node ZeRO-3 + CPU offload config the wizard wrote: --mem is the plan's host-RAM need plus 10% plus
+    the RSS of 8 GPU ranks and the launch processes, never the bare figure (a cgroup OOM kill waiting to happen)."""
+    import math
+    import re
+    out_dir = tmp_path / "acc"
+    w = wizard("--non-interactive", "--assume", "8xH100-80GB,ram=1024G", "--params", "13B", "--num-machines", "2",
+               "--machine-rank", "0", "--main-process-ip", "10.0.0.1", "--backend", "deepspeed", "--zero-stage", "3",
+               "--offload", "cpu", "--output-dir", str(out_dir), cwd=tmp_path, timeout=280)
+    assert w.returncode == 0, w.stdout + w.stderr
+    need_gib = json.loads((out_dir / "wizard_plan.json").read_text())["plan"]["choice"]["cpu_bytes"] / 2**30
+    assert need_gib > 50
+    out = tmp_path / "job.sbatch"
+    r = wizard("launch", "--emit-slurm", "2", "--config-file", str(out_dir / "default_config.yaml"),
+               "--slurm-output", str(out), "--", "train.py", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    text = out.read_text()
+    mem = int(re.search(r"^#SBATCH --mem=(\d+)G$", text, re.M).group(1))
+    assert mem == math.ceil(need_gib * 1.10 + 8 * 3 + 1), (mem, need_gib)
+    assert mem >= math.ceil(need_gib) + 25
+    assert "#SBATCH --gpus-per-node=8" in text
+    # the script says how: the plan's figure, the margin, the ranks' RSS, the total
+    assert f"# --mem={mem}G per node, from the wizard's plan" in text
+    assert f"{need_gib:7.1f} GiB  the plan's host-RAM need on a node" in text
+    assert "8 GPU ranks x 3 GiB" in text and f"rounded up to {mem}G" in text
+    assert subprocess.run(["bash", "-n", str(out)]).returncode == 0
+
+
+@pytest.mark.timeout(300)
+def test_emit_slurm_asks_no_gpu_for_a_config_the_wizard_wrote_for_cpu_processes(tmp_path):
+    """The wizard's DeepSpeed CPU-accelerator config keeps `use_cpu: false` on purpose: the plan beside it
+    (wizard_plan.json, cpu_only) is what tells the emitter that the job runs on CPU."""
+    out_dir = tmp_path / "acc"
+    w = wizard("--non-interactive", "--backend", "deepspeed", "--zero-stage", "3", "--num-processes", "4",
+               "--num-machines", "2", "--machine-rank", "0", "--main-process-ip", "10.0.0.1", "--params", "1M",
+               "--hidden-size", "64", "--layers", "2", "--vocab-size", "128", "--output-dir", str(out_dir),
+               cwd=tmp_path, timeout=280)
+    assert w.returncode == 0, w.stdout + w.stderr
+    cfg = out_dir / "default_config.yaml"
+    assert "use_cpu: false" in cfg.read_text() and "DEEPSPEED" in cfg.read_text()
+    out = tmp_path / "job.sbatch"
+    r = wizard("launch", "--emit-slurm", "2", "--config-file", str(cfg), "--slurm-output", str(out), "--",
+               "train.py", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    text = out.read_text()
+    assert "--gpus-per-node" not in text and "#SBATCH --cpus-per-task=2" in text, text[:400]
+    assert "2 CPU ranks x 1 GiB" in text and "#SBATCH --mem=" in text
+    # the same YAML without the wizard's plan beside it is an ordinary GPU config
+    (out_dir / "wizard_plan.json").unlink()
+    r = wizard("launch", "--emit-slurm", "2", "--config-file", str(cfg), "--slurm-output", str(out), "--",
+               "train.py", cwd=tmp_path)
+    assert r.returncode == 0 and "#SBATCH --gpus-per-node=2" in out.read_text()
+
+
 def test_import_is_light():
     code = ("import sys, launch.commands, launch.supervisor, launch.classify, launch.logs, launch.rundir\n"
             "bad = [m for m in ('torch', 'transformers', 'deepspeed', 'accelerate', 'textual') if m in sys.modules]\n"
