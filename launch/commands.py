@@ -626,7 +626,9 @@ def cmd_runs(args) -> int:
         rel = os.path.relpath(r["run_dir"], root) if r["run_dir"] != str(root) else "."
         rows.append((rel, r["state"], str(r.get("attempt") if r.get("attempt") is not None else "-"),
                      str(r.get("exit_code") if r.get("exit_code") is not None else "-"),
-                     _clock(r.get("started_at")), _duration(r.get("started_at"), r.get("ended_at")),
+                     _clock(r.get("started_at")),
+                     _duration(r.get("started_at"), r.get("ended_at")) if r["state"] != "lost" or r.get("ended_at")
+                     else "-",
                      r.get("detail") or ""))
     widths = [max(len(row[i]) for row in rows) for i in range(6)]
     for row in rows:

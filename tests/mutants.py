@@ -130,6 +130,33 @@ MUTANTS = (
            (("            self.signal_verified(p, signal.SIGKILL)\n", "            pass\n"),),
            (LEFTOVER_TEST,),
            "kill_all sends no SIGKILL"),
+    # ---- the reaper and the run directory (tests/unit, real processes the tests started themselves: a
+    # test that signals processes can only reach its own, so these mutants cannot hit the machine's)
+    Mutant("launch-reaper-no-start-time-check", "launch/_reaper.py",
+           (("            if abs(p.create_time() - ctime) > 0.05:\n                continue\n", ""),),
+           ("tests/unit/test_launch_reaper.py::"
+            "test_reap_skips_odd_gone_and_reused_entries_and_still_kills_the_tracked_process",),
+           "the reaper ends a recorded pid that now belongs to another process (a recycled pid), and its children"),
+    Mutant("launch-reaper-no-descendants", "launch/_reaper.py",
+           (("            for c in p.children(recursive=True):\n                procs.setdefault(c.pid, c)\n", ""),),
+           ("tests/unit/test_launch_reaper.py::"
+            "test_reap_ends_the_descendants_of_a_tracked_process_it_was_never_told_about",),
+           "the reaper ends only the processes it was told about, not their children in sessions of their own"),
+    Mutant("launch-rundir-zombie-alive", "launch/rundir.py",
+           (("        return proc.status() != psutil.STATUS_ZOMBIE\n", "        return True\n"),),
+           ("tests/unit/test_launch_rundir.py::test_a_zombie_is_not_alive_even_with_its_own_start_time",),
+           "a zombie (exited, not yet reaped) counts as a live process: a dead supervisor is never lost"),
+    Mutant("launch-rundir-pid-0-valid", "launch/rundir.py",
+           (("    return isinstance(v, int) and not isinstance(v, bool) and v > 0\n",
+             "    return isinstance(v, int) and not isinstance(v, bool) and v >= 0\n"),),
+           ("tests/unit/test_launch_rundir.py::test_load_state_refuses_garbage_with_one_line",),
+           "pid 0 is accepted in run.json (os.kill(0, sig) signals the caller's own process group)"),
+    Mutant("launch-rundir-no-sigkill", "launch/rundir.py",
+           (("    for p in alive:\n        try:\n            p.kill()\n        except psutil.Error:\n            pass\n",
+             ""),),
+           ("tests/unit/test_launch_rundir.py::"
+            "test_end_recorded_processes_sigkills_what_ignores_sigterm_after_the_grace",),
+           "end_recorded_processes sends SIGTERM only: a leftover that ignores it outlives `stop` of a lost run"),
 )
 
 

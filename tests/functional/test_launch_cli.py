@@ -155,6 +155,57 @@ def test_emit_slurm_asks_no_gpu_for_a_config_the_wizard_wrote_for_cpu_processes(
     assert r.returncode == 0 and "#SBATCH --gpus-per-node=2" in out.read_text()
 
 
+def _run_json(run_dir: Path, **over) -> None:
+    run_dir.mkdir(parents=True)
+    st = {"id": run_dir.name, "status": "running", "supervisor_pid": 1, "supervisor_create_time": 1.0,
+          "attempt": 1, "max_restarts": 0, "pids": {}, "tracked_pids": [], "seen_pids": [], "process_times": {},
+          "launcher_pid": None, "progress": {}, "started_at": 1000.0, "ended_at": None, "exit_code": None}
+    st.update(over)
+    (run_dir / "run.json").write_text(json.dumps(st))
+
+
+@pytest.mark.timeout(120)
+def test_wizard_runs_lists_every_run_with_its_true_state(tmp_path):
+    """`wizard runs DIR`: each run under DIR (a SLURM job's node runs too), newest first, with the state that
+    is true now: a run.json that says running for a supervisor that is gone is `lost`; nothing is written."""
+    import psutil
+    root = tmp_path / "wizard-runs"
+    me = psutil.Process()
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    _run_json(root / "a-ok", status="succeeded", exit_code=0, started_at=1000.0, ended_at=1060.0)
+    _run_json(root / "b-failed", status="failed", exit_code=1, started_at=2000.0, ended_at=2010.0,
+              classification={"kind": "python_exception", "summary": "rank 1 failed: RuntimeError: boom"})
+    _run_json(root / "c-live", status="running", supervisor_pid=me.pid, supervisor_create_time=me.create_time(),
+              started_at=3000.0, progress={"step": 5, "total": 10, "loss": 1.5})
+    _run_json(root / "d-dead", status="running", supervisor_pid=gone.pid, supervisor_create_time=1.0, started_at=4000.0)
+    _run_json(root / "e-lost", status="lost", exit_code=137, started_at=5000.0, ended_at=5001.0, lost_by="reaper",
+              lost_cause="the supervisor (pid 7) ended without recording an end")
+    _run_json(root / "slurm-9" / "node-1", status="stopped", exit_code=130, started_at=6000.0, ended_at=6002.0)
+    (root / "latest").symlink_to("a-ok")
+    before = {p: p.read_text() for p in root.rglob("run.json")}
+    r = wizard("runs", str(root), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].split() == ["RUN", "STATE", "ATTEMPT", "EXIT", "STARTED", "DURATION", "DETAIL"]
+    rows = {ln.split()[0]: ln.split()[1] for ln in lines[1:]}
+    assert rows == {"slurm-9/node-1": "stopped", "e-lost": "lost", "d-dead": "lost", "c-live": "running",
+                    "b-failed": "failed", "a-ok": "succeeded"}, r.stdout
+    assert [ln.split()[0] for ln in lines[1:]] == ["slurm-9/node-1", "e-lost", "d-dead", "c-live", "b-failed", "a-ok"]
+    text = r.stdout
+    assert "python_exception: rank 1 failed: RuntimeError: boom" in text and "recorded by reaper" in text
+    assert "step 5/10" in text and "0:01:00" in text
+    assert {p: p.read_text() for p in root.rglob("run.json")} == before        # reads only
+    j = wizard("runs", "--json", str(root), cwd=tmp_path)
+    assert {x["id"]: x["state"] for x in json.loads(j.stdout)}["d-dead"] == "lost"
+    # the default DIR is ./wizard-runs; a DIR that is not a directory is exit 2, one line
+    assert [ln.split()[:2] for ln in wizard("runs", cwd=tmp_path).stdout.splitlines()] == \
+        [ln.split()[:2] for ln in lines]
+    bad = wizard("runs", str(tmp_path / "nope"), cwd=tmp_path)
+    assert bad.returncode == 2 and bad.stderr.startswith("wizard: DIR") and len(bad.stderr.splitlines()) == 1
+    assert "runs" in wizard("--help", cwd=tmp_path).stdout
+
+
 def test_import_is_light():
     code = ("import sys, launch.commands, launch.supervisor, launch.classify, launch.logs, launch.rundir\n"
             "bad = [m for m in ('torch', 'transformers', 'deepspeed', 'accelerate', 'textual') if m in sys.modules]\n"

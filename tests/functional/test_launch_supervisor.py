@@ -205,6 +205,24 @@ def test_stall_detected_torn_down_and_restarted(tmp_path):
     assert not still_alive(run_pids(st))
 
 
+@pytest.mark.timeout(400)
+def test_a_hang_in_the_first_step_is_found_and_blamed_as_a_later_one(tmp_path):
+    """Rank 1 hangs before its first step ends (global step 0): the silence is counted from the attempt's
+    start, the stall is declared, the stacks taken and rank 1 blamed, exactly as for a hang at step 3."""
+    run_dir = tmp_path / "run"
+    r = subprocess.run(wizard("launch", "--headless", "--config-file", str(ddp_config(tmp_path)),
+                              "--run-dir", str(run_dir), "--stall-timeout", "30", "--grace", "5", "--",
+                              TRAIN, "--steps", "100000", "--hang-on-rank", "1", "--hang-at-step", "0"),
+                       capture_output=True, text=True, env=env(), cwd=tmp_path, timeout=380)
+    st = state(run_dir)
+    assert r.returncode == 124, r.stdout[-4000:]
+    assert "hanging at step 0" in (run_dir / "logs" / "attempt-1" / "rank-1.log").read_text()
+    assert (st.get("progress") or {}).get("step") in (None, 0)          # no step ever completed
+    c = st["classification"]
+    assert c["kind"] == "stall" and c["rank"] == 1 and "rank 1 stalled at on_step_begin" in c["summary"], c
+    assert not still_alive(run_pids(st))
+
+
 # ------------------------------------------------------------------ 5. detach, SIGHUP, attach, stop
 
 @pytest.mark.timeout(400)

@@ -49,12 +49,13 @@ def test_reap_skips_odd_gone_and_reused_entries_and_still_kills_the_tracked_proc
         stubborn.stdout.readline()                  # SIGTERM is ignored from here on
         decoy_child = psutil.Process(int(decoy.stdout.readline()))
         created = psutil.Process(stubborn.pid).create_time()
-        gone = subprocess.Popen(["true"])
-        gone.wait()
+        # a pid no process can have (above the kernel's pid_max), rather than a dead child's pid that the
+        # kernel may hand to a stranger meanwhile
+        no_such = int(Path("/proc/sys/kernel/pid_max").read_text()) + 1
         started = time.monotonic()
         # a negative pid (psutil: ValueError), a pid that is gone (NoSuchProcess), a pid with another
         # create time (a recycled pid: never hit, nor its children), then the real one
-        ended = reap({-5: 1.0, gone.pid: 1.0, decoy.pid: psutil.Process(decoy.pid).create_time() - 30,
+        ended = reap({-5: 1.0, no_such: 1.0, decoy.pid: psutil.Process(decoy.pid).create_time() - 30,
                       stubborn.pid: created}, grace=0.5)
         assert stubborn.wait(timeout=5) == -signal.SIGKILL
         assert time.monotonic() - started >= 0.5    # SIGTERM first, SIGKILL after the grace
