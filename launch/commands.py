@@ -32,10 +32,10 @@ def add_launch_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stall-timeout", type=float, default=DEFAULT_STALL_TIMEOUT_S, metavar="S",
                    help="no output from any rank (and idle GPUs, where NVML exists) for S seconds, counted from "
                         "the attempt's start (a hang in the first step counts as any other), is a stall: the ranks' "
-                        "stacks are taken, the run is stopped (and restarted under --max-restarts), exit 124. "
-                        f"Default {DEFAULT_STALL_TIMEOUT_S:g} s (40 min): longer than the 30 min after which torch, "
-                        "DeepSpeed and the Trainer abort a collective that waits for a slow save or evaluation, "
-                        "and than a cold DeepSpeed op build; 0 turns stall detection off")
+                        "stacks are taken, the run is stopped (and restarted under --max-restarts), exit 124; "
+                        f"0 turns stall detection off (default: {DEFAULT_STALL_TIMEOUT_S:g} s = 40 min, longer than "
+                        "the 30 min after which torch, DeepSpeed and the Trainer abort a collective that waits for "
+                        "a slow save or evaluation, and than a cold build of DeepSpeed's ops)")
     p.add_argument("--grace", type=float, default=30.0, metavar="S",
                    help="seconds between SIGTERM and SIGKILL when stopping (default 30)")
     p.add_argument("--detach", action="store_true",

@@ -35,7 +35,7 @@ def test_the_help_says_the_default_and_how_to_turn_it_off():
     sub = parser.add_subparsers(dest="command")
     register(sub)
     text = " ".join(sub.choices["launch"].format_help().split())
-    assert "Default 2400 s (40 min)" in text and "0 turns stall detection off" in text
+    assert "(default: 2400 s = 40 min," in text and "0 turns stall detection off" in text
     assert "first step" in text
 
 
