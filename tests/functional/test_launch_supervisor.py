@@ -20,7 +20,7 @@ import psutil
 import pytest
 
 from tests.launch_support import alive as still_alive
-from tests.launch_support import env, run_pids, state, wait_for
+from tests.launch_support import env, kill_verified, run_pids, run_processes, state, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 TRAIN = str(REPO / "examples" / "train.py")
@@ -58,11 +58,9 @@ def events(run_dir: Path) -> list[dict]:
 
 
 def kill_everything(st: dict) -> None:
-    for pid in still_alive(run_pids(st)):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
+    """SIGKILL what is left of a run: only pids that still have the start time the run recorded (the
+    supervisor's included), so a pid reused by another process on the machine is never hit."""
+    kill_verified(run_processes(st))
 
 
 # ------------------------------------------------------------------ 1. DeepSpeed ZeRO-3, 2 ranks
@@ -265,10 +263,4 @@ def test_detached_run_survives_hangup_then_attach_and_stop(tmp_path):
     finally:
         if shell.poll() is None:
             os.killpg(shell.pid, signal.SIGKILL)
-        s = state(run_dir)
-        if s.get("supervisor_pid") and s.get("status") not in ("stopped", "failed", "succeeded"):
-            try:
-                os.kill(s["supervisor_pid"], signal.SIGKILL)
-            except OSError:
-                pass
-        kill_everything(s)
+        kill_everything(state(run_dir))       # the supervisor too, when it is still the run's
