@@ -420,6 +420,8 @@ def _status_text(state: dict[str, Any]) -> str:
 
 def _failure_text(state: dict[str, Any]) -> list[str]:
     c = state.get("classification")
+    if state.get("status") == "lost" and state.get("lost_cause"):
+        return [f"lost: {state['lost_cause']}"] + (_failure_text({**state, "status": None}) if c else [])
     if not c:
         return []
     out = [f"failure ({c.get('kind')}): {c.get('summary')}", f"hint: {c.get('hint')}"]

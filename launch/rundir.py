@@ -15,7 +15,9 @@ ds_config, cwd, run_dir, attempt, max_restarts, status, supervisor_pid, launcher
 pid}, started_at, attempt_started_at, ended_at, exit_code, classification, detached, headless,
 world_size, progress) plus: tracked_pids (processes of the run alive at the last scan), seen_pids
 (every process the run ever had, for "nothing left" checks), supervisor_create_time (guards
-against pid reuse), grace_s, stall_timeout_s.
+against pid reuse), grace_s, stall_timeout_s; and once a run is `lost`: lost_at (when its supervisor
+was found gone), lost_cause, lost_by (its reaper, or the client that found it), lost_cleaned (the
+processes of the run that were ended).
 
 Bounded size:
 - a rank or launcher log passing LOG_CAP_BYTES (50 MB) is renamed to `<name>.1` (replacing an
