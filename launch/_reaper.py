@@ -8,7 +8,8 @@ tracks, "<pid> <create_time>", and "done" when it has torn everything down itsel
 - finds every recorded process that still exists with the same create time (so a recycled pid is
   never hit) and their descendants;
 - records the run `lost` in RUN_DIR/run.json and events.jsonl at once (when, why, and the processes
-  it is ending), so the run directory tells the truth within a second with no client running;
+  it is ending), before ending them, so the run directory tells the truth within seconds with no
+  client running;
 - ends those processes: SIGTERM, up to GRACE_S seconds, then SIGKILL.
 The launcher also carries PR_SET_PDEATHSIG, but the ranks are its grandchildren in sessions of their
 own; this is what reaches them.
