@@ -1,7 +1,7 @@
-"""CLI entry points: `wizard launch`, `wizard attach`, `wizard stop`.
+"""CLI entry points: `wizard launch`, `wizard attach`, `wizard stop`, `wizard runs`.
 
-`register(subparsers)` adds the three subcommands (each sets `func=<callable(args) -> int>`);
-`python -m launch.commands launch|attach|stop ...` runs them without wizard/frontends/cli.py.
+`register(subparsers)` adds the four subcommands (each sets `func=<callable(args) -> int>`);
+`python -m launch.commands launch|attach|stop|runs ...` runs them without wizard/frontends/cli.py.
 Importing this module is light: no torch, accelerate or textual (the supervisor imports psutil
 and yaml lazily; the view is imported only when shown).
 """
@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, TextIO
 
-from launch.rundir import TERMINAL_STATUSES
+from launch.rundir import DEFAULT_STALL_TIMEOUT_S, TERMINAL_STATUSES
 
 # ------------------------------------------------------------------ parsers
 
@@ -29,9 +29,13 @@ def add_launch_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--runs-root", default=None, help="where new run directories go (default: ./wizard-runs)")
     p.add_argument("--max-restarts", type=int, default=0, metavar="N",
                    help="restart the whole group up to N times (default: 0, no restart)")
-    p.add_argument("--stall-timeout", type=float, default=None, metavar="S",
-                   help="no output from any rank (and idle GPUs, where NVML exists) for S seconds is a stall "
-                        "(default: off, no stall detection)")
+    p.add_argument("--stall-timeout", type=float, default=DEFAULT_STALL_TIMEOUT_S, metavar="S",
+                   help="no output from any rank (and idle GPUs, where NVML exists) for S seconds, counted from "
+                        "the attempt's start (a hang in the first step counts as any other), is a stall: the ranks' "
+                        "stacks are taken, the run is stopped (and restarted under --max-restarts), exit 124; "
+                        f"0 turns stall detection off (default: {DEFAULT_STALL_TIMEOUT_S:g} s = 40 min, longer than "
+                        "the 30 min after which torch, DeepSpeed and the Trainer abort a collective that waits for "
+                        "a slow save or evaluation, and than a cold build of DeepSpeed's ops)")
     p.add_argument("--grace", type=float, default=30.0, metavar="S",
                    help="seconds between SIGTERM and SIGKILL when stopping (default 30)")
     p.add_argument("--detach", action="store_true",
@@ -72,6 +76,12 @@ def add_stop_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-wait", action="store_true", help="send the request and return")
 
 
+def add_runs_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("dir", nargs="?", default=None, metavar="DIR",
+                   help="a runs root, or a directory above run directories (default: ./wizard-runs)")
+    p.add_argument("--json", action="store_true", help="print a JSON list, one object per run")
+
+
 def register(subparsers, config_findings: Callable[[str], list] | None = None) -> None:
     """`config_findings(path)`: the front end's check of an accelerate config (the wizard passes `wizard check`),
     run before accelerate starts; launch itself knows no rules."""
@@ -85,6 +95,14 @@ def register(subparsers, config_findings: Callable[[str], list] | None = None) -
     p = subparsers.add_parser("stop", help="stop a run gracefully, from any shell")
     add_stop_arguments(p)
     p.set_defaults(func=cmd_stop)
+    p = subparsers.add_parser(
+        "runs", help="the runs under a directory with their true state (running, succeeded, failed, stopped, lost)",
+        description="wizard runs [DIR]: every run directory under DIR (default ./wizard-runs, searched "
+                    f"{RUNS_DEPTH} levels deep, so a SLURM job's node-N runs are found too), newest first, with its "
+                    "true state: a run whose run.json says running but whose supervisor is gone shows as lost. "
+                    "Reads only; `wizard stop RUN_DIR` ends what is left of a lost run.")
+    add_runs_arguments(p)
+    p.set_defaults(func=cmd_runs)
 
 
 # ------------------------------------------------------------------ launch
@@ -120,7 +138,7 @@ def _validate(args) -> None:
 
     if args.max_restarts < 0:
         raise InputError("--max-restarts", f"{args.max_restarts}", "0 or more")
-    seconds("--stall-timeout", args.stall_timeout, 0, True)
+    seconds("--stall-timeout", args.stall_timeout, 0, False)         # 0: off
     seconds("--grace", args.grace, 0, False)
     seconds("--status-interval", args.status_interval, 0, True)
     seconds("--metrics-interval", args.metrics_interval, 0, True)
@@ -201,7 +219,7 @@ def make_spec(args, run_dir: Path, headless: bool) -> "Any":
     return LaunchSpec(
         script=script, script_args=script_args,
         config_file=str(Path(args.config_file).absolute()) if args.config_file else None,
-        run_dir=str(run_dir), max_restarts=args.max_restarts, stall_timeout=args.stall_timeout,
+        run_dir=str(run_dir), max_restarts=args.max_restarts, stall_timeout=args.stall_timeout or None,
         grace=args.grace, headless=headless, detached=bool(args.detach), echo=not args.quiet_ranks,
         status_interval=args.status_interval, machine_rank=args.machine_rank,
         main_process_ip=args.main_process_ip, main_process_port=args.main_process_port,
@@ -307,7 +325,7 @@ def emit_slurm(args, script: str, script_args: list[str], config_file: str | Non
     flags: list[str] = []
     if args.max_restarts:
         flags += ["--max-restarts", str(args.max_restarts)]
-    if args.stall_timeout:
+    if args.stall_timeout != DEFAULT_STALL_TIMEOUT_S:
         flags += ["--stall-timeout", f"{args.stall_timeout:g}"]
     if args.grace != 30.0:
         flags += ["--grace", f"{args.grace:g}"]
@@ -333,7 +351,7 @@ def cmd_stop(args) -> int:
         print(f"{run_dir}: already {status} (exit code {state.get('exit_code')})")
         return 0
     if not supervisor_alive(state):
-        lost = mark_lost_if_dead(run_dir)
+        lost = mark_lost_if_dead(run_dir, by="wizard stop")
         if lost is None:
             state = load_state(run_dir)
             print(f"{run_dir}: supervisor not running; run is {state.get('status')}")
@@ -355,7 +373,7 @@ def cmd_stop(args) -> int:
         if state.get("status") in TERMINAL_STATUSES and not supervisor_alive(state):
             print(f"{run_dir}: {state.get('status')} (exit code {state.get('exit_code')})")
             return 0
-        if state.get("status") not in TERMINAL_STATUSES and mark_lost_if_dead(run_dir) is not None:
+        if state.get("status") not in TERMINAL_STATUSES and mark_lost_if_dead(run_dir, by="wizard stop") is not None:
             print(f"{run_dir}: lost (the supervisor died while stopping)")
             return 0
         time.sleep(0.2)
@@ -398,11 +416,15 @@ def _status_text(state: dict[str, Any]) -> str:
     if state.get("status") == "lost":
         cleaned = state.get("lost_cleaned") or []
         bits.append(f"supervisor {state.get('supervisor_pid')} gone; ended {len(cleaned)} leftover processes")
+        if state.get("lost_by"):
+            bits.append(f"recorded by {state['lost_by']} at {time.strftime('%H:%M:%S', time.localtime(state.get('lost_at') or 0))}")
     return " | ".join(bits)
 
 
 def _failure_text(state: dict[str, Any]) -> list[str]:
     c = state.get("classification")
+    if state.get("status") == "lost" and state.get("lost_cause"):
+        return [f"lost: {state['lost_cause']}"] + (_failure_text({**state, "status": None}) if c else [])
     if not c:
         return []
     out = [f"failure ({c.get('kind')}): {c.get('summary')}", f"hint: {c.get('hint')}"]
@@ -472,7 +494,7 @@ def follow_run(run_dir: Path, out: TextIO, follow: bool = True, lines: int = 20,
     try:
         while True:
             # a supervisor that died without an end is found here, not left "running" forever
-            state = mark_lost_if_dead(run_dir) or read_state(run_dir) or state
+            state = mark_lost_if_dead(run_dir, by="wizard attach") or read_state(run_dir) or state
             if state.get("attempt") != attempt and state.get("attempt"):
                 attempt = state["attempt"]
                 tails = {}
@@ -505,6 +527,118 @@ def follow_run(run_dir: Path, out: TextIO, follow: bool = True, lines: int = 20,
     except KeyboardInterrupt:
         w("[wizard] detached from the view; the run goes on")
         return 0
+
+
+# ------------------------------------------------------------------ runs
+
+RUNS_DEPTH = 3      # DIR/<id>, DIR/slurm-<job>/node-<n>, and one more level
+
+
+def find_run_dirs(root: Path, depth: int = RUNS_DEPTH) -> list[Path]:
+    """Directories holding a run.json at most `depth` levels under root (root itself included);
+    `latest` links and the runs' own logs/ are not descended into."""
+    found: list[Path] = []
+    if (root / "run.json").is_file():
+        found.append(root)
+    if depth <= 0:
+        return found
+    try:
+        children = sorted(root.iterdir())
+    except OSError:
+        return found
+    for c in children:
+        if c.name in ("latest", "logs") or c.is_symlink() or not c.is_dir():
+            continue
+        found += find_run_dirs(c, depth - 1)
+    return found
+
+
+def true_state(run_dir: Path) -> dict[str, Any]:
+    """What a run really is, without changing anything: run.json's status, except that an active run
+    whose supervisor is gone (pid and start time) and whose lock is free is `lost`."""
+    import json as _json
+
+    from launch.rundir import ACTIVE_STATUSES, state_problem, supervisor_alive, try_lock
+    try:
+        st = _json.loads((run_dir / "run.json").read_text())
+    except (OSError, ValueError):
+        st = None
+    problem = state_problem(st)
+    if problem:
+        return {"run_dir": str(run_dir), "state": "unreadable", "detail": f"run.json: {problem}"}
+    status = st["status"]
+    state, detail = status, ""
+    if status in ACTIVE_STATUSES:
+        state = "running"
+        if not supervisor_alive(st):
+            fd = try_lock(run_dir)
+            if fd is not None:
+                os.close(fd)
+                state = "lost"
+                detail = (f"supervisor {st.get('supervisor_pid')} is gone and nothing recorded it; "
+                          f"`wizard stop {run_dir}` ends what is left")
+        elif status != "running":
+            detail = status
+        if state == "running":
+            p = st.get("progress") or {}
+            bits = [detail] if detail else []
+            if p.get("total"):
+                bits.append(f"step {p.get('step')}/{p.get('total')}")
+            if isinstance(p.get("loss"), (int, float)):
+                bits.append(f"loss {p['loss']:.4g}")
+            bits.append(f"supervisor pid {st.get('supervisor_pid')}")
+            detail = ", ".join(bits)
+    elif status == "lost":
+        detail = st.get("lost_cause") or f"supervisor {st.get('supervisor_pid')} is gone"
+        if st.get("lost_by"):
+            detail += f" (recorded by {st['lost_by']})"
+    elif status == "failed":
+        c = st.get("classification") or {}
+        detail = f"{c.get('kind')}: {c.get('summary')}" if c else ""
+    return {"run_dir": str(run_dir), "id": st.get("id"), "state": state, "status": status,
+            "attempt": st.get("attempt"), "exit_code": st.get("exit_code"), "started_at": st.get("started_at"),
+            "ended_at": st.get("ended_at"), "script": st.get("script"), "detail": detail}
+
+
+def _clock(t: Any) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if isinstance(t, (int, float)) else "-"
+
+
+def _duration(a: Any, b: Any) -> str:
+    if not isinstance(a, (int, float)):
+        return "-"
+    s = int(max(0, (b if isinstance(b, (int, float)) else time.time()) - a))
+    h, rem = divmod(s, 3600)
+    return f"{h}:{rem // 60:02d}:{rem % 60:02d}"
+
+
+def cmd_runs(args) -> int:
+    from launch.rundir import default_runs_root
+    from wizard.errors import InputError
+    root = Path(args.dir).absolute() if args.dir else default_runs_root()
+    if not root.is_dir():
+        raise InputError("DIR", f"{root} is not a directory", "a runs root such as ./wizard-runs")
+    runs = [true_state(d) for d in find_run_dirs(root)]
+    runs.sort(key=lambda r: r.get("started_at") or 0, reverse=True)
+    if args.json:
+        print(json.dumps(runs, indent=1))
+        return 0
+    if not runs:
+        print(f"no runs under {root}")
+        return 0
+    rows = [("RUN", "STATE", "ATTEMPT", "EXIT", "STARTED", "DURATION", "DETAIL")]
+    for r in runs:
+        rel = os.path.relpath(r["run_dir"], root) if r["run_dir"] != str(root) else "."
+        rows.append((rel, r["state"], str(r.get("attempt") if r.get("attempt") is not None else "-"),
+                     str(r.get("exit_code") if r.get("exit_code") is not None else "-"),
+                     _clock(r.get("started_at")),
+                     _duration(r.get("started_at"), r.get("ended_at")) if r["state"] != "lost" or r.get("ended_at")
+                     else "-",
+                     r.get("detail") or ""))
+    widths = [max(len(row[i]) for row in rows) for i in range(6)]
+    for row in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(row[:6], widths)) + "  " + row[6])
+    return 0
 
 
 # ------------------------------------------------------------------ module entry point

@@ -111,6 +111,16 @@ _TORCH_RANK_PREFIX = re.compile(r"^\[rank\d+\]:\s?")
 _EXC_LINE_RE = re.compile(r"^(?:[\w.]+\.)?(\w*(?:Error|Exception|Interrupt|Exit)|\w+Error\b)(?::\s.*)?$")
 
 
+def after_progress_bar(line: str) -> str:
+    """What follows the last tqdm bar on a line. tqdm draws '\r' + bar and leaves the line open, so
+    whatever the rank writes next (under DeepSpeed, torch's "[rank1]: Traceback ...") lands on the
+    bar's line: `  4%|▍  | 2/50 [00:00<00:07,  6.37it/s][rank1]: Traceback (most recent call last):`."""
+    end = None
+    for m in _TQDM_RE.finditer(line):
+        end = m.end()
+    return line if end is None else line[end:].lstrip()
+
+
 def exception_line(line: str) -> str | None:
     """`ValueError: boom` style lines (the last line of a Python traceback)."""
     s = line.strip()
@@ -259,6 +269,8 @@ class StreamCapture:
 
     def _markers(self, text: str, now: float) -> None:
         m = self.markers
+        if "/s]" in text or "s/it]" in text:
+            text = after_progress_bar(text)
         if text.startswith("[rank"):    # torch prefixes a distributed rank's traceback: "[rank1]: ..."
             text = _TORCH_RANK_PREFIX.sub("", text, count=1)
         if m.traceback_at is None and text.startswith("Traceback (most recent call last)"):

@@ -15,7 +15,9 @@ ds_config, cwd, run_dir, attempt, max_restarts, status, supervisor_pid, launcher
 pid}, started_at, attempt_started_at, ended_at, exit_code, classification, detached, headless,
 world_size, progress) plus: tracked_pids (processes of the run alive at the last scan), seen_pids
 (every process the run ever had, for "nothing left" checks), supervisor_create_time (guards
-against pid reuse), grace_s, stall_timeout_s.
+against pid reuse), grace_s, stall_timeout_s; and once a run is `lost`: lost_at (when its supervisor
+was found gone), lost_cause, lost_by (its reaper, or the client that found it), lost_cleaned (the
+processes of the run that were ended).
 
 Bounded size:
 - a rank or launcher log passing LOG_CAP_BYTES (50 MB) is renamed to `<name>.1` (replacing an
@@ -35,7 +37,7 @@ import secrets
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from wizard.fsutil import read_json_object, replace_file
 
@@ -44,11 +46,25 @@ LATEST = "latest"
 LOG_CAP_BYTES = 50 * 1024 * 1024
 JSONL_CAP_BYTES = 10 * 1024 * 1024
 ACTIVE_STATUSES = ("starting", "running", "stopping", "restarting")
-# "lost": the supervisor died without writing an end (SIGKILL, OOM); a client found it gone
+# "lost": the supervisor died without writing an end (SIGKILL, OOM); its reaper (or else a client) recorded it
 TERMINAL_STATUSES = ("succeeded", "failed", "stopped", "lost")
 LOCK_FILE = "run.lock"
 LOST_EXIT_CODE = 137
 STATUSES = ACTIVE_STATUSES + TERMINAL_STATUSES
+
+# Stall detection is on unless --stall-timeout 0: no output from any rank (and, where NVML exists, idle
+# GPUs) for this long, counted from the attempt's start, so a hang before or in the first step is found
+# exactly as a later one is. 40 minutes, because:
+# - any phase where some ranks wait for others (a checkpoint save or evaluation on rank 0, a rank that
+#   is behind) ends within the 30 minutes after which the libraries abort a collective themselves (the
+#   HF Trainer's ddp_timeout and DeepSpeed's default process-group timeout are 1800 s; NCCL's own
+#   default is 10 min), and their error (an NCCL watchdog abort) is the better report: the extra 10
+#   minutes let it arrive and be classified first;
+# - the phases where no rank waits print as they go (model shards, dataset maps and the training loop
+#   draw tqdm bars; each bar redraw counts as output), except a cold JIT build of DeepSpeed's ops
+#   (minutes; tens of seconds to ~2 min measured on this project's 2-core test box) and a first
+#   torch.compile, well within 40 minutes.
+DEFAULT_STALL_TIMEOUT_S = 2400.0
 
 
 def default_runs_root(cwd: str | os.PathLike[str] | None = None) -> Path:
@@ -298,11 +314,17 @@ def end_recorded_processes(st: dict[str, Any], grace: float = 3.0) -> list[int]:
     return sorted(p.pid for p in procs)
 
 
-def mark_lost_if_dead(run_dir: str | os.PathLike[str], grace: float = 3.0) -> dict[str, Any] | None:
+def mark_lost_if_dead(run_dir: str | os.PathLike[str], grace: float = 3.0, *, cause: str | None = None,
+                      by: str = "client", lost_at: float | None = None,
+                      ending: Callable[[dict[str, Any]], list[int]] | None = None) -> dict[str, Any] | None:
     """If run.json says active but its supervisor is gone (pid + start time, and the run's lock is
     free), end what is left of the run (verified pids only), write status "lost" and a "lost"
-    event saying when and what was cleaned. Returns the new state, or None when nothing changed
-    (the supervisor lives, the run has ended, or run.json is not valid: never overwritten)."""
+    event saying when, why (`cause`), who found it (`by`: the reaper, or a client such as attach)
+    and what was cleaned. Returns the new state, or None when nothing changed (the supervisor
+    lives, the run has ended, or run.json is not valid: never overwritten).
+
+    `ending`: instead of ending the processes here, a function that names those its caller is
+    ending (the reaper records `lost` first and ends them after, so the record does not wait for them)."""
     run_dir = Path(run_dir)
     st = read_state(run_dir)
     if st is None or state_problem(st) or st.get("status") not in ACTIVE_STATUSES or supervisor_alive(st):
@@ -317,16 +339,18 @@ def mark_lost_if_dead(run_dir: str | os.PathLike[str], grace: float = 3.0) -> di
         st = read_state(run_dir)            # re-read under the lock: it may have just ended
         if st is None or state_problem(st) or st.get("status") not in ACTIVE_STATUSES or supervisor_alive(st):
             return None
-        cleaned = end_recorded_processes(st, grace)
+        cleaned = ending(st) if ending is not None else end_recorded_processes(st, grace)
         now = time.time()
-        st.update(status="lost", ended_at=now, exit_code=LOST_EXIT_CODE, tracked_pids=[], launcher_pid=None,
-                  lost_at=now, lost_cleaned=cleaned)
+        cause = cause or (f"the supervisor (pid {st.get('supervisor_pid')}) is gone without recording an end")
+        st.update(status="lost", ended_at=lost_at or now, exit_code=LOST_EXIT_CODE, tracked_pids=[],
+                  launcher_pid=None, lost_at=lost_at or now, lost_recorded_at=now, lost_cause=cause,
+                  lost_by=by, lost_cleaned=cleaned)
         replace_file(run_dir / "run.json", json.dumps(st, indent=1, default=str) + "\n", fsync=False)
         EventLog(run_dir / "events.jsonl").emit(
             "lost", st.get("attempt"), status="lost", supervisor_pid=st.get("supervisor_pid"),
-            cleaned=cleaned, message=(f"supervisor {st.get('supervisor_pid')} is gone; "
-                                      f"ended {len(cleaned)} leftover processes" if cleaned else
-                                      f"supervisor {st.get('supervisor_pid')} is gone; nothing of the run was left"))
+            cleaned=cleaned, cause=cause, by=by,
+            message=(f"{cause}; {'ending' if ending is not None else 'ended'} {len(cleaned)} leftover processes"
+                     if cleaned else f"{cause}; nothing of the run was left"))
         return st
     finally:
         os.close(fd)

@@ -12,10 +12,16 @@ YAML, so the same accelerate config serves every node. NODES must equal the conf
 otherwise each node would train its own independent copy (refused, exit 2).
 
 What each node asks for (one task per node, so per task = per node):
-- GPUs: num_processes / num_machines of them (--gpus-per-node) unless the config runs on CPU;
+- GPUs: num_processes / num_machines of them (--gpus-per-node) unless the config runs on CPU: a config
+  with use_cpu or a CPU distributed type, or one the wizard wrote for CPU processes (its
+  wizard_plan.json beside the config says cpu_only; a DeepSpeed CPU-accelerator config keeps
+  `use_cpu: false` on purpose, so the YAML alone cannot tell);
 - CPUs: --cpus-per-task = processes per node x CPUS_PER_RANK (SLURM's default is 1 CPU per task,
   which would pin every rank of the node and its data loading onto one core);
-- memory: --mem from the plan's host-RAM figure (wizard_plan.json beside the config) when known.
+- memory: --mem when the plan (wizard_plan.json beside the config) knows the node's host-RAM need:
+  that need plus headroom (memory_request), explained in a comment in the script. --mem is a cgroup
+  limit on everything the job runs on the node, so it must hold the processes' own RSS as well as
+  the states the plan puts in host RAM.
 """
 
 from __future__ import annotations
@@ -30,6 +36,69 @@ DEFAULT_PORT = 29500
 PORT_BASE, PORT_SPAN = 20000, 20000        # job-derived ports: 20000-39999
 CPUS_PER_RANK_GPU = 4                      # a GPU rank: its own thread plus data loading/tokenising
 CPUS_PER_RANK_CPU = 1                      # a CPU rank runs with OMP_NUM_THREADS=1 under torchrun
+# --mem headroom over the plan's host-RAM figure (memory_request):
+HOST_MARGIN = 0.10          # the estimate's own error and the host allocator's fragmentation
+RSS_PER_GPU_RANK_GIB = 3.0  # a GPU rank before its model states: Python, torch, the CUDA/cuBLAS/NCCL libraries
+                            # mapped into host memory, pinned staging buffers, the data loader (typically 2-3 GiB)
+RSS_PER_CPU_RANK_GIB = 1.0  # a CPU rank before its states: Python, torch, transformers (~0.45 GiB measured on
+                            # this project's CPU launches), plus its data loading
+RSS_LAUNCH_GIB = 1.0        # the node's wizard supervisor, accelerate's launcher with torchrun's agent, and the
+                            # reaper (~0.45 + 0.26 + 0.05 GiB measured)
+GiB = 2**30
+
+
+@dataclass
+class MemoryRequest:
+    """--mem for one node, and the arithmetic behind it (written into the script as a comment)."""
+    gib: int
+    plan_gib: float             # the plan's host-RAM need on a node
+    margin_gib: float
+    rss_gib: float
+    ranks: int
+    gpu_ranks: bool
+    cpu_only: bool
+
+    def explain(self) -> list[str]:
+        per = RSS_PER_GPU_RANK_GIB if self.gpu_ranks else RSS_PER_CPU_RANK_GIB
+        what = ("the ranks' model states, in host memory on a CPU run" if self.cpu_only
+                else "what the plan keeps in host RAM: offloaded states, model loading")
+        total = self.plan_gib + self.margin_gib + self.rss_gib
+        return [
+            f"--mem={self.gib}G per node, from the wizard's plan (wizard_plan.json beside the config):",
+            f"    {self.plan_gib:7.1f} GiB  the plan's host-RAM need on a node ({what})",
+            f"  + {self.margin_gib:7.1f} GiB  {HOST_MARGIN:.0%} of it for the estimate's error and allocator fragmentation",
+            f"  + {self.rss_gib:7.1f} GiB  the processes' own RSS: {self.ranks} {'GPU' if self.gpu_ranks else 'CPU'} "
+            f"rank{'s' if self.ranks != 1 else ''} x {per:g} GiB (Python, torch, "
+            f"{'CUDA libraries, pinned buffers' if self.gpu_ranks else 'transformers'}, data loading) + "
+            f"{RSS_LAUNCH_GIB:g} GiB for the supervisor, accelerate's launcher and torchrun's agent",
+            f"  = {total:7.1f} GiB, rounded up to {self.gib}G",
+            "--mem is a cgroup limit on all of that together: past it the job is OOM-killed",
+        ]
+
+
+def memory_request(plan: dict[str, Any] | None, ranks_per_node: int, gpu_ranks: bool) -> MemoryRequest | None:
+    """--mem for a node: the plan's host-RAM need, HOST_MARGIN over it, and the RSS of the node's processes.
+    None when there is no plan or it names no host-RAM need (SLURM's default then applies)."""
+    p = ((plan or {}).get("plan") or plan or {})
+    choice = p.get("choice") or {}
+    cpu_only = bool(p.get("cpu_only"))
+    need = choice.get("cpu_bytes")
+    need = need if isinstance(need, (int, float)) and need > 0 else 0
+    per_process = choice.get("per_gpu_bytes")
+    if cpu_only and isinstance(per_process, (int, float)) and per_process > 0:
+        need += per_process * ranks_per_node         # a CPU "device" is host RAM
+    if need <= 0:
+        return None
+    plan_gib = need / GiB
+    margin = plan_gib * HOST_MARGIN
+    rss = ranks_per_node * (RSS_PER_GPU_RANK_GIB if gpu_ranks else RSS_PER_CPU_RANK_GIB) + RSS_LAUNCH_GIB
+    return MemoryRequest(max(1, math.ceil(plan_gib + margin + rss)), plan_gib, margin, rss, ranks_per_node,
+                         gpu_ranks, cpu_only)
+
+
+def wizard_wrote_for_cpu(plan: dict[str, Any] | None) -> bool:
+    """The plan beside the config says the wizard wrote it for CPU processes (no GPU to ask for)."""
+    return bool(((plan or {}).get("plan") or plan or {}).get("cpu_only"))
 
 
 @dataclass
@@ -39,6 +108,7 @@ class NodeResources:
     cpus_per_task: int
     mem_gib: int | None                    # None: not known
     port: int | None                       # None: derived from the job id
+    memory: MemoryRequest | None = None    # how mem_gib was computed
 
 
 def _as_int(v: Any) -> int | None:
@@ -76,16 +146,13 @@ def node_resources(nodes: int, accel: dict[str, Any] | None, plan: dict[str, Any
     if gpus_per_node is not None:          # the user knows the cluster: 0 = a CPU job
         gpus = gpus_per_node or None
     else:
-        gpus = per_node if uses_gpus(accel) else None
+        gpus = per_node if uses_gpus(accel) and not wizard_wrote_for_cpu(plan) else None
     cpus = per_node * (CPUS_PER_RANK_GPU if gpus else CPUS_PER_RANK_CPU)
-    mem = None
-    cpu_bytes = (((plan or {}).get("plan") or plan or {}).get("choice") or {}).get("cpu_bytes")
-    if isinstance(cpu_bytes, (int, float)) and cpu_bytes > 0:
-        mem = max(1, math.ceil(cpu_bytes / 2**30))
+    memory = memory_request(plan, per_node, gpu_ranks=bool(gpus))
     if port is None:
         cfg_port = _as_int(accel.get("main_process_port"))
         port = cfg_port if cfg_port and 0 < cfg_port < 65536 else None
-    return NodeResources(per_node, gpus, cpus, mem, port)
+    return NodeResources(per_node, gpus, cpus, memory.gib if memory else None, port, memory)
 
 
 def render_sbatch(nodes: int, script: str, script_args: list[str], *, config_file: str | None,
@@ -122,6 +189,7 @@ def render_sbatch(nodes: int, script: str, script_args: list[str], *, config_fil
         "",
         "set -euo pipefail",
         "# written by `wizard launch --emit-slurm`: one supervisor per node, same config everywhere",
+        *(f"# {line}" for line in (res.memory.explain() if res.memory and res.mem_gib == res.memory.gib else [])),
         'MAIN_NODE=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)',
         "# the address SLURM reaches that node at (NodeAddr), else its name",
         'MAIN_ADDR=$(scontrol show node "$MAIN_NODE" | grep -o "NodeAddr=[^ ]*" | head -n1 | cut -d= -f2 || true)',

@@ -2,7 +2,7 @@
 
 Process picture (one attempt):
 
-    supervisor (this) ──pipe──> reaper (own session; kills everything if we die)
+    supervisor (this) ──pipe──> reaper (own session; if we die: records `lost`, kills everything)
         │  Popen, own session, PR_SET_PDEATHSIG=SIGTERM
         └─ accelerate launch ... launch/_worker.py SCRIPT ARGS      (torchrun agent in-process)
                └─ rank processes (torchrun: each in its own session; PDEATHSIG=SIGKILL via _worker)
@@ -20,8 +20,9 @@ Control (the view's protocol, launch/view.py): RUN_DIR/control.json {"request": 
 SIGINT is a stop too (a second one kills). SIGHUP is a stop in a foreground run, unless it was
 ignored when we started (nohup); a detached supervisor has no terminal to hang up.
 Foreground means foreground: the supervisor the view starts is its child with PR_SET_PDEATHSIG =
-SIGHUP, so the run ends (graceful stop, then the grace) when the `wizard launch` the user started
-dies or its terminal goes. {"request": "detach"} (the view's `d`) clears that and marks the run
+parent_death_signal() (a real-time signal of its own, whose handler it installs itself: an
+inherited "ignore", such as nohup's for SIGHUP, cannot disable it), so the run ends (graceful stop,
+then the grace) when the `wizard launch` the user started dies or its terminal takes it along. {"request": "detach"} (the view's `d`) clears that and marks the run
 detached; `--detach` starts it detached.
 
 Only processes whose (pid, start time) the supervisor recorded (run.json process_times) are ever
@@ -50,6 +51,7 @@ from launch import classify as cls
 from launch.logs import StreamCapture
 from launch.rundir import (
     CONTROL_FILE,
+    DEFAULT_STALL_TIMEOUT_S,
     JSONL_CAP_BYTES,
     LOG_CAP_BYTES,
     EventLog,
@@ -93,7 +95,7 @@ class LaunchSpec:
     config_file: str | None = None        # None: accelerate's default (if it exists)
     run_dir: str = ""
     max_restarts: int = 0
-    stall_timeout: float | None = None
+    stall_timeout: float | None = DEFAULT_STALL_TIMEOUT_S    # None: no stall detection
     grace: float = 30.0
     headless: bool = True
     detached: bool = False
@@ -314,8 +316,10 @@ class RunRecord:
 # ------------------------------------------------------------------ the supervisor
 
 class Supervisor:
-    def __init__(self, spec: LaunchSpec, out: BinaryIO | None = None, lock_fd: int | None = None):
+    def __init__(self, spec: LaunchSpec, out: BinaryIO | None = None, lock_fd: int | None = None,
+                 parent: int | None = None):
         self.spec = spec
+        self.parent = parent              # foreground: the `wizard launch` whose death stops the run
         self.lock_fd = lock_fd            # held (never closed) while we run: one run per directory
         self.run_dir = Path(spec.run_dir)
         self.out = out if out is not None else sys.stdout.buffer
@@ -386,6 +390,10 @@ class Supervisor:
             signal.signal(signal.SIGHUP, signal.SIG_IGN)
         else:
             signal.signal(signal.SIGHUP, lambda s, f: None if self.spec.detached else self._doorbell("stop"))
+        # installed here whatever the disposition we inherited: the parent's death always stops a foreground run
+        signal.signal(parent_death_signal(), lambda s, f: None if self.spec.detached else self._doorbell("stop"))
+        if self.parent is not None and not self.spec.detached and os.getppid() != self.parent:
+            self._doorbell("stop")          # it died before the handler above was in place
 
     def _doorbell(self, default: str) -> None:
         """A signal arrived: act on an unhandled control.json request, else on the signal's own meaning."""
@@ -446,7 +454,7 @@ class Supervisor:
         env = dict(os.environ)
         env.pop(ENV_SOCKET, None)
         self.reaper = subprocess.Popen(
-            [sys.executable, "-m", "launch._reaper"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+            [sys.executable, "-m", "launch._reaper", str(self.run_dir.absolute())], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True, env=env,
             cwd=str(Path(__file__).resolve().parent.parent))
 
@@ -1062,19 +1070,34 @@ def prctl_pdeathsig(sig: int) -> str | None:
     return None
 
 
+PARENT_DEATH_OFFSET = 7     # SIGRTMIN + 7 (the ranks' stack dump is SIGRTMIN + 6)
+
+
+def parent_death_signal() -> int:
+    """The signal a foreground supervisor gets when the `wizard launch` that started it dies.
+
+    Not SIGHUP: under nohup SIGHUP is ignored, the supervisor inherits that, and the kernel's
+    parent-death SIGHUP would then be dropped. No one ignores a real-time signal nobody else uses,
+    and the supervisor installs its handler itself (Supervisor._install_signals)."""
+    return int(signal.SIGRTMIN) + PARENT_DEATH_OFFSET
+
+
 def run_from_spec_file(run_dir: str, daemon: bool, parent: int | None = None, lock_fd: int | None = None) -> int:
     spec = LaunchSpec.from_json(json.loads((Path(run_dir) / "spec.json").read_text()))
     if daemon and os.fork() > 0:      # second fork: not a session leader, can never regain a terminal
         os._exit(0)
     if parent is not None:
         # foreground: when the `wizard launch` the user started dies (or its terminal closes and
-        # takes it along), SIGHUP reaches us and stops the run
-        set_parent_death_signal(signal.SIGHUP)
+        # takes it along), parent_death_signal() reaches us and stops the run. Until the supervisor
+        # installs its handler, a handler that does nothing keeps the signal's default action
+        # (termination, with nothing cleaned up) away; the supervisor then checks our parent itself.
+        signal.signal(parent_death_signal(), lambda s, f: None)
+        set_parent_death_signal(parent_death_signal())
         if os.getppid() != parent:    # it died before the line above
             return STOPPED_EXIT_CODE
     if spec.cwd:
         os.chdir(spec.cwd)
-    sup = Supervisor(spec, lock_fd=lock_fd)
+    sup = Supervisor(spec, lock_fd=lock_fd, parent=parent)
     return sup.run()
 
 

@@ -606,7 +606,7 @@ class RunViewApp(App[str]):
 
         def work() -> None:
             try:
-                mark_lost_if_dead(self.run_dir)
+                mark_lost_if_dead(self.run_dir, by="the launch view")
             finally:
                 self._lost_check_running = False
         self.run_worker(work, thread=True, exclusive=False, group="lost")

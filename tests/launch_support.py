@@ -59,3 +59,39 @@ def state(run_dir: Path) -> dict:
         return json.loads((run_dir / "run.json").read_text())
     except (OSError, ValueError):
         return {}
+
+
+def run_processes(st: dict) -> dict[int, float]:
+    """Every process of a run with the start time the run recorded for it (the supervisor's too)."""
+    out: dict[int, float] = {}
+    for pid, ctime in (st.get("process_times") or {}).items():
+        try:
+            out[int(pid)] = float(ctime)
+        except (TypeError, ValueError):
+            continue
+    if st.get("supervisor_pid") and st.get("supervisor_create_time"):
+        out[int(st["supervisor_pid"])] = float(st["supervisor_create_time"])
+    return out
+
+
+def start_time(pid: int | None) -> float | None:
+    """pid's start time now (None when it is gone): record it while the process is surely the test's own."""
+    try:
+        return psutil.Process(int(pid)).create_time() if pid else None
+    except (psutil.Error, ValueError):
+        return None
+
+
+def kill_verified(procs: dict[int, float | None]) -> None:
+    """SIGKILL each pid that still has the start time recorded for it. A test's cleanup signals only
+    processes it started: a pid freed since and reused by another process on the machine is never hit,
+    nor is one whose start time was never known."""
+    for pid, ctime in procs.items():
+        if not pid or ctime is None:
+            continue
+        try:
+            p = psutil.Process(pid)
+            if abs(p.create_time() - ctime) <= 0.05:
+                p.kill()
+        except psutil.Error:
+            pass

@@ -131,7 +131,7 @@ MUTANTS = (
            "a warning (ZeRO-3 without a 16-bit save) is raised as an error"),
     # ---- orphan cleanup (tests/functional/test_launch_trust.py, real processes, ~30 s each)
     Mutant("launch-reaper-disabled", "launch/_reaper.py",
-           (("        reap(tracked)\n", "        pass\n"),),
+           (("            pass\n    end(procs.values(), grace)\n", "            pass\n"),),
            (REAPER_TEST,),
            "the reaper never ends anything when the supervisor dies"),
     Mutant("launch-no-leftover-teardown", "launch/supervisor.py",
@@ -144,6 +144,65 @@ MUTANTS = (
            (("            self.signal_verified(p, signal.SIGKILL)\n", "            pass\n"),),
            (LEFTOVER_TEST,),
            "kill_all sends no SIGKILL"),
+    # ---- the reaper and the run directory (tests/unit, real processes the tests started themselves: a
+    # test that signals processes can only reach its own, so these mutants cannot hit the machine's)
+    Mutant("launch-reaper-no-start-time-check", "launch/_reaper.py",
+           (("            if abs(p.create_time() - ctime) > 0.05:\n                continue\n", ""),),
+           ("tests/unit/test_launch_reaper.py::"
+            "test_reap_skips_odd_gone_and_reused_entries_and_still_kills_the_tracked_process",),
+           "the reaper ends a recorded pid that now belongs to another process (a recycled pid), and its children"),
+    Mutant("launch-reaper-no-descendants", "launch/_reaper.py",
+           (("            for c in p.children(recursive=True):\n                procs.setdefault(c.pid, c)\n", ""),),
+           ("tests/unit/test_launch_reaper.py::"
+            "test_reap_ends_the_descendants_of_a_tracked_process_it_was_never_told_about",),
+           "the reaper ends only the processes it was told about, not their children in sessions of their own"),
+    Mutant("launch-rundir-zombie-alive", "launch/rundir.py",
+           (("        return proc.status() != psutil.STATUS_ZOMBIE\n", "        return True\n"),),
+           ("tests/unit/test_launch_rundir.py::test_a_zombie_is_not_alive_even_with_its_own_start_time",),
+           "a zombie (exited, not yet reaped) counts as a live process: a dead supervisor is never lost"),
+    Mutant("launch-rundir-pid-0-valid", "launch/rundir.py",
+           (("    return isinstance(v, int) and not isinstance(v, bool) and v > 0\n",
+             "    return isinstance(v, int) and not isinstance(v, bool) and v >= 0\n"),),
+           ("tests/unit/test_launch_rundir.py::test_load_state_refuses_garbage_with_one_line",),
+           "pid 0 is accepted in run.json (os.kill(0, sig) signals the caller's own process group)"),
+    Mutant("launch-rundir-no-sigkill", "launch/rundir.py",
+           (("    for p in alive:\n        try:\n            p.kill()\n        except psutil.Error:\n            pass\n",
+             ""),),
+           ("tests/unit/test_launch_rundir.py::"
+            "test_end_recorded_processes_sigkills_what_ignores_sigterm_after_the_grace",),
+           "end_recorded_processes sends SIGTERM only: a leftover that ignores it outlives `stop` of a lost run"),
+    # ---- issue 21's launch points: each mutant undoes one fix
+    Mutant("launch-reaper-records-nothing", "launch/_reaper.py",
+           (("            record_lost(run_dir, sorted(procs), gone_at, time.monotonic() + RECORD_FOR_S)\n",
+             "            pass\n"),),
+           ("tests/unit/test_launch_reaper.py::"
+            "test_the_reaper_records_lost_within_5_s_of_the_supervisors_sigkill_with_no_reader",),
+           "a dead supervisor's run.json says running until someone runs attach or stop"),
+    Mutant("launch-parent-death-is-sighup", "launch/supervisor.py",
+           (("        set_parent_death_signal(parent_death_signal())\n",
+             "        set_parent_death_signal(signal.SIGHUP)\n"),),
+           ("tests/functional/test_launch_trust.py::"
+            "test_killing_the_launch_the_user_started_ends_a_foreground_run[sighup-ignored-nohup]",),
+           "under nohup the supervisor inherits an ignored SIGHUP and outlives a killed `wizard launch`"),
+    Mutant("launch-stall-off-by-default", "launch/commands.py",
+           (('    p.add_argument("--stall-timeout", type=float, default=DEFAULT_STALL_TIMEOUT_S, metavar="S",\n',
+             '    p.add_argument("--stall-timeout", type=float, default=None, metavar="S",\n'),),
+           ("tests/unit/test_launch_stall.py::test_a_default_launch_has_stall_detection_on_and_0_turns_it_off",),
+           "a default launch has no stall detection: a hang waits forever"),
+    Mutant("launch-traceback-after-a-bar-missed", "launch/logs.py",
+           (("            text = after_progress_bar(text)\n", "            pass\n"),),
+           ("tests/unit/test_launch_logs.py::test_a_traceback_glued_to_a_progress_bar_is_still_a_traceback",),
+           "a rank's traceback that starts on its last tqdm bar's line is not seen: the crash is 'unknown'"),
+    Mutant("slurm-mem-is-the-bare-plan-figure", "launch/slurm.py",
+           (("max(1, math.ceil(plan_gib + margin + rss))", "max(1, math.ceil(plan_gib))"),),
+           ("tests/functional/test_launch_cli.py::"
+            "test_emit_slurm_asks_for_the_plans_host_ram_plus_the_processes_rss_and_says_how",),
+           "--mem has no room for the processes' own RSS (a cgroup OOM kill)"),
+    Mutant("slurm-wizard-cpu-config-asks-gpus", "launch/slurm.py",
+           ((" and not wizard_wrote_for_cpu(plan) else None", " else None"),),
+           ("tests/functional/test_launch_cli.py::"
+            "test_emit_slurm_asks_no_gpu_for_a_config_the_wizard_wrote_for_cpu_processes",),
+           "the wizard's DeepSpeed CPU config (use_cpu: false on purpose) asks SLURM for GPUs"),
 )
 
 

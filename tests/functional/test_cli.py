@@ -303,7 +303,7 @@ def test_help_shows_every_default():
         entry = " ".join(lines[at:at + 2])          # long choice lists put the help on the next line
         assert f"(default: {default})" in entry, entry
     launch = run(["launch", "--help"], env={"COLUMNS": "200"}).stdout
-    assert "(default: 0, no restart)" in launch and "(default: off, no stall detection)" in launch
+    assert "(default: 0, no restart)" in launch and "(default: 2400 s = 40 min," in launch
     assert "underscore spelling" in text
 
 

@@ -100,6 +100,112 @@ def test_emit_slurm_takes_the_config_port_and_cpu_needs_and_refuses_a_node_misma
     assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "x").exists()
 
 
+@pytest.mark.timeout(300)
+def test_emit_slurm_asks_for_the_plans_host_ram_plus_the_processes_rss_and_says_how(tmp_path):
+    """A 2-node ZeRO-3 + CPU offload config the wizard wrote: --mem is the plan's host-RAM need plus 10% plus
+    the RSS of 8 GPU ranks and the launch processes, never the bare figure (a cgroup OOM kill waiting to happen)."""
+    import math
+    import re
+    out_dir = tmp_path / "acc"
+    w = wizard("--non-interactive", "--assume", "8xH100-80GB,ram=1024G", "--params", "13B", "--num-machines", "2",
+               "--machine-rank", "0", "--main-process-ip", "10.0.0.1", "--backend", "deepspeed", "--zero-stage", "3",
+               "--offload", "cpu", "--output-dir", str(out_dir), cwd=tmp_path, timeout=280)
+    assert w.returncode == 0, w.stdout + w.stderr
+    need_gib = json.loads((out_dir / "wizard_plan.json").read_text())["plan"]["choice"]["cpu_bytes"] / 2**30
+    assert need_gib > 50
+    out = tmp_path / "job.sbatch"
+    r = wizard("launch", "--emit-slurm", "2", "--config-file", str(out_dir / "default_config.yaml"),
+               "--slurm-output", str(out), "--", "train.py", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    text = out.read_text()
+    mem = int(re.search(r"^#SBATCH --mem=(\d+)G$", text, re.M).group(1))
+    assert mem == math.ceil(need_gib * 1.10 + 8 * 3 + 1), (mem, need_gib)
+    assert mem >= math.ceil(need_gib) + 25
+    assert "#SBATCH --gpus-per-node=8" in text
+    # the script says how: the plan's figure, the margin, the ranks' RSS, the total
+    assert f"# --mem={mem}G per node, from the wizard's plan" in text
+    assert f"{need_gib:7.1f} GiB  the plan's host-RAM need on a node" in text
+    assert "8 GPU ranks x 3 GiB" in text and f"rounded up to {mem}G" in text
+    assert subprocess.run(["bash", "-n", str(out)]).returncode == 0
+
+
+@pytest.mark.timeout(300)
+def test_emit_slurm_asks_no_gpu_for_a_config_the_wizard_wrote_for_cpu_processes(tmp_path):
+    """The wizard's DeepSpeed CPU-accelerator config keeps `use_cpu: false` on purpose: the plan beside it
+    (wizard_plan.json, cpu_only) is what tells the emitter that the job runs on CPU."""
+    out_dir = tmp_path / "acc"
+    w = wizard("--non-interactive", "--backend", "deepspeed", "--zero-stage", "3", "--num-processes", "4",
+               "--num-machines", "2", "--machine-rank", "0", "--main-process-ip", "10.0.0.1", "--params", "1M",
+               "--hidden-size", "64", "--layers", "2", "--vocab-size", "128", "--output-dir", str(out_dir),
+               cwd=tmp_path, timeout=280)
+    assert w.returncode == 0, w.stdout + w.stderr
+    cfg = out_dir / "default_config.yaml"
+    assert "use_cpu: false" in cfg.read_text() and "DEEPSPEED" in cfg.read_text()
+    out = tmp_path / "job.sbatch"
+    r = wizard("launch", "--emit-slurm", "2", "--config-file", str(cfg), "--slurm-output", str(out), "--",
+               "train.py", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    text = out.read_text()
+    assert "--gpus-per-node" not in text and "#SBATCH --cpus-per-task=2" in text, text[:400]
+    assert "2 CPU ranks x 1 GiB" in text and "#SBATCH --mem=" in text
+    # the same YAML without the wizard's plan beside it is an ordinary GPU config
+    (out_dir / "wizard_plan.json").unlink()
+    r = wizard("launch", "--emit-slurm", "2", "--config-file", str(cfg), "--slurm-output", str(out), "--",
+               "train.py", cwd=tmp_path)
+    assert r.returncode == 0 and "#SBATCH --gpus-per-node=2" in out.read_text()
+
+
+def _run_json(run_dir: Path, **over) -> None:
+    run_dir.mkdir(parents=True)
+    st = {"id": run_dir.name, "status": "running", "supervisor_pid": 1, "supervisor_create_time": 1.0,
+          "attempt": 1, "max_restarts": 0, "pids": {}, "tracked_pids": [], "seen_pids": [], "process_times": {},
+          "launcher_pid": None, "progress": {}, "started_at": 1000.0, "ended_at": None, "exit_code": None}
+    st.update(over)
+    (run_dir / "run.json").write_text(json.dumps(st))
+
+
+@pytest.mark.timeout(120)
+def test_wizard_runs_lists_every_run_with_its_true_state(tmp_path):
+    """`wizard runs DIR`: each run under DIR (a SLURM job's node runs too), newest first, with the state that
+    is true now: a run.json that says running for a supervisor that is gone is `lost`; nothing is written."""
+    import psutil
+    root = tmp_path / "wizard-runs"
+    me = psutil.Process()
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    _run_json(root / "a-ok", status="succeeded", exit_code=0, started_at=1000.0, ended_at=1060.0)
+    _run_json(root / "b-failed", status="failed", exit_code=1, started_at=2000.0, ended_at=2010.0,
+              classification={"kind": "python_exception", "summary": "rank 1 failed: RuntimeError: boom"})
+    _run_json(root / "c-live", status="running", supervisor_pid=me.pid, supervisor_create_time=me.create_time(),
+              started_at=3000.0, progress={"step": 5, "total": 10, "loss": 1.5})
+    _run_json(root / "d-dead", status="running", supervisor_pid=gone.pid, supervisor_create_time=1.0, started_at=4000.0)
+    _run_json(root / "e-lost", status="lost", exit_code=137, started_at=5000.0, ended_at=5001.0, lost_by="reaper",
+              lost_cause="the supervisor (pid 7) ended without recording an end")
+    _run_json(root / "slurm-9" / "node-1", status="stopped", exit_code=130, started_at=6000.0, ended_at=6002.0)
+    (root / "latest").symlink_to("a-ok")
+    before = {p: p.read_text() for p in root.rglob("run.json")}
+    r = wizard("runs", str(root), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].split() == ["RUN", "STATE", "ATTEMPT", "EXIT", "STARTED", "DURATION", "DETAIL"]
+    rows = {ln.split()[0]: ln.split()[1] for ln in lines[1:]}
+    assert rows == {"slurm-9/node-1": "stopped", "e-lost": "lost", "d-dead": "lost", "c-live": "running",
+                    "b-failed": "failed", "a-ok": "succeeded"}, r.stdout
+    assert [ln.split()[0] for ln in lines[1:]] == ["slurm-9/node-1", "e-lost", "d-dead", "c-live", "b-failed", "a-ok"]
+    text = r.stdout
+    assert "python_exception: rank 1 failed: RuntimeError: boom" in text and "recorded by reaper" in text
+    assert "step 5/10" in text and "0:01:00" in text
+    assert {p: p.read_text() for p in root.rglob("run.json")} == before        # reads only
+    j = wizard("runs", "--json", str(root), cwd=tmp_path)
+    assert {x["id"]: x["state"] for x in json.loads(j.stdout)}["d-dead"] == "lost"
+    # the default DIR is ./wizard-runs; a DIR that is not a directory is exit 2, one line
+    assert [ln.split()[:2] for ln in wizard("runs", cwd=tmp_path).stdout.splitlines()] == \
+        [ln.split()[:2] for ln in lines]
+    bad = wizard("runs", str(tmp_path / "nope"), cwd=tmp_path)
+    assert bad.returncode == 2 and bad.stderr.startswith("wizard: DIR") and len(bad.stderr.splitlines()) == 1
+    assert "runs" in wizard("--help", cwd=tmp_path).stdout
+
+
 def test_import_is_light():
     code = ("import sys, launch.commands, launch.supervisor, launch.classify, launch.logs, launch.rundir\n"
             "bad = [m for m in ('torch', 'transformers', 'deepspeed', 'accelerate', 'textual') if m in sys.modules]\n"

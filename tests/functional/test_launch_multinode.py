@@ -115,8 +115,8 @@ SwitchType=switch/none
 ReturnToService=2
 PlugStackConfig=/dev/null
 KillWait=5
-NodeName=n1 NodeAddr=127.0.0.1 NodeHostname={host} Port={n1} CPUs=2 RealMemory=1000 State=UNKNOWN
-NodeName=n2 NodeAddr=127.0.0.1 NodeHostname={host} Port={n2} CPUs=2 RealMemory=1000 State=UNKNOWN
+NodeName=n1 NodeAddr=127.0.0.1 NodeHostname={host} Port={n1} CPUs=2 RealMemory=6144 State=UNKNOWN
+NodeName=n2 NodeAddr=127.0.0.1 NodeHostname={host} Port={n2} CPUs=2 RealMemory=6144 State=UNKNOWN
 PartitionName=debug Nodes=n1,n2 Default=YES MaxTime=60 State=UP OverSubscribe=YES
 """)
         self._spawn(["slurmctld", "-D", "-i"], "slurmctld")
@@ -210,6 +210,7 @@ def test_sbatch_script_runs_a_two_node_four_rank_zero3_world_under_real_slurm(tm
     assert r.returncode == 0, r.stderr
     text = job_file.read_text()
     assert "#SBATCH --nodes=2" in text and "#SBATCH --cpus-per-task=2" in text and "--gpus-per-node" not in text
+    assert "#SBATCH --mem=5G" in text        # the plan's CPU ranks, their RSS and the launch's: the nodes have 6144M
     job_env = {**env(), **local_slurm.env, "WIZARD": f"{sys.executable} -m wizard"}
     sub = subprocess.run(["sbatch", "--parsable", "--chdir", str(tmp_path), str(job_file)], capture_output=True,
                          text=True, env=job_env, timeout=30)

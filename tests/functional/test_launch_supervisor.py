@@ -20,7 +20,7 @@ import psutil
 import pytest
 
 from tests.launch_support import alive as still_alive
-from tests.launch_support import env, run_pids, state, wait_for
+from tests.launch_support import env, kill_verified, run_pids, run_processes, state, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 TRAIN = str(REPO / "examples" / "train.py")
@@ -58,11 +58,9 @@ def events(run_dir: Path) -> list[dict]:
 
 
 def kill_everything(st: dict) -> None:
-    for pid in still_alive(run_pids(st)):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
+    """SIGKILL what is left of a run: only pids that still have the start time the run recorded (the
+    supervisor's included), so a pid reused by another process on the machine is never hit."""
+    kill_verified(run_processes(st))
 
 
 # ------------------------------------------------------------------ 1. DeepSpeed ZeRO-3, 2 ranks
@@ -102,13 +100,28 @@ def test_deepspeed_zero3_two_ranks_trains_and_proves_partitioning(tmp_path):
 
 # ------------------------------------------------------------------ 2. a rank raises
 
-@pytest.mark.timeout(300)
-def test_exception_on_rank1_is_classified_and_nothing_is_left(tmp_path):
+def wizard_deepspeed_config(tmp_path: Path, stage: str = "3") -> Path:
+    """The 2-process DeepSpeed config the wizard itself writes on this GPU-less box (CPU accelerator, gloo)."""
+    out_dir = tmp_path / "accelerate"
+    w = subprocess.run(wizard("--non-interactive", "--backend", "deepspeed", "--zero-stage", stage,
+                              "--num-processes", "2", "--params", "1M", "--hidden-size", "64", "--layers", "2",
+                              "--vocab-size", "128", "--output-dir", str(out_dir)),
+                       capture_output=True, text=True, env=env(), cwd=tmp_path, timeout=300)
+    assert w.returncode == 0, w.stdout + w.stderr
+    return out_dir / "default_config.yaml"
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("backend", ["ddp", "deepspeed"])
+def test_exception_on_rank1_is_classified_and_nothing_is_left(tmp_path, backend):
+    """Under torchrun's DDP and under the wizard's own DeepSpeed CPU config (where the rank's traceback
+    starts on the line of its last progress bar)."""
     run_dir = tmp_path / "run"
-    r = subprocess.run(wizard("launch", "--headless", "--config-file", str(ddp_config(tmp_path)),
+    cfg = ddp_config(tmp_path) if backend == "ddp" else wizard_deepspeed_config(tmp_path)
+    r = subprocess.run(wizard("launch", "--headless", "--config-file", str(cfg),
                               "--run-dir", str(run_dir), "--grace", "10", "--",
                               TRAIN, "--steps", "50", "--fail-on-rank", "1", "--fail-at-step", "2"),
-                       capture_output=True, text=True, env=env(), cwd=tmp_path, timeout=280)
+                       capture_output=True, text=True, env=env(), cwd=tmp_path, timeout=800)
     st = state(run_dir)
     # The failing rank's own exit code: 1 from the uncaught exception, or 134 when torch's gloo threads
     # abort the interpreter on the way out after it ("terminate called without an active exception"),
@@ -190,6 +203,24 @@ def test_stall_detected_torn_down_and_restarted(tmp_path):
     assert not still_alive(run_pids(st))
 
 
+@pytest.mark.timeout(400)
+def test_a_hang_in_the_first_step_is_found_and_blamed_as_a_later_one(tmp_path):
+    """Rank 1 hangs before its first step ends (global step 0): the silence is counted from the attempt's
+    start, the stall is declared, the stacks taken and rank 1 blamed, exactly as for a hang at step 3."""
+    run_dir = tmp_path / "run"
+    r = subprocess.run(wizard("launch", "--headless", "--config-file", str(ddp_config(tmp_path)),
+                              "--run-dir", str(run_dir), "--stall-timeout", "30", "--grace", "5", "--",
+                              TRAIN, "--steps", "100000", "--hang-on-rank", "1", "--hang-at-step", "0"),
+                       capture_output=True, text=True, env=env(), cwd=tmp_path, timeout=380)
+    st = state(run_dir)
+    assert r.returncode == 124, r.stdout[-4000:]
+    assert "hanging at step 0" in (run_dir / "logs" / "attempt-1" / "rank-1.log").read_text()
+    assert (st.get("progress") or {}).get("step") in (None, 0)          # no step ever completed
+    c = st["classification"]
+    assert c["kind"] == "stall" and c["rank"] == 1 and "rank 1 stalled at on_step_begin" in c["summary"], c
+    assert not still_alive(run_pids(st))
+
+
 # ------------------------------------------------------------------ 5. detach, SIGHUP, attach, stop
 
 @pytest.mark.timeout(400)
@@ -232,10 +263,4 @@ def test_detached_run_survives_hangup_then_attach_and_stop(tmp_path):
     finally:
         if shell.poll() is None:
             os.killpg(shell.pid, signal.SIGKILL)
-        s = state(run_dir)
-        if s.get("supervisor_pid") and s.get("status") not in ("stopped", "failed", "succeeded"):
-            try:
-                os.kill(s["supervisor_pid"], signal.SIGKILL)
-            except OSError:
-                pass
-        kill_everything(s)
+        kill_everything(state(run_dir))       # the supervisor too, when it is still the run's

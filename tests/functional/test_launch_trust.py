@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.launch_support import alive, env, run_pids, state, wait_for
+from tests.launch_support import alive, env, kill_verified, run_pids, run_processes, start_time, state, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -79,12 +79,10 @@ def events(run_dir: Path) -> list[dict]:
 
 
 
-def cleanup(*pids: int) -> None:
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except (OSError, TypeError):
-            pass
+def cleanup(run_dir: Path, extra: dict[int, float | None] | None = None) -> None:
+    """SIGKILL what is left of the run (pids verified by their recorded start times) and the test's own
+    `extra` processes ({pid: start time}), never a pid that another process may have been given since."""
+    kill_verified({**run_processes(state(run_dir)), **(extra or {})})
 
 
 def running_with_ranks(run_dir: Path, n: int):
@@ -252,7 +250,7 @@ def test_supervisor_sigkill_shows_lost_in_attach_within_5_s(tmp_path):
         assert "status running" in attach.stdout.readline()
         time.sleep(1.0)
         pids = run_pids(state(run_dir))
-        os.kill(st["supervisor_pid"], signal.SIGKILL)
+        kill_verified({st["supervisor_pid"]: st["supervisor_create_time"]})
         t0 = time.monotonic()
         seen = ""
         while "status lost" not in seen and time.monotonic() - t0 < 15:
@@ -270,7 +268,44 @@ def test_supervisor_sigkill_shows_lost_in_attach_within_5_s(tmp_path):
     finally:
         if attach and attach.poll() is None:
             attach.kill()
-        cleanup(st and st.get("supervisor_pid"), *run_pids(state(run_dir)))
+        cleanup(run_dir)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_supervisor_sigkill_is_recorded_lost_within_5_s_with_no_reader(tmp_path):
+    """No attach, no stop, no view: only what survives the supervisor (its reaper) can write `lost`.
+    run.json is read here as a script or a SLURM epilogue would, by opening the file."""
+    script = tmp_path / "tick.py"
+    script.write_text(TICKER)
+    run_dir = tmp_path / "run"
+    r = wizard("launch", "--detach", "--config-file", str(single_config(tmp_path)), "--run-dir", str(run_dir),
+               "--", str(script), cwd=tmp_path, timeout=120)
+    assert r.returncode == 0, r.stderr
+    st = wait_for(lambda: running_with_ranks(run_dir, 1), 120)
+    try:
+        assert st, state(run_dir)
+        time.sleep(1.0)
+        pids = run_pids(state(run_dir))
+        kill_verified({st["supervisor_pid"]: st["supervisor_create_time"]})
+        killed_at = time.time()
+        t0 = time.monotonic()
+        final = wait_for(lambda: (lambda s: s if s.get("status") == "lost" else None)(state(run_dir)), 15, every=0.05)
+        took = time.monotonic() - t0
+        assert final and took <= 5.0, (took, state(run_dir))
+        assert final["lost_by"] == "reaper" and "SIGKILL" in final["lost_cause"] and final["exit_code"] == 137
+        assert killed_at - 1 <= final["lost_at"] <= killed_at + 5
+        lost = [e for e in events(run_dir) if e["type"] == "lost"]
+        assert len(lost) == 1 and lost[0]["by"] == "reaper" and lost[0]["cause"] == final["lost_cause"]
+        assert set(final["lost_cleaned"]) & pids
+        assert wait_for(lambda: not alive(pids), 10), alive(pids)
+        # `wizard runs` shows it, and `stop` finds nothing left to do
+        runs = wizard("runs", str(tmp_path), cwd=tmp_path)
+        assert runs.returncode == 0 and "lost" in runs.stdout.splitlines()[1], runs.stdout
+        s = wizard("stop", str(run_dir), cwd=tmp_path)
+        assert s.returncode == 0 and "already lost" in s.stdout
+    finally:
+        cleanup(run_dir)
 
 
 @pytest.mark.slow
@@ -297,7 +332,7 @@ def test_sighup_of_a_foreground_run_ends_it_with_nothing_left(tmp_path):
     finally:
         if p.poll() is None:
             p.kill()
-        cleanup(*run_pids(state(run_dir)))
+        cleanup(run_dir)
 
 
 FOREGROUND_PARENT = """import sys, time
@@ -316,20 +351,24 @@ time.sleep(600)
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_killing_the_launch_the_user_started_ends_a_foreground_run(tmp_path):
+@pytest.mark.parametrize("under_nohup", [False, True], ids=["sighup-default", "sighup-ignored-nohup"])
+def test_killing_the_launch_the_user_started_ends_a_foreground_run(tmp_path, under_nohup):
     """The view's process (here a stand-in that starts the supervisor exactly as `wizard launch`
-    does without --detach) is SIGKILLed: the run stops, nothing of it is left."""
+    does without --detach) is SIGKILLed: the run stops, nothing of it is left. Under nohup too,
+    where SIGHUP is ignored from the start and the supervisor inherits that."""
     script = tmp_path / "tick.py"
     script.write_text(TICKER)
     run_dir = tmp_path / "run"
-    parent = subprocess.Popen([sys.executable, "-c", FOREGROUND_PARENT, str(run_dir), str(script),
-                               str(single_config(tmp_path))], stdout=subprocess.PIPE, text=True, env=env(),
-                              cwd=tmp_path)
+    argv = [sys.executable, "-c", FOREGROUND_PARENT, str(run_dir), str(script), str(single_config(tmp_path))]
+    parent = subprocess.Popen((["nohup"] if under_nohup else []) + argv, stdout=subprocess.PIPE, text=True,
+                              env=env(), cwd=tmp_path)
     st = {}
     try:
         assert parent.stdout.readline().strip() == "started"
         st = wait_for(lambda: running_with_ranks(run_dir, 1), 120)
         assert st and st["detached"] is False, state(run_dir)
+        ignored = _sighup_ignored(st["supervisor_pid"])
+        assert ignored is under_nohup          # the supervisor really inherited nohup's "ignore"
         time.sleep(1.0)
         pids = run_pids(state(run_dir)) | {st["supervisor_pid"]}
         parent.kill()
@@ -341,7 +380,15 @@ def test_killing_the_launch_the_user_started_ends_a_foreground_run(tmp_path):
     finally:
         if parent.poll() is None:
             parent.kill()
-        cleanup(st.get("supervisor_pid"), *run_pids(state(run_dir)))
+        cleanup(run_dir)
+
+
+def _sighup_ignored(pid: int) -> bool:
+    """Whether SIGHUP is ignored in process pid (SigIgn of /proc/PID/status)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigIgn:"):
+            return bool(int(line.split()[1], 16) >> (signal.SIGHUP - 1) & 1)
+    raise AssertionError("no SigIgn line")
 
 
 @pytest.mark.slow
@@ -358,10 +405,11 @@ def test_the_reaper_alone_ends_a_worker_that_ignores_sigterm_in_its_own_session(
                                        str(single_config(tmp_path)), "--run-dir", str(run_dir), "--", str(script),
                                        str(pidfile), "600"),
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env(), cwd=tmp_path)
-    child = None
+    child = child_started = None
     try:
         child = wait_for(lambda: pidfile.exists() and pidfile.read_text() and int(pidfile.read_text()), 120)
         assert child
+        child_started = start_time(child)             # the run's own child: it ignores SIGTERM and sleeps
         assert wait_for(lambda: str(child) in (state(run_dir).get("process_times") or {}), 10)
         time.sleep(0.5)
         sup.kill()
@@ -370,7 +418,7 @@ def test_the_reaper_alone_ends_a_worker_that_ignores_sigterm_in_its_own_session(
     finally:
         if sup.poll() is None:
             sup.kill()
-        cleanup(child, *run_pids(state(run_dir)))
+        cleanup(run_dir, {child: child_started} if child else None)
 
 
 @pytest.mark.slow
@@ -387,9 +435,9 @@ def test_leftovers_after_the_launcher_exits_are_ended_with_sigkill(tmp_path):
     child = int(pidfile.read_text())
     try:
         assert r.returncode == 0, r.stdout[-3000:]
-        assert not alive([child])
+        assert not alive([child])        # gone: nothing to clean up, and its pid may be another's by now
         stops = [e for e in events(run_dir) if e["type"] == "stop"]
         assert stops and "left after the launcher exited" in stops[0]["reason"]
         assert "grace period over: SIGKILL" in r.stdout
     finally:
-        cleanup(child)
+        cleanup(run_dir)

@@ -74,6 +74,21 @@ def test_markers_traceback_with_torch_rank_prefix_and_cuda_oom(tmp_path):
     assert cap.markers.nccl_at == 5.0
 
 
+def test_a_traceback_glued_to_a_progress_bar_is_still_a_traceback(tmp_path):
+    """What a rank printed under the wizard's DeepSpeed CPU config (a real log): tqdm leaves its bar's line
+    open, so torch's "[rank1]: Traceback" starts on it, after a redraw that came with its own '\r'."""
+    from launch.classify import RankOutcome, _rank_kind
+    cap = StreamCapture(1, RotatingLog(tmp_path / "r.log"), clock=lambda: 7.0)
+    cap.feed(b"\r  0%|          | 0/50 [00:00<?, ?it/s]\r  4%|\xe2\x96\x8d         | 2/50 [00:00<00:07,  6.37it/s]")
+    cap.feed(b"[rank1]: Traceback (most recent call last):\n[rank1]:   File \"x.py\", line 1, in <module>\n"
+             b"[rank1]: RuntimeError: deliberate failure on rank 1 at step 2 (--fail-on-rank)\n")
+    assert cap.markers.traceback_at == 7.0
+    assert cap.markers.last_exception == "RuntimeError: deliberate failure on rank 1 at step 2 (--fail-on-rank)"
+    r = RankOutcome(rank=1, exit_code=1, traceback_at=cap.markers.traceback_at,
+                    last_exception=cap.markers.last_exception)
+    assert _rank_kind(r, stop_requested=False) == "python_exception"
+
+
 def test_exception_line():
     assert exception_line("ValueError: boom") == "ValueError: boom"
     assert exception_line("torch.OutOfMemoryError: CUDA out of memory.") is not None

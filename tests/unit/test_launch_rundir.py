@@ -122,6 +122,23 @@ def test_process_alive_checks_the_recorded_start_time_and_never_raises(tmp_path)
         assert not process_alive(pid, create_time)
 
 
+def test_a_zombie_is_not_alive_even_with_its_own_start_time():
+    """A process that exited but was not reaped yet (a supervisor whose parent has not waited) is dead."""
+    import time
+
+    import psutil
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        ctime = psutil.Process(child.pid).create_time()
+        deadline = time.monotonic() + 30
+        while psutil.Process(child.pid).status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert psutil.Process(child.pid).status() == psutil.STATUS_ZOMBIE
+        assert not process_alive(child.pid, ctime) and not process_alive(child.pid)
+    finally:
+        child.wait()
+
+
 def test_read_state_ignores_a_run_json_that_is_not_an_object(tmp_path):
     (tmp_path / "run.json").write_text("[1, 2]")
     assert read_state(tmp_path) is None
@@ -191,6 +208,10 @@ def _valid_state(**over):
     (json.dumps(_valid_state(supervisor_create_time=None)), "supervisor_create_time"),
     (json.dumps(_valid_state(supervisor_pid="12")), "supervisor_pid"),
     (json.dumps(_valid_state(process_times={"12": "soon"})), "process_times"),
+    # pid 0 is no process: os.kill(0, sig) would signal the caller's whole process group
+    (json.dumps(_valid_state(supervisor_pid=0)), "supervisor_pid"),
+    (json.dumps(_valid_state(pids={"0": 0})), "pids must map"),
+    (json.dumps(_valid_state(tracked_pids=[0])), "tracked_pids"),
 ])
 def test_load_state_refuses_garbage_with_one_line(tmp_path, body, needle):
     (tmp_path / "run.json").write_text(body)
@@ -229,6 +250,24 @@ def test_end_recorded_processes_never_signals_a_reused_pid(tmp_path):
         for p in (ours, foreign):
             p.kill()
             p.wait()
+
+
+def test_end_recorded_processes_sigkills_what_ignores_sigterm_after_the_grace(tmp_path):
+    import time
+
+    import psutil
+    stubborn = subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, "
+                                 "signal.SIG_IGN); print(flush=True); time.sleep(60)"], stdout=subprocess.PIPE)
+    try:
+        stubborn.stdout.readline()
+        st = {"process_times": {str(stubborn.pid): psutil.Process(stubborn.pid).create_time()}}
+        t0 = time.monotonic()
+        assert end_recorded_processes(st, grace=0.5) == [stubborn.pid]
+        assert time.monotonic() - t0 >= 0.5
+        assert stubborn.wait(timeout=5) == -9
+    finally:
+        stubborn.kill()
+        stubborn.wait()
 
 
 def test_mark_lost_ends_leftovers_writes_lost_and_an_event(tmp_path):

@@ -16,7 +16,7 @@ from typing import Any, Sequence
 from wizard import __version__
 from wizard.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_NOTHING_FITS, InputError, WizardError
 
-SUBCOMMANDS = ("probe", "plan", "check", "launch", "attach", "stop")
+SUBCOMMANDS = ("probe", "plan", "check", "launch", "attach", "stop", "runs")
 
 
 class _DefaultsFormatter(argparse.HelpFormatter):
@@ -141,7 +141,7 @@ def build_parser(non_interactive: bool = False) -> argparse.ArgumentParser:
         p = _Parser(prog="wizard", description=(
             "Plan, configure, launch and watch multi-GPU Hugging Face training. Without a subcommand: the "
             "interactive wizard (a full-screen TUI; --plain for inline prompts; --non-interactive for scripts)."),
-            epilog="subcommands: probe, plan, check, launch, attach, stop (wizard SUBCOMMAND --help). "
+            epilog="subcommands: probe, plan, check, launch, attach, stop, runs (wizard SUBCOMMAND --help). "
                    + UNDERSCORES)
     p.add_argument("--version", action="version", version=f"wizard {__version__}")
     mode = p.add_argument_group("mode")
@@ -159,7 +159,7 @@ def build_parser(non_interactive: bool = False) -> argparse.ArgumentParser:
 
 
 def build_subparser(name: str) -> argparse.ArgumentParser:
-    if name in ("check", "launch", "attach", "stop"):
+    if name in ("check", "launch", "attach", "stop", "runs"):
         return _registered_subparser(name)
     p = _Parser(prog=f"wizard {name}")
     if name == "probe":
