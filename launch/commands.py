@@ -257,7 +257,7 @@ def cmd_launch(args) -> int:
         # goes (PR_SET_PDEATHSIG); `d` in the view asks it to detach first
         child = spawn_foreground(spec, lock_fd)
         _wait_started(run_dir, child=child)
-        from launch.widgets import run_view
+        from launch.view import run_view
         return run_view(run_dir, owned=True)
     from launch.supervisor import Supervisor
     return Supervisor(spec, lock_fd=lock_fd).run()
@@ -360,7 +360,7 @@ def cmd_stop(args) -> int:
         print(f"{run_dir}: supervisor not running; ended {n} leftover processes; marked lost")
         return 0
     req = "kill" if args.kill else "stop"
-    from launch.view import send_control
+    from launch.follow import send_control
     sent = send_control(run_dir, req, run=state, sender="cli")
     grace = float(state.get("grace_s") or 30.0)
     print(f"{run_dir}: {sent.message} (grace {grace:g} s)")
@@ -395,7 +395,7 @@ def cmd_attach(args) -> int:
     load_state(run_dir)                    # garbage: exit 2 with one line
     interactive = sys.stdout.isatty() and sys.stdin.isatty()
     if interactive and not args.headless and not args.no_follow:
-        from launch.widgets import run_view
+        from launch.view import run_view
         return run_view(run_dir, owned=False)
     return follow_run(run_dir, sys.stdout, follow=not args.no_follow, lines=args.lines,
                       status_interval=args.status_interval)

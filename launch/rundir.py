@@ -1,6 +1,6 @@
 """The run directory: the only interface between the supervisor and its clients (view, attach, stop).
 
-Layout (a contract: launch/view.py and `wizard attach`/`stop` read it):
+Layout (a contract: launch/follow.py and `wizard attach`/`stop` read it):
 
     <runs root>/latest                     symlink to the newest run directory
     <runs root>/<id>/run.json              state; replaced atomically (temp + rename) on every change
@@ -170,7 +170,7 @@ def launcher_log_path(run_dir: Path, attempt: int) -> Path:
     return attempt_dir(run_dir, attempt) / "launcher.log"
 
 
-CONTROL_FILE = "control.json"     # a client's stop/kill/restart request (launch/view.py send_control)
+CONTROL_FILE = "control.json"     # a client's stop/kill/restart request (launch/follow.py send_control)
 
 
 class RunState:

@@ -15,7 +15,7 @@ Process picture (one attempt):
 - Restarts (whole group, new attempt number) are ours: accelerate gets --max_restarts 0.
 - State goes to the run directory (launch/rundir.py): run.json, events.jsonl, metrics.jsonl, logs.
 
-Control (the view's protocol, launch/view.py): RUN_DIR/control.json {"request": "stop"|"kill"|
+Control (the view's protocol, launch/follow.py): RUN_DIR/control.json {"request": "stop"|"kill"|
 "restart", "id"} plus a doorbell signal: SIGTERM = stop, SIGUSR1 = restart, SIGUSR2 = kill.
 SIGINT is a stop too (a second one kills). SIGHUP is a stop in a foreground run, unless it was
 ignored when we started (nohup); a detached supervisor has no terminal to hang up.

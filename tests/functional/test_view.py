@@ -22,7 +22,7 @@ import pytest
 import pytest_textual_snapshot
 
 from launch.metrics import MetricsWriter, Sampler
-from launch.view import (
+from launch.follow import (
     CONTROL_FILE,
     DETACHED,
     LAUNCHER,
@@ -35,7 +35,7 @@ from launch.view import (
     clean_line,
     send_control,
 )
-from launch.widgets import (
+from launch.view import (
     FailurePanel,
     GpuPanel,
     Header,
@@ -654,10 +654,10 @@ async def test_status_changes_are_followed(tmp_path):
 
 
 @pytest.mark.parametrize("imports,forbidden", [
-    ("import launch.widgets, launch.metrics",
+    ("import launch.view, launch.metrics",
      ("torch", "transformers", "deepspeed", "accelerate")),
     # the follower, send_control and the sampler serve `wizard stop` and the supervisor: no UI
-    ("import launch.view, launch.metrics", ("textual", "torch")),
+    ("import launch.follow, launch.metrics", ("textual", "torch")),
 ])
 def test_import_hygiene(imports, forbidden):
     code = (f"import sys; {imports}; "
@@ -748,7 +748,7 @@ async def test_question_mark_shows_the_keys_and_ctrl_c_asks_like_q(tmp_path, sup
 
 
 def test_progress_curve_restarts_with_the_attempt():
-    from launch.view import Update, ViewState
+    from launch.follow import Update, ViewState
     st = ViewState()
     st.apply(Update(events=[{"type": "train_log", "attempt": 1, "loss": 3.0}]), {"attempt": 1})
     assert list(st.loss) == [3.0]
