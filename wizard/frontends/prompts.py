@@ -72,8 +72,8 @@ class _Prompter:
         except (OSError, ValueError, termios.error):
             pass
 
-    def ask(self, q: Question, current: Any, *, extra=None) -> Any:
-        """One question, pre-filled with `current`; returns the parsed value."""
+    def ask(self, q: Question, current: Any, *, extra=None, labels: dict[Any, str] | None = None) -> Any:
+        """One question, pre-filled with `current`; returns the parsed value. `labels` name a choice's values."""
         import questionary
 
         from wizard.frontends.session import format_value
@@ -84,7 +84,7 @@ class _Prompter:
             return bool(questionary.confirm(message, default=bool(current), **self._kw()).unsafe_ask())
         if q.kind == "choice":
             options = q.options(ctx) or ()
-            choices = [questionary.Choice(str(o), value=o) for o in options]
+            choices = [questionary.Choice((labels or {}).get(o, str(o)), value=o) for o in options]
             default = next((c for c in choices if c.value == current), None)
             value = questionary.select(message, choices=choices, default=default, **self._kw()).unsafe_ask()
             return q.parse(value, ctx)
@@ -139,70 +139,33 @@ def _size(model_arg: str):
 
 
 def _choose_target(p: _Prompter) -> None:
-    """No GPU here: CPU processes on this machine (default), or a machine from the catalogue."""
-    import questionary
-
+    """No GPU here: CPU processes on this machine (default), or a machine from the catalogue: the question table's
+    target-machine questions, as the TUI's Hardware screen asks them."""
+    from wizard.config.questions import (
+        CPUS_QUESTION,
+        DISK_QUESTION,
+        GPU_QUESTION,
+        RAM_QUESTION,
+        TARGET_COUNT_QUESTION,
+        TARGET_LABELS,
+        other_machine_extras,
+        target_question,
+    )
     from wizard.frontends.session import DEFAULT_OTHER_COUNT, DEFAULT_OTHER_GPU, TARGET_CPU, TARGET_OTHER
-    from wizard.probe import catalogue, hardware
+    from wizard.probe import hardware
     state = p.state
-    choices = [questionary.Choice("CPU processes on this machine (try the whole pipeline here)", value=TARGET_CPU),
-               questionary.Choice("another machine with GPUs from the catalogue (like --assume)",
-                                  value=TARGET_OTHER)]
-    target = questionary.select("No GPU here. Plan for", choices=choices, default=choices[0], **p._kw()).unsafe_ask()
+    labels = {**TARGET_LABELS, TARGET_CPU: "CPU processes on this machine (try the whole pipeline here)"}
+    target = p.ask(target_question(has_gpus=False, here="no GPU"), TARGET_CPU, labels=labels)
     state.set_target(target)
     if target == TARGET_OTHER:
-        def check_count(raw: str) -> bool | str:
-            try:
-                hardware.assume(f"{int(raw)}x{DEFAULT_OTHER_GPU}")
-            except (ValueError, InputError) as e:
-                return str(e) if isinstance(e, InputError) else f"GPUs: {raw!r} is not a whole number"
-            return True
-        count = int(questionary.text("GPUs in that machine", default=str(DEFAULT_OTHER_COUNT), validate=check_count,
-                                     **p._kw()).unsafe_ask())
-        gpu_choices = [questionary.Choice(name, value=name) for name in catalogue.names()]
-        default = next(c for c in gpu_choices if c.value == DEFAULT_OTHER_GPU)
-        gpu = questionary.select("GPU model", choices=gpu_choices, default=default, **p._kw()).unsafe_ask()
-        state.set_other_machine(count, gpu, **_ask_machine_extras(p, hardware.assume(f"{count}x{gpu}")))
+        count = p.ask(TARGET_COUNT_QUESTION, DEFAULT_OTHER_COUNT)
+        gpu = p.ask(GPU_QUESTION, DEFAULT_OTHER_GPU)
+        catalogue_hw = hardware.assume(f"{count}x{gpu}")
+        ram = p.ask(RAM_QUESTION, catalogue_hw.ram_total)
+        cpus = p.ask(CPUS_QUESTION, catalogue_hw.cpu_cores)
+        disk = p.ask(DISK_QUESTION, None)
+        state.set_other_machine(count, gpu, **other_machine_extras(catalogue_hw, ram, cpus, disk))
     p.replan()
-
-
-def _ask_machine_extras(p: _Prompter, catalogue_hw) -> dict[str, int | None]:
-    """RAM, CPU cores and free disk of the other machine (they decide the offload rungs), each pre-filled
-    with the catalogue's default; only what differs from it is returned (like ram=/cpus=/disk= of --assume)."""
-    import questionary
-
-    from wizard.units import GiB, parse_bytes
-
-    def size_check(field: str, empty_ok: bool):
-        def check(raw: str) -> bool | str:
-            if empty_ok and not raw.strip():
-                return True
-            try:
-                parse_bytes(raw, field)
-            except InputError as e:
-                return str(e)
-            return True
-        return check
-
-    def cpus_check(raw: str) -> bool | str:
-        return True if raw.strip().isdigit() and 1 <= int(raw) <= 8192 else \
-            f"cpus: {raw!r} is not a CPU count (allowed: 1 to 8192)"
-
-    ram_default = f"{catalogue_hw.ram_total // GiB}GiB"
-    ram = questionary.text("RAM in that machine", default=ram_default, validate=size_check("ram", False),
-                           **p._kw()).unsafe_ask()
-    cpus = questionary.text("CPU cores in that machine", default=str(catalogue_hw.cpu_cores), validate=cpus_check,
-                            **p._kw()).unsafe_ask()
-    disk = questionary.text("Free disk for NVMe offload (empty: not checked)", default="",
-                            validate=size_check("disk", True), **p._kw()).unsafe_ask()
-    extras: dict[str, int | None] = {}
-    if parse_bytes(ram, "ram") != catalogue_hw.ram_total:
-        extras["ram"] = parse_bytes(ram, "ram")
-    if int(cpus) != catalogue_hw.cpu_cores:
-        extras["cpus"] = int(cpus)
-    if disk.strip():
-        extras["disk"] = parse_bytes(disk, "disk")
-    return extras
 
 
 def _change_lines(result: pipeline.Result) -> list[str]:

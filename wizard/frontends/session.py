@@ -18,7 +18,17 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from wizard import pipeline
-from wizard.config.questions import QUESTIONS, Context, Question, by_id
+from wizard.config.questions import (  # noqa: F401 - the target names are the session's vocabulary too
+    DEFAULT_OTHER_COUNT,
+    DEFAULT_OTHER_GPU,
+    QUESTIONS,
+    TARGET_CPU,
+    TARGET_HERE,
+    TARGET_OTHER,
+    Context,
+    Question,
+    by_id,
+)
 from wizard.errors import InputError
 from wizard.planning.plan import Plan
 from wizard.planning.rungs import BY_KEY
@@ -26,10 +36,7 @@ from wizard.probe.hardware import Hardware
 from wizard.sizing.model import ModelShape
 
 # Where the files go when there is no GPU here: CPU processes on this machine (see `default_target`).
-TARGET_HERE, TARGET_CPU, TARGET_OTHER = "here", "cpu", "other"
 DEFAULT_CPU_PROCESSES = 2
-DEFAULT_OTHER_GPU = "H100-80GB"
-DEFAULT_OTHER_COUNT = 8
 # Parameter counts pre-filled when no model is given: a size people fine-tune on GPUs, and one
 # that trains on CPU processes in a few GiB of RAM.
 RECOMMENDED_PARAMS_GPU = "7B"

@@ -15,23 +15,21 @@ from textual.containers import Vertical
 from textual.widget import Widget
 from textual.widgets import Static
 
-from wizard.config.questions import Question, by_id
-from wizard.errors import InputError
+from wizard.config.questions import (
+    CPUS_QUESTION,
+    DISK_QUESTION,
+    GPU_QUESTION,
+    OTHER_MACHINE_FIELDS,
+    RAM_QUESTION,
+    TARGET_LABELS,
+    by_id,
+    target_question,
+)
+from wizard.config.questions import TARGET_COUNT_QUESTION as COUNT_QUESTION
 from wizard.frontends.session import TARGET_CPU, TARGET_HERE, TARGET_OTHER
 from wizard.frontends.tui.screens.base import WizardScreen, first_sentence
 from wizard.frontends.tui.widgets.question_field import QuestionField
-from wizard.probe import catalogue
 from wizard.probe import hardware as hardware_mod
-
-MAX_ASSUMED_GPUS = 64
-
-
-def _check_gpu_count(value: int, ctx: Any, field: str) -> None:
-    if value < 1:
-        raise InputError(field, f"{value} GPUs: the machine needs at least one", f"1 to {MAX_ASSUMED_GPUS}")
-    if value > MAX_ASSUMED_GPUS:
-        raise InputError(field, f"{value} GPUs is more than one machine holds", f"1 to {MAX_ASSUMED_GPUS}")
-
 
 def machine_name(hw) -> str:
     """What the probed hardware is to the user: this machine, or the one --assume / --hardware describes."""
@@ -40,77 +38,6 @@ def machine_name(hw) -> str:
     if hw.source.startswith("file:"):
         return "the machine of the saved probe"
     return "this machine"
-
-
-def target_question(has_gpus: bool, here: str, name: str = "this machine") -> Question:
-    choices = (TARGET_HERE, TARGET_OTHER) if has_gpus else (TARGET_CPU, TARGET_OTHER)
-    return Question(
-        id="target_machine", prompt="Plan for", kind="choice", stage="machines", group="hardware",
-        choices=choices,
-        help=("The files are for the machine you will train on. " + (
-            f"{name[0].upper()}{name[1:]} has {here}; or plan for another machine from the GPU catalogue"
-            ", with its RAM, CPU cores and free disk."
-            if has_gpus else
-            "There is no GPU here: write a CPU-only configuration to try the whole pipeline on this machine "
-            "(DDP / DeepSpeed over gloo, fp32; it runs here, so `wizard launch` works), or plan for a GPU "
-            "machine from the catalogue and copy the files there.")),
-        explain_default=(f"GPUs in {name}: plan for them." if has_gpus else
-                         "CPU processes: the files go to this machine's accelerate config dir, where a "
-                         "configuration for absent GPUs would make every `accelerate launch` here fail; "
-                         "2 CPU processes run here and exercise the distributed path."),
-        compute_default=lambda ctx: choices[0])
-
-
-COUNT_QUESTION = Question(
-    id="target_count", prompt="GPUs in that machine", kind="int", stage="machines", group="hardware",
-    help="How many GPUs the target machine has (one training process each).", check=_check_gpu_count,
-    allowed=f"1 to {MAX_ASSUMED_GPUS}", explain_default="8 GPUs: the usual size of a training server.",
-    compute_default=lambda ctx: 8)
-
-GPU_QUESTION = Question(
-    id="target_gpu", prompt="GPU model", kind="choice", stage="machines", group="hardware",
-    choices=tuple(catalogue.names()),
-    help="From the catalogue of NVIDIA GPUs: its memory and bf16 support decide the plan.",
-    explain_default="H100 80GB: the most common training GPU in clouds and clusters.",
-    compute_default=lambda ctx: "H100-80GB")
-
-def _check_disk(value: str, ctx: Any, field: str) -> int:
-    from wizard.units import parse_bytes
-    return parse_bytes(value, field)
-
-
-RAM_QUESTION = Question(
-    id="target_ram", prompt="RAM in that machine", kind="size", stage="machines", group="hardware",
-    help=("Host memory of the target machine: it decides whether the CPU-offload rungs fit (their optimizer "
-          "states and parameters live there) or the plan falls to NVMe."),
-    explain_default="From the catalogue: max(64 GiB, 2 x the GPUs' memory), in whole 16 GiB.")
-
-CPUS_QUESTION = Question(
-    id="target_cpus", prompt="CPU cores in that machine", kind="int", stage="machines", group="hardware",
-    help="Logical CPUs of the target machine; CPU offload runs the optimizer on them.",
-    check=lambda v, ctx, f: _check_cpus(v, f), allowed="1 to 8192",
-    explain_default="From the catalogue: 16 per data-centre GPU, 8 per other GPU, at least 8.")
-
-DISK_QUESTION = Question(
-    id="target_disk", prompt="Free disk for NVMe offload", kind="str", stage="machines", group="hardware",
-    help=("Free space at the NVMe offload path of the target machine; the NVMe rung fits only where its need "
-          "is below it. Empty: not checked."),
-    check=_check_disk, allowed="a size such as 2T or 800GiB, or empty (not checked)", metavar="empty: not checked",
-    explain_default="Unknown for a catalogue machine: empty, so the NVMe rung's disk need is not checked.")
-
-
-def _check_cpus(value: int, field: str) -> None:
-    if not 1 <= value <= 8192:
-        raise InputError(field, f"{value} CPU cores", "1 to 8192")
-
-
-OTHER_MACHINE_FIELDS = ("target_count", "target_gpu", "target_ram", "target_cpus", "target_disk")
-
-TARGET_LABELS = {
-    TARGET_HERE: "this machine",
-    TARGET_CPU: "CPU processes on this machine",
-    TARGET_OTHER: "another machine (GPU catalogue)",
-}
 
 
 class HardwareScreen(WizardScreen):
