@@ -276,3 +276,21 @@ def test_non_interactive_help_says_what_is_required_and_what_is_defaulted():
     assert text.startswith("usage: wizard --non-interactive")
     assert "required: a model, --model ID_OR_PATH" in " ".join(text.split())
     assert "defaulted: everything else" in " ".join(text.split())
+
+
+LLAMA_70B = str(FIX / "models" / "llama-3-70b")
+
+
+@pytest.mark.parametrize("method", ["lora", "qlora"])
+@pytest.mark.parametrize("mode", ["plan", "--non-interactive"])
+def test_adapter_plan_with_nothing_fitting_exits_3_with_the_arithmetic(method, mode, tmp_path):
+    """An adapter plan where no rung fits re-plans its variants with the adapters it was sized with (it used
+    to raise 'make_plan needs the AdapterShape' from what_would_fit: a traceback, exit 1)."""
+    args = [mode, "--model", LLAMA_70B, "--assume", "2xRTX4090", "--method", method]
+    if mode != "plan":
+        args += ["--dry-run", "--output-dir", str(tmp_path)]
+    out = run(args, env={"WIZARD_CACHE_DIR": str(tmp_path / "cache")})
+    assert out.returncode == 3, out.stderr
+    assert "Traceback" not in out.stderr and "AdapterShape" not in out.stderr
+    assert "Nothing fits. The closest rung" in out.stderr
+    assert list(tmp_path.glob("*.yaml")) == []

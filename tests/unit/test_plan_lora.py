@@ -194,3 +194,27 @@ def test_qlora_streams_the_base_to_the_gpus_instead_of_holding_it_in_host_ram():
     assert qlora_ddp < lora_ddp / 50
     assert host("qlora", "zero2")[0] == qlora_ddp
     assert host("qlora", "zero3")[0] >= model.params * 2           # rank 0 reads the state dict
+
+
+@pytest.mark.parametrize("method", ["lora", "qlora"])
+def test_nothing_fits_explains_itself_for_adapters_in_every_front_end(model_dirs, method, tmp_path):
+    """The TUI's Plan screen (WizardState.nothing_fits) and the CLI's exit-3 message (report.nothing_fits_message)
+    both re-plan variants: with adapters they must reuse the plan's AdapterShape, not fail on it."""
+    from wizard.frontends import report
+    from wizard.frontends.session import WizardState
+    given = {"model": model_dirs["llama"], "method": method, "seq_len": 1 << 22, "micro_batch": 4,
+             "grad_accum": 2}
+    request = Request(assume="1xT4-16GB", output_dir=str(tmp_path), given=given)
+    result = pipeline.build(request)
+    assert result.plan.choice is None
+    assert result.plan.adapters is not None and result.plan.adapters.method == method
+    text = report.nothing_fits_message(result)
+    assert text.startswith("Nothing fits. The closest rung") and "AdapterShape" not in text
+    assert "What would fit:" in text and "--seq-len" in text
+    state = WizardState(request)
+    state.set_probed(state.load_hardware())
+    job = state.replan()
+    while job is not None:
+        job = state.sized(job.model, pipeline.size_for_plan(job.model, job.trainings), None)
+    assert state.plan is not None and state.plan.choice is None
+    assert state.nothing_fits() == text

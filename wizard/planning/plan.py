@@ -171,6 +171,9 @@ class Plan:
     batch: BatchSplit | None = None       # the fastest split of the global batch on the chosen rung
     train_tokens: int | None = None
     alternatives: list[Alternative] = field(default_factory=list)   # LoRA / QLoRA when full FT would offload
+    # wizard.sizing.lora.AdapterShape the plan was made with (None: full fine-tuning): re-planning a variant
+    # (what_would_fit) must reuse it, since make_plan cannot size a config's adapters itself.
+    adapters: Any = field(default=None, repr=False)
 
     def to_json(self) -> dict[str, Any]:
         c = self.choice
@@ -892,7 +895,8 @@ def make_plan(hw, model, training: TrainingOptions, strategy: StrategyOptions, t
         batch = fastest_split(RUNG_SPECS[choice.key], x, _global_batch(training, x.world),
                               training.gradient_checkpointing, choice.speed if choice.fits else None)
     return Plan(rungs=rungs, choice=choice, gpu_capacity_bytes=x.capacity, usable_bytes=x.usable,
-                precision=x.precision, topology=topology, notes=notes, batch=batch, train_tokens=train_tokens)
+                precision=x.precision, topology=topology, notes=notes, batch=batch, train_tokens=train_tokens,
+                adapters=x.adapters)
 
 
 # --- Speed: the fastest rung that fits, the largest micro-batch, the best batch split ----------------
@@ -1074,9 +1078,9 @@ def _spread(values: list[int], most: int) -> list[int]:
     return sorted({values[round(i * step)] for i in range(most)})
 
 
-def _try(hw, model, training, strategy, topology) -> Plan | None:
+def _try_plan(hw, model, training, strategy, topology, adapters=None) -> Plan | None:
     try:
-        plan = make_plan(hw, model, training, strategy, topology)
+        plan = make_plan(hw, model, training, strategy, topology, adapters=adapters)
     except InputError:
         return None
     return plan if plan.choice is not None else None
@@ -1101,9 +1105,15 @@ class Suggestion:
 
 
 def what_would_fit(hw, model, training: TrainingOptions, strategy: StrategyOptions,
-                   topology: Topology) -> list[Suggestion]:
-    """Single changes that make some rung fit, each verified by recomputing the plan."""
+                   topology: Topology, adapters=None) -> list[Suggestion]:
+    """Single changes that make some rung fit, each verified by recomputing the plan.
+
+    `adapters`: the plan's AdapterShape for --method lora/qlora (Plan.adapters). No change tried here alters
+    the LoRA options, so every variant is planned with the same adapters."""
     out: list[Suggestion] = []
+
+    def _try(hw, model, t, s, topo):
+        return _try_plan(hw, model, t, s, topo, adapters)
 
     def attempt(label: str, t: TrainingOptions = training, s: StrategyOptions = strategy,
                 topo: Topology = topology, without_offload: bool = False) -> bool:
@@ -1183,7 +1193,7 @@ def explain_nothing_fits(plan: Plan, hw, model, training: TrainingOptions, strat
     nvme_missing = any(_uses_nvme(RUNG_SPECS[r.key]) and "--nvme-path" in r.reason for r in plan.rungs)
     if nvme_missing and "--nvme-path" not in phrase:
         lines.append("NVMe offload (the last rung) was not possible: give --nvme-path on a fast local disk.")
-    fixes = what_would_fit(hw, model, training, strategy, topology)
+    fixes = what_would_fit(hw, model, training, strategy, topology, adapters=plan.adapters)
     if fixes:
         lines.append("What would fit: " + "; ".join(f.text for f in fixes) + ".")
     else:
