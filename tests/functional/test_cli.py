@@ -294,3 +294,18 @@ def test_adapter_plan_with_nothing_fitting_exits_3_with_the_arithmetic(method, m
     assert "Traceback" not in out.stderr and "AdapterShape" not in out.stderr
     assert "Nothing fits. The closest rung" in out.stderr
     assert list(tmp_path.glob("*.yaml")) == []
+
+
+def test_plan_json_has_the_method_as_fields():
+    """DESIGN.md's plan.method: name, rank, alpha, targets, trainable_params, adapter_bytes (peft saves fp32)."""
+    out = run(["plan", "--params", "7B", "--assume", "1xA100-80GB", "--method", "qlora", "--lora-rank", "8",
+               "--lora-alpha", "8", "--lora-targets", "q_proj,k_proj", "--json"])
+    assert out.returncode == 0, out.stderr
+    method = json.loads(out.stdout)["plan"]["method"]
+    # Llama 7B shape of --params: h 4096, 32 layers; q_proj 4096x4096, k_proj 4096x4096 (no GQA): r (in + out) each
+    trainable = 32 * 8 * (2 * 4096 + 2 * 4096)
+    assert method == {"name": "qlora", "rank": 8, "alpha": 8, "targets": ["k_proj", "q_proj"],
+                      "trainable_params": trainable, "adapter_bytes": 4 * trainable}
+    full = json.loads(run(["plan", "--params", "7B", "--assume", "8xA100-80GB", "--json"]).stdout)
+    assert full["plan"]["method"]["name"] == "full"
+    assert full["plan"]["method"]["trainable_params"] == full["model"]["params"]

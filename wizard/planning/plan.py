@@ -174,6 +174,7 @@ class Plan:
     # wizard.sizing.lora.AdapterShape the plan was made with (None: full fine-tuning): re-planning a variant
     # (what_would_fit) must reuse it, since make_plan cannot size a config's adapters itself.
     adapters: Any = field(default=None, repr=False)
+    method: dict[str, Any] = field(default_factory=lambda: {"name": "full"})   # method_json: plan --json's "method"
 
     def to_json(self) -> dict[str, Any]:
         c = self.choice
@@ -186,6 +187,7 @@ class Plan:
                 "speed": None if c.speed is None else c.speed.to_json(),
                 "max_micro_batch": c.max_micro_batch, "max_micro_batch_gc": c.max_micro_batch_gc,
             },
+            "method": dict(self.method),
             "batch": None if self.batch is None else self.batch.to_json(),
             "alternatives": [a.to_json() for a in self.alternatives],
             "train_tokens": self.train_tokens,
@@ -802,6 +804,22 @@ def _with_adapters(x: _Inputs, model, training: TrainingOptions, adapters, notes
     return replace(x, adapters=adapters, lora_dropout=float(training.lora_dropout))
 
 
+# peft keeps (and saves) the adapters in fp32 whatever the base's dtype (get_peft_model's autocast_adapter_dtype=True
+# casts bf16/fp16 adapters up), so adapter_model.safetensors holds 4 bytes per trainable parameter.
+ADAPTER_SAVE_BYTES = 4
+
+
+def method_json(training: TrainingOptions, params: int, adapters) -> dict[str, Any]:
+    """DESIGN.md's plan.method: what is trained, as fields (scripts should not parse the notes)."""
+    if adapters is None:
+        return {"name": "full", "rank": None, "alpha": None, "targets": None, "trainable_params": params,
+                "adapter_bytes": None}
+    alpha = training.lora_alpha if training.lora_alpha is not None else 2 * adapters.rank
+    return {"name": adapters.method, "rank": adapters.rank, "alpha": int(alpha), "targets": list(adapters.targets),
+            "trainable_params": adapters.trainable_params,
+            "adapter_bytes": adapters.trainable_params * ADAPTER_SAVE_BYTES}
+
+
 def _active_params(model) -> int:
     experts = getattr(model, "num_experts", 0) or 0
     return speed_mod.matmul_params(
@@ -896,7 +914,7 @@ def make_plan(hw, model, training: TrainingOptions, strategy: StrategyOptions, t
                               training.gradient_checkpointing, choice.speed if choice.fits else None)
     return Plan(rungs=rungs, choice=choice, gpu_capacity_bytes=x.capacity, usable_bytes=x.usable,
                 precision=x.precision, topology=topology, notes=notes, batch=batch, train_tokens=train_tokens,
-                adapters=x.adapters)
+                adapters=x.adapters, method=method_json(training, x.params, x.adapters))
 
 
 # --- Speed: the fastest rung that fits, the largest micro-batch, the best batch split ----------------
