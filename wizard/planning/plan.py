@@ -1096,9 +1096,9 @@ def _spread(values: list[int], most: int) -> list[int]:
     return sorted({values[round(i * step)] for i in range(most)})
 
 
-def _try_plan(hw, model, training, strategy, topology, adapters=None) -> Plan | None:
+def _try(hw, model, training, strategy, topology, adapters=None) -> Plan | None:
     try:
-        plan = make_plan(hw, model, training, strategy, topology, adapters=adapters)
+        plan = make_plan(hw, model, training, strategy, topology, adapters)
     except InputError:
         return None
     return plan if plan.choice is not None else None
@@ -1130,12 +1130,12 @@ def what_would_fit(hw, model, training: TrainingOptions, strategy: StrategyOptio
     the LoRA options, so every variant is planned with the same adapters."""
     out: list[Suggestion] = []
 
-    def _try(hw, model, t, s, topo):
-        return _try_plan(hw, model, t, s, topo, adapters)
+    def plan_for(t: TrainingOptions, s: StrategyOptions, topo: Topology) -> Plan | None:
+        return _try(hw, model, t, s, topo, adapters)
 
     def attempt(label: str, t: TrainingOptions = training, s: StrategyOptions = strategy,
                 topo: Topology = topology, without_offload: bool = False) -> bool:
-        plan = _try(hw, model, t, s, topo)
+        plan = plan_for(t, s, topo)
         if plan is None or (without_offload and RUNG_SPECS[plan.choice.key].offloads):
             return False
         out.append(Suggestion(f"{label}: {_fits_text(plan)}", t, s, topo, plan.choice.key))
@@ -1164,14 +1164,14 @@ def what_would_fit(hw, model, training: TrainingOptions, strategy: StrategyOptio
     def smaller(b: int) -> TrainingOptions:
         return replace(training, micro_batch=b, grad_accum=total // b if total % b == 0 else training.grad_accum)
 
-    if training.micro_batch > 1 and _try(hw, model, smaller(1), strategy, topology) is not None:
+    if training.micro_batch > 1 and plan_for(smaller(1), strategy, topology) is not None:
         low, high = 1, training.micro_batch          # low fits, high does not
         while high - low > 1:
             mid = (low + high) // 2
-            low, high = (mid, high) if _try(hw, model, smaller(mid), strategy, topology) is not None else (low, mid)
+            low, high = (mid, high) if plan_for(smaller(mid), strategy, topology) is not None else (low, mid)
         best: tuple[tuple, int] | None = None
         for b in _spread(_divisors_up_to(total, low), _MAX_SPLITS_TRIED):
-            plan = _try(hw, model, smaller(b), strategy, topology)
+            plan = plan_for(smaller(b), strategy, topology)
             if plan is not None:
                 rank = (-_rung_class(plan.choice), plan.choice.tokens_per_second)
                 if best is None or rank > best[0]:

@@ -351,6 +351,13 @@ class _Parts:
     step_overhead: float = 0.0
 
 
+def _zero12_gather(w: Workload, world: int, bw: float) -> float:
+    """ZeRO-1/2's all-gather after the optimizer step: each rank's updated 16-bit partition of the *trained*
+    parameters (stage_1_and_2.py all-gathers the bit16 groups of the optimizer's parameters). A frozen base
+    (LoRA, QLoRA) is not in the optimizer: every rank holds all of it, and nothing of it is gathered."""
+    return collective_seconds(_w(w.precision) * w.trained, world, bw)
+
+
 def _parts(m: Machine, w: Workload, layout: Layout) -> _Parts:
     compute, backward = compute_seconds(m, w)
     world, bw, wb = layout.world, _busbw(m, layout), _w(w.precision)
@@ -367,19 +374,30 @@ def _parts(m: Machine, w: Workload, layout: Layout) -> _Parts:
         step_comm = max(ar - OVERLAP["ddp"] * backward, 0.0)
     elif layout.backend == "deepspeed" and layout.zero_stage in (1, 2):
         reduce = collective_seconds(wb * trained, world, bw)
-        gather = collective_seconds(weights, world, bw)
         if layout.zero_stage == 2:
             micro_comm = max(reduce - OVERLAP["zero12"] * backward, 0.0)
         else:
             step_comm = max(reduce - OVERLAP["zero12"] * backward, 0.0)
-        step_comm += gather
+        step_comm += _zero12_gather(w, world, bw)
+    elif sharded and layout.backend == "deepspeed":
+        # ZeRO-3 does what ZeRO-2 does (the same gradient reduce-scatter every micro-step, the same partitioned
+        # update) and, instead of ZeRO-2's one all-gather of the updated partitions, gathers every layer's
+        # weights (frozen ones too) in forward and again in backward, through per-module hooks. Its exposed
+        # communication is at least ZeRO-2's at the same settings: prefetch hides gathers behind compute, but
+        # published runs at equal settings are never faster under ZeRO-3 than under ZeRO-2 (DeepSpeed's
+        # ZeRO-3 docs; bench/data/published_speed.json), so the model may not predict that either.
+        reduce = collective_seconds(wb * trained, world, bw)
+        gathers = 2.0 * collective_seconds(weights, world, bw)
+        own = w.grad_accum * max(gathers + reduce - OVERLAP["zero3"] * compute, 0.0)
+        zero2 = w.grad_accum * max(reduce - OVERLAP["zero12"] * backward, 0.0) + _zero12_gather(w, world, bw)
+        step_comm = max(own, zero2)
+        overhead += SHARDED_LAYER_OVERHEAD_S["zero3"] * w.layers
     elif sharded:
-        kind = "zero3" if layout.backend == "deepspeed" else "fsdp"
         gathers = 2.0 * collective_seconds(weights, world, bw)
         reduce = collective_seconds(wb * trained, world, bw)
-        micro_comm = max(gathers + reduce - OVERLAP[kind] * compute, 0.0)
-        if world > 1 or kind == "zero3":
-            overhead += SHARDED_LAYER_OVERHEAD_S[kind] * w.layers
+        micro_comm = max(gathers + reduce - OVERLAP["fsdp"] * compute, 0.0)
+        if world > 1:
+            overhead += SHARDED_LAYER_OVERHEAD_S["fsdp"] * w.layers
     elif layout.backend == "fsdp":
         gather = collective_seconds(weights, world, bw)
         reduce = collective_seconds(wb * trained, world, bw)
