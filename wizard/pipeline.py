@@ -37,6 +37,7 @@ class Request:
     assume: str | None = None
     output_dir: str | None = None
     dry_run: bool = False
+    plan_only: bool = False                  # `wizard plan`: nothing is rendered, so file-only answers may be missing
 
 
 @dataclass
@@ -77,9 +78,16 @@ def context(hw: Hardware, model: ModelShape | None, plan: Plan | None, answers: 
     return Context(hardware=hw, model=model, plan=plan, answers=dict(answers))
 
 
-def resolve_pre_plan(hw: Hardware, given: dict[str, Any], conflicts: list | None = None) -> dict[str, Any]:
-    """Answers for the questions asked before the plan (model, training, strategy, machines)."""
-    answers = answers_mod.resolve(PRE_PLAN_STAGES, context(hw, None, None, {}), given, conflicts=conflicts)
+# Answers only the written files need: planning two machines needs no address (accelerate's YAML does).
+FILES_ONLY = ("main_process_ip",)
+
+
+def resolve_pre_plan(hw: Hardware, given: dict[str, Any], conflicts: list | None = None,
+                     plan_only: bool = False) -> dict[str, Any]:
+    """Answers for the questions asked before the plan (model, training, strategy, machines). `plan_only`:
+    nothing will be rendered, so FILES_ONLY answers may stay missing."""
+    answers = answers_mod.resolve(PRE_PLAN_STAGES, context(hw, None, None, {}), given, conflicts=conflicts,
+                                  waive=FILES_ONLY if plan_only else ())
     return route_cpu_processes(answers, given)
 
 
@@ -322,7 +330,7 @@ def build(request: Request, hw: Hardware | None = None) -> Result:
     refuse_mpirun(request.given)
     from wizard.config.questions import check_precision_pair
     check_precision_pair(request.given.get("precision"), request.given.get("mixed_precision"))
-    answers = resolve_pre_plan(hw, request.given, conflicts)
+    answers = resolve_pre_plan(hw, request.given, conflicts, plan_only=request.plan_only)
     if conflicts:
         raise conflicts[0]
     model = size(answers)
@@ -336,7 +344,8 @@ def build(request: Request, hw: Hardware | None = None) -> Result:
     result.answers = resolve_details(hw, model, plan, answers, request.given, conflicts)
     if conflicts:
         raise conflicts[0]
-    render(result)
+    if not request.plan_only:
+        render(result)
     return result
 
 

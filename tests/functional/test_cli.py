@@ -309,3 +309,16 @@ def test_plan_json_has_the_method_as_fields():
     full = json.loads(run(["plan", "--params", "7B", "--assume", "8xA100-80GB", "--json"]).stdout)
     assert full["plan"]["method"]["name"] == "full"
     assert full["plan"]["method"]["trainable_params"] == full["model"]["params"]
+
+
+def test_plan_for_two_machines_needs_no_address_but_writing_does(tmp_path):
+    """Planning two nodes is arithmetic; only accelerate's YAML needs the main machine's address."""
+    out = run(["plan", "--params", "7B", "--assume", "8xH100-80GB,nodes=2", "--json"])
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["plan"]["num_machines"] == 2 and doc["plan"]["world_size"] == 16 and doc["plan"]["choice"]
+    text = run(["plan", "--params", "7B", "--assume", "8xH100-80GB,nodes=2"])
+    assert text.returncode == 0 and "on 2 machine(s)" in text.stdout, text.stderr
+    files = run(["--non-interactive", "--params", "7B", "--assume", "8xH100-80GB,nodes=2", "--dry-run",
+                 "--output-dir", str(tmp_path)])
+    assert files.returncode == 2 and "main-process-ip" in files.stderr

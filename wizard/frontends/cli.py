@@ -238,9 +238,11 @@ def cmd_probe(ns: argparse.Namespace) -> int:
 
 
 def cmd_plan(ns: argparse.Namespace) -> int:
+    from dataclasses import replace
+
     from wizard.frontends import report
     from wizard.pipeline import build
-    req = _request(ns)
+    req = replace(_request(ns), plan_only=True)
     result = build(req)
     if getattr(ns, "json", False):
         from wizard.pipeline import to_json
