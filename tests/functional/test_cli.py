@@ -322,3 +322,22 @@ def test_plan_for_two_machines_needs_no_address_but_writing_does(tmp_path):
     files = run(["--non-interactive", "--params", "7B", "--assume", "8xH100-80GB,nodes=2", "--dry-run",
                  "--output-dir", str(tmp_path)])
     assert files.returncode == 2 and "main-process-ip" in files.stderr
+
+
+def test_the_network_between_machines_comes_from_the_flag_the_answers_file_or_assume(tmp_path):
+    base = ["plan", "--params", "70B", "--assume", "8xH100-80GB,nodes=2", "--json"]
+    default = json.loads(run(base).stdout)["plan"]
+    assert default["inter_node_gbps"] == 3200
+    flag = json.loads(run(base + ["--inter-node-gbps", "400"]).stdout)["plan"]
+    answers = tmp_path / "answers.yaml"
+    answers.write_text("inter_node_gbps: 400\n")
+    from_file = json.loads(run(base + ["--answers", str(answers)]).stdout)["plan"]
+    assumed = json.loads(run(["plan", "--params", "70B", "--assume", "8xH100-80GB,nodes=2,net=400G",
+                              "--json"]).stdout)["plan"]
+    for plan in (flag, from_file, assumed):
+        assert plan["inter_node_gbps"] == 400
+        assert plan["choice"]["speed"]["tokens_per_second"] < default["choice"]["speed"]["tokens_per_second"]
+    text = run(["plan", "--params", "70B", "--assume", "8xH100-80GB,nodes=2", "--inter-node-gbps", "800"])
+    assert "800 Gb/s (100 GB/s) of network per machine (--inter-node-gbps" in text.stdout, text.stderr
+    bad = run(base + ["--inter-node-gbps", "0"])
+    assert bad.returncode == 2 and "inter-node-gbps" in bad.stderr and "Traceback" not in bad.stderr

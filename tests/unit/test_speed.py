@@ -416,3 +416,36 @@ def test_qlora_70b_on_two_pcie_48gb_cards_takes_zero2_because_it_is_faster():
     assert z2.tokens_per_second > z3.tokens_per_second * (1 + plan_mod.SPEED_TIE)
     assert "the fastest rung that fits" in z2.reason
     assert "more communication" not in z3.reason and "weights gathered for every layer" in z3.reason
+
+
+@pytest.mark.parametrize("spec, gbps", [("8xH100-80GB", 3200), ("8xH200-141GB", 3200), ("8xB200-180GB", 3200),
+                                        ("8xA100-80GB", 1600), ("4xA100-40GB", 800), ("8xV100-32GB", 400),
+                                        ("8xL40S-48GB", 100), ("4xRTX4090", 100), ("8xA100-PCIe-80GB", 100)])
+def test_the_network_between_machines_defaults_per_machine_class(spec, gbps):
+    """DGX/HGX H100/H200/B200: a 400 Gb/s NIC per GPU; A100: 200; DGX-1 V100: 4 x 100 for 8; others one 100 Gb/s NIC.
+    It used to be 400 Gb/s per machine for every machine."""
+    hw = hardware.assume(spec)
+    m = sp.machine_from_hardware(hw, "bf16", hw.num_gpus)
+    assert m.inter_node_gbps == gbps and m.inter_busbw == pytest.approx(gbps / 8 * GB)
+    assert sp.inter_node_gbps(hw)[0] == gbps
+
+
+def test_the_network_is_set_by_assume_net_and_by_the_flag_which_wins():
+    hw = hardware.assume("8xH100-80GB,nodes=2,net=400G")
+    assert hw.inter_node_gbps == 400
+    assert sp.machine_from_hardware(hw, "bf16", 8).inter_busbw == pytest.approx(50 * GB)
+    assert sp.machine_from_hardware(hw, "bf16", 8, network_gbps=800).inter_node_gbps == 800
+    assert hardware.assume("2xRTX4090,net=3.2T").inter_node_gbps == 3200
+    for bad in ("fast", "0", "-4G", "200000G"):
+        with pytest.raises(InputError):
+            hardware.assume(f"8xH100-80GB,net={bad}")
+    # A saved probe carries it through the JSON round trip.
+    assert hardware.from_json(hw.to_json()).inter_node_gbps == 400
+    slow = make_plan(hw, LLAMA2_7B, TrainingOptions(), StrategyOptions(backend="deepspeed", zero_stage="3"),
+                     Topology(2, 8))
+    fast = make_plan(hw, LLAMA2_7B, TrainingOptions(), StrategyOptions(backend="deepspeed", zero_stage="3"),
+                     Topology(2, 8, inter_node_gbps=3200))
+    assert fast.inter_node_gbps == 3200 and slow.inter_node_gbps == 400
+    assert fast.choice.tokens_per_second > slow.choice.tokens_per_second
+    assert any("3200 Gb/s (400 GB/s) of network per machine (--inter-node-gbps" in n for n in fast.notes)
+    assert make_plan(hw, LLAMA2_7B, TrainingOptions(), StrategyOptions(), Topology(1, 8)).inter_node_gbps is None

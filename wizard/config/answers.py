@@ -251,7 +251,7 @@ def topology(a: dict[str, Any], hw: Hardware) -> Topology:
                                           "machines (num_processes is the total over all machines)",
                          f"a multiple of {num_machines}")
     return Topology(num_machines=num_machines, processes_per_machine=num_processes // num_machines,
-                    cpu=bool(a.get("use_cpu", False)))
+                    cpu=bool(a.get("use_cpu", False)), inter_node_gbps=a.get("inter_node_gbps"))
 
 
 def distributed_type(a: dict[str, Any], plan: Plan | None) -> str:

@@ -397,6 +397,19 @@ def _check_host(value: str, ctx: Context, f: str) -> None:
                          "an IPv4/IPv6 address or a host name such as 10.0.0.1 or node01")
 
 
+def _check_gbps(value: float, ctx: Context, f: str) -> None:
+    if not 0 < value <= 100_000:
+        raise InputError(f, f"{value:g} Gb/s is out of range", "Gb/s per machine, a number in (0, 100000]")
+
+
+def _inter_node_why(ctx: Context) -> str:
+    if ctx.hardware is None:
+        return "Unset: what the machine class has (8 x 400 Gb/s for an H100 server, 8 x 200 for A100, else 100)."
+    from wizard.planning.speed import inter_node_gbps
+    gbps, source = inter_node_gbps(ctx.hardware)
+    return f"Unset: {gbps:g} Gb/s, {source}."
+
+
 def _check_port(value: int, ctx: Context, f: str) -> None:
     if not 0 <= value <= 65535:
         raise InputError(f, f"{value} is not a port", "0 (any free port) or 1..65535")
@@ -910,6 +923,11 @@ QUESTIONS: tuple[Question, ...] = (
        "int", "machines", metavar="PORT", when=_multi_node, default=DEFAULT_PORT, check=_check_port,
        allowed="0 (any free port) or 1..65535",
        why="29500 is torchrun's default; pick another when two jobs share a machine."),
+    _q("inter_node_gbps", "Network between machines (Gb/s per machine)",
+       "All of one machine's NICs to the others together, e.g. 3200 for 8 x 400 Gb/s; it sets the speed of "
+       "every collective that crosses machines.", "float", "machines", metavar="GBPS", advanced=True,
+       when=_multi_node, check=_check_gbps, allowed="Gb/s per machine, a number in (0, 100000] such as 400 or 3200",
+       why=_inter_node_why),
     _q("same_network", "All machines on the same local network?",
        "Nodes on one network rendezvous directly at the main address; across clouds or networks a "
        "rendezvous backend is needed. `accelerate launch` only honours this from its --same_network flag.",

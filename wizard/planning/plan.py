@@ -68,6 +68,7 @@ class Topology:
     num_machines: int = 1
     processes_per_machine: int = 1
     cpu: bool = False                     # CPU processes (no GPU): DeepSpeed CPU accelerator / gloo, fp32
+    inter_node_gbps: float | None = None  # network per machine (Gb/s); None: the machine's or its class default
 
     @property
     def world_size(self) -> int:
@@ -175,6 +176,7 @@ class Plan:
     # (what_would_fit) must reuse it, since make_plan cannot size a config's adapters itself.
     adapters: Any = field(default=None, repr=False)
     method: dict[str, Any] = field(default_factory=lambda: {"name": "full"})   # method_json: plan --json's "method"
+    inter_node_gbps: float | None = None  # the network between machines the speeds assume (None: one machine)
 
     def to_json(self) -> dict[str, Any]:
         c = self.choice
@@ -196,6 +198,7 @@ class Plan:
             "precision": self.precision,
             "world_size": self.topology.world_size,
             "num_machines": self.topology.num_machines,
+            "inter_node_gbps": self.inter_node_gbps,
             "cpu_only": self.topology.cpu,
             "notes": list(self.notes),
             "rungs": [r.to_json() for r in self.rungs],
@@ -737,10 +740,14 @@ def _resolve(hw, model, training: TrainingOptions, strategy: StrategyOptions, to
     nvme_free = nvme_free_bytes(hw, nvme_path)
     layer_params, root_params = mem.layer_and_root_params(model.params, model.hidden_size, model.layers,
                                                           model.vocab_size, model.tied_embeddings)
-    machine = speed_mod.machine_from_hardware(hw, precision, per_machine, cpu)
+    network = topology.inter_node_gbps
+    if network is not None and (isinstance(network, bool) or not isinstance(network, (int, float))
+                                or not 0 < network <= 100_000):
+        raise InputError("--inter-node-gbps", f"{network!r} is not a network speed", "Gb/s per machine, e.g. 400")
+    machine = speed_mod.machine_from_hardware(hw, precision, per_machine, cpu, network)
     notes.extend(machine.assumptions)
     if machines > 1:
-        notes.append(speed_mod.inter_node_note())
+        notes.append(speed_mod.inter_node_note(machine))
     weights_bytes = getattr(model, "weights_dtype_bytes", None)
     if weights_bytes is None:
         weights_bytes = 2
@@ -914,7 +921,8 @@ def make_plan(hw, model, training: TrainingOptions, strategy: StrategyOptions, t
                               training.gradient_checkpointing, choice.speed if choice.fits else None)
     return Plan(rungs=rungs, choice=choice, gpu_capacity_bytes=x.capacity, usable_bytes=x.usable,
                 precision=x.precision, topology=topology, notes=notes, batch=batch, train_tokens=train_tokens,
-                adapters=x.adapters, method=method_json(training, x.params, x.adapters))
+                adapters=x.adapters, method=method_json(training, x.params, x.adapters),
+                inter_node_gbps=x.machine.inter_node_gbps if x.machines > 1 else None)
 
 
 # --- Speed: the fastest rung that fits, the largest micro-batch, the best batch split ----------------
