@@ -341,3 +341,49 @@ def test_the_network_between_machines_comes_from_the_flag_the_answers_file_or_as
     assert "800 Gb/s (100 GB/s) of network per machine (--inter-node-gbps" in text.stdout, text.stderr
     bad = run(base + ["--inter-node-gbps", "0"])
     assert bad.returncode == 2 and "inter-node-gbps" in bad.stderr and "Traceback" not in bad.stderr
+
+
+LLAMA_8B = str(FIX / "models" / "llama-3.1-8b")
+
+
+def test_a_global_batch_drives_every_figure_the_answers_and_the_files(tmp_path):
+    """--global-batch 64 on 8 x A100 (issue 19): the fastest split becomes the plan's micro-batch and accumulation;
+    step time, tokens/s and the time to train are for it (they were for micro-batch 1 x 1, a batch of 8)."""
+    base = ["--model", LLAMA_8B, "--assume", "8xA100-80GB", "--global-batch", "64", "--train-tokens", "1e9"]
+    doc = json.loads(run(["plan", *base, "--json"]).stdout)
+    plan, choice = doc["plan"], doc["plan"]["choice"]
+    batch = plan["batch"]
+    assert batch["applied"] and batch["global_batch"] == 64
+    assert (choice["micro_batch"], choice["grad_accum"]) == (batch["micro_batch"], batch["grad_accum"])
+    assert choice["micro_batch"] * choice["grad_accum"] * 8 == 64 and choice["micro_batch"] > 1
+    speed = choice["speed"]
+    assert speed == batch["speed"]
+    assert speed["tokens_per_second"] == pytest.approx(64 * 2048 / speed["step_seconds"], rel=1e-4)
+    rung = next(r for r in plan["rungs"] if r["key"] == choice["key"])
+    assert rung["speed"]["train_seconds"] == pytest.approx(1e9 / speed["tokens_per_second"], rel=1e-3)
+    assert (doc["answers"]["micro_batch"], doc["answers"]["grad_accum"]) == (choice["micro_batch"],
+                                                                              choice["grad_accum"])
+    text = run(["plan", *base]).stdout
+    from wizard.planning.speed import fmt_duration
+    assert f"Time to train 1B tokens: {fmt_duration(1e9 / speed['tokens_per_second'])}" in text
+    assert (f"Batch: micro-batch {choice['micro_batch']} x accumulation {choice['grad_accum']} x 8 processes = the "
+            "global batch of 64") in text
+    # The files: an own Accelerate loop gets the accumulation written out; HF Trainer's TrainingArguments carry it.
+    out = run(["--non-interactive", *base, "--trainer", "accelerate", "--output-dir", str(tmp_path)])
+    assert out.returncode == 0, out.stderr
+    ds = json.loads((tmp_path / "ds_config.json").read_text())
+    assert ds["gradient_accumulation_steps"] == choice["grad_accum"]
+    assert ds["train_micro_batch_size_per_gpu"] == "auto"        # accelerate fills it from the dataloader
+
+
+def test_explicit_micro_batch_and_accumulation_win_over_the_global_batch():
+    base = ["plan", "--model", LLAMA_8B, "--assume", "8xA100-80GB", "--global-batch", "64", "--json"]
+    both = json.loads(run(base + ["--micro-batch", "1", "--grad-accum", "1"]).stdout)
+    assert not both["plan"]["batch"]["applied"] and both["plan"]["batch"]["global_batch"] == 8
+    assert (both["plan"]["choice"]["micro_batch"], both["plan"]["choice"]["grad_accum"]) == (1, 1)
+    assert any("they win" in n and "--global-batch of 64" in n for n in both["plan"]["notes"])
+    micro = json.loads(run(base + ["--micro-batch", "4"]).stdout)
+    assert (micro["answers"]["micro_batch"], micro["answers"]["grad_accum"]) == (4, 2)
+    assert (micro["plan"]["choice"]["micro_batch"], micro["plan"]["choice"]["grad_accum"]) == (4, 2)
+    bad = run(base + ["--micro-batch", "3"])
+    assert bad.returncode == 2 and "micro-batch" in bad.stderr and "divisor of 8" in bad.stderr

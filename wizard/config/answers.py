@@ -234,7 +234,14 @@ def _take(cls: type, a: dict[str, Any], rename: dict[str, str] | None = None) ->
 
 
 def training_options(a: dict[str, Any]) -> TrainingOptions:
-    return _take(TrainingOptions, a)
+    """TrainingOptions from answers. With a global batch, an unset micro-batch or accumulation (None: their
+    default then) comes from it: the plan takes the fastest split of it (TrainingOptions.split)."""
+    options = _take(TrainingOptions, a)
+    if a.get("global_batch") is None:
+        return options
+    micro, accum = a.get("micro_batch") is not None, a.get("grad_accum") is not None
+    split = "given" if micro and accum else "micro" if micro else "accum" if accum else "auto"
+    return replace(options, split=split)
 
 
 def strategy_options(a: dict[str, Any]) -> StrategyOptions:

@@ -618,6 +618,19 @@ def _plans_gpus(ctx: Context) -> bool:
     return ctx.hardware is None or bool(ctx.hardware.num_gpus)
 
 
+def _split_default(ctx: Context) -> int | None:
+    """1; unset (None) when a global batch is given: the plan then picks the fastest split of it and the answer
+    becomes that split (pipeline.apply_split)."""
+    return None if ctx.given.get("global_batch") is not None or _a(ctx, "global_batch") is not None else 1
+
+
+def _grad_accum_why(ctx: Context) -> str:
+    split = ctx.plan.batch if ctx.plan is not None else None
+    if split is not None and split.applied:
+        return f"Unset: {split.grad_accum}, the fastest split of the global batch of {split.global_batch}."
+    return "1: no accumulation; raise it for a larger effective batch."
+
+
 def _micro_batch_why(ctx: Context) -> str:
     """With a plan: the largest micro-batch the chosen rung holds and the fastest split of the batch."""
     least = "1 uses the least memory"
@@ -628,6 +641,10 @@ def _micro_batch_why(ctx: Context) -> str:
     if choice.max_micro_batch_gc and choice.max_micro_batch_gc != choice.max_micro_batch:
         text += f" ({choice.max_micro_batch_gc} with gradient checkpointing)"
     split = ctx.plan.batch
+    if split is not None and split.applied:
+        gc = " with gradient checkpointing" if split.gradient_checkpointing else ""
+        return (f"Unset: {split.micro_batch} x accumulation {split.grad_accum}{gc}, the fastest split of the global "
+                f"batch of {split.global_batch} on {choice.name} (up to {choice.max_micro_batch} fits).")
     if split is not None:
         gc = " with gradient checkpointing" if split.gradient_checkpointing else ""
         text += (f"; the fastest split of the global batch of {split.global_batch} is micro-batch "
@@ -798,11 +815,11 @@ QUESTIONS: tuple[Question, ...] = (
     _q("micro_batch", "Micro-batch per device",
        "Samples each process (one per GPU, or per CPU process) holds at once; activations scale with it. "
        "Bigger is faster until memory runs out.",
-       "int", "training", default=1, check=_positive, why=_micro_batch_why),
+       "int", "training", default=_split_default, check=_positive, why=_micro_batch_why),
     _q("grad_accum", "Gradient accumulation steps",
        "Gives a bigger effective batch (micro-batch x accumulation x processes) at no extra memory, "
-       "at the cost of fewer optimizer steps per sample.", "int", "training", default=1, check=_positive,
-       why="1: no accumulation; raise it for a larger effective batch."),
+       "at the cost of fewer optimizer steps per sample.", "int", "training", default=_split_default,
+       check=_positive, why=_grad_accum_why),
     _q("global_batch", "Global batch (samples per optimizer step)",
        "The plan looks for the fastest micro-batch x accumulation that gives this batch on the chosen rung "
        "(bigger micro-batches use the GPU better until memory runs out).", "int", "training",

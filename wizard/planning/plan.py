@@ -51,6 +51,14 @@ class TrainingOptions:
     lora_alpha: int | None = None         # None: 2 x rank
     lora_targets: str | None = None       # None: peft's default for the architecture; "all-linear"; names
     lora_dropout: float = 0.05
+    # Which of micro-batch and accumulation a global_batch decides (answers.training_options sets it from what was
+    # given): "auto" (neither: the fastest split of the global batch on each rung), "micro" (micro-batch given:
+    # accumulation follows), "accum" (accumulation given: micro-batch follows), "given" (both given: they win).
+    # Without a global_batch it does not matter.
+    split: str = "auto"
+
+
+SPLITS = ("given", "auto", "micro", "accum")
 
 
 @dataclass
@@ -95,6 +103,8 @@ class Rung:
     train_seconds: float | None = None    # time to train --train-tokens at this rung's speed
     max_micro_batch: int = 0              # largest micro-batch whose per-GPU estimate fits (0: none)
     max_micro_batch_gc: int = 0           # the same with gradient checkpointing on
+    micro_batch: int = 0                  # the split its speed and memory are for (micro-batch x accumulation)
+    grad_accum: int = 0
 
     @property
     def offloads(self) -> bool:
@@ -124,10 +134,12 @@ class BatchSplit:
     gradient_checkpointing: bool
     speed: speed_mod.Speed
     current: speed_mod.Speed | None       # the asked-for split's speed (None when it does not fit)
+    applied: bool = False                 # the plan runs this split (--global-batch without --micro-batch/--grad-accum)
 
     def to_json(self) -> dict[str, Any]:
         return {"global_batch": self.global_batch, "micro_batch": self.micro_batch, "grad_accum": self.grad_accum,
-                "gradient_checkpointing": self.gradient_checkpointing, "speed": self.speed.to_json(),
+                "gradient_checkpointing": self.gradient_checkpointing, "applied": self.applied,
+                "speed": self.speed.to_json(),
                 "speedup": None if self.current is None else
                 round(self.speed.tokens_per_second / self.current.tokens_per_second, 3)}
 
@@ -139,8 +151,14 @@ class Alternative:
     method: str                           # lora | qlora
     rank: int
     trainable_params: int
-    choice: Rung | None                   # its plan's choice; None when it does not fit either
+    choice: Rung | None                   # its plan's choice (at its fastest split); None when it does not fit either
     reference: Rung | None                # the full fine-tuning choice it is compared with
+    # Both sides at their fastest split of the same global batch (Plan.batch), so neither is judged at a
+    # micro-batch it would not run: None falls back to the rungs' own speeds.
+    speed: speed_mod.Speed | None = None
+    reference_speed: speed_mod.Speed | None = None
+    split: tuple[int, int] | None = None  # the alternative's (micro-batch, accumulation)
+    reference_split: tuple[int, int] | None = None
 
     @property
     def text(self) -> str:
@@ -150,10 +168,16 @@ class Alternative:
         c = self.choice
         gc = " with gradient checkpointing" if c.gradient_checkpointing else ""
         where = f"fits with {c.name}{gc} ({fmt_bytes(c.per_gpu_bytes)} per GPU)"
-        if self.reference is not None and self.reference.speed is not None and c.speed is not None:
-            rel = speed_mod.relative(c.speed, self.reference.speed)
-            return f"{label}: {where}, ≈{speed_mod.fmt_rate(c.tokens_per_second)}, {rel} than {self.reference.name}"
-        return f"{label}: {where}, ≈{speed_mod.fmt_rate(c.tokens_per_second)}"
+        own = self.speed or c.speed
+        at = f" at micro-batch {self.split[0]} x {self.split[1]}" if self.split else ""
+        ref = self.reference_speed or (self.reference.speed if self.reference is not None else None)
+        if self.reference is not None and ref is not None and own is not None:
+            rel = speed_mod.relative(own, ref)
+            ref_at = f" (at micro-batch {self.reference_split[0]} x {self.reference_split[1]})" \
+                if self.reference_split else ""
+            return (f"{label}: {where}, ≈{speed_mod.fmt_rate(own.tokens_per_second)}{at}, {rel} than "
+                    f"{self.reference.name}{ref_at}")
+        return f"{label}: {where}, ≈{speed_mod.fmt_rate(c.tokens_per_second)}{at}"
 
     def to_json(self) -> dict[str, Any]:
         return {"method": self.method, "rank": self.rank, "trainable_params": self.trainable_params,
@@ -177,6 +201,9 @@ class Plan:
     adapters: Any = field(default=None, repr=False)
     method: dict[str, Any] = field(default_factory=lambda: {"name": "full"})   # method_json: plan --json's "method"
     inter_node_gbps: float | None = None  # the network between machines the speeds assume (None: one machine)
+    # An offload-bound choice: the same rung at its largest micro-batch (same accumulation), whose CPU optimizer
+    # step is spread over more tokens. None otherwise.
+    amortised: BatchSplit | None = None
 
     def to_json(self) -> dict[str, Any]:
         c = self.choice
@@ -188,6 +215,7 @@ class Plan:
                 "per_gpu_bytes": c.per_gpu_bytes, "cpu_bytes": c.cpu_bytes, "key": c.key, "name": c.name,
                 "speed": None if c.speed is None else c.speed.to_json(),
                 "max_micro_batch": c.max_micro_batch, "max_micro_batch_gc": c.max_micro_batch_gc,
+                "micro_batch": c.micro_batch, "grad_accum": c.grad_accum,
             },
             "method": dict(self.method),
             "batch": None if self.batch is None else self.batch.to_json(),
@@ -199,6 +227,7 @@ class Plan:
             "world_size": self.topology.world_size,
             "num_machines": self.topology.num_machines,
             "inter_node_gbps": self.inter_node_gbps,
+            "amortised": None if self.amortised is None else self.amortised.to_json(),
             "cpu_only": self.topology.cpu,
             "notes": list(self.notes),
             "rungs": [r.to_json() for r in self.rungs],
@@ -890,15 +919,33 @@ def make_plan(hw, model, training: TrainingOptions, strategy: StrategyOptions, t
     `adapters` (wizard.sizing.lora.AdapterShape) is required for --method lora/qlora on a model read from a config;
     a --params shape is sized analytically here."""
     notes: list[str] = []
+    _check_choice(training.split, SPLITS, "split")
+    training, auto_split = _split_training(training, topology, notes)
     x = _resolve(hw, model, training, strategy, topology, notes)
     x = _with_adapters(x, model, training, adapters, notes)
     train_tokens = _train_tokens(training)
+    global_batch = _global_batch(training, x.world)
     keys = ladder_keys(strategy, x.world, x.cpu, training.method)
     evaluated = [_evaluate(RUNG_SPECS[k], x, training.gradient_checkpointing) for k in keys]
+    at: dict[str, _Inputs] = {k: x for k in keys}        # the inputs (micro-batch x accumulation) each rung runs
+    splits: dict[str, BatchSplit] = {}
+    if auto_split:
+        # Every rung that fits runs its own fastest split of the global batch, so rungs (and LoRA against full
+        # fine-tuning) are compared as each would really run, and the choice's figures are the split's.
+        for i, (rung, _) in enumerate(evaluated):
+            spec = RUNG_SPECS[rung.key]
+            split = fastest_split(spec, x, global_batch, training.gradient_checkpointing, None) if rung.fits else None
+            if split is None:
+                continue
+            splits[rung.key] = replace(split, applied=True)
+            at[rung.key] = replace(x, batch=split.micro_batch, grad_accum=split.grad_accum)
+            evaluated[i] = _evaluate(spec, at[rung.key], training.gradient_checkpointing)
     rungs = [r for r, _ in evaluated]
     for rung in rungs:
         spec = RUNG_SPECS[rung.key]
-        rung.speed = _speed(spec, x, x.batch, x.grad_accum, rung.gradient_checkpointing)
+        rx = at[rung.key]
+        rung.micro_batch, rung.grad_accum = rx.batch, rx.grad_accum
+        rung.speed = _speed(spec, rx, rx.batch, rx.grad_accum, rung.gradient_checkpointing)
         if train_tokens:
             rung.train_seconds = rung.speed.train_seconds(train_tokens)
         if training.gradient_checkpointing != "on":
@@ -916,10 +963,15 @@ def make_plan(hw, model, training: TrainingOptions, strategy: StrategyOptions, t
         notes.append(f"Free space at the NVMe path {x.nvme_path} is unknown, so the NVMe rung's disk need is not "
                      "checked.")
     batch = None
-    if choice is not None:
-        batch = fastest_split(RUNG_SPECS[choice.key], x, _global_batch(training, x.world),
+    if choice is not None and choice.key in splits:
+        batch = splits[choice.key]
+    elif choice is not None:
+        batch = fastest_split(RUNG_SPECS[choice.key], x, global_batch,
                               training.gradient_checkpointing, choice.speed if choice.fits else None)
-    return Plan(rungs=rungs, choice=choice, gpu_capacity_bytes=x.capacity, usable_bytes=x.usable,
+    amortised = None
+    if choice is not None and choice.fits and choice.speed is not None and choice.speed.bound == "offload":
+        amortised = _amortised(RUNG_SPECS[choice.key], at[choice.key], choice, global_batch)
+    return Plan(rungs=rungs, choice=choice, gpu_capacity_bytes=x.capacity, usable_bytes=x.usable, amortised=amortised,
                 precision=x.precision, topology=topology, notes=notes, batch=batch, train_tokens=train_tokens,
                 adapters=x.adapters, method=method_json(training, x.params, x.adapters),
                 inter_node_gbps=x.machine.inter_node_gbps if x.machines > 1 else None)
@@ -1003,6 +1055,50 @@ def _global_batch(training: TrainingOptions, world: int) -> int:
         raise InputError("--global-batch", f"{g} is not a multiple of the {world} processes",
                          f"a multiple of {world}")
     return g
+
+
+def _amortised(spec: RungSpec, x: _Inputs, choice: Rung, global_batch: int) -> BatchSplit | None:
+    """An offload rung pays its CPU optimizer step (and the upload of the updated weights) once per optimizer step,
+    whatever the tokens in it: the same rung at its largest micro-batch, accumulation unchanged, shows what that is
+    worth (a larger global batch: say so). None when no larger micro-batch fits."""
+    largest = max(choice.max_micro_batch, choice.max_micro_batch_gc)
+    if largest <= x.batch:
+        return None
+    gc = largest > choice.max_micro_batch
+    speed = _speed(spec, x, largest, x.grad_accum, gc)
+    return BatchSplit(largest * x.grad_accum * x.world, largest, x.grad_accum, gc, speed, choice.speed)
+
+
+def _split_training(training: TrainingOptions, topology: Topology, notes: list[str]) -> tuple[TrainingOptions, bool]:
+    """The micro-batch and accumulation the ladder is walked with, and whether each rung then takes its fastest
+    split of --global-batch (True only when neither --micro-batch nor --grad-accum was given: given ones win)."""
+    if training.global_batch is None:
+        return replace(training, split="given"), False
+    world = _positive(topology.num_machines, "--num-machines") * _positive(topology.processes_per_machine,
+                                                                          "--num-processes")
+    g = _global_batch(training, world)
+    per = g // world
+    if training.split == "auto":
+        return replace(training, micro_batch=1, grad_accum=per), True
+    if training.split == "micro":
+        micro = _positive(training.micro_batch, "--micro-batch")
+        if per % micro:
+            raise InputError("--micro-batch", f"{micro} does not divide the {per} samples per process of "
+                             f"--global-batch {g}", f"a divisor of {per}")
+        notes.append(f"--micro-batch {micro} was given: accumulation {per // micro} makes the global batch of {g}.")
+        return replace(training, grad_accum=per // micro, split="given"), False
+    if training.split == "accum":
+        accum = _positive(training.grad_accum, "--grad-accum")
+        if per % accum:
+            raise InputError("--grad-accum", f"{accum} does not divide the {per} samples per process of "
+                             f"--global-batch {g}", f"a divisor of {per}")
+        notes.append(f"--grad-accum {accum} was given: micro-batch {per // accum} makes the global batch of {g}.")
+        return replace(training, micro_batch=per // accum, split="given"), False
+    own = training.micro_batch * training.grad_accum * world
+    if own != g:
+        notes.append(f"--micro-batch {training.micro_batch} and --grad-accum {training.grad_accum} were given: they "
+                     f"win, so a step takes {own} samples, not the --global-batch of {g}.")
+    return replace(training, global_batch=None), False
 
 
 def _train_tokens(training: TrainingOptions) -> int | None:
