@@ -387,3 +387,19 @@ def test_explicit_micro_batch_and_accumulation_win_over_the_global_batch():
     assert (micro["plan"]["choice"]["micro_batch"], micro["plan"]["choice"]["grad_accum"]) == (4, 2)
     bad = run(base + ["--micro-batch", "3"])
     assert bad.returncode == 2 and "micro-batch" in bad.stderr and "divisor of 8" in bad.stderr
+
+
+def test_when_host_ram_is_what_does_not_fit_the_message_says_so_and_how_much_would():
+    """7B full fine-tuning on one A100-80GB: the offload rungs fit on the GPU, DeepSpeed's host-RAM need does not
+    fit the assumed RAM. The message said only 'with 2 GPUs (2 machines x 1)'."""
+    out = run(["plan", "--params", "7B", "--assume", "1xA100-80GB"])
+    assert out.returncode == 3, out.stderr
+    msg = out.stderr
+    assert "Nothing fits. Host RAM is what does not fit: ZeRO-2 + CPU optimizer offload fits on the GPU" in msg
+    assert "of host RAM per machine, and the machine has 144.0 GiB available (160.0 GiB in all)" in msg
+    import re
+    ram = re.search(r"With (\d+)\.0 GiB of RAM \(--assume \.\.\.,ram=(\d+)G\)", msg)
+    assert ram and ram.group(1) == ram.group(2), msg
+    fits = run(["plan", "--params", "7B", "--assume", f"1xA100-80GB,ram={ram.group(2)}G", "--json"])
+    assert fits.returncode == 0 and json.loads(fits.stdout)["plan"]["choice"]["key"] == "zero2-offload-opt"
+    assert msg.index("Host RAM") < msg.index("with 2 GPUs")

@@ -1301,13 +1301,48 @@ def what_would_fit(hw, model, training: TrainingOptions, strategy: StrategyOptio
     return out
 
 
+def _host_ram_is_short(plan: Plan, hw, model, training: TrainingOptions, strategy: StrategyOptions,
+                       topology: Topology) -> str:
+    """When a rung fits on the GPUs and only host RAM stops it: which, how much RAM it needs against what the
+    machine has, and the RAM that makes the plan fit (verified by re-planning); "" otherwise."""
+    ram = _available_host_ram(hw)
+    if not ram or plan.topology.cpu:
+        return ""
+    short = [r for r in plan.rungs if not r.fits and r.per_gpu_bytes <= plan.usable_bytes and r.cpu_bytes > ram
+             and not _uses_nvme(RUNG_SPECS[r.key])]
+    if not short:
+        return ""
+    rung = min(short, key=lambda r: (_rung_class(r), r.cpu_bytes))
+    assumed = hw.source.startswith("assume:")
+    total = hw.ram_total or ram
+    # An assumed machine has 90 % of its RAM available (hardware.assume); a probed one what is free now.
+    step = 16 * GiB
+    need_total = -(-math.ceil(rung.cpu_bytes * total / ram) // step) * step
+    richer = replace(hw, ram_total=need_total, ram_available=int(need_total * ram / total))
+    fixed = _try(hw=richer, model=model, training=training, strategy=strategy, topology=topology,
+                 adapters=plan.adapters)
+    have = (f"the machine has {fmt_bytes(ram)} available ({fmt_bytes(total)} in all)" if total != ram
+            else f"the machine has {fmt_bytes(ram)}")
+    text = (f"Host RAM is what does not fit: {rung.name} fits on the {'GPU' if plan.topology.world_size == 1 else 'GPUs'}"
+            f" ({fmt_bytes(rung.per_gpu_bytes)} of {fmt_bytes(plan.usable_bytes)} per GPU) but needs "
+            f"{fmt_bytes(rung.cpu_bytes)} of host RAM per machine, and {have}.")
+    if fixed is not None:
+        how = (f"--assume ...,ram={need_total // GiB}G" if assumed else "a machine with that much")
+        text += (f" With {fmt_bytes(need_total)} of RAM ({how}) {_fits_text(fixed)}"
+                 f"{', ≈' + speed_mod.fmt_rate(fixed.choice.tokens_per_second) if fixed.choice.speed else ''}.")
+    return text
+
+
 def explain_nothing_fits(plan: Plan, hw, model, training: TrainingOptions, strategy: StrategyOptions,
                          topology: Topology) -> str:
     """For exit 3: how far the closest rung is from fitting, and what would fit (each one verified)."""
     misses = [(_shortfall(r, plan, hw, strategy), r) for r in plan.rungs if not r.fits]
     lines = []
     phrase = ""
-    if misses:
+    ram_text = _host_ram_is_short(plan, hw, model, training, strategy, topology)
+    if ram_text:
+        lines.append(f"Nothing fits. {ram_text}")
+    elif misses:
         (_, phrase), best = min(misses, key=lambda m: m[0][0])
         lines.append(f"Nothing fits. The closest rung, {best.name}, {phrase}.")
     else:
