@@ -395,7 +395,7 @@ def test_when_host_ram_is_what_does_not_fit_the_message_says_so_and_how_much_wou
     out = run(["plan", "--params", "7B", "--assume", "1xA100-80GB"])
     assert out.returncode == 3, out.stderr
     msg = out.stderr
-    assert "Nothing fits. Host RAM is what does not fit: ZeRO-2 + CPU optimizer offload fits on the GPU" in msg
+    assert "Host RAM is what stops ZeRO-2 + CPU optimizer offload: it fits on the GPU (" in msg
     assert "of host RAM per machine, and the machine has 144.0 GiB available (160.0 GiB in all)" in msg
     import re
     ram = re.search(r"With (\d+)\.0 GiB of RAM \(--assume \.\.\.,ram=(\d+)G\)", msg)

@@ -1323,7 +1323,7 @@ def _host_ram_is_short(plan: Plan, hw, model, training: TrainingOptions, strateg
                  adapters=plan.adapters)
     have = (f"the machine has {fmt_bytes(ram)} available ({fmt_bytes(total)} in all)" if total != ram
             else f"the machine has {fmt_bytes(ram)}")
-    text = (f"Host RAM is what does not fit: {rung.name} fits on the {'GPU' if plan.topology.world_size == 1 else 'GPUs'}"
+    text = (f"Host RAM is what stops {rung.name}: it fits on the {'GPU' if plan.topology.world_size == 1 else 'GPUs'}"
             f" ({fmt_bytes(rung.per_gpu_bytes)} of {fmt_bytes(plan.usable_bytes)} per GPU) but needs "
             f"{fmt_bytes(rung.cpu_bytes)} of host RAM per machine, and {have}.")
     if fixed is not None:
@@ -1340,13 +1340,15 @@ def explain_nothing_fits(plan: Plan, hw, model, training: TrainingOptions, strat
     lines = []
     phrase = ""
     ram_text = _host_ram_is_short(plan, hw, model, training, strategy, topology)
-    if ram_text:
-        lines.append(f"Nothing fits. {ram_text}")
-    elif misses:
+    if misses:
         (_, phrase), best = min(misses, key=lambda m: m[0][0])
         lines.append(f"Nothing fits. The closest rung, {best.name}, {phrase}.")
     else:
         lines.append("Nothing fits.")
+    if ram_text:
+        # Host RAM, not GPU memory, stops a rung that fits on the GPUs: say how much would do, before the
+        # other changes (more GPUs) that also make something fit.
+        lines.append(ram_text)
     nvme_missing = any(_uses_nvme(RUNG_SPECS[r.key]) and "--nvme-path" in r.reason for r in plan.rungs)
     if nvme_missing and "--nvme-path" not in phrase:
         lines.append("NVMe offload (the last rung) was not possible: give --nvme-path on a fast local disk.")
