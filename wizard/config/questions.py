@@ -50,6 +50,7 @@ from wizard.planning.plan import (
     Plan,
 )
 from wizard.probe.hardware import Hardware
+from wizard.sizing.model import TASKS as MODEL_TASKS
 from wizard.sizing.model import ModelShape
 from wizard.units import GiB, fmt_bytes, parse_bytes, parse_count
 
@@ -806,6 +807,11 @@ QUESTIONS: tuple[Question, ...] = (
                     "attention scores take memory in proportion to heads x sequence length squared."),
     _shape_override("vocab_size", "Vocabulary size", "Overrides the estimated vocabulary; the fp32 logits take "
                     "sequence x batch x vocabulary x 4 bytes, large for 128k-150k vocabularies."),
+
+    _q("task", "Task (the model's head)",
+       "What the head outputs decides the logits' memory: a language model's vocabulary per token, a sequence "
+       "classifier's labels per sample.", "choice", "model", choices=("auto",) + MODEL_TASKS, default="auto",
+       advanced=True, why="auto: the head of the architecture the config names (a causal LM without one)."),
 
     # ---------------------------------------------------------------- training
     _q("seq_len", "Sequence length (tokens)",

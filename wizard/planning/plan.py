@@ -56,6 +56,7 @@ class TrainingOptions:
     # accumulation follows), "accum" (accumulation given: micro-batch follows), "given" (both given: they win).
     # Without a global_batch it does not matter.
     split: str = "auto"
+    task: str = "auto"                    # the head trained: auto (the config's architectures) or a TASKS name
 
 
 SPLITS = ("given", "auto", "micro", "accum")
@@ -392,6 +393,8 @@ class _Inputs:
     active_params: int = 0               # what one token's matmuls run through (speed.matmul_params: MoE active)
     machine: speed_mod.Machine | None = None
     adapters: Any = None                 # wizard.sizing.lora.AdapterShape for LoRA / QLoRA; None for full fine-tuning
+    task: str = "causal-lm"              # the head: what its output (the logits) is per sample
+    num_labels: int = 0
     lora_dropout: float = 0.0
 
     @property
@@ -511,7 +514,7 @@ def _estimate(spec: RungSpec, x: _Inputs, gc: bool) -> _Estimate:
     activations = mem.stack_activation_bytes(x.stack, x.seq, x.batch, x.flash, gc, x.precision)
     if x.adapters is not None:
         activations += _adapter_activation_bytes(x, gc)
-    logits = mem.logits_bytes(x.seq, x.batch, x.vocab, x.precision)
+    logits = _head_output_bytes(x)
     buffers = _buffers(spec, x)
     autocast = _autocast(spec, x, gc)
     margin = mem.margin_bytes(states.gpu + autocast + activations + logits + buffers)
@@ -522,6 +525,16 @@ def _estimate(spec: RungSpec, x: _Inputs, gc: bool) -> _Estimate:
     }
     # CPU processes: everything is already host RAM inside the per-process figure.
     return _Estimate(breakdown, sum(breakdown.values()), 0 if x.cpu else _host_ram(spec, x, states), states.nvme)
+
+
+def _head_output_bytes(x: _Inputs) -> int:
+    """The head's output and its loss at their peak (memory.logits_bytes per element): a language model's
+    vocabulary per token; a sequence classifier's num_labels per sample (the pooled first token); a token
+    classifier's num_labels per token; extractive QA's start and end logits per token; a bare model none."""
+    labels = max(x.num_labels, 1)
+    width, tokens = {"sequence-classification": (labels, 1), "token-classification": (labels, x.seq),
+                     "question-answering": (2, x.seq), "base": (0, 0)}.get(x.task, (x.vocab, x.seq))
+    return mem.logits_bytes(tokens, x.batch, width, x.precision)
 
 
 # Adapted modules whose input is the MLP's intermediate activation rather than the hidden state.
@@ -783,7 +796,10 @@ def _resolve(hw, model, training: TrainingOptions, strategy: StrategyOptions, to
         notes.append("The checkpoint's dtype is not recorded (config.json has no dtype): loading it is counted at "
                      "2 B/param, a 16-bit checkpoint; an fp32 one needs twice that host RAM.")
     embedding = model.vocab_size * model.hidden_size
-    head_params = min(embedding, model.params)
+    task = _task(training, model, notes)
+    num_labels = getattr(model, "num_labels", 0) or 2
+    lm = task in ("causal-lm", "masked-lm", "seq2seq-lm")
+    head_params = min(embedding, model.params) if lm else model.hidden_size * num_labels
     # The input embedding is a lookup (no autocast copy) unless it is also the LM head.
     matmul_params = model.params if model.tied_embeddings else max(model.params - embedding, 0)
     return _Inputs(
@@ -799,7 +815,24 @@ def _resolve(hw, model, training: TrainingOptions, strategy: StrategyOptions, to
         usable=mem.usable_bytes(capacity, headroom), headroom=headroom, ram=ram,
         nvme_path=nvme_path, nvme_free=nvme_free,
         grad_accum=training.grad_accum, machine=machine, active_params=_active_params(model),
+        task=task, num_labels=num_labels,
     )
+
+
+def _task(training: TrainingOptions, model, notes: list[str]) -> str:
+    """--task, else the head of the class the config names (ModelShape.task)."""
+    from wizard.sizing.model import TASKS
+    _check_choice(training.task, ("auto",) + TASKS, "--task")
+    built = getattr(model, "task", "causal-lm")
+    if training.task == "auto":
+        if built not in ("causal-lm", "seq2seq-lm"):
+            notes.append(f"The config's architecture is a {built} model: its head's output is sized as such "
+                         f"({getattr(model, 'num_labels', 0) or 2} labels where it has labels), not as a vocabulary.")
+        return built
+    if training.task != built and getattr(model, "exact", True):
+        notes.append(f"--task {training.task}: the head's output is sized for it; the parameters are those of the "
+                     f"config's architecture ({built}).")
+    return training.task
 
 
 def _with_adapters(x: _Inputs, model, training: TrainingOptions, adapters, notes: list[str]) -> _Inputs:
