@@ -857,11 +857,13 @@ QUESTIONS: tuple[Question, ...] = (
        check=_positive, advanced=True, when=lambda ctx: _a(ctx, "method", "full") != "full",
        why="Unset: 2 x rank, TRL's default."),
     _q("lora_targets", "LoRA target modules",
-       "Which linear layers get adapters: peft's default for the architecture (attention's q and v for Llama), "
-       "all-linear, or names such as q_proj,k_proj,v_proj,o_proj.", "str", "training", advanced=True,
+       "Which linear layers get adapters: by default every Linear layer but the output layer (named one by one), "
+       "all-linear (peft's shorthand), or names such as q_proj,k_proj,v_proj,o_proj.", "str", "training",
+       advanced=True,
        when=lambda ctx: _a(ctx, "method", "full") != "full", check=_check_lora_targets,
        allowed="default, all-linear, or comma-separated module names",
-       why="Unset: what peft picks for this architecture."),
+       why="Unset: every Linear layer, as the QLoRA paper found necessary to match full fine-tuning and as "
+           "LLaMA-Factory's and axolotl's recipes do (attention's q and v alone, peft's default, fall short)."),
     _q("lora_dropout", "LoRA dropout",
        "Dropout on the adapters' input; above 0 each adapter keeps a copy of its input for backward.", "float",
        "training", default=0.05, advanced=True, when=lambda ctx: _a(ctx, "method", "full") != "full",
