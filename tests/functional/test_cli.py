@@ -257,7 +257,8 @@ def test_underscores_are_renamed_only_before_the_training_scripts_own_arguments(
 
 def test_help_shows_every_default():
     text = run(["--help"], env={"COLUMNS": "200"}).stdout
-    for flag, default in (("--seq-len", "2048"), ("--micro-batch", "1"), ("--headroom", "0.1"),
+    for flag, default in (("--seq-len", "2048"), ("--micro-batch", "1; with --global-batch, its fastest split"),
+                          ("--headroom", "0.1"),
                           ("--backend", "auto"), ("--optimizer", "adamw"), ("--cuda-context", "1GiB"),
                           ("--num-processes", "from the hardware and the plan"), ("--model", "unset")):
         lines = text.splitlines()

@@ -104,6 +104,7 @@ class Question:
     required_when: Callable[[Context], str | None] | None = None  # reason a value is required, or None
     allowed: str | None = None             # what the error message says is allowed
     fixed_default: bool = False            # the default is one value, whatever the hardware and plan (--help)
+    help_default: str | None = None        # what --help says the default is, where it is neither fixed nor the plan's
 
     # ---- the interface front ends use
 
@@ -619,6 +620,9 @@ def _plans_gpus(ctx: Context) -> bool:
     return ctx.hardware is None or bool(ctx.hardware.num_gpus)
 
 
+SPLIT_HELP_DEFAULT = "1; with --global-batch, its fastest split"
+
+
 def _split_default(ctx: Context) -> int | None:
     """1; unset (None) when a global batch is given: the plan then picks the fastest split of it and the answer
     becomes that split (pipeline.apply_split)."""
@@ -821,11 +825,12 @@ QUESTIONS: tuple[Question, ...] = (
     _q("micro_batch", "Micro-batch per device",
        "Samples each process (one per GPU, or per CPU process) holds at once; activations scale with it. "
        "Bigger is faster until memory runs out.",
-       "int", "training", default=_split_default, check=_positive, why=_micro_batch_why),
+       "int", "training", default=_split_default, check=_positive, why=_micro_batch_why,
+       help_default=SPLIT_HELP_DEFAULT),
     _q("grad_accum", "Gradient accumulation steps",
        "Gives a bigger effective batch (micro-batch x accumulation x processes) at no extra memory, "
        "at the cost of fewer optimizer steps per sample.", "int", "training", default=_split_default,
-       check=_positive, why=_grad_accum_why),
+       check=_positive, why=_grad_accum_why, help_default=SPLIT_HELP_DEFAULT),
     _q("global_batch", "Global batch (samples per optimizer step)",
        "The plan looks for the fastest micro-batch x accumulation that gives this batch on the chosen rung "
        "(bigger micro-batches use the GPU better until memory runs out).", "int", "training",

@@ -90,6 +90,8 @@ def help_default(qid: str) -> str:
     from wizard.config.questions import Context, by_id
     from wizard.frontends.session import format_value
     q = by_id(qid)
+    if q.help_default:
+        return q.help_default
     if not q.fixed_default:
         return "from the hardware and the plan"
     value = q.default(Context(hardware=None))
