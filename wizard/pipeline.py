@@ -38,6 +38,7 @@ class Request:
     assume: str | None = None
     output_dir: str | None = None
     dry_run: bool = False
+    plan_only: bool = False                  # `wizard plan`: nothing is rendered, so file-only answers may be missing
 
 
 @dataclass
@@ -78,9 +79,16 @@ def context(hw: Hardware, model: ModelShape | None, plan: Plan | None, answers: 
     return Context(hardware=hw, model=model, plan=plan, answers=dict(answers))
 
 
-def resolve_pre_plan(hw: Hardware, given: dict[str, Any], conflicts: list | None = None) -> dict[str, Any]:
-    """Answers for the questions asked before the plan (model, training, strategy, machines)."""
-    answers = answers_mod.resolve(PRE_PLAN_STAGES, context(hw, None, None, {}), given, conflicts=conflicts)
+# Answers only the written files need: planning two machines needs no address (accelerate's YAML does).
+FILES_ONLY = ("main_process_ip",)
+
+
+def resolve_pre_plan(hw: Hardware, given: dict[str, Any], conflicts: list | None = None,
+                     plan_only: bool = False) -> dict[str, Any]:
+    """Answers for the questions asked before the plan (model, training, strategy, machines). `plan_only`:
+    nothing will be rendered, so FILES_ONLY answers may stay missing."""
+    answers = answers_mod.resolve(PRE_PLAN_STAGES, context(hw, None, None, {}), given, conflicts=conflicts,
+                                  waive=FILES_ONLY if plan_only else ())
     return route_cpu_processes(answers, given)
 
 
@@ -137,6 +145,19 @@ def make_plan(hw: Hardware, model: ModelShape, answers: dict[str, Any]) -> Plan:
                               answers_mod.topology(answers, hw), adapters=adapters_for(model, training))
 
 
+def apply_split(answers: dict[str, Any], plan: Plan) -> dict[str, Any]:
+    """The answers with the micro-batch and accumulation the plan runs, where they were left to --global-batch:
+    from here on (files, TrainingArguments, --json's answers) the split is the plan's, as if typed."""
+    c = plan.choice
+    if c is None or not c.micro_batch:
+        return answers
+    out = dict(answers)
+    for qid, value in (("micro_batch", c.micro_batch), ("grad_accum", c.grad_accum)):
+        if out.get(qid) is None:
+            out[qid] = value
+    return out
+
+
 ALTERNATIVE_METHODS = ("lora", "qlora")
 
 
@@ -147,10 +168,14 @@ def wants_alternatives(plan: Plan, answers: dict[str, Any]) -> bool:
     return plan.choice is None or plan.choice.offloads
 
 
-def alternative_answers(answers: dict[str, Any], method: str) -> dict[str, Any]:
-    """The same answers with --method `method` at its defaults and the strategy left to the ladder."""
-    return {**answers, "method": method, "backend": "auto", "zero_stage": "auto", "offload": "auto",
-            "lora_rank": 16, "lora_alpha": None, "lora_targets": None, "lora_dropout": 0.05}
+def alternative_answers(answers: dict[str, Any], method: str, global_batch: int | None = None) -> dict[str, Any]:
+    """The same answers with --method `method` at its defaults and the strategy left to the ladder; with
+    `global_batch`, the micro-batch and accumulation are left to its fastest split of that batch."""
+    out = {**answers, "method": method, "backend": "auto", "zero_stage": "auto", "offload": "auto",
+           "lora_rank": 16, "lora_alpha": None, "lora_targets": None, "lora_dropout": 0.05}
+    if global_batch is not None:
+        out.update(global_batch=global_batch, micro_batch=None, grad_accum=None)
+    return out
 
 
 def alternatives(hw: Hardware, model: ModelShape, answers: dict[str, Any], plan: Plan,
@@ -162,8 +187,9 @@ def alternatives(hw: Hardware, model: ModelShape, answers: dict[str, Any], plan:
     if not wants_alternatives(plan, answers):
         return []
     out = []
+    best = plan.batch                     # the full fine-tuning choice at its fastest split of the global batch
     for method in ALTERNATIVE_METHODS:
-        alt = alternative_answers(answers, method)
+        alt = alternative_answers(answers, method, best.global_batch if best is not None else None)
         training = answers_mod.training_options(alt)
         if cached_only and not adapters_cached(model, training):
             continue
@@ -172,8 +198,12 @@ def alternatives(hw: Hardware, model: ModelShape, answers: dict[str, Any], plan:
             adapters = adapters_for(model, training)
         except InputError:
             continue
-        out.append(plan_mod.Alternative(method, training.lora_rank, adapters.trainable_params, alt_plan.choice,
-                                        plan.choice))
+        c = alt_plan.choice
+        out.append(plan_mod.Alternative(
+            method, training.lora_rank, adapters.trainable_params, c, plan.choice,
+            speed=c.speed if c is not None else None, reference_speed=best.speed if best is not None else None,
+            split=(c.micro_batch, c.grad_accum) if c is not None and best is not None else None,
+            reference_split=(best.micro_batch, best.grad_accum) if best is not None else None))
     return out
 
 
@@ -194,7 +224,8 @@ def adapter_trainings_to_size(model: ModelShape, answers: dict[str, Any], plan: 
     """TrainingOptions whose adapters make_plan (and the alternatives) need but are not sized yet."""
     wanted = [answers_mod.training_options(answers)]
     if plan is not None and wants_alternatives(plan, answers):
-        wanted += [answers_mod.training_options(alternative_answers(answers, m)) for m in ALTERNATIVE_METHODS]
+        g = plan.batch.global_batch if plan.batch is not None else None
+        wanted += [answers_mod.training_options(alternative_answers(answers, m, g)) for m in ALTERNATIVE_METHODS]
     return [t for t in wanted if not adapters_cached(model, t)]
 
 
@@ -272,12 +303,13 @@ def build(request: Request, hw: Hardware | None = None) -> Result:
     refuse_mpirun(request.given)
     from wizard.config.questions import check_precision_pair
     check_precision_pair(request.given.get("precision"), request.given.get("mixed_precision"))
-    answers = resolve_pre_plan(hw, request.given, conflicts)
+    answers = resolve_pre_plan(hw, request.given, conflicts, plan_only=request.plan_only)
     if conflicts:
         raise conflicts[0]
     model = size(answers)
     plan = make_plan(hw, model, answers)
     plan.alternatives = alternatives(hw, model, answers, plan)
+    answers = apply_split(answers, plan)
     result = Result(hardware=hw, model=model, plan=plan, answers=answers, output_dir=output_dir,
                     yaml_path=os.path.join(output_dir, "default_config.yaml"),
                     ds_path=os.path.join(output_dir, "ds_config.json"))
@@ -286,7 +318,8 @@ def build(request: Request, hw: Hardware | None = None) -> Result:
     result.answers = resolve_details(hw, model, plan, answers, request.given, conflicts)
     if conflicts:
         raise conflicts[0]
-    render(result)
+    if not request.plan_only:
+        render(result)
     return result
 
 

@@ -125,11 +125,12 @@ def test_bf16_qlora_zero3_stores_the_4bit_weights_in_bf16(tmp_path):
 
 
 def test_default_targets_are_the_ones_sized(tmp_path):
-    # No --lora-targets: the snippet names peft's default for the architecture, the targets the plan sized.
+    # No --lora-targets: the snippet names every Linear layer, the targets the plan sized.
     result = pipeline.build(Request(assume="1xA100-80GB", output_dir=str(tmp_path),
                                     given={"model": LLAMA_TINY, "method": "lora"}))
     adapters = pipeline.adapters_for(result.model, pipeline.answers_mod.training_options(result.answers))
-    assert lora_config_kwargs(result.answers, result.model)["target_modules"] == adapters.targets == ["q_proj", "v_proj"]
+    assert lora_config_kwargs(result.answers, result.model, result.plan)["target_modules"] == adapters.targets \
+        == ["down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj", "v_proj"]
     all_linear = dict(result.answers, lora_targets="all-linear")
     assert lora_config_kwargs(all_linear, result.model)["target_modules"] == "all-linear"
 

@@ -295,7 +295,8 @@ def test_underscores_are_renamed_only_before_the_training_scripts_own_arguments(
 
 def test_help_shows_every_default():
     text = run(["--help"], env={"COLUMNS": "200"}).stdout
-    for flag, default in (("--seq-len", "2048"), ("--micro-batch", "1"), ("--headroom", "0.1"),
+    for flag, default in (("--seq-len", "2048"), ("--micro-batch", "1; with --global-batch, its fastest split"),
+                          ("--headroom", "0.1"),
                           ("--backend", "auto"), ("--optimizer", "adamw"), ("--cuda-context", "1343MiB"),
                           ("--num-processes", "from the hardware and the plan"), ("--model", "unset")):
         lines = text.splitlines()
@@ -314,3 +315,130 @@ def test_non_interactive_help_says_what_is_required_and_what_is_defaulted():
     assert text.startswith("usage: wizard --non-interactive")
     assert "required: a model, --model ID_OR_PATH" in " ".join(text.split())
     assert "defaulted: everything else" in " ".join(text.split())
+
+
+LLAMA_70B = str(FIX / "models" / "llama-3-70b")
+
+
+@pytest.mark.parametrize("method", ["lora", "qlora"])
+@pytest.mark.parametrize("mode", ["plan", "--non-interactive"])
+def test_adapter_plan_with_nothing_fitting_exits_3_with_the_arithmetic(method, mode, tmp_path):
+    """An adapter plan where no rung fits re-plans its variants with the adapters it was sized with (it used
+    to raise 'make_plan needs the AdapterShape' from what_would_fit: a traceback, exit 1)."""
+    args = [mode, "--model", LLAMA_70B, "--assume", "2xRTX4090", "--method", method]
+    if mode != "plan":
+        args += ["--dry-run", "--output-dir", str(tmp_path)]
+    out = run(args, env={"WIZARD_CACHE_DIR": str(tmp_path / "cache")})
+    assert out.returncode == 3, out.stderr
+    assert "Traceback" not in out.stderr and "AdapterShape" not in out.stderr
+    assert "Nothing fits. The closest rung" in out.stderr
+    assert list(tmp_path.glob("*.yaml")) == []
+
+
+def test_plan_json_has_the_method_as_fields():
+    """DESIGN.md's plan.method: name, rank, alpha, targets, trainable_params, adapter_bytes (peft saves fp32)."""
+    out = run(["plan", "--params", "7B", "--assume", "1xA100-80GB", "--method", "qlora", "--lora-rank", "8",
+               "--lora-alpha", "8", "--lora-targets", "q_proj,k_proj", "--json"])
+    assert out.returncode == 0, out.stderr
+    method = json.loads(out.stdout)["plan"]["method"]
+    # Llama 7B shape of --params: h 4096, 32 layers; q_proj 4096x4096, k_proj 4096x4096 (no GQA): r (in + out) each
+    trainable = 32 * 8 * (2 * 4096 + 2 * 4096)
+    assert method == {"name": "qlora", "rank": 8, "alpha": 8, "targets": ["k_proj", "q_proj"],
+                      "trainable_params": trainable, "adapter_bytes": 4 * trainable}
+    full = json.loads(run(["plan", "--params", "7B", "--assume", "8xA100-80GB", "--json"]).stdout)
+    assert full["plan"]["method"]["name"] == "full"
+    assert full["plan"]["method"]["trainable_params"] == full["model"]["params"]
+
+
+def test_plan_for_two_machines_needs_no_address_but_writing_does(tmp_path):
+    """Planning two nodes is arithmetic; only accelerate's YAML needs the main machine's address."""
+    out = run(["plan", "--params", "7B", "--assume", "8xH100-80GB,nodes=2", "--json"])
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["plan"]["num_machines"] == 2 and doc["plan"]["world_size"] == 16 and doc["plan"]["choice"]
+    text = run(["plan", "--params", "7B", "--assume", "8xH100-80GB,nodes=2"])
+    assert text.returncode == 0 and "on 2 machine(s)" in text.stdout, text.stderr
+    files = run(["--non-interactive", "--params", "7B", "--assume", "8xH100-80GB,nodes=2", "--dry-run",
+                 "--output-dir", str(tmp_path)])
+    assert files.returncode == 2 and "main-process-ip" in files.stderr
+
+
+def test_the_network_between_machines_comes_from_the_flag_the_answers_file_or_assume(tmp_path):
+    base = ["plan", "--params", "70B", "--assume", "8xH100-80GB,nodes=2", "--json"]
+    default = json.loads(run(base).stdout)["plan"]
+    assert default["inter_node_gbps"] == 3200
+    flag = json.loads(run(base + ["--inter-node-gbps", "400"]).stdout)["plan"]
+    answers = tmp_path / "answers.yaml"
+    answers.write_text("inter_node_gbps: 400\n")
+    from_file = json.loads(run(base + ["--answers", str(answers)]).stdout)["plan"]
+    assumed = json.loads(run(["plan", "--params", "70B", "--assume", "8xH100-80GB,nodes=2,net=400G",
+                              "--json"]).stdout)["plan"]
+    for plan in (flag, from_file, assumed):
+        assert plan["inter_node_gbps"] == 400
+        assert plan["choice"]["speed"]["tokens_per_second"] < default["choice"]["speed"]["tokens_per_second"]
+    text = run(["plan", "--params", "70B", "--assume", "8xH100-80GB,nodes=2", "--inter-node-gbps", "800"])
+    assert "800 Gb/s (100 GB/s) of network per machine (--inter-node-gbps" in text.stdout, text.stderr
+    bad = run(base + ["--inter-node-gbps", "0"])
+    assert bad.returncode == 2 and "inter-node-gbps" in bad.stderr and "Traceback" not in bad.stderr
+
+
+LLAMA_8B = str(FIX / "models" / "llama-3.1-8b")
+
+
+def test_a_global_batch_drives_every_figure_the_answers_and_the_files(tmp_path):
+    """--global-batch 64 on 8 x A100 (issue 19): the fastest split becomes the plan's micro-batch and accumulation;
+    step time, tokens/s and the time to train are for it (they were for micro-batch 1 x 1, a batch of 8)."""
+    base = ["--model", LLAMA_8B, "--assume", "8xA100-80GB", "--global-batch", "64", "--train-tokens", "1e9"]
+    doc = json.loads(run(["plan", *base, "--json"]).stdout)
+    plan, choice = doc["plan"], doc["plan"]["choice"]
+    batch = plan["batch"]
+    assert batch["applied"] and batch["global_batch"] == 64
+    assert (choice["micro_batch"], choice["grad_accum"]) == (batch["micro_batch"], batch["grad_accum"])
+    assert choice["micro_batch"] * choice["grad_accum"] * 8 == 64 and choice["micro_batch"] > 1
+    speed = choice["speed"]
+    assert speed == batch["speed"]
+    assert speed["tokens_per_second"] == pytest.approx(64 * 2048 / speed["step_seconds"], rel=1e-4)
+    rung = next(r for r in plan["rungs"] if r["key"] == choice["key"])
+    assert rung["speed"]["train_seconds"] == pytest.approx(1e9 / speed["tokens_per_second"], rel=1e-3)
+    assert (doc["answers"]["micro_batch"], doc["answers"]["grad_accum"]) == (choice["micro_batch"],
+                                                                              choice["grad_accum"])
+    text = run(["plan", *base]).stdout
+    from wizard.planning.speed import fmt_duration
+    assert f"Time to train 1B tokens: {fmt_duration(1e9 / speed['tokens_per_second'])}" in text
+    assert (f"Batch: micro-batch {choice['micro_batch']} x accumulation {choice['grad_accum']} x 8 processes = the "
+            "global batch of 64") in text
+    # The files: an own Accelerate loop gets the accumulation written out; HF Trainer's TrainingArguments carry it.
+    out = run(["--non-interactive", *base, "--trainer", "accelerate", "--output-dir", str(tmp_path)])
+    assert out.returncode == 0, out.stderr
+    ds = json.loads((tmp_path / "ds_config.json").read_text())
+    assert ds["gradient_accumulation_steps"] == choice["grad_accum"]
+    assert ds["train_micro_batch_size_per_gpu"] == "auto"        # accelerate fills it from the dataloader
+
+
+def test_explicit_micro_batch_and_accumulation_win_over_the_global_batch():
+    base = ["plan", "--model", LLAMA_8B, "--assume", "8xA100-80GB", "--global-batch", "64", "--json"]
+    both = json.loads(run(base + ["--micro-batch", "1", "--grad-accum", "1"]).stdout)
+    assert not both["plan"]["batch"]["applied"] and both["plan"]["batch"]["global_batch"] == 8
+    assert (both["plan"]["choice"]["micro_batch"], both["plan"]["choice"]["grad_accum"]) == (1, 1)
+    assert any("they win" in n and "--global-batch of 64" in n for n in both["plan"]["notes"])
+    micro = json.loads(run(base + ["--micro-batch", "4"]).stdout)
+    assert (micro["answers"]["micro_batch"], micro["answers"]["grad_accum"]) == (4, 2)
+    assert (micro["plan"]["choice"]["micro_batch"], micro["plan"]["choice"]["grad_accum"]) == (4, 2)
+    bad = run(base + ["--micro-batch", "3"])
+    assert bad.returncode == 2 and "micro-batch" in bad.stderr and "divisor of 8" in bad.stderr
+
+
+def test_when_host_ram_is_what_does_not_fit_the_message_says_so_and_how_much_would():
+    """7B full fine-tuning on one A100-80GB: the offload rungs fit on the GPU, DeepSpeed's host-RAM need does not
+    fit the assumed RAM. The message said only 'with 2 GPUs (2 machines x 1)'."""
+    out = run(["plan", "--params", "7B", "--assume", "1xA100-80GB"])
+    assert out.returncode == 3, out.stderr
+    msg = out.stderr
+    assert "Host RAM is what stops ZeRO-2 + CPU optimizer offload: it fits on the GPU (" in msg
+    assert "of host RAM per machine, and the machine has 144.0 GiB available (160.0 GiB in all)" in msg
+    import re
+    ram = re.search(r"With (\d+)\.0 GiB of RAM \(--assume \.\.\.,ram=(\d+)G\)", msg)
+    assert ram and ram.group(1) == ram.group(2), msg
+    fits = run(["plan", "--params", "7B", "--assume", f"1xA100-80GB,ram={ram.group(2)}G", "--json"])
+    assert fits.returncode == 0 and json.loads(fits.stdout)["plan"]["choice"]["key"] == "zero2-offload-opt"
+    assert msg.index("Host RAM") < msg.index("with 2 GPUs")

@@ -266,3 +266,28 @@ def test_answers_piped_to_plain_are_refused_and_the_message_says_how_a_script_an
                               env=env, cwd=ROOT)
     assert scripted.returncode == 0, scripted.stderr
     assert (out / "default_config.yaml").exists()
+
+
+def test_a_global_batch_reaches_the_plan_the_training_arguments_and_the_files(tmp_path, capsys):
+    """--plain with a global batch of 64 on 8 x A100: the plan prints the split it runs and the time to train, and
+    the TrainingArguments carry that split (they said micro-batch 1 x 1 before: a batch of 8)."""
+    out = tmp_path / "out"
+    given = {"model": str(MODELS / "llama-3.1-8b"), "global_batch": 64, "train_tokens": "1e9", "trainer": "accelerate"}
+    request = Request(given=given, assume="8xA100-80GB", output_dir=str(out))
+    assert plain(request, ENTER * 80) == 0
+    printed = capsys.readouterr().out
+    expected = pipeline.build(Request(given=given, assume="8xA100-80GB", output_dir=str(out)))
+    b = expected.plan.batch
+    assert b.applied and b.micro_batch * b.grad_accum * 8 == 64 and b.micro_batch > 1
+    # Enter on the micro-batch prompt accepts the split the plan shows there, so the plan is then the same split
+    # as given: the same figures either way.
+    assert (f"Batch: micro-batch {b.micro_batch} x accumulation {b.grad_accum} x 8 processes" in printed
+            or f"global batch of 64: --micro-batch {b.micro_batch} --grad-accum {b.grad_accum}" in printed)
+    from wizard.frontends.report import speed_lines
+    for line in speed_lines(expected.plan):
+        if line.startswith(("Speed:", "Time to train")):
+            assert line in printed
+    assert f"per_device_train_batch_size={b.micro_batch}," in printed
+    assert f"gradient_accumulation_steps={b.grad_accum}," in printed
+    same_as_non_interactive(request, out, given)
+    assert json.loads((out / "ds_config.json").read_text())["gradient_accumulation_steps"] == b.grad_accum

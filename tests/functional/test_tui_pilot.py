@@ -726,3 +726,20 @@ async def test_f1_on_the_micro_batch_names_the_plans_largest_and_fastest_split(t
         body = " ".join(text_of(app.screen.query_one("#explain-body")).split())
         assert f"on {choice.name} up to {choice.max_micro_batch} fits" in body
         assert f"micro-batch {split.micro_batch} x accumulation {split.grad_accum}" in body
+
+
+async def test_a_global_batch_reaches_the_plan_screen_and_the_done_screens_training_arguments(tmp_path):
+    """Issue 19: with a global batch of 64 on 8 x A100 the Done screen said micro-batch 1 and accumulation 1 (a batch
+    of 8); the Plan screen now shows the split and the time to train, and Done's TrainingArguments carry the split."""
+    app = app_for(tmp_path, a100s(), model=LLAMA_8B, global_batch="64", train_tokens="1e9")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await reach(pilot, "PlanScreen")
+        await wait_until(pilot, lambda: app.state.plan is not None and app.state.plan.choice is not None)
+        c, b = app.state.plan.choice, app.state.plan.batch
+        assert b.applied and (c.micro_batch, c.grad_accum) == (b.micro_batch, b.grad_accum) and c.micro_batch > 1
+        status = app.screen.status_text()
+        assert f"batch {c.micro_batch}x{c.grad_accum}" in status and "to train" in status
+        await reach(pilot, "DoneScreen")
+        args = text_of(app.screen.query_one("#done-args"))
+        assert f"per_device_train_batch_size={b.micro_batch}," in args
+        assert f"gradient_accumulation_steps={b.grad_accum}," in args

@@ -13,10 +13,10 @@ import transformers  # noqa: E402
 
 from wizard.errors import InputError
 from wizard.sizing.lora import (
-    LLAMA_DEFAULT_TARGETS,
     AdapterShape,
     adapter_model_states,
     check_qlora_strategy,
+    all_linear_names,
     default_targets,
     lora_options,
     nf4_linear_bytes,
@@ -50,7 +50,8 @@ def _peft_counts(config, rank: int, targets):
     """peft's own get_nb_trainable_parameters() on a freshly meta-built model (computed, never pinned)."""
     with torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(config)
-    target_modules = default_targets(config.model_type) if targets is None else targets
+    # None: the wizard's default, peft's own all-linear module list by name (experts' fused parameters excluded).
+    target_modules = all_linear_names(model) if targets is None else targets
     lora = peft.LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0, target_modules=target_modules,
                            task_type="CAUSAL_LM")
     return peft.get_peft_model(model, lora).get_nb_trainable_parameters()
@@ -72,17 +73,28 @@ def test_trainable_and_frozen_equal_peft(arch, rank, targets):
     assert sum(shape.modules_per_target.values()) == shape.adapted_modules
 
 
-def test_default_targets_are_peft_mapping_and_all_linear_skips_lm_head():
+def test_default_targets_are_every_linear_layer_for_lora_and_qlora_and_all_linear_skips_lm_head():
+    """Issue 19: QLoRA's (and LoRA's) default was peft's per-architecture mapping, q_proj and v_proj for Llama; the
+    QLoRA paper and the LLaMA-Factory / axolotl recipes adapt every Linear layer."""
     config = _tiny_configs()["llama"]
-    default = size_adapters(config, lora_options("lora", rank=8))
-    assert default.targets == ["q_proj", "v_proj"] == sorted(LLAMA_DEFAULT_TARGETS)
-    assert default.modules_per_target == {"q_proj": 2, "v_proj": 2}
+    linears = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+    for method in ("lora", "qlora"):
+        default = size_adapters(config, lora_options(method, rank=8))
+        assert set(default.targets) == linears and default.modules_per_target == {t: 2 for t in linears}
+    assert default_targets("llama") == ["q_proj", "v_proj"]          # peft's mapping, no longer the default
     every = size_adapters(config, lora_options("lora", rank=8, targets="all-linear"))
     assert "lm_head" not in every.modules_per_target
     assert set(every.modules_per_target) == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
                                              "down_proj"}
     explicit = size_adapters(config, lora_options("lora", rank=8, targets="q_proj,k_proj"))
     assert explicit.modules_per_target == {"k_proj": 2, "q_proj": 2}
+
+
+def test_the_default_targets_work_on_moe_with_dropout():
+    """The default names Linear modules, so fused MoE experts (parameters, which peft wraps only without dropout)
+    are left out and the default dropout works; their router and attention get adapters."""
+    shape = size_adapters(_tiny_configs()["mixtral"], lora_options("lora", rank=8, dropout=0.05))
+    assert {"q_proj", "k_proj", "v_proj", "o_proj"} <= set(shape.targets)
 
 
 def test_moe_experts_under_all_linear_need_dropout_zero():
@@ -104,11 +116,14 @@ LLAMA2_7B = dict(architectures=["LlamaForCausalLM"], model_type="llama", hidden_
 
 
 def test_llama2_7b_pinned(tmp_path):
-    # 32 layers x (q_proj + v_proj) x r * (4096 + 4096) = 32 * 2 * 16 * 8192 = 8,388,608 at r=16
-    # (the often-quoted 4,194,304 is r=8); frozen = Llama-2-7B's 6,738,415,616 parameters.
+    # Every Linear of 32 layers at r=16: r (in + out) for q, k, v, o (4096 + 4096 each) and gate, up, down
+    # (4096 + 11008 each) = 16 * (4 * 8192 + 3 * 15104) * 32 = 39,976,960, peft's well-known printout for
+    # Llama-2-7B with all linear layers; frozen = Llama-2-7B's 6,738,415,616 parameters.
     (tmp_path / "config.json").write_text(json.dumps(LLAMA2_7B))
     shape = size_adapters(str(tmp_path), lora_options("lora"))
-    assert shape.trainable_params == 8_388_608
+    assert shape.trainable_params == 39_976_960
+    qv = size_adapters(str(tmp_path), lora_options("lora", targets="q_proj,v_proj"))
+    assert qv.trainable_params == 8_388_608          # 32 x 2 x 16 x 8192: the attention-only figure
     assert shape.frozen_params == 6_738_415_616
     assert shape.trainable_params == _peft_counts(transformers.LlamaConfig(**LLAMA2_7B), 16, None)[0]
 

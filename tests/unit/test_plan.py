@@ -218,8 +218,10 @@ def test_nothing_fits_says_how_far_and_what_would_fit_verified_by_recomputing():
     plan = plan_for(hw, LLAMA2_7B, training=training)
     assert plan.choice is None and all(not r.fits for r in plan.rungs)
     text = explain_nothing_fits(plan, hw, LLAMA2_7B, training, StrategyOptions(), plan.topology)
+    # The offload rung fits on the 24 GB cards; the 64 GiB of RAM is what stops it (issue 19: say so).
     assert text.startswith("Nothing fits. The closest rung")
     assert "GiB" in text and "%" in text
+    assert "Host RAM is what stops ZeRO-2 + CPU optimizer offload: it fits on the GPUs" in text
     suggestions = what_would_fit(hw, LLAMA2_7B, training, StrategyOptions(), plan.topology)
     assert suggestions
     for s in suggestions:
@@ -546,3 +548,36 @@ def test_nvme_rung_measures_another_path_on_this_machine(tmp_path, monkeypatch):
     hw = gpus(8, 80, ram_gib=1024, nvme_path="/elsewhere", disk_free_nvme=2**50)
     plan = plan_for(hw, LLAMA31_405B, strategy=StrategyOptions(nvme_path=str(tmp_path)))
     assert "10.0 GiB is free" in rung_by_key(plan, "zero3-nvme").reason
+
+
+# --- Issue 19: the head a task has, not always a vocabulary ---------------------------------------------------
+
+def test_a_sequence_classifier_is_sized_with_its_labels_not_a_vocabulary(tmp_path, monkeypatch):
+    """A BERT ForSequenceClassification config: the logits are num_labels per sample (12 B each at the loss's peak),
+    not 0.7 GiB of vocabulary-wide LM logits. --task overrides what the architecture says."""
+    monkeypatch.setenv("WIZARD_CACHE_DIR", str(tmp_path / "cache"))
+    from transformers import BertConfig
+    BertConfig(architectures=["BertForSequenceClassification"], num_labels=3).save_pretrained(tmp_path / "bert")
+    shape = size_model(str(tmp_path / "bert"))
+    assert (shape.task, shape.num_labels) == ("sequence-classification", 3)
+    hw = assume("1xA100-80GB")
+    training = TrainingOptions(seq_len=512, micro_batch=8)
+    plan = make_plan(hw, shape, training, StrategyOptions(), Topology(1, 1))
+    assert rung_by_key(plan, "single").breakdown["logits"] == 12 * 8 * 3
+    lm = make_plan(hw, shape, replace(training, task="causal-lm"), StrategyOptions(), Topology(1, 1))
+    assert rung_by_key(lm, "single").breakdown["logits"] == 12 * 512 * 8 * shape.vocab_size
+    tokens = make_plan(hw, shape, replace(training, task="token-classification"), StrategyOptions(), Topology(1, 1))
+    assert rung_by_key(tokens, "single").breakdown["logits"] == 12 * 512 * 8 * 3
+    with pytest.raises(InputError, match="--task"):
+        make_plan(hw, shape, replace(training, task="translation"), StrategyOptions(), Topology(1, 1))
+
+
+@pytest.mark.parametrize("name, task", [("LlamaForCausalLM", "causal-lm"), ("GPT2LMHeadModel", "causal-lm"),
+                                        ("BertForSequenceClassification", "sequence-classification"),
+                                        ("RobertaForTokenClassification", "token-classification"),
+                                        ("BertForQuestionAnswering", "question-answering"),
+                                        ("BertForMaskedLM", "masked-lm"), ("T5ForConditionalGeneration", "seq2seq-lm"),
+                                        ("BertModel", "base")])
+def test_the_task_follows_the_class_name(name, task):
+    from wizard.sizing.model import task_of_class
+    assert task_of_class(name) == task

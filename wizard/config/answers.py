@@ -50,7 +50,7 @@ def _relabel(e: InputError, q: Question, source: str | None) -> InputError:
 
 def resolve(stage_or_stages: str | Iterable[str], ctx: Context, given: dict[str, Any], *,
             source_of: dict[str, str] | None = None, ignored: list[str] | None = None,
-            conflicts: list[InputError] | None = None) -> dict[str, Any]:
+            conflicts: list[InputError] | None = None, waive: Iterable[str] = ()) -> dict[str, Any]:
     """Answers for the questions of these stages, in asking order.
 
     For each question whose condition holds: the given value (parsed and validated), else the default.
@@ -59,7 +59,8 @@ def resolve(stage_or_stages: str | Iterable[str], ctx: Context, given: dict[str,
     `source_of`, if passed, is read ('flag'/'file' entries from merge_given name the field in errors)
     and completed with 'default' for every answer that took its default. `conflicts`, if passed,
     receives an InputError for each given value that is not asked because of another given value
-    (`--backend ddp --zero-stage 3`): the pairs come from the table's own conditions.
+    (`--backend ddp --zero-stage 3`): the pairs come from the table's own conditions. Questions in `waive`
+    may stay unanswered (None) where they are otherwise required: what only the written files need.
     """
     stages = _stages(stage_or_stages)
     for key in given:
@@ -95,7 +96,7 @@ def resolve(stage_or_stages: str | Iterable[str], ctx: Context, given: dict[str,
                 raise _relabel(e, q, source) from None
         else:
             value = q.default(local)
-            reason = q.required(local) if value is None else None
+            reason = q.required(local) if value is None and q.id not in waive else None
             if reason:
                 raise InputError(q.field, f"a value is required {reason}", q.allowed_text(local))
             if source_of is not None:
@@ -233,7 +234,14 @@ def _take(cls: type, a: dict[str, Any], rename: dict[str, str] | None = None) ->
 
 
 def training_options(a: dict[str, Any]) -> TrainingOptions:
-    return _take(TrainingOptions, a)
+    """TrainingOptions from answers. With a global batch, an unset micro-batch or accumulation (None: their
+    default then) comes from it: the plan takes the fastest split of it (TrainingOptions.split)."""
+    options = _take(TrainingOptions, a)
+    if a.get("global_batch") is None:
+        return options
+    micro, accum = a.get("micro_batch") is not None, a.get("grad_accum") is not None
+    split = "given" if micro and accum else "micro" if micro else "accum" if accum else "auto"
+    return replace(options, split=split)
 
 
 def strategy_options(a: dict[str, Any]) -> StrategyOptions:
@@ -250,7 +258,7 @@ def topology(a: dict[str, Any], hw: Hardware) -> Topology:
                                           "machines (num_processes is the total over all machines)",
                          f"a multiple of {num_machines}")
     return Topology(num_machines=num_machines, processes_per_machine=num_processes // num_machines,
-                    cpu=bool(a.get("use_cpu", False)))
+                    cpu=bool(a.get("use_cpu", False)), inter_node_gbps=a.get("inter_node_gbps"))
 
 
 def distributed_type(a: dict[str, Any], plan: Plan | None) -> str:

@@ -52,6 +52,7 @@ from wizard.planning.plan import (
 from wizard.probe import catalogue
 from wizard.probe.hardware import Hardware
 from wizard.sizing.memory import CUDA_CONTEXT_BYTES
+from wizard.sizing.model import TASKS as MODEL_TASKS
 from wizard.sizing.model import ModelShape
 from wizard.units import fmt_bytes, parse_bytes, parse_count
 
@@ -105,6 +106,7 @@ class Question:
     required_when: Callable[[Context], str | None] | None = None  # reason a value is required, or None
     allowed: str | None = None             # what the error message says is allowed
     fixed_default: bool = False            # the default is one value, whatever the hardware and plan (--help)
+    help_default: str | None = None        # what --help says the default is, where it is neither fixed nor the plan's
 
     # ---- the interface front ends use
 
@@ -399,6 +401,19 @@ def _check_host(value: str, ctx: Context, f: str) -> None:
                          "an IPv4/IPv6 address or a host name such as 10.0.0.1 or node01")
 
 
+def _check_gbps(value: float, ctx: Context, f: str) -> None:
+    if not 0 < value <= 100_000:
+        raise InputError(f, f"{value:g} Gb/s is out of range", "Gb/s per machine, a number in (0, 100000]")
+
+
+def _inter_node_why(ctx: Context) -> str:
+    if ctx.hardware is None:
+        return "Unset: what the machine class has (8 x 400 Gb/s for an H100 server, 8 x 200 for A100, else 100)."
+    from wizard.planning.speed import inter_node_gbps
+    gbps, source = inter_node_gbps(ctx.hardware)
+    return f"Unset: {gbps:g} Gb/s, {source}."
+
+
 def _check_port(value: int, ctx: Context, f: str) -> None:
     if not 0 <= value <= 65535:
         raise InputError(f, f"{value} is not a port", "0 (any free port) or 1..65535")
@@ -607,6 +622,22 @@ def _plans_gpus(ctx: Context) -> bool:
     return ctx.hardware is None or bool(ctx.hardware.num_gpus)
 
 
+SPLIT_HELP_DEFAULT = "1; with --global-batch, its fastest split"
+
+
+def _split_default(ctx: Context) -> int | None:
+    """1; unset (None) when a global batch is given: the plan then picks the fastest split of it and the answer
+    becomes that split (pipeline.apply_split)."""
+    return None if ctx.given.get("global_batch") is not None or _a(ctx, "global_batch") is not None else 1
+
+
+def _grad_accum_why(ctx: Context) -> str:
+    split = ctx.plan.batch if ctx.plan is not None else None
+    if split is not None and split.applied:
+        return f"Unset: {split.grad_accum}, the fastest split of the global batch of {split.global_batch}."
+    return "1: no accumulation; raise it for a larger effective batch."
+
+
 def _micro_batch_why(ctx: Context) -> str:
     """With a plan: the largest micro-batch the chosen rung holds and the fastest split of the batch."""
     least = "1 uses the least memory"
@@ -617,6 +648,10 @@ def _micro_batch_why(ctx: Context) -> str:
     if choice.max_micro_batch_gc and choice.max_micro_batch_gc != choice.max_micro_batch:
         text += f" ({choice.max_micro_batch_gc} with gradient checkpointing)"
     split = ctx.plan.batch
+    if split is not None and split.applied:
+        gc = " with gradient checkpointing" if split.gradient_checkpointing else ""
+        return (f"Unset: {split.micro_batch} x accumulation {split.grad_accum}{gc}, the fastest split of the global "
+                f"batch of {split.global_batch} on {choice.name} (up to {choice.max_micro_batch} fits).")
     if split is not None:
         gc = " with gradient checkpointing" if split.gradient_checkpointing else ""
         text += (f"; the fastest split of the global batch of {split.global_batch} is micro-batch "
@@ -779,6 +814,11 @@ QUESTIONS: tuple[Question, ...] = (
     _shape_override("vocab_size", "Vocabulary size", "Overrides the estimated vocabulary; the fp32 logits take "
                     "sequence x batch x vocabulary x 4 bytes, large for 128k-150k vocabularies."),
 
+    _q("task", "Task (the model's head)",
+       "What the head outputs decides the logits' memory: a language model's vocabulary per token, a sequence "
+       "classifier's labels per sample.", "choice", "model", choices=("auto",) + MODEL_TASKS, default="auto",
+       advanced=True, why="auto: the head of the architecture the config names (a causal LM without one)."),
+
     # ---------------------------------------------------------------- training
     _q("seq_len", "Sequence length (tokens)",
        "Activation memory grows with it (quadratically without flash attention), so it often decides "
@@ -787,11 +827,12 @@ QUESTIONS: tuple[Question, ...] = (
     _q("micro_batch", "Micro-batch per device",
        "Samples each process (one per GPU, or per CPU process) holds at once; activations scale with it. "
        "Bigger is faster until memory runs out.",
-       "int", "training", default=1, check=_positive, why=_micro_batch_why),
+       "int", "training", default=_split_default, check=_positive, why=_micro_batch_why,
+       help_default=SPLIT_HELP_DEFAULT),
     _q("grad_accum", "Gradient accumulation steps",
        "Gives a bigger effective batch (micro-batch x accumulation x processes) at no extra memory, "
-       "at the cost of fewer optimizer steps per sample.", "int", "training", default=1, check=_positive,
-       why="1: no accumulation; raise it for a larger effective batch."),
+       "at the cost of fewer optimizer steps per sample.", "int", "training", default=_split_default,
+       check=_positive, why=_grad_accum_why, help_default=SPLIT_HELP_DEFAULT),
     _q("global_batch", "Global batch (samples per optimizer step)",
        "The plan looks for the fastest micro-batch x accumulation that gives this batch on the chosen rung "
        "(bigger micro-batches use the GPU better until memory runs out).", "int", "training",
@@ -823,11 +864,13 @@ QUESTIONS: tuple[Question, ...] = (
        check=_positive, advanced=True, when=lambda ctx: _a(ctx, "method", "full") != "full",
        why="Unset: 2 x rank, TRL's default."),
     _q("lora_targets", "LoRA target modules",
-       "Which linear layers get adapters: peft's default for the architecture (attention's q and v for Llama), "
-       "all-linear, or names such as q_proj,k_proj,v_proj,o_proj.", "str", "training", advanced=True,
+       "Which linear layers get adapters: by default every Linear layer but the output layer (named one by one), "
+       "all-linear (peft's shorthand), or names such as q_proj,k_proj,v_proj,o_proj.", "str", "training",
+       advanced=True,
        when=lambda ctx: _a(ctx, "method", "full") != "full", check=_check_lora_targets,
        allowed="default, all-linear, or comma-separated module names",
-       why="Unset: what peft picks for this architecture."),
+       why="Unset: every Linear layer, as the QLoRA paper found necessary to match full fine-tuning and as "
+           "LLaMA-Factory's and axolotl's recipes do (attention's q and v alone, peft's default, fall short)."),
     _q("lora_dropout", "LoRA dropout",
        "Dropout on the adapters' input; above 0 each adapter keeps a copy of its input for backward.", "float",
        "training", default=0.05, advanced=True, when=lambda ctx: _a(ctx, "method", "full") != "full",
@@ -913,6 +956,11 @@ QUESTIONS: tuple[Question, ...] = (
        "int", "machines", metavar="PORT", when=_multi_node, default=DEFAULT_PORT, check=_check_port,
        allowed="0 (any free port) or 1..65535",
        why="29500 is torchrun's default; pick another when two jobs share a machine."),
+    _q("inter_node_gbps", "Network between machines (Gb/s per machine)",
+       "All of one machine's NICs to the others together, e.g. 3200 for 8 x 400 Gb/s; it sets the speed of "
+       "every collective that crosses machines.", "float", "machines", metavar="GBPS", advanced=True,
+       when=_multi_node, check=_check_gbps, allowed="Gb/s per machine, a number in (0, 100000] such as 400 or 3200",
+       why=_inter_node_why),
     _q("same_network", "All machines on the same local network?",
        "Nodes on one network rendezvous directly at the main address; across clouds or networks a "
        "rendezvous backend is needed. `accelerate launch` only honours this from its --same_network flag.",

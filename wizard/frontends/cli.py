@@ -90,6 +90,8 @@ def help_default(qid: str) -> str:
     from wizard.config.questions import Context, by_id
     from wizard.frontends.session import format_value
     q = by_id(qid)
+    if q.help_default:
+        return q.help_default
     if not q.fixed_default:
         return "from the hardware and the plan"
     value = q.default(Context(hardware=None))
@@ -246,9 +248,11 @@ def cmd_probe(ns: argparse.Namespace) -> int:
 
 
 def cmd_plan(ns: argparse.Namespace) -> int:
+    from dataclasses import replace
+
     from wizard.frontends import report
     from wizard.pipeline import build
-    req = _request(ns)
+    req = replace(_request(ns), plan_only=True)
     result = build(req)
     if getattr(ns, "json", False):
         from wizard.pipeline import to_json

@@ -117,6 +117,7 @@ def print_plan(result, file: TextIO | None = None) -> None:
         print(f"Note:     {note}", file=out)
     print("", file=out)
     width = max((len(r.name) for r in plan.rungs), default=10)
+    applied = plan.batch is not None and plan.batch.applied
     unit = "per process" if topo.cpu else "per GPU"
     mixed_gc = any(r.gradient_checkpointing for r in plan.rungs)
     for r in plan.rungs:
@@ -124,7 +125,8 @@ def print_plan(result, file: TextIO | None = None) -> None:
         verdict = "fits" if r.fits else "does not fit"
         gc = " +GC" if r.gradient_checkpointing else ""
         rate = f"{fmt_rate(r.tokens_per_second):>14}" if r.speed else ""
-        print(f"{mark} {r.name + gc:<{width + 4}} {fmt_bytes(r.per_gpu_bytes):>10} {unit}   {verdict:<12} {rate}",
+        split = f"  (micro-batch {r.micro_batch} x {r.grad_accum})" if applied and r.micro_batch else ""
+        print(f"{mark} {r.name + gc:<{width + 4}} {fmt_bytes(r.per_gpu_bytes):>10} {unit}   {verdict:<12} {rate}{split}",
               file=out)
         if r.why:
             print(f"     why: {r.why}", file=out)
@@ -164,7 +166,12 @@ def speed_lines(plan) -> list[str]:
     if sizes:
         lines.append("Largest micro-batch that fits: " + ", ".join(sizes))
     b = plan.batch
-    if b is not None:
+    if b is not None and b.applied:
+        gc = " with gradient checkpointing" if b.gradient_checkpointing else ""
+        lines.append(f"Batch: micro-batch {b.micro_batch} x accumulation {b.grad_accum} x {plan.topology.world_size} "
+                     f"processes = the global batch of {b.global_batch}{gc}: its fastest split on this rung, which "
+                     "these figures and the files use")
+    elif b is not None:
         split = (f"--micro-batch {b.micro_batch} --grad-accum {b.grad_accum}"
                  + (" with gradient checkpointing" if b.gradient_checkpointing else ""))
         if b.current is not None and b.speed.tokens_per_second > b.current.tokens_per_second * 1.02:
@@ -173,6 +180,13 @@ def speed_lines(plan) -> list[str]:
                          f"(≈{fmt_rate(b.speed.tokens_per_second)}, {gain:.2f}x)")
         else:
             lines.append(f"Fastest split of the global batch of {b.global_batch}: {split}")
+    a = plan.amortised
+    if a is not None and s.bound == "offload":
+        gc = " with gradient checkpointing" if a.gradient_checkpointing else ""
+        lines.append(f"Offload-bound: the CPU optimizer step takes {s.optimizer_seconds:.3g} s of the "
+                     f"{s.step_seconds:.3g} s step, once per optimizer step; a larger micro-batch amortises it: "
+                     f"micro-batch {a.micro_batch}{gc} (global batch {a.global_batch}) reaches "
+                     f"≈{fmt_rate(a.speed.tokens_per_second)}, {a.speed.tokens_per_second / s.tokens_per_second:.1f}x")
     if c.train_seconds is not None and plan.train_tokens:
         lines.append(f"Time to train {fmt_count(plan.train_tokens)} tokens: {fmt_duration(c.train_seconds)}")
     return lines

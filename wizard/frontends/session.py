@@ -302,7 +302,8 @@ class WizardState:
             self.error = self.nothing_fits()
             return job
         try:
-            self.full_answers = pipeline.resolve_details(self.hardware, model, self.plan, answers, given)
+            self.full_answers = pipeline.resolve_details(self.hardware, model, self.plan,
+                                                         pipeline.apply_split(answers, self.plan), given)
         except InputError as e:
             self._fail(e)
         return job

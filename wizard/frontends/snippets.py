@@ -121,18 +121,17 @@ def _lora_options(answers: dict[str, Any]):
                              answers.get("lora_targets"))
 
 
-def lora_config_kwargs(answers: dict[str, Any], model) -> dict[str, Any]:
+def lora_config_kwargs(answers: dict[str, Any], model, plan=None) -> dict[str, Any]:
     """peft LoraConfig keyword arguments of the planned adapters: the same config wizard.sizing.lora sized
-    (lora._apply_lora), with peft's default targets for the architecture written out by name."""
+    (lora._apply_lora), with the default targets (every Linear layer) written out by name as sizing found them."""
     from wizard.sizing import lora
     options = _lora_options(answers)
     if options.targets == lora.ALL_LINEAR:
         targets: Any = lora.ALL_LINEAR
     elif options.targets is None:
-        # What sizing used: peft's mapping for the model type (a --params shape is sized as a Llama).
-        targets = lora.default_targets(getattr(model, "model_type", None) or "llama")
-        if targets is None:
-            targets = lora.ALL_LINEAR
+        # What sizing used (Plan.adapters.targets); "all-linear" names the same modules for a dense model.
+        adapters = getattr(plan, "adapters", None)
+        targets = list(adapters.targets) if adapters is not None and adapters.targets else lora.ALL_LINEAR
     else:
         targets = options.target_list
     return {"r": options.rank, "lora_alpha": options.lora_alpha, "lora_dropout": options.dropout,
@@ -192,7 +191,7 @@ def adapter_snippet(answers: dict[str, Any], plan, model, ds_path: str | None) -
             lines.append(f"model = prepare_model_for_kbit_training(model, use_gradient_checkpointing={gc})")
     else:
         lines.append(load + ")")
-    lines.append("lora_config = " + call_code("LoraConfig", lora_config_kwargs(answers, model)))
+    lines.append("lora_config = " + call_code("LoraConfig", lora_config_kwargs(answers, model, plan)))
     lines.append("model = get_peft_model(model, lora_config)")
     lines.append("# trainer = Trainer(model=model, args=args, train_dataset=your_dataset); trainer.train()")
     return "\n".join(lines)

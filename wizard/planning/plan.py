@@ -53,6 +53,15 @@ class TrainingOptions:
     lora_alpha: int | None = None         # None: 2 x rank
     lora_targets: str | None = None       # None: peft's default for the architecture; "all-linear"; names
     lora_dropout: float = 0.05
+    # Which of micro-batch and accumulation a global_batch decides (answers.training_options sets it from what was
+    # given): "auto" (neither: the fastest split of the global batch on each rung), "micro" (micro-batch given:
+    # accumulation follows), "accum" (accumulation given: micro-batch follows), "given" (both given: they win).
+    # Without a global_batch it does not matter.
+    split: str = "auto"
+    task: str = "auto"                    # the head trained: auto (the config's architectures) or a TASKS name
+
+
+SPLITS = ("given", "auto", "micro", "accum")
 
 
 @dataclass
@@ -70,6 +79,7 @@ class Topology:
     num_machines: int = 1
     processes_per_machine: int = 1
     cpu: bool = False                     # CPU processes (no GPU): DeepSpeed CPU accelerator / gloo, fp32
+    inter_node_gbps: float | None = None  # network per machine (Gb/s); None: the machine's or its class default
 
     @property
     def world_size(self) -> int:
@@ -99,6 +109,8 @@ class Rung:
     load_bytes: int = 0                   # per GPU while loading, where that is its own peak (QLoRA sharded)
     why: str = ""                         # why the ladder holds this rung (rungs.why)
     per_gpu_bytes_gc: int | None = None   # with gradient checkpointing, for a rung evaluated without it (GC auto)
+    micro_batch: int = 0                  # the split its speed and memory are for (micro-batch x accumulation)
+    grad_accum: int = 0
 
     @property
     def offloads(self) -> bool:
@@ -128,10 +140,12 @@ class BatchSplit:
     gradient_checkpointing: bool
     speed: speed_mod.Speed
     current: speed_mod.Speed | None       # the asked-for split's speed (None when it does not fit)
+    applied: bool = False                 # the plan runs this split (--global-batch without --micro-batch/--grad-accum)
 
     def to_json(self) -> dict[str, Any]:
         return {"global_batch": self.global_batch, "micro_batch": self.micro_batch, "grad_accum": self.grad_accum,
-                "gradient_checkpointing": self.gradient_checkpointing, "speed": self.speed.to_json(),
+                "gradient_checkpointing": self.gradient_checkpointing, "applied": self.applied,
+                "speed": self.speed.to_json(),
                 "speedup": None if self.current is None else
                 round(self.speed.tokens_per_second / self.current.tokens_per_second, 3)}
 
@@ -143,8 +157,14 @@ class Alternative:
     method: str                           # lora | qlora
     rank: int
     trainable_params: int
-    choice: Rung | None                   # its plan's choice; None when it does not fit either
+    choice: Rung | None                   # its plan's choice (at its fastest split); None when it does not fit either
     reference: Rung | None                # the full fine-tuning choice it is compared with
+    # Both sides at their fastest split of the same global batch (Plan.batch), so neither is judged at a
+    # micro-batch it would not run: None falls back to the rungs' own speeds.
+    speed: speed_mod.Speed | None = None
+    reference_speed: speed_mod.Speed | None = None
+    split: tuple[int, int] | None = None  # the alternative's (micro-batch, accumulation)
+    reference_split: tuple[int, int] | None = None
 
     @property
     def text(self) -> str:
@@ -154,10 +174,16 @@ class Alternative:
         c = self.choice
         gc = " with gradient checkpointing" if c.gradient_checkpointing else ""
         where = f"fits with {c.name}{gc} ({fmt_bytes(c.per_gpu_bytes)} per GPU)"
-        if self.reference is not None and self.reference.speed is not None and c.speed is not None:
-            rel = speed_mod.relative(c.speed, self.reference.speed)
-            return f"{label}: {where}, ≈{speed_mod.fmt_rate(c.tokens_per_second)}, {rel} than {self.reference.name}"
-        return f"{label}: {where}, ≈{speed_mod.fmt_rate(c.tokens_per_second)}"
+        own = self.speed or c.speed
+        at = f" at micro-batch {self.split[0]} x {self.split[1]}" if self.split else ""
+        ref = self.reference_speed or (self.reference.speed if self.reference is not None else None)
+        if self.reference is not None and ref is not None and own is not None:
+            rel = speed_mod.relative(own, ref)
+            ref_at = f" (at micro-batch {self.reference_split[0]} x {self.reference_split[1]})" \
+                if self.reference_split else ""
+            return (f"{label}: {where}, ≈{speed_mod.fmt_rate(own.tokens_per_second)}{at}, {rel} than "
+                    f"{self.reference.name}{ref_at}")
+        return f"{label}: {where}, ≈{speed_mod.fmt_rate(c.tokens_per_second)}{at}"
 
     def to_json(self) -> dict[str, Any]:
         return {"method": self.method, "rank": self.rank, "trainable_params": self.trainable_params,
@@ -176,6 +202,14 @@ class Plan:
     batch: BatchSplit | None = None       # the fastest split of the global batch on the chosen rung
     train_tokens: int | None = None
     alternatives: list[Alternative] = field(default_factory=list)   # LoRA / QLoRA when full FT would offload
+    # wizard.sizing.lora.AdapterShape the plan was made with (None: full fine-tuning): re-planning a variant
+    # (what_would_fit) must reuse it, since make_plan cannot size a config's adapters itself.
+    adapters: Any = field(default=None, repr=False)
+    method: dict[str, Any] = field(default_factory=lambda: {"name": "full"})   # method_json: plan --json's "method"
+    inter_node_gbps: float | None = None  # the network between machines the speeds assume (None: one machine)
+    # An offload-bound choice: the same rung at its largest micro-batch (same accumulation), whose CPU optimizer
+    # step is spread over more tokens. None otherwise.
+    amortised: BatchSplit | None = None
 
     def to_json(self) -> dict[str, Any]:
         c = self.choice
@@ -187,7 +221,9 @@ class Plan:
                 "per_gpu_bytes": c.per_gpu_bytes, "cpu_bytes": c.cpu_bytes, "key": c.key, "name": c.name,
                 "speed": None if c.speed is None else c.speed.to_json(),
                 "max_micro_batch": c.max_micro_batch, "max_micro_batch_gc": c.max_micro_batch_gc,
+                "micro_batch": c.micro_batch, "grad_accum": c.grad_accum,
             },
+            "method": dict(self.method),
             "batch": None if self.batch is None else self.batch.to_json(),
             "alternatives": [a.to_json() for a in self.alternatives],
             "train_tokens": self.train_tokens,
@@ -196,6 +232,8 @@ class Plan:
             "precision": self.precision,
             "world_size": self.topology.world_size,
             "num_machines": self.topology.num_machines,
+            "inter_node_gbps": self.inter_node_gbps,
+            "amortised": None if self.amortised is None else self.amortised.to_json(),
             "cpu_only": self.topology.cpu,
             "notes": list(self.notes),
             "rungs": [r.to_json() for r in self.rungs],
@@ -310,6 +348,8 @@ class _Inputs:
     active_params: int = 0               # what one token's matmuls run through (speed.matmul_params: MoE active)
     machine: speed_mod.Machine | None = None
     adapters: Any = None                 # wizard.sizing.lora.AdapterShape for LoRA / QLoRA; None for full fine-tuning
+    task: str = "causal-lm"              # the head: what its output (the logits) is per sample
+    num_labels: int = 0
     lora_dropout: float = 0.0
 
     @property
@@ -439,7 +479,7 @@ def _estimate(spec: RungSpec, x: _Inputs, gc: bool) -> _Estimate:
     activations = mem.stack_activation_bytes(x.stack, x.seq, x.batch, x.flash, gc, x.precision)
     if x.adapters is not None:
         activations += _adapter_activation_bytes(x, gc)
-    logits = mem.logits_bytes(x.seq, x.batch, x.vocab, x.precision)
+    logits = _head_output_bytes(x)
     buffers = _buffers(spec, x)
     autocast = _autocast(spec, x, gc)
     margin = mem.margin_bytes(states.gpu + autocast + activations + logits + buffers)
@@ -462,6 +502,16 @@ def _load_bytes(spec: RungSpec, x: _Inputs) -> int:
     from wizard.sizing import lora
     whole = lora.qlora_load_gpu_bytes(x.adapters, x.precision)
     return whole + x.context if whole else 0
+
+
+def _head_output_bytes(x: _Inputs) -> int:
+    """The head's output and its loss at their peak (memory.logits_bytes per element): a language model's
+    vocabulary per token; a sequence classifier's num_labels per sample (the pooled first token); a token
+    classifier's num_labels per token; extractive QA's start and end logits per token; a bare model none."""
+    labels = max(x.num_labels, 1)
+    width, tokens = {"sequence-classification": (labels, 1), "token-classification": (labels, x.seq),
+                     "question-answering": (2, x.seq), "base": (0, 0)}.get(x.task, (x.vocab, x.seq))
+    return mem.logits_bytes(tokens, x.batch, width, x.precision)
 
 
 # Adapted modules whose input is the MLP's intermediate activation rather than the hidden state.
@@ -725,17 +775,24 @@ def _resolve(hw, model, training: TrainingOptions, strategy: StrategyOptions, to
     nvme_free = nvme_free_bytes(hw, nvme_path)
     layer_params, root_params = mem.layer_and_root_params(model.params, model.hidden_size, model.layers,
                                                           model.vocab_size, model.tied_embeddings)
-    machine = speed_mod.machine_from_hardware(hw, precision, per_machine, cpu)
+    network = topology.inter_node_gbps
+    if network is not None and (isinstance(network, bool) or not isinstance(network, (int, float))
+                                or not 0 < network <= 100_000):
+        raise InputError("--inter-node-gbps", f"{network!r} is not a network speed", "Gb/s per machine, e.g. 400")
+    machine = speed_mod.machine_from_hardware(hw, precision, per_machine, cpu, network)
     notes.extend(machine.assumptions)
     if machines > 1:
-        notes.append(speed_mod.inter_node_note())
+        notes.append(speed_mod.inter_node_note(machine))
     weights_bytes = getattr(model, "weights_dtype_bytes", None)
     if weights_bytes is None:
         weights_bytes = 2
         notes.append("The checkpoint's dtype is not recorded (config.json has no dtype): loading it is counted at "
                      "2 B/param, a 16-bit checkpoint; an fp32 one needs twice that host RAM.")
     embedding = model.vocab_size * model.hidden_size
-    head_params = min(embedding, model.params)
+    task = _task(training, model, notes)
+    num_labels = getattr(model, "num_labels", 0) or 2
+    lm = task in ("causal-lm", "masked-lm", "seq2seq-lm")
+    head_params = min(embedding, model.params) if lm else model.hidden_size * num_labels
     # The input embedding is a lookup (no autocast copy) unless it is also the LM head.
     matmul_params = model.params if model.tied_embeddings else max(model.params - embedding, 0)
     return _Inputs(
@@ -751,7 +808,24 @@ def _resolve(hw, model, training: TrainingOptions, strategy: StrategyOptions, to
         usable=mem.usable_bytes(capacity, headroom), headroom=headroom, ram=ram,
         nvme_path=nvme_path, nvme_free=nvme_free,
         grad_accum=training.grad_accum, machine=machine, active_params=_active_params(model),
+        task=task, num_labels=num_labels,
     )
+
+
+def _task(training: TrainingOptions, model, notes: list[str]) -> str:
+    """--task, else the head of the class the config names (ModelShape.task)."""
+    from wizard.sizing.model import TASKS
+    _check_choice(training.task, ("auto",) + TASKS, "--task")
+    built = getattr(model, "task", "causal-lm")
+    if training.task == "auto":
+        if built not in ("causal-lm", "seq2seq-lm"):
+            notes.append(f"The config's architecture is a {built} model: its head's output is sized as such "
+                         f"({getattr(model, 'num_labels', 0) or 2} labels where it has labels), not as a vocabulary.")
+        return built
+    if training.task != built and getattr(model, "exact", True):
+        notes.append(f"--task {training.task}: the head's output is sized for it; the parameters are those of the "
+                     f"config's architecture ({built}).")
+    return training.task
 
 
 def _with_adapters(x: _Inputs, model, training: TrainingOptions, adapters, notes: list[str]) -> _Inputs:
@@ -790,6 +864,22 @@ def _with_adapters(x: _Inputs, model, training: TrainingOptions, adapters, notes
     notes.append("The adapters' activations (dropout copies of their inputs, the rank-wide intermediate) are an "
                  "estimate from peft's LoRA layer, not a measurement.")
     return replace(x, adapters=adapters, lora_dropout=float(training.lora_dropout))
+
+
+# peft keeps (and saves) the adapters in fp32 whatever the base's dtype (get_peft_model's autocast_adapter_dtype=True
+# casts bf16/fp16 adapters up), so adapter_model.safetensors holds 4 bytes per trainable parameter.
+ADAPTER_SAVE_BYTES = 4
+
+
+def method_json(training: TrainingOptions, params: int, adapters) -> dict[str, Any]:
+    """DESIGN.md's plan.method: what is trained, as fields (scripts should not parse the notes)."""
+    if adapters is None:
+        return {"name": "full", "rank": None, "alpha": None, "targets": None, "trainable_params": params,
+                "adapter_bytes": None}
+    alpha = training.lora_alpha if training.lora_alpha is not None else 2 * adapters.rank
+    return {"name": adapters.method, "rank": adapters.rank, "alpha": int(alpha), "targets": list(adapters.targets),
+            "trainable_params": adapters.trainable_params,
+            "adapter_bytes": adapters.trainable_params * ADAPTER_SAVE_BYTES}
 
 
 def _active_params(model) -> int:
@@ -856,15 +946,33 @@ def make_plan(hw, model, training: TrainingOptions, strategy: StrategyOptions, t
     `adapters` (wizard.sizing.lora.AdapterShape) is required for --method lora/qlora on a model read from a config;
     a --params shape is sized analytically here."""
     notes: list[str] = []
+    _check_choice(training.split, SPLITS, "split")
+    training, auto_split = _split_training(training, topology, notes)
     x = _resolve(hw, model, training, strategy, topology, notes)
     x = _with_adapters(x, model, training, adapters, notes)
     train_tokens = _train_tokens(training)
+    global_batch = _global_batch(training, x.world)
     keys = ladder_keys(strategy, x.world, x.cpu, training.method)
     evaluated = [_evaluate(BY_KEY[k], x, training.gradient_checkpointing) for k in keys]
+    at: dict[str, _Inputs] = {k: x for k in keys}        # the inputs (micro-batch x accumulation) each rung runs
+    splits: dict[str, BatchSplit] = {}
+    if auto_split:
+        # Every rung that fits runs its own fastest split of the global batch, so rungs (and LoRA against full
+        # fine-tuning) are compared as each would really run, and the choice's figures are the split's.
+        for i, (rung, _) in enumerate(evaluated):
+            spec = BY_KEY[rung.key]
+            split = fastest_split(spec, x, global_batch, training.gradient_checkpointing, None) if rung.fits else None
+            if split is None:
+                continue
+            splits[rung.key] = replace(split, applied=True)
+            at[rung.key] = replace(x, batch=split.micro_batch, grad_accum=split.grad_accum)
+            evaluated[i] = _evaluate(spec, at[rung.key], training.gradient_checkpointing)
     rungs = [r for r, _ in evaluated]
     for rung in rungs:
         spec = BY_KEY[rung.key]
-        rung.speed = _speed(spec, x, x.batch, x.grad_accum, rung.gradient_checkpointing)
+        rx = at[rung.key]
+        rung.micro_batch, rung.grad_accum = rx.batch, rx.grad_accum
+        rung.speed = _speed(spec, rx, rx.batch, rx.grad_accum, rung.gradient_checkpointing)
         if train_tokens:
             rung.train_seconds = rung.speed.train_seconds(train_tokens)
         if training.gradient_checkpointing != "on":
@@ -882,11 +990,18 @@ def make_plan(hw, model, training: TrainingOptions, strategy: StrategyOptions, t
         notes.append(f"Free space at the NVMe path {x.nvme_path} is unknown, so the NVMe rung's disk need is not "
                      "checked.")
     batch = None
-    if choice is not None:
-        batch = fastest_split(BY_KEY[choice.key], x, _global_batch(training, x.world),
+    if choice is not None and choice.key in splits:
+        batch = splits[choice.key]
+    elif choice is not None:
+        batch = fastest_split(BY_KEY[choice.key], x, global_batch,
                               training.gradient_checkpointing, choice.speed if choice.fits else None)
-    return Plan(rungs=rungs, choice=choice, gpu_capacity_bytes=x.capacity, usable_bytes=x.usable,
-                precision=x.precision, topology=topology, notes=notes, batch=batch, train_tokens=train_tokens)
+    amortised = None
+    if choice is not None and choice.fits and choice.speed is not None and choice.speed.bound == "offload":
+        amortised = _amortised(BY_KEY[choice.key], at[choice.key], choice, global_batch)
+    return Plan(rungs=rungs, choice=choice, gpu_capacity_bytes=x.capacity, usable_bytes=x.usable, amortised=amortised,
+                precision=x.precision, topology=topology, notes=notes, batch=batch, train_tokens=train_tokens,
+                adapters=x.adapters, method=method_json(training, x.params, x.adapters),
+                inter_node_gbps=x.machine.inter_node_gbps if x.machines > 1 else None)
 
 
 # --- Speed: the fastest rung that fits, the largest micro-batch, the best batch split ----------------
@@ -968,6 +1083,50 @@ def _global_batch(training: TrainingOptions, world: int) -> int:
         raise InputError("--global-batch", f"{g} is not a multiple of the {world} processes",
                          f"a multiple of {world}")
     return g
+
+
+def _amortised(spec: RungSpec, x: _Inputs, choice: Rung, global_batch: int) -> BatchSplit | None:
+    """An offload rung pays its CPU optimizer step (and the upload of the updated weights) once per optimizer step,
+    whatever the tokens in it: the same rung at its largest micro-batch, accumulation unchanged, shows what that is
+    worth (a larger global batch: say so). None when no larger micro-batch fits."""
+    largest = max(choice.max_micro_batch, choice.max_micro_batch_gc)
+    if largest <= x.batch:
+        return None
+    gc = largest > choice.max_micro_batch
+    speed = _speed(spec, x, largest, x.grad_accum, gc)
+    return BatchSplit(largest * x.grad_accum * x.world, largest, x.grad_accum, gc, speed, choice.speed)
+
+
+def _split_training(training: TrainingOptions, topology: Topology, notes: list[str]) -> tuple[TrainingOptions, bool]:
+    """The micro-batch and accumulation the ladder is walked with, and whether each rung then takes its fastest
+    split of --global-batch (True only when neither --micro-batch nor --grad-accum was given: given ones win)."""
+    if training.global_batch is None:
+        return replace(training, split="given"), False
+    world = _positive(topology.num_machines, "--num-machines") * _positive(topology.processes_per_machine,
+                                                                          "--num-processes")
+    g = _global_batch(training, world)
+    per = g // world
+    if training.split == "auto":
+        return replace(training, micro_batch=1, grad_accum=per), True
+    if training.split == "micro":
+        micro = _positive(training.micro_batch, "--micro-batch")
+        if per % micro:
+            raise InputError("--micro-batch", f"{micro} does not divide the {per} samples per process of "
+                             f"--global-batch {g}", f"a divisor of {per}")
+        notes.append(f"--micro-batch {micro} was given: accumulation {per // micro} makes the global batch of {g}.")
+        return replace(training, grad_accum=per // micro, split="given"), False
+    if training.split == "accum":
+        accum = _positive(training.grad_accum, "--grad-accum")
+        if per % accum:
+            raise InputError("--grad-accum", f"{accum} does not divide the {per} samples per process of "
+                             f"--global-batch {g}", f"a divisor of {per}")
+        notes.append(f"--grad-accum {accum} was given: micro-batch {per // accum} makes the global batch of {g}.")
+        return replace(training, micro_batch=per // accum, split="given"), False
+    own = training.micro_batch * training.grad_accum * world
+    if own != g:
+        notes.append(f"--micro-batch {training.micro_batch} and --grad-accum {training.grad_accum} were given: they "
+                     f"win, so a step takes {own} samples, not the --global-batch of {g}.")
+    return replace(training, global_batch=None), False
 
 
 def _train_tokens(training: TrainingOptions) -> int | None:
@@ -1072,9 +1231,9 @@ def _spread(values: list[int], most: int) -> list[int]:
     return sorted({values[round(i * step)] for i in range(most)})
 
 
-def _try(hw, model, training, strategy, topology) -> Plan | None:
+def _try(hw, model, training, strategy, topology, adapters=None) -> Plan | None:
     try:
-        plan = make_plan(hw, model, training, strategy, topology)
+        plan = make_plan(hw, model, training, strategy, topology, adapters)
     except InputError:
         return None
     return plan if plan.choice is not None else None
@@ -1099,13 +1258,19 @@ class Suggestion:
 
 
 def what_would_fit(hw, model, training: TrainingOptions, strategy: StrategyOptions,
-                   topology: Topology) -> list[Suggestion]:
-    """Single changes that make some rung fit, each verified by recomputing the plan."""
+                   topology: Topology, adapters=None) -> list[Suggestion]:
+    """Single changes that make some rung fit, each verified by recomputing the plan.
+
+    `adapters`: the plan's AdapterShape for --method lora/qlora (Plan.adapters). No change tried here alters
+    the LoRA options, so every variant is planned with the same adapters."""
     out: list[Suggestion] = []
+
+    def plan_for(t: TrainingOptions, s: StrategyOptions, topo: Topology) -> Plan | None:
+        return _try(hw, model, t, s, topo, adapters)
 
     def attempt(label: str, t: TrainingOptions = training, s: StrategyOptions = strategy,
                 topo: Topology = topology, without_offload: bool = False) -> bool:
-        plan = _try(hw, model, t, s, topo)
+        plan = plan_for(t, s, topo)
         if plan is None or (without_offload and BY_KEY[plan.choice.key].offloads):
             return False
         out.append(Suggestion(f"{label}: {_fits_text(plan)}", t, s, topo, plan.choice.key))
@@ -1134,14 +1299,14 @@ def what_would_fit(hw, model, training: TrainingOptions, strategy: StrategyOptio
     def smaller(b: int) -> TrainingOptions:
         return replace(training, micro_batch=b, grad_accum=total // b if total % b == 0 else training.grad_accum)
 
-    if training.micro_batch > 1 and _try(hw, model, smaller(1), strategy, topology) is not None:
+    if training.micro_batch > 1 and plan_for(smaller(1), strategy, topology) is not None:
         low, high = 1, training.micro_batch          # low fits, high does not
         while high - low > 1:
             mid = (low + high) // 2
-            low, high = (mid, high) if _try(hw, model, smaller(mid), strategy, topology) is not None else (low, mid)
+            low, high = (mid, high) if plan_for(smaller(mid), strategy, topology) is not None else (low, mid)
         best: tuple[tuple, int] | None = None
         for b in _spread(_divisors_up_to(total, low), _MAX_SPLITS_TRIED):
-            plan = _try(hw, model, smaller(b), strategy, topology)
+            plan = plan_for(smaller(b), strategy, topology)
             if plan is not None:
                 rank = (-_rung_class(plan.choice), plan.choice.tokens_per_second)
                 if best is None or rank > best[0]:
@@ -1167,21 +1332,58 @@ def what_would_fit(hw, model, training: TrainingOptions, strategy: StrategyOptio
     return out
 
 
+def _host_ram_is_short(plan: Plan, hw, model, training: TrainingOptions, strategy: StrategyOptions,
+                       topology: Topology) -> str:
+    """When a rung fits on the GPUs and only host RAM stops it: which, how much RAM it needs against what the
+    machine has, and the RAM that makes the plan fit (verified by re-planning); "" otherwise."""
+    ram = _available_host_ram(hw)
+    if not ram or plan.topology.cpu:
+        return ""
+    short = [r for r in plan.rungs if not r.fits and r.per_gpu_bytes <= plan.usable_bytes and r.cpu_bytes > ram
+             and not BY_KEY[r.key].uses_nvme]
+    if not short:
+        return ""
+    rung = min(short, key=lambda r: (_rung_class(r), r.cpu_bytes))
+    assumed = hw.source.startswith("assume:")
+    total = hw.ram_total or ram
+    # An assumed machine has 90 % of its RAM available (hardware.assume); a probed one what is free now.
+    step = 16 * GiB
+    need_total = -(-math.ceil(rung.cpu_bytes * total / ram) // step) * step
+    richer = replace(hw, ram_total=need_total, ram_available=int(need_total * ram / total))
+    fixed = _try(hw=richer, model=model, training=training, strategy=strategy, topology=topology,
+                 adapters=plan.adapters)
+    have = (f"the machine has {fmt_bytes(ram)} available ({fmt_bytes(total)} in all)" if total != ram
+            else f"the machine has {fmt_bytes(ram)}")
+    text = (f"Host RAM is what stops {rung.name}: it fits on the {'GPU' if plan.topology.world_size == 1 else 'GPUs'}"
+            f" ({fmt_bytes(rung.per_gpu_bytes)} of {fmt_bytes(plan.usable_bytes)} per GPU) but needs "
+            f"{fmt_bytes(rung.cpu_bytes)} of host RAM per machine, and {have}.")
+    if fixed is not None:
+        how = (f"--assume ...,ram={need_total // GiB}G" if assumed else "a machine with that much")
+        text += (f" With {fmt_bytes(need_total)} of RAM ({how}) {_fits_text(fixed)}"
+                 f"{', ≈' + speed_mod.fmt_rate(fixed.choice.tokens_per_second) if fixed.choice.speed else ''}.")
+    return text
+
+
 def explain_nothing_fits(plan: Plan, hw, model, training: TrainingOptions, strategy: StrategyOptions,
                          topology: Topology) -> str:
     """For exit 3: how far the closest rung is from fitting, and what would fit (each one verified)."""
     misses = [(_shortfall(r, plan, hw, strategy), r) for r in plan.rungs if not r.fits]
     lines = []
     phrase = ""
+    ram_text = _host_ram_is_short(plan, hw, model, training, strategy, topology)
     if misses:
         (_, phrase), best = min(misses, key=lambda m: m[0][0])
         lines.append(f"Nothing fits. The closest rung, {best.name}, {phrase}.")
     else:
         lines.append("Nothing fits.")
+    if ram_text:
+        # Host RAM, not GPU memory, stops a rung that fits on the GPUs: say how much would do, before the
+        # other changes (more GPUs) that also make something fit.
+        lines.append(ram_text)
     nvme_missing = any(BY_KEY[r.key].uses_nvme and "--nvme-path" in r.reason for r in plan.rungs)
     if nvme_missing and "--nvme-path" not in phrase:
         lines.append("NVMe offload (the last rung) was not possible: give --nvme-path on a fast local disk.")
-    fixes = what_would_fit(hw, model, training, strategy, topology)
+    fixes = what_would_fit(hw, model, training, strategy, topology, adapters=plan.adapters)
     if fixes:
         lines.append("What would fit: " + "; ".join(f.text for f in fixes) + ".")
     else:
@@ -1201,7 +1403,7 @@ def host_ram_to_fit(plan: Plan, hw) -> int | None:
         return None
     needs = [r.cpu_bytes for r in plan.rungs
              if not r.fits and r.per_gpu_bytes <= plan.usable_bytes and r.cpu_bytes > ram
-             and not RUNG_SPECS[r.key].uses_nvme]
+             and not BY_KEY[r.key].uses_nvme]
     if not needs:
         return None
     total = math.ceil(min(needs) * (hw.ram_total or ram) / ram)

@@ -118,7 +118,17 @@ CPU_ADAM_PARAMS_PER_CORE = 2.8e6
 PCIE_P2P_BUSBW = {3: 10, 4: 20, 5: 40}        # GPU-to-GPU with P2P over a PCIe switch
 PCIE_HOST_BUSBW = {3: 6, 4: 10, 5: 20}        # without P2P (RTX 40xx): through host memory
 HOST_LINK = {3: 12, 4: 24, 5: 48}             # one GPU's pinned-memory copies to/from the host
-DEFAULT_INTER_NODE_GBPS = 50                  # 400 Gb/s per machine: GUESS, shown to the user
+# Network between machines, Gb/s per GPU of a server class (all its NICs together, as NCCL's rails use them):
+# - DGX/HGX H100, H200 and B200 (and H800): 8 x 400 Gb/s ConnectX-7, one per GPU (NVIDIA DGX H100/H200 User
+#   Guide, "Hardware Overview": 8 single-port ConnectX-7 VPI, up to 400 Gb/s; DGX B200 datasheet: the same);
+# - DGX/HGX A100 (and A800): 8 x 200 Gb/s HDR ConnectX-6 (DGX A100 User Guide, "Hardware Overview");
+# - DGX-1 V100: 4 x 100 Gb/s EDR for 8 GPUs, i.e. 50 Gb/s per GPU (DGX-1 with V100 datasheet).
+# Any other server (PCIe data-centre cards, workstation and consumer GPUs): one 100 Gb/s NIC per machine, e.g.
+# AWS g5.48xlarge (8 x A10G) "100 Gbps" (EC2 accelerated-computing instance specifications). A GUESS for an
+# unknown cluster: `--inter-node-gbps` / `--assume ...,net=` say what yours has. The ring's bus bandwidth between
+# machines is taken as that line rate (GB/s = Gb/s / 8).
+INTER_NODE_GBPS_PER_GPU = {"hopper": 400, "blackwell": 400, "ampere": 200, "volta": 50}
+OTHER_INTER_NODE_GBPS = 100
 DEFAULT_NVME_GBPS = 3                         # one local NVMe drive, mixed reads and writes: GUESS
 CPU_FLOPS_PER_CORE = 50e9                     # fp32 with AVX2 FMA at ~3 GHz, achievable: GUESS
 CPU_GLOO_BUSBW = 2 * GB                       # gloo over loopback TCP: GUESS
@@ -138,6 +148,8 @@ class Machine:
     nvme_bytes_per_s: float            # per machine
     cpu_cores_per_process: float
     assumptions: tuple[str, ...] = ()
+    inter_node_gbps: float = 0.0       # what inter_busbw was made from, Gb/s per machine (shown to the user)
+    inter_node_source: str = ""        # where that figure comes from, in words
 
 
 @dataclass(frozen=True)
@@ -244,17 +256,39 @@ def _p2p_ok(hw) -> bool | None:
     return all(v == "OK" for i, row in enumerate(hw.p2p) for j, v in enumerate(row) if i != j)
 
 
-def machine_from_hardware(hw, precision: str, per_machine: int, cpu: bool = False) -> Machine:
-    """The speed-relevant figures of this machine, with what had to be assumed said in `assumptions`."""
+def inter_node_gbps(hw, given: float | None = None) -> tuple[float, str]:
+    """(Gb/s of network per machine, where the figure comes from): the --inter-node-gbps answer, else the
+    machine's own (--assume ...,net=, a saved probe's inter_node_gbps), else the default of its class."""
+    if given is not None:
+        return float(given), "--inter-node-gbps"
+    own = getattr(hw, "inter_node_gbps", None)
+    if own is not None:
+        return float(own), "net= of --assume" if hw.source.startswith("assume:") else "the hardware description"
+    specs = [catalogue.match_device(g.name, g.memory_total) for g in hw.gpus]
+    if specs and all(s is not None and s.nvlink and not s.consumer for s in specs):
+        # SXM servers: one NIC per GPU (the slowest generation of the machine decides).
+        per_gpu = min(INTER_NODE_GBPS_PER_GPU.get(catalogue.performance(s).generation, 0) for s in specs)
+        if per_gpu:
+            return float(per_gpu * len(specs)), (f"the default for a server of {len(specs)} x {specs[0].name}: "
+                                                 f"a {per_gpu} Gb/s NIC per GPU")
+    return float(OTHER_INTER_NODE_GBPS), ("the default for a server without a NIC per GPU: one "
+                                          f"{OTHER_INTER_NODE_GBPS} Gb/s NIC")
+
+
+def machine_from_hardware(hw, precision: str, per_machine: int, cpu: bool = False,
+                          network_gbps: float | None = None) -> Machine:
+    """The speed-relevant figures of this machine, with what had to be assumed said in `assumptions`.
+    `network_gbps`: the user's figure for the network between machines (Gb/s per machine), if given."""
     notes: list[str] = []
     cores = float(hw.cpu_physical_cores or hw.cpu_cores or 1)
     cores_per_process = max(cores / max(per_machine, 1), 1.0)
-    inter = DEFAULT_INTER_NODE_GBPS * GB
+    gbps, source = inter_node_gbps(hw, network_gbps)
+    inter = gbps / 8 * GB
     if cpu:
         notes.append(f"CPU processes: {CPU_FLOPS_PER_CORE / 1e9:.0f} GFLOP/s per core and gloo at "
                      f"{CPU_GLOO_BUSBW / GB:.0f} GB/s are rough guesses; treat these speeds as orders of magnitude.")
         return Machine("CPU", cores_per_process * CPU_FLOPS_PER_CORE, 1.0, 20 * GB, CPU_GLOO_BUSBW, inter,
-                       20 * GB, DEFAULT_NVME_GBPS * GB, cores_per_process, tuple(notes))
+                       20 * GB, DEFAULT_NVME_GBPS * GB, cores_per_process, tuple(notes), gbps, source)
     perf, name, note = _gpu_perf(hw)
     if note:
         notes.append(note)
@@ -278,12 +312,12 @@ def machine_from_hardware(hw, precision: str, per_machine: int, cpu: bool = Fals
     else:
         intra = perf.nvlink_busbw * GB if perf.nvlink_busbw else PCIE_P2P_BUSBW[perf.pcie_gen] * GB
     return Machine(name, peak, eff, perf.hbm * GB, intra, inter, HOST_LINK[perf.pcie_gen] * GB,
-                   DEFAULT_NVME_GBPS * GB, cores_per_process, tuple(notes))
+                   DEFAULT_NVME_GBPS * GB, cores_per_process, tuple(notes), gbps, source)
 
 
-def inter_node_note() -> str:
-    return (f"Machines are assumed to be joined by {DEFAULT_INTER_NODE_GBPS * 8:.0f} Gb/s "
-            f"({DEFAULT_INTER_NODE_GBPS:.0f} GB/s) of network per machine.")
+def inter_node_note(m: Machine) -> str:
+    return (f"Machines are joined by {m.inter_node_gbps:g} Gb/s ({m.inter_node_gbps / 8:g} GB/s) of network per "
+            f"machine ({m.inter_node_source}; --inter-node-gbps or --assume ...,net= sets it).")
 
 
 # --- FLOPs and efficiency ----------------------------------------------------------------------
@@ -378,6 +412,13 @@ class _Parts:
     step_overhead: float = 0.0
 
 
+def _zero12_gather(w: Workload, world: int, bw: float) -> float:
+    """ZeRO-1/2's all-gather after the optimizer step: each rank's updated 16-bit partition of the *trained*
+    parameters (stage_1_and_2.py all-gathers the bit16 groups of the optimizer's parameters). A frozen base
+    (LoRA, QLoRA) is not in the optimizer: every rank holds all of it, and nothing of it is gathered."""
+    return collective_seconds(_w(w.precision) * w.trained, world, bw)
+
+
 def _parts(m: Machine, w: Workload, layout: Layout) -> _Parts:
     compute, backward = compute_seconds(m, w)
     world, bw, wb = layout.world, _busbw(m, layout), _w(w.precision)
@@ -393,19 +434,30 @@ def _parts(m: Machine, w: Workload, layout: Layout) -> _Parts:
         step_comm = max(ar - OVERLAP["ddp"] * backward, 0.0)
     elif layout.backend == "deepspeed" and layout.zero_stage in (1, 2):
         reduce = collective_seconds(wb * trained, world, bw)
-        gather = collective_seconds(weights, world, bw)
         if layout.zero_stage == 2:
             micro_comm = max(reduce - OVERLAP["zero12"] * backward, 0.0)
         else:
             step_comm = max(reduce - OVERLAP["zero12"] * backward, 0.0)
-        step_comm += gather
+        step_comm += _zero12_gather(w, world, bw)
+    elif sharded and layout.backend == "deepspeed":
+        # ZeRO-3 does what ZeRO-2 does (the same gradient reduce-scatter every micro-step, the same partitioned
+        # update) and, instead of ZeRO-2's one all-gather of the updated partitions, gathers every layer's
+        # weights (frozen ones too) in forward and again in backward, through per-module hooks. Its exposed
+        # communication is at least ZeRO-2's at the same settings: prefetch hides gathers behind compute, but
+        # published runs at equal settings are never faster under ZeRO-3 than under ZeRO-2 (DeepSpeed's
+        # ZeRO-3 docs; bench/data/published_speed.json), so the model may not predict that either.
+        reduce = collective_seconds(wb * trained, world, bw)
+        gathers = 2.0 * collective_seconds(weights, world, bw)
+        own = w.grad_accum * max(gathers + reduce - OVERLAP["zero3"] * compute, 0.0)
+        zero2 = w.grad_accum * max(reduce - OVERLAP["zero12"] * backward, 0.0) + _zero12_gather(w, world, bw)
+        step_comm = max(own, zero2)
+        overhead += SHARDED_LAYER_OVERHEAD_S["zero3"] * w.layers
     elif sharded:
-        kind = "zero3" if layout.backend == "deepspeed" else "fsdp"
         gathers = 2.0 * collective_seconds(weights, world, bw)
         reduce = collective_seconds(wb * trained, world, bw)
-        micro_comm = max(gathers + reduce - OVERLAP[kind] * compute, 0.0)
-        if world > 1 or kind == "zero3":
-            overhead += SHARDED_LAYER_OVERHEAD_S[kind] * w.layers
+        micro_comm = max(gathers + reduce - OVERLAP["fsdp"] * compute, 0.0)
+        if world > 1:
+            overhead += SHARDED_LAYER_OVERHEAD_S["fsdp"] * w.layers
     elif layout.backend == "fsdp":
         gather = collective_seconds(weights, world, bw)
         reduce = collective_seconds(wb * trained, world, bw)

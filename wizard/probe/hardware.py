@@ -26,7 +26,7 @@ from wizard.fsutil import nearest_existing
 from wizard.paths import accelerate_config_dir
 from wizard.units import GiB, fmt_bytes, parse_bytes
 
-ASSUME_FORMAT = ("COUNTxGPU[,ram=SIZE][,cpus=N][,disk=SIZE][,nodes=N][,nvlink=yes|no], "
+ASSUME_FORMAT = ("COUNTxGPU[,ram=SIZE][,cpus=N][,disk=SIZE][,nodes=N][,nvlink=yes|no][,net=GBPS], "
                  "e.g. 8xH100-80GB or 4xA100-40GB,ram=512G")
 NVME_CANDIDATES = ("/local_nvme", "/nvme", "/mnt/nvme", "/scratch")
 # Distribution names read from package metadata (never imported). flash-attn and bitsandbytes
@@ -72,6 +72,7 @@ class Hardware:
     num_machines_hint: int | None = None  # from SLURM_NNODES when present
     cpu_physical_cores: int | None = None
     aio_available: bool | None = None     # libaio found: DeepSpeed's async_io (NVMe offload) can build
+    inter_node_gbps: float | None = None  # network per machine to the others, Gb/s (None: by machine class)
     notes: list[str] = field(default_factory=list)  # what was assumed or adjusted, for the user
 
     @property
@@ -126,12 +127,14 @@ def _check(value: Any, kind: str, where: str) -> Any:
         "libs": isinstance(value, dict) and all(isinstance(v, str) or v is None for v in value.values()),
         "env": isinstance(value, dict) and all(isinstance(v, str) for v in value.values()),
         "strs": isinstance(value, list) and all(isinstance(v, str) for v in value),
+        "gbps": isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value <= 100_000,
     }[kind]
     if not ok:
         wanted = {"int": "an integer", "int>=0": "a non-negative integer", "int>0": "a positive integer",
                   "str": "a string", "bool": "true or false", "cc": "[major, minor]",
                   "matrix": "a list of lists of strings", "libs": "an object of version strings or null",
-                  "env": "an object of strings", "strs": "a list of strings"}[kind]
+                  "env": "an object of strings", "strs": "a list of strings",
+                  "gbps": "Gb/s, a number in (0, 100000]"}[kind]
         raise _bad(f"{where} must be {wanted}, got {value!r:.60}")
     if kind == "cc":
         return (int(value[0]), int(value[1]))
@@ -148,7 +151,7 @@ _HW_FIELDS = {"gpu_reason": "str?", "driver_version": "str?", "cuda_version": "s
               "output_dir": "str?", "disk_free_output": "int>=0?", "nvme_path": "str?",
               "disk_free_nvme": "int>=0?", "libraries": "libs", "env": "env", "source": "str",
               "num_machines_hint": "int>0?", "cpu_physical_cores": "int>0?", "aio_available": "bool?",
-              "notes": "strs"}
+              "inter_node_gbps": "gbps?", "notes": "strs"}
 
 
 def _gpu_from_json(raw: Any, position: int) -> GPU:
@@ -237,9 +240,27 @@ def _assume_options(extras: list[str]) -> dict[str, Any]:
             options[key] = _assume_int(key, value, 1, 4096)
         elif key == "nvlink":
             options[key] = parse_yes_no(value, "assume", "nvlink")
+        elif key == "net":
+            options[key] = parse_gbps(value, "assume")
         else:
-            raise InputError("assume", f"unknown key {key!r}", "ram=SIZE, cpus=N, disk=SIZE, nodes=N, nvlink=yes|no")
+            raise InputError("assume", f"unknown key {key!r}",
+                             "ram=SIZE, cpus=N, disk=SIZE, nodes=N, nvlink=yes|no, net=GBPS")
     return options
+
+
+GBPS_ALLOWED = "Gb/s of network per machine, such as 400G, 3200G or 3.2T (up to 100T)"
+
+
+def parse_gbps(value: Any, field_name: str) -> float:
+    """'400G', '400Gb', '400gbps', '3.2T', '400' -> Gb/s (a machine's network to the others, all NICs together)."""
+    text = str(value).strip().lower().replace(" ", "")
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)(g|gb|gbit|gbps|gb/s|t|tb|tbps|tb/s)?", text)
+    if not m:
+        raise InputError(field_name, f"net={value!r} is not a network speed", GBPS_ALLOWED)
+    gbps = float(m.group(1)) * (1000 if (m.group(2) or "g").startswith("t") else 1)
+    if not 0 < gbps <= 100_000:
+        raise InputError(field_name, f"net={value!r} is out of range", GBPS_ALLOWED)
+    return gbps
 
 
 def assumed_ram(gpu_memory_total: int) -> int:
@@ -304,6 +325,7 @@ def assume(spec: str) -> Hardware:
         disk_free_nvme=disk,
         source=f"assume:{spec.strip()}",
         num_machines_hint=options.get("nodes"),
+        inter_node_gbps=options.get("net"),
         notes=notes,
     )
 

@@ -69,8 +69,9 @@ class LoraOptions:
     alpha: int | None = None
     # TRL ModelConfig's lora_dropout default; peft's own default is 0.0. No byte depends on it either.
     dropout: float = 0.05
-    # None: what peft picks for the architecture (TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING);
-    # "all-linear"; or module names, comma-separated ("q_proj,k_proj,v_proj,o_proj").
+    # None: the default, every Linear module of the model but the output layer, by name (DEFAULT_TARGETS_WHY);
+    # "all-linear" (peft's shorthand, which also wraps fused MoE expert parameters); or module names,
+    # comma-separated ("q_proj,k_proj,v_proj,o_proj").
     targets: str | None = None
     # QLoRA's double quantisation (Dettmers et al. 2023, section 3): the recipe of the QLoRA paper.
     # BitsAndBytesConfig and TRL default to False; what is emitted must say the same as what is sized.
@@ -293,6 +294,25 @@ def _clear_bnb_availability() -> None:
         clear = getattr(getattr(sys.modules.get(module_name), name, None), "cache_clear", None)
         if clear is not None:
             clear()
+# Why the default targets are all the Linear layers, for LoRA and QLoRA alike (and not peft's per-architecture
+# mapping, q_proj and v_proj for Llama, from the LoRA paper's attention-only experiments):
+# - QLoRA paper (Dettmers et al. 2023, arXiv:2305.14314, section 4 and figure 2): "LoRA on all linear transformer
+#   block layers is required to match full finetuning performance"; adapting only the attention's query and value
+#   falls short, whatever the rank. The finding is about LoRA's placement, 16-bit LoRA included.
+# - The recipes people run follow it: LLaMA-Factory's lora_target: all, axolotl's lora_target_linear: true in its
+#   LoRA and QLoRA examples, peft's and TRL's docs with target_modules="all-linear".
+# Named module by module (peft's own all-linear list, read from the model), not as "all-linear": under
+# transformers 5 that shorthand also wraps fused MoE expert parameters, which peft refuses with dropout > 0.
+DEFAULT_TARGETS_WHY = "every Linear layer but the output layer, as the QLoRA paper and LLaMA-Factory/axolotl recipes"
+
+
+def all_linear_names(model) -> list[str]:
+    """The leaf names of the modules peft's "all-linear" targets (Linear and Conv1D, not the output layer)."""
+    from peft import LoraConfig
+    from peft.tuners.tuners_utils import _maybe_include_all_linear_layers
+
+    config = _maybe_include_all_linear_layers(LoraConfig(target_modules=ALL_LINEAR, task_type="CAUSAL_LM"), model)
+    return sorted({name.rsplit(".", 1)[-1] for name in config.target_modules})
 
 
 def default_targets(model_type: str | None) -> list[str] | None:
@@ -313,12 +333,12 @@ def _apply_lora(base, options: LoraOptions, source: str):
     if options.targets == ALL_LINEAR:
         target_modules: Any = ALL_LINEAR
     elif options.targets is None:
-        # peft would look this mapping up itself; resolving it here keeps the answer identical and avoids
-        # peft 0.21's transformers-v5 MoE conversion, which empties a None target list (Mixtral then fails).
-        target_modules = default_targets(model_type)
-        if target_modules is None:
-            raise InputError("lora_targets", f"peft has no default LoRA targets for model type {model_type!r}",
-                             "all-linear, or comma-separated module names such as q_proj,v_proj")
+        # The default (DEFAULT_TARGETS_WHY), as names: a None target list would also hit peft 0.21's
+        # transformers-v5 MoE conversion, which empties it (Mixtral then fails).
+        target_modules = all_linear_names(base)
+        if not target_modules:
+            raise InputError("lora_targets", f"{model_type!r} has no Linear layers for LoRA",
+                             "comma-separated module names such as q_proj,v_proj")
     else:
         target_modules = options.target_list
     config = LoraConfig(r=options.rank, lora_alpha=options.lora_alpha, lora_dropout=options.dropout,
@@ -440,9 +460,6 @@ def _llama_linears(hidden: int, heads: int, kv_heads: int, intermediate: int) ->
     }
 
 
-LLAMA_DEFAULT_TARGETS = ("q_proj", "v_proj")     # peft's mapping for "llama" (checked by a test)
-
-
 def size_llama_adapters(shape, options: LoraOptions) -> AdapterShape:
     """Adapters of a LlamaForCausalLM of `shape` (wizard.sizing.model.ModelShape), without building anything.
 
@@ -459,7 +476,7 @@ def size_llama_adapters(shape, options: LoraOptions) -> AdapterShape:
     if options.targets == ALL_LINEAR:
         targets = list(linears)
     elif options.targets is None:
-        targets = list(LLAMA_DEFAULT_TARGETS)
+        targets = list(linears)               # the default: every Linear of the layer (DEFAULT_TARGETS_WHY)
     else:
         targets = options.target_list or []
         unknown = [t for t in targets if t not in linears]

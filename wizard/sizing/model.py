@@ -69,6 +69,10 @@ class ModelShape:
     gated_mlp: bool | None = None         # set when the config says (T5's is_gated_act); else from model_type
     attention_dropout: float = 0.0        # training dropout on the attention probabilities (BERT 0.1, Llama 0.0):
     #                                       eager attention then keeps a mask and a dropped copy of every score
+    # The head the built class has (from the config's `architectures`, else a causal LM): its output decides
+    # the logits' size (a sequence classifier's are num_labels per sample, not a vocabulary per token).
+    task: str = "causal-lm"
+    num_labels: int = 0
 
     @property
     def is_ssm(self) -> bool:
@@ -644,8 +648,28 @@ def _size_config(data: dict[str, Any], config_path: Path, source: str) -> ModelS
                 experts_per_token=_first_int(text, "num_experts_per_tok", "moe_topk", "top_k") or 0,
                 max_position_embeddings=_first_int(text, "max_position_embeddings", "n_positions"),
                 moe_block_class=_moe_block_class(model),
+                task=task_of_class(type(model).__name__),
+                num_labels=int(getattr(config, "num_labels", 0) or 0),
                 **shape,
             )
+
+
+# What a model class's name says about its head (transformers' naming: <Arch>For<Task>).
+TASKS = ("causal-lm", "masked-lm", "seq2seq-lm", "sequence-classification", "token-classification",
+         "question-answering", "base")
+_CLASS_SUFFIX_TASK = (("ForSequenceClassification", "sequence-classification"),
+                      ("ForTokenClassification", "token-classification"),
+                      ("ForQuestionAnswering", "question-answering"), ("ForMaskedLM", "masked-lm"),
+                      ("ForConditionalGeneration", "seq2seq-lm"), ("ForSeq2SeqLM", "seq2seq-lm"),
+                      ("ForCausalLM", "causal-lm"), ("LMHeadModel", "causal-lm"))
+
+
+def task_of_class(name: str) -> str:
+    """The task of a transformers model class by its name; "base" for a bare model (no head)."""
+    for suffix, task in _CLASS_SUFFIX_TASK:
+        if name.endswith(suffix):
+            return task
+    return "base" if name.endswith("Model") else "causal-lm"
 
 
 def module_class_names(id_or_path: str) -> set[str]:
@@ -666,7 +690,7 @@ def module_class_names(id_or_path: str) -> set[str]:
 # ---------------------------------------------------------------------------------------------
 
 # Bump when what size_model computes changes, so old entries are ignored.
-_SIZING_CACHE_VERSION = 3
+_SIZING_CACHE_VERSION = 4
 
 
 def sizing_cache_dir() -> Path:

@@ -22,7 +22,7 @@ from wizard.frontends.tui.widgets.memory_bar import legend, short_name
 from wizard.frontends.tui.words import field_name, in_words
 from wizard.frontends.tui.widgets.rung_list import RungList
 from wizard.planning.plan import COMPONENTS
-from wizard.planning.speed import fmt_rate
+from wizard.planning.speed import fmt_duration, fmt_rate
 from wizard.units import fmt_bytes, fmt_count
 
 
@@ -164,8 +164,13 @@ class PlanScreen(WizardScreen):
         text = f"[b]{c.name}[/b]" + (" +GC" if c.gradient_checkpointing else "")   # one 80-column line
         if c.speed is not None:
             text += f" · ≈{fmt_rate(c.speed.tokens_per_second)}"
+        if plan.batch is not None and plan.batch.applied:
+            # --global-batch: the split the figures and files use, and how long it takes (one 80-column line).
+            text += f" · batch {c.micro_batch}x{c.grad_accum}"
+            return text + (f" · {fmt_duration(c.train_seconds)} to train" if c.train_seconds is not None else "")
         biggest = short_micro_batch_text(c)
-        return text + (f" · {biggest}" if biggest else "")
+        text += f" · {biggest}" if biggest else ""
+        return text + (f" · {fmt_duration(c.train_seconds)} to train" if c.train_seconds is not None else "")
 
     # ------------------------------------------------------------------ picking
 
@@ -231,6 +236,12 @@ class PlanScreen(WizardScreen):
             biggest = max_micro_batch_text(rung)
             if biggest:
                 lines.append(f"  {biggest}")
+            if plan.batch is not None and plan.batch.applied and rung.micro_batch:
+                lines.append(f"  batch            micro-batch {rung.micro_batch} x accumulation {rung.grad_accum} x "
+                             f"{plan.topology.world_size} processes = {plan.batch.global_batch} (its fastest split)")
+            if rung.train_seconds is not None and plan.train_tokens:
+                lines.append(f"  time to train    {fmt_duration(rung.train_seconds)} for "
+                             f"{fmt_count(plan.train_tokens)} tokens")
         lines += ["", "The wizard takes the fastest rung that fits, by its speed model, but never offloads while a "
                       "rung without offload fits (offload is the slow last resort). Gradient checkpointing (+GC) is "
                       "switched on where activations, not model states, are what does not fit."]
