@@ -115,7 +115,7 @@ def test_sizing_never_imports_bitsandbytes_and_leaves_it_importable():
     code = ("import importlib.util, json, sys\n"
             "from wizard.sizing.model import size_model\nfrom wizard.sizing import lora\n"
             f"s = size_model({str(MODELS / 'llama-tiny')!r}, use_cache=False)\n"
-            "q = lora.size_adapters(s, lora.lora_options('qlora'))\n"
+            "q = lora.size_adapters(s, lora.lora_options('qlora', targets='q_proj,v_proj'))\n"
             "l = lora.size_adapters(s, lora.lora_options('lora', targets='all-linear'))\n"
             "imported = 'bitsandbytes' in sys.modules\n"
             "from peft.import_utils import is_bnb_available\n"
@@ -179,7 +179,7 @@ def test_the_key_changes_with_config_options_versions_and_code(monkeypatch, tmp_
     changed = adapters._cache_file(shape, options)
     assert changed != key
     assert adapters.adapters_for(size_model(str(target)), _training("lora", lora_rank=8)).modules_per_target == \
-        {"q_proj": 3, "v_proj": 3}
+        {name: 3 for name in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")}
 
     real_version = metadata.version
     for library in ("peft", "transformers", "torch"):
