@@ -9,6 +9,7 @@
 - `read_bytes_limited` / `loads_limited`: user files with a size and a nesting limit, never blocking on
   a FIFO; every failure one InputError line. `read_json_object` / `read_yaml_mapping`: never-raising
   reads of optional side files.
+- `yaml_load` / `yaml_parse`: the one YAML reader (yaml.SafeLoader, refusing alias bombs).
 """
 
 from __future__ import annotations
@@ -75,14 +76,113 @@ def yaml_load_errors() -> tuple[type[Exception], ...]:
 
 def read_yaml_mapping(path: str | os.PathLike[str]) -> dict[str, Any] | None:
     """The YAML mapping in `path` (yaml.safe_load, as accelerate reads it); None like read_json_object."""
-    import yaml
-
     try:
         with open(path, encoding="utf-8") as f:
-            data = yaml.safe_load(f)
+            data = yaml_load(f.read())
     except (OSError, ValueError, RecursionError, *yaml_load_errors()):
         return None
     return data if isinstance(data, dict) else None
+
+
+# ============================================================================================
+# The one YAML reader. PyYAML shares an aliased node instead of copying it, so nine levels of
+# anchors, each used nine times by the next, parse in a millisecond into 9**9 values that every walk
+# over the result (the nesting check, the rules, json.dumps) then visits one by one: hours. Every
+# YAML the wizard reads (answers, accelerate configs, training args, its own files) goes through
+# yaml_load / yaml_parse, which count what the aliases expand to before anything is built.
+
+MAX_YAML_VALUES = 100_000           # values after alias expansion; real configs hold a few hundred
+MAX_YAML_CHARS = 16 * 1024 * 1024   # scalar characters after alias expansion (4x the largest file read)
+
+
+class YamlExpansionError(ValueError):
+    """A YAML document whose aliases expand past the limits, or refer to the node that contains them."""
+
+
+def _yaml_children(node) -> list:
+    import yaml
+
+    if isinstance(node, yaml.MappingNode):
+        return [part for pair in node.value for part in pair]
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    return []
+
+
+def yaml_expansion(node) -> tuple[int, int]:
+    """(values, scalar characters) of the document under `node` with every alias expanded.
+
+    Computed once per node (aliases share nodes), without recursion; raises YamlExpansionError as soon
+    as a limit is passed or a node contains itself (`&a [*a]`), so a bomb costs what its text costs.
+    """
+    import yaml
+
+    sizes: dict[int, tuple[int, int]] = {}
+    open_nodes: set[int] = set()          # the ancestors of the node being visited
+    stack = [(node, False)]
+    while stack:
+        current, children_done = stack.pop()
+        key = id(current)
+        if children_done:
+            open_nodes.discard(key)
+            values, chars = 1, len(current.value) if isinstance(current, yaml.ScalarNode) else 0
+            for child in _yaml_children(current):
+                child_values, child_chars = sizes[id(child)]
+                values += child_values
+                chars += child_chars
+            if values > MAX_YAML_VALUES:
+                raise YamlExpansionError(f"its aliases expand it to more than {MAX_YAML_VALUES} values")
+            if chars > MAX_YAML_CHARS:
+                raise YamlExpansionError(f"its aliases expand it to more than {fmt_limit(MAX_YAML_CHARS)} of text")
+            sizes[key] = (values, chars)
+            continue
+        if key in sizes:
+            continue
+        if key in open_nodes:
+            raise YamlExpansionError("an alias refers to the node that contains it")
+        open_nodes.add(key)
+        stack.append((current, True))
+        stack.extend((child, False) for child in _yaml_children(current) if id(child) not in sizes)
+    return sizes[id(node)]
+
+
+_LOADER: list = []
+
+
+def _bounded_loader() -> type:
+    """yaml.SafeLoader (what accelerate and transformers read with), checking each document's expansion
+    between composing it (cheap: aliases are shared) and constructing Python objects from it."""
+    if not _LOADER:
+        import yaml
+
+        class BoundedSafeLoader(yaml.SafeLoader):
+            def compose_document(self):
+                node = super().compose_document()
+                if node is not None:
+                    yaml_expansion(node)
+                return node
+
+        _LOADER.append(BoundedSafeLoader)
+    return _LOADER[0]
+
+
+def yaml_parse(text: str) -> tuple[Any, Any]:
+    """(yaml.safe_load(text), the composed node or None), refusing alias bombs with YamlExpansionError.
+
+    Raises what yaml.safe_load raises otherwise (yaml_load_errors(), ValueError, RecursionError).
+    """
+    loader = _bounded_loader()(text)
+    try:
+        node = loader.get_single_node()
+        data = loader.construct_document(node) if node is not None else None
+    finally:
+        loader.dispose()
+    return data, node
+
+
+def yaml_load(text: str) -> Any:
+    """yaml.safe_load(text), refusing alias bombs (YamlExpansionError, a ValueError)."""
+    return yaml_parse(text)[0]
 
 
 def unified_diff(old: str, new: str, path: str) -> str:
@@ -331,8 +431,7 @@ def loads_limited(text: str, parser: str, field: str, what: str, allowed: str) -
     if parser == "json":
         parse, syntax_error = json.loads, json.JSONDecodeError
     else:
-        import yaml
-        parse, syntax_error = yaml.safe_load, yaml_load_errors()
+        parse, syntax_error = yaml_load, yaml_load_errors()
     try:
         data = parse(text)
     except RecursionError:

@@ -444,3 +444,63 @@ def test_yaml_a_tag_cannot_take_is_bad_input_everywhere_it_is_read(tmp_path, tex
 def test_one_line_quoting_of_paths():
     assert fsutil.quote_path("/tmp/a\nb") == '"/tmp/a\\nb"'
     assert fsutil.quote_path("/tmp/out_ü") == '"/tmp/out_ü"'
+
+
+# ---- one YAML reader, bounded against alias bombs (issue 21 #9) ----------------------------------
+
+def nine_by_nine() -> str:
+    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x]"]
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 10)]
+    return "\n".join(lines) + "\n"
+
+
+YAML_BOMBS = {
+    "nine-levels": nine_by_nine(),
+    "long-text": "s: &s " + "x" * 600_000 + "\nt: &t [" + ", ".join(["*s"] * 30) + "]\n",
+    "self-reference": "a: &a [1, *a]\n",
+}
+
+
+@pytest.mark.parametrize("name", sorted(YAML_BOMBS))
+def test_every_yaml_reader_refuses_an_alias_bomb_at_once(tmp_path, name):
+    import time
+
+    from wizard.check.doctor import load_training_args, parse_accelerate_yaml
+
+    text = YAML_BOMBS[name]
+    path = tmp_path / "bomb.yaml"
+    path.write_text(text)
+    started = time.monotonic()
+    with pytest.raises(InputError, match="answers: .*(aliases expand it|refers to the node)"):
+        fsutil.loads_limited(text, "yaml", "answers", "f", "a file")
+    with pytest.raises(InputError, match="config-file: .* is refused"):
+        parse_accelerate_yaml(text, str(path))
+    with pytest.raises(InputError, match="training-args: .* is refused"):
+        load_training_args(str(path))
+    assert fsutil.read_yaml_mapping(path) is None
+    assert time.monotonic() - started < 5
+
+
+def test_aliases_within_the_limits_load_as_yaml_safe_load_loads_them():
+    import yaml
+
+    five_levels = nine_by_nine().split("a5:")[0]     # 9**5 leaves: within the limit
+    text = "base: &b {lr: 1.0e-05, steps: [1, 2]}\nrun: *b\nother: {<<: *b, lr: 2}\n" + five_levels
+    assert fsutil.yaml_load(text) == yaml.safe_load(text)
+    # Each level is one sequence of nine copies of the one before: 10, 91, 820, 7381, 66430 values.
+    values, chars = fsutil.yaml_expansion(fsutil.yaml_parse(five_levels)[1])
+    assert (values, chars) == (1 + 5 + 10 + 91 + 820 + 7381 + 66430, 5 * 2 + sum(9 ** k for k in range(1, 6)))
+    assert values <= fsutil.MAX_YAML_VALUES < 1 + 6 + 10 + 91 + 820 + 7381 + 66430 + 597871
+
+
+def test_no_module_reads_yaml_around_the_bounded_loader():
+    """yaml.safe_load / load / compose anywhere in wizard/ or launch/ would bypass the alias check."""
+    import re
+    from pathlib import Path
+
+    root = Path(fsutil.__file__).resolve().parents[1]
+    pattern = re.compile(r"yaml\.(safe_load|load|full_load|unsafe_load|compose|load_all|safe_load_all|parse)\(")
+    offenders = [f"{path.relative_to(root)}:{n}" for base in ("wizard", "launch") for path in (root / base).rglob("*.py")
+                 if path.name != "fsutil.py"
+                 for n, line in enumerate(path.read_text().splitlines(), 1) if pattern.search(line)]
+    assert offenders == []
