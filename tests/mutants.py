@@ -79,8 +79,8 @@ MUTANTS = (
            "write_atomic replaces the file before its .bak exists (a crash in between loses the old content)"),
     Mutant("fsutil-set-keeps-original-after-rename", "wizard/fsutil.py",
            (("                self._originals[path] = self._keep(path)\n", ""),
-            ("        os.replace(source, target)\n",
-             "        os.replace(source, target)\n"
+            ("        self._undo.append(_Undo(target, previous))\n",
+             "        self._undo.append(_Undo(target, previous))\n"
              "        if self.results.get(target) and self.results[target].backup_path and target not in self._originals:\n"
              "            self._originals[target] = self._keep(target)\n")),
            ("tests/unit/test_fsutil.py::test_write_files_keeps_bak_only_for_what_really_changed",),
@@ -91,7 +91,7 @@ MUTANTS = (
            ("tests/unit/test_fsutil.py::test_a_bak_is_replaced_whole_never_rewritten_in_place",),
            "write_atomic rewrites .bak in place (a reader or a crash sees it half written)"),
     Mutant("fsutil-set-bak-written-in-place", "wizard/fsutil.py",
-           (("            os.replace(original, target + BACKUP_SUFFIX)\n",
+           (("            self._place(self._keep(original), target + BACKUP_SUFFIX)\n",
              "            with open(original, 'rb') as src, open(target + BACKUP_SUFFIX, 'wb') as dst:\n"
              "                dst.write(src.read())\n"),),
            ("tests/unit/test_fsutil.py::test_a_bak_is_replaced_whole_never_rewritten_in_place",),

@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -504,3 +505,118 @@ def test_no_module_reads_yaml_around_the_bounded_loader():
                  if path.name != "fsutil.py"
                  for n, line in enumerate(path.read_text().splitlines(), 1) if pattern.search(line)]
     assert offenders == []
+
+
+# ---- a refused rename, at any step, leaves the old set as it was (issue 21 #10) --------------------
+
+def old_set_with_baks(out) -> dict[str, bytes]:
+    """An old set that has been written twice already: every config and its .bak."""
+    old_set(out)
+    (out / "ds_config.json.bak").write_text(ds_json(1))
+    (out / "default_config.yaml.bak").write_text(ds_yaml(out, 1))
+    (out / "wizard_plan.json.bak").write_text('{"older": true}\n')
+    return full_snapshot(out)
+
+
+def full_snapshot(out) -> dict[str, tuple[bytes, int]]:
+    """Every entry (hidden ones too: temps, the lock), with its bytes and mode."""
+    return {p.name: (p.read_bytes(), p.stat().st_mode) for p in sorted(out.iterdir())}
+
+
+def write_new_set(out):
+    return emit.write_files(ds_yaml(out, 3), ds_json(3), str(out), extra=(("wizard_plan.json", "{}\n"),))
+
+
+@contextlib.contextmanager
+def unreplaceable(path, how: str):
+    """`path` made a file that no rename may replace: immutable (chattr +i), or a bind mount over it (EBUSY)."""
+    if how == "chattr":
+        chattr = shutil.which("chattr")
+        if not chattr or subprocess.run([chattr, "+i", str(path)], capture_output=True).returncode != 0:
+            pytest.skip("chattr +i is refused here (not root, or a file system without the attribute)")
+        try:
+            yield
+        finally:
+            subprocess.run([chattr, "-i", str(path)], check=True)
+        return
+    source = path.parent.parent / (path.name + ".mounted")
+    source.write_bytes(path.read_bytes())
+    if not shutil.which("mount") or subprocess.run(["mount", "--bind", str(source), str(path)],
+                                                    capture_output=True).returncode != 0:
+        pytest.skip("mount --bind is refused here (not root)")
+    try:
+        yield
+    finally:
+        subprocess.run(["umount", str(path)], check=True)
+
+
+@pytest.mark.parametrize("how", ["chattr", "bind-mount"])
+@pytest.mark.parametrize("name", ["ds_config.json", "default_config.yaml", "wizard_plan.json",
+                                  "ds_config.json.bak", "default_config.yaml.bak"])
+def test_a_file_no_rename_can_replace_leaves_the_old_set_exactly_as_it_was(tmp_path, how, name):
+    out = tmp_path / "out"
+    old_set_with_baks(out)
+    with unreplaceable(out / name, how):
+        before = full_snapshot(out)
+        with pytest.raises(OSError) as err:
+            write_new_set(out)
+        assert full_snapshot(out) == before      # the configs, the old .bak files; no temp, no staged JSON, no lock
+    assert err.value.filename == str(out / name)   # the message names the file the user knows, not a temp
+
+
+class ReplaceFaults:
+    """os.replace that fails with EPERM at the Nth call; with `sticky`, also at every later call onto that same
+    target (a file that became unreplaceable), as chattr +i or a mount would make it."""
+
+    def __init__(self, monkeypatch, at: int, sticky: bool):
+        self.real, self.at, self.sticky, self.calls, self.broken = os.replace, at, sticky, 0, None
+        self.replaced: set[str] = set()          # targets a rename has already replaced
+        monkeypatch.setattr(os, "replace", self)
+
+    def __call__(self, src, dst, *args, **kwargs):
+        self.calls += 1
+        if self.calls == self.at or (self.sticky and os.fspath(dst) == self.broken):
+            self.broken = os.fspath(dst)
+            raise OSError(1, "Operation not permitted", os.fspath(dst))
+        self.real(src, dst, *args, **kwargs)
+        self.replaced.add(os.fspath(dst))
+
+
+@pytest.mark.parametrize("links", ["hard links", "no hard links"])
+@pytest.mark.parametrize("sticky", [False, True], ids=["fails-once", "fails-for-good"])
+def test_an_injected_rename_failure_at_every_step_leaves_the_old_set_exactly_as_it_was(tmp_path, monkeypatch,
+                                                                                       links, sticky):
+    """Every os.replace of a set write (the staged YAML, the JSON, the YAML, the plan, each .bak; with no hard
+    links, the copies of the originals too) fails in turn, once or for good: the old set, byte for byte.
+
+    The one exception: the YAML refused for good between its two renames (it was replaceable a moment before)
+    cannot be put back; the write then says which files are new, and the disk is still a YAML beside the JSON
+    it names, with the old YAML kept."""
+    if links == "no hard links":
+        def no_link(*args, **kwargs):
+            raise OSError(1, "Operation not permitted")
+        monkeypatch.setattr(os, "link", no_link)
+    rollbacks_failed = 0
+    for at in range(1, 100):
+        out = tmp_path / f"out{at}"
+        before = old_set_with_baks(out)
+        faults = ReplaceFaults(monkeypatch, at, sticky)
+        try:
+            write_new_set(out)
+        except fsutil.RollbackFailed as err:
+            rollbacks_failed += 1
+            assert sticky and faults.broken == str(out / "default_config.yaml")
+            assert err.new_files == [str(out / "default_config.yaml")] and "default_config.yaml hold" in str(err)
+            doc = fsutil.read_yaml_mapping(out / "default_config.yaml")
+            named = doc["deepspeed_config"]["deepspeed_config_file"]
+            assert os.path.basename(named).startswith(emit.STAGED_DS_PREFIX)
+            assert (out / named).read_text() == ds_json(3)
+            assert [Path(p).read_bytes() for p in err.kept] == [before["default_config.yaml"][0]]
+        except OSError:
+            assert full_snapshot(out) == before, f"rename {at} failed {'for good' if sticky else 'once'}"
+        else:
+            break
+        finally:
+            monkeypatch.setattr(os, "replace", faults.real)
+    assert at > 7      # 4 renames of the set and 3 .bak (more with copies) were each refused in turn
+    assert rollbacks_failed == (1 if sticky else 0)
