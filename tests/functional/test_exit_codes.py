@@ -160,3 +160,26 @@ def test_check_stopped_inside_a_lazy_import_exits_130(old_dir, module, sig):
     assert proc.returncode == 130, (proc.returncode, proc.stdout[-500:], proc.stderr[-2000:])
     assert wizard_lines(proc.stderr) == ["wizard: interrupted; nothing written"], proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr and proc.stdout == ""
+
+
+# ---- --plain: the same truth after a write --------------------------------------------------------
+
+def test_plain_interrupted_just_after_the_write_says_the_files_were_written(tmp_path, old_dir, monkeypatch, capsys):
+    from prompt_toolkit.input import create_pipe_input
+    from prompt_toolkit.output import DummyOutput
+
+    from wizard.frontends.prompts import run_plain
+    from wizard.pipeline import Request
+
+    out = tmp_path / "out"
+    from_old(old_dir, out)
+    monkeypatch.setenv("WIZARD_FAULT_AFTER", "unlocked")
+    monkeypatch.setenv("WIZARD_FAULT_SIGNAL", "INT")
+    request = Request(given={"params": "125M", "backend": "deepspeed", "zero_stage": "3"}, assume=ASSUME,
+                      output_dir=str(out))
+    with create_pipe_input() as pipe:
+        pipe.send_text("\r" * 80)
+        code = run_plain(request, input=pipe, output=DummyOutput(), yes=True)
+    assert code == 130
+    assert "Interrupted; the files were written." in capsys.readouterr().err
+    assert stage(out) == 3
