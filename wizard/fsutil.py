@@ -562,7 +562,8 @@ class RollbackFailed(OSError):
         names = ", ".join(os.path.basename(p) for p in self.new_files)
         kept = ", ".join(os.path.basename(p) for p in self.kept)
         super().__init__(cause.errno, f"the write failed and putting the previous files back failed too "
-                                      f"({cause.strerror or cause}): {names} hold the new content"
+                                      f"({cause.strerror or cause}): {names} "
+                                      f"{'holds' if len(self.new_files) == 1 else 'hold'} the new content"
                                       + (f"; the previous content is kept in {kept}" if kept else ""))
 
 

@@ -183,3 +183,27 @@ def test_plain_interrupted_just_after_the_write_says_the_files_were_written(tmp_
     assert code == 130
     assert "Interrupted; the files were written." in capsys.readouterr().err
     assert stage(out) == 3
+
+
+def test_a_rollback_that_cannot_finish_is_exit_4_naming_the_new_files(tmp_path, old_dir, monkeypatch, capsys):
+    """The one failure a set write cannot undo (a file refused between two renames onto it): exit 4, not 2."""
+
+    out = tmp_path / "out"
+    from_old(old_dir, out)
+    real, calls = os.replace, []
+
+    def replace(src, dst, *args, **kwargs):     # the YAML refused from its second rename on
+        if os.fspath(dst) == str(out / "default_config.yaml"):
+            calls.append(dst)
+            if len(calls) >= 2:
+                raise OSError(1, "Operation not permitted", os.fspath(dst))
+        return real(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(os, "replace", replace)
+    code = cli.main(["--non-interactive", *NEW, "--output-dir", str(out)])
+    monkeypatch.setattr(os, "replace", real)
+    line, = wizard_lines(capsys.readouterr().err)
+    assert code == 4
+    assert line.startswith(f"wizard: cannot write {out}: the write failed and putting the previous files back "
+                           "failed too (Operation not permitted): default_config.yaml holds the new content")
+    assert stage(out) == 3              # the YAML names the staged JSON, which is kept
