@@ -620,3 +620,51 @@ def test_an_injected_rename_failure_at_every_step_leaves_the_old_set_exactly_as_
             monkeypatch.setattr(os, "replace", faults.real)
     assert at > 7      # 4 renames of the set and 3 .bak (more with copies) were each refused in turn
     assert rollbacks_failed == (1 if sticky else 0)
+
+
+def _times_open(path) -> int:
+    """How many file descriptors of this process point at `path` now."""
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            count += os.readlink(f"/proc/self/fd/{fd}") == str(path)
+    return count
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc to see the waiter's open file")
+def test_a_waiter_that_locked_a_file_already_unlinked_locks_the_new_one(tmp_path):
+    """The holder unlinks .wizard.lock before closing it; a waiter that then gets the lock on that dead file
+    must not go ahead (a third writer would lock a new file at the path at the same time): it retries."""
+    import fcntl
+    import threading
+    import time
+
+    out = tmp_path / "out"
+    out.mkdir()
+    path = out / fsutil.LOCK_NAME
+    holder = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    inside, leave = threading.Event(), threading.Event()
+
+    def waiter():
+        with fsutil.dir_lock(str(out), timeout_s=10):
+            inside.set()
+            leave.wait(10)
+
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10          # until the waiter has the holder's file open too, and waits on it
+        while _times_open(path) < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert not inside.is_set()
+        os.unlink(path)                           # the holder's release: unlink, then close
+        os.close(holder)
+        assert inside.wait(5)
+        with pytest.raises(InputError, match="another wizard"):
+            with fsutil.dir_lock(str(out), timeout_s=0.3):
+                pass                              # a third writer while the waiter holds the directory
+    finally:
+        leave.set()
+        thread.join(10)
