@@ -124,7 +124,8 @@ MUTANTS = (
            ("tests/unit/test_check_near_misses.py::test_gpu_ids_must_name_gpus_below_the_count",),
            "gpu_ids naming GPU N on an N-GPU machine is accepted"),
     Mutant("check-split-batches-skips-two-processes", "wizard/check/rules/integration.py",
-           (("if batch is None or procs <= 1 or batch % procs == 0:", "if batch is None or procs <= 2 or batch % procs == 0:"),),
+           (("if batch is None or procs <= 1 or batch % procs == 0:",
+             "if batch is None or procs <= 2 or batch % procs == 0:"),),
            ("tests/unit/test_check_near_misses.py::test_split_batches_must_divide_by_every_process_count",),
            "an indivisible split_batches batch is not reported for 2 processes"),
     Mutant("check-nvme-path-auto-accepted", "wizard/check/rules/deepspeed_json.py",
@@ -139,7 +140,8 @@ MUTANTS = (
            'the string "true" for the 16-bit gather on save is treated as missing'),
     Mutant("check-fix-keeps-legacy-gather-keys", "wizard/check/rules/deepspeed_json.py",
            (('    for k in _GATHER_KEYS[1:]:\n        ctx.ds["zero_optimization"].pop(k, None)\n', ""),),
-           ("tests/unit/test_check_near_misses.py::test_fix_replaces_a_legacy_gather_key_instead_of_adding_a_second_one",),
+           ("tests/unit/test_check_near_misses.py::"
+            "test_fix_replaces_a_legacy_gather_key_instead_of_adding_a_second_one",),
            "--fix adds the 16-bit gather key and leaves the legacy ones (saying false) beside it"),
     # ---- orphan cleanup (tests/functional/test_launch_trust.py, real processes, ~30 s each)
     Mutant("launch-reaper-disabled", "launch/_reaper.py",

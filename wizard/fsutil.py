@@ -557,14 +557,23 @@ class RollbackFailed(OSError):
     """
 
     def __init__(self, undone: list["_Undo"], cause: OSError) -> None:
-        self.new_files = [u.target for u in undone]
-        self.kept = [u.previous for u in undone if u.previous]
+        originals = _originals_of(undone)
+        self.new_files = list(originals)
+        self.kept = [p for p in originals.values() if p]
         names = ", ".join(os.path.basename(p) for p in self.new_files)
         kept = ", ".join(os.path.basename(p) for p in self.kept)
         super().__init__(cause.errno, f"the write failed and putting the previous files back failed too "
                                       f"({cause.strerror or cause}): {names} "
                                       f"{'holds' if len(self.new_files) == 1 else 'hold'} the new content"
                                       + (f"; the previous content is kept in {kept}" if kept else ""))
+
+
+def _originals_of(undone: list["_Undo"]) -> dict[str, str | None]:
+    """target -> the temp holding what it was before the write (its first undo; later ones hold in-between states)."""
+    originals: dict[str, str | None] = {}
+    for undo in undone:
+        originals.setdefault(undo.target, undo.previous)
+    return originals
 
 
 # What this process has written through a set write or write_atomic: the CLI reads it to say, whatever
@@ -801,7 +810,7 @@ class FileSet:
     def _keep_what_disk_needs(self) -> None:
         """After a failed rollback: the temps that still hold a previous content, and a JSON a YAML on disk may
         name, stay; the rest of the scratch goes."""
-        needed = {u.previous for u in self._undo if u.previous} | set(self._extras)
+        needed = {p for p in _originals_of(self._undo).values() if p} | set(self._extras)
         self._scratch = [tmp for tmp in self._scratch if tmp not in needed]
         self._discard_scratch()
 

@@ -474,19 +474,18 @@ def _outcome(code: int, error: BaseException | None, command: str) -> int:
     written = _written()
     on_disk = (f"the files were written ({', '.join(os.path.basename(p) for p in written)} in "
                f"{os.path.dirname(written[0])})" if written else "nothing written")
+    fsutil = sys.modules.get("wizard.fsutil")       # not imported: nothing was written
+    if fsutil and isinstance(error, fsutil.RollbackFailed):   # also after a signal: the line names the new files
+        return _fail(f"cannot write {os.path.dirname(error.new_files[0])}: {error.strerror}", EXIT_WRITTEN_BUT_FAILED)
     stopped = isinstance(error, KeyboardInterrupt) or (stop_signal() is not None and command not in _OWN_EXIT_CODES)
     if stopped and not (error is None and code == EXIT_INTERRUPTED):
-        from wizard.fsutil import InterruptedAfterWrite
-        after = written or isinstance(error, InterruptedAfterWrite)
+        after = written or (fsutil and isinstance(error, fsutil.InterruptedAfterWrite))
         return _fail(f"interrupted; {'the files were written' if after else 'nothing written'}", EXIT_INTERRUPTED)
     if error is None:
         return code
     if isinstance(error, BrokenPipeError):
         _silence_stdout()          # the reader has gone (`| head`): nothing more to say to it
         return 0
-    from wizard.fsutil import RollbackFailed
-    if isinstance(error, RollbackFailed):
-        return _fail(f"cannot write {os.path.dirname(error.new_files[0])}: {error.strerror}", EXIT_WRITTEN_BUT_FAILED)
     if isinstance(error, WizardError):
         line, failed_code = str(error), error.exit_code
     elif isinstance(error, (OSError, RecursionError)):
