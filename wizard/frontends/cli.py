@@ -446,10 +446,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             if isinstance(exiting, SystemExit):          # argparse: --help, --version, a usage error
                 code = exiting.code if isinstance(exiting.code, int) else (0 if exiting.code is None else 1)
             _exit_with_on_signals(code if code is not None else 1)
-        else:
+        else:                     # called in-process (tests): leave no trace for the caller
             import signal
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+            clear_stop()
 
 
 def _written() -> list[str]:
