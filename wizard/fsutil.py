@@ -9,6 +9,7 @@
 - `read_bytes_limited` / `loads_limited`: user files with a size and a nesting limit, never blocking on
   a FIFO; every failure one InputError line. `read_json_object` / `read_yaml_mapping`: never-raising
   reads of optional side files.
+- `yaml_load` / `yaml_parse`: the one YAML reader (yaml.SafeLoader, refusing alias bombs).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from wizard.errors import InputError
+from wizard.errors import InputError, note_stop, stop_signal
 
 BACKUP_SUFFIX = ".bak"
 
@@ -75,14 +76,113 @@ def yaml_load_errors() -> tuple[type[Exception], ...]:
 
 def read_yaml_mapping(path: str | os.PathLike[str]) -> dict[str, Any] | None:
     """The YAML mapping in `path` (yaml.safe_load, as accelerate reads it); None like read_json_object."""
-    import yaml
-
     try:
         with open(path, encoding="utf-8") as f:
-            data = yaml.safe_load(f)
+            data = yaml_load(f.read())
     except (OSError, ValueError, RecursionError, *yaml_load_errors()):
         return None
     return data if isinstance(data, dict) else None
+
+
+# ============================================================================================
+# The one YAML reader. PyYAML shares an aliased node instead of copying it, so nine levels of
+# anchors, each used nine times by the next, parse in a millisecond into 9**9 values that every walk
+# over the result (the nesting check, the rules, json.dumps) then visits one by one: hours. Every
+# YAML the wizard reads (answers, accelerate configs, training args, its own files) goes through
+# yaml_load / yaml_parse, which count what the aliases expand to before anything is built.
+
+MAX_YAML_VALUES = 100_000           # values after alias expansion; real configs hold a few hundred
+MAX_YAML_CHARS = 16 * 1024 * 1024   # scalar characters after alias expansion (4x the largest file read)
+
+
+class YamlExpansionError(ValueError):
+    """A YAML document whose aliases expand past the limits, or refer to the node that contains them."""
+
+
+def _yaml_children(node) -> list:
+    import yaml
+
+    if isinstance(node, yaml.MappingNode):
+        return [part for pair in node.value for part in pair]
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    return []
+
+
+def yaml_expansion(node) -> tuple[int, int]:
+    """(values, scalar characters) of the document under `node` with every alias expanded.
+
+    Computed once per node (aliases share nodes), without recursion; raises YamlExpansionError as soon
+    as a limit is passed or a node contains itself (`&a [*a]`), so a bomb costs what its text costs.
+    """
+    import yaml
+
+    sizes: dict[int, tuple[int, int]] = {}
+    open_nodes: set[int] = set()          # the ancestors of the node being visited
+    stack = [(node, False)]
+    while stack:
+        current, children_done = stack.pop()
+        key = id(current)
+        if children_done:
+            open_nodes.discard(key)
+            values, chars = 1, len(current.value) if isinstance(current, yaml.ScalarNode) else 0
+            for child in _yaml_children(current):
+                child_values, child_chars = sizes[id(child)]
+                values += child_values
+                chars += child_chars
+            if values > MAX_YAML_VALUES:
+                raise YamlExpansionError(f"its aliases expand it to more than {MAX_YAML_VALUES} values")
+            if chars > MAX_YAML_CHARS:
+                raise YamlExpansionError(f"its aliases expand it to more than {fmt_limit(MAX_YAML_CHARS)} of text")
+            sizes[key] = (values, chars)
+            continue
+        if key in sizes:
+            continue
+        if key in open_nodes:
+            raise YamlExpansionError("an alias refers to the node that contains it")
+        open_nodes.add(key)
+        stack.append((current, True))
+        stack.extend((child, False) for child in _yaml_children(current) if id(child) not in sizes)
+    return sizes[id(node)]
+
+
+_LOADER: list = []
+
+
+def _bounded_loader() -> type:
+    """yaml.SafeLoader (what accelerate and transformers read with), checking each document's expansion
+    between composing it (cheap: aliases are shared) and constructing Python objects from it."""
+    if not _LOADER:
+        import yaml
+
+        class BoundedSafeLoader(yaml.SafeLoader):
+            def compose_document(self):
+                node = super().compose_document()
+                if node is not None:
+                    yaml_expansion(node)
+                return node
+
+        _LOADER.append(BoundedSafeLoader)
+    return _LOADER[0]
+
+
+def yaml_parse(text: str) -> tuple[Any, Any]:
+    """(yaml.safe_load(text), the composed node or None), refusing alias bombs with YamlExpansionError.
+
+    Raises what yaml.safe_load raises otherwise (yaml_load_errors(), ValueError, RecursionError).
+    """
+    loader = _bounded_loader()(text)
+    try:
+        node = loader.get_single_node()
+        data = loader.construct_document(node) if node is not None else None
+    finally:
+        loader.dispose()
+    return data, node
+
+
+def yaml_load(text: str) -> Any:
+    """yaml.safe_load(text), refusing alias bombs (YamlExpansionError, a ValueError)."""
+    return yaml_parse(text)[0]
 
 
 def unified_diff(old: str, new: str, path: str) -> str:
@@ -164,12 +264,14 @@ def write_atomic(path: str, text: str) -> WriteResult:
     if old is None:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         replace_file(path, text)
+        note_written([path])
         return WriteResult(path, None, True, "", created=True)
     mode = os.stat(path).st_mode & 0o7777
     backup = path + BACKUP_SUFFIX
     # The backup is written atomically too: a crash must not leave a truncated .bak either.
     replace_file(backup, old, mode=mode)
     replace_file(path, text, mode=mode)
+    note_written([path])
     return WriteResult(path, backup, True, unified_diff(old, text, path))
 
 
@@ -331,8 +433,7 @@ def loads_limited(text: str, parser: str, field: str, what: str, allowed: str) -
     if parser == "json":
         parse, syntax_error = json.loads, json.JSONDecodeError
     else:
-        import yaml
-        parse, syntax_error = yaml.safe_load, yaml_load_errors()
+        parse, syntax_error = yaml_load, yaml_load_errors()
     try:
         data = parse(text)
     except RecursionError:
@@ -364,8 +465,9 @@ LOCK_NAME = ".wizard.lock"
 LOCK_TIMEOUT_S = 30.0
 STAGE_MARK = ".wset-"            # in every temp name of a set write, so leftovers of a killed one are ours
 READ_EXISTING_LIMIT = 4 * MiB_   # larger existing files are replaced (and kept as .bak) without a diff
-# Test hook (tests/functional/test_set_write.py): after the Nth rename of a set write the process sends
-# itself WIZARD_FAULT_SIGNAL (default KILL), so a real writer dies or is interrupted between two renames.
+# Test hook (tests/functional/test_set_write.py): after the Nth rename of a set write (or, with "unlocked",
+# right after a complete write released its lock) the process sends itself WIZARD_FAULT_SIGNAL (default
+# KILL), so a real writer dies or is interrupted between two renames, or just after the last.
 FAULT_ENV, FAULT_SIGNAL_ENV = "WIZARD_FAULT_AFTER", "WIZARD_FAULT_SIGNAL"
 _DEFERRED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -431,6 +533,7 @@ class _SignalGate:
         return self
 
     def _hold(self, signum, frame) -> None:
+        note_stop(signum)
         self.pending = signum
 
     def check(self) -> None:
@@ -446,9 +549,53 @@ class InterruptedAfterWrite(KeyboardInterrupt):
     """A signal came after the whole set was in place: exit 130, but the files are written."""
 
 
-def _fault_point(count: int) -> None:
-    limit = os.environ.get(FAULT_ENV)
-    if limit and limit.isdigit() and count == int(limit):
+class RollbackFailed(OSError):
+    """A set write failed and so did putting a file back: the files named hold the new content.
+
+    The disk is still consistent (the rollback stopped at one of the states the write passes through,
+    each a YAML beside the JSON it names); the previous content of each named file is kept beside it.
+    """
+
+    def __init__(self, undone: list["_Undo"], cause: OSError) -> None:
+        originals = _originals_of(undone)
+        self.new_files = list(originals)
+        self.kept = [p for p in originals.values() if p]
+        names = ", ".join(os.path.basename(p) for p in self.new_files)
+        kept = ", ".join(os.path.basename(p) for p in self.kept)
+        super().__init__(cause.errno, f"the write failed and putting the previous files back failed too "
+                                      f"({cause.strerror or cause}): {names} "
+                                      f"{'holds' if len(self.new_files) == 1 else 'hold'} the new content"
+                                      + (f"; the previous content is kept in {kept}" if kept else ""))
+
+
+def _originals_of(undone: list["_Undo"]) -> dict[str, str | None]:
+    """target -> the temp holding what it was before the write (its first undo; later ones hold in-between states)."""
+    originals: dict[str, str | None] = {}
+    for undo in undone:
+        originals.setdefault(undo.target, undo.previous)
+    return originals
+
+
+# What this process has written through a set write or write_atomic: the CLI reads it to say, whatever
+# ends the command (an error, a signal, a full stdout), whether the files on disk are new.
+_WRITTEN: list[str] = []
+
+
+def note_written(paths: list[str]) -> None:
+    _WRITTEN.extend(paths)
+
+
+def written_files() -> list[str]:
+    return list(_WRITTEN)
+
+
+def forget_written() -> None:
+    _WRITTEN.clear()
+
+
+def _fault_point(point: int | str) -> None:
+    """`point`: the number of renames done, or "unlocked" (the set is written, the lock gone, handlers back)."""
+    if os.environ.get(FAULT_ENV) == str(point):
         name = os.environ.get(FAULT_SIGNAL_ENV, "KILL").upper().removeprefix("SIG")
         os.kill(os.getpid(), getattr(signal, "SIG" + name))
 
@@ -472,6 +619,7 @@ class FileSet:
     _undo: list[_Undo] = field(default_factory=list)
     _scratch: list[str] = field(default_factory=list)            # every temp we made (removed at the end)
     _created_dirs: list[str] = field(default_factory=list)
+    _extras: list[str] = field(default_factory=list)              # stage_extra's files (a YAML may name one)
     _renames: int = 0
     _gate: _SignalGate | None = None
     _stack: contextlib.ExitStack | None = None
@@ -482,6 +630,8 @@ class FileSet:
         self._stack = contextlib.ExitStack()
         try:
             self._gate = self._stack.enter_context(_SignalGate())
+            if stop_signal() is not None:      # a stop a library swallowed (cli.py): write nothing after it
+                raise KeyboardInterrupt(signal.Signals(stop_signal()).name)
             self._make_directory()
             self._stack.enter_context(dir_lock(self.directory))
         except BaseException:
@@ -494,11 +644,16 @@ class FileSet:
         try:
             if exc_type is not None or not self._done:
                 self._rollback()
+            else:
+                # Recorded while signals are still held: a signal from here on finds the set written.
+                note_written(sorted(p for p, r in self.results.items() if r.changed))
         finally:
             assert self._stack is not None
             self._stack.close()        # releases the lock, then restores the signal handlers
             if exc_type is not None or not self._done:
                 self._remove_created_dirs()
+            else:
+                _fault_point("unlocked")
         if exc_type is None and self._gate is not None and self._gate.pending is not None:
             raise InterruptedAfterWrite(signal.Signals(self._gate.pending).name)
 
@@ -572,6 +727,7 @@ class FileSet:
         """A new file under a fresh visible name (the JSON a YAML names while the set changes over)."""
         fd, path = tempfile.mkstemp(dir=self.directory, prefix=name_prefix, suffix=suffix)
         self._scratch.append(path)
+        self._extras.append(path)
         with os.fdopen(fd, "wb") as f:
             f.write(text.encode("utf-8"))
             f.flush()
@@ -590,43 +746,73 @@ class FileSet:
             source = self._temp(os.path.basename(target), text.encode("utf-8"), mode)
         else:
             source = self._staged.pop(target)
+        self._place(source, target)
+        self._gate and self._gate.check()
+
+    def _place(self, source: str, target: str) -> None:
+        """Rename `source` over `target`, keeping what `target` was so that the rollback can put it back.
+
+        The undo is recorded only once the rename has happened: a refused rename (an immutable file,
+        a mount point) changed nothing, and undoing it would try the same refused rename again.
+        """
         previous = None
         if os.path.lexists(target):
             previous = self._originals.get(target) if not any(u.target == target for u in self._undo) else None
             if previous is None:
                 previous = self._keep(target)
+        try:
+            os.replace(source, target)
+        except OSError as exc:      # named after the file the user knows, not our temp
+            raise OSError(exc.errno, exc.strerror or str(exc), target) from exc
         self._undo.append(_Undo(target, previous))
-        os.replace(source, target)
         self._scratch.remove(source)
         _fsync_dir(self.directory)
         self._renames += 1
         _fault_point(self._renames)
-        self._gate and self._gate.check()
 
     def finish(self) -> None:
-        """The new set is in place: originals become .bak, temps go, stale temps of killed writes too."""
+        """The new set is in place: originals become .bak, temps go, stale temps of killed writes too.
+
+        A .bak is one more undoable rename (of a second link to the original, which the rollback of the
+        config itself still needs), so a failure here too gives back the old set and the old .bak files.
+        """
         self._gate and self._gate.check()
         for target, original in self._originals.items():
-            os.replace(original, target + BACKUP_SUFFIX)
-            self._scratch.remove(original)
+            self._place(self._keep(original), target + BACKUP_SUFFIX)
+            self._gate and self._gate.check()
         self._done = True
         self._discard_scratch()
         _fsync_dir(self.directory)
 
     def _rollback(self) -> None:
-        for undo in reversed(self._undo):
-            if undo.previous is None:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(undo.target)
-            else:
-                _put_back(undo.previous, undo.target)
+        """Back through the same states, newest rename first. A step that fails stops it there (every state
+        on the way is consistent; skipping one would not be) and raises RollbackFailed naming what is new."""
+        while self._undo:
+            undo = self._undo[-1]
+            try:
+                if undo.previous is None:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(undo.target)
+                else:
+                    _put_back(undo.previous, undo.target)
+            except OSError as exc:
+                self._keep_what_disk_needs()
+                raise RollbackFailed(self._undo, exc) from exc
+            self._undo.pop()
+            if undo.previous is not None:
                 self._scratch.remove(undo.previous)
-        self._undo.clear()
         for result in self.results.values():
             result.backup_path = None
             result.changed = False
         self._discard_scratch()
         _fsync_dir(self.directory)
+
+    def _keep_what_disk_needs(self) -> None:
+        """After a failed rollback: the temps that still hold a previous content, and a JSON a YAML on disk may
+        name, stay; the rest of the scratch goes."""
+        needed = {p for p in _originals_of(self._undo).values() if p} | set(self._extras)
+        self._scratch = [tmp for tmp in self._scratch if tmp not in needed]
+        self._discard_scratch()
 
     def _discard_scratch(self) -> None:
         for tmp in self._scratch:

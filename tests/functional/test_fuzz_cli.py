@@ -10,6 +10,7 @@ import os
 import random
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -132,3 +133,37 @@ def test_random_answers_through_a_real_process(tmp_path):
         assert proc.returncode in (0, 2, 3), (args, proc.stderr[-2000:])
         assert len(proc.stderr.splitlines()) <= 1 and "Traceback" not in proc.stderr, (args, proc.stderr[-2000:])
         assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+def alias_bomb(levels: int = 9, width: int = 9) -> str:
+    """Nine levels of anchors, each used nine times by the next: 9**9 values once expanded, 600 bytes of text."""
+    lines = [f"a0: &a0 [{', '.join(['x'] * width)}]"]
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * width)}]" for i in range(1, levels + 1)]
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("entry", [
+    ["plan", "--params", "7B", "--assume", "8xH100-80GB", "--answers", "{bomb}"],
+    ["--non-interactive", "--params", "7B", "--assume", "8xH100-80GB", "--answers", "{bomb}", "--output-dir", "{out}"],
+    ["check", "--config-file", "{bomb}"],
+    ["check", "--training-args", "{bomb}"],
+    ["check", "--ds-config", "{ds}", "--training-args", "{bomb}"],
+], ids=["plan-answers", "write-answers", "check-config-file", "check-training-args", "check-training-args-with-ds"])
+def test_a_yaml_alias_bomb_is_refused_at_once_in_every_yaml_reader(tmp_path, entry):
+    """Every YAML the wizard reads goes through one loader that counts what aliases expand to (issue 21 #9)."""
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text(alias_bomb())
+    ds = tmp_path / "ds.json"
+    ds.write_text('{"zero_optimization": {"stage": 2}}\n')
+    out = tmp_path / "out"
+    before = old_set(out)
+    args = [a.format(bomb=bomb, out=out, ds=ds) for a in entry]
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "wizard", *args], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "WIZARD_FAKE_NVML": ""})
+    elapsed = time.monotonic() - started
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert len(proc.stderr.splitlines()) == 1 and "aliases expand it to more than" in proc.stderr, proc.stderr
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    # The whole process, interpreter start and the CLI's imports included; the refusal itself takes milliseconds.
+    assert elapsed < 15, elapsed

@@ -18,7 +18,9 @@ ROOT = Path(__file__).resolve().parents[2]
 ASSUME = "2xA100-80GB"
 OLD = {"params": "125M", "backend": "deepspeed", "zero_stage": "2"}
 NEW = {"params": "125M", "backend": "deepspeed", "zero_stage": "3"}
-RENAMES = 4     # the JSON under a new name is named by the YAML (1), ds_config.json (2), the YAML (3), the plan (4)
+# the JSON under a new name is named by the YAML (1), ds_config.json (2), the YAML (3), the plan (4), then the
+# .bak of each (5-7)
+RENAMES = 7
 
 # The production write path, in a process of its own, so that it can really be killed.
 WRITER = """
@@ -126,3 +128,26 @@ def test_two_writers_on_one_directory_end_with_one_whole_set(tmp_path, sets):
         assert pair(out) in (sets["old"][1], sets["new"])
         assert not [n for n in os.listdir(out) if n.startswith((".", "ds_config.staged-"))]
     check_clean(out)
+
+
+def test_an_unreplaceable_ds_config_leaves_the_old_set_exactly_as_it_was(tmp_path):
+    """Issue 21 #10, as reported: ds_config.json immutable, the default plan written over a ZeRO-3 set."""
+    import shutil
+
+    out = tmp_path / "out"
+    common = ["--non-interactive", "--assume", "8xH100-80GB", "--params", "7B", "--output-dir", str(out)]
+    first = subprocess.run([sys.executable, "-m", "wizard", *common, "--backend", "deepspeed", "--zero-stage", "3"],
+                           capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr
+    chattr = shutil.which("chattr")
+    if not chattr or subprocess.run([chattr, "+i", str(out / "ds_config.json")], capture_output=True).returncode:
+        pytest.skip("chattr +i is refused here (not root, or a file system without the attribute)")
+    try:
+        before = {p.name: (p.read_bytes(), p.stat().st_mode) for p in sorted(out.iterdir())}
+        refused = subprocess.run([sys.executable, "-m", "wizard", *common], capture_output=True, text=True, timeout=300)
+        after = {p.name: (p.read_bytes(), p.stat().st_mode) for p in sorted(out.iterdir())}
+    finally:
+        subprocess.run([chattr, "-i", str(out / "ds_config.json")], check=True)
+    assert refused.returncode == 2, refused.stderr
+    assert refused.stderr.splitlines() == [f'wizard: cannot use "{out / "ds_config.json"}": Operation not permitted']
+    assert after == before            # the old YAML naming the old JSON; no temp, no staged JSON, no lock

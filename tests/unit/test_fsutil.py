@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -444,3 +445,226 @@ def test_yaml_a_tag_cannot_take_is_bad_input_everywhere_it_is_read(tmp_path, tex
 def test_one_line_quoting_of_paths():
     assert fsutil.quote_path("/tmp/a\nb") == '"/tmp/a\\nb"'
     assert fsutil.quote_path("/tmp/out_ü") == '"/tmp/out_ü"'
+
+
+# ---- one YAML reader, bounded against alias bombs (issue 21 #9) ----------------------------------
+
+def nine_by_nine() -> str:
+    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x]"]
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 10)]
+    return "\n".join(lines) + "\n"
+
+
+YAML_BOMBS = {
+    "nine-levels": nine_by_nine(),
+    "long-text": "s: &s " + "x" * 60_000 + "\nt: [" + ", ".join(["*s"] * 300) + "]\n",
+    "self-reference": "a: &a [1, *a]\n",
+}
+
+
+@pytest.mark.parametrize("name", sorted(YAML_BOMBS))
+def test_every_yaml_reader_refuses_an_alias_bomb_at_once(tmp_path, name):
+    import time
+
+    from wizard.check.doctor import load_training_args, parse_accelerate_yaml
+
+    text = YAML_BOMBS[name]
+    path = tmp_path / "bomb.yaml"
+    path.write_text(text)
+    started = time.monotonic()
+    with pytest.raises(InputError, match="answers: .*(aliases expand it|refers to the node)"):
+        fsutil.loads_limited(text, "yaml", "answers", "f", "a file")
+    with pytest.raises(InputError, match="config-file: .* is refused"):
+        parse_accelerate_yaml(text, str(path))
+    with pytest.raises(InputError, match="training-args: .* is refused"):
+        load_training_args(str(path))
+    assert fsutil.read_yaml_mapping(path) is None
+    assert time.monotonic() - started < 5
+
+
+def test_aliases_within_the_limits_load_as_yaml_safe_load_loads_them():
+    import yaml
+
+    five_levels = nine_by_nine().split("a5:")[0]     # 9**5 leaves: within the limit
+    text = "base: &b {lr: 1.0e-05, steps: [1, 2]}\nrun: *b\nother: {<<: *b, lr: 2}\n" + five_levels
+    assert fsutil.yaml_load(text) == yaml.safe_load(text)
+    # Each level is one sequence of nine copies of the one before: 10, 91, 820, 7381, 66430 values.
+    values, chars = fsutil.yaml_expansion(fsutil.yaml_parse(five_levels)[1])
+    assert (values, chars) == (1 + 5 + 10 + 91 + 820 + 7381 + 66430, 5 * 2 + sum(9 ** k for k in range(1, 6)))
+    assert values <= fsutil.MAX_YAML_VALUES < 1 + 6 + 10 + 91 + 820 + 7381 + 66430 + 597871
+
+
+def test_no_module_reads_yaml_around_the_bounded_loader():
+    """yaml.safe_load / load / compose anywhere in wizard/ or launch/ would bypass the alias check."""
+    import re
+    from pathlib import Path
+
+    root = Path(fsutil.__file__).resolve().parents[1]
+    pattern = re.compile(r"yaml\.(safe_load|load|full_load|unsafe_load|compose|load_all|safe_load_all|parse)\(")
+    sources = [path for base in ("wizard", "launch") for path in (root / base).rglob("*.py") if path.name != "fsutil.py"]
+    offenders = [f"{path.relative_to(root)}:{n}" for path in sources
+                 for n, line in enumerate(path.read_text().splitlines(), 1) if pattern.search(line)]
+    assert offenders == []
+
+
+# ---- a refused rename, at any step, leaves the old set as it was (issue 21 #10) --------------------
+
+def old_set_with_baks(out) -> dict[str, bytes]:
+    """An old set that has been written twice already: every config and its .bak."""
+    old_set(out)
+    (out / "ds_config.json.bak").write_text(ds_json(1))
+    (out / "default_config.yaml.bak").write_text(ds_yaml(out, 1))
+    (out / "wizard_plan.json.bak").write_text('{"older": true}\n')
+    return full_snapshot(out)
+
+
+def full_snapshot(out) -> dict[str, tuple[bytes, int]]:
+    """Every entry (hidden ones too: temps, the lock), with its bytes and mode."""
+    return {p.name: (p.read_bytes(), p.stat().st_mode) for p in sorted(out.iterdir())}
+
+
+def write_new_set(out):
+    return emit.write_files(ds_yaml(out, 3), ds_json(3), str(out), extra=(("wizard_plan.json", "{}\n"),))
+
+
+@contextlib.contextmanager
+def unreplaceable(path, how: str):
+    """`path` made a file that no rename may replace: immutable (chattr +i), or a bind mount over it (EBUSY)."""
+    if how == "chattr":
+        chattr = shutil.which("chattr")
+        if not chattr or subprocess.run([chattr, "+i", str(path)], capture_output=True).returncode != 0:
+            pytest.skip("chattr +i is refused here (not root, or a file system without the attribute)")
+        try:
+            yield
+        finally:
+            subprocess.run([chattr, "-i", str(path)], check=True)
+        return
+    source = path.parent.parent / (path.name + ".mounted")
+    source.write_bytes(path.read_bytes())
+    if not shutil.which("mount") or subprocess.run(["mount", "--bind", str(source), str(path)],
+                                                    capture_output=True).returncode != 0:
+        pytest.skip("mount --bind is refused here (not root)")
+    try:
+        yield
+    finally:
+        subprocess.run(["umount", str(path)], check=True)
+
+
+@pytest.mark.parametrize("how", ["chattr", "bind-mount"])
+@pytest.mark.parametrize("name", ["ds_config.json", "default_config.yaml", "wizard_plan.json",
+                                  "ds_config.json.bak", "default_config.yaml.bak"])
+def test_a_file_no_rename_can_replace_leaves_the_old_set_exactly_as_it_was(tmp_path, how, name):
+    out = tmp_path / "out"
+    old_set_with_baks(out)
+    with unreplaceable(out / name, how):
+        before = full_snapshot(out)
+        with pytest.raises(OSError) as err:
+            write_new_set(out)
+        assert full_snapshot(out) == before      # the configs, the old .bak files; no temp, no staged JSON, no lock
+    assert err.value.filename == str(out / name)   # the message names the file the user knows, not a temp
+
+
+class ReplaceFaults:
+    """os.replace that fails with EPERM at the Nth call; with `sticky`, also at every later call onto that same
+    target (a file that became unreplaceable), as chattr +i or a mount would make it."""
+
+    def __init__(self, monkeypatch, at: int, sticky: bool):
+        self.real, self.at, self.sticky, self.calls, self.broken = os.replace, at, sticky, 0, None
+        self.replaced: set[str] = set()          # targets a rename has already replaced
+        monkeypatch.setattr(os, "replace", self)
+
+    def __call__(self, src, dst, *args, **kwargs):
+        self.calls += 1
+        if self.calls == self.at or (self.sticky and os.fspath(dst) == self.broken):
+            self.broken = os.fspath(dst)
+            raise OSError(1, "Operation not permitted", os.fspath(dst))
+        self.real(src, dst, *args, **kwargs)
+        self.replaced.add(os.fspath(dst))
+
+
+@pytest.mark.parametrize("links", ["hard links", "no hard links"])
+@pytest.mark.parametrize("sticky", [False, True], ids=["fails-once", "fails-for-good"])
+def test_an_injected_rename_failure_at_every_step_leaves_the_old_set_exactly_as_it_was(tmp_path, monkeypatch,
+                                                                                       links, sticky):
+    """Every os.replace of a set write (the staged YAML, the JSON, the YAML, the plan, each .bak; with no hard
+    links, the copies of the originals too) fails in turn, once or for good: the old set, byte for byte.
+
+    The one exception: the YAML refused for good between its two renames (it was replaceable a moment before)
+    cannot be put back; the write then says which files are new, and the disk is still a YAML beside the JSON
+    it names, with the old YAML kept."""
+    if links == "no hard links":
+        def no_link(*args, **kwargs):
+            raise OSError(1, "Operation not permitted")
+        monkeypatch.setattr(os, "link", no_link)
+    rollbacks_failed = 0
+    for at in range(1, 100):
+        out = tmp_path / f"out{at}"
+        before = old_set_with_baks(out)
+        faults = ReplaceFaults(monkeypatch, at, sticky)
+        try:
+            write_new_set(out)
+        except fsutil.RollbackFailed as err:
+            rollbacks_failed += 1
+            assert sticky and faults.broken == str(out / "default_config.yaml")
+            assert err.new_files == [str(out / "default_config.yaml")] and "default_config.yaml holds the new content" in str(err)
+            doc = fsutil.read_yaml_mapping(out / "default_config.yaml")
+            named = doc["deepspeed_config"]["deepspeed_config_file"]
+            assert os.path.basename(named).startswith(emit.STAGED_DS_PREFIX)
+            assert (out / named).read_text() == ds_json(3)
+            assert [Path(p).read_bytes() for p in err.kept] == [before["default_config.yaml"][0]]
+        except OSError:
+            assert full_snapshot(out) == before, f"rename {at} failed {'for good' if sticky else 'once'}"
+        else:
+            break
+        finally:
+            monkeypatch.setattr(os, "replace", faults.real)
+    assert at > 7      # 4 renames of the set and 3 .bak (more with copies) were each refused in turn
+    assert rollbacks_failed == (1 if sticky else 0)
+
+
+def _times_open(path) -> int:
+    """How many file descriptors of this process point at `path` now."""
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            count += os.readlink(f"/proc/self/fd/{fd}") == str(path)
+    return count
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc to see the waiter's open file")
+def test_a_waiter_that_locked_a_file_already_unlinked_locks_the_new_one(tmp_path):
+    """The holder unlinks .wizard.lock before closing it; a waiter that then gets the lock on that dead file
+    must not go ahead (a third writer would lock a new file at the path at the same time): it retries."""
+    import fcntl
+    import threading
+    import time
+
+    out = tmp_path / "out"
+    out.mkdir()
+    path = out / fsutil.LOCK_NAME
+    holder = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    inside, leave = threading.Event(), threading.Event()
+
+    def waiter():
+        with fsutil.dir_lock(str(out), timeout_s=10):
+            inside.set()
+            leave.wait(10)
+
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10          # until the waiter has the holder's file open too, and waits on it
+        while _times_open(path) < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert not inside.is_set()
+        os.unlink(path)                           # the holder's release: unlink, then close
+        os.close(holder)
+        assert inside.wait(5)
+        with pytest.raises(InputError, match="another wizard"):
+            with fsutil.dir_lock(str(out), timeout_s=0.3):
+                pass                              # a third writer while the waiter holds the directory
+    finally:
+        leave.set()
+        thread.join(10)

@@ -76,11 +76,12 @@ def parse_accelerate_yaml(text: str, path: str) -> tuple[dict[str, Any], dict]:
     import yaml
 
     from wizard.check.rules.common import PlainScalar
-    from wizard.fsutil import yaml_load_errors
+    from wizard.fsutil import YamlExpansionError, yaml_load_errors, yaml_parse
 
     try:
-        data = yaml.safe_load(text)
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        data, root = yaml_parse(text)
+    except YamlExpansionError as exc:
+        raise InputError("config-file", f"{path} is refused: {exc}") from None
     except (RecursionError, ValueError) as exc:
         guarded = _parse_guard(exc, path, "config-file")
         if guarded is not None:
@@ -168,12 +169,13 @@ def load_training_args(path: str) -> tuple[dict[str, Any], list[str]]:
     if path.endswith(".json"):
         parse, syntax_error = json.loads, json.JSONDecodeError
     else:
-        import yaml
-
-        from wizard.fsutil import yaml_load_errors
-        parse, syntax_error = yaml.safe_load, yaml_load_errors()
+        from wizard.fsutil import yaml_load, yaml_load_errors
+        parse, syntax_error = yaml_load, yaml_load_errors()
+    from wizard.fsutil import YamlExpansionError
     try:
         data = parse(text)
+    except YamlExpansionError as exc:
+        raise InputError("training-args", f"{path} is refused: {exc}") from None
     except (RecursionError, ValueError) as exc:   # JSONDecodeError is a ValueError
         guarded = _parse_guard(exc, path, "training-args")
         if guarded is not None:

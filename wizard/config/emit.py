@@ -560,9 +560,9 @@ def write_files(yaml_text: str, ds_text: str | None, output_dir: str, dry_run: b
 
 def yaml_naming(yaml_text: str, ds_path: str) -> str:
     """The same YAML with deepspeed_config_file pointing at `ds_path` (render_yaml is yaml.safe_dump)."""
-    import yaml
+    from wizard.fsutil import yaml_load
 
-    doc = yaml.safe_load(yaml_text)
+    doc = yaml_load(yaml_text)
     doc["deepspeed_config"]["deepspeed_config_file"] = ds_path
     return render_yaml(doc)
 

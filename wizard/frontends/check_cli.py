@@ -74,7 +74,7 @@ def _hardware(args: argparse.Namespace) -> Any:
 def run(args: argparse.Namespace) -> int:
     from wizard.check.doctor import build_context, format_findings, has_errors
     from wizard.check.rules.methods import method_options
-    from wizard.errors import InputError
+    from wizard.errors import InputError, stop_signal
 
     def context(hw):
         return build_context(config_file=args.config_file, ds_config=args.ds_config,
@@ -86,8 +86,11 @@ def run(args: argparse.Namespace) -> int:
         with _stdout_to_stderr():
             findings, fixed = _work(args, context)
     except InputError as exc:
-        print(f"wizard check: {exc}", file=sys.stderr)
-        return exc.exit_code
+        if stop_signal() is None:
+            print(f"wizard check: {exc}", file=sys.stderr)
+            return exc.exit_code
+    if stop_signal() is not None:     # a library's import swallowed a stop signal: the findings may be incomplete
+        raise KeyboardInterrupt(f"signal {stop_signal()}")
     if args.json:
         out: Any = [f.to_json() for f in findings]
         print(json.dumps(out, indent=2))

@@ -14,7 +14,8 @@ import sys
 from typing import Any, Sequence
 
 from wizard import __version__
-from wizard.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_NOTHING_FITS, InputError, WizardError
+from wizard.errors import (EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_NOTHING_FITS, EXIT_WRITTEN_BUT_FAILED,
+                           InputError, WizardError, clear_stop, note_stop, stop_signal)
 
 SUBCOMMANDS = ("probe", "plan", "check", "launch", "attach", "stop", "runs")
 
@@ -131,7 +132,8 @@ NON_INTERACTIVE_EPILOG = (
     "defaulted: everything else; '(default: from the hardware and the plan)' means the probe (or --assume / "
     "--hardware) and the plan decide it: backend, ZeRO stage and offload walk the memory ladder, the process "
     "count is one per GPU, precision is bf16 where every GPU has it. `wizard plan` with the same flags shows "
-    "the choice and writes nothing. Exit codes: 0 written, 2 bad input, 3 nothing fits, 130 interrupted. "
+    "the choice and writes nothing. Exit codes: 0 written, 2 bad input (nothing written), 3 nothing fits, "
+    "4 written but the result could not be printed (the message names the files), 130 interrupted. "
     + UNDERSCORES)
 
 
@@ -342,15 +344,27 @@ def cmd_interactive(ns: argparse.Namespace) -> int:
     return run_tui(req)
 
 
-_STOP_SIGNALS = ("SIGTERM", "SIGHUP")
+_STOP_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")
+# Commands that own processes and say themselves how a stop ended (the training's code, 130 after a stop):
+# a recorded stop signal does not override what they return.
+_OWN_EXIT_CODES = ("launch", "attach", "stop")
+
+
+_ending: list[bool] = []        # non-empty once the command has returned or raised: a signal is then only recorded
 
 
 def _interrupt(signum, frame):
-    raise KeyboardInterrupt(f"signal {signum}")
+    note_stop(signum)
+    if not _ending:
+        raise KeyboardInterrupt(f"signal {signum}")
 
 
-def _install_stop_signals() -> dict:
-    """SIGTERM and SIGHUP end the wizard like Ctrl-C: whatever is being written rolls back, exit 130."""
+def _record_only(signum, frame):
+    note_stop(signum)
+
+
+def _set_stop_handlers(handler) -> dict:
+    """SIGINT, SIGTERM and SIGHUP to `handler`; the handlers they had. Only the main thread may set them."""
     import signal
     import threading
     previous: dict = {}
@@ -359,15 +373,42 @@ def _install_stop_signals() -> dict:
     for name in _STOP_SIGNALS:
         sig = getattr(signal, name, None)
         if sig is not None:
-            previous[sig] = signal.signal(sig, _interrupt)
+            previous[sig] = signal.signal(sig, handler)
     return previous
 
 
-def _quiet_exit_on_signals() -> None:
-    """After main returns, a signal during interpreter shutdown (atexit hooks) exits 130, without a traceback."""
+def _install_stop_signals() -> dict:
+    """SIGTERM and SIGHUP end the wizard like Ctrl-C: whatever is being written rolls back, exit 130. Each is
+    recorded first (errors.note_stop), so that the exit says "interrupted" whatever a library made of it."""
+    return _set_stop_handlers(_interrupt)
+
+
+def _exit_with_on_signals(code: int) -> None:
+    """The command has ended and said so: a stop signal from here on ends the process with that same code.
+
+    Python runs these handlers through the atexit hooks; after them it resets every handler it set to
+    the default (a signal would then kill the process: -15, -1, -2), so the last atexit hook makes the
+    stop signals ignored for what remains (flushing the streams, freeing modules): Python keeps an
+    "ignore", and unlike a blocked mask it holds for every thread of the process.
+    """
+    import atexit
     import signal
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, lambda signum, frame: os._exit(EXIT_INTERRUPTED))
+
+    def leave(signum, frame):
+        _flush_quietly()
+        os._exit(code)
+
+    _set_stop_handlers(leave)
+    # atexit runs the newest hook first: registered now, after every library's, this one runs last.
+    atexit.register(_set_stop_handlers, signal.SIG_IGN)
+
+
+def _flush_quietly() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
 
 
 def _error_line(exc: BaseException) -> str:
@@ -394,34 +435,88 @@ def _quiet_optional_libraries() -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     as_program = argv is None
+    args = list(sys.argv[1:] if argv is None else argv)
     _quiet_optional_libraries()
+    clear_stop()
+    _forget_written()
     previous = _install_stop_signals()
+    code: int | None = None
+    _ending.clear()
     try:
-        code = _main(list(sys.argv[1:] if argv is None else argv))
-        sys.stdout.flush()        # a full or closed stdout fails here, inside the handlers, not at exit
+        try:
+            code, error = _main(args), None
+            sys.stdout.flush()    # a full or closed stdout fails here, inside the handlers, not at exit
+            _ending.append(True)  # last in the try: a signal before it raises here, after it is recorded
+        except (Exception, KeyboardInterrupt) as e:
+            _ending.append(True)
+            error = e
+        finally:
+            # From here on a stop signal is only recorded: the outcome reads the record, and a
+            # KeyboardInterrupt while its line is printed would end in a traceback.
+            _set_stop_handlers(_record_only)
+        code = _outcome(code if code is not None else EXIT_BAD_INPUT, error, args[0] if args else "")
         return code
-    except InputError as e:
-        return _fail(str(e), EXIT_BAD_INPUT)
-    except WizardError as e:
-        return _fail(str(e), e.exit_code)
-    except KeyboardInterrupt as e:
-        from wizard.fsutil import InterruptedAfterWrite
-        done = "the files were written" if isinstance(e, InterruptedAfterWrite) else "nothing written"
-        return _fail(f"interrupted; {done}", EXIT_INTERRUPTED)
-    except BrokenPipeError:
-        _silence_stdout()
-        return 0
-    except (OSError, RecursionError) as e:
-        if isinstance(e, OSError) and e.filename is None:
-            _silence_stdout()      # stdout itself failed (>/dev/full): say so once, on stderr
-        return _fail(_error_line(e), EXIT_BAD_INPUT)
     finally:
         if as_program:
-            _quiet_exit_on_signals()
-        else:
+            exiting = sys.exc_info()[1]
+            if isinstance(exiting, SystemExit):          # argparse: --help, --version, a usage error
+                code = exiting.code if isinstance(exiting.code, int) else (0 if exiting.code is None else 1)
+            _exit_with_on_signals(code if code is not None else 1)
+        else:                     # called in-process (tests): leave no trace for the caller
             import signal
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+            clear_stop()
+
+
+def _written() -> list[str]:
+    """The config files this command has written (a set write, `check --fix`); fsutil is not imported for it."""
+    fsutil = sys.modules.get("wizard.fsutil")
+    return fsutil.written_files() if fsutil else []
+
+
+def _forget_written() -> None:
+    fsutil = sys.modules.get("wizard.fsutil")
+    if fsutil:
+        fsutil.forget_written()
+
+
+def _outcome(code: int, error: BaseException | None, command: str) -> int:
+    """The exit code and the one `wizard:` line for how the command ended, true to what is on disk.
+
+    0 done; 2 bad input or an OS error, nothing written; 3 nothing fits; 4 files were written and then the
+    command failed (printing the result to a full stdout, a rollback that could not finish): the line names
+    them; 130 a stop signal, the line saying whether the files were written.
+    """
+    written = _written()
+    on_disk = (f"the files were written ({', '.join(os.path.basename(p) for p in written)} in "
+               f"{os.path.dirname(written[0])})" if written else "nothing written")
+    fsutil = sys.modules.get("wizard.fsutil")       # not imported: nothing was written
+    if fsutil and isinstance(error, fsutil.RollbackFailed):   # also after a signal: the line names the new files
+        return _fail(f"cannot write {os.path.dirname(error.new_files[0])}: {error.strerror}", EXIT_WRITTEN_BUT_FAILED)
+    stopped = isinstance(error, KeyboardInterrupt) or (stop_signal() is not None and command not in _OWN_EXIT_CODES)
+    if stopped and not (error is None and code == EXIT_INTERRUPTED):
+        after = written or (fsutil and isinstance(error, fsutil.InterruptedAfterWrite))
+        return _fail(f"interrupted; {'the files were written' if after else 'nothing written'}", EXIT_INTERRUPTED)
+    if error is None:
+        return code
+    if isinstance(error, BrokenPipeError):
+        _silence_stdout()          # the reader has gone (`| head`): nothing more to say to it
+        return 0
+    if isinstance(error, WizardError):
+        line, failed_code = str(error), error.exit_code
+    elif isinstance(error, (OSError, RecursionError)):
+        if isinstance(error, OSError) and error.filename is None:
+            _silence_stdout()      # stdout itself failed (>/dev/full): say so once, on stderr
+            if written:
+                return _fail(f"{on_disk}, but printing the result failed: {error.strerror or error}",
+                             EXIT_WRITTEN_BUT_FAILED)
+        line, failed_code = _error_line(error), EXIT_BAD_INPUT
+    else:
+        raise error                # a bug: its traceback is what helps
+    if written:
+        return _fail(f"{line} ({on_disk} before that)", EXIT_WRITTEN_BUT_FAILED)
+    return _fail(line, failed_code)
 
 
 def _fail(message: str, code: int) -> int:

@@ -206,10 +206,14 @@ def run_plain(request: pipeline.Request, *, input=None, output=None, out: TextIO
               yes: bool = False) -> int:
     """Ask, plan, ask the details, validate, confirm (unless `yes`), write. Returns the exit code
     (130 on Ctrl+C or when the writing is declined)."""
+    from wizard.fsutil import written_files
+    already = len(written_files())
     try:
         return _run(request, input, output, out, yes)
     except KeyboardInterrupt:
-        print(CANCELLED, file=sys.stderr)
+        # A signal just after the set was written (InterruptedAfterWrite, or later) must not say "nothing written".
+        written = len(written_files()) > already
+        print("Interrupted; the files were written." if written else CANCELLED, file=sys.stderr)
         return EXIT_INTERRUPTED
 
 
