@@ -1,0 +1,143 @@
+"""`wizard tune`: real 2-rank CPU trials (DeepSpeed's CPU accelerator over gloo) of the tiny example model.
+
+One tune run serves several assertions (measured figures, the file written, calibration, the script's own
+output dir untouched) to keep the suite's time down; the others each need their own run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.launch_support import REPO, alive, env, run_pids, state, wait_for
+
+pytestmark = pytest.mark.slow
+
+ANSWERS = str(REPO / "examples" / "train.answers.yaml")
+EXAMPLE = str(REPO / "examples" / "train.py")
+
+
+def wizard(args, cwd, extra_env=None, timeout=600):
+    e = {**env(), **(extra_env or {})}
+    return subprocess.run([sys.executable, "-m", "wizard", *args], cwd=cwd, env=e, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def tune_args(tmp_path, *more, script=EXAMPLE, script_args=("--steps", "40")):
+    return ["tune", "--answers", ANSWERS, "--steps", "2", "--warmup-steps", "1", "--output-dir", str(tmp_path / "out"),
+            "--runs-root", str(tmp_path / "runs"), *more, "--", script, *script_args]
+
+
+def test_tune_measures_zero2_and_zero3_writes_the_winner_and_calibrates(tmp_path):
+    own = tmp_path / "script-output"
+    cal = tmp_path / "calibration.json"
+    r = wizard(tune_args(tmp_path, "--json", script_args=("--steps", "40", "--output-dir", str(own))), tmp_path,
+               {"WIZARD_CALIBRATION_FILE": str(cal)})
+    assert r.returncode == 0, r.stderr[-3000:]
+    doc = json.loads(r.stdout)
+    rows = {c["rung"]: c for c in doc["candidates"]}
+    assert set(rows) == {"zero2", "zero3"}, doc
+    for row in rows.values():
+        m = row["measured"]
+        assert row["status"] == "measured", row
+        assert m["steps"] == 2
+        assert 0.001 < m["step_seconds"] < 30, m                 # a tiny model's step on a CPU
+        assert 50 * 2**20 < m["peak_bytes"] < 8 * 2**30 and m["peak_kind"] == "rss", m
+        assert m["tokens_per_second"] > 0 and m["optimizers"], m
+        assert row["predicted"]["per_gpu_bytes"] > 0 and row["predicted"]["tokens_per_second"] > 0
+        trial = Path(row["run_dir"])
+        assert (trial / "run.json").is_file() and list((trial / "probe").glob("rank-*.jsonl")), trial
+        assert sorted(p.name for p in (trial / "probe").glob("rank-*.jsonl")) == ["rank-0.jsonl", "rank-1.jsonl"]
+    # the winner is the measured fastest (or the simpler rung within the noise), and it is what was written
+    winner = rows["zero2" if doc["winner"] == "DeepSpeed ZeRO-2" else "zero3"]
+    other = rows["zero3" if winner["rung"] == "zero2" else "zero2"]
+    assert winner["measured"]["tokens_per_second"] >= other["measured"]["tokens_per_second"] * 0.9
+    ds = json.loads((tmp_path / "out" / "ds_config.json").read_text())
+    assert ds["zero_optimization"]["stage"] == (2 if winner["rung"] == "zero2" else 3)
+    assert doc["files"]["accelerate_config"] == str(tmp_path / "out" / "default_config.yaml")
+    # a trial never writes into the script's own output directory (the Trainer's output_dir went to the trial)
+    assert not own.exists()
+    assert (Path(rows["zero2"]["run_dir"]) / "probe" / "output_dir").is_dir()
+    # calibration: written, read back by the next plan on this machine, which says so; --no-calibration is raw
+    saved = json.loads(cal.read_text())
+    (entries,) = saved["machines"].values()
+    assert entries["zero2/full"]["trials"] == 1 and entries["zero2/full"]["speed_ratio"] > 0
+    plan = wizard(["plan", "--answers", ANSWERS, "--json"], tmp_path, {"WIZARD_CALIBRATION_FILE": str(cal)})
+    raw = wizard(["plan", "--answers", ANSWERS, "--json", "--no-calibration"], tmp_path,
+                 {"WIZARD_CALIBRATION_FILE": str(cal)})
+    text = wizard(["plan", "--answers", ANSWERS], tmp_path, {"WIZARD_CALIBRATION_FILE": str(cal)}).stdout
+    speed = {r["key"]: r["speed"]["tokens_per_second"] for r in json.loads(plan.stdout)["plan"]["rungs"]}
+    raw_speed = {r["key"]: r["speed"]["tokens_per_second"] for r in json.loads(raw.stdout)["plan"]["rungs"]}
+    assert speed["zero2"] == pytest.approx(raw_speed["zero2"] * entries["zero2/full"]["speed_ratio"], rel=1e-3)
+    assert speed["zero2"] != pytest.approx(raw_speed["zero2"], rel=1e-3)
+    assert "calibrated by 2 trials on this machine on" in text
+
+
+OOM_UNDER_ZERO2 = textwrap.dedent('''
+    import json, os, runpy, sys
+    cfg = os.environ.get("ACCELERATE_DEEPSPEED_CONFIG_FILE")
+    if cfg and json.load(open(cfg))["zero_optimization"]["stage"] == 2:
+        raise MemoryError("simulated: out of memory under ZeRO-2")
+    sys.argv = [{example!r}] + sys.argv[1:]
+    runpy.run_path({example!r}, run_name="__main__")
+''')
+
+
+def test_out_of_memory_candidate_reads_does_not_fit_and_the_measured_one_wins(tmp_path):
+    """The plan picks ZeRO-2; under it the script runs out of memory. That row says so, ZeRO-3 is still
+    measured, and it is written: the winner follows the measurement, not the prediction."""
+    script = tmp_path / "oom_script.py"
+    script.write_text(OOM_UNDER_ZERO2.format(example=EXAMPLE))
+    r = wizard(tune_args(tmp_path, "--json", script=str(script)), tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    doc = json.loads(r.stdout)
+    rows = {c["rung"]: c for c in doc["candidates"]}
+    assert rows["zero2"]["status"] == "does not fit (measured)", rows["zero2"]
+    assert rows["zero3"]["status"] == "measured" and rows["zero3"]["measured"]["step_seconds"] > 0
+    assert doc["winner"] == "DeepSpeed ZeRO-3"
+    assert json.loads((tmp_path / "out" / "ds_config.json").read_text())["zero_optimization"]["stage"] == 3
+    human = wizard(["plan", "--answers", ANSWERS], tmp_path).stdout
+    assert "=> DeepSpeed ZeRO-2" in human          # the prediction alone would have taken ZeRO-2
+
+
+def test_too_small_budget_stops_with_partial_results_said_plainly(tmp_path):
+    r = wizard(tune_args(tmp_path, "--budget", "3"), tmp_path)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "the result is partial" in r.stdout and "not run (budget spent)" in r.stdout, r.stdout
+    assert "nothing written" in r.stdout
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def test_ctrl_c_mid_trial_writes_nothing_and_leaves_no_process(tmp_path):
+    e = env()
+    p = subprocess.Popen([sys.executable, "-m", "wizard", *tune_args(tmp_path, script_args=("--steps", "400",
+                                                                                           "--sleep", "0.5"))],
+                         cwd=tmp_path, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        def stepping():
+            return [f for f in (tmp_path / "runs").glob("tune-*/01-*/probe/rank-*.jsonl")
+                    if '"step"' in f.read_text()]
+        assert wait_for(stepping, 300, every=0.5), "the first trial never reached an optimizer step"
+        (trial,) = [d for d in (tmp_path / "runs").glob("tune-*/01-*") if (d / "run.json").exists()]
+        pids = run_pids(state(trial))
+        assert pids
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=90)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 130, err[-2000:]
+    assert "interrupted; nothing written" in err
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+    pids |= run_pids(state(trial))
+    assert wait_for(lambda: not alive(pids), 10), alive(pids)
+    assert state(trial)["status"] == "stopped"
+    assert not list((tmp_path / "runs").glob("tune-*/02-*"))     # the next candidate never started
