@@ -65,7 +65,8 @@ class Trial:
     noise: float | None = None             # relative spread (stdev / mean) of the measured step times
     optimizers: list[str] = field(default_factory=list)
     message: str = ""
-    wall_seconds: float = 0.0
+    wall_seconds: float = 0.0              # the trial's run, supervisor start to end
+    prepare_seconds: float = 0.0           # the wizard's own work before it: plan, render, validate, write
 
     def to_json(self) -> dict[str, Any]:
         c = self.candidate
@@ -75,7 +76,8 @@ class Trial:
                              "tokens_per_second": self.tokens_per_second, "peak_bytes": self.peak_bytes,
                              "peak_kind": self.peak_kind, "mfu": self.mfu, "noise": self.noise,
                              "optimizers": self.optimizers},
-                "message": self.message, "run_dir": self.run_dir, "wall_seconds": round(self.wall_seconds, 2)}
+                "message": self.message, "run_dir": self.run_dir, "wall_seconds": round(self.wall_seconds, 2),
+                "prepare_seconds": round(self.prepare_seconds, 2)}
 
 
 @dataclass
@@ -388,6 +390,7 @@ def tune(request, opts: TuneOptions, progress: Progress = lambda e: None, write:
         progress({"event": "start", "index": i, "label": c.label})
         trial_dir = run_dir / (f"{i + 1:02d}-{c.rung_key}" + (f"-mb{c.micro_batch}" if c.micro_batch else ""))
         config_dir = Path(f"{trial_dir}-config")
+        prepare_started = time.monotonic()
         req = pipeline.Request(given={**request.given, **c.overrides}, hardware_file=request.hardware_file,
                                assume=request.assume, output_dir=str(config_dir), calibrate=request.calibrate)
         result = pipeline.build(req, hw=hw)
@@ -403,6 +406,7 @@ def tune(request, opts: TuneOptions, progress: Progress = lambda e: None, write:
             trial.message = f"generated config failed validation: {result.errors[0].message}"
             continue
         pipeline.write(result, req.given)
+        trial.prepare_seconds = time.monotonic() - prepare_started
         run_trial(trial, result.yaml_path, opts, trial_dir, min(opts.trial_timeout_s, left), world, progress)
         progress({"event": "end", "index": i, "label": c.label, "trial": trial.to_json()})
     partial = any(t.status in ("not run (budget spent)",) for t in trials) or \
@@ -419,6 +423,8 @@ def tune(request, opts: TuneOptions, progress: Progress = lambda e: None, write:
     if partial:
         out.notes.append(f"Budget of {opts.budget_s:g} s spent: {sum(t.status == 'measured' for t in trials)} of "
                          f"{len(trials)} candidates measured; the result is partial.")
+    if opts.calibrate and not request.dry_run:
+        _record_calibration(base, trials)
     if winner is None or not write:
         return out
     final = pipeline.build(pipeline.Request(given={**request.given, **winner.candidate.overrides},
@@ -429,8 +435,6 @@ def tune(request, opts: TuneOptions, progress: Progress = lambda e: None, write:
     if final.errors:
         out.notes.append(f"the winner's config failed validation: {final.errors[0].message}; nothing written")
         return out
-    if opts.calibrate:
-        _record_calibration(base, trials)
     if not request.dry_run:
         pipeline.write(final, {**request.given, **winner.candidate.overrides})
         out.written = final

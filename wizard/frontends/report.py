@@ -181,7 +181,7 @@ def tune_rows(result) -> list[list[str]]:
     return rows
 
 
-def print_tune(result, file: TextIO | None = None) -> None:
+def print_tune(result, file: TextIO | None = None, written_note: str = "Dry run: nothing written.") -> None:
     out = file or sys.stdout
     if not result.trials:
         return
@@ -204,7 +204,7 @@ def print_tune(result, file: TextIO | None = None) -> None:
         if result.written is not None:
             print_written(result.written, dry_run=False, file=out)
         else:
-            print("Dry run: nothing written.", file=out)
+            print(written_note, file=out)
     print(f"Trials:   logs and probe records in {result.run_dir}", file=out)
 
 
