@@ -131,7 +131,7 @@ def _rung_answers(rung) -> dict[str, Any]:
     return out
 
 
-def _predicted(rung, micro_batch_scale: float = 1.0) -> dict[str, Any]:
+def _predicted(rung) -> dict[str, Any]:
     s = rung.speed
     return {"per_gpu_bytes": rung.per_gpu_bytes,
             "step_seconds": s.step_seconds if s else None,
@@ -407,6 +407,9 @@ def tune(request, opts: TuneOptions, progress: Progress = lambda e: None, write:
             continue
         pipeline.write(result, req.given)
         trial.prepare_seconds = time.monotonic() - prepare_started
+        left = opts.budget_s - (time.monotonic() - started)      # the preparation counts against the budget
+        if left <= 0:
+            break
         run_trial(trial, result.yaml_path, opts, trial_dir, min(opts.trial_timeout_s, left), world, progress)
         progress({"event": "end", "index": i, "label": c.label, "trial": trial.to_json()})
     partial = any(t.status in ("not run (budget spent)",) for t in trials) or \

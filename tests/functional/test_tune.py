@@ -141,3 +141,43 @@ def test_ctrl_c_mid_trial_writes_nothing_and_leaves_no_process(tmp_path):
     assert wait_for(lambda: not alive(pids), 10), alive(pids)
     assert state(trial)["status"] == "stopped"
     assert not list((tmp_path / "runs").glob("tune-*/02-*"))     # the next candidate never started
+
+
+def test_plain_measure_action_picks_and_writes_the_measured_winner(tmp_path, monkeypatch, capsys):
+    """--plain: "Measure ..." on the plan runs the same trials; the winner becomes the choice and is written."""
+    import yaml
+    from prompt_toolkit.input import create_pipe_input
+    from prompt_toolkit.output import DummyOutput
+
+    from wizard.config.questions import for_stage
+    from wizard.frontends.prompts import run_plain
+    from wizard.frontends.session import TARGET_CPU, WizardState
+    from wizard.pipeline import Request
+    monkeypatch.chdir(tmp_path)
+    for k, v in env().items():
+        monkeypatch.setenv(k, v)
+    given = yaml.safe_load(Path(ANSWERS).read_text())
+    request = Request(given=given, output_dir=str(tmp_path / "out"))
+    probe = WizardState(request)
+    probe.set_probed(probe.load_hardware())
+    probe.set_target(TARGET_CPU)
+    probe.replan()
+    before_plan = sum(1 for stage in ("model", "training") for q in for_stage(stage)
+                      if not q.advanced and probe.asked(q.id))
+    ENTER, DOWN = "\r", "\x1b[B"
+    keys = (ENTER                                   # No GPU here: CPU processes on this machine
+            + ENTER * before_plan                   # model and training as given
+            + DOWN * 3 + ENTER                      # Next: Measure the best candidates
+            + f"{EXAMPLE} --steps 40" + ENTER       # the training script and its arguments
+            + ENTER                                 # Use <the measured winner>
+            + ENTER * 40)                           # machines and details as planned
+    with create_pipe_input() as pipe:
+        pipe.send_text(keys)
+        code = run_plain(request, input=pipe, output=DummyOutput(), yes=True)
+    out = capsys.readouterr().out
+    assert code == 0, out[-3000:]
+    assert "Measured (predicted / measured):" in out and "Winner:" in out, out[-3000:]
+    winner = next(line for line in out.splitlines() if line.startswith("Winner:"))
+    stage = 2 if "ZeRO-2" in winner else 3
+    assert json.loads((tmp_path / "out" / "ds_config.json").read_text())["zero_optimization"]["stage"] == stage
+    assert list((tmp_path / "wizard-runs").glob("tune-*/01-*/probe/rank-0.jsonl"))
