@@ -92,6 +92,7 @@ class TuneOptions:
     batch_flag: str | None = None          # the script's micro-batch flag: enables micro-batch variants
     runs_root: str | None = None
     calibrate: bool = True                 # record the ratios for later plans
+    cancel: Any = None                     # a threading.Event: set, it stops the trial like Ctrl-C (the TUI's Escape)
 
 
 @dataclass
@@ -292,6 +293,8 @@ def run_trial(trial: Trial, config_file: str, opts: TuneOptions, run_dir: Path, 
     timed_out = False
     try:
         while proc.poll() is None:
+            if opts.cancel is not None and opts.cancel.is_set():
+                raise KeyboardInterrupt("measuring cancelled")
             if time.monotonic() - started > time_limit:
                 timed_out = True
                 _stop(proc, TRIAL_GRACE_S + 20)

@@ -91,23 +91,6 @@ OOM_UNDER_ZERO2 = textwrap.dedent('''
 ''')
 
 
-def test_out_of_memory_candidate_reads_does_not_fit_and_the_measured_one_wins(tmp_path):
-    """The plan picks ZeRO-2; under it the script runs out of memory. That row says so, ZeRO-3 is still
-    measured, and it is written: the winner follows the measurement, not the prediction."""
-    script = tmp_path / "oom_script.py"
-    script.write_text(OOM_UNDER_ZERO2.format(example=EXAMPLE))
-    r = wizard(tune_args(tmp_path, "--json", script=str(script)), tmp_path)
-    assert r.returncode == 0, r.stderr[-3000:]
-    doc = json.loads(r.stdout)
-    rows = {c["rung"]: c for c in doc["candidates"]}
-    assert rows["zero2"]["status"] == "does not fit (measured)", rows["zero2"]
-    assert rows["zero3"]["status"] == "measured" and rows["zero3"]["measured"]["step_seconds"] > 0
-    assert doc["winner"] == "DeepSpeed ZeRO-3"
-    assert json.loads((tmp_path / "out" / "ds_config.json").read_text())["zero_optimization"]["stage"] == 3
-    human = wizard(["plan", "--answers", ANSWERS], tmp_path).stdout
-    assert "=> DeepSpeed ZeRO-2" in human          # the prediction alone would have taken ZeRO-2
-
-
 def test_too_small_budget_stops_with_partial_results_said_plainly(tmp_path):
     r = wizard(tune_args(tmp_path, "--budget", "3"), tmp_path)
     assert r.returncode == 1, r.stdout + r.stderr
@@ -143,8 +126,10 @@ def test_ctrl_c_mid_trial_writes_nothing_and_leaves_no_process(tmp_path):
     assert not list((tmp_path / "runs").glob("tune-*/02-*"))     # the next candidate never started
 
 
-def test_plain_measure_action_picks_and_writes_the_measured_winner(tmp_path, monkeypatch, capsys):
-    """--plain: "Measure ..." on the plan runs the same trials; the winner becomes the choice and is written."""
+def test_plain_measure_oom_row_and_the_measured_winner_is_written(tmp_path, monkeypatch, capsys):
+    """--plain: "Measure ..." on the plan runs the same trials. The plan picks ZeRO-2, and under it the script
+    runs out of memory: that row reads "does not fit (measured)", ZeRO-3 is still measured, becomes the choice
+    and is written: the winner follows the measurement, not the prediction."""
     import yaml
     from prompt_toolkit.input import create_pipe_input
     from prompt_toolkit.output import DummyOutput
@@ -156,6 +141,8 @@ def test_plain_measure_action_picks_and_writes_the_measured_winner(tmp_path, mon
     monkeypatch.chdir(tmp_path)
     for k, v in env().items():
         monkeypatch.setenv(k, v)
+    script = tmp_path / "oom_script.py"
+    script.write_text(OOM_UNDER_ZERO2.format(example=EXAMPLE))
     given = yaml.safe_load(Path(ANSWERS).read_text())
     request = Request(given=given, output_dir=str(tmp_path / "out"))
     probe = WizardState(request)
@@ -168,7 +155,7 @@ def test_plain_measure_action_picks_and_writes_the_measured_winner(tmp_path, mon
     keys = (ENTER                                   # No GPU here: CPU processes on this machine
             + ENTER * before_plan                   # model and training as given
             + DOWN * 3 + ENTER                      # Next: Measure the best candidates
-            + f"{EXAMPLE} --steps 40" + ENTER       # the training script and its arguments
+            + f"{script} --steps 40" + ENTER        # the training script and its arguments
             + ENTER                                 # Use <the measured winner>
             + ENTER * 40)                           # machines and details as planned
     with create_pipe_input() as pipe:
@@ -176,8 +163,54 @@ def test_plain_measure_action_picks_and_writes_the_measured_winner(tmp_path, mon
         code = run_plain(request, input=pipe, output=DummyOutput(), yes=True)
     out = capsys.readouterr().out
     assert code == 0, out[-3000:]
-    assert "Measured (predicted / measured):" in out and "Winner:" in out, out[-3000:]
-    winner = next(line for line in out.splitlines() if line.startswith("Winner:"))
-    stage = 2 if "ZeRO-2" in winner else 3
-    assert json.loads((tmp_path / "out" / "ds_config.json").read_text())["zero_optimization"]["stage"] == stage
+    assert "Measured (predicted / measured):" in out, out[-3000:]
+    rows = {line.split("  ")[0].strip(" =>"): line for line in out.splitlines() if "DeepSpeed ZeRO-" in line
+            and ("measured" in line or "does not fit" in line) and "/" in line}
+    assert "does not fit (measured)" in rows["DeepSpeed ZeRO-2"], rows
+    assert rows["DeepSpeed ZeRO-3"].startswith("=> ") and "  measured  " in rows["DeepSpeed ZeRO-3"], rows
+    assert "Winner:   DeepSpeed ZeRO-3" in out
+    assert json.loads((tmp_path / "out" / "ds_config.json").read_text())["zero_optimization"]["stage"] == 3
     assert list((tmp_path / "wizard-runs").glob("tune-*/01-*/probe/rank-0.jsonl"))
+
+
+async def test_tui_measure_action_shows_progress_and_makes_the_winner_the_choice(tmp_path, monkeypatch):
+    """The Plan screen's `m`: the script is typed, a progress bar per candidate fills, the table shows predicted
+    against measured, and Enter makes the measured winner the picked rung, which the Review screen writes."""
+    import yaml
+    from textual.widgets import Input, ProgressBar
+
+    from wizard.frontends.tui.app import make_app
+    from wizard.pipeline import Request
+    monkeypatch.chdir(tmp_path)
+    for k, v in {**env(), "TEXTUAL_ANIMATIONS": "none"}.items():
+        monkeypatch.setenv(k, v)
+    given = yaml.safe_load(Path(ANSWERS).read_text())
+    app = make_app(Request(given=given, output_dir=str(tmp_path / "out")), hardware=None, preload=False)
+    async with app.run_test(size=(100, 30)) as pilot:
+        async def until(cond, timeout):
+            deadline = time.monotonic() + timeout
+            while not cond():
+                assert time.monotonic() < deadline, type(app.screen).__name__
+                await pilot.pause(0.2)
+        for _ in range(6):
+            await pilot.app.workers.wait_for_complete()
+            await pilot.pause()
+            if type(app.screen).__name__ == "PlanScreen":
+                break
+            before = app.screen
+            await pilot.press("enter")
+            await until(lambda: app.screen is not before, 30)
+        assert type(app.screen).__name__ == "PlanScreen"
+        await pilot.press("m")
+        await until(lambda: type(app.screen).__name__ == "MeasureModal", 10)
+        modal = app.screen
+        modal.query_one(Input).value = f"{EXAMPLE} --steps 40"
+        await pilot.press("enter")
+        await until(lambda: modal.result is not None or (not modal.running and modal.bars), 600)
+        assert modal.result is not None and modal.result.winner is not None
+        bars = modal.query(ProgressBar)
+        assert len(bars) == 2 and all(b.progress == b.total == 6 for b in bars)
+        winner = modal.result.winner.candidate.rung_key
+        await pilot.press("enter")
+        await until(lambda: type(app.screen).__name__ == "PlanScreen", 10)
+        assert app.state.picked == winner and app.state.plan.choice.key == winner
