@@ -46,6 +46,25 @@ def probe_file(directory: str, rank: int) -> str:
     return os.path.join(directory, f"{FILE_PREFIX}{rank}.jsonl")
 
 
+def trial_done(environ=None) -> int | None:
+    """For the supervisor: the steps every rank's probe recorded before ending its rank (the run is a
+    finished trial, not a failure and not the script's own end); None outside a trial or when a rank did not."""
+    spec = (environ if environ is not None else os.environ).get(ENV)
+    if not spec:
+        return None
+    try:
+        directory = json.loads(spec)["dir"]
+        steps = []
+        for name in sorted(os.listdir(directory)):
+            if name.startswith(FILE_PREFIX) and name.endswith(".jsonl"):
+                with open(os.path.join(directory, name), encoding="utf-8") as f:
+                    done = [json.loads(line) for line in f if '"done"' in line]
+                steps.append(done[-1]["steps"] if done else None)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return min(steps) if steps and None not in steps else None
+
+
 class _AfterImport:
     """A meta path finder that runs callback(module) right after `name` is first imported."""
 

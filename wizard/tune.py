@@ -321,7 +321,7 @@ def run_trial(trial: Trial, config_file: str, opts: TuneOptions, run_dir: Path, 
     elif timed_out:
         trial.status = "timed out" if not trial.steps else "incomplete"
         trial.message = f"stopped after {time_limit:.0f} s with {trial.steps} of {opts.steps} measured steps"
-    elif state.get("status") == "succeeded" and done and trial.steps:
+    elif state.get("status") == "succeeded" and state.get("trial_done") and done and trial.steps:
         trial.status = "measured"
     elif state.get("status") == "succeeded":
         trial.status = "incomplete" if trial.steps else "failed"

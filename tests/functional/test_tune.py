@@ -55,6 +55,7 @@ def test_tune_measures_zero2_and_zero3_writes_the_winner_and_calibrates(tmp_path
         assert row["predicted"]["per_gpu_bytes"] > 0 and row["predicted"]["tokens_per_second"] > 0
         trial = Path(row["run_dir"])
         assert (trial / "run.json").is_file() and list((trial / "probe").glob("rank-*.jsonl")), trial
+        assert state(trial)["status"] == "succeeded" and state(trial)["trial_done"] == {"steps": 3}
         assert sorted(p.name for p in (trial / "probe").glob("rank-*.jsonl")) == ["rank-0.jsonl", "rank-1.jsonl"]
     # the winner is the measured fastest (or the simpler rung within the noise), and it is what was written
     winner = rows["zero2" if doc["winner"] == "DeepSpeed ZeRO-2" else "zero3"]
