@@ -165,8 +165,8 @@ def test_plain_measure_oom_row_and_the_measured_winner_is_written(tmp_path, monk
     out = capsys.readouterr().out
     assert code == 0, out[-3000:]
     assert "Measured (predicted / measured):" in out, out[-3000:]
-    rows = {line.split("  ")[0].strip(" =>"): line for line in out.splitlines() if "DeepSpeed ZeRO-" in line
-            and ("measured" in line or "does not fit" in line) and "/" in line}
+    rows = {line.strip(" =>").split("  ")[0]: line for line in out.splitlines() if "DeepSpeed ZeRO-" in line
+            and ("measured" in line or "does not fit" in line) and " / " in line}
     assert "does not fit (measured)" in rows["DeepSpeed ZeRO-2"], rows
     assert rows["DeepSpeed ZeRO-3"].startswith("=> ") and "  measured  " in rows["DeepSpeed ZeRO-3"], rows
     assert "Winner:   DeepSpeed ZeRO-3" in out

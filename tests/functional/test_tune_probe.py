@@ -84,7 +84,7 @@ CASES = {
     "ddp": ("DistributedDataParallel", "AdamW", 1),
     "zero1": ("DeepSpeedEngine", None, 2),
     "zero3-offload": ("DeepSpeedEngine", "DeepSpeedCPUAdam", 2),
-    "fsdp": ("LlamaForCausalLM", "AdamW", 1),
+    "fsdp": ("FSDPLlamaForCausalLM", "AdamW", 1),     # FSDP2 swaps the class of the module it shards
     "lora": ("DistributedDataParallel", "AdamW", 1),
 }
 
