@@ -47,9 +47,14 @@ SCRIPT = textwrap.dedent('''
         if MODE == "zero3-offload":
             zero["offload_optimizer"] = {"device": "cpu"}
         model = LlamaForCausalLM(cfg)
-        engine, *_ = deepspeed.initialize(model=model, model_parameters=groups(model), config={
-            "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2, "zero_optimization": zero,
-            "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}, "zero_force_ds_cpu_optimizer": False})
+        config = {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2, "zero_optimization": zero}
+        if MODE == "zero3-offload":       # DeepSpeed builds DeepSpeedCPUAdam for the offloaded states
+            config["optimizer"] = {"type": "AdamW", "params": {"lr": 1e-3}}
+            engine, *_ = deepspeed.initialize(model=model, model_parameters=groups(model), config=config)
+        else:                             # the user's own torch optimizer, wrapped by ZeRO-1 (no JIT build)
+            config["zero_allow_untested_optimizer"] = True
+            engine, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(groups(model), lr=1e-3),
+                                              config=config)
         for step in range(20):
             for micro in range(2):
                 loss = engine(input_ids=ids, labels=ids).loss
@@ -82,7 +87,7 @@ SCRIPT = textwrap.dedent('''
 
 CASES = {
     "ddp": ("DistributedDataParallel", "AdamW", 1),
-    "zero1": ("DeepSpeedEngine", None, 2),
+    "zero1": ("DeepSpeedEngine", "AdamW", 2),
     "zero3-offload": ("DeepSpeedEngine", "DeepSpeedCPUAdam", 2),
     "fsdp": ("FSDPLlamaForCausalLM", "AdamW", 1),     # FSDP2 swaps the class of the module it shards
     "lora": ("DistributedDataParallel", "AdamW", 1),
