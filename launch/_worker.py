@@ -86,6 +86,9 @@ def main() -> None:
     address = os.environ.get(ENV_SOCKET)
     if address and _connect_output(address, rank):
         _dump_stacks_on_signal()
+    if os.environ.get("WIZARD_PROBE"):    # a `wizard tune` trial: measure the steps (launch/_probe.py)
+        import _probe                     # beside this file: sys.path[0] is still launch/ here
+        _probe.install()
     script = sys.argv[1]
     sys.argv = sys.argv[1:]
     sys.path[0] = os.path.dirname(os.path.abspath(script))

@@ -562,6 +562,12 @@ class Supervisor:
                 self.sampler.stop()
             self.record.update(status=final_status, ended_at=time.time(), exit_code=exit_code,
                                launcher_pid=None, progress=self.record.get("progress"))
+            if final_status == "succeeded":      # `wizard tune`: the probe ended the ranks after its steps
+                from launch._probe import trial_done
+                steps = trial_done()
+                if steps is not None:
+                    self.record.update(trial_done={"steps": steps})
+                    self.say(f"trial done: the tune probe ended the ranks after {steps} optimizer steps")
             self.record.emit("exit", attempt, status=final_status, exit_code=exit_code)
             self._stop_reaper()
             self.say(f"{final_status} after {attempt} attempt{'s' if attempt != 1 else ''}; exit code {exit_code}; "

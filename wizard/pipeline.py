@@ -39,6 +39,7 @@ class Request:
     output_dir: str | None = None
     dry_run: bool = False
     plan_only: bool = False                  # `wizard plan`: nothing is rendered, so file-only answers may be missing
+    calibrate: bool = True       # apply `wizard tune`'s measurements on this machine (plan --no-calibration: off)
 
 
 @dataclass
@@ -138,11 +139,15 @@ def size(answers: dict[str, Any]) -> ModelShape:
     raise InputError("model", "no model given", "--model ID_OR_PATH or --params 7B")
 
 
-def make_plan(hw: Hardware, model: ModelShape, answers: dict[str, Any]) -> Plan:
+def make_plan(hw: Hardware, model: ModelShape, answers: dict[str, Any], calibrate: bool = True) -> Plan:
     from wizard.planning import plan as plan_mod
     training = answers_mod.training_options(answers)
-    return plan_mod.make_plan(hw, model, training, answers_mod.strategy_options(answers),
+    plan = plan_mod.make_plan(hw, model, training, answers_mod.strategy_options(answers),
                               answers_mod.topology(answers, hw), adapters=adapters_for(model, training))
+    if calibrate and hw.source == "probe":   # the one place a plan meets `wizard tune`'s measurements (this machine)
+        from wizard.planning import calibration
+        calibration.apply(plan, hw, training.method)
+    return plan
 
 
 def apply_split(answers: dict[str, Any], plan: Plan) -> dict[str, Any]:
@@ -307,7 +312,7 @@ def build(request: Request, hw: Hardware | None = None) -> Result:
     if conflicts:
         raise conflicts[0]
     model = size(answers)
-    plan = make_plan(hw, model, answers)
+    plan = make_plan(hw, model, answers, calibrate=request.calibrate)
     plan.alternatives = alternatives(hw, model, answers, plan)
     answers = apply_split(answers, plan)
     result = Result(hardware=hw, model=model, plan=plan, answers=answers, output_dir=output_dir,

@@ -17,7 +17,7 @@ from wizard import __version__
 from wizard.errors import (EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_NOTHING_FITS, EXIT_WRITTEN_BUT_FAILED,
                            InputError, WizardError, clear_stop, note_stop, stop_signal)
 
-SUBCOMMANDS = ("probe", "plan", "check", "launch", "attach", "stop", "runs")
+SUBCOMMANDS = ("probe", "plan", "check", "launch", "attach", "stop", "runs", "tune")
 
 
 class _DefaultsFormatter(argparse.HelpFormatter):
@@ -145,7 +145,7 @@ def build_parser(non_interactive: bool = False) -> argparse.ArgumentParser:
         p = _Parser(prog="wizard", description=(
             "Plan, configure, launch and watch multi-GPU Hugging Face training. Without a subcommand: the "
             "interactive wizard (a full-screen TUI; --plain for inline prompts; --non-interactive for scripts)."),
-            epilog="subcommands: probe, plan, check, launch, attach, stop, runs (wizard SUBCOMMAND --help). "
+            epilog="subcommands: probe, plan, check, launch, attach, stop, runs, tune (wizard SUBCOMMAND --help). "
                    + UNDERSCORES)
     p.add_argument("--version", action="version", version=f"wizard {__version__}")
     mode = p.add_argument_group("mode")
@@ -182,9 +182,48 @@ def build_subparser(name: str) -> argparse.ArgumentParser:
         p.epilog = UNDERSCORES
         _add_common_flags(p, json_help="print the machine-readable plan")
         _add_question_flags(p)
+        _add_calibration_flag(p)
         p.set_defaults(func=cmd_plan)
         return p
+    if name == "tune":
+        return build_tune_parser(p)
     raise ValueError(name)
+
+
+def _add_calibration_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--no-calibration", action="store_true", default=False,
+                   help="show the raw model, without the ratios `wizard tune` measured on this machine")
+
+
+def build_tune_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    from wizard import tune
+    p.description = ("wizard tune [OPTIONS] -- SCRIPT [ARGS...]: run the plan's best candidates with your own script "
+                     "for a few optimizer steps each (bounded trials under the launch supervisor), show predicted "
+                     "against measured, write the measured winner and calibrate later plans on this machine.")
+    p.epilog = UNDERSCORES
+    _add_common_flags(p, json_help="print the whole table as JSON")
+    _add_question_flags(p)
+    _add_calibration_flag(p)
+    g = p.add_argument_group("trials")
+    g.add_argument("--steps", type=int, default=tune.DEFAULT_STEPS, metavar="N",
+                   help="measured optimizer steps per candidate")
+    g.add_argument("--warmup-steps", type=int, default=tune.DEFAULT_WARMUP, metavar="N",
+                   help="optimizer steps run before measuring")
+    g.add_argument("--candidates", type=int, default=tune.DEFAULT_CANDIDATES, metavar="N",
+                   help="at most N rungs of the plan")
+    g.add_argument("--budget", type=float, default=tune.DEFAULT_BUDGET_S, metavar="S",
+                   help="seconds for all trials together")
+    g.add_argument("--trial-timeout", type=float, default=tune.DEFAULT_TRIAL_TIMEOUT_S, metavar="S",
+                   help="seconds for one trial")
+    g.add_argument("--batch-flag", default=None, metavar="FLAG",
+                   help="the script's micro-batch flag (e.g. --per_device_train_batch_size): also try the largest "
+                        "micro-batch that fits")
+    g.add_argument("--runs-root", default=None, metavar="D", help="where the trials' run directories go "
+                   "(default: ./wizard-runs)")
+    g.add_argument("--headless", action="store_true", default=False, help="plain progress lines (the default)")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="-- SCRIPT [ARGS...]")
+    p.set_defaults(func=cmd_tune)
+    return p
 
 
 def _registered_subparser(name: str) -> argparse.ArgumentParser:
@@ -228,7 +267,8 @@ def _request(ns: argparse.Namespace):
     from wizard.pipeline import Request
     _refuse_empty_values(ns)
     return Request(given=_given(ns), hardware_file=getattr(ns, "hardware", None), assume=getattr(ns, "assume", None),
-                   output_dir=getattr(ns, "output_dir", None), dry_run=bool(getattr(ns, "dry_run", False)))
+                   output_dir=getattr(ns, "output_dir", None), dry_run=bool(getattr(ns, "dry_run", False)),
+                   calibrate=not getattr(ns, "no_calibration", False))
 
 
 # ----------------------------------------------------------------------------- commands
@@ -264,6 +304,35 @@ def cmd_plan(ns: argparse.Namespace) -> int:
     else:
         report.print_plan(result)
     return _nothing_fits_exit(result)
+
+
+def cmd_tune(ns: argparse.Namespace) -> int:
+    from wizard import tune
+    from wizard.frontends import report
+    command = list(ns.command or [])
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise InputError("SCRIPT", "no training script given", "wizard tune [OPTIONS] -- SCRIPT [ARGS...]")
+    req = _request(ns)
+    if not req.dry_run:
+        from wizard.fsutil import check_writable_dir
+        from wizard.pipeline import default_output_dir
+        check_writable_dir(os.path.abspath(os.path.expanduser(req.output_dir or default_output_dir())))
+    opts = tune.TuneOptions(script=command[0], script_args=command[1:], warmup=ns.warmup_steps, steps=ns.steps,
+                            candidates=ns.candidates, budget_s=ns.budget, trial_timeout_s=ns.trial_timeout,
+                            batch_flag=ns.batch_flag, runs_root=ns.runs_root, calibrate=not ns.no_calibration)
+    as_json = bool(getattr(ns, "json", False))
+    progress = (lambda e: None) if as_json else report.tune_progress_printer(sys.stderr)
+    result = tune.tune(req, opts, progress=progress)
+    if as_json:
+        print(json.dumps(result.to_json(), indent=2, sort_keys=True, default=str))
+    else:
+        report.print_tune(result)
+    if not result.trials:
+        print("wizard: nothing fits on this hardware: nothing to measure (see `wizard plan`)", file=sys.stderr)
+        return EXIT_NOTHING_FITS
+    return 0 if result.winner is not None else 1
 
 
 def _nothing_fits_exit(result) -> int:

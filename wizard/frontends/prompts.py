@@ -202,6 +202,40 @@ def _change_one_answer(p: _Prompter, allow_quit: bool = False) -> bool:
     return True
 
 
+def _measure(p: _Prompter) -> None:
+    """`wizard tune` from the plan: bounded trials with the user's script; the measured winner becomes the
+    plan's choice (picked like a rung on the Plan screen), written by the usual "Write these files?"."""
+    import shlex
+
+    import questionary
+
+    from wizard import tune
+    from wizard.errors import InputError
+    from wizard.frontends import report
+    state = p.state
+    if state.hardware is None or state.hardware.source != "probe":
+        p.say("Measuring runs trials on this machine: plan for this machine to use it.")
+        return
+    raw = questionary.text("Training script and its arguments (e.g. train.py --epochs 1)", **p._kw()).unsafe_ask()
+    try:
+        command = shlex.split(raw or "")
+    except ValueError as e:
+        p.say(f"wizard: {e}")
+        return
+    if not command:
+        return
+    request = pipeline.Request(given=state.given(), output_dir=state.output_dir, calibrate=state.request.calibrate)
+    try:
+        result = tune.tune(request, tune.TuneOptions(script=command[0], script_args=command[1:]),
+                           progress=report.tune_progress_printer(p.out), write=False)
+    except InputError as e:
+        p.say(f"wizard: {e}")
+        return
+    report.print_tune(result, file=p.out, written_note="The winner is now the plan's choice: use it to write it.")
+    if result.winner is not None:
+        state.pick_rung(result.winner.candidate.rung_key)
+
+
 def run_plain(request: pipeline.Request, *, input=None, output=None, out: TextIO | None = None,
               yes: bool = False) -> int:
     """Ask, plan, ask the details, validate, confirm (unless `yes`), write. Returns the exit code
@@ -258,6 +292,8 @@ def _run(request: pipeline.Request, input, output, out: TextIO | None, yes: bool
         options = ([questionary.Choice(f"Use {choice.name}", value="use")] if choice is not None else []) + [
             questionary.Choice("Change the strategy (backend, ZeRO stage, offload, ...)", value="strategy"),
             questionary.Choice("Change one answer and plan again", value="one"),
+            *([questionary.Choice("Measure the best candidates with your training script (wizard tune)",
+                                  value="measure")] if choice is not None else []),
             questionary.Choice("Quit without writing", value="quit")]
         action = questionary.select("Next", choices=options, default=options[0], **p._kw()).unsafe_ask()
         if action == "use":
@@ -265,7 +301,9 @@ def _run(request: pipeline.Request, input, output, out: TextIO | None, yes: bool
         if action == "quit":
             p.say(CANCELLED)
             return EXIT_NOTHING_FITS if choice is None else EXIT_INTERRUPTED
-        if action == "strategy":
+        if action == "measure":
+            _measure(p)
+        elif action == "strategy":
             p.ask_stage(("strategy",), defaults=_strategy_of(choice))
         else:
             _change_one_answer(p)

@@ -249,3 +249,86 @@ def print_adapter_snippet(result, file: TextIO | None = None) -> None:
     ds = result.ds_path if result.ds_text is not None else None
     for line in setup_snippet(result.answers, result.plan, result.model, ds).splitlines():
         print(f"    {line}" if line else "", file=out)
+
+
+# ----------------------------------------------------------------------------- wizard tune
+
+def _dur(s) -> str:
+    return "-" if s is None else (f"{s * 1000:.0f} ms" if s < 1 else f"{s:.2f} s")
+
+
+def _pair(pred: str, meas: str) -> str:
+    return f"{pred} / {meas}"
+
+
+def tune_rows(result) -> list[list[str]]:
+    """One row per candidate: predicted / measured peak memory per GPU, step time, tokens/s, MFU."""
+    rows = [["candidate", "result", "peak per GPU", "step time", "tokens/s", "MFU"]]
+    for t in result.trials:
+        p = t.candidate.predicted
+        mark = "=> " if result.winner is t else "   "
+        peak = fmt_bytes(t.peak_bytes) + (" RSS" if t.peak_kind == "rss" else "") if t.peak_bytes else "-"
+        rows.append([mark + t.candidate.label, t.status,
+                     _pair(fmt_bytes(p.get("per_gpu_bytes")) if p.get("per_gpu_bytes") else "-", peak),
+                     _pair(_dur(p.get("step_seconds")), _dur(t.step_seconds)),
+                     _pair(fmt_rate(p["tokens_per_second"]) if p.get("tokens_per_second") else "-",
+                           fmt_rate(t.tokens_per_second) if t.tokens_per_second else "-"),
+                     _pair(f"{p['mfu']:.1%}" if p.get("mfu") is not None else "-",
+                           f"{t.mfu:.1%}" if t.mfu is not None else "-")])
+    return rows
+
+
+def print_tune(result, file: TextIO | None = None, written_note: str = "Dry run: nothing written.") -> None:
+    out = file or sys.stdout
+    if not result.trials:
+        return
+    rows = tune_rows(result)
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    print("Measured (predicted / measured):", file=out)
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip(), file=out)
+    for t in result.trials:
+        if t.message:
+            print(f"  {t.candidate.label}: {t.message}", file=out)
+    for note in result.notes:
+        print(f"Note:     {note}", file=out)
+    if result.winner is None:
+        print("No candidate was measured to completion: nothing written.", file=out)
+    else:
+        w = result.winner
+        print(f"Winner:   {w.candidate.label}: {fmt_rate(w.tokens_per_second)} measured"
+              + (f" (noise ±{w.noise:.0%})" if w.noise is not None else ""), file=out)
+        if result.written is not None:
+            print_written(result.written, dry_run=False, file=out)
+        else:
+            print(written_note, file=out)
+    print(f"Trials:   logs and probe records in {result.run_dir}", file=out)
+
+
+def tune_progress_printer(out: TextIO):
+    """Plain progress lines (--headless, and any terminal): one per candidate start/end, one per step seen."""
+    state = {"n": 0}
+
+    def progress(e: dict) -> None:
+        kind = e.get("event")
+        if kind == "plan":
+            state["n"] = len(e["candidates"])
+            line = f"[tune] {state['n']} candidates: {', '.join(e['candidates'])}; trials in {e['run_dir']}"
+        elif kind == "start":
+            line = f"[tune] {e['index'] + 1}/{state['n']} {e['label']}: starting"
+        elif kind == "step":
+            if not e["step"]:
+                return
+            line = f"[tune]     {e['label']}: step {e['step']}/{e['total']}"
+        elif kind == "end":
+            t = e["trial"]
+            m = t["measured"]
+            rate = f", {fmt_rate(m['tokens_per_second'])}" if m.get("tokens_per_second") else ""
+            line = f"[tune] {e['index'] + 1}/{state['n']} {e['label']}: {t['status']}{rate}"
+        else:
+            return
+        try:
+            print(line, file=out, flush=True)
+        except (OSError, ValueError):
+            pass
+    return progress

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Iterable
 
 from rich.text import Text
+from textual.binding import Binding
 from textual.containers import Grid
 from textual.widget import Widget
 from textual.widgets import OptionList, Static
@@ -102,6 +103,7 @@ def short_micro_batch_text(rung) -> str:
 
 class PlanScreen(WizardScreen):
     STEP = 2
+    BINDINGS = [Binding("m", "measure", "Measure", show=False)]
     BODY_SCROLLS = False        # the rung list scrolls by itself; summary and strategy stay in view
     AUTO_FOCUS = "#rungs"
 
@@ -117,6 +119,18 @@ class PlanScreen(WizardScreen):
     def mounted(self) -> None:
         super().mounted()
         self.wizard.start_preload()
+
+    def action_measure(self) -> None:
+        """`wizard tune` from here: the measured winner becomes the picked rung."""
+        if self.state.plan is None or self.state.plan.choice is None:
+            return
+        from wizard.frontends.tui.screens.measure import MeasureModal
+
+        def picked(key: str | None) -> None:
+            if key:
+                self.state.pick_rung(key)
+                self.sync()
+        self.app.push_screen(MeasureModal(self.state), picked)
 
     def screen_help(self) -> str:
         plan = self.state.plan

@@ -1,0 +1,36 @@
+"""`wizard tune`'s refusals: one line, exit 2, nothing run or written (no trial starts)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from tests.launch_support import REPO, env
+
+ANSWERS = str(REPO / "examples" / "train.answers.yaml")
+EXAMPLE = str(REPO / "examples" / "train.py")
+
+
+def tune(args, cwd):
+    return subprocess.run([sys.executable, "-m", "wizard", "tune", *args], cwd=cwd, env=env(), capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_multi_machine_config_is_refused_with_one_line(tmp_path):
+    r = tune(["--answers", ANSWERS, "--num-machines", "2", "--main-process-ip", "10.0.0.1", "--output-dir",
+              str(tmp_path / "out"), "--", EXAMPLE], tmp_path)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.count("\n") == 1 and "tune measures one machine" in r.stderr, r.stderr
+    assert not (tmp_path / "out").exists() and not (tmp_path / "wizard-runs").exists()
+
+
+def test_missing_script_and_bad_numbers_are_refused(tmp_path):
+    r = tune(["--answers", ANSWERS, "--", str(tmp_path / "nope.py")], tmp_path)
+    assert r.returncode == 2 and "nope.py does not exist" in r.stderr, r.stderr
+    r = tune(["--answers", ANSWERS, "--steps", "0", "--", EXAMPLE], tmp_path)
+    assert r.returncode == 2 and "--steps" in r.stderr, r.stderr
+    r = tune(["--answers", ANSWERS, "--budget", "nan", "--", EXAMPLE], tmp_path)
+    assert r.returncode == 2 and "--budget" in r.stderr, r.stderr
+    r = tune(["--answers", ANSWERS], tmp_path)
+    assert r.returncode == 2 and "SCRIPT" in r.stderr, r.stderr
+    assert not (tmp_path / "wizard-runs").exists()

@@ -1,0 +1,105 @@
+"""`wizard tune`'s pure parts: the winner rule and the calibration file (written, read back, stale, unreadable)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from wizard import pipeline
+from wizard.planning import calibration
+from wizard.tune import Candidate, Trial, pick_winner
+
+ANSWERS = {"params": "98K", "hidden_size": 64, "layers": 2, "heads": 4, "vocab_size": 128, "seq_len": 32,
+           "micro_batch": 4, "num_processes": 2, "backend": "deepspeed"}
+
+
+def trial(label, order, tps, noise=0.01, status="measured", peak=100):
+    return Trial(Candidate(label, label, {}, {"tokens_per_second": 1000.0}, order), status=status,
+                 tokens_per_second=tps, noise=noise, peak_bytes=peak)
+
+
+def test_winner_follows_the_measurement_not_the_ladder_order():
+    # zero2 is first on the ladder (the prediction's choice) but measured slower: e.g. it sleeps longer per step
+    trials = [trial("zero2", 0, 500.0), trial("zero3", 1, 900.0)]
+    assert pick_winner(trials, None).candidate.label == "zero3"
+
+
+def test_a_difference_within_the_measured_noise_goes_to_the_simpler_rung():
+    trials = [trial("zero2", 0, 1000.0, noise=0.08), trial("zero3", 1, 1060.0, noise=0.02)]
+    assert pick_winner(trials, None).candidate.label == "zero2"
+    trials = [trial("zero2", 0, 1000.0, noise=0.01), trial("zero3", 1, 1060.0, noise=0.01)]
+    assert pick_winner(trials, None).candidate.label == "zero3"
+
+
+def test_oom_and_headroom_exclude_a_candidate():
+    trials = [trial("zero2", 0, 2000.0, status="does not fit (measured)"), trial("zero3", 1, 900.0, peak=50),
+              trial("offload", 2, 1500.0, peak=500)]
+    assert pick_winner(trials, limit_bytes=100).candidate.label == "zero3"
+    assert pick_winner([trial("a", 0, 1.0, status="timed out")], None) is None
+
+
+def _plan(calibrate=True):
+    from wizard.probe.hardware import probe
+    hw = probe()
+    return pipeline.make_plan(hw, pipeline.size(ANSWERS), pipeline.resolve_pre_plan(hw, ANSWERS),
+                              calibrate=calibrate), hw
+
+
+def test_calibration_written_read_back_changes_the_plan_and_says_so(tmp_path, monkeypatch):
+    path = tmp_path / "calibration.json"
+    monkeypatch.setenv("WIZARD_CALIBRATION_FILE", str(path))
+    raw, hw = _plan()
+    assert not any("calibrated" in n for n in raw.notes)
+    calibration.record(hw, raw.topology, "full", [{"rung": "zero2", "speed_ratio": 2.0, "memory_ratio": 0.8},
+                                                  {"rung": "zero3", "speed_ratio": 0.5, "memory_ratio": None}])
+    calibration.record(hw, raw.topology, "full", [{"rung": "zero2", "speed_ratio": 8.0, "memory_ratio": 0.8}])
+    entry = json.loads(path.read_text())["machines"]["cpu:2"]["zero2/full"]
+    assert entry["trials"] == 2 and entry["speed_ratio"] == pytest.approx(4.0)      # geometric mean
+    cal, _ = _plan()
+    by_key = {r.key: r for r in cal.rungs}
+    raw_by_key = {r.key: r for r in raw.rungs}
+    assert by_key["zero2"].tokens_per_second == pytest.approx(raw_by_key["zero2"].tokens_per_second * 4.0)
+    assert by_key["zero3"].speed.step_seconds == pytest.approx(raw_by_key["zero3"].speed.step_seconds / 0.5)
+    assert any("calibrated by 3 trials on this machine on" in n for n in cal.notes), cal.notes
+    off, _ = _plan(calibrate=False)
+    assert {r.key: r.tokens_per_second for r in off.rungs} == {r.key: r.tokens_per_second for r in raw.rungs}
+
+
+def test_stale_or_unreadable_calibration_is_ignored_with_a_note(tmp_path, monkeypatch):
+    path = tmp_path / "calibration.json"
+    monkeypatch.setenv("WIZARD_CALIBRATION_FILE", str(path))
+    raw, hw = _plan()
+    calibration.record(hw, raw.topology, "full", [{"rung": "zero2", "speed_ratio": 2.0}],
+                       now=0.0)            # 1970: long stale
+    stale, _ = _plan()
+    assert {r.key: r.tokens_per_second for r in stale.rungs} == {r.key: r.tokens_per_second for r in raw.rungs}
+    assert any("older than" in n for n in stale.notes)
+    path.write_text("{not json")
+    broken, _ = _plan()
+    assert any("unreadable" in n and "ignored" in n for n in broken.notes)
+    assert {r.key: r.tokens_per_second for r in broken.rungs} == {r.key: r.tokens_per_second for r in raw.rungs}
+
+
+def test_an_assumed_machine_is_never_calibrated(tmp_path, monkeypatch):
+    from wizard.probe.hardware import assume
+    path = tmp_path / "calibration.json"
+    monkeypatch.setenv("WIZARD_CALIBRATION_FILE", str(path))
+    hw = assume("2xH100-80GB")
+    answers = {"params": "1B"}
+    plan = pipeline.make_plan(hw, pipeline.size(answers), pipeline.resolve_pre_plan(hw, answers))
+    calibration.record(hw, plan.topology, "full", [{"rung": plan.choice.key, "speed_ratio": 3.0}])
+    again = pipeline.make_plan(hw, pipeline.size(answers), pipeline.resolve_pre_plan(hw, answers))
+    assert again.choice.tokens_per_second == plan.choice.tokens_per_second
+
+
+def test_candidates_are_the_choice_and_close_rungs_plus_micro_batch_variants_with_batch_flag():
+    from wizard.tune import pick_candidates
+    plan, _ = _plan(calibrate=False)
+    cands, notes = pick_candidates(plan, 3, 4, None)
+    assert [c.rung_key for c in cands] == ["zero2", "zero3"] and cands[0].overrides["zero_stage"] == "2"
+    assert any("--batch-flag" in n for n in notes)
+    assert [c.rung_key for c in pick_candidates(plan, 1, 4, None)[0]] == ["zero2"]
+    cands, _ = pick_candidates(plan, 3, 4, "--batch-size")
+    variant = cands[-1]
+    assert variant.micro_batch == plan.choice.max_micro_batch and variant.overrides["micro_batch"] == variant.micro_batch
