@@ -57,7 +57,6 @@ def probe_overhead(steps: int, blocks: int = 10) -> dict:
     for b in range(blocks):
         without.append(run(steps // blocks))
         if not handles:
-            from torch.nn.modules.module import register_module_forward_pre_hook
             from torch.optim.optimizer import register_optimizer_step_post_hook
             probe.torch = torch
             handles = [register_optimizer_step_post_hook(probe.on_optimizer_step),

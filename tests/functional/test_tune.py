@@ -7,7 +7,6 @@ output dir untouched) to keep the suite's time down; the others each need their 
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys

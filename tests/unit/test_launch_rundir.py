@@ -212,7 +212,8 @@ def _valid_state(**over):
     (json.dumps(_valid_state(supervisor_pid=0)), "supervisor_pid"),
     (json.dumps(_valid_state(pids={"0": 0})), "pids must map"),
     (json.dumps(_valid_state(tracked_pids=[0])), "tracked_pids"),
-])
+], ids=["not-json", "not-object", "status", "tracked-not-int", "no-create-time", "pid-as-text", "process-times",
+        "supervisor-pid-0", "rank-pid-0", "tracked-pid-0"])    # ids without this process's pid (pytest-xdist)
 def test_load_state_refuses_garbage_with_one_line(tmp_path, body, needle):
     (tmp_path / "run.json").write_text(body)
     with pytest.raises(InputError) as e:
