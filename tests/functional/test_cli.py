@@ -403,7 +403,7 @@ def test_a_global_batch_drives_every_figure_the_answers_and_the_files(tmp_path):
     assert (doc["answers"]["micro_batch"], doc["answers"]["grad_accum"]) == (choice["micro_batch"],
                                                                               choice["grad_accum"])
     text = run(["plan", *base]).stdout
-    from wizard.planning.speed import fmt_duration
+    from wizard.units import fmt_duration
     assert f"Time to train 1B tokens: {fmt_duration(1e9 / speed['tokens_per_second'])}" in text
     assert (f"Batch: micro-batch {choice['micro_batch']} x accumulation {choice['grad_accum']} x 8 processes = the "
             "global batch of 64") in text

@@ -127,3 +127,16 @@ async def test_no_screen_quotes_a_command_line_flag(tmp_path):
         for row in rows:
             assert not FLAG.search(row.prompt.why().plain), row.prompt.why().plain
         assert not FLAG.search(text_of(app.screen.query_one("#plan-warning")))
+
+
+async def test_nothing_fits_names_the_machines_ram_as_the_screen_does(tmp_path):
+    """The planner's verified RAM cure reads "--assume ...,ram=NG" on the command line; on the Plan screen it
+    names the field that sets it, and it is said once."""
+    app = app_for(tmp_path, hardware.assume("2xA100-80GB,ram=256G"), params="70B")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await reach(pilot, "PlanScreen")
+        warning = text_of(app.screen.query_one("#plan-warning"))
+        assert "Nothing fits" in warning
+        assert not FLAG.search(warning) and "--assume" not in warning, warning
+        assert "“RAM in that machine” = " in warning
+        assert len(re.findall(r"With [\d.]+ [GT]iB of (?:host )?RAM", warning)) == 1, warning

@@ -385,25 +385,7 @@ class WizardState:
                                         answers_mod.strategy_options(a), answers_mod.topology(a, self.hardware))
         except Exception as e:  # the explanation (it re-plans variants) is a courtesy; never let it hide the plan
             text = f"Nothing fits ({e})."
-        more_ram = self.more_ram_would_fit()
-        return f"{text} {more_ram}" if more_ram else text
-
-    def more_ram_would_fit(self) -> str:
-        """'With 384 GiB of host RAM per machine, ZeRO-3 + CPU offload ... fits.', verified by planning again
-        with that RAM; '' when more RAM alone does not make a rung fit."""
-        from wizard.planning.plan import host_ram_to_fit, with_host_ram
-        from wizard.units import fmt_bytes
-        try:
-            total = host_ram_to_fit(self.plan, self.hardware)
-            if total is None:
-                return ""
-            plan = pipeline.make_plan(with_host_ram(self.hardware, total), self.model,
-                                      self._ladder_answers(self.answers))
-        except Exception:   # a courtesy, like the explanation it completes
-            return ""
-        if plan.choice is None:
-            return ""
-        return f"With {fmt_bytes(total)} of host RAM per machine, {plan.choice.name} fits."
+        return text     # the host RAM that would do is in it (plan._host_ram_is_short, verified by re-planning)
 
     @property
     def ready(self) -> bool:

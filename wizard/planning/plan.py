@@ -1346,10 +1346,8 @@ def _host_ram_is_short(plan: Plan, hw, model, training: TrainingOptions, strateg
     rung = min(short, key=lambda r: (_rung_class(r), r.cpu_bytes))
     assumed = hw.source.startswith("assume:")
     total = hw.ram_total or ram
-    # An assumed machine has 90 % of its RAM available (hardware.assume); a probed one what is free now.
-    step = 16 * GiB
-    need_total = -(-math.ceil(rung.cpu_bytes * total / ram) // step) * step
-    richer = replace(hw, ram_total=need_total, ram_available=int(need_total * ram / total))
+    need_total = _whole_ram_for(rung.cpu_bytes, hw)
+    richer = with_host_ram(hw, need_total)
     fixed = _try(hw=richer, model=model, training=training, strategy=strategy, topology=topology,
                  adapters=plan.adapters)
     have = (f"the machine has {fmt_bytes(ram)} available ({fmt_bytes(total)} in all)" if total != ram
@@ -1406,8 +1404,15 @@ def host_ram_to_fit(plan: Plan, hw) -> int | None:
              and not BY_KEY[r.key].uses_nvme]
     if not needs:
         return None
-    total = math.ceil(min(needs) * (hw.ram_total or ram) / ram)
-    return -(-total // (16 * GiB)) * 16 * GiB        # whole 16 GiB, as RAM is sold
+    return _whole_ram_for(min(needs), hw)
+
+
+def _whole_ram_for(need: int, hw) -> int:
+    """The total host RAM per machine that leaves `need` available, in whole 16 GiB as RAM is sold. The share
+    of the total that is available now is kept (an assumed machine: 90 %; a probed one what is free now)."""
+    ram = _available_host_ram(hw) or need
+    total = math.ceil(need * (hw.ram_total or ram) / ram)
+    return -(-total // (16 * GiB)) * 16 * GiB
 
 
 def with_host_ram(hw, total: int):

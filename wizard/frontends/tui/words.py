@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import re
 
-from wizard.config.questions import QUESTIONS, Question
+from wizard.config.questions import QUESTIONS, RAM_QUESTION, Question
 
 _FLAG = re.compile(r"--([a-z][a-z0-9-]*)(?: ([A-Za-z0-9][A-Za-z0-9+-]*(?:\.\d+)?))?")
+_ASSUMED_RAM = re.compile(r"--assume \.\.\.,ram=(\d+)G\b")
 
 
 def field_name(q: Question) -> str:
@@ -30,6 +31,7 @@ def in_words(text: str) -> str:
             return f"{field_name(q)} = {value}"
         return field_name(q) + (f" {value}" if value is not None else "")
 
+    text = _ASSUMED_RAM.sub(lambda m: f"{field_name(RAM_QUESTION)} = {m.group(1)}GiB", text)
     return _FLAG.sub(words, text)
 
 

@@ -20,11 +20,11 @@ from textual.widgets import OptionList, Static
 from wizard.config.questions import for_stage
 from wizard.frontends.tui.screens.base import WizardScreen
 from wizard.frontends.tui.widgets.memory_bar import legend, short_name
-from wizard.frontends.tui.words import field_name, in_words
 from wizard.frontends.tui.widgets.rung_list import RungList
+from wizard.frontends.tui.words import field_name, in_words
 from wizard.planning.plan import COMPONENTS
-from wizard.planning.speed import fmt_duration, fmt_rate
-from wizard.units import fmt_bytes, fmt_count
+from wizard.planning.speed import fmt_rate
+from wizard.units import fmt_bytes, fmt_count, fmt_duration
 
 
 def budget_line(state) -> str:
