@@ -318,16 +318,21 @@ def run_rules(ctx, only: set[str] | None = None) -> list[Finding]:
         # detect an accelerator" warning on a CPU box, no leaked DS_ACCELERATOR).
         from wizard.config.validate import preload
         preload()
+    from wizard.libraries import IMPORT_LOCK
+
     findings: list[Finding] = []
-    for r in RULES:
-        try:
-            for f in r.func(ctx):
-                if only is None or f.rule in only:
-                    findings.append(f)
-        except Exception as exc:  # noqa: BLE001 - one broken rule must not hide the others
-            findings.append(finding("warning", "CHECK-RULE-FAILED", ctx.acc_path or ctx.ds_path, None,
-                                    f"rule {r.id} could not run: {exc.__class__.__name__}: {_one_line(exc)}",
-                                    fix="report this as a wizard bug"))
+    # The rules import accelerate, DeepSpeed and transformers as they need them: under the lock, so a front end's
+    # background preload of the same libraries is never met half-way through accelerate's import cycle.
+    with IMPORT_LOCK:
+        for r in RULES:
+            try:
+                for f in r.func(ctx):
+                    if only is None or f.rule in only:
+                        findings.append(f)
+            except Exception as exc:  # noqa: BLE001 - one broken rule must not hide the others
+                findings.append(finding("warning", "CHECK-RULE-FAILED", ctx.acc_path or ctx.ds_path, None,
+                                        f"rule {r.id} could not run: {exc.__class__.__name__}: {_one_line(exc)}",
+                                        fix="report this as a wizard bug"))
     scratch = ctx.cache.pop("scratch_dir", None)
     if scratch:                       # the copy the libraries read (wizard/check/rules/libraries.yaml_on_disk)
         import shutil

@@ -148,10 +148,12 @@ def _libs() -> SimpleNamespace:
     "unable to detect" warning, and the variable does not leak into processes started later
     (a launch from this process must still find the GPUs).
     """
+    from wizard.libraries import IMPORT_LOCK
+
     env = dict(os.environ)
     env.setdefault("DS_ACCELERATOR", "cpu")
     env.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
-    with environ_replaced(env), warnings.catch_warnings():
+    with IMPORT_LOCK, environ_replaced(env), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         import accelerate.commands.launch as acc_launch
         import accelerate.utils.dataclasses as acc_dataclasses

@@ -226,9 +226,10 @@ def size_adapters(model: Any, options: LoraOptions) -> AdapterShape:
 def _size_with_peft(data, config, config_path, source: str, options: LoraOptions) -> AdapterShape:
     from pathlib import Path
 
+    from wizard.libraries import IMPORT_LOCK
     from wizard.sizing.model import _build_on_meta, _import_and_build_config, _offline, _quiet_transformers, take_built
 
-    with _offline(), _quiet_transformers():
+    with IMPORT_LOCK, _offline(), _quiet_transformers():
         # The model size_model just built from this config, when it was not handed to another sizing yet.
         found = take_built(data, config_path) if config is None else None
         if found is not None:
@@ -317,7 +318,9 @@ def all_linear_names(model) -> list[str]:
 
 def default_targets(model_type: str | None) -> list[str] | None:
     """peft's default LoRA targets for a model type (TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING)."""
-    from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as mapping
+    from wizard.libraries import IMPORT_LOCK
+    with IMPORT_LOCK:                 # `import peft` imports transformers and accelerate (wizard.libraries)
+        from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as mapping
 
     found = mapping.get(model_type or "")
     if found is None:

@@ -363,7 +363,8 @@ def _build_config(data: dict[str, Any], config_path: Path):
 def _import_and_build_config(data: dict[str, Any], config_path: Path):
     """Import torch and transformers (never at module level) and build the config; the config class
     comes from the checkpoint's architecture class, so this also imports its modeling module."""
-    with _heavy_imports():
+    from wizard.libraries import IMPORT_LOCK
+    with IMPORT_LOCK, _heavy_imports():
         import torch  # noqa: F401
         import transformers  # noqa: F401
 
