@@ -262,3 +262,23 @@ def test_autocast_copies():
     assert mem.autocast_weight_bytes(1000, 10, 100, "bf16", False) == 2000
     assert mem.autocast_weight_bytes(1000, 10, 100, "fp16", True) == 2 * 110
     assert mem.autocast_weight_bytes(1000, 10, 100, "fp32", False) == 0
+
+
+# --- Figures the mutants in tests/mutants.py change (issue 22: each one a real bug the suite must notice) ----
+
+def test_gemma2_soft_capping_keeps_one_more_score_tensor():
+    """Gemma-2's eager attention keeps the tanh soft-capped scores for backward: one more w-byte tensor per score
+    than the same gated layer without capping, with and without dropout."""
+    for precision, w in (("bf16", 2), ("fp32", 4)):
+        for dropout in (False, True):
+            capped = mem.attention_score_bytes(precision, mem.GEMMA2_PROFILE, attention_dropout=dropout)
+            plain = mem.attention_score_bytes(precision, mem.GATED_PROFILE, attention_dropout=dropout)
+            assert capped - plain == w, (precision, dropout)
+
+
+def test_fsdp_root_unit_holds_the_embedding_and_an_untied_head():
+    params, hidden, layers, vocab = 7_000_000_000, 4096, 32, 32_000
+    tied_layer, tied_root = mem.layer_and_root_params(params, hidden, layers, vocab, tied_embeddings=True)
+    untied_layer, untied_root = mem.layer_and_root_params(params, hidden, layers, vocab, tied_embeddings=False)
+    assert tied_root == vocab * hidden and untied_root == 2 * vocab * hidden
+    assert untied_layer == (params - 2 * vocab * hidden) // layers < tied_layer

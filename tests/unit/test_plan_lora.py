@@ -212,7 +212,7 @@ def test_qlora_streams_the_base_to_the_gpus_instead_of_holding_it_in_host_ram():
     assert qlora_ddp < lora_ddp / 50
     assert host("qlora", "zero2")[0] == qlora_ddp
     assert host("qlora", "zero3")[0] == qlora_ddp                  # no zero.Init for a quantised model
-    assert host("lora", "zero3")[0] >= model.params * 2             # rank 0 reads the state dict for zero.Init
+    assert host("lora", "zero3")[0] == model.params * 2             # rank 0 alone reads it for zero.Init, not 8
     assert host("qlora", "fsdp-reshard")[0] == qlora_ddp           # FSDP's meta loading skips quantised models
     assert host("lora", "fsdp-reshard")[0] == model.params * 2     # fsdp_cpu_ram_efficient_loading: local rank 0
 

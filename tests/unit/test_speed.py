@@ -8,6 +8,7 @@ from dataclasses import replace
 import pytest
 
 from tests.plans import LLAMA2_7B
+from tests.unit.test_plan import gpus, plan_for
 from wizard.errors import InputError
 from wizard.planning import plan as plan_mod
 from wizard.planning import speed as sp
@@ -459,3 +460,43 @@ def test_the_network_is_set_by_assume_net_and_by_the_flag_which_wins():
     assert fast.choice.tokens_per_second > slow.choice.tokens_per_second
     assert any("3200 Gb/s (400 GB/s) of network per machine (--inter-node-gbps" in n for n in fast.notes)
     assert make_plan(hw, LLAMA2_7B, TrainingOptions(), StrategyOptions(), Topology(1, 8)).inter_node_gbps is None
+
+
+# --- Figures the mutants in tests/mutants.py change (issue 22) ----------------------------------------------
+
+def _fitting(rung, tokens_per_second):
+    return replace(rung, fits=True, speed=replace(rung.speed, tokens_per_second=tokens_per_second))
+
+
+def test_a_speed_difference_of_four_percent_is_not_a_tie_and_two_percent_is():
+    """SPEED_TIE is 3 %: ZeRO-3 4 % faster than ZeRO-2 is taken; 2 % faster is a tie, won by ZeRO-2."""
+    plan = plan_for(gpus(8, 80), LLAMA2_7B)
+    z2, z3 = plan_mod.rung_by_key(plan, "zero2"), plan_mod.rung_by_key(plan, "zero3")
+    assert plan_mod.choose([_fitting(z2, 10_000), _fitting(z3, 10_400)]).key == "zero3"
+    assert plan_mod.choose([_fitting(z2, 10_000), _fitting(z3, 10_200)]).key == "zero2"
+
+
+def test_nvme_is_never_taken_while_a_host_ram_offload_rung_fits_even_when_faster():
+    plan = plan_for(gpus(8, 80), LLAMA2_7B)
+    cpu, nvme = plan_mod.rung_by_key(plan, "zero3-offload-all"), plan_mod.rung_by_key(plan, "zero3-nvme")
+    assert plan_mod.choose([_fitting(cpu, 1_000), _fitting(nvme, 2_000)]).key == "zero3-offload-all"
+
+
+def test_zero3_hides_sixty_percent_of_its_gathers_behind_compute():
+    """ZeRO-3 on the round machine, 8 GPUs of one node, with the gathers dominating (slow links): its exposed
+    communication is the two weight gathers and the gradient reduce-scatter less 60 % of the micro-step's
+    compute, written out by hand (a changed share, 0.3 say, changes it)."""
+    slow = replace(ROUND, intra_busbw=5 * GB)
+    w = work(params=4_000_000_000, matmul_params=4_000_000_000)
+    layout = sp.Layout("deepspeed", 3, "none", "none", None, 8, 1)
+    compute, backward = sp.compute_seconds(slow, w)
+    ring = 7 / 8 / (5 * GB)                                    # seconds per byte of a ring collective here
+    gathers, reduce = 2 * 8e9 * ring, 8e9 * ring               # 16-bit weights twice, 16-bit gradients once
+    assert gathers + reduce - 0.6 * compute > reduce - 0.8 * backward + 8e9 * ring     # ZeRO-3's own exceeds ZeRO-2's
+    assert sp._parts(slow, w, layout).step_comm == pytest.approx(gathers + reduce - 0.6 * compute, rel=1e-6)
+
+
+def test_cpu_adam_gets_the_machines_cores_shared_by_its_processes():
+    hw = replace(gpus(8, 80), cpu_cores=128, cpu_physical_cores=64)
+    assert sp.machine_from_hardware(hw, "bf16", 8).cpu_cores_per_process == 8
+    assert sp.machine_from_hardware(hw, "bf16", 2).cpu_cores_per_process == 32
