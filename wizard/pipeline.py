@@ -139,7 +139,7 @@ def size(answers: dict[str, Any]) -> ModelShape:
     raise InputError("model", "no model given", "--model ID_OR_PATH or --params 7B")
 
 
-def make_plan(hw: Hardware, model: ModelShape, answers: dict[str, Any], calibrate: bool = True) -> Plan:
+def plan_from_answers(hw: Hardware, model: ModelShape, answers: dict[str, Any], calibrate: bool = True) -> Plan:
     from wizard.planning import plan as plan_mod
     training = answers_mod.training_options(answers)
     plan = plan_mod.make_plan(hw, model, training, answers_mod.strategy_options(answers),
@@ -199,7 +199,7 @@ def alternatives(hw: Hardware, model: ModelShape, answers: dict[str, Any], plan:
         if cached_only and not adapters_cached(model, training):
             continue
         try:
-            alt_plan = make_plan(hw, model, alt)
+            alt_plan = plan_from_answers(hw, model, alt)
             adapters = adapters_for(model, training)
         except InputError:
             continue
@@ -214,19 +214,19 @@ def alternatives(hw: Hardware, model: ModelShape, answers: dict[str, Any], plan:
 
 def size_for_plan(model_arg: str, trainings=()) -> ModelShape:
     """What a front end's sizing thread does: size the model from its config and the adapters the plan will
-    need for each of `trainings` (so make_plan, on the UI thread, finds them remembered)."""
+    need for each of `trainings` (so plan_from_answers, on the UI thread, finds them remembered)."""
     from wizard.sizing import model as model_mod
     shape = model_mod.size_model(model_arg)
     for training in trainings:
         try:
             adapters_for(shape, training)
         except InputError:
-            pass                           # remembered; make_plan reports it where it matters
+            pass                           # remembered; plan_from_answers reports it where it matters
     return shape
 
 
 def adapter_trainings_to_size(model: ModelShape, answers: dict[str, Any], plan: Plan | None) -> list:
-    """TrainingOptions whose adapters make_plan (and the alternatives) need but are not sized yet."""
+    """TrainingOptions whose adapters plan_from_answers (and the alternatives) need but are not sized yet."""
     wanted = [answers_mod.training_options(answers)]
     if plan is not None and wants_alternatives(plan, answers):
         g = plan.batch.global_batch if plan.batch is not None else None
@@ -273,7 +273,7 @@ def validate(result: Result) -> None:
 TRAINING_MACHINE_ONLY = ("METHOD-BNB-MISSING", "METHOD-BNB-OLD")
 
 
-def method_options(answers: dict[str, Any]) -> Any:
+def lora_options_from_answers(answers: dict[str, Any]) -> Any:
     """wizard.sizing.lora.LoraOptions for --method lora/qlora (what `wizard check --method` checks), None for full."""
     training = answers_mod.training_options(answers)
     return None if training.method == "full" else lora_options_for(training)
@@ -289,7 +289,7 @@ def check_before_write(result: Result, yaml_tmp: str, ds_tmp: str | None) -> lis
     if ds_tmp:
         displays[ds_tmp] = result.ds_path
     found = check_planned(yaml_tmp, ds_tmp, answers=result.answers, plan=result.plan, model=result.model,
-                          hardware=result.hardware, method=method_options(result.answers),
+                          hardware=result.hardware, method=lora_options_from_answers(result.answers),
                           trainer=result.answers.get("trainer", "hf"), seq_len=result.answers.get("seq_len", 2048),
                           displays=displays)
     # bitsandbytes is optional where the wizard runs (sizing never needs it): planning QLoRA for another machine
@@ -312,7 +312,7 @@ def build(request: Request, hw: Hardware | None = None) -> Result:
     if conflicts:
         raise conflicts[0]
     model = size(answers)
-    plan = make_plan(hw, model, answers, calibrate=request.calibrate)
+    plan = plan_from_answers(hw, model, answers, calibrate=request.calibrate)
     plan.alternatives = alternatives(hw, model, answers, plan)
     answers = apply_split(answers, plan)
     result = Result(hardware=hw, model=model, plan=plan, answers=answers, output_dir=output_dir,

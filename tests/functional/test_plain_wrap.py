@@ -40,7 +40,7 @@ def nothing_fits_result():
     hw = hardware.assume(NOTHING_FITS)
     answers = pipeline.resolve_pre_plan(hw, {"params": "70B"})
     model = pipeline.size(answers)
-    plan = pipeline.make_plan(hw, model, answers)
+    plan = pipeline.plan_from_answers(hw, model, answers)
     assert plan.choice is None
     return pipeline.Result(hardware=hw, model=model, plan=plan, answers=answers, output_dir="", yaml_path="",
                            ds_path="")

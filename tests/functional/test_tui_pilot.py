@@ -282,13 +282,13 @@ def first_value_that_moves_the_plan(qid: str, values) -> tuple[int, str]:
     The memory model gets refined; the test pins the wiring (the screen shows the core's plan for
     what was typed, and it moves), not today's thresholds.
     """
-    from wizard.pipeline import make_plan, resolve_pre_plan
+    from wizard.pipeline import plan_from_answers, resolve_pre_plan
     from wizard.sizing import model as model_mod
     hw = a100s()
     shape = model_mod.size_model(QWEN_7B)
-    default = make_plan(hw, shape, resolve_pre_plan(hw, {"model": QWEN_7B})).choice.key
+    default = plan_from_answers(hw, shape, resolve_pre_plan(hw, {"model": QWEN_7B})).choice.key
     for value in values:
-        plan = make_plan(hw, shape, resolve_pre_plan(hw, {"model": QWEN_7B, qid: value}))
+        plan = plan_from_answers(hw, shape, resolve_pre_plan(hw, {"model": QWEN_7B, qid: value}))
         if plan.choice is not None and plan.choice.key != default:
             return value, plan.choice.key
     raise AssertionError(f"no {qid} in {values} moves the plan off {default}")

@@ -69,15 +69,15 @@ def test_the_more_ram_suggestion_is_what_the_planner_makes_fit():
     hw = hardware.assume(NOTHING_FITS["hw"])
     answers = pipeline.resolve_pre_plan(hw, {"params": NOTHING_FITS["params"]})
     model = pipeline.size(answers)
-    plan = pipeline.make_plan(hw, model, answers)
+    plan = pipeline.plan_from_answers(hw, model, answers)
     assert plan.choice is None
     total = host_ram_to_fit(plan, hw)
     assert total is not None and total % (16 * GiB) == 0
     bigger = hardware.assume(f"{NOTHING_FITS['hw'].split(',')[0]},ram={total // GiB}G")
-    fits = pipeline.make_plan(bigger, model, answers)
+    fits = pipeline.plan_from_answers(bigger, model, answers)
     assert fits.choice is not None and fits.choice.fits and fits.choice.offloads
     smaller = hardware.assume(f"{NOTHING_FITS['hw'].split(',')[0]},ram={total // GiB - 16}G")
-    assert pipeline.make_plan(smaller, model, answers).choice is None     # the least RAM, in 16 GiB steps
+    assert pipeline.plan_from_answers(smaller, model, answers).choice is None     # the least RAM, in 16 GiB steps
 
 
 async def test_enter_on_a_rung_that_does_not_fit_does_not_pick_it(tmp_path):
@@ -100,7 +100,7 @@ def micro_batch_where_zero3_stops_fitting() -> int:
     hw = hardware.assume("8xA100-80GB")
     for mb in range(2, 129):
         answers = pipeline.resolve_pre_plan(hw, {"params": "7B", "micro_batch": mb})
-        plan = pipeline.make_plan(hw, pipeline.size(answers), answers)
+        plan = pipeline.plan_from_answers(hw, pipeline.size(answers), answers)
         zero3 = next(r for r in plan.rungs if r.key == "zero3")
         if not zero3.fits and plan.choice is not None:
             return mb

@@ -29,7 +29,7 @@ from wizard.units import GiB
 def a_plan():
     hw = hardware.assume("8xA100-40GB")
     shape = model.from_params("7B")
-    return pipeline.make_plan(hw, shape, pipeline.resolve_pre_plan(hw, {"params": "7B"}))
+    return pipeline.plan_from_answers(hw, shape, pipeline.resolve_pre_plan(hw, {"params": "7B"}))
 
 
 def test_components_stack_in_order_and_in_proportion():
@@ -98,7 +98,7 @@ def test_component_colours_stay_distinct_in_256_colours():
 def test_rung_names_are_whole_with_their_gc_mark_at_80_columns():
     """Issue 21: "ZeRO-3 +opt→CPU…" hid the "+GC" of a rung that checkpoints; the bar makes room instead."""
     hw = hardware.assume("8xA100-80GB,ram=2T")
-    plan = pipeline.make_plan(hw, model.from_params("70B"), pipeline.resolve_pre_plan(hw, {"params": "70B"}))
+    plan = pipeline.plan_from_answers(hw, model.from_params("70B"), pipeline.resolve_pre_plan(hw, {"params": "70B"}))
     long_names = [short_name(r) for r in plan.rungs if r.gradient_checkpointing and len(short_name(r)) > 16]
     assert "ZeRO-3 +opt→CPU +GC" in long_names
     column = max(len(short_name(r)) + 1 for r in plan.rungs)

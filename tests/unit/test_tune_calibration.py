@@ -42,7 +42,7 @@ def test_oom_and_headroom_exclude_a_candidate():
 def _plan(calibrate=True):
     from wizard.probe.hardware import probe
     hw = probe()
-    return pipeline.make_plan(hw, pipeline.size(ANSWERS), pipeline.resolve_pre_plan(hw, ANSWERS),
+    return pipeline.plan_from_answers(hw, pipeline.size(ANSWERS), pipeline.resolve_pre_plan(hw, ANSWERS),
                               calibrate=calibrate), hw
 
 
@@ -87,9 +87,9 @@ def test_an_assumed_machine_is_never_calibrated(tmp_path, monkeypatch):
     monkeypatch.setenv("WIZARD_CALIBRATION_FILE", str(path))
     hw = assume("2xH100-80GB")
     answers = {"params": "1B"}
-    plan = pipeline.make_plan(hw, pipeline.size(answers), pipeline.resolve_pre_plan(hw, answers))
+    plan = pipeline.plan_from_answers(hw, pipeline.size(answers), pipeline.resolve_pre_plan(hw, answers))
     calibration.record(hw, plan.topology, "full", [{"rung": plan.choice.key, "speed_ratio": 3.0}])
-    again = pipeline.make_plan(hw, pipeline.size(answers), pipeline.resolve_pre_plan(hw, answers))
+    again = pipeline.plan_from_answers(hw, pipeline.size(answers), pipeline.resolve_pre_plan(hw, answers))
     assert again.choice.tokens_per_second == plan.choice.tokens_per_second
 
 

@@ -285,7 +285,7 @@ class WizardState:
             self.sizing = SizingJob(answers["model"], tuple(missing))
             return self.sizing
         try:
-            plan = pipeline.make_plan(self.hardware, model, ladder)
+            plan = pipeline.plan_from_answers(self.hardware, model, ladder)
         except InputError as e:
             self._fail(e)
             return None

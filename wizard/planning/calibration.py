@@ -6,7 +6,7 @@ the fine-tuning method). Each entry holds the geometric mean of the trials' rati
 predicted, measured peak memory over predicted), how many trials made it and when.
 
 Only a plan for the machine the wizard runs on (a probe, not --assume or --hardware) is calibrated.
-`apply` is the one place a plan meets a calibration (wizard.pipeline.make_plan calls it): it scales each
+`apply` is the one place a plan meets a calibration (wizard.pipeline.plan_from_answers calls it): it scales each
 matching rung's speed (step time, tokens/s, MFU) and says so in a note. Memory ratios are recorded and shown
 in the note, but the per-GPU estimate that decides what fits stays the model's: one trial's peak (which on
 a CPU is the whole process's RSS) is not a reason to drop a rung. A file that cannot be read, has another
