@@ -1,10 +1,27 @@
-"""Shared by every test: no test reads the calibration `wizard tune` left on this machine."""
+"""Shared by every test: nothing the machine happens to be doing decides a result.
+
+- No test reads the calibration `wizard tune` left on this machine.
+- Port 29500 (accelerate's default, in most configs the tests write) counts as free: on a busy CI box, or with
+  pytest-xdist, another job's or another worker's launch may hold it, and the ACC-PORT-IN-USE warning would
+  then appear in snapshots, goldens and finding lists. Every other port is probed for real, so the tests of the
+  rule bind a port of their own (or pass `port_in_use`).
+"""
 
 from __future__ import annotations
 
 import pytest
 
+DEFAULT_PORT = 29500
+
 
 @pytest.fixture(autouse=True)
 def _no_user_calibration(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("WIZARD_CALIBRATION_FILE", str(tmp_path_factory.mktemp("calibration") / "calibration.json"))
+
+
+@pytest.fixture(autouse=True)
+def _default_port_is_free(monkeypatch):
+    from wizard.check.rules import accelerate_yaml
+
+    real = accelerate_yaml.port_in_use
+    monkeypatch.setattr(accelerate_yaml, "port_in_use", lambda port: port != DEFAULT_PORT and real(port))

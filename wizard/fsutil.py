@@ -593,6 +593,17 @@ def forget_written() -> None:
     _WRITTEN.clear()
 
 
+@contextlib.contextmanager
+def scratch_writes():
+    """Set writes into a scratch directory (`wizard tune`'s trial configs): not the user's files, so they stay out
+    of what the CLI reports as written."""
+    before = list(_WRITTEN)
+    try:
+        yield
+    finally:
+        _WRITTEN[:] = before
+
+
 def _fault_point(point: int | str) -> None:
     """`point`: the number of renames done, or "unlocked" (the set is written, the lock gone, handlers back)."""
     if os.environ.get(FAULT_ENV) == str(point):

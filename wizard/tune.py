@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from wizard import fsutil
 from wizard.errors import InputError
 
 DEFAULT_WARMUP = 2
@@ -408,7 +409,8 @@ def tune(request, opts: TuneOptions, progress: Progress = lambda e: None, write:
             trial.status = "failed"
             trial.message = f"generated config failed validation: {result.errors[0].message}"
             continue
-        pipeline.write(result, req.given)
+        with fsutil.scratch_writes():       # the trial's own config dir: not the user's files
+            pipeline.write(result, req.given)
         trial.prepare_seconds = time.monotonic() - prepare_started
         left = opts.budget_s - (time.monotonic() - started)      # the preparation counts against the budget
         if left <= 0:

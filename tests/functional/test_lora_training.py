@@ -81,7 +81,7 @@ def test_two_rank_lora_trains_only_the_adapters(tmp_path, stage):
     run = subprocess.run(
         [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(out / "default_config.yaml"),
          "--main_process_port", str(_free_port()), str(REPO / "examples" / "train_lora.py"),
-         "--steps", "30", "--lr", "3e-2", "--lora-rank", str(lora["r"]), "--lora-alpha", str(lora["lora_alpha"]),
+         "--steps", "60", "--lr", "3e-2", "--lora-rank", str(lora["r"]), "--lora-alpha", str(lora["lora_alpha"]),
          "--lora-dropout", str(lora["lora_dropout"]), "--lora-targets", ",".join(lora["target_modules"]),
          "--output-dir", str(tmp_path / "run")],
         capture_output=True, text=True, env=env(tmp_path), cwd=tmp_path, timeout=840)

@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -162,12 +163,15 @@ def test_enter_typed_all_the_time_while_sizing_is_slow_writes_only_after_review_
     assert "Sizing" in shown[steps[1]:] and "≈" in plan_drawn, "the Plan screen was not drawn with a plan"
 
 
-def test_launch_now_runs_the_script_through_wizard_launch(tmux, tmp_path):
+def test_launch_now_runs_the_script_through_wizard_launch(tmux, tmp_path, request):
     """Done screen -> Launch now: the wizard exits and execs `wizard launch`, which runs the script
     under accelerate with the config just written (here: CPU processes, or this machine's GPUs)."""
     out, marks = tmp_path / "out", tmp_path / "marks"
     marks.mkdir()
-    script = tmp_path / "mark.py"
+    # A short path, whole in the field (a worker's tmp_path under pytest-xdist is long enough to scroll it)
+    short = Path(tempfile.mkdtemp(prefix="wiz-", dir="/tmp"))
+    request.addfinalizer(lambda: shutil.rmtree(short, ignore_errors=True))
+    script = short / "mark.py"
     script.write_text("import os, pathlib\n"
                       "pathlib.Path(os.environ['MARK_DIR'], 'rank-' + os.environ.get('RANK', '0')).write_text('ok')\n")
     env = checkout_env(HF_HOME=str(tmp_path / "hf_home"), WIZARD_CACHE_DIR=str(tmp_path / "cache"),
