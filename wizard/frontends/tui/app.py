@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from dataclasses import dataclass, field
 from typing import Any
 
 from textual import events, work
@@ -24,7 +23,7 @@ from textual.binding import Binding
 from wizard import pipeline
 from wizard.errors import EXIT_INTERRUPTED, InputError
 from wizard.frontends.session import WizardState
-from wizard.frontends.tui.messages import HardwareReady, ModelSized, StateChanged, ValidationDone
+from wizard.frontends.tui.messages import HardwareReady, ModelSized, Outcome, StateChanged, ValidationDone
 from wizard.probe.hardware import Hardware
 
 HEAVY_IMPORTS = threading.Lock()
@@ -59,12 +58,6 @@ def _exit_after(seconds: float) -> None:
     timer.start()
 
 
-@dataclass
-class Outcome:
-    code: int                                   # the exit code of `wizard`
-    written: list = field(default_factory=list)  # fsutil.WriteResult of each file
-    launch: list[str] | None = None             # argv of `wizard launch ...` to exec into
-    summary: list[str] = field(default_factory=list)  # lines printed after the screen is gone
 
 
 class WizardApp(App[Outcome]):

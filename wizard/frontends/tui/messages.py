@@ -6,9 +6,19 @@ app updates the state and the screens on the event loop.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 from textual.message import Message
+
+
+# What the app returns when it ends: the screens build it (Done), the CLI reads it.
+@dataclass
+class Outcome:
+    code: int                                   # the exit code of `wizard`
+    written: list = field(default_factory=list)  # fsutil.WriteResult of each file
+    launch: list[str] | None = None             # argv of `wizard launch ...` to exec into
+    summary: list[str] = field(default_factory=list)  # lines printed after the screen is gone
 
 
 class AnswerEntered(Message):

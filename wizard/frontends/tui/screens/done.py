@@ -122,7 +122,7 @@ class DoneScreen(WizardScreen):
             super().button_pressed(button_id)
 
     def launch(self) -> None:
-        from wizard.frontends.tui.app import Outcome
+        from wizard.frontends.tui.messages import Outcome
         result = getattr(self.wizard, "written_result", None)
         error = self.query_one("#launch-error", Static)
         script = self.query_one("#launch-script", Input).value.strip()
@@ -147,7 +147,7 @@ class DoneScreen(WizardScreen):
                                    summary=self.wizard.summary_lines(launching=True)))
 
     def go_next(self) -> None:
-        from wizard.frontends.tui.app import Outcome
+        from wizard.frontends.tui.messages import Outcome
         self.wizard.finish(Outcome(0, written=getattr(self.wizard, "writes", []),
                                    summary=self.wizard.summary_lines()))
 
