@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from wizard.errors import InputError
-from wizard.probe.nvml import (
+from wizard.probe.nvml_api import (
     FAKE_ENV,
     SAMPLE_METRICS,
     STATIC_METRICS,
