@@ -30,17 +30,20 @@ def wizard(args, cwd, extra_env=None, timeout=600):
                           timeout=timeout)
 
 
-def tune_args(tmp_path, *more, script=EXAMPLE, script_args=("--steps", "40")):
-    return ["tune", "--answers", ANSWERS, "--steps", "2", "--warmup-steps", "1", "--output-dir", str(tmp_path / "out"),
-            "--runs-root", str(tmp_path / "runs"), *more, "--", script, *script_args]
+def tune_args(tmp_path, *more, script=EXAMPLE, script_args=("--steps", "40"), answers=True):
+    """`answers=False`: as a user types it, `wizard tune -- examples/train.py`, the answers beside the script."""
+    return (["tune"] + (["--answers", ANSWERS] if answers else []) + ["--steps", "2", "--warmup-steps", "1",
+            "--output-dir", str(tmp_path / "out"), "--runs-root", str(tmp_path / "runs"), *more, "--", script,
+            *script_args])
 
 
 def test_tune_measures_zero2_and_zero3_writes_the_winner_and_calibrates(tmp_path):
     own = tmp_path / "script-output"
     cal = tmp_path / "calibration.json"
-    r = wizard(tune_args(tmp_path, "--json", script_args=("--steps", "40", "--output-dir", str(own))), tmp_path,
-               {"WIZARD_CALIBRATION_FILE": str(cal)})
+    r = wizard(tune_args(tmp_path, "--json", script_args=("--steps", "40", "--output-dir", str(own)), answers=False),
+               tmp_path, {"WIZARD_CALIBRATION_FILE": str(cal)})
     assert r.returncode == 0, r.stderr[-3000:]
+    assert "answers from " in r.stderr and "train.answers.yaml (beside the script)" in r.stderr
     doc = json.loads(r.stdout)
     rows = {c["rung"]: c for c in doc["candidates"]}
     assert set(rows) == {"zero2", "zero3"}, doc

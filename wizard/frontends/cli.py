@@ -314,6 +314,10 @@ def cmd_tune(ns: argparse.Namespace) -> int:
         command = command[1:]
     if not command:
         raise InputError("SCRIPT", "no training script given", "wizard tune [OPTIONS] -- SCRIPT [ARGS...]")
+    beside = script_answers_file(command[0])
+    if beside and not (getattr(ns, "answers", None) or getattr(ns, "model", None) or getattr(ns, "params", None)):
+        ns.answers = beside      # the script's own answers (its model, its processes): tune needs a model like plan
+        print(f"wizard: answers from {beside} (beside the script)", file=sys.stderr)
     req = _request(ns)
     if not req.dry_run:
         from wizard.fsutil import check_writable_dir
@@ -333,6 +337,16 @@ def cmd_tune(ns: argparse.Namespace) -> int:
         print("wizard: nothing fits on this hardware: nothing to measure (see `wizard plan`)", file=sys.stderr)
         return EXIT_NOTHING_FITS
     return 0 if result.winner is not None else 1
+
+
+def script_answers_file(script: str) -> str | None:
+    """SCRIPT.answers.yaml (or .json) beside a training script, when there is one: what `wizard tune -- SCRIPT`
+    reads when no model is given, as a script ships the answers that describe it (examples/train.answers.yaml)."""
+    base = os.path.splitext(script)[0]
+    for candidate in (base + ".answers.yaml", base + ".answers.json"):
+        if os.path.isfile(candidate):
+            return candidate
+    return None
 
 
 def _nothing_fits_exit(result) -> int:
