@@ -63,12 +63,8 @@ def state(run_dir: Path) -> dict:
 
 def run_processes(st: dict) -> dict[int, float]:
     """Every process of a run with the start time the run recorded for it (the supervisor's too)."""
-    out: dict[int, float] = {}
-    for pid, ctime in (st.get("process_times") or {}).items():
-        try:
-            out[int(pid)] = float(ctime)
-        except (TypeError, ValueError):
-            continue
+    from launch.rundir import recorded_processes
+    out = recorded_processes(st)
     if st.get("supervisor_pid") and st.get("supervisor_create_time"):
         out[int(st["supervisor_pid"])] = float(st["supervisor_create_time"])
     return out

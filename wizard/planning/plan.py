@@ -1108,20 +1108,20 @@ def _split_training(training: TrainingOptions, topology: Topology, notes: list[s
     per = g // world
     if training.split == "auto":
         return replace(training, micro_batch=1, grad_accum=per), True
-    if training.split == "micro":
-        micro = _positive(training.micro_batch, "--micro-batch")
-        if per % micro:
-            raise InputError("--micro-batch", f"{micro} does not divide the {per} samples per process of "
-                             f"--global-batch {g}", f"a divisor of {per}")
-        notes.append(f"--micro-batch {micro} was given: accumulation {per // micro} makes the global batch of {g}.")
-        return replace(training, grad_accum=per // micro, split="given"), False
-    if training.split == "accum":
-        accum = _positive(training.grad_accum, "--grad-accum")
-        if per % accum:
-            raise InputError("--grad-accum", f"{accum} does not divide the {per} samples per process of "
-                             f"--global-batch {g}", f"a divisor of {per}")
-        notes.append(f"--grad-accum {accum} was given: micro-batch {per // accum} makes the global batch of {g}.")
-        return replace(training, micro_batch=per // accum, split="given"), False
+    if training.split in ("micro", "accum"):
+        # One of the two was given: the other follows from the global batch.
+        flag, given = (("--micro-batch", training.micro_batch) if training.split == "micro"
+                       else ("--grad-accum", training.grad_accum))
+        given = _positive(given, flag)
+        if per % given:
+            raise InputError(flag, f"{given} does not divide the {per} samples per process of --global-batch {g}",
+                             f"a divisor of {per}")
+        other = per // given
+        if training.split == "micro":
+            notes.append(f"--micro-batch {given} was given: accumulation {other} makes the global batch of {g}.")
+            return replace(training, grad_accum=other, split="given"), False
+        notes.append(f"--grad-accum {given} was given: micro-batch {other} makes the global batch of {g}.")
+        return replace(training, micro_batch=other, split="given"), False
     own = training.micro_batch * training.grad_accum * world
     if own != g:
         notes.append(f"--micro-batch {training.micro_batch} and --grad-accum {training.grad_accum} were given: they "
