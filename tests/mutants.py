@@ -117,7 +117,8 @@ MUTANTS = (
     # ---- the fit rule (tests/unit/test_plan.py)
     Mutant("plan-fit-ignores-headroom", "wizard/planning/plan.py",
            (("    if est.per_gpu > x.usable:\n", "    if est.per_gpu > x.capacity:\n"),
-            ("gc).per_gpu <= x.usable\n", "gc).per_gpu <= x.capacity\n")),
+            ("    return est.per_gpu <= x.usable and est.load <= x.usable\n",
+             "    return est.per_gpu <= x.capacity and est.load <= x.usable\n")),
            ("tests/unit/test_plan.py::test_a_rung_fits_only_within_the_capacity_less_the_headroom",),
            "a rung fits when its estimate is within the whole GPU, headroom ignored"),
     # ---- check rules: near misses and severity (tests/unit/test_check_rules.py)
