@@ -1,5 +1,5 @@
-"""Command line: `wizard` (TUI), `--plain`, `--non-interactive`, and the probe/plan/check/launch/attach/stop
-subcommands of DESIGN.md's CLI contract.
+"""Command line: `wizard` (TUI), `--plain`, `--non-interactive`, and the probe/plan/check/launch/attach/stop/
+runs/tune subcommands of DESIGN.md's CLI contract.
 
 Start-up matters: this module imports nothing heavy. Flags for the wizard's questions are generated
 from the question table, so the TUI, the plain prompts, the answers file and the flags cannot drift.
