@@ -270,34 +270,33 @@ def _supervisor_env() -> dict[str, str]:
     return env
 
 
-def spawn_background(spec, lock_fd: int) -> None:
-    """Start the supervisor in a session of its own (it forks once more), logging to supervisor.log.
-    The run directory's lock goes with it (the fd is inherited); ours is closed."""
+def start_supervisor(spec, lock_fd: int, *mode: str, extra_env: dict[str, str] | None = None) -> subprocess.Popen:
+    """The supervisor process for `spec`, in a session of its own, logging to supervisor.log; `mode` is
+    "--daemon" or "--parent PID". The run directory's lock goes with it (the fd is inherited); ours is closed."""
     run_dir = Path(spec.run_dir)
     (run_dir / "spec.json").write_text(json.dumps(spec.to_json(), indent=1))
     log = open(run_dir / "supervisor.log", "ab")
-    p = subprocess.Popen([sys.executable, "-m", "launch.supervisor", str(run_dir), "--daemon",
-                          "--lock-fd", str(lock_fd)],
-                         stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, pass_fds=(lock_fd,),
-                         start_new_session=True, close_fds=True, env=_supervisor_env(), cwd=spec.cwd or None)
-    log.close()
-    os.close(lock_fd)
-    p.wait()     # the first child exits as soon as it has forked the supervisor
+    try:
+        return subprocess.Popen([sys.executable, "-m", "launch.supervisor", str(run_dir), *mode,
+                                 "--lock-fd", str(lock_fd)],
+                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, pass_fds=(lock_fd,),
+                                start_new_session=True, close_fds=True, env={**_supervisor_env(), **(extra_env or {})},
+                                cwd=spec.cwd or None)
+    finally:
+        log.close()
+        os.close(lock_fd)
+
+
+def spawn_background(spec, lock_fd: int) -> None:
+    """Start the supervisor detached (it forks once more and this first child exits at once)."""
+    start_supervisor(spec, lock_fd, "--daemon").wait()
 
 
 def spawn_foreground(spec, lock_fd: int) -> subprocess.Popen:
     """Start the supervisor as our child, in its own session (the view owns the terminal's keys),
     told to end the run when we die (--parent: it sets PR_SET_PDEATHSIG and checks our pid)."""
     import threading
-    run_dir = Path(spec.run_dir)
-    (run_dir / "spec.json").write_text(json.dumps(spec.to_json(), indent=1))
-    log = open(run_dir / "supervisor.log", "ab")
-    p = subprocess.Popen([sys.executable, "-m", "launch.supervisor", str(run_dir), "--parent", str(os.getpid()),
-                          "--lock-fd", str(lock_fd)],
-                         stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, pass_fds=(lock_fd,),
-                         start_new_session=True, close_fds=True, env=_supervisor_env(), cwd=spec.cwd or None)
-    log.close()
-    os.close(lock_fd)
+    p = start_supervisor(spec, lock_fd, "--parent", str(os.getpid()))
     # reap it when it ends, so a finished supervisor is not left a zombie while the view is open
     threading.Thread(target=p.wait, daemon=True).start()
     return p

@@ -19,7 +19,6 @@ import os
 import signal
 import statistics
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +26,7 @@ from typing import Any, Callable
 
 from wizard import fsutil
 from wizard.errors import InputError
+from wizard.planning.rungs import BY_KEY
 
 DEFAULT_WARMUP = 2
 DEFAULT_STEPS = 4
@@ -121,16 +121,9 @@ Progress = Callable[[dict[str, Any]], None]
 # ----------------------------------------------------------------------------- candidates
 
 def _rung_answers(rung) -> dict[str, Any]:
-    backend = "ddp" if rung.backend in ("single", "ddp") else rung.backend
-    out: dict[str, Any] = {"backend": backend,
-                           "gradient_checkpointing": "on" if rung.gradient_checkpointing else "off"}
-    if backend == "deepspeed":
-        out["zero_stage"] = str(rung.zero_stage)
-        off = rung.offload_param if rung.offload_param != "none" else rung.offload_optimizer
-        out["offload"] = off
-    elif backend == "fsdp":
-        out["offload"] = "cpu" if rung.offloads else "none"
-    return out
+    """The strategy answers that select the rung (the rung table's flags) and its gradient checkpointing."""
+    flags = {k: v for k, v in BY_KEY[rung.key].flags().items() if v is not None}
+    return {**flags, "gradient_checkpointing": "on" if rung.gradient_checkpointing else "off"}
 
 
 def _predicted(rung) -> dict[str, Any]:
@@ -242,22 +235,6 @@ def measure(trial: Trial, probe_dir: Path, world: int) -> None:
         trial.mfu = pred["mfu"] * trial.tokens_per_second / pred["tokens_per_second"]
 
 
-def _spawn_supervisor(spec, lock_fd: int, env: dict[str, str]) -> subprocess.Popen:
-    run_dir = Path(spec.run_dir)
-    (run_dir / "spec.json").write_text(json.dumps(spec.to_json(), indent=1))
-    log = open(run_dir / "supervisor.log", "ab")
-    root = str(Path(__file__).resolve().parent.parent)
-    env = {**env, "PYTHONPATH": root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")}
-    try:
-        return subprocess.Popen([sys.executable, "-m", "launch.supervisor", str(run_dir), "--parent", str(os.getpid()),
-                                 "--lock-fd", str(lock_fd)],
-                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, pass_fds=(lock_fd,),
-                                start_new_session=True, close_fds=True, env=env, cwd=spec.cwd or None)
-    finally:
-        log.close()
-        os.close(lock_fd)
-
-
 def _stop(proc: subprocess.Popen, timeout: float) -> None:
     """A graceful stop of the trial: the supervisor ends every process of the run (SIGTERM, grace, SIGKILL)."""
     if proc.poll() is None:
@@ -274,6 +251,7 @@ def _stop(proc: subprocess.Popen, timeout: float) -> None:
 
 def run_trial(trial: Trial, config_file: str, opts: TuneOptions, run_dir: Path, time_limit: float,
               world: int, progress: Progress) -> None:
+    from launch.commands import start_supervisor
     from launch.rundir import create_run_dir, read_state
     from launch.supervisor import LaunchSpec
     path, lock_fd = create_run_dir(run_dir)
@@ -284,11 +262,10 @@ def run_trial(trial: Trial, config_file: str, opts: TuneOptions, run_dir: Path, 
         args += [opts.batch_flag, str(trial.candidate.micro_batch)]
     spec = LaunchSpec(script=opts.script, script_args=args, config_file=config_file, run_dir=str(path),
                       max_restarts=0, grace=TRIAL_GRACE_S, headless=False, echo=False, cwd=os.getcwd())
-    env = dict(os.environ)
-    env["WIZARD_PROBE"] = json.dumps({"dir": str(probe_dir), "warmup": opts.warmup, "measure": opts.steps})
-    env.setdefault("WANDB_MODE", "disabled")
+    env = {"WIZARD_PROBE": json.dumps({"dir": str(probe_dir), "warmup": opts.warmup, "measure": opts.steps}),
+           "WANDB_MODE": os.environ.get("WANDB_MODE", "disabled")}
     started = time.monotonic()
-    proc = _spawn_supervisor(spec, lock_fd, env)
+    proc = start_supervisor(spec, lock_fd, "--parent", str(os.getpid()), extra_env=env)
     total = opts.warmup + opts.steps
     last_seen = -1
     timed_out = False
