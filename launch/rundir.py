@@ -345,12 +345,13 @@ def mark_lost_if_dead(run_dir: str | os.PathLike[str], grace: float = 3.0, *, ca
         st.update(status="lost", ended_at=lost_at or now, exit_code=LOST_EXIT_CODE, tracked_pids=[],
                   launcher_pid=None, lost_at=lost_at or now, lost_recorded_at=now, lost_cause=cause,
                   lost_by=by, lost_cleaned=cleaned)
-        replace_file(run_dir / "run.json", json.dumps(st, indent=1, default=str) + "\n", fsync=False)
+        # The event first: whoever reads `lost` in run.json (a script, a SLURM epilogue) finds the event too.
         EventLog(run_dir / "events.jsonl").emit(
             "lost", st.get("attempt"), status="lost", supervisor_pid=st.get("supervisor_pid"),
             cleaned=cleaned, cause=cause, by=by,
             message=(f"{cause}; {'ending' if ending is not None else 'ended'} {len(cleaned)} leftover processes"
                      if cleaned else f"{cause}; nothing of the run was left"))
+        replace_file(run_dir / "run.json", json.dumps(st, indent=1, default=str) + "\n", fsync=False)
         return st
     finally:
         os.close(fd)
