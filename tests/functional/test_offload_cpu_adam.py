@@ -106,6 +106,9 @@ SCRIPT = textwrap.dedent('''
     if torch.distributed.is_initialized():
         torch.distributed.barrier()
         torch.distributed.destroy_process_group()
+    # Some runs still abort in the interpreter's teardown after that (a C++ thread left at exit); skip it.
+    sys.stdout.flush()
+    os._exit(0)
 ''')
 
 
