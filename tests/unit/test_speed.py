@@ -500,3 +500,38 @@ def test_cpu_adam_gets_the_machines_cores_shared_by_its_processes():
     hw = replace(gpus(8, 80), cpu_cores=128, cpu_physical_cores=64)
     assert sp.machine_from_hardware(hw, "bf16", 8).cpu_cores_per_process == 8
     assert sp.machine_from_hardware(hw, "bf16", 2).cpu_cores_per_process == 32
+
+
+def test_adapters_slow_zero3_by_its_per_module_fetches_but_not_fsdp():
+    """ZeRO-3 fetches each submodule's parameters on its own; LoRA's lora_A / lora_B are two more per adapted
+    Linear. FSDP2 gathers a wrapped layer, adapters included, in one all-gather."""
+    m = sp.machine_from_hardware(hardware.assume("2xRTX6000Ada-48GB"), "bf16", 2)
+    base = sp.Workload(matmul_params=70_000_000_000, params=70_000_000_000, layers=80, hidden=8192, seq=2048,
+                       micro_batch=1, grad_accum=1, precision="bf16", flash=True, gradient_checkpointing=True,
+                       trainable_params=200_000_000, weight_bytes=37 * 2**30)
+    adapted = replace(base, adapter_modules=7 * 80)
+    zero3 = sp.Layout("deepspeed", 3, "none", "none", None, 2, 1)
+    fsdp = sp.Layout("fsdp", None, "none", "none", True, 2, 1)
+    extra = sp.estimate(m, adapted, zero3).overhead_seconds - sp.estimate(m, base, zero3).overhead_seconds
+    assert extra == pytest.approx(sp.SHARDED_LAYER_OVERHEAD_S["zero3"] * 2 * 7 * 80 / sp.PARAM_MODULES_PER_LAYER)
+    assert sp.estimate(m, adapted, fsdp).overhead_seconds == sp.estimate(m, base, fsdp).overhead_seconds
+
+
+def test_70b_qlora_on_two_48gb_gpus_picks_fsdp_not_zero3_and_says_why():
+    """The issue's case with today's defaults (all-linear targets): ZeRO-2 would be fastest but its replicated
+    4-bit base (Llama-3's 128k-vocabulary embeddings and LM head stay 16-bit) does not fit beside the
+    activations; of the sharded rungs FSDP2 wins on ZeRO-3's per-module fetches, not on a tie."""
+    from pathlib import Path
+
+    from wizard import pipeline
+
+    model = Path(__file__).resolve().parents[1] / "fixtures" / "models" / "llama-3-70b"
+    plan = pipeline.build(pipeline.Request(assume="2xRTX6000Ada-48GB,ram=256G", output_dir="/nonexistent",
+                                           given={"model": str(model), "method": "qlora"})).plan
+    z2, z3, fsdp = (rung_by_key(plan, k) for k in ("zero2", "zero3", "fsdp-reshard"))
+    assert not z2.fits and z2.breakdown["parameters"] > 0.8 * plan.usable_bytes
+    assert z2.tokens_per_second > fsdp.tokens_per_second
+    assert z3.fits and fsdp.fits and plan.choice.key == "fsdp-reshard"
+    assert fsdp.tokens_per_second > z3.tokens_per_second * (1 + plan_mod.SPEED_TIE)
+    assert "the fastest rung that fits" in fsdp.reason
+    assert "module by module" in z3.reason and "lora_A" in z3.reason

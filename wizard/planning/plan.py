@@ -627,10 +627,10 @@ def _fit_reason(rung: Rung, x: _Inputs, without_gc: int | None, choice: Rung, ti
         return f"Fits ({used}){gc}, {rel} (≈{rate}), but no offload while a rung without it fits."
     if not slower:
         return f"Fits ({used}){gc}, {rel} (≈{rate}); the earlier rung ({choice.name}) wins the tie."
-    return f"Fits ({used}){gc}, {rel} (≈{rate}): {_slower_because(rung, choice)}."
+    return f"Fits ({used}){gc}, {rel} (≈{rate}): {_slower_because(rung, choice, x)}."
 
 
-def _slower_because(rung: Rung, choice: Rung) -> str:
+def _slower_because(rung: Rung, choice: Rung, x: _Inputs | None = None) -> str:
     """What costs this rung its speed, in a few words."""
     if "nvme" in (rung.offload_optimizer, rung.offload_param):
         return "optimizer states swapped through NVMe"
@@ -642,6 +642,11 @@ def _slower_because(rung: Rung, choice: Rung) -> str:
         return "gradient checkpointing recomputes the forward pass"
     if rung.speed and rung.speed.bound == "communication":
         return "more communication per step"
+    if rung.zero_stage == 3 and choice.fsdp_reshard:
+        adapters = x is not None and x.adapters is not None
+        return ("ZeRO-3 gathers weights module by module" +
+                (", and the adapters add two modules (lora_A, lora_B) to each adapted Linear" if adapters else "") +
+                "; FSDP2 gathers a whole layer at once")
     if rung.zero_stage == 3 or rung.fsdp_reshard:
         return "weights gathered for every layer, forward and backward"
     return "more communication per step"
@@ -1043,7 +1048,8 @@ def _speed(spec: RungSpec, x: _Inputs, batch: int, grad_accum: int, gc: bool) ->
                               trainable_params=None if a is None else a.trainable_params,
                               dequant_params=a.quantized_params if a is not None and a.method == "qlora" else 0,
                               weight_bytes=a.frozen_bytes(mem.working_bytes(x.precision)) +
-                              a.trainable_params * mem.working_bytes(x.precision) if a is not None else None)
+                              a.trainable_params * mem.working_bytes(x.precision) if a is not None else None,
+                              adapter_modules=0 if a is None else a.adapted_modules)
     return speed_mod.estimate(x.machine, work, _layout(spec, x))
 
 

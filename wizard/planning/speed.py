@@ -97,6 +97,12 @@ LAYER_OVERHEAD_S = 0.00025
 DEEPSPEED_STEP_OVERHEAD_S = 0.01
 # ZeRO-3 / FSDP resharding run Python hooks per module per pass: GUESS.
 SHARDED_LAYER_OVERHEAD_S = {"zero3": 0.0015, "fsdp": 0.0005}
+# ZeRO-3 fetches parameters per submodule that holds them (partitioned_param_coordinator.fetch_sub_module: one
+# all-gather and one hook pair per such module), so its per-layer cost above is for a plain decoder layer's
+# PARAM_MODULES_PER_LAYER (q, k, v, o, gate, up, down and two norms). A LoRA adapter adds two such modules per
+# adapted Linear (lora_A and lora_B beside the base layer), each fetched on its own. FSDP2 gathers a wrapped
+# decoder layer, adapters included, in one all-gather, so adapters add nothing to its per-layer cost.
+PARAM_MODULES_PER_LAYER = 9
 
 # Bytes an optimizer update reads and writes per parameter on the GPU (fp32 master, gradient, two
 # Adam moments read; master and moments written; 16-bit copy written), at 70 % of HBM bandwidth.
@@ -169,6 +175,7 @@ class Workload:
     trainable_params: int | None = None  # None: all (full fine-tuning)
     dequant_params: int = 0            # QLoRA: 4-bit weights dequantised for every pass that reads them
     weight_bytes: int | None = None    # bytes of all weights as gathered (QLoRA: NF4); None: params x dtype
+    adapter_modules: int = 0           # LoRA / QLoRA: Linear modules given an adapter, whole model
 
     @property
     def tokens(self) -> int:
@@ -451,7 +458,8 @@ def _parts(m: Machine, w: Workload, layout: Layout) -> _Parts:
         own = w.grad_accum * max(gathers + reduce - OVERLAP["zero3"] * compute, 0.0)
         zero2 = w.grad_accum * max(reduce - OVERLAP["zero12"] * backward, 0.0) + _zero12_gather(w, world, bw)
         step_comm = max(own, zero2)
-        overhead += SHARDED_LAYER_OVERHEAD_S["zero3"] * w.layers
+        adapter_fetches = 2 * w.adapter_modules / PARAM_MODULES_PER_LAYER   # in plain layers' worth
+        overhead += SHARDED_LAYER_OVERHEAD_S["zero3"] * (w.layers + adapter_fetches)
     elif sharded:
         gathers = 2.0 * collective_seconds(weights, world, bw)
         reduce = collective_seconds(wb * trained, world, bw)
