@@ -175,3 +175,30 @@ def test_a_calibration_for_another_machine_is_not_applied(hw, raw):
     plan = make_plan(hw, pipeline.size(ANSWERS), answers_mod.training_options(resolved),
                      answers_mod.strategy_options(resolved), answers_mod.topology(resolved, hw), calibration=other)
     assert plan.choice.key == "zero2" and all(r.calibration is None for r in plan.rungs)
+
+
+def test_the_lora_and_qlora_alternatives_are_calibrated_with_the_plan_and_raw_without(monkeypatch):
+    """A probed GPU machine (the fake NVML) where full fine-tuning of 2B does not fit one RTX 4090: the plan names
+    LoRA and QLoRA, planned with this machine's LoRA / QLoRA ratios, and with none under --no-calibration."""
+    from wizard.probe.nvml_api import FAKE_ENV
+    monkeypatch.setenv(FAKE_ENV, "1xRTX4090,idle")
+    given = {"params": "2B", "seq_len": 512}
+
+    def build(calibrate):
+        return pipeline.build(pipeline.Request(given=dict(given), plan_only=True, calibrate=calibrate))
+
+    raw = build(False)
+    assert raw.hardware.source == "probe" and raw.plan.choice is None
+    lora, qlora = raw.plan.alternatives
+    assert (lora.method, lora.choice.key, qlora.method, qlora.choice.key) == ("lora", "single", "qlora", "single")
+    calibration.record(raw.hardware, raw.plan.topology, "lora", [{"rung": "single", "speed_ratio": 2.0}])
+    too_big = raw.plan.usable_bytes / qlora.choice.per_gpu_bytes * 2
+    calibration.record(raw.hardware, raw.plan.topology, "qlora",
+                       [{"rung": "single", "speed_ratio": 1.0, "memory_ratio": too_big}])
+    cal = build(True)
+    lora_cal, qlora_cal = cal.plan.alternatives
+    assert lora_cal.choice.tokens_per_second == pytest.approx(lora.choice.tokens_per_second * 2.0)
+    # QLoRA's one-GPU rung, measured bigger than the GPU, is no longer its choice (the next rung, or none)
+    assert qlora_cal.choice is None or qlora_cal.choice.key != "single"
+    again = build(False)
+    assert [a.text for a in again.plan.alternatives] == [lora.text, qlora.text]
