@@ -202,3 +202,18 @@ def test_the_lora_and_qlora_alternatives_are_calibrated_with_the_plan_and_raw_wi
     assert qlora_cal.choice is None or qlora_cal.choice.key != "single"
     again = build(False)
     assert [a.text for a in again.plan.alternatives] == [lora.text, qlora.text]
+
+
+def test_when_the_measured_memory_leaves_nothing_fitting_the_exit_3_message_says_so(hw, raw):
+    ratio = raw.usable_bytes / rung_by_key(raw, "zero2").per_gpu_bytes * 1.1
+    _record(hw, raw, [{"rung": k, "speed_ratio": 1.0, "memory_ratio": ratio} for k in ("zero2", "zero3")])
+    plan = _plan(hw)
+    assert plan.choice is None and plan.calibrated_from == "zero2"
+    assert "Calibration changed the choice from DeepSpeed ZeRO-2 to none (nothing fits)." in _note(plan)
+    from wizard.frontends.cli import main
+    err = io.StringIO()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        code = main(["plan", *FLAGS])
+    assert code == 3
+    assert "The raw model would choose DeepSpeed ZeRO-2: the memory `wizard tune` measured" in err.getvalue()
+    assert _cli(["plan", *FLAGS, "--no-calibration"])[0] == 0

@@ -631,7 +631,8 @@ def _evaluate(spec: RungSpec, x: _Inputs, gc_mode: str) -> tuple[Rung, int | Non
                 why=rung_table.why(spec.key, x.world), per_gpu_bytes_gc=with_gc)
     ratios = x.ratios(spec.key)
     if ratios is not None:
-        extra = est.per_gpu - _estimate(spec, replace(x, calibration=None), gc).per_gpu
+        extra = 0 if ratios.memory_applied <= 1 else est.per_gpu - _estimate(spec, replace(x, calibration=None),
+                                                                             gc).per_gpu
         rung.calibration = {"speed_ratio": ratios.speed, "memory_ratio": ratios.memory, "memory_bytes": extra,
                             "trials": ratios.trials, "date": calibration_mod.date_of(ratios.updated)}
     problems = _problems(spec, est, x)
@@ -997,6 +998,8 @@ def make_plan(hw, model, training: TrainingOptions, strategy: StrategyOptions, t
         return plan
     if calibration.problem:
         plan.notes.append(calibration.problem)
+    if calibration.machine != calibration_mod.machine_key(hw, topology):
+        return plan
     used = [(r.name, calibration.ratios(r.key, training.method)) for r in plan.rungs if r.calibration is not None]
     stale = sum(calibration.is_stale(r.key, training.method) for r in plan.rungs)
     changed = None
@@ -1465,6 +1468,10 @@ def explain_nothing_fits(plan: Plan, hw, model, training: TrainingOptions, strat
         lines.append(f"Nothing fits. The closest rung, {best.name}, {phrase}.")
     else:
         lines.append("Nothing fits.")
+    raw = rung_by_key(plan, plan.calibrated_from) if plan.calibrated_from else None
+    if raw is not None:
+        lines.append(f"The raw model would choose {raw.name}: the memory `wizard tune` measured on this machine is "
+                     "what rules it out (`--no-calibration` shows the raw model).")
     if ram_text:
         # Host RAM, not GPU memory, stops a rung that fits on the GPUs: say how much would do, before the
         # other changes (more GPUs) that also make something fit.
