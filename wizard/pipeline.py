@@ -142,12 +142,13 @@ def size(answers: dict[str, Any]) -> ModelShape:
 def plan_from_answers(hw: Hardware, model: ModelShape, answers: dict[str, Any], calibrate: bool = True) -> Plan:
     from wizard.planning import plan as plan_mod
     training = answers_mod.training_options(answers)
-    plan = plan_mod.make_plan(hw, model, training, answers_mod.strategy_options(answers),
-                              answers_mod.topology(answers, hw), adapters=adapters_for(model, training))
-    if calibrate and hw.source == "probe":   # the one place a plan meets `wizard tune`'s measurements (this machine)
+    topology = answers_mod.topology(answers, hw)
+    measured = None
+    if calibrate and hw.source == "probe":   # `wizard tune`'s measurements are for this machine only
         from wizard.planning import calibration
-        calibration.apply(plan, hw, training.method)
-    return plan
+        measured = calibration.for_machine(hw, topology)
+    return plan_mod.make_plan(hw, model, training, answers_mod.strategy_options(answers), topology,
+                              adapters=adapters_for(model, training), calibration=measured)
 
 
 def apply_split(answers: dict[str, Any], plan: Plan) -> dict[str, Any]:
@@ -199,7 +200,7 @@ def alternatives(hw: Hardware, model: ModelShape, answers: dict[str, Any], plan:
         if cached_only and not adapters_cached(model, training):
             continue
         try:
-            alt_plan = plan_from_answers(hw, model, alt)
+            alt_plan = plan_from_answers(hw, model, alt, calibrate=plan.calibration is not None)
             adapters = adapters_for(model, training)
         except InputError:
             continue

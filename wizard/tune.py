@@ -127,6 +127,7 @@ def _rung_answers(rung) -> dict[str, Any]:
 
 
 def _predicted(rung) -> dict[str, Any]:
+    rung = rung.uncalibrated()      # the raw model: calibration ratios are measured against it, never compounded
     s = rung.speed
     return {"per_gpu_bytes": rung.per_gpu_bytes,
             "step_seconds": s.step_seconds if s else None,

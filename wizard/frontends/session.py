@@ -285,7 +285,7 @@ class WizardState:
             self.sizing = SizingJob(answers["model"], tuple(missing))
             return self.sizing
         try:
-            plan = pipeline.plan_from_answers(self.hardware, model, ladder)
+            plan = pipeline.plan_from_answers(self.hardware, model, ladder, calibrate=self.request.calibrate)
         except InputError as e:
             self._fail(e)
             return None

@@ -1,16 +1,19 @@
-"""Measured-to-predicted ratios from `wizard tune`, kept per machine and applied by later plans.
+"""Measured-to-predicted ratios from `wizard tune`, kept per machine and used by later plans.
 
 One file, <cache>/calibration.json ($WIZARD_CACHE_DIR, else ${XDG_CACHE_HOME:-~/.cache}/wizard), keyed by
 the machine (GPU model and count, or "cpu" and the process count) and the strategy class (the rung key and
 the fine-tuning method). Each entry holds the geometric mean of the trials' ratios (measured tokens/s over
-predicted, measured peak memory over predicted), how many trials made it and when.
+predicted, measured peak memory over predicted), how many trials made it and when. The ratios are always
+against the raw model, never against an already calibrated figure (tune predicts with Rung.uncalibrated()).
 
-Only a plan for the machine the wizard runs on (a probe, not --assume or --hardware) is calibrated.
-`apply` is the one place a plan meets a calibration (wizard.pipeline.plan_from_answers calls it): it scales each
-matching rung's speed (step time, tokens/s, MFU) and says so in a note. Memory ratios are recorded and shown
-in the note, but the per-GPU estimate that decides what fits stays the model's: one trial's peak (which on
-a CPU is the whole process's RSS) is not a reason to drop a rung. A file that cannot be read, has another
-format, or is older than STALE_DAYS is ignored with a note.
+Only a plan for the machine the wizard runs on (a probe, not --assume or --hardware) is calibrated:
+wizard.pipeline.plan_from_answers loads this machine's `Calibration` and gives it to make_plan, which applies
+it where each rung's speed and per-GPU memory are computed, before fit and choice (plan._speed, plan._estimate),
+so the choice, the tie rule, the batch split, the alternatives and what_would_fit all see calibrated figures.
+Speed ratios apply both ways. A memory ratio applies only when it raises the estimate: a lower peak measured
+at one micro-batch (on a CPU, the whole process's RSS) must never make a larger one "fit" and then run out of
+memory. A file that cannot be read, has another format, or an entry older than STALE_DAYS is ignored with a
+note.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import json
 import math
 import os
 import time
-from dataclasses import replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -74,48 +77,106 @@ def _fresh(entry: dict[str, Any], now: float) -> bool:
     return now - float(entry.get("updated", 0)) <= STALE_DAYS * 86400
 
 
-def _date(ts: float) -> str:
+def date_of(ts: float) -> str:
     return time.strftime("%Y-%m-%d", time.gmtime(ts))
 
 
-def apply(plan, hw, method: str = "full", path: Path | None = None, now: float | None = None) -> None:
-    """Scale the speed figures of every rung this machine has a calibration for; add the note."""
+@dataclass(frozen=True)
+class Ratios:
+    """One strategy class's ratios on this machine: measured / predicted by the raw model (None: not measured)."""
+
+    speed: float | None
+    memory: float | None
+    trials: int
+    updated: float
+
+    @property
+    def memory_applied(self) -> float:
+        """The factor the per-GPU estimate is multiplied by: the memory ratio only where it raises it."""
+        return self.memory if self.memory is not None and self.memory > 1 else 1.0
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """This machine's entries, as make_plan takes them (wizard.planning.plan applies them)."""
+
+    machine: str                                              # machine_key of the machine it was loaded for
+    entries: dict[str, Ratios] = field(default_factory=dict)  # strategy_key -> fresh ratios
+    stale: frozenset[str] = frozenset()                       # strategy keys older than STALE_DAYS
+    problem: str | None = None                                # the file is there but unreadable: why
+
+    def ratios(self, rung_key: str, method: str = "full") -> Ratios | None:
+        return self.entries.get(strategy_key(rung_key, method))
+
+    def is_stale(self, rung_key: str, method: str = "full") -> bool:
+        return strategy_key(rung_key, method) in self.stale
+
+
+def _ratio(value: Any) -> float | None:
+    try:
+        r = float(value)
+    except (TypeError, ValueError):
+        return None
+    return r if math.isfinite(r) and r > 0 else None
+
+
+def for_machine(hw, topology, path: Path | None = None, now: float | None = None) -> Calibration:
+    """The calibration file's entries for this machine (hw as probed, the plan's topology)."""
+    key = machine_key(hw, topology)
     machines, problem = load(path)
     if problem:
-        plan.notes.append(problem)
-        return
-    entries = machines.get(machine_key(hw, plan.topology)) or {}
+        return Calibration(key, problem=problem)
     now = time.time() if now is None else now
-    used: list[tuple[str, dict[str, Any]]] = []
-    stale = 0
-    for rung in plan.rungs:
-        entry = entries.get(strategy_key(rung.key, method))
-        if not isinstance(entry, dict) or rung.speed is None:
+    entries: dict[str, Ratios] = {}
+    stale: set[str] = set()
+    raw = machines.get(key)
+    for name, entry in (raw.items() if isinstance(raw, dict) else ()):
+        if not isinstance(entry, dict):
+            continue
+        speed, memory = _ratio(entry.get("speed_ratio")), _ratio(entry.get("memory_ratio"))
+        if speed is None and memory is None:
             continue
         try:
-            ratio = float(entry["speed_ratio"])
-            if not (math.isfinite(ratio) and ratio > 0):
-                raise ValueError
-        except (KeyError, TypeError, ValueError):
+            updated, trials = float(entry.get("updated", 0)), int(entry.get("trials", 0))
+        except (TypeError, ValueError):
             continue
         if not _fresh(entry, now):
-            stale += 1
+            stale.add(name)
             continue
-        s = rung.speed
-        rung.speed = replace(s, step_seconds=s.step_seconds / ratio, tokens_per_second=s.tokens_per_second * ratio,
-                             tokens_per_second_per_gpu=s.tokens_per_second_per_gpu * ratio, mfu=s.mfu * ratio)
-        used.append((rung.name, entry))
+        entries[name] = Ratios(speed, memory, trials, updated)
+    return Calibration(key, entries, frozenset(stale))
+
+
+def notes(used: list[tuple[str, Ratios]], stale: int, changed: tuple[str, str] | None) -> list[str]:
+    """What a plan says about the calibration it used: `used` (rung name, its ratios) in ladder order, how many
+    of its rungs' entries were stale, and (raw choice, calibrated choice) when the calibration changed it."""
+    out = []
     if stale:
-        plan.notes.append(f"{stale} calibration entr{'y' if stale == 1 else 'ies'} older than {STALE_DAYS} days "
-                          "ignored (run `wizard tune` again).")
-    if used:
-        trials = sum(int(e.get("trials", 0)) for _, e in used)
-        date = _date(max(float(e.get("updated", 0)) for _, e in used))
-        parts = ", ".join(f"{name} speed x{e['speed_ratio']:.2f}"
-                          + (f", memory x{e['memory_ratio']:.2f}" if e.get("memory_ratio") else "")
-                          for name, e in used)
-        plan.notes.append(f"Speeds calibrated by {trials} trial{'s' if trials != 1 else ''} on this machine on "
-                          f"{date} ({parts}; `--no-calibration` shows the raw model).")
+        out.append(f"{stale} calibration entr{'y' if stale == 1 else 'ies'} older than {STALE_DAYS} days "
+                   "ignored (run `wizard tune` again).")
+    if not used:
+        return out
+    trials = sum(r.trials for _, r in used)
+    date = date_of(max(r.updated for _, r in used))
+    memory_applied = any(r.memory_applied > 1 for _, r in used)
+    lower = any(r.memory is not None and r.memory <= 1 for _, r in used)
+    parts = []
+    for name, r in used:
+        figures = [f"speed x{r.speed:.2f}"] if r.speed is not None else []
+        if r.memory is not None:
+            figures.append(f"memory x{r.memory:.2f}" + ("" if r.memory_applied > 1 else " not applied"))
+        parts.append(f"{name}: {', '.join(figures)}")
+    applied = [w for w, on in (("speeds", any(r.speed for _, r in used)), ("memory", memory_applied)) if on]
+    what = " and ".join(applied).capitalize() + " calibrated" if applied else "Nothing calibrated"
+    text = (f"{what} by {trials} trial{'s' if trials != 1 else ''} on this machine on {date} "
+            f"({'; '.join(parts)}; `--no-calibration` shows the raw model).")
+    if lower:
+        text += (" A measured peak below the model's never lowers the estimate: it was measured at one micro-batch, "
+                 "and a lower figure must not make a larger one fit and then run out of memory.")
+    if changed:
+        text += f" Calibration changed the choice from {changed[0]} to {changed[1]}."
+    out.append(text)
+    return out
 
 
 def record(hw, topology, method: str, measurements: list[dict[str, Any]], path: Path | None = None,
@@ -130,7 +191,7 @@ def record(hw, topology, method: str, measurements: list[dict[str, Any]], path: 
         key = strategy_key(m["rung"], method)
         old = entries.get(key) if isinstance(entries.get(key), dict) and _fresh(entries[key], now) else None
         n_old = int(old.get("trials", 0)) if old else 0
-        entry = {"trials": n_old + 1, "updated": now, "date": _date(now)}
+        entry = {"trials": n_old + 1, "updated": now, "date": date_of(now)}
         for name in ("speed_ratio", "memory_ratio"):
             new = m.get(name)
             prev = old.get(name) if old else None

@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from wizard.errors import InputError
+from wizard.planning import calibration as calibration_mod
 from wizard.planning import rungs as rung_table
 from wizard.planning import speed as speed_mod
 from wizard.planning.rungs import BY_KEY, RungSpec
@@ -111,6 +112,9 @@ class Rung:
     per_gpu_bytes_gc: int | None = None   # with gradient checkpointing, for a rung evaluated without it (GC auto)
     micro_batch: int = 0                  # the split its speed and memory are for (micro-batch x accumulation)
     grad_accum: int = 0
+    # `wizard tune`'s ratios applied to this rung (speed_ratio, memory_ratio as measured, memory_bytes added to
+    # the estimate, trials, date); None when the plan is the raw model for it.
+    calibration: dict[str, Any] | None = None
 
     @property
     def offloads(self) -> bool:
@@ -119,6 +123,21 @@ class Rung:
     @property
     def tokens_per_second(self) -> float:
         return self.speed.tokens_per_second if self.speed else 0.0
+
+    def uncalibrated(self) -> Rung:
+        """This rung's figures as the raw model gives them (what `wizard tune` measures against); fit and
+        reason stay the calibrated plan's."""
+        c = self.calibration
+        if not c:
+            return self
+        extra = int(c.get("memory_bytes") or 0)
+        speed = self.speed
+        if speed is not None and c.get("speed_ratio"):
+            speed = _scaled_speed(speed, 1 / c["speed_ratio"])
+        return replace(self, per_gpu_bytes=self.per_gpu_bytes - extra, speed=speed, calibration=None,
+                       breakdown={**self.breakdown, "margin": self.breakdown.get("margin", 0) - extra},
+                       train_seconds=None if self.train_seconds is None or speed is None else
+                       self.train_seconds * self.speed.tokens_per_second / speed.tokens_per_second)
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
@@ -210,6 +229,10 @@ class Plan:
     # An offload-bound choice: the same rung at its largest micro-batch (same accumulation), whose CPU optimizer
     # step is spread over more tokens. None otherwise.
     amortised: BatchSplit | None = None
+    # The calibration.Calibration the plan was made with (None: the raw model): re-planning a variant
+    # (what_would_fit, the alternatives) must use it too.
+    calibration: Any = field(default=None, repr=False)
+    calibrated_from: str | None = None    # the raw model's choice (key) when the calibration changed it
 
     def to_json(self) -> dict[str, Any]:
         c = self.choice
@@ -235,6 +258,9 @@ class Plan:
             "inter_node_gbps": self.inter_node_gbps,
             "amortised": None if self.amortised is None else self.amortised.to_json(),
             "cpu_only": self.topology.cpu,
+            "calibration": None if not any(r.calibration for r in self.rungs) else {
+                "rungs": {r.key: dict(r.calibration) for r in self.rungs if r.calibration},
+                "changed_choice_from": self.calibrated_from},
             "notes": list(self.notes),
             "rungs": [r.to_json() for r in self.rungs],
         }
@@ -351,6 +377,13 @@ class _Inputs:
     task: str = "causal-lm"              # the head: what its output (the logits) is per sample
     num_labels: int = 0
     lora_dropout: float = 0.0
+    calibration: Any = None              # calibration.Calibration for this machine (None: the raw model)
+
+    def ratios(self, rung_key: str) -> calibration_mod.Ratios | None:
+        """`wizard tune`'s ratios for this rung and method on this machine, or None."""
+        if self.calibration is None:
+            return None
+        return self.calibration.ratios(rung_key, self.adapters.method if self.adapters is not None else "full")
 
     @property
     def world(self) -> int:
@@ -488,6 +521,11 @@ def _estimate(spec: RungSpec, x: _Inputs, gc: bool) -> _Estimate:
         "autocast": autocast, "activations": activations, "logits": logits, "buffers": buffers,
         "context": x.context, "margin": margin,
     }
+    # A measured peak above the model's raises the estimate, at every micro-batch, before anything is fitted;
+    # the excess is shown as margin (what the model did not account for). Never lowered (Ratios.memory_applied).
+    ratios = x.ratios(spec.key)
+    if ratios is not None and ratios.memory_applied > 1:
+        breakdown["margin"] += round(sum(breakdown.values()) * (ratios.memory_applied - 1))
     # CPU processes: everything is already host RAM inside the per-process figure.
     return _Estimate(breakdown, sum(breakdown.values()), 0 if x.cpu else _host_ram(spec, x, states), states.nvme,
                      _load_bytes(spec, x))
@@ -591,6 +629,12 @@ def _evaluate(spec: RungSpec, x: _Inputs, gc_mode: str) -> tuple[Rung, int | Non
                 fsdp_reshard=spec.fsdp_reshard, gradient_checkpointing=gc, per_gpu_bytes=est.per_gpu,
                 cpu_bytes=est.cpu, nvme_bytes=est.nvme, breakdown=est.breakdown, load_bytes=est.load,
                 why=rung_table.why(spec.key, x.world), per_gpu_bytes_gc=with_gc)
+    ratios = x.ratios(spec.key)
+    if ratios is not None:
+        extra = 0 if ratios.memory_applied <= 1 else est.per_gpu - _estimate(spec, replace(x, calibration=None),
+                                                                             gc).per_gpu
+        rung.calibration = {"speed_ratio": ratios.speed, "memory_ratio": ratios.memory, "memory_bytes": extra,
+                            "trials": ratios.trials, "date": calibration_mod.date_of(ratios.updated)}
     problems = _problems(spec, est, x)
     rung.fits = not problems
     if problems:
@@ -627,7 +671,9 @@ def _fit_reason(rung: Rung, x: _Inputs, without_gc: int | None, choice: Rung, ti
         return f"Fits ({used}){gc}, {rel} (≈{rate}), but no offload while a rung without it fits."
     if not slower:
         return f"Fits ({used}){gc}, {rel} (≈{rate}); the earlier rung ({choice.name}) wins the tie."
-    return f"Fits ({used}){gc}, {rel} (≈{rate}): {_slower_because(rung, choice, x)}."
+    measured = any((r.calibration or {}).get("speed_ratio") for r in (rung, choice))
+    because = "as measured on this machine (`wizard tune`)" if measured else _slower_because(rung, choice, x)
+    return f"Fits ({used}){gc}, {rel} (≈{rate}): {because}."
 
 
 def _slower_because(rung: Rung, choice: Rung, x: _Inputs | None = None) -> str:
@@ -945,16 +991,51 @@ def nvme_free_bytes(hw, path: str | None) -> int | None:
 # --- Public API ---------------------------------------------------------------------------------------
 
 def make_plan(hw, model, training: TrainingOptions, strategy: StrategyOptions, topology: Topology,
-              adapters=None) -> Plan:
+              adapters=None, calibration: calibration_mod.Calibration | None = None) -> Plan:
     """Walk the ladder of DESIGN.md and return every rung with its breakdown, speed and the choice.
 
     `adapters` (wizard.sizing.lora.AdapterShape) is required for --method lora/qlora on a model read from a config;
-    a --params shape is sized analytically here."""
+    a --params shape is sized analytically here. `calibration`: `wizard tune`'s ratios for this machine
+    (calibration.for_machine), applied to every rung's speed and per-GPU memory before fit and choice; the plan
+    says so, and names the raw model's choice when the calibration changed it."""
+    plan = _make_plan(hw, model, training, strategy, topology, adapters, calibration)
+    if calibration is None:
+        return plan
+    if calibration.problem:
+        plan.notes.append(calibration.problem)
+    if calibration.machine != calibration_mod.machine_key(hw, topology):
+        return plan
+    used = [(r.name, calibration.ratios(r.key, training.method)) for r in plan.rungs if r.calibration is not None]
+    stale = sum(calibration.is_stale(r.key, training.method) for r in plan.rungs)
+    changed = None
+    if used:
+        raw = _make_plan(hw, model, training, strategy, topology, adapters, None).choice
+        if _choice_id(raw) != _choice_id(plan.choice):
+            changed = (_choice_text(raw), _choice_text(plan.choice))
+            plan.calibrated_from = raw.key if raw is not None else None
+    plan.notes.extend(calibration_mod.notes(used, stale, changed))
+    return plan
+
+
+def _choice_id(rung: Rung | None) -> tuple | None:
+    return None if rung is None else (rung.key, rung.gradient_checkpointing)
+
+
+def _choice_text(rung: Rung | None) -> str:
+    if rung is None:
+        return "none (nothing fits)"
+    return rung.name + (" with gradient checkpointing" if rung.gradient_checkpointing else "")
+
+
+def _make_plan(hw, model, training: TrainingOptions, strategy: StrategyOptions, topology: Topology,
+               adapters, calibration) -> Plan:
     notes: list[str] = []
     _check_choice(training.split, SPLITS, "split")
     training, auto_split = _split_training(training, topology, notes)
     x = _resolve(hw, model, training, strategy, topology, notes)
     x = _with_adapters(x, model, training, adapters, notes)
+    if calibration is not None and calibration.machine == calibration_mod.machine_key(hw, topology):
+        x = replace(x, calibration=calibration)      # a variant on another machine (what_would_fit) stays raw
     train_tokens = _train_tokens(training)
     global_batch = _global_batch(training, x.world)
     keys = ladder_keys(strategy, x.world, x.cpu, training.method)
@@ -1006,7 +1087,7 @@ def make_plan(hw, model, training: TrainingOptions, strategy: StrategyOptions, t
     return Plan(rungs=rungs, choice=choice, gpu_capacity_bytes=x.capacity, usable_bytes=x.usable, amortised=amortised,
                 precision=x.precision, topology=topology, notes=notes, batch=batch, train_tokens=train_tokens,
                 adapters=x.adapters, method=method_json(training, x.params, x.adapters),
-                inter_node_gbps=x.machine.inter_node_gbps if x.machines > 1 else None)
+                inter_node_gbps=x.machine.inter_node_gbps if x.machines > 1 else None, calibration=calibration)
 
 
 # --- Speed: the fastest rung that fits, the largest micro-batch, the best batch split ----------------
@@ -1050,7 +1131,19 @@ def _speed(spec: RungSpec, x: _Inputs, batch: int, grad_accum: int, gc: bool) ->
                               weight_bytes=a.frozen_bytes(mem.working_bytes(x.precision)) +
                               a.trainable_params * mem.working_bytes(x.precision) if a is not None else None,
                               adapter_modules=0 if a is None else a.adapted_modules)
-    return speed_mod.estimate(x.machine, work, _layout(spec, x))
+    speed = speed_mod.estimate(x.machine, work, _layout(spec, x))
+    ratios = x.ratios(spec.key)
+    return _scaled_speed(speed, ratios.speed) if ratios is not None and ratios.speed else speed
+
+
+def _scaled_speed(s: speed_mod.Speed, ratio: float) -> speed_mod.Speed:
+    """`s` `ratio` times as fast: every part of the step shrinks alike (a measurement gives only the total)."""
+    t = 1 / ratio
+    return replace(s, step_seconds=s.step_seconds * t, tokens_per_second=s.tokens_per_second * ratio,
+                   tokens_per_second_per_gpu=s.tokens_per_second_per_gpu * ratio, mfu=s.mfu * ratio,
+                   compute_seconds=s.compute_seconds * t, communication_seconds=s.communication_seconds * t,
+                   offload_seconds=s.offload_seconds * t, overhead_seconds=s.overhead_seconds * t,
+                   optimizer_seconds=s.optimizer_seconds * t)
 
 
 def _fits_gpu(spec: RungSpec, x: _Inputs, batch: int, gc: bool) -> bool:
@@ -1237,9 +1330,9 @@ def _spread(values: list[int], most: int) -> list[int]:
     return sorted({values[round(i * step)] for i in range(most)})
 
 
-def _try(hw, model, training, strategy, topology, adapters=None) -> Plan | None:
+def _try(hw, model, training, strategy, topology, adapters=None, calibration=None) -> Plan | None:
     try:
-        plan = make_plan(hw, model, training, strategy, topology, adapters)
+        plan = _make_plan(hw, model, training, strategy, topology, adapters, calibration)
     except InputError:
         return None
     return plan if plan.choice is not None else None
@@ -1264,15 +1357,16 @@ class Suggestion:
 
 
 def what_would_fit(hw, model, training: TrainingOptions, strategy: StrategyOptions,
-                   topology: Topology, adapters=None) -> list[Suggestion]:
+                   topology: Topology, adapters=None, calibration=None) -> list[Suggestion]:
     """Single changes that make some rung fit, each verified by recomputing the plan.
 
     `adapters`: the plan's AdapterShape for --method lora/qlora (Plan.adapters). No change tried here alters
-    the LoRA options, so every variant is planned with the same adapters."""
+    the LoRA options, so every variant is planned with the same adapters. `calibration`: the plan's
+    (Plan.calibration), so a variant fits by the same measured figures."""
     out: list[Suggestion] = []
 
     def plan_for(t: TrainingOptions, s: StrategyOptions, topo: Topology) -> Plan | None:
-        return _try(hw, model, t, s, topo, adapters)
+        return _try(hw, model, t, s, topo, adapters, calibration)
 
     def attempt(label: str, t: TrainingOptions = training, s: StrategyOptions = strategy,
                 topo: Topology = topology, without_offload: bool = False) -> bool:
@@ -1355,7 +1449,7 @@ def _host_ram_is_short(plan: Plan, hw, model, training: TrainingOptions, strateg
     need_total = _whole_ram_for(rung.cpu_bytes, hw)
     richer = with_host_ram(hw, need_total)
     fixed = _try(hw=richer, model=model, training=training, strategy=strategy, topology=topology,
-                 adapters=plan.adapters)
+                 adapters=plan.adapters, calibration=plan.calibration)
     have = (f"the machine has {fmt_bytes(ram)} available ({fmt_bytes(total)} in all)" if total != ram
             else f"the machine has {fmt_bytes(ram)}")
     text = (f"Host RAM is what stops {rung.name}: it fits on the {'GPU' if plan.topology.world_size == 1 else 'GPUs'}"
@@ -1380,6 +1474,10 @@ def explain_nothing_fits(plan: Plan, hw, model, training: TrainingOptions, strat
         lines.append(f"Nothing fits. The closest rung, {best.name}, {phrase}.")
     else:
         lines.append("Nothing fits.")
+    raw = rung_by_key(plan, plan.calibrated_from) if plan.calibrated_from else None
+    if raw is not None:
+        lines.append(f"The raw model would choose {raw.name}: the memory `wizard tune` measured on this machine is "
+                     "what rules it out (`--no-calibration` shows the raw model).")
     if ram_text:
         # Host RAM, not GPU memory, stops a rung that fits on the GPUs: say how much would do, before the
         # other changes (more GPUs) that also make something fit.
@@ -1387,7 +1485,8 @@ def explain_nothing_fits(plan: Plan, hw, model, training: TrainingOptions, strat
     nvme_missing = any(BY_KEY[r.key].uses_nvme and "--nvme-path" in r.reason for r in plan.rungs)
     if nvme_missing and "--nvme-path" not in phrase:
         lines.append("NVMe offload (the last rung) was not possible: give --nvme-path on a fast local disk.")
-    fixes = what_would_fit(hw, model, training, strategy, topology, adapters=plan.adapters)
+    fixes = what_would_fit(hw, model, training, strategy, topology, adapters=plan.adapters,
+                           calibration=plan.calibration)
     if fixes:
         lines.append("What would fit: " + "; ".join(f.text for f in fixes) + ".")
     else:
