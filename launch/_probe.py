@@ -258,7 +258,8 @@ def trial_overrides(environ=None) -> dict:
     """The TrainingArguments values a trial asks for, from its environment ({} outside a variant)."""
     env = environ if environ is not None else os.environ
     out: dict = {}
-    for key, name in ((ENV_MICRO_BATCH, "per_device_train_batch_size"), (ENV_GRAD_ACCUM, "gradient_accumulation_steps")):
+    for key, name in ((ENV_MICRO_BATCH, "per_device_train_batch_size"),
+                      (ENV_GRAD_ACCUM, "gradient_accumulation_steps")):
         value = env.get(key)
         if value and value.strip().isdigit() and int(value) > 0:
             out[name] = int(value)

@@ -84,15 +84,15 @@ class Trial:
     mfu: float | None = None
     noise: float | None = None             # relative spread (stdev / mean) of the measured step times
     optimizers: list[str] = field(default_factory=list)
-    training_args: dict[str, Any] | None = None   # the probe's record of the script's TrainingArguments (None: none built)
+    training_args: dict[str, Any] | None = None   # the probe's record of the script's TrainingArguments (None: none)
     message: str = ""
     wall_seconds: float = 0.0              # the trial's run, supervisor start to end
     prepare_seconds: float = 0.0           # the wizard's own work before it: plan, render, validate, write
 
     def to_json(self) -> dict[str, Any]:
         c = self.candidate
-        return {"label": c.label, "rung": c.rung_key, "variant": c.variant, "batch": c.batch_text, "micro_batch": c.micro_batch,
-                "grad_accum": c.grad_accum, "gradient_checkpointing": c.gradient_checkpointing,
+        return {"label": c.label, "rung": c.rung_key, "variant": c.variant, "batch": c.batch_text,
+                "micro_batch": c.micro_batch, "grad_accum": c.grad_accum, "gradient_checkpointing": c.gradient_checkpointing,
                 "status": self.status, "predicted": c.predicted, "training_args": self.training_args,
                 "measured": {"steps": self.steps, "step_seconds": self.step_seconds,
                              "tokens_per_second": self.tokens_per_second, "peak_bytes": self.peak_bytes,

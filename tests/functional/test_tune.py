@@ -248,8 +248,10 @@ async def test_tui_measure_action_shows_progress_and_makes_the_winner_the_choice
         await until(lambda: modal.result is not None or (not modal.running and modal.bars), 600)
         assert modal.result is not None and modal.result.winner is not None
         bars = modal.query(ProgressBar)
-        assert len(bars) == 2 and all(b.progress == b.total == 6 for b in bars)
-        winner = modal.result.winner.candidate.rung_key
+        # ZeRO-2, ZeRO-3 and ZeRO-2's micro-batch variant (32 x 1)
+        assert len(bars) == len(modal.result.trials) == 3 and all(b.progress == b.total == 6 for b in bars)
+        winner = modal.result.winner.candidate
         await pilot.press("enter")
         await until(lambda: type(app.screen).__name__ == "PlanScreen", 10)
-        assert app.state.picked == winner and app.state.plan.choice.key == winner
+        assert app.state.picked == winner.rung_key and app.state.plan.choice.key == winner.rung_key
+        assert app.state.plan.choice.micro_batch == winner.micro_batch       # a variant's split comes with it

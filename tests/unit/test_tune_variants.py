@@ -4,6 +4,7 @@ plan at the variant's split), the environment that makes the probe apply them, a
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -11,6 +12,7 @@ from wizard import pipeline
 from wizard.tune import (NOT_APPLICABLE, Candidate, Trial, TuneOptions, applies, ds_config_disagrees,
                          pick_candidates, trial_settings, variant_predicted, variant_request)
 
+EXAMPLE_ANSWERS = Path(__file__).resolve().parents[2] / "examples" / "train.answers.yaml"
 # A 1B model on one assumed A100-40GB: without gradient checkpointing micro-batch 2 fits, with it 5.
 GPU = {"params": "1B", "seq_len": 2048}
 
@@ -22,7 +24,7 @@ def _gpu(tmp_path, **given):
 
 
 def test_variants_are_tried_without_batch_flag_the_gc_one_included(tmp_path):
-    req, base = _gpu(tmp_path, micro_batch=1, grad_accum=8)
+    _, base = _gpu(tmp_path, micro_batch=1, grad_accum=8)
     choice = base.plan.choice
     assert (choice.max_micro_batch, choice.max_micro_batch_gc) == (2, 5)       # what the cases below rely on
     cands, notes = pick_candidates(base.plan, 3)
@@ -32,7 +34,8 @@ def test_variants_are_tried_without_batch_flag_the_gc_one_included(tmp_path):
     # the largest without GC keeps the global batch (2 x 4 = 1 x 8) and is also the plan's fastest split: once
     assert got == [("largest micro-batch", 2, 4, False),
                    ("largest micro-batch with gradient checkpointing", 5, 2, True)], got
-    assert variants[1].overrides == {**rung.overrides, "micro_batch": 5, "grad_accum": 2, "gradient_checkpointing": "on"}
+    assert variants[1].overrides == {**rung.overrides, "micro_batch": 5, "grad_accum": 2,
+                                     "gradient_checkpointing": "on"}
     assert variants[1].label == f"{choice.name}, micro-batch 5 x 2, GC on" and variants[1].batch_text == "5 x 2, GC on"
     assert not any("--batch-flag" in n for n in notes), notes
 
@@ -62,7 +65,7 @@ def test_the_fastest_split_of_the_global_batch_is_a_variant(tmp_path):
 
 def test_cpu_variants_are_capped_and_say_so():
     import yaml
-    given = yaml.safe_load(open(pipeline.__file__.rsplit("/wizard/", 1)[0] + "/examples/train.answers.yaml"))
+    given = yaml.safe_load(EXAMPLE_ANSWERS.read_text())
     base = pipeline.build(pipeline.Request(given=given, plan_only=True, calibrate=False))
     assert base.plan.topology.cpu and base.plan.choice.max_micro_batch > 1000
     cands, notes = pick_candidates(base.plan, 1)
@@ -138,3 +141,24 @@ def test_a_variant_applies_only_where_the_script_takes_it():
     assert applies(_trial("largest micro-batch", flag_only=True), flag, False)
     assert not applies(_trial("largest micro-batch with gradient checkpointing"), flag, False)
     assert NOT_APPLICABLE.startswith("not applicable: the script does not use the Trainer's TrainingArguments")
+
+
+def test_the_wizard_takes_a_measured_variant_with_its_split():
+    """The TUI's and --plain's Measure: a variant that wins becomes the choice with its micro-batch, accumulation
+    and gradient checkpointing (what the Review screen then writes), not only its rung."""
+    import yaml
+
+    from wizard.frontends.session import TARGET_CPU, WizardState
+    given = yaml.safe_load(EXAMPLE_ANSWERS.read_text())
+    state = WizardState(pipeline.Request(given=given, calibrate=False))
+    state.set_probed(state.load_hardware())
+    state.set_target(TARGET_CPU)
+    state.replan()
+    cands, _ = pick_candidates(state.plan, 3)
+    variant = cands[-1]
+    assert variant.variant and variant.micro_batch == 32
+    state.use_measured(variant)
+    assert state.picked == variant.rung_key and state.plan.choice.key == variant.rung_key
+    assert (state.answers["micro_batch"], state.answers["grad_accum"]) == (32, 1)
+    assert state.plan.choice.micro_batch == 32 and not state.plan.choice.gradient_checkpointing
+    assert state.result().answers["micro_batch"] == 32
