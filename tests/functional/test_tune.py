@@ -94,7 +94,7 @@ def test_a_micro_batch_variant_runs_its_split_through_the_scripts_own_training_a
     """examples/train.py sets per_device_train_batch_size from its --batch-size (4) and is not edited: the
     variant's trial still runs micro-batch 32 (the probe sets it in the script's TrainingArguments), as its
     probe's token counts show, and its predicted figures are the plan's at 32."""
-    r = wizard(tune_args(tmp_path, "--json", "--candidates", "1"), tmp_path)
+    r = wizard(tune_args(tmp_path, "--json", "--candidates", "1", "--no-calibration"), tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     doc = json.loads(r.stdout)
     base, variant = doc["candidates"]
@@ -118,6 +118,37 @@ def test_a_micro_batch_variant_runs_its_split_through_the_scripts_own_training_a
         # tokens/s over the 2 ranks: the measured steps' tokens over their time
         m = row["measured"]
         assert m["tokens_per_second"] * m["step_seconds"] == pytest.approx(2 * micro * 32, rel=0.5)
+
+
+OWN_LOOP = textwrap.dedent('''
+    import torch
+    import torch.distributed as dist
+    dist.init_process_group("gloo")
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Embedding(128, 16))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    ids = torch.randint(0, 128, (4, 32))
+    for _ in range(200):
+        model(ids).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+    print("SCRIPT-END", flush=True)
+''')
+
+
+def test_a_script_without_training_arguments_runs_its_own_split_and_its_variants_are_not_applicable(tmp_path):
+    """An own torch loop builds no TrainingArguments: its rung is measured as it runs (its own micro-batch),
+    and the variant reads "not applicable", not measured as if the micro-batch had changed; it is not even run,
+    since the first trial showed it."""
+    from wizard.tune import NOT_APPLICABLE
+    script = tmp_path / "own_loop.py"
+    script.write_text(OWN_LOOP)
+    r = wizard(tune_args(tmp_path, "--json", "--candidates", "1", "--no-calibration", script=str(script),
+                         script_args=()), tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    base, variant = json.loads(r.stdout)["candidates"]
+    assert base["status"] == "measured" and base["training_args"] is None, base
+    assert variant["variant"] and variant["status"] == NOT_APPLICABLE and variant["run_dir"] is None, variant
+    assert "--batch-flag" in variant["message"]
 
 
 OOM_UNDER_ZERO2 = textwrap.dedent('''
