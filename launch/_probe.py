@@ -28,7 +28,13 @@ before the script's own saving. The supervisor sees a run that ended well, and t
 apart from a script that ended by itself.
 
 A Hugging Face TrainingArguments built in a trial gets its output_dir moved into the trial directory, so
-a checkpoint or log the Trainer writes there never lands in the script's own output directory.
+a checkpoint or log the Trainer writes there never lands in the script's own output directory. It also gets
+the trial's micro-batch, gradient accumulation and gradient checkpointing (WIZARD_TRIAL_MICRO_BATCH,
+WIZARD_TRIAL_GRAD_ACCUM, WIZARD_TRIAL_GC, set by `wizard tune` from the answers its config was generated
+with) before its own __post_init__ runs, so DeepSpeed's HF integration fills the config's "auto" batch
+values from them and checks its numbers against them. Each TrainingArguments built records what the script
+asked for and what was applied ({"training_args": ...}): a script that never builds one ran its own split,
+and tune says a variant is not applicable to it instead of measuring it as if it were.
 """
 
 from __future__ import annotations
@@ -40,6 +46,10 @@ import time
 
 ENV = "WIZARD_PROBE"
 FILE_PREFIX = "rank-"
+# What a trial runs, for a script that builds HF TrainingArguments (unset: the script's own values).
+ENV_MICRO_BATCH = "WIZARD_TRIAL_MICRO_BATCH"
+ENV_GRAD_ACCUM = "WIZARD_TRIAL_GRAD_ACCUM"
+ENV_GC = "WIZARD_TRIAL_GC"              # "1" on, "0" off
 
 
 def probe_file(directory: str, rank: int) -> str:
@@ -244,19 +254,57 @@ def _tokens(torch, args, kwargs) -> int | None:
     return int(ids.numel())
 
 
-def _redirect_training_args(directory: str):
-    """TrainingArguments(output_dir=...) in a trial writes into the trial directory instead."""
+def trial_overrides(environ=None) -> dict:
+    """The TrainingArguments values a trial asks for, from its environment ({} outside a variant)."""
+    env = environ if environ is not None else os.environ
+    out: dict = {}
+    for key, name in ((ENV_MICRO_BATCH, "per_device_train_batch_size"),
+                      (ENV_GRAD_ACCUM, "gradient_accumulation_steps")):
+        value = env.get(key)
+        if value and value.strip().isdigit() and int(value) > 0:
+            out[name] = int(value)
+    if env.get(ENV_GC, "").strip() in ("0", "1"):
+        out["gradient_checkpointing"] = env[ENV_GC].strip() == "1"
+    return out
+
+
+def _checkpointing_fields(cls) -> list[str]:
+    """transformers 5 names it activation_checkpointing (gradient_checkpointing is its deprecated alias, which
+    __post_init__ copies over only while the new name is unset): set both where both exist."""
+    fields = getattr(cls, "__dataclass_fields__", {})
+    return [n for n in ("activation_checkpointing", "gradient_checkpointing") if n in fields]
+
+
+def _patch_training_args(directory: str, overrides: dict, record):
+    """TrainingArguments(output_dir=...) in a trial writes into the trial directory instead, and runs the
+    trial's micro-batch, accumulation and gradient checkpointing; `record` gets what was asked and applied."""
     def patch(module) -> None:
         cls = module.TrainingArguments
         original = cls.__post_init__
+        checkpointing = _checkpointing_fields(cls)
 
         def __post_init__(self, *a, **kw):
-            own = self.output_dir
+            own_gc = next((getattr(self, n) for n in checkpointing if getattr(self, n, None) is not None), None)
+            own = {"per_device_train_batch_size": getattr(self, "per_device_train_batch_size", None),
+                   "gradient_accumulation_steps": getattr(self, "gradient_accumulation_steps", None),
+                   "gradient_checkpointing": own_gc}
+            for name, value in overrides.items():
+                if name == "gradient_checkpointing":
+                    for field_name in checkpointing:
+                        setattr(self, field_name, value)
+                else:
+                    setattr(self, name, value)
+            own_dir = self.output_dir
             self.output_dir = os.path.join(directory, "output_dir")
             logging_dir = getattr(self, "logging_dir", None)
-            if logging_dir and own and os.path.abspath(logging_dir).startswith(os.path.abspath(own)):
+            if logging_dir and own_dir and os.path.abspath(logging_dir).startswith(os.path.abspath(own_dir)):
                 self.logging_dir = None
             original(self, *a, **kw)
+            now_gc = next((getattr(self, n) for n in checkpointing if getattr(self, n, None) is not None), None)
+            record({"training_args": True, "applied": bool(overrides), "own": own, "set": dict(overrides),
+                    "now": {"per_device_train_batch_size": getattr(self, "per_device_train_batch_size", None),
+                            "gradient_accumulation_steps": getattr(self, "gradient_accumulation_steps", None),
+                            "gradient_checkpointing": now_gc}})
 
         cls.__post_init__ = __post_init__
     return patch
@@ -272,12 +320,13 @@ def install() -> Probe | None:
     probe = Probe(cfg["dir"], int(cfg.get("warmup", 1)), int(cfg.get("measure", 3)), rank)
     after = _AfterImport()
     after.callbacks["torch"] = probe.hook_torch
-    after.callbacks["transformers.training_args"] = _redirect_training_args(cfg["dir"])
+    patch = _patch_training_args(cfg["dir"], trial_overrides(), probe._write)
+    after.callbacks["transformers.training_args"] = patch
     sys.meta_path.insert(0, after)
     if "torch" in sys.modules:
         after.callbacks.pop("torch")
         probe.hook_torch(sys.modules["torch"])
     if "transformers.training_args" in sys.modules:
         after.callbacks.pop("transformers.training_args")
-        _redirect_training_args(cfg["dir"])(sys.modules["transformers.training_args"])
+        patch(sys.modules["transformers.training_args"])
     return probe

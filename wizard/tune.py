@@ -31,6 +31,12 @@ from wizard.planning.rungs import BY_KEY
 DEFAULT_WARMUP = 2
 DEFAULT_STEPS = 4
 DEFAULT_CANDIDATES = 3
+DEFAULT_VARIANTS = 3        # micro-batch variants of the best candidate, after the rungs
+# On CPU processes "fits" is measured against the whole machine's RAM (shared with everything else on it) and a
+# step's time grows with the micro-batch, so the largest that fits (tens of thousands of samples for the tiny
+# example) is no trial worth its minutes: without --max-micro-batch a CPU variant stops at this many times the
+# plan's micro-batch.
+CPU_MICRO_BATCH_FACTOR = 8
 DEFAULT_BUDGET_S = 1800.0
 DEFAULT_TRIAL_TIMEOUT_S = 600.0
 SPEED_MARGIN = 0.5          # other fitting rungs predicted within 50 % of the choice's tokens/s are tried
@@ -38,8 +44,9 @@ MIN_NOISE = 0.03            # measured speeds closer than this (or the trials' o
 TRIAL_GRACE_S = 5.0
 
 OOM = "does not fit (measured)"
+NOT_APPLICABLE = "not applicable: the script does not use the Trainer's TrainingArguments"
 STATUSES = ("measured", OOM, "too much memory", "failed", "timed out", "not run (budget spent)", "incomplete",
-            "stopped")
+            "stopped", NOT_APPLICABLE)
 
 
 @dataclass
@@ -49,7 +56,19 @@ class Candidate:
     overrides: dict[str, Any]              # answers that select it
     predicted: dict[str, Any]              # per_gpu_bytes, step_seconds, tokens_per_second, mfu
     order: int                             # position on the ladder: lower is simpler
-    micro_batch: int | None = None         # a variant passes it to the script with --batch-flag
+    micro_batch: int | None = None         # the split it runs (a rung: the plan's), micro-batch x accumulation
+    grad_accum: int | None = None
+    gradient_checkpointing: bool | None = None
+    variant: str | None = None             # None: a rung at the plan's split; else which micro-batch variant
+    flag_only: bool = False                # a variant that differs from the choice by its micro-batch alone
+
+    @property
+    def batch_text(self) -> str:
+        """"32 x 1, GC off": micro-batch x accumulation per process and gradient checkpointing."""
+        if self.micro_batch is None:
+            return "-"
+        gc = "-" if self.gradient_checkpointing is None else ("on" if self.gradient_checkpointing else "off")
+        return f"{self.micro_batch} x {self.grad_accum or 1}, GC {gc}"
 
 
 @dataclass
@@ -65,14 +84,16 @@ class Trial:
     mfu: float | None = None
     noise: float | None = None             # relative spread (stdev / mean) of the measured step times
     optimizers: list[str] = field(default_factory=list)
+    training_args: dict[str, Any] | None = None   # the probe's record of the script's TrainingArguments (None: none)
     message: str = ""
     wall_seconds: float = 0.0              # the trial's run, supervisor start to end
     prepare_seconds: float = 0.0           # the wizard's own work before it: plan, render, validate, write
 
     def to_json(self) -> dict[str, Any]:
         c = self.candidate
-        return {"label": c.label, "rung": c.rung_key, "micro_batch": c.micro_batch, "status": self.status,
-                "predicted": c.predicted,
+        return {"label": c.label, "rung": c.rung_key, "variant": c.variant, "batch": c.batch_text,
+                "micro_batch": c.micro_batch, "grad_accum": c.grad_accum, "gradient_checkpointing": c.gradient_checkpointing,
+                "status": self.status, "predicted": c.predicted, "training_args": self.training_args,
                 "measured": {"steps": self.steps, "step_seconds": self.step_seconds,
                              "tokens_per_second": self.tokens_per_second, "peak_bytes": self.peak_bytes,
                              "peak_kind": self.peak_kind, "mfu": self.mfu, "noise": self.noise,
@@ -90,7 +111,9 @@ class TuneOptions:
     candidates: int = DEFAULT_CANDIDATES
     budget_s: float = DEFAULT_BUDGET_S
     trial_timeout_s: float = DEFAULT_TRIAL_TIMEOUT_S
-    batch_flag: str | None = None          # the script's micro-batch flag: enables micro-batch variants
+    variants: int = DEFAULT_VARIANTS       # at most this many micro-batch variants of the best candidate
+    max_micro_batch: int | None = None     # the variants' micro-batch at most this (default: none; CPU: 8x)
+    batch_flag: str | None = None          # the script's micro-batch flag, for a script without TrainingArguments
     runs_root: str | None = None
     calibrate: bool = True                 # record the ratios for later plans
     cancel: Any = None                     # a threading.Event: set, it stops the trial like Ctrl-C (the TUI's Escape)
@@ -135,9 +158,19 @@ def _predicted(rung) -> dict[str, Any]:
             "mfu": s.mfu if s else None}
 
 
-def pick_candidates(plan, limit: int, micro_batch: int, batch_flag: str | None) -> tuple[list[Candidate], list[str]]:
+def _variant_accum(micro_batch: int, per_process: int) -> int:
+    """The accumulation that keeps the global batch the plan's where the micro-batch divides it, else the
+    nearest to it (at least 1)."""
+    return max(1, round(per_process / micro_batch))
+
+
+def pick_candidates(plan, limit: int, variants: int = DEFAULT_VARIANTS, max_micro_batch: int | None = None,
+                    batch_flag: str | None = None) -> tuple[list[Candidate], list[str]]:
     """The choice, then the other fitting rungs predicted within SPEED_MARGIN of it (fastest first), at
-    most `limit`; then, with --batch-flag, micro-batch variants of the choice."""
+    most `limit`, each at the plan's split; then at most `variants` micro-batch variants of the choice: the
+    largest micro-batch that fits without gradient checkpointing, the largest with it (when larger), and the
+    plan's fastest split of the global batch, each once and none the same as the choice's own split.
+    A variant's predicted figures are filled by the caller from the plan at its split (variant_predicted)."""
     notes: list[str] = []
     choice = plan.choice
     order = {r.key: i for i, r in enumerate(plan.rungs)}
@@ -153,25 +186,121 @@ def pick_candidates(plan, limit: int, micro_batch: int, batch_flag: str | None) 
         others.append(r)
     others.sort(key=lambda r: -r.tokens_per_second)
     rungs = [choice] + others[:max(limit - 1, 0)]
-    out = [Candidate(r.name, r.key, _rung_answers(r), _predicted(r), order[r.key]) for r in rungs]
-    if batch_flag:
-        seen = {micro_batch}
-        for mb, gc in ((choice.max_micro_batch, False), (choice.max_micro_batch_gc, True)):
-            if mb and mb not in seen and not gc:
-                seen.add(mb)
-                out.append(Candidate(f"{choice.name}, micro-batch {mb}", choice.key,
-                                     {**_rung_answers(choice), "micro_batch": mb}, {}, order[choice.key],
-                                     micro_batch=mb))
-        if choice.max_micro_batch_gc and choice.max_micro_batch_gc not in seen:
-            notes.append(f"The largest micro-batch with gradient checkpointing ({choice.max_micro_batch_gc}) is "
-                         "not tried: the script decides whether it checkpoints.")
-    else:
-        notes.append("Micro-batch variants are not tried: pass --batch-flag with the script's micro-batch flag "
-                     "(e.g. --per_device_train_batch_size) to try the largest that fits.")
+    out = [Candidate(r.name, r.key, _rung_answers(r), _predicted(r), order[r.key], micro_batch=r.micro_batch or 1,
+                     grad_accum=r.grad_accum or 1, gradient_checkpointing=r.gradient_checkpointing) for r in rungs]
+    base = (choice.micro_batch or 1, choice.grad_accum or 1, bool(choice.gradient_checkpointing))
+    per_process = base[0] * base[1]
+    cap = max_micro_batch or (CPU_MICRO_BATCH_FACTOR * base[0] if plan.topology.cpu else None)
+    largest = {gc: (min(mb, cap) if cap else mb) for gc, mb in ((False, choice.max_micro_batch),
+                                                                 (True, choice.max_micro_batch_gc))}
+    over = [f"{mb} {'with' if gc else 'without'} gradient checkpointing"
+            for gc, mb in ((False, choice.max_micro_batch), (True, choice.max_micro_batch_gc)) if cap and mb > cap]
+    if over:
+        notes.append(f"The largest micro-batch that fits ({', '.join(over)}) is tried at {cap}" +
+                     (" (--max-micro-batch)." if max_micro_batch else
+                      f" ({CPU_MICRO_BATCH_FACTOR}x the plan's on CPU processes; --max-micro-batch changes it)."))
+    wanted = []
+    if largest[False]:
+        wanted.append(("largest micro-batch", largest[False], _variant_accum(largest[False], per_process), False))
+    if largest[True] and largest[True] > largest[False]:   # with GC at a micro-batch that fits without: only slower
+        wanted.append(("largest micro-batch with gradient checkpointing", largest[True],
+                       _variant_accum(largest[True], per_process), True))
+    if plan.batch is not None:
+        wanted.append(("fastest split of the global batch", plan.batch.micro_batch, plan.batch.grad_accum,
+                       bool(plan.batch.gradient_checkpointing)))
+    seen = {base}
+    taken = 0
+    for what, mb, accum, gc in wanted:
+        if (mb, accum, gc) in seen:
+            continue
+        seen.add((mb, accum, gc))
+        if taken >= variants:
+            notes.append(f"The {what} ({mb} x {accum}) is not tried: at most --variants {variants}.")
+            continue
+        taken += 1
+        out.append(Candidate(f"{choice.name}, micro-batch {mb} x {accum}, GC {'on' if gc else 'off'}", choice.key,
+                             {**_rung_answers(choice), "micro_batch": mb, "grad_accum": accum,
+                              "gradient_checkpointing": "on" if gc else "off"}, {}, order[choice.key],
+                             micro_batch=mb, grad_accum=accum, gradient_checkpointing=gc, variant=what,
+                             flag_only=(accum, gc) == base[1:]))
+    if batch_flag and any(c.variant for c in out):
+        notes.append(f"{batch_flag} reaches a script without TrainingArguments with the micro-batch only: there, "
+                     "variants that change the accumulation or gradient checkpointing are not tried.")
     return out, notes
 
 
+def variant_request(request, candidate: Candidate, output_dir: str | None = None, **kw):
+    """The pipeline request that plans (and generates the config of) this candidate: the user's answers with
+    the candidate's strategy, split and gradient checkpointing."""
+    from wizard import pipeline
+    return pipeline.Request(given={**request.given, **candidate.overrides}, hardware_file=request.hardware_file,
+                            assume=request.assume, output_dir=output_dir or request.output_dir, **kw)
+
+
+def variant_predicted(request, candidate: Candidate, hw) -> dict[str, Any]:
+    """The plan's figures at the variant's micro-batch, accumulation and gradient checkpointing: the plan made
+    with those answers (the same sizing and speed model, never a copy of it); {} when it does not select the
+    candidate's rung there."""
+    from dataclasses import replace
+
+    from wizard import pipeline
+    req = replace(variant_request(request, candidate, calibrate=request.calibrate), plan_only=True)
+    try:
+        result = pipeline.build(req, hw=hw)
+    except InputError:
+        return {}
+    choice = result.plan.choice
+    return _predicted(choice) if choice is not None and choice.key == candidate.rung_key else {}
+
+
+def trial_settings(result) -> dict[str, str]:
+    """The environment that makes the probe apply a trial's split to the script's TrainingArguments: the
+    micro-batch and accumulation its config was generated with, and gradient checkpointing as the TrainingArguments
+    snippet sets it (off under FSDP, whose own activation checkpointing the config carries)."""
+    choice = result.plan.choice
+    gc = bool(choice.gradient_checkpointing) and choice.backend != "fsdp"
+    return {"WIZARD_TRIAL_MICRO_BATCH": str(int(result.answers.get("micro_batch") or 1)),
+            "WIZARD_TRIAL_GRAD_ACCUM": str(int(result.answers.get("grad_accum") or 1)),
+            "WIZARD_TRIAL_GC": "1" if gc else "0"}
+
+
+def ds_config_disagrees(ds_text: str | None, settings: dict[str, str]) -> str | None:
+    """DeepSpeed's HF integration refuses a ds_config whose batch numbers differ from TrainingArguments: the
+    trial's numbers (where not "auto") must be the ones the probe applies. The disagreement, or None."""
+    if not ds_text:
+        return None
+    doc = json.loads(ds_text)
+    for key, env in (("train_micro_batch_size_per_gpu", "WIZARD_TRIAL_MICRO_BATCH"),
+                     ("gradient_accumulation_steps", "WIZARD_TRIAL_GRAD_ACCUM")):
+        value = doc.get(key, "auto")
+        if value != "auto" and str(value) != settings[env]:
+            return f"ds_config.json says {key}={value}, the trial runs {settings[env]}"
+    return None
+
+
 # ----------------------------------------------------------------------------- one trial
+
+def _training_args(probe_dir: Path) -> dict[str, Any] | None:
+    """The first TrainingArguments any rank's probe saw built, with `applied` true where any rank got the
+    trial's values; None when the script built none."""
+    seen = None
+    for f in sorted(probe_dir.glob("rank-*.jsonl")):
+        try:
+            lines = f.read_text(encoding="utf-8").splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            if '"training_args"' not in line:
+                continue
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if seen is None:
+                seen = {k: rec.get(k) for k in ("applied", "own", "set", "now")}
+            seen["applied"] = bool(seen["applied"] or rec.get("applied"))
+    return seen
+
 
 def _probe_records(probe_dir: Path) -> tuple[dict[int, list[dict]], dict[int, bool]]:
     steps: dict[int, list[dict]] = {}
@@ -251,7 +380,7 @@ def _stop(proc: subprocess.Popen, timeout: float) -> None:
 
 
 def run_trial(trial: Trial, config_file: str, opts: TuneOptions, run_dir: Path, time_limit: float,
-              world: int, progress: Progress) -> None:
+              world: int, progress: Progress, settings: dict[str, str] | None = None) -> None:
     from launch.commands import start_supervisor
     from launch.rundir import create_run_dir, read_state
     from launch.supervisor import LaunchSpec
@@ -259,12 +388,12 @@ def run_trial(trial: Trial, config_file: str, opts: TuneOptions, run_dir: Path, 
     trial.run_dir = str(path)
     probe_dir = path / "probe"
     args = list(opts.script_args)
-    if trial.candidate.micro_batch is not None and opts.batch_flag:
+    if trial.candidate.variant is not None and opts.batch_flag:
         args += [opts.batch_flag, str(trial.candidate.micro_batch)]
     spec = LaunchSpec(script=opts.script, script_args=args, config_file=config_file, run_dir=str(path),
                       max_restarts=0, grace=TRIAL_GRACE_S, headless=False, echo=False, cwd=os.getcwd())
     env = {"WIZARD_PROBE": json.dumps({"dir": str(probe_dir), "warmup": opts.warmup, "measure": opts.steps}),
-           "WANDB_MODE": os.environ.get("WANDB_MODE", "disabled")}
+           "WANDB_MODE": os.environ.get("WANDB_MODE", "disabled"), **(settings or {})}
     started = time.monotonic()
     proc = start_supervisor(spec, lock_fd, "--parent", str(os.getpid()), extra_env=env)
     total = opts.warmup + opts.steps
@@ -290,6 +419,7 @@ def run_trial(trial: Trial, config_file: str, opts: TuneOptions, run_dir: Path, 
     trial.wall_seconds = time.monotonic() - started
     state = read_state(path) or {}
     measure(trial, probe_dir, world)
+    trial.training_args = _training_args(probe_dir)
     _, done = _probe_records(probe_dir)
     cl = state.get("classification") or {}
     tail = " ".join(cl.get("log_tail") or [])
@@ -309,6 +439,24 @@ def run_trial(trial: Trial, config_file: str, opts: TuneOptions, run_dir: Path, 
     else:
         trial.status = "failed"
         trial.message = cl.get("summary") or f"run {state.get('status')}"
+    if trial.status == "measured" and not applies(trial, opts, trial.training_args is not None):
+        trial.status = NOT_APPLICABLE
+        trial.message = ("it ran the script's own split, not this variant's" +
+                         (f" ({opts.batch_flag} sets only the micro-batch)" if opts.batch_flag else
+                          "; --batch-flag passes the micro-batch to a script without them"))
+
+
+def applies(trial: Trial, opts: TuneOptions, uses_training_args: bool | None) -> bool:
+    """Whether the trial runs its candidate's split: always for a rung (the plan's split, or the script's own
+    where it builds no TrainingArguments, as the user would run it); for a variant, where the probe applied it
+    to the script's TrainingArguments, or where --batch-flag gives the micro-batch and the variant changes
+    nothing else. `uses_training_args` None: not known yet."""
+    c = trial.candidate
+    if c.variant is None or uses_training_args is None:
+        return True
+    if uses_training_args:
+        return trial.training_args is None or bool(trial.training_args.get("applied"))
+    return bool(opts.batch_flag) and c.flag_only
 
 
 # ----------------------------------------------------------------------------- the whole tune
@@ -342,7 +490,8 @@ def tune(request, opts: TuneOptions, progress: Progress = lambda e: None, write:
     if not Path(opts.script).is_file():
         raise InputError("SCRIPT", f"{opts.script} does not exist", "a Python training script")
     for name, v, low in (("--steps", opts.steps, 1), ("--warmup-steps", opts.warmup, 0),
-                         ("--candidates", opts.candidates, 1)):
+                         ("--candidates", opts.candidates, 1), ("--variants", opts.variants, 0),
+                         ("--max-micro-batch", opts.max_micro_batch if opts.max_micro_batch is not None else 1, 1)):
         if v < low:
             raise InputError(name, f"{v}", f"an integer >= {low}")
     for name, v in (("--budget", opts.budget_s), ("--trial-timeout", opts.trial_timeout_s)):
@@ -354,8 +503,11 @@ def tune(request, opts: TuneOptions, progress: Progress = lambda e: None, write:
     if int(base.answers.get("num_machines") or 1) > 1:
         raise InputError("num_machines", f"{base.answers.get('num_machines')} machines: tune measures one machine",
                          "--num-machines 1 (tune the per-node setup, then plan the others with it)")
-    candidates, notes = pick_candidates(base.plan, opts.candidates, int(base.answers.get("micro_batch") or 1),
+    candidates, notes = pick_candidates(base.plan, opts.candidates, opts.variants, opts.max_micro_batch,
                                         opts.batch_flag)
+    for c in candidates:
+        if c.variant is not None:
+            c.predicted = variant_predicted(request, c, base.hardware)
     root = Path(opts.runs_root).absolute() if opts.runs_root else default_runs_root()
     run_dir = root / f"tune-{new_run_id()}"
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -364,28 +516,42 @@ def tune(request, opts: TuneOptions, progress: Progress = lambda e: None, write:
     world = int(base.plan.topology.world_size)
     started = time.monotonic()
     hw = base.hardware
+    uses_training_args: bool | None = None        # learnt from the first trial that reached a step
     for i, trial in enumerate(trials):
         left = opts.budget_s - (time.monotonic() - started)
         if left <= 0:
             break
         c = trial.candidate
+        if not applies(trial, opts, uses_training_args):
+            trial.status = NOT_APPLICABLE
+            trial.message = "not run: an earlier trial showed the script builds no TrainingArguments" + (
+                "" if opts.batch_flag else " (--batch-flag passes the micro-batch to such a script)")
+            progress({"event": "end", "index": i, "label": c.label, "trial": trial.to_json()})
+            continue
         progress({"event": "start", "index": i, "label": c.label})
-        trial_dir = run_dir / (f"{i + 1:02d}-{c.rung_key}" + (f"-mb{c.micro_batch}" if c.micro_batch else ""))
+        suffix = (f"-mb{c.micro_batch}x{c.grad_accum}" + ("-gc" if c.gradient_checkpointing else "")) \
+            if c.variant else ""
+        trial_dir = run_dir / f"{i + 1:02d}-{c.rung_key}{suffix}"
         config_dir = Path(f"{trial_dir}-config")
         prepare_started = time.monotonic()
-        req = pipeline.Request(given={**request.given, **c.overrides}, hardware_file=request.hardware_file,
-                               assume=request.assume, output_dir=str(config_dir), calibrate=request.calibrate)
+        req = variant_request(request, c, str(config_dir), calibrate=request.calibrate)
         result = pipeline.build(req, hw=hw)
         if result.plan.choice is None or result.plan.choice.key != c.rung_key:
             trial.status = "failed"
             trial.message = "the plan does not select this rung with these answers"
             continue
-        if c.micro_batch is not None:
+        if c.variant is not None:
             c.predicted = _predicted(result.plan.choice)
         pipeline.validate(result)
         if result.errors:
             trial.status = "failed"
             trial.message = f"generated config failed validation: {result.errors[0].message}"
+            continue
+        settings = trial_settings(result)
+        disagreement = ds_config_disagrees(result.ds_text, settings)
+        if disagreement:
+            trial.status = "failed"
+            trial.message = disagreement
             continue
         with fsutil.scratch_writes():       # the trial's own config dir: not the user's files
             pipeline.write(result, req.given)
@@ -393,7 +559,10 @@ def tune(request, opts: TuneOptions, progress: Progress = lambda e: None, write:
         left = opts.budget_s - (time.monotonic() - started)      # the preparation counts against the budget
         if left <= 0:
             break
-        run_trial(trial, result.yaml_path, opts, trial_dir, min(opts.trial_timeout_s, left), world, progress)
+        run_trial(trial, result.yaml_path, opts, trial_dir, min(opts.trial_timeout_s, left), world, progress,
+                  settings)
+        if uses_training_args is None and trial.steps:
+            uses_training_args = trial.training_args is not None
         progress({"event": "end", "index": i, "label": c.label, "trial": trial.to_json()})
     partial = any(t.status in ("not run (budget spent)",) for t in trials) or \
         (opts.budget_s - (time.monotonic() - started) <= 0 and any(t.status in ("timed out", "incomplete")
@@ -413,10 +582,8 @@ def tune(request, opts: TuneOptions, progress: Progress = lambda e: None, write:
         _record_calibration(base, trials)
     if winner is None or not write:
         return out
-    final = pipeline.build(pipeline.Request(given={**request.given, **winner.candidate.overrides},
-                                            hardware_file=request.hardware_file, assume=request.assume,
-                                            output_dir=request.output_dir, dry_run=request.dry_run,
-                                            calibrate=False), hw=hw)
+    final = pipeline.build(variant_request(request, winner.candidate, dry_run=request.dry_run, calibrate=False), hw=hw)
+    _note_global_batch(out, base, final)
     pipeline.validate(final)
     if final.errors:
         out.notes.append(f"the winner's config failed validation: {final.errors[0].message}; nothing written")
@@ -432,7 +599,7 @@ def _record_calibration(base, trials: list[Trial]) -> None:
     rows = []
     for t in trials:
         p = t.candidate.predicted
-        if t.status != "measured" or t.candidate.micro_batch is not None or not p.get("tokens_per_second"):
+        if t.status != "measured" or t.candidate.variant is not None or not p.get("tokens_per_second"):
             continue
         rows.append({"rung": t.candidate.rung_key,
                      "speed_ratio": (t.tokens_per_second or 0) / p["tokens_per_second"] or None,
@@ -440,3 +607,16 @@ def _record_calibration(base, trials: list[Trial]) -> None:
                      else None})
     if rows:
         calibration.record(base.hardware, base.plan.topology, base.answers.get("method", "full"), rows)
+
+
+def _global_batch(result) -> int:
+    a = result.answers
+    return int(a.get("micro_batch") or 1) * int(a.get("grad_accum") or 1) * int(result.plan.topology.world_size)
+
+
+def _note_global_batch(out: TuneResult, base, final) -> None:
+    """A variant that wins with another global batch changes the training, not only its speed: say so."""
+    before, after = _global_batch(base), _global_batch(final)
+    if before != after:
+        out.notes.append(f"The winner trains with a global batch of {after} samples per optimizer step, not {before}: "
+                         "the learning rate and the number of steps may need changing with it.")

@@ -45,8 +45,11 @@ def test_tune_measures_zero2_and_zero3_writes_the_winner_and_calibrates(tmp_path
     assert r.returncode == 0, r.stderr[-3000:]
     assert "answers from " in r.stderr and "train.answers.yaml (beside the script)" in r.stderr
     doc = json.loads(r.stdout)
-    rows = {c["rung"]: c for c in doc["candidates"]}
+    rows = {c["rung"]: c for c in doc["candidates"] if c["variant"] is None}
     assert set(rows) == {"zero2", "zero3"}, doc
+    # and the choice's micro-batch variant, capped on CPU processes at 8x the plan's micro-batch (4)
+    assert [(c["rung"], c["micro_batch"], c["grad_accum"]) for c in doc["candidates"] if c["variant"]] == \
+        [("zero2", 32, 1)], doc
     for row in rows.values():
         m = row["measured"]
         assert row["status"] == "measured", row
@@ -60,9 +63,12 @@ def test_tune_measures_zero2_and_zero3_writes_the_winner_and_calibrates(tmp_path
         assert state(trial)["status"] == "succeeded" and state(trial)["trial_done"] == {"steps": 3}
         assert sorted(p.name for p in (trial / "probe").glob("rank-*.jsonl")) == ["rank-0.jsonl", "rank-1.jsonl"]
     # the winner is the measured fastest (or the simpler rung within the noise), and it is what was written
-    winner = rows["zero2" if doc["winner"] == "DeepSpeed ZeRO-2" else "zero3"]
-    other = rows["zero3" if winner["rung"] == "zero2" else "zero2"]
-    assert winner["measured"]["tokens_per_second"] >= other["measured"]["tokens_per_second"] * 0.9
+    (winner,) = [c for c in doc["candidates"] if c["label"] == doc["winner"]]
+    for other in doc["candidates"]:
+        if other["status"] == "measured":
+            assert winner["measured"]["tokens_per_second"] >= other["measured"]["tokens_per_second"] * 0.9
+    assert json.loads((tmp_path / "out" / "wizard_plan.json").read_text())["given"]["micro_batch"] == \
+        winner["micro_batch"]
     ds = json.loads((tmp_path / "out" / "ds_config.json").read_text())
     assert ds["zero_optimization"]["stage"] == (2 if winner["rung"] == "zero2" else 3)
     assert doc["files"]["accelerate_config"] == str(tmp_path / "out" / "default_config.yaml")
@@ -82,6 +88,67 @@ def test_tune_measures_zero2_and_zero3_writes_the_winner_and_calibrates(tmp_path
     assert speed["zero2"] == pytest.approx(raw_speed["zero2"] * entries["zero2/full"]["speed_ratio"], rel=1e-3)
     assert speed["zero2"] != pytest.approx(raw_speed["zero2"], rel=1e-3)
     assert "calibrated by 2 trials on this machine on" in text
+
+
+def test_a_micro_batch_variant_runs_its_split_through_the_scripts_own_training_arguments(tmp_path):
+    """examples/train.py sets per_device_train_batch_size from its --batch-size (4) and is not edited: the
+    variant's trial still runs micro-batch 32 (the probe sets it in the script's TrainingArguments), as its
+    probe's token counts show, and its predicted figures are the plan's at 32."""
+    r = wizard(tune_args(tmp_path, "--json", "--candidates", "1", "--no-calibration"), tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    doc = json.loads(r.stdout)
+    base, variant = doc["candidates"]
+    assert base["variant"] is None and (base["micro_batch"], base["grad_accum"]) == (4, 1), base
+    assert variant["variant"] == "largest micro-batch", variant
+    assert (variant["micro_batch"], variant["grad_accum"], variant["gradient_checkpointing"]) == (32, 1, False)
+    assert variant["label"] == "DeepSpeed ZeRO-2, micro-batch 32 x 1, GC off"
+    assert variant["predicted"]["tokens_per_second"] != base["predicted"]["tokens_per_second"]
+    assert variant["predicted"]["per_gpu_bytes"] > base["predicted"]["per_gpu_bytes"]
+    for row, micro in ((base, 4), (variant, 32)):
+        assert row["status"] == "measured", row
+        ta = row["training_args"]
+        assert ta["applied"] and ta["own"]["per_device_train_batch_size"] == 4, ta
+        assert ta["now"]["per_device_train_batch_size"] == micro and ta["now"]["gradient_accumulation_steps"] == 1
+        for rank in (0, 1):
+            lines = (Path(row["run_dir"]) / "probe" / f"rank-{rank}.jsonl").read_text().splitlines()
+            steps = [json.loads(x) for x in lines if '"step"' in x]
+            assert len(steps) == 3, steps
+            measured = [s for s in steps if not s["warmup"]]       # seq_len 32, accumulation 1
+            assert measured and all(s["micro_batches"] == 1 and s["tokens"] == micro * 32 for s in measured), steps
+        # tokens/s over the 2 ranks: the measured steps' tokens over their time
+        m = row["measured"]
+        assert m["tokens_per_second"] * m["step_seconds"] == pytest.approx(2 * micro * 32, rel=0.5)
+
+
+OWN_LOOP = textwrap.dedent('''
+    import torch
+    import torch.distributed as dist
+    dist.init_process_group("gloo")
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Embedding(128, 16))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    ids = torch.randint(0, 128, (4, 32))
+    for _ in range(200):
+        model(ids).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+    print("SCRIPT-END", flush=True)
+''')
+
+
+def test_a_script_without_training_arguments_runs_its_own_split_and_its_variants_are_not_applicable(tmp_path):
+    """An own torch loop builds no TrainingArguments: its rung is measured as it runs (its own micro-batch),
+    and the variant reads "not applicable", not measured as if the micro-batch had changed; it is not even run,
+    since the first trial showed it."""
+    from wizard.tune import NOT_APPLICABLE
+    script = tmp_path / "own_loop.py"
+    script.write_text(OWN_LOOP)
+    r = wizard(tune_args(tmp_path, "--json", "--candidates", "1", "--no-calibration", script=str(script),
+                         script_args=()), tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    base, variant = json.loads(r.stdout)["candidates"]
+    assert base["status"] == "measured" and base["training_args"] is None, base
+    assert variant["variant"] and variant["status"] == NOT_APPLICABLE and variant["run_dir"] is None, variant
+    assert "--batch-flag" in variant["message"]
 
 
 OOM_UNDER_ZERO2 = textwrap.dedent('''
@@ -212,8 +279,10 @@ async def test_tui_measure_action_shows_progress_and_makes_the_winner_the_choice
         await until(lambda: modal.result is not None or (not modal.running and modal.bars), 600)
         assert modal.result is not None and modal.result.winner is not None
         bars = modal.query(ProgressBar)
-        assert len(bars) == 2 and all(b.progress == b.total == 6 for b in bars)
-        winner = modal.result.winner.candidate.rung_key
+        # ZeRO-2, ZeRO-3 and ZeRO-2's micro-batch variant (32 x 1)
+        assert len(bars) == len(modal.result.trials) == 3 and all(b.progress == b.total == 6 for b in bars)
+        winner = modal.result.winner.candidate
         await pilot.press("enter")
         await until(lambda: type(app.screen).__name__ == "PlanScreen", 10)
-        assert app.state.picked == winner and app.state.plan.choice.key == winner
+        assert app.state.picked == winner.rung_key and app.state.plan.choice.key == winner.rung_key
+        assert app.state.plan.choice.micro_batch == winner.micro_batch       # a variant's split comes with it

@@ -29,6 +29,10 @@ def test_missing_script_and_bad_numbers_are_refused(tmp_path):
     assert r.returncode == 2 and "nope.py does not exist" in r.stderr, r.stderr
     r = tune(["--answers", ANSWERS, "--steps", "0", "--", EXAMPLE], tmp_path)
     assert r.returncode == 2 and "--steps" in r.stderr, r.stderr
+    r = tune(["--answers", ANSWERS, "--variants", "-1", "--", EXAMPLE], tmp_path)
+    assert r.returncode == 2 and "--variants" in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    r = tune(["--answers", ANSWERS, "--max-micro-batch", "0", "--", EXAMPLE], tmp_path)
+    assert r.returncode == 2 and "--max-micro-batch" in r.stderr and r.stderr.count("\n") == 1, r.stderr
     r = tune(["--answers", ANSWERS, "--budget", "nan", "--", EXAMPLE], tmp_path)
     assert r.returncode == 2 and "--budget" in r.stderr, r.stderr
     r = tune(["--answers", ANSWERS], tmp_path)

@@ -93,13 +93,10 @@ def test_an_assumed_machine_is_never_calibrated(tmp_path, monkeypatch):
     assert again.choice.tokens_per_second == plan.choice.tokens_per_second
 
 
-def test_candidates_are_the_choice_and_close_rungs_plus_micro_batch_variants_with_batch_flag():
+def test_candidates_are_the_choice_and_close_rungs():
     from wizard.tune import pick_candidates
     plan, _ = _plan(calibrate=False)
-    cands, notes = pick_candidates(plan, 3, 4, None)
+    cands, _ = pick_candidates(plan, 3, variants=0)
     assert [c.rung_key for c in cands] == ["zero2", "zero3"] and cands[0].overrides["zero_stage"] == "2"
-    assert any("--batch-flag" in n for n in notes)
-    assert [c.rung_key for c in pick_candidates(plan, 1, 4, None)[0]] == ["zero2"]
-    cands, _ = pick_candidates(plan, 3, 4, "--batch-size")
-    variant = cands[-1]
-    assert variant.micro_batch == plan.choice.max_micro_batch and variant.overrides["micro_batch"] == variant.micro_batch
+    assert [c.rung_key for c in pick_candidates(plan, 1, variants=0)[0]] == ["zero2"]
+    assert all(c.variant is None and (c.micro_batch, c.grad_accum) == (4, 1) for c in cands)

@@ -215,9 +215,15 @@ def build_tune_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="seconds for all trials together")
     g.add_argument("--trial-timeout", type=float, default=tune.DEFAULT_TRIAL_TIMEOUT_S, metavar="S",
                    help="seconds for one trial")
+    g.add_argument("--variants", type=int, default=tune.DEFAULT_VARIANTS, metavar="N",
+                   help="at most N micro-batch variants of the best candidate (largest micro-batch without and with "
+                        "gradient checkpointing, the fastest split of the global batch); 0: none")
+    g.add_argument("--max-micro-batch", type=int, default=None, metavar="N",
+                   help="the largest-micro-batch variants at most N (default: the largest that fits; on CPU processes "
+                        f"{tune.CPU_MICRO_BATCH_FACTOR}x the plan's)")
     g.add_argument("--batch-flag", default=None, metavar="FLAG",
-                   help="the script's micro-batch flag (e.g. --per_device_train_batch_size): also try the largest "
-                        "micro-batch that fits")
+                   help="for a script without HF TrainingArguments: its micro-batch flag (e.g. --batch-size), "
+                        "appended with the variant's micro-batch")
     g.add_argument("--runs-root", default=None, metavar="D", help="where the trials' run directories go "
                    "(default: ./wizard-runs)")
     g.add_argument("--headless", action="store_true", default=False, help="plain progress lines (the default)")
@@ -325,7 +331,8 @@ def cmd_tune(ns: argparse.Namespace) -> int:
         check_writable_dir(os.path.abspath(os.path.expanduser(req.output_dir or default_output_dir())))
     opts = tune.TuneOptions(script=command[0], script_args=command[1:], warmup=ns.warmup_steps, steps=ns.steps,
                             candidates=ns.candidates, budget_s=ns.budget, trial_timeout_s=ns.trial_timeout,
-                            batch_flag=ns.batch_flag, runs_root=ns.runs_root, calibrate=not ns.no_calibration)
+                            variants=ns.variants, max_micro_batch=ns.max_micro_batch, batch_flag=ns.batch_flag,
+                            runs_root=ns.runs_root, calibrate=not ns.no_calibration)
     as_json = bool(getattr(ns, "json", False))
     progress = (lambda e: None) if as_json else report.tune_progress_printer(sys.stderr)
     result = tune.tune(req, opts, progress=progress)

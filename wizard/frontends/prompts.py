@@ -233,7 +233,7 @@ def _measure(p: _Prompter) -> None:
         return
     report.print_tune(result, file=p.out, written_note="The winner is now the plan's choice: use it to write it.")
     if result.winner is not None:
-        state.pick_rung(result.winner.candidate.rung_key)
+        state.use_measured(result.winner.candidate)
 
 
 def run_plain(request: pipeline.Request, *, input=None, output=None, out: TextIO | None = None,

@@ -262,13 +262,14 @@ def _pair(pred: str, meas: str) -> str:
 
 
 def tune_rows(result) -> list[list[str]]:
-    """One row per candidate: predicted / measured peak memory per GPU, step time, tokens/s, MFU."""
-    rows = [["candidate", "result", "peak per GPU", "step time", "tokens/s", "MFU"]]
+    """One row per candidate: its split (micro-batch x accumulation per process, gradient checkpointing), then
+    predicted / measured peak memory per GPU, step time, tokens/s, MFU."""
+    rows = [["candidate", "micro-batch x accum", "result", "peak per GPU", "step time", "tokens/s", "MFU"]]
     for t in result.trials:
         p = t.candidate.predicted
         mark = "=> " if result.winner is t else "   "
         peak = fmt_bytes(t.peak_bytes) + (" RSS" if t.peak_kind == "rss" else "") if t.peak_bytes else "-"
-        rows.append([mark + t.candidate.label, t.status,
+        rows.append([mark + t.candidate.label, t.candidate.batch_text, t.status,
                      _pair(fmt_bytes(p.get("per_gpu_bytes")) if p.get("per_gpu_bytes") else "-", peak),
                      _pair(_dur(p.get("step_seconds")), _dur(t.step_seconds)),
                      _pair(fmt_rate(p["tokens_per_second"]) if p.get("tokens_per_second") else "-",

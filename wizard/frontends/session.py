@@ -372,6 +372,15 @@ class WizardState:
         self.changed = True
         self.replan()
 
+    def use_measured(self, candidate) -> None:
+        """`wizard tune`'s winner (a wizard.tune.Candidate): its rung, and for a micro-batch variant its
+        micro-batch, accumulation and gradient checkpointing, as if typed."""
+        if candidate.variant is not None:
+            for qid in ("micro_batch", "grad_accum", "gradient_checkpointing"):
+                if qid in candidate.overrides:
+                    self.entered[qid] = candidate.overrides[qid]
+        self.pick_rung(candidate.rung_key)
+
     @property
     def picked_does_not_fit(self) -> bool:
         return bool(self.plan and self.plan.choice and self.picked == self.plan.choice.key and not self.plan.choice.fits)

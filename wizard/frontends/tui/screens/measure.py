@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import shlex
 import threading
+from typing import Any
 
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -18,8 +19,8 @@ from textual.screen import ModalScreen
 from textual.widgets import Input, ProgressBar, Static
 
 
-class MeasureModal(ModalScreen[str | None]):
-    """Dismissed with the winner's rung key, or None."""
+class MeasureModal(ModalScreen[Any]):
+    """Dismissed with the winner (a wizard.tune.Candidate: its rung, and a variant's split), or None."""
 
     BINDINGS = [Binding("escape", "cancel", "Stop / close")]
 
@@ -116,7 +117,7 @@ class MeasureModal(ModalScreen[str | None]):
 
     def _finish(self) -> None:
         w = self.result.winner if self.result is not None else None
-        self.dismiss(w.candidate.rung_key if w is not None else None)
+        self.dismiss(w.candidate if w is not None else None)
 
     def action_cancel(self) -> None:
         if self.running:

@@ -126,9 +126,9 @@ class PlanScreen(WizardScreen):
             return
         from wizard.frontends.tui.screens.measure import MeasureModal
 
-        def picked(key: str | None) -> None:
-            if key:
-                self.state.pick_rung(key)
+        def picked(candidate) -> None:          # the measured winner (a wizard.tune.Candidate), or None
+            if candidate is not None:
+                self.state.use_measured(candidate)
                 self.sync()
         self.app.push_screen(MeasureModal(self.state), picked)
 

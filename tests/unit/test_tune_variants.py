@@ -1,0 +1,164 @@
+"""`wizard tune`'s micro-batch variants: which are tried (no --batch-flag needed), their predicted figures (the
+plan at the variant's split), the environment that makes the probe apply them, and the winner's files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from wizard import pipeline
+from wizard.tune import (NOT_APPLICABLE, Candidate, Trial, TuneOptions, applies, ds_config_disagrees,
+                         pick_candidates, trial_settings, variant_predicted, variant_request)
+
+EXAMPLE_ANSWERS = Path(__file__).resolve().parents[2] / "examples" / "train.answers.yaml"
+# A 1B model on one assumed A100-40GB: without gradient checkpointing micro-batch 2 fits, with it 5.
+GPU = {"params": "1B", "seq_len": 2048}
+
+
+def _gpu(tmp_path, **given):
+    req = pipeline.Request(given={**GPU, **given}, assume="1xA100-40GB", output_dir=str(tmp_path / "out"),
+                           calibrate=False)
+    return req, pipeline.build(req)
+
+
+def test_variants_are_tried_without_batch_flag_the_gc_one_included(tmp_path):
+    _, base = _gpu(tmp_path, micro_batch=1, grad_accum=8)
+    choice = base.plan.choice
+    assert (choice.max_micro_batch, choice.max_micro_batch_gc) == (2, 5)       # what the cases below rely on
+    cands, notes = pick_candidates(base.plan, 3)
+    rung, *variants = cands
+    assert rung.variant is None and (rung.micro_batch, rung.grad_accum, rung.gradient_checkpointing) == (1, 8, False)
+    got = [(v.variant, v.micro_batch, v.grad_accum, v.gradient_checkpointing) for v in variants]
+    # the largest without GC keeps the global batch (2 x 4 = 1 x 8) and is also the plan's fastest split: once
+    assert got == [("largest micro-batch", 2, 4, False),
+                   ("largest micro-batch with gradient checkpointing", 5, 2, True)], got
+    assert variants[1].overrides == {**rung.overrides, "micro_batch": 5, "grad_accum": 2,
+                                     "gradient_checkpointing": "on"}
+    assert variants[1].label == f"{choice.name}, micro-batch 5 x 2, GC on" and variants[1].batch_text == "5 x 2, GC on"
+    assert not any("--batch-flag" in n for n in notes), notes
+
+
+def test_variants_equal_to_the_base_split_are_dropped_and_bounded_by_variants(tmp_path):
+    _, base = _gpu(tmp_path, micro_batch=2, grad_accum=4)
+    cands, _ = pick_candidates(base.plan, 1)
+    # largest without GC (2 x 4) and the fastest split (2 x 4) are the base itself: only the GC variant is left
+    assert [(c.micro_batch, c.grad_accum, c.gradient_checkpointing, c.variant is not None) for c in cands] == \
+        [(2, 4, False, False), (5, 2, True, True)]
+    _, base = _gpu(tmp_path, micro_batch=1, grad_accum=8)
+    cands, notes = pick_candidates(base.plan, 1, variants=1)
+    assert [c.micro_batch for c in cands] == [1, 2] and any("at most --variants 1" in n for n in notes), notes
+    assert [c.variant for c in pick_candidates(base.plan, 1, variants=0)[0]] == [None]
+
+
+def test_the_fastest_split_of_the_global_batch_is_a_variant(tmp_path):
+    """--global-batch with the split left to the plan: the choice runs its fastest split; a given split that
+    differs from the plan's fastest is the base and the fastest one a variant."""
+    _, base = _gpu(tmp_path, micro_batch=1, global_batch=8)
+    split = base.plan.batch
+    cands, _ = pick_candidates(base.plan, 1, max_micro_batch=1)
+    assert (split.micro_batch, split.grad_accum) != (1, 8)
+    assert [(c.variant, c.micro_batch, c.grad_accum) for c in cands][-1] == \
+        ("fastest split of the global batch", split.micro_batch, split.grad_accum)
+
+
+def test_cpu_variants_are_capped_and_say_so():
+    import yaml
+    given = yaml.safe_load(EXAMPLE_ANSWERS.read_text())
+    base = pipeline.build(pipeline.Request(given=given, plan_only=True, calibrate=False))
+    assert base.plan.topology.cpu and base.plan.choice.max_micro_batch > 1000
+    cands, notes = pick_candidates(base.plan, 1)
+    assert [(c.micro_batch, c.grad_accum, c.gradient_checkpointing) for c in cands] == [(4, 1, False), (32, 1, False)]
+    assert any("is tried at 32" in n and "--max-micro-batch" in n for n in notes), notes
+    cands, _ = pick_candidates(base.plan, 1, max_micro_batch=8)
+    assert [c.micro_batch for c in cands] == [4, 8]
+
+
+def test_a_variant_is_predicted_by_the_plan_at_its_split(tmp_path):
+    req, base = _gpu(tmp_path, micro_batch=1, grad_accum=8)
+    _, gc_variant = pick_candidates(base.plan, 1)[0][1:]
+    predicted = variant_predicted(req, gc_variant, base.hardware)
+    assert {"micro_batch": 5, "grad_accum": 2, "gradient_checkpointing": "on"}.items() <= gc_variant.overrides.items()
+    again = pipeline.build(pipeline.Request(given={**GPU, **gc_variant.overrides}, assume="1xA100-40GB",
+                                            calibrate=False, plan_only=True))
+    assert again.plan.choice.gradient_checkpointing and again.plan.choice.micro_batch == 5
+    assert predicted["per_gpu_bytes"] == again.plan.choice.per_gpu_bytes
+    assert predicted["tokens_per_second"] == pytest.approx(again.plan.choice.tokens_per_second)
+    assert predicted["per_gpu_bytes"] != base.plan.choice.per_gpu_bytes          # not the base rung's figures
+    assert predicted["step_seconds"] != base.plan.choice.speed.step_seconds
+
+
+def test_the_winners_files_snippet_and_the_trials_settings_agree(tmp_path):
+    from wizard.frontends.snippets import checkpointing_argument, training_arguments
+    req, base = _gpu(tmp_path, micro_batch=1, grad_accum=8, backend="deepspeed", zero_stage="2")
+    _, gc_variant = pick_candidates(base.plan, 1)[0][1:]
+    mb, accum = gc_variant.micro_batch, gc_variant.grad_accum
+    assert gc_variant.gradient_checkpointing and mb > 1
+    final = pipeline.build(variant_request(req, gc_variant))
+    assert final.plan.choice.key == "zero2" and final.plan.choice.gradient_checkpointing
+    assert (final.answers["micro_batch"], final.answers["grad_accum"]) == (mb, accum)
+    ds = json.loads(final.ds_text)
+    assert ds["train_micro_batch_size_per_gpu"] == "auto" and ds["gradient_accumulation_steps"] == "auto"
+    snippet = training_arguments(final.answers, final.plan, final.ds_path)
+    assert snippet["per_device_train_batch_size"] == mb and snippet["gradient_accumulation_steps"] == accum
+    assert snippet[checkpointing_argument()] is True
+    settings = trial_settings(final)
+    assert settings == {"WIZARD_TRIAL_MICRO_BATCH": str(mb), "WIZARD_TRIAL_GRAD_ACCUM": str(accum),
+                        "WIZARD_TRIAL_GC": "1"}
+    assert ds_config_disagrees(final.ds_text, settings) is None
+
+
+def test_an_own_loop_config_gives_numbers_that_must_match_the_trial():
+    settings = {"WIZARD_TRIAL_MICRO_BATCH": "5", "WIZARD_TRIAL_GRAD_ACCUM": "2", "WIZARD_TRIAL_GC": "0"}
+    assert ds_config_disagrees(json.dumps({"train_micro_batch_size_per_gpu": "auto",
+                                           "gradient_accumulation_steps": 2}), settings) is None
+    assert "gradient_accumulation_steps=4" in ds_config_disagrees(json.dumps({"gradient_accumulation_steps": 4}),
+                                                                  settings)
+
+
+def test_fsdp_gc_stays_in_its_config_not_in_training_arguments(tmp_path):
+    req = pipeline.Request(given={**GPU, "micro_batch": 1, "backend": "fsdp", "num_processes": 2,
+                                  "gradient_checkpointing": "on"}, assume="2xA100-40GB", calibrate=False,
+                           output_dir=str(tmp_path / "out"))
+    result = pipeline.build(req)
+    assert result.plan.choice.backend == "fsdp" and result.plan.choice.gradient_checkpointing
+    assert trial_settings(result)["WIZARD_TRIAL_GC"] == "0"
+
+
+def _trial(variant, flag_only=False, training_args=None):
+    c = Candidate("x", "zero2", {}, {}, 0, micro_batch=8, grad_accum=1, gradient_checkpointing=False,
+                  variant=variant, flag_only=flag_only)
+    return Trial(c, training_args=training_args)
+
+
+def test_a_variant_applies_only_where_the_script_takes_it():
+    opts, flag = TuneOptions("s.py", []), TuneOptions("s.py", [], batch_flag="--batch-size")
+    assert applies(_trial(None), opts, False)                                 # a rung: the script's own split
+    assert applies(_trial("largest micro-batch"), opts, None)                 # not known yet: run it
+    assert applies(_trial("largest micro-batch", training_args={"applied": True}), opts, True)
+    assert not applies(_trial("largest micro-batch"), opts, False)
+    assert applies(_trial("largest micro-batch", flag_only=True), flag, False)
+    assert not applies(_trial("largest micro-batch with gradient checkpointing"), flag, False)
+    assert NOT_APPLICABLE.startswith("not applicable: the script does not use the Trainer's TrainingArguments")
+
+
+def test_the_wizard_takes_a_measured_variant_with_its_split():
+    """The TUI's and --plain's Measure: a variant that wins becomes the choice with its micro-batch, accumulation
+    and gradient checkpointing (what the Review screen then writes), not only its rung."""
+    import yaml
+
+    from wizard.frontends.session import TARGET_CPU, WizardState
+    given = yaml.safe_load(EXAMPLE_ANSWERS.read_text())
+    state = WizardState(pipeline.Request(given=given, calibrate=False))
+    state.set_probed(state.load_hardware())
+    state.set_target(TARGET_CPU)
+    state.replan()
+    cands, _ = pick_candidates(state.plan, 3)
+    variant = cands[-1]
+    assert variant.variant and variant.micro_batch == 32
+    state.use_measured(variant)
+    assert state.picked == variant.rung_key and state.plan.choice.key == variant.rung_key
+    assert (state.answers["micro_batch"], state.answers["grad_accum"]) == (32, 1)
+    assert state.plan.choice.micro_batch == 32 and not state.plan.choice.gradient_checkpointing
+    assert state.result().answers["micro_batch"] == 32
