@@ -105,6 +105,23 @@ def test_the_first_adapter_sizing_uses_the_model_size_model_built(monkeypatch, n
     assert all(isinstance(s, dict) and s["trainable_params"] > 0 for i, s in enumerate(fresh) if i != 3)
 
 
+def test_a_shape_from_the_sizing_cache_builds_once_for_every_counted_method(monkeypatch):
+    """The sizing cache answered and the adapters are cold: the first adapter sizing builds the model, and the
+    methods counted from the shapes after it read that same build."""
+    size_model(str(MODELS / "llama-tiny"))                    # fills the sizing cache
+    monkeypatch.setattr(model_mod, "_LAST_BUILT", None)
+    builds = _Calls(monkeypatch, model_mod, "_build_on_meta")
+    shape = size_model(str(MODELS / "llama-tiny"))
+    sized = [_sized(shape, lora.lora_options(**o)) for o in (dict(method="lora"), dict(method="qlora", rank=8),
+                                                              dict(method="lora", targets="q_proj,v_proj"))]
+    assert builds.count == 1
+    fresh = []
+    for o in (dict(method="lora"), dict(method="qlora", rank=8), dict(method="lora", targets="q_proj,v_proj")):
+        monkeypatch.setattr(model_mod, "_LAST_BUILT", None)
+        fresh.append(_sized(shape, lora.lora_options(**o)))
+    assert sized == fresh and all(isinstance(s, dict) for s in sized)
+
+
 def test_a_model_built_from_another_config_is_not_used(monkeypatch):
     size_model(str(MODELS / "llama-tiny"))                    # fills the sizing cache
     builds = _Calls(monkeypatch, model_mod, "_build_on_meta")

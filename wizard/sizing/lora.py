@@ -232,7 +232,7 @@ def _size_with_peft(data, config, config_path, source: str, options: LoraOptions
 
     from wizard.libraries import IMPORT_LOCK
     from wizard.sizing.model import (_build_on_meta, _import_and_build_config, _offline, _quiet_transformers,
-                                     peek_built, take_built)
+                                     _remember_built, peek_built, take_built)
 
     with IMPORT_LOCK, _offline(), _quiet_transformers():
         # The model size_model just built from this config: counting only reads it, so it stays there for the
@@ -241,9 +241,13 @@ def _size_with_peft(data, config, config_path, source: str, options: LoraOptions
         if found is not None:
             config, base = found
         else:
-            if config is None:
+            from_data = config is None
+            if from_data:
                 config = _import_and_build_config(data, config_path)
             base = _build_on_meta(config, config_path or Path(source))
+            if from_data:   # the shape came from the sizing cache: this build serves the next method's count too
+                _remember_built(data, config_path, config, base)
+                found = (config, base)
         quant = _nf4_of_model(base, options) if options.method == "qlora" else None
         counted = count_lora(base, options)
         if counted is None:
