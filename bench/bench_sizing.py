@@ -11,7 +11,7 @@ Every figure is a fresh Python process, so imports are included (they are nearly
 - cold plan: `wizard plan --model <config> --assume 8xH100-80GB --dry-run` with WIZARD_NO_CACHE=1
   (sizing from scratch, then the plan), for the Llama-3.1-8B and Llama-3-70B fixture configs, and 70B with
   `--method qlora`. The 70B full fine-tune does not fit one 8xH100 node, so its plan also sizes the LoRA
-  and QLoRA adapters it names instead (peft on the same meta model);
+  and QLoRA adapters it names instead (counted on the same meta model);
 - warm plan: each of those again with the sizing and adapter caches filled (no torch, transformers or peft).
 The processes run round-robin, so a neighbour's burst lands on every figure alike. The box this
 runs on is often shared: the spread (min..max) is printed next to each median, wall and CPU time

@@ -1,7 +1,7 @@
 """The adapters a plan sizes: LoRA / QLoRA counts of a sized model, remembered in the process and on disk.
 
-Counting adapters runs peft on a model transformers builds on the meta device (wizard.sizing.lora), which
-imports torch, transformers and peft: seconds. The counts depend only on the config, the method options, the
+Counting adapters needs the model transformers builds on the meta device (wizard.sizing.lora; peft too, for
+targets other than plain Linear layers), which imports torch and transformers: seconds. The counts depend only on the config, the method options, the
 libraries' versions and the sizing code, so they are kept beside the sizing cache (`adapters/` next to
 `sizing/` under $WIZARD_CACHE_DIR or ~/.cache/wizard; WIZARD_NO_CACHE=1 turns it off), and a plan of a model
 sized before (its full fine-tuning, and the LoRA / QLoRA alternatives it names) imports none of them.
@@ -66,7 +66,7 @@ def adapters_cached(model: ModelShape, training) -> bool:
 def adapters_for(model: ModelShape, training) -> AdapterShape | None:
     """The AdapterShape of --method lora/qlora for this model, or None for full fine-tuning.
 
-    Exact shapes: peft on the meta device (wizard.sizing.lora.size_adapters), remembered in the process and on
+    Exact shapes: counted as peft counts on the meta device (wizard.sizing.lora.size_adapters), remembered in the process and on
     disk; a --params shape: counted analytically as a Llama. InputError when peft cannot apply the options.
     """
     if training.method == "full":

@@ -1,12 +1,14 @@
-"""LoRA / QLoRA sizing: adapters counted by the real peft on the meta device, the frozen base's NF4 bytes
-derived from bitsandbytes' layout, and the model-state bytes per GPU of each strategy.
+"""LoRA / QLoRA sizing: adapters counted as the real peft counts them on the meta device, the frozen base's NF4
+bytes derived from bitsandbytes' layout, and the model-state bytes per GPU of each strategy.
 
 Three parts:
 - `LoraOptions` / `lora_options(...)`: the method question (`--method full|lora|qlora`, `--lora-rank`,
   `--lora-alpha`, `--lora-targets`, `--lora-dropout`) validated into one frozen dataclass.
 - `size_adapters(model, options) -> AdapterShape`: transformers builds the model on the meta device
-  (wizard.sizing.model's build, no weights), peft's `get_peft_model` wraps it with the LoraConfig and peft's own
-  `get_nb_trainable_parameters()` counts trainable and frozen parameters. For QLoRA the modules that
+  (wizard.sizing.model's build, no weights; the one size_model built, when there is one). Where every target
+  is a plain Linear / Conv1D, `count_lora` counts what peft adds from the module shapes (r * (in + out) each), with
+  no peft import and the model left as it was; otherwise peft's `get_peft_model` wraps it with the LoraConfig and
+  peft's own `get_nb_trainable_parameters()` counts trainable and frozen parameters. For QLoRA the modules that
   transformers' bitsandbytes quantiser would turn into `Linear4bit` are found with transformers' own rules
   and their NF4 bytes computed from bitsandbytes' layout (see `nf4_linear_bytes`). bitsandbytes is never
   imported: sizing works without it. A `--params` shape (no config) is sized analytically as a Llama
@@ -224,25 +226,39 @@ def size_adapters(model: Any, options: LoraOptions) -> AdapterShape:
 
 
 def _size_with_peft(data, config, config_path, source: str, options: LoraOptions) -> AdapterShape:
+    """Adapters of the model transformers builds on meta: counted from its Linear shapes where that is what peft
+    does (`count_lora`), else by peft itself (`get_peft_model`, which also changes the model it wraps)."""
     from pathlib import Path
 
     from wizard.libraries import IMPORT_LOCK
-    from wizard.sizing.model import _build_on_meta, _import_and_build_config, _offline, _quiet_transformers, take_built
+    from wizard.sizing.model import (_build_on_meta, _import_and_build_config, _offline, _quiet_transformers,
+                                     _remember_built, peek_built, take_built)
 
     with IMPORT_LOCK, _offline(), _quiet_transformers():
-        # The model size_model just built from this config, when it was not handed to another sizing yet.
-        found = take_built(data, config_path) if config is None else None
+        # The model size_model just built from this config: counting only reads it, so it stays there for the
+        # next method's count (the 70B full plan names LoRA and QLoRA alternatives); peft takes it for good.
+        found = peek_built(data, config_path) if config is None else None
         if found is not None:
             config, base = found
         else:
-            if config is None:
+            from_data = config is None
+            if from_data:
                 config = _import_and_build_config(data, config_path)
             base = _build_on_meta(config, config_path or Path(source))
-        with _peft_on_meta():
-            quant = _nf4_of_model(base, options) if options.method == "qlora" else None
-            peft_model, targets = _apply_lora(base, options, source)
-            trainable, total = peft_model.get_nb_trainable_parameters()
-            per_target = _adapted_modules(peft_model)
+            if from_data:   # the shape came from the sizing cache: this build serves the next method's count too
+                _remember_built(data, config_path, config, base)
+                found = (config, base)
+        quant = _nf4_of_model(base, options) if options.method == "qlora" else None
+        counted = count_lora(base, options)
+        if counted is None:
+            if found is not None:
+                take_built(data, config_path)
+            with _peft_on_meta():
+                peft_model, targets = _apply_lora(base, options, source)
+                trainable, total = peft_model.get_nb_trainable_parameters()
+                per_target = _adapted_modules(peft_model)
+        else:
+            trainable, total, per_target, targets = counted
     shape = AdapterShape(
         method=options.method, rank=options.rank, trainable_params=trainable, frozen_params=total - trainable,
         adapted_modules=sum(per_target.values()), modules_per_target=per_target, targets=targets,
@@ -251,6 +267,79 @@ def _size_with_peft(data, config, config_path, source: str, options: LoraOptions
     if quant is not None:
         _fill_quant(shape, quant)
     return shape
+
+
+# peft 0.21 (tuners_utils.py, utils/constants.py), what `count_lora` reproduces and where it leaves the count to peft:
+# - a list of target names matches a module whose name equals one or ends with "." + one (check_target_module_exists);
+# - from MIN_TARGET_MODULES_FOR_OPTIMIZATION names on, inject_adapter condenses the list it keeps in its config,
+#   and that condensed list is what AdapterShape.targets reports: peft counts those;
+# - LoRA on a Linear(in, out) or a GPT-2 Conv1D adds lora_A (r x in) and lora_B (out x r), no bias (bias="none",
+#   lora_bias False): r * (in + out) trainable parameters (tuners/lora/layer.py update_layer); every base
+#   parameter stays, frozen. Any other matched module type (Embedding, Conv2d, a Linear subclass another
+#   dispatcher may claim): peft counts it;
+# - transformers-v5 MoE models (the model types of transformers' conversion_mapping._MODEL_TO_CONVERSION_PATTERN
+#   and peft's additions) may get their peft config rewritten before matching (utils/transformers_weight_conversion
+#   .py): peft counts them;
+# - Mamba-like model types refuse out_proj / conv1d targets (_check_lora_target_modules_mamba): peft says so.
+PEFT_MIN_TARGET_MODULES_FOR_OPTIMIZATION = 20
+_PEFT_MAMBA_MODEL_TYPES = frozenset({"falcon_h1", "mamba", "mamba2", "falcon_mamba", "nemotron_h"})
+
+
+def count_lora(model, options: LoraOptions) -> tuple[int, int, dict[str, int], list[str]] | None:
+    """(trainable, total parameters, leaf name -> adapted count, target names) of LoRA on `model` as
+    peft's get_peft_model + get_nb_trainable_parameters() count them, from the module shapes alone (no peft,
+    the model untouched); None where only peft can say (see above): an "all-linear" shorthand, an MoE
+    conversion, a matched module that is not a plain Linear / Conv1D, nothing matched (peft's error)."""
+    import torch
+    from transformers.pytorch_utils import Conv1D
+
+    if options.targets == ALL_LINEAR:
+        return None
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    converted = _moe_conversion_types()
+    if model_type in _PEFT_MAMBA_MODEL_TYPES or converted is None or model_type in converted:
+        return None
+    targets = options.target_list if options.targets is not None else linear_leaf_names(model)
+    if targets is None:
+        return None
+    wanted = set(targets)
+    if not wanted or len(wanted) >= PEFT_MIN_TARGET_MODULES_FOR_OPTIMIZATION:
+        return None
+    suffixes = tuple("." + t for t in wanted)
+    trainable = 0
+    per_target: dict[str, int] = {}
+    for name, module in model.named_modules():
+        if not name or not (name in wanted or name.endswith(suffixes)):
+            continue
+        kind = type(module)
+        if kind is torch.nn.Linear:
+            size = module.in_features + module.out_features
+        elif kind is Conv1D:
+            size = sum(module.weight.shape)
+        else:
+            return None
+        trainable += options.rank * size
+        leaf = name.rsplit(".", 1)[-1]
+        per_target[leaf] = per_target.get(leaf, 0) + 1
+    if not per_target:
+        return None
+    base = sum(p.numel() for _, p in model.named_parameters())
+    return trainable, base + trainable, dict(sorted(per_target.items())), sorted(wanted)
+
+
+# What peft 0.21 adds to transformers' table (utils/transformers_weight_conversion.py); a test checks it still is.
+_PEFT_EXTRA_CONVERSION_TYPES = frozenset({"mixtral"})
+
+
+def _moe_conversion_types() -> set[str] | None:
+    """Model types whose peft config peft may rewrite for transformers v5's MoE layout (_convert_peft_config_moe
+    looks the type up in transformers' _MODEL_TO_CONVERSION_PATTERN plus its own additions); None when
+    transformers does not say (then peft counts every model)."""
+    try:
+        from transformers.conversion_mapping import _MODEL_TO_CONVERSION_PATTERN as patterns
+    except ImportError:
+        return None
+    return set(patterns) | _PEFT_EXTRA_CONVERSION_TYPES
 
 
 @contextlib.contextmanager
@@ -314,6 +403,27 @@ def all_linear_names(model) -> list[str]:
 
     config = _maybe_include_all_linear_layers(LoraConfig(target_modules=ALL_LINEAR, task_type="CAUSAL_LM"), model)
     return sorted({name.rsplit(".", 1)[-1] for name in config.target_modules})
+
+
+def linear_leaf_names(model) -> list[str] | None:
+    """all_linear_names without peft: peft's _maybe_include_all_linear_layers on a model with no adapter yet
+    (every torch Linear / transformers Conv1D, less the output embeddings of a PreTrainedModel; a causal LM's
+    task type excludes no classifier head), as sorted leaf names; None when the output embeddings are no module of
+    the model (peft fails on that)."""
+    import torch
+    from transformers import PreTrainedModel
+    from transformers.pytorch_utils import Conv1D
+
+    modules = list(model.named_modules())
+    names = {name for name, module in modules if isinstance(module, (torch.nn.Linear, Conv1D))}
+    if isinstance(model, PreTrainedModel):
+        output = model.get_output_embeddings()
+        if output is not None:
+            found = [name for name, module in modules if module is output]
+            if not found:
+                return None
+            names.discard(found[0])
+    return sorted({name.rsplit(".", 1)[-1] for name in names})
 
 
 def default_targets(model_type: str | None) -> list[str] | None:

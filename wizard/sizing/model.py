@@ -726,9 +726,10 @@ def _read_cached_shape(path: Path) -> ModelShape | None:
 
 
 # The last model built on the meta device, for the adapter sizing that usually follows in the same process
-# (wizard.sizing.lora), which then builds nothing. Handed over once: peft changes the model it wraps, and
-# building again (0.04 s for 70B on the meta device) is cheaper than peft's unload (0.06-0.19 s), so a second
-# method builds its own. One slot: a TUI session sizes many models, and only the latest is asked about.
+# (wizard.sizing.lora), which then builds nothing. Counting adapters from the module shapes only reads it
+# (peek_built), so every method's count uses the one model; peft changes the model it wraps, so a sizing that
+# needs peft takes it out (take_built) and the next one builds its own (0.04 s for 70B on the meta device, cheaper
+# than peft's unload). One slot: a TUI session sizes many models, and only the latest is asked about.
 _LAST_BUILT: tuple[tuple[str, str], Any, Any] | None = None
 
 
@@ -739,6 +740,13 @@ def _built_key(data: dict[str, Any], config_path: Path) -> tuple[str, str]:
 def _remember_built(data: dict[str, Any], config_path: Path, config, model) -> None:
     global _LAST_BUILT
     _LAST_BUILT = (_built_key(data, config_path), config, model)
+
+
+def peek_built(data: dict[str, Any], config_path: Path):
+    """(config, model) that size_model last built from exactly this config, or None; left in place, so the caller
+    must not change the model."""
+    found = _LAST_BUILT
+    return (found[1], found[2]) if found is not None and found[0] == _built_key(data, config_path) else None
 
 
 def take_built(data: dict[str, Any], config_path: Path):
