@@ -61,6 +61,7 @@ class Candidate:
     gradient_checkpointing: bool | None = None
     variant: str | None = None             # None: a rung at the plan's split; else which micro-batch variant
     flag_only: bool = False                # a variant that differs from the choice by its micro-batch alone
+    global_batch_from: int | None = None   # a variant whose split changes the global batch: the user's (else None)
 
     @property
     def batch_text(self) -> str:
@@ -93,6 +94,7 @@ class Trial:
         c = self.candidate
         return {"label": c.label, "rung": c.rung_key, "variant": c.variant, "batch": c.batch_text,
                 "micro_batch": c.micro_batch, "grad_accum": c.grad_accum, "gradient_checkpointing": c.gradient_checkpointing,
+                "global_batch_from": c.global_batch_from,
                 "status": self.status, "predicted": c.predicted, "training_args": self.training_args,
                 "measured": {"steps": self.steps, "step_seconds": self.step_seconds,
                              "tokens_per_second": self.tokens_per_second, "peak_bytes": self.peak_bytes,
@@ -114,6 +116,7 @@ class TuneOptions:
     variants: int = DEFAULT_VARIANTS       # at most this many micro-batch variants of the best candidate
     max_micro_batch: int | None = None     # the variants' micro-batch at most this (default: none; CPU: 8x)
     batch_flag: str | None = None          # the script's micro-batch flag, for a script without TrainingArguments
+    allow_batch_change: bool = False       # a variant that changes the global batch may win (it changes the training)
     runs_root: str | None = None
     calibrate: bool = True                 # record the ratios for later plans
     cancel: Any = None                     # a threading.Event: set, it stops the trial like Ctrl-C (the TUI's Escape)
@@ -222,7 +225,8 @@ def pick_candidates(plan, limit: int, variants: int = DEFAULT_VARIANTS, max_micr
                              {**_rung_answers(choice), "micro_batch": mb, "grad_accum": accum,
                               "gradient_checkpointing": "on" if gc else "off"}, {}, order[choice.key],
                              micro_batch=mb, grad_accum=accum, gradient_checkpointing=gc, variant=what,
-                             flag_only=(accum, gc) == base[1:]))
+                             flag_only=(accum, gc) == base[1:],
+                             global_batch_from=None if mb * accum == per_process else per_process))
     if batch_flag and any(c.variant for c in out):
         notes.append(f"{batch_flag} reaches a script without TrainingArguments with the micro-batch only: there, "
                      "variants that change the accumulation or gradient checkpointing are not tried.")
@@ -467,11 +471,13 @@ def within_noise(a: Trial, b: Trial) -> bool:
     return hi > 0 and abs(a.tokens_per_second - b.tokens_per_second) / hi <= noise
 
 
-def pick_winner(trials: list[Trial], limit_bytes: int | None) -> Trial | None:
-    """The highest measured tokens/s among the trials whose peak leaves the headroom; a difference within
-    the measured noise goes to the simpler rung (earlier on the ladder), then the earlier candidate."""
+def pick_winner(trials: list[Trial], limit_bytes: int | None, allow_batch_change: bool = False) -> Trial | None:
+    """The highest measured tokens/s among the trials whose peak leaves the headroom and that train the
+    user's global batch (any batch with `allow_batch_change`); a difference within the measured noise goes to
+    the simpler rung (earlier on the ladder), then the earlier candidate."""
     ok = [t for t in trials if t.status == "measured" and t.tokens_per_second]
     ok = [t for t in ok if limit_bytes is None or t.peak_bytes is None or t.peak_bytes <= limit_bytes]
+    ok = [t for t in ok if allow_batch_change or t.candidate.global_batch_from is None]
     if not ok:
         return None
     best = max(ok, key=lambda t: t.tokens_per_second)
@@ -573,8 +579,9 @@ def tune(request, opts: TuneOptions, progress: Progress = lambda e: None, write:
         if t.status == "measured" and limit and t.peak_bytes and t.peak_bytes > limit:
             t.status = "too much memory"
             t.message = f"measured peak leaves less than the {headroom:.0%} headroom"
-    winner = pick_winner(trials, limit)
+    winner = pick_winner(trials, limit, opts.allow_batch_change)
     out = TuneResult(trials, winner, str(run_dir), partial, notes)
+    _note_batch_changing_variants(out, world, opts.allow_batch_change)
     if partial:
         out.notes.append(f"Budget of {opts.budget_s:g} s spent: {sum(t.status == 'measured' for t in trials)} of "
                          f"{len(trials)} candidates measured; the result is partial.")
@@ -612,6 +619,26 @@ def _record_calibration(base, trials: list[Trial]) -> None:
 def _global_batch(result) -> int:
     a = result.answers
     return int(a.get("micro_batch") or 1) * int(a.get("grad_accum") or 1) * int(result.plan.topology.world_size)
+
+
+def _note_batch_changing_variants(out: TuneResult, world: int, allowed: bool) -> None:
+    """A variant that trains another global batch changes the training, not only its speed: without
+    --allow-global-batch-change it is measured and shown, never written; say so, and what it would give."""
+    if allowed:
+        return
+    for t in out.trials:
+        c = t.candidate
+        if c.global_batch_from is None or t.status != "measured":
+            continue
+        before, after = c.global_batch_from * world, (c.micro_batch or 1) * (c.grad_accum or 1) * world
+        t.message = (f"trains a global batch of {after} samples, not your {before}: measured, not eligible to win "
+                     "(--allow-global-batch-change lets it)")
+        w = out.winner
+        if w is not None and t.tokens_per_second and w.tokens_per_second and \
+                t.tokens_per_second > w.tokens_per_second and not within_noise(t, w):
+            out.notes.append(f"{c.label} measured {t.tokens_per_second / w.tokens_per_second:.1f}x the winner's "
+                             f"tokens/s, with a global batch of {after} instead of {before}: to train that batch, "
+                             f"tune again with --allow-global-batch-change, or plan with --global-batch {after}.")
 
 
 def _note_global_batch(out: TuneResult, base, final) -> None:

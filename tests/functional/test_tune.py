@@ -62,10 +62,14 @@ def test_tune_measures_zero2_and_zero3_writes_the_winner_and_calibrates(tmp_path
         assert (trial / "run.json").is_file() and list((trial / "probe").glob("rank-*.jsonl")), trial
         assert state(trial)["status"] == "succeeded" and state(trial)["trial_done"] == {"steps": 3}
         assert sorted(p.name for p in (trial / "probe").glob("rank-*.jsonl")) == ["rank-0.jsonl", "rank-1.jsonl"]
-    # the winner is the measured fastest (or the simpler rung within the noise), and it is what was written
+    # the winner is the measured fastest (or the simpler rung within the noise) of those that train the user's
+    # global batch (2 x 4 here): the micro-batch 32 variant is measured, shown, and not eligible by default
     (winner,) = [c for c in doc["candidates"] if c["label"] == doc["winner"]]
+    (variant,) = [c for c in doc["candidates"] if c["variant"]]
+    assert variant["status"] == "measured" and variant["global_batch_from"] == 4, variant
+    assert "not eligible to win" in variant["message"] and winner["global_batch_from"] is None
     for other in doc["candidates"]:
-        if other["status"] == "measured":
+        if other["status"] == "measured" and other["global_batch_from"] is None:
             assert winner["measured"]["tokens_per_second"] >= other["measured"]["tokens_per_second"] * 0.9
     assert json.loads((tmp_path / "out" / "wizard_plan.json").read_text())["given"]["micro_batch"] == \
         winner["micro_batch"]

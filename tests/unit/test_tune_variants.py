@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from wizard import pipeline
-from wizard.tune import (NOT_APPLICABLE, Candidate, Trial, TuneOptions, applies, ds_config_disagrees,
-                         pick_candidates, trial_settings, variant_predicted, variant_request)
+from wizard.tune import (NOT_APPLICABLE, Candidate, Trial, TuneOptions, TuneResult, _note_batch_changing_variants,
+                         applies, ds_config_disagrees, pick_candidates, pick_winner, trial_settings,
+                         variant_predicted, variant_request)
 
 EXAMPLE_ANSWERS = Path(__file__).resolve().parents[2] / "examples" / "train.answers.yaml"
 # A 1B model on one assumed A100-40GB: without gradient checkpointing micro-batch 2 fits, with it 5.
@@ -162,3 +163,36 @@ def test_the_wizard_takes_a_measured_variant_with_its_split():
     assert (state.answers["micro_batch"], state.answers["grad_accum"]) == (32, 1)
     assert state.plan.choice.micro_batch == 32 and not state.plan.choice.gradient_checkpointing
     assert state.result().answers["micro_batch"] == 32
+
+
+def test_only_variants_that_change_the_global_batch_are_marked(tmp_path):
+    _, base = _gpu(tmp_path, micro_batch=1, grad_accum=8)
+    keeps, changes = pick_candidates(base.plan, 1)[0][1:]
+    assert (keeps.micro_batch * keeps.grad_accum, keeps.global_batch_from) == (8, None)        # 2 x 4
+    assert (changes.micro_batch * changes.grad_accum, changes.global_batch_from) == (10, 8)     # 5 x 2
+
+
+def _measured(label, order, tps, global_batch_from=None, micro_batch=4):
+    c = Candidate(label, "zero2", {}, {}, order, micro_batch=micro_batch, grad_accum=1, gradient_checkpointing=False,
+                  variant=None if global_batch_from is None else "largest micro-batch",
+                  global_batch_from=global_batch_from)
+    return Trial(c, status="measured", tokens_per_second=tps, noise=0.01)
+
+
+def test_a_variant_that_changes_the_global_batch_wins_only_when_allowed():
+    """A faster variant with another global batch changes the training, not only its speed: it is measured and
+    shown, and the user's batch wins unless --allow-global-batch-change; the note says what it would give."""
+    rung = _measured("ZeRO-2", 0, 1000.0)
+    bigger = _measured("ZeRO-2, micro-batch 32 x 1", 0, 7000.0, global_batch_from=4, micro_batch=32)
+    trials = [rung, bigger]
+    assert pick_winner(trials, None) is rung
+    assert pick_winner(trials, None, allow_batch_change=True) is bigger
+    out = TuneResult(trials, rung, "/runs/x", False, [])
+    _note_batch_changing_variants(out, 2, allowed=False)
+    assert "global batch of 64 samples, not your 8" in bigger.message and not rung.message
+    assert any("7.0x the winner's" in n and "--allow-global-batch-change" in n and "--global-batch 64" in n
+               for n in out.notes), out.notes
+    allowed = TuneResult(trials, bigger, "/runs/x", False, [])
+    bigger.message = ""
+    _note_batch_changing_variants(allowed, 2, allowed=True)
+    assert not allowed.notes and not bigger.message

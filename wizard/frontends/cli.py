@@ -221,6 +221,9 @@ def build_tune_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g.add_argument("--max-micro-batch", type=int, default=None, metavar="N",
                    help="the largest-micro-batch variants at most N (default: the largest that fits; on CPU processes "
                         f"{tune.CPU_MICRO_BATCH_FACTOR}x the plan's)")
+    g.add_argument("--allow-global-batch-change", action="store_true", default=False,
+                   help="a micro-batch variant that trains another global batch than yours may win (it changes the "
+                        "training: learning rate and steps may need changing); by default it is measured, not written")
     g.add_argument("--batch-flag", default=None, metavar="FLAG",
                    help="for a script without HF TrainingArguments: its micro-batch flag (e.g. --batch-size), "
                         "appended with the variant's micro-batch")
@@ -332,6 +335,7 @@ def cmd_tune(ns: argparse.Namespace) -> int:
     opts = tune.TuneOptions(script=command[0], script_args=command[1:], warmup=ns.warmup_steps, steps=ns.steps,
                             candidates=ns.candidates, budget_s=ns.budget, trial_timeout_s=ns.trial_timeout,
                             variants=ns.variants, max_micro_batch=ns.max_micro_batch, batch_flag=ns.batch_flag,
+                            allow_batch_change=ns.allow_global_batch_change,
                             runs_root=ns.runs_root, calibrate=not ns.no_calibration)
     as_json = bool(getattr(ns, "json", False))
     progress = (lambda e: None) if as_json else report.tune_progress_printer(sys.stderr)
