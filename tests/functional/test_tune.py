@@ -290,3 +290,12 @@ async def test_tui_measure_action_shows_progress_and_makes_the_winner_the_choice
         await until(lambda: type(app.screen).__name__ == "PlanScreen", 10)
         assert app.state.picked == winner.rung_key and app.state.plan.choice.key == winner.rung_key
         assert app.state.plan.choice.micro_batch == winner.micro_batch       # a variant's split comes with it
+
+
+def test_the_text_result_names_the_measured_script_in_the_launch_command(tmp_path):
+    """The winner's files are for the script just measured: the Next line launches it, with its arguments."""
+    r = wizard(tune_args(tmp_path, "--candidates", "1", "--variants", "0", "--no-calibration"), tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "Measured (predicted / measured):" in r.stdout and "Winner:   DeepSpeed ZeRO-2" in r.stdout, r.stdout
+    yaml_path = tmp_path / "out" / "default_config.yaml"
+    assert f"Next: wizard launch --config-file {yaml_path} -- {EXAMPLE} --steps 40" in r.stdout, r.stdout

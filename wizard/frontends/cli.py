@@ -343,7 +343,7 @@ def cmd_tune(ns: argparse.Namespace) -> int:
     if as_json:
         print(json.dumps(result.to_json(), indent=2, sort_keys=True, default=str))
     else:
-        report.print_tune(result)
+        report.print_tune(result, script=command)   # the script measured is the one to launch
     if not result.trials:
         print("wizard: nothing fits on this hardware: nothing to measure (see `wizard plan`)", file=sys.stderr)
         return EXIT_NOTHING_FITS

@@ -211,7 +211,7 @@ def print_findings(findings, file: TextIO | None = None) -> None:
     out.flush()
 
 
-def print_written(result, dry_run: bool, file: TextIO | None = None) -> None:
+def print_written(result, dry_run: bool, file: TextIO | None = None, script: list[str] | None = None) -> None:
     out = file or sys.stdout
     if dry_run:
         print(f"Dry run: nothing written. Would write {result.yaml_path}"
@@ -236,7 +236,9 @@ def print_written(result, dry_run: bool, file: TextIO | None = None) -> None:
     print("Validated with accelerate, DeepSpeed and transformers: "
           + ("OK" if not warnings else f"OK with {len(warnings)} warning(s)"), file=out)
     print_findings(warnings, file=out)
-    print(f"Next: wizard launch --config-file {result.yaml_path} -- your_train.py [args]", file=out)
+    import shlex
+    what = shlex.join(script) if script else "your_train.py [args]"
+    print(f"Next: wizard launch --config-file {result.yaml_path} -- {what}", file=out)
 
 
 def print_adapter_snippet(result, file: TextIO | None = None) -> None:
@@ -279,7 +281,8 @@ def tune_rows(result) -> list[list[str]]:
     return rows
 
 
-def print_tune(result, file: TextIO | None = None, written_note: str = "Dry run: nothing written.") -> None:
+def print_tune(result, file: TextIO | None = None, written_note: str = "Dry run: nothing written.",
+               script: list[str] | None = None) -> None:
     out = file or sys.stdout
     if not result.trials:
         return
@@ -300,7 +303,7 @@ def print_tune(result, file: TextIO | None = None, written_note: str = "Dry run:
         print(f"Winner:   {w.candidate.label}: {fmt_rate(w.tokens_per_second)} measured"
               + (f" (noise ±{w.noise:.0%})" if w.noise is not None else ""), file=out)
         if result.written is not None:
-            print_written(result.written, dry_run=False, file=out)
+            print_written(result.written, dry_run=False, file=out, script=script)
         else:
             print(written_note, file=out)
     print(f"Trials:   logs and probe records in {result.run_dir}", file=out)
