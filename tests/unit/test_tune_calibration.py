@@ -100,3 +100,51 @@ def test_candidates_are_the_choice_and_close_rungs():
     assert [c.rung_key for c in cands] == ["zero2", "zero3"] and cands[0].overrides["zero_stage"] == "2"
     assert [c.rung_key for c in pick_candidates(plan, 1, variants=0)[0]] == ["zero2"]
     assert all(c.variant is None and (c.micro_batch, c.grad_accum) == (4, 1) for c in cands)
+
+
+BAD_ENTRIES = {
+    "a ratio that is no number": {"speed_ratio": "x", "memory_ratio": 2.0, "trials": 1},
+    "a trial count that is no number": {"speed_ratio": 0.5, "trials": "a"},
+    "a date that is no number": {"speed_ratio": 0.5, "trials": 1, "updated": "soon"},
+    "a date past any calendar": {"speed_ratio": 0.5, "trials": 1, "updated": 1e300},
+    "a date in the future": {"speed_ratio": 0.5, "trials": 1, "updated": "FUTURE"},
+    "a negative ratio": {"speed_ratio": -1, "trials": 1},
+    "not an object": [0.5],
+}
+
+
+@pytest.mark.parametrize("what", sorted(BAD_ENTRIES))
+def test_an_unreadable_entry_is_ignored_with_a_note_and_tune_replaces_it(tmp_path, monkeypatch, what):
+    # A file of the right format with one hand-edited or truncated entry: the plan used to crash (a date past
+    # any calendar) or drop it silently, and tune's record() crashed after measuring every candidate.
+    import time
+    path = tmp_path / "calibration.json"
+    monkeypatch.setenv("WIZARD_CALIBRATION_FILE", str(path))
+    raw, hw = _plan()
+    entry = BAD_ENTRIES[what]
+    if isinstance(entry, dict):
+        entry = {"updated": time.time(), **entry}
+        if entry["updated"] == "FUTURE":
+            entry["updated"] = time.time() + 30 * 86400
+    path.write_text(json.dumps({"format": 1, "machines": {"cpu:2": {"zero2/full": entry}}}))
+    plan, _ = _plan()
+    assert {r.key: r.tokens_per_second for r in plan.rungs} == {r.key: r.tokens_per_second for r in raw.rungs}
+    assert any("1 unreadable entry (cpu:2 zero2/full) ignored" in n for n in plan.notes), plan.notes
+    calibration.record(hw, raw.topology, "full", [{"rung": "zero2", "speed_ratio": 2.0, "memory_ratio": 0.9}])
+    again = json.loads(path.read_text())["machines"]["cpu:2"]["zero2/full"]
+    assert again["trials"] == 1 and again["speed_ratio"] == 2.0 and again["memory_ratio"] == 0.9
+    fixed, _ = _plan()
+    assert not any("unreadable" in n for n in fixed.notes)
+    assert fixed.choice.tokens_per_second == pytest.approx(raw.choice.tokens_per_second * 2.0)
+
+
+def test_a_machine_entry_that_is_no_object_is_ignored_with_a_note_and_replaced(tmp_path, monkeypatch):
+    path = tmp_path / "calibration.json"
+    monkeypatch.setenv("WIZARD_CALIBRATION_FILE", str(path))
+    raw, hw = _plan()
+    path.write_text(json.dumps({"format": 1, "machines": {"cpu:2": [], "8xH100": {"zero2/full": {}}}}))
+    plan, _ = _plan()
+    assert any("1 unreadable entry (cpu:2) ignored" in n for n in plan.notes), plan.notes
+    calibration.record(hw, raw.topology, "full", [{"rung": "zero2", "speed_ratio": 2.0}])
+    doc = json.loads(path.read_text())["machines"]
+    assert doc["cpu:2"]["zero2/full"]["speed_ratio"] == 2.0 and doc["8xH100"] == {"zero2/full": {}}

@@ -73,8 +73,27 @@ def load(path: Path | None = None) -> tuple[dict[str, Any], str | None]:
     return doc["machines"], None
 
 
-def _fresh(entry: dict[str, Any], now: float) -> bool:
-    return now - float(entry.get("updated", 0)) <= STALE_DAYS * 86400
+# A clock a day ahead of the one that wrote the entry is still this machine's; a date further on is no date.
+FUTURE_SLACK_S = 86400.0
+
+
+def _parse(entry: Any, now: float) -> tuple[float | None, float | None, int, float] | None:
+    """(speed ratio, memory ratio, trials, updated) of a file entry; None when it cannot be read: not an object,
+    neither ratio a positive number, a ratio that is there but no number, a trial count or date that is none
+    (a date past now, or not finite, has no calendar day and would make the entry fresh for ever)."""
+    if not isinstance(entry, dict):
+        return None
+    speed, memory = _ratio(entry.get("speed_ratio")), _ratio(entry.get("memory_ratio"))
+    if (speed is None and memory is None) or any(entry.get(k) is not None and r is None for k, r in
+                                                 (("speed_ratio", speed), ("memory_ratio", memory))):
+        return None
+    try:
+        updated, trials = float(entry.get("updated", 0)), int(entry.get("trials", 0))
+    except (TypeError, ValueError, OverflowError):
+        return None
+    if not (math.isfinite(updated) and 0 <= updated <= now + FUTURE_SLACK_S) or trials < 0:
+        return None
+    return speed, memory, trials, updated
 
 
 def date_of(ts: float) -> str:
@@ -103,7 +122,7 @@ class Calibration:
     machine: str                                              # machine_key of the machine it was loaded for
     entries: dict[str, Ratios] = field(default_factory=dict)  # strategy_key -> fresh ratios
     stale: frozenset[str] = frozenset()                       # strategy keys older than STALE_DAYS
-    problem: str | None = None                                # the file is there but unreadable: why
+    problem: str | None = None                                # the file (or an entry of it) is unreadable: why
 
     def ratios(self, rung_key: str, method: str = "full") -> Ratios | None:
         return self.entries.get(strategy_key(rung_key, method))
@@ -129,22 +148,27 @@ def for_machine(hw, topology, path: Path | None = None, now: float | None = None
     now = time.time() if now is None else now
     entries: dict[str, Ratios] = {}
     stale: set[str] = set()
+    unreadable: list[str] = []
     raw = machines.get(key)
-    for name, entry in (raw.items() if isinstance(raw, dict) else ()):
-        if not isinstance(entry, dict):
+    if raw is not None and not isinstance(raw, dict):
+        raw, unreadable = {}, [key]
+    for name, entry in (raw or {}).items():
+        parsed = _parse(entry, now)
+        if parsed is None:
+            unreadable.append(f"{key} {name}")
             continue
-        speed, memory = _ratio(entry.get("speed_ratio")), _ratio(entry.get("memory_ratio"))
-        if speed is None and memory is None:
-            continue
-        try:
-            updated, trials = float(entry.get("updated", 0)), int(entry.get("trials", 0))
-        except (TypeError, ValueError):
-            continue
-        if not _fresh(entry, now):
+        speed, memory, trials, updated = parsed
+        if now - updated > STALE_DAYS * 86400:
             stale.add(name)
             continue
         entries[name] = Ratios(speed, memory, trials, updated)
-    return Calibration(key, entries, frozenset(stale))
+    problem = None
+    if unreadable:
+        problem = (f"Calibration file {path or calibration_file()}: {len(unreadable)} unreadable "
+                   f"entr{'y' if len(unreadable) == 1 else 'ies'} ({', '.join(sorted(unreadable))}) ignored; "
+                   "the next `wizard tune` on this machine replaces "
+                   f"{'it' if len(unreadable) == 1 else 'them'}.")
+    return Calibration(key, entries, frozenset(stale), problem)
 
 
 def notes(used: list[tuple[str, Ratios]], stale: int, changed: tuple[str, str] | None) -> list[str]:
@@ -186,15 +210,20 @@ def record(hw, topology, method: str, measurements: list[dict[str, Any]], path: 
     path = path or calibration_file()
     machines, _problem = load(path)         # an unreadable file is replaced
     now = time.time() if now is None else now
-    entries = machines.setdefault(machine_key(hw, topology), {})
+    key = machine_key(hw, topology)
+    if not isinstance(machines.get(key), dict):
+        machines[key] = {}                  # an unreadable machine entry too
+    entries = machines[key]
     for m in measurements:
         key = strategy_key(m["rung"], method)
-        old = entries.get(key) if isinstance(entries.get(key), dict) and _fresh(entries[key], now) else None
-        n_old = int(old.get("trials", 0)) if old else 0
+        parsed = _parse(entries.get(key), now)
+        # a stale or unreadable entry is replaced, never folded in
+        old = parsed if parsed is not None and now - parsed[3] <= STALE_DAYS * 86400 else None
+        n_old = old[2] if old else 0
         entry = {"trials": n_old + 1, "updated": now, "date": date_of(now)}
-        for name in ("speed_ratio", "memory_ratio"):
+        for i, name in enumerate(("speed_ratio", "memory_ratio")):
             new = m.get(name)
-            prev = old.get(name) if old else None
+            prev = old[i] if old else None
             if new is None or not new > 0:
                 entry[name] = prev
             elif prev:
