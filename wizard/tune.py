@@ -196,12 +196,7 @@ def pick_candidates(plan, limit: int, variants: int = DEFAULT_VARIANTS, max_micr
     cap = max_micro_batch or (CPU_MICRO_BATCH_FACTOR * base[0] if plan.topology.cpu else None)
     largest = {gc: (min(mb, cap) if cap else mb) for gc, mb in ((False, choice.max_micro_batch),
                                                                  (True, choice.max_micro_batch_gc))}
-    over = [f"{mb} {'with' if gc else 'without'} gradient checkpointing"
-            for gc, mb in ((False, choice.max_micro_batch), (True, choice.max_micro_batch_gc)) if cap and mb > cap]
-    if over:
-        notes.append(f"The largest micro-batch that fits ({', '.join(over)}) is tried at {cap}" +
-                     (" (--max-micro-batch)." if max_micro_batch else
-                      f" ({CPU_MICRO_BATCH_FACTOR}x the plan's on CPU processes; --max-micro-batch changes it)."))
+    uncapped = {False: choice.max_micro_batch, True: choice.max_micro_batch_gc}
     wanted = []
     if largest[False]:
         wanted.append(("largest micro-batch", largest[False], _variant_accum(largest[False], per_process), False))
@@ -213,20 +208,28 @@ def pick_candidates(plan, limit: int, variants: int = DEFAULT_VARIANTS, max_micr
                        bool(plan.batch.gradient_checkpointing)))
     seen = {base}
     taken = 0
+    over = []       # the capped largest-micro-batch variants that are tried: only those make the cap worth a note
     for what, mb, accum, gc in wanted:
         if (mb, accum, gc) in seen:
             continue
         seen.add((mb, accum, gc))
         if taken >= variants:
-            notes.append(f"The {what} ({mb} x {accum}) is not tried: at most --variants {variants}.")
+            if variants:        # --variants 0 asked for none: no note per variant left out
+                notes.append(f"The {what} ({mb} x {accum}) is not tried: at most --variants {variants}.")
             continue
         taken += 1
+        if what.startswith("largest") and cap and uncapped[gc] > cap:
+            over.append(f"{uncapped[gc]} {'with' if gc else 'without'} gradient checkpointing")
         out.append(Candidate(f"{choice.name}, micro-batch {mb} x {accum}, GC {'on' if gc else 'off'}", choice.key,
                              {**_rung_answers(choice), "micro_batch": mb, "grad_accum": accum,
                               "gradient_checkpointing": "on" if gc else "off"}, {}, order[choice.key],
                              micro_batch=mb, grad_accum=accum, gradient_checkpointing=gc, variant=what,
                              flag_only=(accum, gc) == base[1:],
                              global_batch_from=None if mb * accum == per_process else per_process))
+    if over:
+        notes.insert(0, f"The largest micro-batch that fits ({', '.join(over)}) is tried at {cap}" +
+                     (" (--max-micro-batch)." if max_micro_batch else
+                      f" ({CPU_MICRO_BATCH_FACTOR}x the plan's on CPU processes; --max-micro-batch changes it)."))
     if batch_flag and any(c.variant for c in out):
         notes.append(f"{batch_flag} reaches a script without TrainingArguments with the micro-batch only: there, "
                      "variants that change the accumulation or gradient checkpointing are not tried.")

@@ -196,3 +196,40 @@ def test_a_variant_that_changes_the_global_batch_wins_only_when_allowed():
     bigger.message = ""
     _note_batch_changing_variants(allowed, 2, allowed=True)
     assert not allowed.notes and not bigger.message
+
+
+def test_the_cap_note_names_only_the_capped_variants_that_are_tried():
+    """The CPU cap's note said the largest micro-batch with gradient checkpointing "is tried at 32" when no GC
+    variant is tried (at the same micro-batch it is only slower), and under --variants 0 it said "is tried"
+    next to "is not tried: at most --variants 0"."""
+    import yaml
+    given = yaml.safe_load(EXAMPLE_ANSWERS.read_text())
+    base = pipeline.build(pipeline.Request(given=given, plan_only=True, calibrate=False))
+    choice = base.plan.choice
+    cands, notes = pick_candidates(base.plan, 1)
+    assert [c.gradient_checkpointing for c in cands if c.variant] == [False]
+    cap_notes = [n for n in notes if "is tried at 32" in n]
+    assert cap_notes == [f"The largest micro-batch that fits ({choice.max_micro_batch} without gradient "
+                         "checkpointing) is tried at 32 (8x the plan's on CPU processes; --max-micro-batch "
+                         "changes it)."], notes
+    cands, notes = pick_candidates(base.plan, 1, variants=0)
+    assert [c.variant for c in cands] == [None] and notes == [], notes
+
+
+def test_the_next_line_is_a_shell_command_for_a_config_dir_with_a_space(tmp_path):
+    """`Next: wizard launch --config-file DIR WITH SPACE/default_config.yaml -- 'my train.py'` quoted the script
+    but not the config's path: pasted into a shell it passed `DIR` as the config."""
+    import io
+    import shlex
+
+    from wizard.frontends import report
+    req = pipeline.Request(given={**GPU, "micro_batch": 1}, assume="1xA100-40GB", calibrate=False,
+                           output_dir=str(tmp_path / "my configs"))
+    result = pipeline.build(req)
+    pipeline.validate(result)
+    pipeline.write(result, req.given)
+    out = io.StringIO()
+    report.print_written(result, dry_run=False, file=out, script=["my train.py", "--steps", "4"])
+    line = next(x for x in out.getvalue().splitlines() if x.startswith("Next: "))
+    assert shlex.split(line[len("Next: "):]) == ["wizard", "launch", "--config-file", result.yaml_path, "--",
+                                                  "my train.py", "--steps", "4"], line

@@ -238,7 +238,8 @@ def print_written(result, dry_run: bool, file: TextIO | None = None, script: lis
     print_findings(warnings, file=out)
     import shlex
     what = shlex.join(script) if script else "your_train.py [args]"
-    print(f"Next: wizard launch --config-file {result.yaml_path} -- {what}", file=out)
+    # a line to paste into a shell: the config's path quoted as the script's is (a directory with a space)
+    print(f"Next: wizard launch --config-file {shlex.quote(str(result.yaml_path))} -- {what}", file=out)
 
 
 def print_adapter_snippet(result, file: TextIO | None = None) -> None:
