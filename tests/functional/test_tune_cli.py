@@ -38,3 +38,14 @@ def test_missing_script_and_bad_numbers_are_refused(tmp_path):
     r = tune(["--answers", ANSWERS], tmp_path)
     assert r.returncode == 2 and "SCRIPT" in r.stderr, r.stderr
     assert not (tmp_path / "wizard-runs").exists()
+
+
+def test_batch_flag_takes_the_scripts_flag_as_the_readme_writes_it():
+    """`--batch-flag --batch-size` (README's example) ended in "argument --batch-flag: expected one argument":
+    argparse took the script's flag for one of ours."""
+    from wizard.frontends.cli import build_subparser
+    for spelling in ("--batch-flag", "--batch_flag"):
+        ns = build_subparser("tune").parse_args([spelling, "--batch-size", "--steps", "3", "--", "t.py", "--lr", "1"])
+        assert (ns.batch_flag, ns.steps, ns.command) == ("--batch-size", 3, ["--", "t.py", "--lr", "1"]), ns
+    ns = build_subparser("tune").parse_args(["--batch-flag=--bs", "--", "t.py"])
+    assert ns.batch_flag == "--bs" and ns.command == ["--", "t.py"]

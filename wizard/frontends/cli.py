@@ -49,12 +49,19 @@ class _Parser(argparse.ArgumentParser):
         return super().parse_known_args(dashed_spelling(args, self._option_string_actions), namespace)
 
 
+FLAG_VALUED = ("--batch-flag",)     # options whose value is itself a flag (of the training script)
+
+
 def dashed_spelling(args: list[str], options: dict[str, argparse.Action]) -> list[str]:
     """`--zero_stage 3` -> `--zero-stage 3` for the options this parser knows, up to `--` or the first
     positional (after it come a training script's own arguments, which are not ours to rename)."""
     out: list[str] = []
     value_next = False
+    joined = False
     for i, arg in enumerate(args):
+        if joined:
+            joined = False
+            continue
         if arg == "--":
             return out + args[i:]
         if arg.startswith("--"):
@@ -62,6 +69,11 @@ def dashed_spelling(args: list[str], options: dict[str, argparse.Action]) -> lis
             dashed = name.replace("_", "-")
             if name not in options and dashed in options:
                 name = dashed
+            if name in FLAG_VALUED and not eq and i + 1 < len(args) and args[i + 1] != "--":
+                # its value is the script's flag (`--batch-flag --batch-size`): argparse would take it for ours
+                out.append(f"{name}={args[i + 1]}")
+                joined = True
+                continue
             out.append(name + eq + value)
             action = options.get(name)
             value_next = action is not None and not eq and action.nargs != 0
