@@ -84,6 +84,8 @@ class Trial:
     peak_kind: str | None = None           # cuda_reserved | nvml | rss
     mfu: float | None = None
     noise: float | None = None             # relative spread (stdev / mean) of the measured step times
+    tokens_per_step: float | None = None   # all ranks' tokens per measured optimizer step (median)
+    other_workload: bool = False           # it ran another batch than its row (the script's own): not calibrated
     optimizers: list[str] = field(default_factory=list)
     training_args: dict[str, Any] | None = None   # the probe's record of the script's TrainingArguments (None: none)
     message: str = ""
@@ -99,6 +101,7 @@ class Trial:
                 "measured": {"steps": self.steps, "step_seconds": self.step_seconds,
                              "tokens_per_second": self.tokens_per_second, "peak_bytes": self.peak_bytes,
                              "peak_kind": self.peak_kind, "mfu": self.mfu, "noise": self.noise,
+                             "tokens_per_step": self.tokens_per_step, "other_workload": self.other_workload,
                              "optimizers": self.optimizers},
                 "message": self.message, "run_dir": self.run_dir, "wall_seconds": round(self.wall_seconds, 2),
                 "prepare_seconds": round(self.prepare_seconds, 2)}
@@ -363,6 +366,8 @@ def measure(trial: Trial, probe_dir: Path, world: int) -> None:
     tokens = [sum(r["tokens"] or 0 for r in per_step[s]) if all(r["tokens"] is not None for r in per_step[s])
               else None for s in measured]
     trial.step_seconds = statistics.median(times)
+    if all(t is not None for t in tokens):
+        trial.tokens_per_step = statistics.median(tokens)
     if len(times) > 1 and statistics.mean(times) > 0:
         trial.noise = statistics.pstdev(times) / statistics.mean(times)
     if all(t is not None for t in tokens) and sum(times) > 0:
@@ -570,6 +575,7 @@ def tune(request, opts: TuneOptions, progress: Progress = lambda e: None, write:
             break
         run_trial(trial, result.yaml_path, opts, trial_dir, min(opts.trial_timeout_s, left), world, progress,
                   settings)
+        _check_workload(trial, settings, world, int(result.answers.get("seq_len") or 0))
         if uses_training_args is None and trial.steps:
             uses_training_args = trial.training_args is not None
         progress({"event": "end", "index": i, "label": c.label, "trial": trial.to_json()})
@@ -609,7 +615,8 @@ def _record_calibration(base, trials: list[Trial]) -> None:
     rows = []
     for t in trials:
         p = t.candidate.predicted
-        if t.status != "measured" or t.candidate.variant is not None or not p.get("tokens_per_second"):
+        if t.status != "measured" or t.candidate.variant is not None or not p.get("tokens_per_second") \
+                or t.other_workload:
             continue
         rows.append({"rung": t.candidate.rung_key,
                      "speed_ratio": (t.tokens_per_second or 0) / p["tokens_per_second"] or None,
@@ -617,6 +624,23 @@ def _record_calibration(base, trials: list[Trial]) -> None:
                      else None})
     if rows:
         calibration.record(base.hardware, base.plan.topology, base.answers.get("method", "full"), rows)
+
+
+def _check_workload(trial: Trial, settings: dict[str, str], world: int, seq_len: int) -> None:
+    """A script that builds no TrainingArguments runs its own batch, whatever its row says: where the probe's
+    tokens per optimizer step are not the row's (micro-batch x accumulation x processes x sequence length), its
+    predicted figures are for another workload. Say so, and keep it out of the calibration (a ratio between two
+    workloads would skew every later plan on this machine)."""
+    if trial.status != "measured" or trial.training_args is not None or not trial.tokens_per_step or not seq_len:
+        return
+    expected = int(settings["WIZARD_TRIAL_MICRO_BATCH"]) * int(settings["WIZARD_TRIAL_GRAD_ACCUM"]) * world * seq_len
+    if round(trial.tokens_per_step) == expected:
+        return
+    trial.other_workload = True
+    trial.message = "; ".join(x for x in (trial.message, (
+        f"measured {trial.tokens_per_step:,.0f} tokens per optimizer step, not the {expected:,} of its row "
+        f"({trial.candidate.batch_text.split(',')[0]} x {world} processes x {seq_len} tokens): the script runs its "
+        "own batch, so predicted and measured are different workloads (not used to calibrate later plans)")) if x)
 
 
 def _global_batch(result) -> int:
@@ -634,8 +658,8 @@ def _note_batch_changing_variants(out: TuneResult, world: int, allowed: bool) ->
         if c.global_batch_from is None or t.status != "measured":
             continue
         before, after = c.global_batch_from * world, (c.micro_batch or 1) * (c.grad_accum or 1) * world
-        t.message = (f"trains a global batch of {after} samples, not your {before}: measured, not eligible to win "
-                     "(--allow-global-batch-change lets it)")
+        t.message = "; ".join(x for x in (t.message, f"trains a global batch of {after} samples, not your {before}: "
+                                          "measured, not eligible to win (--allow-global-batch-change lets it)") if x)
         w = out.winner
         if w is not None and t.tokens_per_second and w.tokens_per_second and \
                 t.tokens_per_second > w.tokens_per_second and not within_noise(t, w):

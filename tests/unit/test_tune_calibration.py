@@ -148,3 +148,41 @@ def test_a_machine_entry_that_is_no_object_is_ignored_with_a_note_and_replaced(t
     calibration.record(hw, raw.topology, "full", [{"rung": "zero2", "speed_ratio": 2.0}])
     doc = json.loads(path.read_text())["machines"]
     assert doc["cpu:2"]["zero2/full"]["speed_ratio"] == 2.0 and doc["8xH100"] == {"zero2/full": {}}
+
+
+def _probe_files(probe_dir, tokens_per_rank, steps=3):
+    probe_dir.mkdir(parents=True)
+    for rank in (0, 1):
+        lines = [json.dumps({"step": s, "rank": rank, "warmup": s == 1, "seconds": 0.01, "micro_batches": 1,
+                             "tokens": tokens_per_rank, "optimizers": ["AdamW"], "rss_peak_bytes": 300 << 20})
+                 for s in range(1, steps + 1)] + [json.dumps({"done": True, "rank": rank})]
+        (probe_dir / f"rank-{rank}.jsonl").write_text("\n".join(lines) + "\n")
+
+
+def test_a_rung_that_ran_the_scripts_own_batch_says_so_and_does_not_calibrate(tmp_path, monkeypatch):
+    """A script without TrainingArguments runs its own batch (here 16 per process where the row says 4): its
+    measured tokens/s and peak were compared with the prediction at the plan's 4 as if the same work, and
+    recorded as calibration (speed x34 for the tiny example against an own loop), skewing every later plan."""
+    from wizard import tune
+    path = tmp_path / "calibration.json"
+    monkeypatch.setenv("WIZARD_CALIBRATION_FILE", str(path))
+    base = pipeline.build(pipeline.Request(given=ANSWERS, plan_only=True, calibrate=False))
+    settings = {"WIZARD_TRIAL_MICRO_BATCH": "4", "WIZARD_TRIAL_GRAD_ACCUM": "1"}
+    (cand,), _ = tune.pick_candidates(base.plan, 1, variants=0)
+    own = Trial(cand, status="measured")
+    _probe_files(tmp_path / "own", 16 * 32)
+    tune.measure(own, tmp_path / "own", 2)
+    assert own.steps == 2 and own.tokens_per_step == 2 * 16 * 32
+    tune._check_workload(own, settings, 2, 32)
+    assert own.other_workload and own.status == "measured"
+    assert "measured 1,024 tokens per optimizer step, not the 256 of its row (4 x 1 x 2 processes x 32 tokens)" \
+        in own.message and "not used to calibrate" in own.message, own.message
+    tune._record_calibration(base, [own])
+    assert not path.exists()
+    same = Trial(cand, status="measured")                   # the row's batch: compared and recorded
+    _probe_files(tmp_path / "same", 4 * 32)
+    tune.measure(same, tmp_path / "same", 2)
+    tune._check_workload(same, settings, 2, 32)
+    assert not same.other_workload and same.message == ""
+    tune._record_calibration(base, [own, same])
+    assert json.loads(path.read_text())["machines"]["cpu:2"]["zero2/full"]["trials"] == 1
