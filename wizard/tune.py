@@ -133,6 +133,7 @@ class TuneResult:
     partial: bool
     notes: list[str]
     written: Any = None                    # the pipeline Result written for the winner
+    script_args: list[str] | None = None   # the script's arguments that run the winner's split (None: the user's)
 
     def to_json(self) -> dict[str, Any]:
         files = None
@@ -141,7 +142,8 @@ class TuneResult:
             files = to_json(self.written)["files"]
         return {"candidates": [t.to_json() for t in self.trials],
                 "winner": self.winner.candidate.label if self.winner else None,
-                "partial": self.partial, "run_dir": self.run_dir, "notes": self.notes, "files": files}
+                "partial": self.partial, "run_dir": self.run_dir, "notes": self.notes, "files": files,
+                "script_args": self.script_args}
 
 
 Progress = Callable[[dict[str, Any]], None]
@@ -600,6 +602,7 @@ def tune(request, opts: TuneOptions, progress: Progress = lambda e: None, write:
         return out
     final = pipeline.build(variant_request(request, winner.candidate, dry_run=request.dry_run, calibrate=False), hw=hw)
     _note_global_batch(out, base, final)
+    _note_script_split(out, opts)
     pipeline.validate(final)
     if final.errors:
         out.notes.append(f"the winner's config failed validation: {final.errors[0].message}; nothing written")
@@ -666,6 +669,37 @@ def _note_batch_changing_variants(out: TuneResult, world: int, allowed: bool) ->
             out.notes.append(f"{c.label} measured {t.tokens_per_second / w.tokens_per_second:.1f}x the winner's "
                              f"tokens/s, with a global batch of {after} instead of {before}: to train that batch, "
                              f"tune again with --allow-global-batch-change, or plan with --global-batch {after}.")
+
+
+TA_NAMES = {"per_device_train_batch_size": "micro-batch", "gradient_accumulation_steps": "accumulation",
+            "gradient_checkpointing": "gradient checkpointing"}
+
+
+def _note_script_split(out: TuneResult, opts: TuneOptions) -> None:
+    """The winner's config leaves the batch to the script ("auto"), and the trial set the winner's split in the
+    script's TrainingArguments (or passed --batch-flag): launched as it is, the script trains its own split,
+    not the one measured. Say what to set, or, with --batch-flag, launch with it (out.script_args)."""
+    w = out.winner
+    if w is None:
+        return
+    c = w.candidate
+    if c.variant is not None and opts.batch_flag and w.training_args is None:
+        out.script_args = list(opts.script_args) + [opts.batch_flag, str(c.micro_batch)]
+        return
+    ta = w.training_args
+    if not ta or not ta.get("applied"):
+        return
+    own, applied = ta.get("own") or {}, ta.get("set") or {}
+    differ = [k for k in TA_NAMES if k in applied and (
+        bool(own.get(k)) != bool(applied[k]) if k == "gradient_checkpointing" else own.get(k) != applied[k])]
+    if differ:
+        out.notes.append(
+            "Your script's TrainingArguments ask for " +
+            ", ".join(f"{k}={own.get(k)!r}" for k in differ) + "; the winner ran " +
+            ", ".join(f"{k}={applied[k]!r}" for k in differ) +
+            (" (the trial set it): set it in your " if len(differ) == 1 else " (the trial set them): set those in your ") +
+            "TrainingArguments (the config leaves them to it), or `wizard launch` with these files trains your script's own " +
+            " and ".join(TA_NAMES[k] for k in differ) + ".")
 
 
 def _note_global_batch(out: TuneResult, base, final) -> None:

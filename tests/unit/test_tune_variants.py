@@ -233,3 +233,31 @@ def test_the_next_line_is_a_shell_command_for_a_config_dir_with_a_space(tmp_path
     line = next(x for x in out.getvalue().splitlines() if x.startswith("Next: "))
     assert shlex.split(line[len("Next: "):]) == ["wizard", "launch", "--config-file", result.yaml_path, "--",
                                                   "my train.py", "--steps", "4"], line
+
+
+def test_a_winner_whose_split_the_trial_set_says_what_the_script_must_set():
+    """The winner's config leaves the batch to the script ("auto"), and its trial ran the split the probe set in
+    the script's TrainingArguments: the result said only `Next: wizard launch ... -- train.py`, which trains the
+    script's own 4 x 1, not the 32 x 1 measured (nothing said so). With --batch-flag the Next line now passes it."""
+    from wizard.tune import _note_script_split
+    won = _measured("ZeRO-2, micro-batch 32 x 1", 0, 7000.0, global_batch_from=4, micro_batch=32)
+    won.training_args = {"applied": True,
+                         "own": {"per_device_train_batch_size": 4, "gradient_accumulation_steps": 1,
+                                 "gradient_checkpointing": None},
+                         "set": {"per_device_train_batch_size": 32, "gradient_accumulation_steps": 1,
+                                 "gradient_checkpointing": False}}
+    out = TuneResult([won], won, "/runs/x", False, [])
+    _note_script_split(out, TuneOptions("train.py", ["--steps", "40"]))
+    assert out.notes == ["Your script's TrainingArguments ask for per_device_train_batch_size=4; the winner ran "
+                         "per_device_train_batch_size=32 (the trial set it): set it in your TrainingArguments "
+                         "(the config leaves them to it), or `wizard launch` with these files trains your script's "
+                         "own micro-batch."], out.notes
+    assert out.script_args is None
+    won.training_args["own"]["per_device_train_batch_size"] = 32          # the script asks for what won: no note
+    same = TuneResult([won], won, "/runs/x", False, [])
+    _note_script_split(same, TuneOptions("train.py", []))
+    assert same.notes == []
+    won.training_args = None                                             # an own loop given --batch-flag
+    flag = TuneResult([won], won, "/runs/x", False, [])
+    _note_script_split(flag, TuneOptions("own.py", ["--lr", "1"], batch_flag="--batch-size"))
+    assert flag.script_args == ["--lr", "1", "--batch-size", "32"] and flag.to_json()["script_args"] == flag.script_args

@@ -355,7 +355,9 @@ def cmd_tune(ns: argparse.Namespace) -> int:
     if as_json:
         print(json.dumps(result.to_json(), indent=2, sort_keys=True, default=str))
     else:
-        report.print_tune(result, script=command)   # the script measured is the one to launch
+        # the script measured is the one to launch, with the winner's --batch-flag where it took one
+        report.print_tune(result, script=command[:1] + (result.script_args if result.script_args is not None
+                                                         else command[1:]))
     if not result.trials:
         print("wizard: nothing fits on this hardware: nothing to measure (see `wizard plan`)", file=sys.stderr)
         return EXIT_NOTHING_FITS
