@@ -443,7 +443,9 @@ def run_trial(trial: Trial, config_file: str, opts: TuneOptions, run_dir: Path, 
         trial.message = cl.get("summary") or "out of memory"
     elif timed_out:
         trial.status = "timed out" if not trial.steps else "incomplete"
-        trial.message = f"stopped after {time_limit:.0f} s with {trial.steps} of {opts.steps} measured steps"
+        which = "--trial-timeout" if time_limit >= opts.trial_timeout_s else "what was left of --budget"
+        trial.message = (f"stopped after {time_limit:.0f} s ({which}) with {trial.steps} of {opts.steps} "
+                         "measured steps")
     elif state.get("status") == "succeeded" and state.get("trial_done") and done and trial.steps:
         trial.status = "measured"
     elif state.get("status") == "succeeded":

@@ -173,6 +173,15 @@ def test_too_small_budget_stops_with_partial_results_said_plainly(tmp_path):
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
 
 
+def test_a_trial_stopped_by_its_timeout_says_which_limit_stopped_it(tmp_path):
+    """A row stopped by --trial-timeout and one stopped by what was left of --budget both read "timed out":
+    the message names the limit (it said only "stopped after 1 s" under a budget of 5 s)."""
+    r = wizard(tune_args(tmp_path, "--candidates", "1", "--variants", "0", "--trial-timeout", "2",
+                         "--no-calibration"), tmp_path)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "DeepSpeed ZeRO-2: stopped after 2 s (--trial-timeout) with 0 of 2 measured steps" in r.stdout, r.stdout
+
+
 def test_ctrl_c_mid_trial_writes_nothing_and_leaves_no_process(tmp_path):
     e = env()
     p = subprocess.Popen([sys.executable, "-m", "wizard", *tune_args(tmp_path, script_args=("--steps", "400",
