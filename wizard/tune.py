@@ -515,6 +515,10 @@ def tune(request, opts: TuneOptions, progress: Progress = lambda e: None, write:
     for name, v in (("--budget", opts.budget_s), ("--trial-timeout", opts.trial_timeout_s)):
         if not (math.isfinite(v) and v > 0):
             raise InputError(name, f"{v}", "a finite number of seconds > 0")
+    for name, value in (("assume", request.assume), ("hardware", request.hardware_file)):
+        if value:       # the trials run here: a config for another machine fails, or calibrates that machine
+            raise InputError(name, f"{value}: tune measures the machine it runs on",
+                             f"no --{name} (`wizard plan --{name} ...` plans another machine)")
     base = pipeline.build(request)
     if base.plan.choice is None:
         return TuneResult([], None, "", False, ["nothing fits"], None)

@@ -49,3 +49,15 @@ def test_batch_flag_takes_the_scripts_flag_as_the_readme_writes_it():
         assert (ns.batch_flag, ns.steps, ns.command) == ("--batch-size", 3, ["--", "t.py", "--lr", "1"]), ns
     ns = build_subparser("tune").parse_args(["--batch-flag=--bs", "--", "t.py"])
     assert ns.batch_flag == "--bs" and ns.command == ["--", "t.py"]
+
+
+def test_an_assumed_or_saved_machine_is_refused(tmp_path):
+    """The trials run on this machine: `tune --assume 2xH100-80GB` ran them on this CPU box with a config for two
+    H100s (each trial failed in DeepSpeed's batch check) and would record their ratios under the H100 key."""
+    hw = tmp_path / "hw.json"
+    hw.write_text("{}")
+    for flag, value in (("--assume", "2xH100-80GB"), ("--hardware", str(hw))):
+        r = tune(["--answers", ANSWERS, flag, value, "--output-dir", str(tmp_path / "out"), "--", EXAMPLE], tmp_path)
+        assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+        assert "tune measures the machine it runs on" in r.stderr and flag in r.stderr, r.stderr
+    assert not (tmp_path / "out").exists() and not (tmp_path / "wizard-runs").exists()
