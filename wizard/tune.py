@@ -235,6 +235,11 @@ def pick_candidates(plan, limit: int, variants: int = DEFAULT_VARIANTS, max_micr
         notes.insert(0, f"The largest micro-batch that fits ({', '.join(over)}) is tried at {cap}" +
                      (" (--max-micro-batch)." if max_micro_batch else
                       f" ({CPU_MICRO_BATCH_FACTOR}x the plan's on CPU processes; --max-micro-batch changes it)."))
+    if any(r.calibration for r in plan.rungs):
+        # the plan chose with the measured ratios, but a row's prediction is the raw model's: the ratios the trials
+        # record are measured against it, never compounded. Without this, the column contradicts `wizard plan`.
+        notes.append("Predicted figures are the raw model's (the trials' ratios are measured against it); the "
+                     "candidates were chosen with this machine's calibration, which `wizard plan` shows.")
     if batch_flag and any(c.variant for c in out):
         notes.append(f"{batch_flag} reaches a script without TrainingArguments with the micro-batch only: there, "
                      "variants that change the accumulation or gradient checkpointing are not tried.")

@@ -186,3 +186,19 @@ def test_a_rung_that_ran_the_scripts_own_batch_says_so_and_does_not_calibrate(tm
     assert not same.other_workload and same.message == ""
     tune._record_calibration(base, [own, same])
     assert json.loads(path.read_text())["machines"]["cpu:2"]["zero2/full"]["trials"] == 1
+
+
+def test_a_calibrated_plans_candidates_say_their_predictions_are_the_raw_models(tmp_path, monkeypatch):
+    """After one tune, `wizard plan` shows ZeRO-2 at the calibrated speed while the next tune's table showed the
+    raw model's under "predicted", with nothing saying the two differ on purpose."""
+    from wizard.tune import pick_candidates
+    monkeypatch.setenv("WIZARD_CALIBRATION_FILE", str(tmp_path / "calibration.json"))
+    raw, hw = _plan()
+    cands, notes = pick_candidates(raw, 3, variants=0)
+    assert not any("raw model" in n for n in notes), notes
+    calibration.record(hw, raw.topology, "full", [{"rung": "zero2", "speed_ratio": 1.5}])
+    cal, _ = _plan()
+    cands, notes = pick_candidates(cal, 3, variants=0)
+    assert cands[0].predicted["tokens_per_second"] == pytest.approx(raw.choice.tokens_per_second)
+    assert cal.choice.tokens_per_second == pytest.approx(raw.choice.tokens_per_second * 1.5)
+    assert any(n.startswith("Predicted figures are the raw model's") for n in notes), notes
