@@ -261,3 +261,17 @@ def test_a_winner_whose_split_the_trial_set_says_what_the_script_must_set():
     flag = TuneResult([won], won, "/runs/x", False, [])
     _note_script_split(flag, TuneOptions("own.py", ["--lr", "1"], batch_flag="--batch-size"))
     assert flag.script_args == ["--lr", "1", "--batch-size", "32"] and flag.to_json()["script_args"] == flag.script_args
+
+
+def test_the_wizards_measure_keeps_its_dry_run_so_the_trials_record_no_calibration(tmp_path):
+    """`wizard --plain --dry-run` (or the TUI) → Measure: the request given to tune dropped --dry-run, so the
+    trials wrote the calibration file that `wizard tune --dry-run` leaves alone (tune records only when the
+    request is not a dry run)."""
+    import yaml
+
+    from wizard.frontends.session import WizardState
+    given = yaml.safe_load(EXAMPLE_ANSWERS.read_text())
+    for dry in (True, False):
+        state = WizardState(pipeline.Request(given=given, dry_run=dry, calibrate=True, output_dir=str(tmp_path)))
+        req = state.measure_request()
+        assert (req.dry_run, req.calibrate, req.output_dir, req.given) == (dry, True, str(tmp_path), state.given())

@@ -224,7 +224,7 @@ def _measure(p: _Prompter) -> None:
         return
     if not command:
         return
-    request = pipeline.Request(given=state.given(), output_dir=state.output_dir, calibrate=state.request.calibrate)
+    request = state.measure_request()
     try:
         result = tune.tune(request, tune.TuneOptions(script=command[0], script_args=command[1:]),
                            progress=report.tune_progress_printer(p.out), write=False)

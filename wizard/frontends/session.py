@@ -372,6 +372,13 @@ class WizardState:
         self.changed = True
         self.replan()
 
+    def measure_request(self):
+        """The request the TUI's and --plain's Measure give wizard.tune: the answers so far, and the session's
+        --dry-run (under it the trials record no calibration either, as `wizard tune --dry-run`)."""
+        from wizard import pipeline
+        return pipeline.Request(given=self.given(), output_dir=self.output_dir, calibrate=self.request.calibrate,
+                                dry_run=self.request.dry_run)
+
     def use_measured(self, candidate) -> None:
         """`wizard tune`'s winner (a wizard.tune.Candidate): its rung, and for a micro-batch variant its
         micro-batch, accumulation and gradient checkpointing, as if typed."""

@@ -64,11 +64,10 @@ class MeasureModal(ModalScreen[Any]):
         threading.Thread(target=self._run, args=(command,), name="wizard-measure", daemon=True).start()
 
     def _run(self, command: list[str]) -> None:
-        from wizard import pipeline, tune
+        from wizard import tune
         from wizard.errors import WizardError
         state = self.state
-        request = pipeline.Request(given=state.given(), output_dir=state.output_dir,
-                                   calibrate=state.request.calibrate)
+        request = state.measure_request()
         opts = tune.TuneOptions(script=command[0], script_args=command[1:], cancel=self.cancel)
         try:
             result = tune.tune(request, opts, progress=lambda e: self.app.call_from_thread(self._progress, e),
