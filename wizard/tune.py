@@ -708,9 +708,10 @@ def _note_script_split(out: TuneResult, opts: TuneOptions) -> None:
             "Your script's TrainingArguments ask for " +
             ", ".join(f"{k}={own.get(k)!r}" for k in differ) + "; the winner ran " +
             ", ".join(f"{k}={applied[k]!r}" for k in differ) +
-            (" (the trial set it): set it in your " if len(differ) == 1 else " (the trial set them): set those in your ") +
-            "TrainingArguments (the config leaves them to it), or `wizard launch` with these files trains your script's own " +
-            " and ".join(TA_NAMES[k] for k in differ) + ".")
+            (" (the trial set it): set it in your " if len(differ) == 1
+             else " (the trial set them): set those in your ") +
+            "TrainingArguments (the config leaves them to it), or `wizard launch` with these files trains your "
+            "script's own " + " and ".join(TA_NAMES[k] for k in differ) + ".")
 
 
 def _note_global_batch(out: TuneResult, base, final) -> None:

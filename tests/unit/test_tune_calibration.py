@@ -202,3 +202,29 @@ def test_a_calibrated_plans_candidates_say_their_predictions_are_the_raw_models(
     assert cands[0].predicted["tokens_per_second"] == pytest.approx(raw.choice.tokens_per_second)
     assert cal.choice.tokens_per_second == pytest.approx(raw.choice.tokens_per_second * 1.5)
     assert any(n.startswith("Predicted figures are the raw model's") for n in notes), notes
+
+
+def test_a_tune_on_some_of_the_gpus_calibrates_only_plans_for_that_many(tmp_path, monkeypatch):
+    """The key counted the machine's GPUs, not the plan's processes: ratios measured with 2 of 8 H100s (less
+    all-reduce, another per-GPU share) calibrated a plan for all 8."""
+    from wizard.probe.hardware import probe
+    monkeypatch.setenv("WIZARD_FAKE_NVML", "8xH100-80GB")
+    monkeypatch.setenv("WIZARD_CALIBRATION_FILE", str(tmp_path / "calibration.json"))
+    hw = probe()
+    assert hw.source == "probe" and len(hw.gpus) == 8
+
+    def plan(n):
+        a = {"params": "1B", "num_processes": n}
+        return pipeline.plan_from_answers(hw, pipeline.size(a), pipeline.resolve_pre_plan(hw, a))
+    two, eight = plan(2), plan(8)
+    key = two.choice.key
+
+    def speed(p):
+        return next(r.tokens_per_second for r in p.rungs if r.key == key)
+    calibration.record(hw, two.topology, "full", [{"rung": key, "speed_ratio": 0.5}])
+    assert speed(plan(2)) == pytest.approx(speed(two) * 0.5)
+    assert speed(plan(8)) == pytest.approx(speed(eight))
+    calibration.record(hw, eight.topology, "full", [{"rung": key, "speed_ratio": 0.8}])
+    assert speed(plan(8)) == pytest.approx(speed(eight) * 0.8)
+    assert set(json.loads((tmp_path / "calibration.json").read_text())["machines"]) == \
+        {"2xNVIDIA H100 80GB HBM3", "8xNVIDIA H100 80GB HBM3"}

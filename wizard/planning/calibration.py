@@ -1,9 +1,9 @@
 """Measured-to-predicted ratios from `wizard tune`, kept per machine and used by later plans.
 
 One file, <cache>/calibration.json ($WIZARD_CACHE_DIR, else ${XDG_CACHE_HOME:-~/.cache}/wizard), keyed by
-the machine (GPU model and count, or "cpu" and the process count) and the strategy class (the rung key and
-the fine-tuning method). Each entry holds the geometric mean of the trials' ratios (measured tokens/s over
-predicted, measured peak memory over predicted), how many trials made it and when. The ratios are always
+the machine (GPU model and how many of them the processes use, or "cpu" and the process count) and the
+strategy class (the rung key and the fine-tuning method). Each entry holds the geometric mean of the trials'
+ratios (measured tokens/s over predicted, measured peak memory over predicted), how many trials made it and when. The ratios are always
 against the raw model, never against an already calibrated figure (tune predicts with Rung.uncalibrated()).
 
 Only a plan for the machine the wizard runs on (a probe, not --assume or --hardware) is calibrated:
@@ -42,13 +42,15 @@ def calibration_file() -> Path:
 
 
 def machine_key(hw, topology) -> str:
-    """'2xNVIDIA H100 80GB HBM3' or 'cpu:2' (CPU processes)."""
+    """'2xNVIDIA H100 80GB HBM3' (the GPUs a plan uses on this machine, one per process) or 'cpu:2' (CPU
+    processes). The count is the processes', not the machine's GPUs: a ratio measured on 2 of 8 GPUs (less
+    communication, another per-GPU share) says nothing about a run on all 8. On the whole machine both agree."""
     gpus = list(getattr(hw, "gpus", None) or [])
+    n = int(getattr(topology, "processes_per_machine", 1) or 1)
     if getattr(topology, "cpu", False) or not gpus:
-        n = int(getattr(topology, "processes_per_machine", 1) or 1)
         return f"cpu:{n}"
     names = sorted({str(getattr(g, "name", "gpu")) for g in gpus})
-    return f"{len(gpus)}x{'+'.join(names)}"
+    return f"{n}x{'+'.join(names)}"
 
 
 def strategy_key(rung_key: str, method: str = "full") -> str:
