@@ -608,7 +608,9 @@ def tune(request, opts: TuneOptions, progress: Progress = lambda e: None, write:
         out.notes.append(f"Budget of {opts.budget_s:g} s spent: {sum(t.status == 'measured' for t in trials)} of "
                          f"{len(trials)} candidates measured; the result is partial.")
     if opts.calibrate and not request.dry_run:
-        _record_calibration(base, trials)
+        problem = _record_calibration(base, trials)
+        if problem:
+            out.notes.append(problem)
     if winner is None or not write:
         return out
     final = pipeline.build(variant_request(request, winner.candidate, dry_run=request.dry_run, calibrate=False), hw=hw)
@@ -624,7 +626,9 @@ def tune(request, opts: TuneOptions, progress: Progress = lambda e: None, write:
     return out
 
 
-def _record_calibration(base, trials: list[Trial]) -> None:
+def _record_calibration(base, trials: list[Trial]) -> str | None:
+    """Fold the measured rungs into this machine's calibration; a note when the file cannot be written (the
+    measurements and the winner's files do not depend on it: a read-only or full cache must not lose them)."""
     from wizard.planning import calibration
     rows = []
     for t in trials:
@@ -636,8 +640,14 @@ def _record_calibration(base, trials: list[Trial]) -> None:
                      "speed_ratio": (t.tokens_per_second or 0) / p["tokens_per_second"] or None,
                      "memory_ratio": (t.peak_bytes / p["per_gpu_bytes"]) if t.peak_bytes and p.get("per_gpu_bytes")
                      else None})
-    if rows:
+    if not rows:
+        return None
+    try:
         calibration.record(base.hardware, base.plan.topology, base.answers.get("method", "full"), rows)
+    except OSError as e:
+        return (f"Calibration not recorded: {e.filename or calibration.calibration_file()}: "
+                f"{e.strerror or e} (later plans stay uncalibrated).")
+    return None
 
 
 def _check_workload(trial: Trial, settings: dict[str, str], world: int, seq_len: int) -> None:

@@ -228,3 +228,20 @@ def test_a_tune_on_some_of_the_gpus_calibrates_only_plans_for_that_many(tmp_path
     assert speed(plan(8)) == pytest.approx(speed(eight) * 0.8)
     assert set(json.loads((tmp_path / "calibration.json").read_text())["machines"]) == \
         {"2xNVIDIA H100 80GB HBM3", "8xNVIDIA H100 80GB HBM3"}
+
+
+def test_a_calibration_file_that_cannot_be_written_is_a_note_not_a_crash(tmp_path, monkeypatch):
+    """A cache that cannot be written (here the file's path is a directory; a read-only or full cache alike): tune
+    crashed after measuring every candidate (exit 2), before writing the winner's files."""
+    from wizard import tune
+    path = tmp_path / "calibration.json"
+    path.mkdir()
+    monkeypatch.setenv("WIZARD_CALIBRATION_FILE", str(path))
+    base = pipeline.build(pipeline.Request(given=ANSWERS, plan_only=True, calibrate=False))
+    (cand,), _ = tune.pick_candidates(base.plan, 1, variants=0)
+    measured = Trial(cand, status="measured", tokens_per_second=4000.0, peak_bytes=400 << 20)
+    note = tune._record_calibration(base, [measured])
+    assert note and note.startswith("Calibration not recorded: ") and "Is a directory" in note, note
+    assert path.is_dir() and list(path.iterdir()) == [] and list(tmp_path.iterdir()) == [path]
+    monkeypatch.setenv("WIZARD_CALIBRATION_FILE", str(tmp_path / "ok.json"))
+    assert tune._record_calibration(base, [measured]) is None and (tmp_path / "ok.json").is_file()
