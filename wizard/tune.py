@@ -633,7 +633,9 @@ def _record_calibration(base, trials: list[Trial]) -> str | None:
     rows = []
     for t in trials:
         p = t.candidate.predicted
-        if t.status != "measured" or t.candidate.variant is not None or not p.get("tokens_per_second") \
+        # "too much memory" is a full measurement whose peak passed the headroom: the ratio that most needs
+        # recording, or the next plan chooses the same rung again
+        if t.status not in ("measured", "too much memory") or t.candidate.variant is not None or not p.get("tokens_per_second") \
                 or t.other_workload:
             continue
         rows.append({"rung": t.candidate.rung_key,

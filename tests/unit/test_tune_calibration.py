@@ -245,3 +245,22 @@ def test_a_calibration_file_that_cannot_be_written_is_a_note_not_a_crash(tmp_pat
     assert path.is_dir() and list(path.iterdir()) == [] and list(tmp_path.iterdir()) == [path]
     monkeypatch.setenv("WIZARD_CALIBRATION_FILE", str(tmp_path / "ok.json"))
     assert tune._record_calibration(base, [measured]) is None and (tmp_path / "ok.json").is_file()
+
+
+def test_a_rung_measured_over_the_headroom_is_recorded(tmp_path, monkeypatch):
+    """A rung whose measured peak passed the headroom ("too much memory") is a full measurement: its memory
+    ratio was dropped (only "measured" rows were recorded), so the next plan chose the same rung again."""
+    from wizard import tune
+    path = tmp_path / "calibration.json"
+    monkeypatch.setenv("WIZARD_CALIBRATION_FILE", str(path))
+    base = pipeline.build(pipeline.Request(given=ANSWERS, plan_only=True, calibrate=False))
+    (cand,), _ = tune.pick_candidates(base.plan, 1, variants=0)
+    over = Trial(cand, status="too much memory", tokens_per_second=4000.0,
+                 peak_bytes=3 * cand.predicted["per_gpu_bytes"])
+    assert tune._record_calibration(base, [over]) is None
+    entry = json.loads(path.read_text())["machines"]["cpu:2"]["zero2/full"]
+    assert entry["memory_ratio"] == pytest.approx(3.0) and entry["trials"] == 1
+    failed = Trial(cand, status="failed")
+    path.unlink()
+    tune._record_calibration(base, [failed, Trial(cand, status=tune.OOM)])
+    assert not path.exists()
