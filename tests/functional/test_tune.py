@@ -294,6 +294,10 @@ async def test_tui_measure_action_shows_progress_and_makes_the_winner_the_choice
         bars = modal.query(ProgressBar)
         # ZeRO-2, ZeRO-3 and ZeRO-2's micro-batch variant (32 x 1)
         assert len(bars) == len(modal.result.trials) == 3 and all(b.progress == b.total == 6 for b in bars)
+        # the variant trains a global batch of 64, not 8: the modal says why it does not win, as the text does
+        # (it showed the table alone: a row measured faster than the winner, and no reason)
+        shown = str(modal.query_one("#measure-status").content)
+        assert "global batch of 64 samples, not your 8: measured, not eligible to win" in shown, shown
         winner = modal.result.winner.candidate
         await pilot.press("enter")
         await until(lambda: type(app.screen).__name__ == "PlanScreen", 10)

@@ -292,11 +292,8 @@ def print_tune(result, file: TextIO | None = None, written_note: str = "Dry run:
     print("Measured (predicted / measured):", file=out)
     for r in rows:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip(), file=out)
-    for t in result.trials:
-        if t.message:
-            print(f"  {t.candidate.label}: {t.message}", file=out)
-    for note in result.notes:
-        print(f"Note:     {note}", file=out)
+    for line in tune_messages(result):
+        print(line, file=out)
     if result.winner is None:
         print("No candidate was measured to completion: nothing written.", file=out)
     else:
@@ -308,6 +305,13 @@ def print_tune(result, file: TextIO | None = None, written_note: str = "Dry run:
         else:
             print(written_note, file=out)
     print(f"Trials:   logs and probe records in {result.run_dir}", file=out)
+
+
+def tune_messages(result) -> list[str]:
+    """What the table alone does not say (why a faster row did not win, a row not applicable, the notes): under
+    the table in the text result and in the TUI's Measure."""
+    return ([f"  {t.candidate.label}: {t.message}" for t in result.trials if t.message]
+            + [f"Note:     {note}" for note in result.notes])
 
 
 def tune_progress_printer(out: TextIO):

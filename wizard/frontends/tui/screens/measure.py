@@ -103,10 +103,12 @@ class MeasureModal(ModalScreen[Any]):
         if result is None:
             self._status(message or "")
             return
-        from wizard.frontends.report import tune_rows
+        from wizard.frontends.report import tune_messages, tune_rows
         rows = tune_rows(result)
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         table = "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+        # why a faster row did not win (another global batch), a row not applicable: as the text result says
+        table = "\n".join([table, *tune_messages(result)])
         from rich.markup import escape
         winner = result.winner.candidate.label if result.winner else None
         self._status(escape(table) + "\n" + (f"Winner: [b]{escape(winner)}[/b] · Enter makes it the plan's choice"
