@@ -653,20 +653,23 @@ def _record_calibration(base, trials: list[Trial]) -> str | None:
 
 
 def _check_workload(trial: Trial, settings: dict[str, str], world: int, seq_len: int) -> None:
-    """A script that builds no TrainingArguments runs its own batch, whatever its row says: where the probe's
-    tokens per optimizer step are not the row's (micro-batch x accumulation x processes x sequence length), its
-    predicted figures are for another workload. Say so, and keep it out of the calibration (a ratio between two
-    workloads would skew every later plan on this machine)."""
-    if trial.status != "measured" or trial.training_args is not None or not trial.tokens_per_step or not seq_len:
+    """Where the probe's tokens per optimizer step are not the row's (micro-batch x accumulation x processes x
+    sequence length), the row's predicted figures are for another workload: a script that builds no
+    TrainingArguments runs its own batch, whatever its row says, and any script may run another sequence length
+    than --seq-len (its own flag, its data's padding). Say so, and keep it out of the calibration (a ratio between
+    two workloads would skew every later plan on this machine)."""
+    if trial.status != "measured" or not trial.tokens_per_step or not seq_len:
         return
     expected = int(settings["WIZARD_TRIAL_MICRO_BATCH"]) * int(settings["WIZARD_TRIAL_GRAD_ACCUM"]) * world * seq_len
     if round(trial.tokens_per_step) == expected:
         return
     trial.other_workload = True
+    why = ("the script runs its own batch" if trial.training_args is None else
+           f"the script's sequences are not --seq-len {seq_len} tokens (its own length, or its data's padding)")
     trial.message = "; ".join(x for x in (trial.message, (
         f"measured {trial.tokens_per_step:,.0f} tokens per optimizer step, not the {expected:,} of its row "
-        f"({trial.candidate.batch_text.split(',')[0]} x {world} processes x {seq_len} tokens): the script runs its "
-        "own batch, so predicted and measured are different workloads (not used to calibrate later plans)")) if x)
+        f"({trial.candidate.batch_text.split(',')[0]} x {world} processes x {seq_len} tokens): {why}, so "
+        "predicted and measured are different workloads (not used to calibrate later plans)")) if x)
 
 
 def _global_batch(result) -> int:

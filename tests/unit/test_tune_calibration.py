@@ -179,6 +179,14 @@ def test_a_rung_that_ran_the_scripts_own_batch_says_so_and_does_not_calibrate(tm
         in own.message and "not used to calibrate" in own.message, own.message
     tune._record_calibration(base, [own])
     assert not path.exists()
+    longer = Trial(cand, status="measured", training_args={"applied": True})   # the Trainer at --seq-len 64
+    _probe_files(tmp_path / "longer", 4 * 64)
+    tune.measure(longer, tmp_path / "longer", 2)
+    tune._check_workload(longer, settings, 2, 32)
+    assert longer.other_workload and "measured 512 tokens per optimizer step, not the 256" in longer.message
+    assert "the script's sequences are not --seq-len 32 tokens" in longer.message, longer.message
+    tune._record_calibration(base, [own, longer])
+    assert not path.exists()
     same = Trial(cand, status="measured")                   # the row's batch: compared and recorded
     _probe_files(tmp_path / "same", 4 * 32)
     tune.measure(same, tmp_path / "same", 2)
