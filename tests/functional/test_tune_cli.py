@@ -61,3 +61,17 @@ def test_an_assumed_or_saved_machine_is_refused(tmp_path):
         assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
         assert "tune measures the machine it runs on" in r.stderr and flag in r.stderr, r.stderr
     assert not (tmp_path / "out").exists() and not (tmp_path / "wizard-runs").exists()
+
+
+def test_tune_help_says_no_calibration_also_records_nothing():
+    """`wizard tune --no-calibration` also keeps the trials out of the calibration file; its help said only
+    "show the raw model", as `plan`'s does."""
+    import io
+    from contextlib import redirect_stdout
+
+    from wizard.frontends.cli import build_subparser
+    out = io.StringIO()
+    with redirect_stdout(out):
+        build_subparser("tune").print_help()
+    text = " ".join(out.getvalue().split())
+    assert "--no-calibration pick the candidates by the raw model" in text and "record none from these trials" in text

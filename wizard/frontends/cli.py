@@ -202,9 +202,10 @@ def build_subparser(name: str) -> argparse.ArgumentParser:
     raise ValueError(name)
 
 
-def _add_calibration_flag(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--no-calibration", action="store_true", default=False,
-                   help="show the raw model, without the ratios `wizard tune` measured on this machine")
+def _add_calibration_flag(p: argparse.ArgumentParser,
+                          help: str = "show the raw model, without the ratios `wizard tune` measured on this "
+                                      "machine") -> None:
+    p.add_argument("--no-calibration", action="store_true", default=False, help=help)
 
 
 def build_tune_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -215,7 +216,8 @@ def build_tune_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.epilog = UNDERSCORES
     _add_common_flags(p, json_help="print the whole table as JSON")
     _add_question_flags(p)
-    _add_calibration_flag(p)
+    _add_calibration_flag(p, help="pick the candidates by the raw model, without this machine's earlier ratios, "
+                                  "and record none from these trials")
     g = p.add_argument_group("trials")
     g.add_argument("--steps", type=int, default=tune.DEFAULT_STEPS, metavar="N",
                    help="measured optimizer steps per candidate")
