@@ -69,7 +69,7 @@ def dashed_spelling(args: list[str], options: dict[str, argparse.Action]) -> lis
             dashed = name.replace("_", "-")
             if name not in options and dashed in options:
                 name = dashed
-            if name in FLAG_VALUED and not eq and i + 1 < len(args) and args[i + 1] != "--":
+            if name in FLAG_VALUED and name in options and not eq and i + 1 < len(args) and args[i + 1] != "--":
                 # its value is the script's flag (`--batch-flag --batch-size`): argparse would take it for ours
                 out.append(f"{name}={args[i + 1]}")
                 joined = True
