@@ -635,8 +635,8 @@ def _record_calibration(base, trials: list[Trial]) -> str | None:
         p = t.candidate.predicted
         # "too much memory" is a full measurement whose peak passed the headroom: the ratio that most needs
         # recording, or the next plan chooses the same rung again
-        if t.status not in ("measured", "too much memory") or t.candidate.variant is not None or not p.get("tokens_per_second") \
-                or t.other_workload:
+        if t.status not in ("measured", "too much memory") or t.candidate.variant is not None \
+                or not p.get("tokens_per_second") or t.other_workload:
             continue
         rows.append({"rung": t.candidate.rung_key,
                      "speed_ratio": (t.tokens_per_second or 0) / p["tokens_per_second"] or None,
@@ -644,11 +644,14 @@ def _record_calibration(base, trials: list[Trial]) -> str | None:
                      else None})
     if not rows:
         return None
+    _, unreadable = calibration.load()
     try:
-        calibration.record(base.hardware, base.plan.topology, base.answers.get("method", "full"), rows)
+        path = calibration.record(base.hardware, base.plan.topology, base.answers.get("method", "full"), rows)
     except OSError as e:
         return (f"Calibration not recorded: {e.filename or calibration.calibration_file()}: "
                 f"{e.strerror or e} (later plans stay uncalibrated).")
+    if unreadable:      # record() starts a new file over one it cannot read: say so, it held earlier trials
+        return f"{unreadable} These trials' ratios replace it ({path})."
     return None
 
 

@@ -272,3 +272,19 @@ def test_a_rung_measured_over_the_headroom_is_recorded(tmp_path, monkeypatch):
     path.unlink()
     tune._record_calibration(base, [failed, Trial(cand, status=tune.OOM)])
     assert not path.exists()
+
+
+def test_tune_says_when_its_record_replaces_an_unreadable_file(tmp_path, monkeypatch):
+    """record() starts a new file over one it cannot read (earlier trials in it are gone): tune did so silently."""
+    from wizard import tune
+    path = tmp_path / "calibration.json"
+    path.write_text("{truncated")
+    monkeypatch.setenv("WIZARD_CALIBRATION_FILE", str(path))
+    base = pipeline.build(pipeline.Request(given=ANSWERS, plan_only=True, calibrate=False))
+    (cand,), _ = tune.pick_candidates(base.plan, 1, variants=0)
+    measured = Trial(cand, status="measured", tokens_per_second=4000.0, peak_bytes=400 << 20)
+    note = tune._record_calibration(base, [measured])
+    assert note == (f"Calibration file {path} is unreadable (Expecting property name enclosed in double quotes: "
+                    f"line 1 column 2 (char 1)); ignored. These trials' ratios replace it ({path})."), note
+    assert json.loads(path.read_text())["machines"]["cpu:2"]["zero2/full"]["trials"] == 1
+    assert tune._record_calibration(base, [measured]) is None         # readable now: folded in, nothing to say
