@@ -362,3 +362,42 @@ def test_an_offload_bound_choice_says_a_larger_micro_batch_amortises_the_cpu_ste
     # Not offload-bound: nothing to amortise, nothing said.
     fits = pipeline.build(Request(assume="8xA100-80GB", output_dir=str(tmp_path), given={"params": "7B"})).plan
     assert fits.amortised is None and not any(x.startswith("Offload-bound") for x in speed_lines(fits))
+
+
+# --- the stated reasons: what the user forced, and what really costs a rung its speed -----------------------
+
+_MODELS = __import__("pathlib").Path(__file__).resolve().parents[1] / "fixtures" / "models"
+_LLAMA_70B = str(_MODELS / "llama-3-70b")
+
+
+@pytest.mark.parametrize("model, method, backend", [("llama-3-70b", "qlora", "fsdp"), ("llama-3-70b", "lora", "deepspeed"),
+                                                    ("llama-3.1-8b", "full", "deepspeed")])
+def test_a_choice_forced_onto_offload_does_not_claim_that_nothing_without_offload_fits(tmp_path, model, method,
+                                                                                       backend):
+    """`--offload cpu` plans only offload rungs; on 8 x H100 a rung without offload fits these models, so
+    'no rung without offload fits' was false: the reason names the flag instead."""
+    given = {"model": str(_MODELS / model), "method": method, "backend": backend, "offload": "cpu"}
+    plan = pipeline.build(Request(assume="8xH100-80GB,ram=2T", output_dir=str(tmp_path), given=given)).plan
+    assert plan.choice is not None and plan.choice.offloads
+    assert "no rung without offload fits" not in plan.choice.reason, plan.choice.reason
+    assert "--offload cpu" in plan.choice.reason, plan.choice.reason
+    # Without the flag the same model fits without offload there (so the old sentence was really false).
+    auto = pipeline.build(Request(assume="8xH100-80GB,ram=2T", output_dir=str(tmp_path),
+                                  given={**given, "offload": "auto"})).plan
+    assert not auto.choice.offloads
+
+
+def test_a_rung_slower_for_its_smaller_micro_batch_says_so(tmp_path):
+    """70B QLoRA on 2 x 48 GB, global batch 16: ZeRO-3 fits micro-batch 2, FSDP2 with resharding only 1, and
+    FSDP2's slower step is all compute (its gathers are hidden: 0 s of communication). The reason said
+    'weights gathered for every layer, forward and backward'; it names the micro-batches."""
+    given = {"model": _LLAMA_70B, "method": "qlora", "global_batch": 16}
+    plan = pipeline.build(Request(assume="2xRTX6000Ada-48GB,ram=256G", output_dir=str(tmp_path), given=given)).plan
+    fsdp = rung_by_key(plan, "fsdp-reshard")
+    assert fsdp.fits and fsdp is not plan.choice and fsdp.micro_batch < plan.choice.micro_batch   # the case
+    c, r = plan.choice.speed, fsdp.speed
+    assert r.compute_seconds - c.compute_seconds > max(r.communication_seconds - c.communication_seconds,
+                                                       r.overhead_seconds - c.overhead_seconds)
+    assert "gathered for every layer" not in fsdp.reason, fsdp.reason
+    assert (f"micro-batch {fsdp.micro_batch} (the largest that fits), against {plan.choice.micro_batch}"
+            in fsdp.reason), fsdp.reason

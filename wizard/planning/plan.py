@@ -650,7 +650,10 @@ def _sentence(text: str) -> str:
     return text[:1].upper() + text[1:] + "."
 
 
-def _fit_reason(rung: Rung, x: _Inputs, without_gc: int | None, choice: Rung, tie: bool = False) -> str:
+def _fit_reason(rung: Rung, x: _Inputs, without_gc: int | None, choice: Rung, tie: bool = False,
+                forced_offload: str | None = None) -> str:
+    """`forced_offload`: the --offload value when it left the ladder no rung of a cheaper class than the choice's,
+    so the plan cannot say that nothing cheaper fits (it did not try)."""
     used = f"{fmt_bytes(rung.per_gpu_bytes)} of {fmt_bytes(x.usable)} usable per {x.unit}"
     gc = ""
     if without_gc is not None:
@@ -662,6 +665,7 @@ def _fit_reason(rung: Rung, x: _Inputs, without_gc: int | None, choice: Rung, ti
         spare = fmt_bytes(x.usable - rung.per_gpu_bytes)
         fastest = "the first rung that fits within 3% of the fastest" if tie else "the fastest rung that fits"
         why = (fastest if _rung_class(rung) == 0 else
+               f"{fastest} of those --offload {forced_offload} allows" if forced_offload else
                "no rung without offload fits, and it is the fastest offload rung that fits" if _rung_class(rung) == 1
                else "nothing fits without NVMe")
         return f"Fits with {spare} to spare ({used}){gc}; ≈{rate}; chosen: {why}."
@@ -678,6 +682,9 @@ def _fit_reason(rung: Rung, x: _Inputs, without_gc: int | None, choice: Rung, ti
 
 def _slower_because(rung: Rung, choice: Rung, x: _Inputs | None = None) -> str:
     """What costs this rung its speed, in a few words."""
+    smaller = _smaller_micro_batch(rung, choice)
+    if smaller:
+        return smaller
     if "nvme" in (rung.offload_optimizer, rung.offload_param):
         return "optimizer states swapped through NVMe"
     if rung.offload_param != "none":
@@ -696,6 +703,25 @@ def _slower_because(rung: Rung, choice: Rung, x: _Inputs | None = None) -> str:
     if rung.zero_stage == 3 or rung.fsdp_reshard:
         return "weights gathered for every layer, forward and backward"
     return "more communication per step"
+
+
+def _smaller_micro_batch(rung: Rung, choice: Rung) -> str | None:
+    """When the rung runs a smaller micro-batch of the same global batch than the choice, at the same
+    checkpointing, and compute is the largest part of its longer step, that is the reason, not its
+    communication (a rung that fits only micro-batch 1 was said to be slower for gathering its weights, with
+    0 s of exposed communication)."""
+    r, c = rung.speed, choice.speed
+    if (r is None or c is None or rung.micro_batch >= choice.micro_batch
+            or rung.gradient_checkpointing != choice.gradient_checkpointing):
+        return None
+    parts = ("compute_seconds", "communication_seconds", "offload_seconds", "optimizer_seconds", "overhead_seconds")
+    gaps = {p: getattr(r, p) - getattr(c, p) for p in parts}
+    if max(gaps, key=gaps.get) != "compute_seconds" or gaps["compute_seconds"] <= 0:
+        return None
+    largest = rung.max_micro_batch_gc if rung.gradient_checkpointing else rung.max_micro_batch
+    which = " (the largest that fits)" if largest and rung.micro_batch >= largest else ""
+    return (f"it runs micro-batch {rung.micro_batch}{which}, against {choice.micro_batch} for {choice.name}: "
+            "smaller matrix multiplies use the GPU less well")
 
 
 # --- Resolving the inputs ---------------------------------------------------------------------------
@@ -1069,9 +1095,11 @@ def _make_plan(hw, model, training: TrainingOptions, strategy: StrategyOptions, 
     if choice is not None:
         tie = any(r.fits and _rung_class(r) == _rung_class(choice) and r.tokens_per_second > choice.tokens_per_second
                   for r in rungs)
+        forced = (strategy.offload if strategy.offload in ("cpu", "nvme")
+                  and not any(_rung_class(r) < _rung_class(choice) for r in rungs) else None)
         for rung, without_gc in evaluated:
             if rung.fits:
-                rung.reason = _fit_reason(rung, x, without_gc, choice, tie)
+                rung.reason = _fit_reason(rung, x, without_gc, choice, tie, forced)
     if x.nvme_path and x.nvme_free is None and any(BY_KEY[k].uses_nvme for k in keys):
         notes.append(f"Free space at the NVMe path {x.nvme_path} is unknown, so the NVMe rung's disk need is not "
                      "checked.")
