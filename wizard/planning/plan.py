@@ -242,7 +242,7 @@ class Plan:
                 "offload_optimizer": c.offload_optimizer, "offload_param": c.offload_param,
                 "gradient_checkpointing": c.gradient_checkpointing,
                 "per_gpu_bytes": c.per_gpu_bytes, "cpu_bytes": c.cpu_bytes, "key": c.key, "name": c.name,
-                "speed": None if c.speed is None else c.speed.to_json(),
+                "speed": c.to_json()["speed"],       # with train_seconds, as in its rung
                 "max_micro_batch": c.max_micro_batch, "max_micro_batch_gc": c.max_micro_batch_gc,
                 "micro_batch": c.micro_batch, "grad_accum": c.grad_accum,
             },
