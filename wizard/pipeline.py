@@ -124,6 +124,23 @@ def refuse_mpirun(given: dict[str, Any]) -> None:
             q.check(True, None, q.field)
 
 
+ADAPTER_OPTIONS = ("lora_rank", "lora_alpha", "lora_targets", "lora_dropout")
+
+
+def refuse_adapter_options(given: dict[str, Any], answers: dict[str, Any]) -> None:
+    """LoRA options with full fine-tuning are refused, not dropped: the conflict check only sees answers that
+    were given, and the method's default (full) is a real answer, not one the plan makes later, so
+    `--lora-rank 64` without --method planned full fine-tuning without a word."""
+    if answers.get("method", "full") != "full":
+        return
+    from wizard.config.questions import by_id
+    for key in ADAPTER_OPTIONS:
+        if given.get(key) is not None:
+            q = by_id(key)
+            raise InputError(q.field, f"{given[key]!r} is used only with --method lora or qlora, and the method "
+                             "is full", f"add --method lora or --method qlora, or drop {q.flag}")
+
+
 def _truthy(value: Any) -> bool:
     return str(value).strip().lower() in ("1", "true", "yes", "on") if value is not None else False
 
@@ -312,6 +329,7 @@ def build(request: Request, hw: Hardware | None = None) -> Result:
     answers = resolve_pre_plan(hw, request.given, conflicts, plan_only=request.plan_only)
     if conflicts:
         raise conflicts[0]
+    refuse_adapter_options(request.given, answers)
     model = size(answers)
     plan = plan_from_answers(hw, model, answers, calibrate=request.calibrate)
     plan.alternatives = alternatives(hw, model, answers, plan)

@@ -401,3 +401,29 @@ def test_a_rung_slower_for_its_smaller_micro_batch_says_so(tmp_path):
     assert "gathered for every layer" not in fsdp.reason, fsdp.reason
     assert (f"micro-batch {fsdp.micro_batch} (the largest that fits), against {plan.choice.micro_batch}"
             in fsdp.reason), fsdp.reason
+
+
+@pytest.mark.parametrize("key, value, flag", [("lora_rank", 64, "lora-rank"), ("lora_targets", "q_proj,v_proj",
+                                                                                "lora-targets"),
+                                              ("lora_alpha", 128, "lora-alpha"), ("lora_dropout", 0.1, "lora-dropout")])
+def test_adapter_options_without_an_adapter_method_are_refused_not_dropped(tmp_path, key, value, flag):
+    """`wizard plan --lora-rank 64` (no --method) planned full fine-tuning and showed 'Instead: LoRA r=16':
+    the flag vanished without a word. It is refused, naming the flag and the method, like --backend ddp
+    --offload cpu; from the CLI that is exit 2 and one line."""
+    import contextlib
+    import io
+
+    from wizard.frontends.cli import main
+
+    with pytest.raises(InputError) as e:
+        pipeline.build(Request(assume="4xA100-40GB,ram=512G", output_dir=str(tmp_path),
+                               given={"params": "8B", key: value}))
+    assert e.value.field == flag and "--method" in str(e.value) and "full" in str(e.value), str(e.value)
+    err = io.StringIO()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        code = main(["plan", "--params", "8B", "--assume", "4xA100-40GB,ram=512G", f"--{flag}", str(value)])
+    assert code == 2 and err.getvalue().count("\n") == 1 and "Traceback" not in err.getvalue(), err.getvalue()
+    # With an adapter method the same flag is used.
+    plan = pipeline.build(Request(assume="4xA100-40GB,ram=512G", output_dir=str(tmp_path),
+                                  given={"params": "8B", "method": "lora", key: value})).plan
+    assert plan.method["name"] == "lora"
