@@ -427,3 +427,18 @@ def test_adapter_options_without_an_adapter_method_are_refused_not_dropped(tmp_p
     plan = pipeline.build(Request(assume="4xA100-40GB,ram=512G", output_dir=str(tmp_path),
                                   given={"params": "8B", "method": "lora", key: value})).plan
     assert plan.method["name"] == "lora"
+
+
+def test_the_qlora_note_names_what_really_stays_unquantised(tmp_path):
+    """Mixtral under transformers 5 keeps its experts as fused 3-D parameters that bitsandbytes does not
+    quantise: 45.4B of its 46.7B parameters stay in 16 bits. The note called all of them 'embeddings, norms,
+    LM head', hiding why QLoRA saves so little there."""
+    def note(model):
+        plan = pipeline.build(Request(assume="4xA100-80GB,ram=1T", output_dir=str(tmp_path),
+                                      given={"model": str(_MODELS / model), "method": "qlora"})).plan
+        return next(n for n in plan.notes if n.startswith("The 4-bit base"))
+    moe = note("mixtral-8x7b")
+    assert "outside nn.Linear" in moe and "fused MoE experts" in moe, moe
+    assert "45,360,615,424 parameters (embeddings, norms, LM head)" not in moe, moe
+    dense = note("llama-3.1-8b")
+    assert "(embeddings, norms, LM head)" in dense and "outside nn.Linear" not in dense, dense

@@ -934,9 +934,17 @@ def _with_adapters(x: _Inputs, model, training: TrainingOptions, adapters, notes
                  + ("" if adapters.exact else " (analytically, for a Llama-like shape)")
                  + "; the frozen base has no gradients or optimizer states.")
     if adapters.method == "qlora":
+        # What bitsandbytes leaves is more than embeddings, norms and the head where weights live outside
+        # nn.Linear: transformers 5's fused MoE experts (3-D parameters) are the bulk of Mixtral.
+        head = x.vocab * x.hidden * (1 if getattr(model, "tied_embeddings", False) else 2)
+        other = adapters.unquantized_params - head - 2 * x.layers * x.hidden
+        what = "(embeddings, norms, LM head)"
+        if other > 0.01 * x.params:
+            what = (f"(embeddings, norms, LM head, and {other:,} in parameters outside nn.Linear layers, such as "
+                    "fused MoE experts, which bitsandbytes does not quantise)")
         notes.append(f"The 4-bit base: {fmt_bytes(adapters.nf4_weight_bytes)} of NF4 weights and "
                      f"{fmt_bytes(adapters.nf4_constant_bytes)} of quantisation constants, with "
-                     f"{adapters.unquantized_params:,} parameters (embeddings, norms, LM head) left unquantised, "
+                     f"{adapters.unquantized_params:,} parameters {what} left unquantised, "
                      "as transformers' bitsandbytes quantiser leaves them.")
     notes.append("The adapters' activations (dropout copies of their inputs, the rank-wide intermediate) are an "
                  "estimate from peft's LoRA layer, not a measurement.")
