@@ -442,3 +442,28 @@ def test_the_qlora_note_names_what_really_stays_unquantised(tmp_path):
     assert "45,360,615,424 parameters (embeddings, norms, LM head)" not in moe, moe
     dense = note("llama-3.1-8b")
     assert "(embeddings, norms, LM head)" in dense and "outside nn.Linear" not in dense, dense
+
+
+def test_qlora_that_nothing_fits_while_loading_names_lora_when_it_fits(tmp_path):
+    """405B QLoRA on 2 x 8 H100: every sharding rung fails on the 4-bit model every rank loads whole, and the
+    message said 'no single change makes a rung fit'. LoRA's 16-bit base is sharded while it loads (zero.Init,
+    FSDP's RAM-efficient loading), and it fits there: the message names it, with the user's adapter options."""
+    import contextlib
+    import io
+
+    from wizard.frontends.cli import main
+
+    model = str(_MODELS / "llama-3.1-405b")
+    result = pipeline.build(Request(assume="8xH100-80GB,nodes=2", output_dir=str(tmp_path), plan_only=True,
+                                    given={"model": model, "method": "qlora", "lora_rank": 8}))
+    assert result.plan.choice is None
+    assert any(r.load_bytes > result.plan.usable_bytes for r in result.plan.rungs)
+    lora = [a for a in result.plan.alternatives if a.method == "lora"]
+    assert len(lora) == 1 and lora[0].choice is not None and lora[0].rank == 8
+    assert not any(a.method == "qlora" for a in result.plan.alternatives)
+    err = io.StringIO()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        code = main(["plan", "--model", model, "--assume", "8xH100-80GB,nodes=2", "--method", "qlora",
+                     "--lora-rank", "8"])
+    assert code == 3 and "--method lora" in err.getvalue() and "LoRA r=8: fits with" in err.getvalue(), \
+        err.getvalue()
