@@ -467,3 +467,24 @@ def test_qlora_that_nothing_fits_while_loading_names_lora_when_it_fits(tmp_path)
                      "--lora-rank", "8"])
     assert code == 3 and "--method lora" in err.getvalue() and "LoRA r=8: fits with" in err.getvalue(), \
         err.getvalue()
+
+
+@pytest.mark.parametrize("method", ["full", "lora", "qlora"])
+def test_8bit_adamw_never_lands_on_an_fsdp_rung(tmp_path, method):
+    """bitsandbytes' 8-bit AdamW cannot step FSDP2's DTensor parameters (tests/functional/
+    test_fsdp_8bit_optimizer.py): the plan chose FSDP2 with --optimizer adamw-8bit and wrote optim='adamw_bnb_8bit'
+    beside an FSDP config, which fails at the first optimizer step. --backend fsdp with it is refused (exit 2);
+    under --backend auto the FSDP rungs leave the ladder."""
+    from wizard.planning.rungs import BY_KEY
+
+    given = {"model": str(_MODELS / "llama-3.1-8b"), "method": method, "optimizer": "adamw-8bit"}
+    with pytest.raises(InputError) as e:
+        pipeline.build(Request(assume="4xA100-40GB,ram=512G", output_dir=str(tmp_path),
+                               given={**given, "backend": "fsdp"}))
+    assert e.value.field == "--optimizer" and "FSDP" in str(e.value)
+    plan = pipeline.build(Request(assume="4xA100-40GB,ram=512G", output_dir=str(tmp_path), given=given)).plan
+    assert plan.choice is not None and not any(BY_KEY[r.key].backend == "fsdp" for r in plan.rungs)
+    # With torch's AdamW the same plan has FSDP rungs (for the adapters, the choice is one), so the filter is real.
+    plain = pipeline.build(Request(assume="4xA100-40GB,ram=512G", output_dir=str(tmp_path),
+                                   given={**given, "optimizer": "adamw", "backend": "fsdp"})).plan
+    assert plain.choice is not None and BY_KEY[plain.choice.key].backend == "fsdp"

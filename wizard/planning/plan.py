@@ -305,6 +305,21 @@ def ladder_keys(strategy: StrategyOptions, world_size: int, cpu: bool = False, m
     return keys
 
 
+def _steppable_by(optimizer: str, strategy: StrategyOptions, keys: list[str]) -> list[str]:
+    """The rungs whose parameters `optimizer` can step. bitsandbytes' 8-bit AdamW cannot step FSDP2's sharded
+    parameters (DTensor): with bitsandbytes 0.50.2 and torch 2.13 its first step fails with
+    "optimizer_update_8bit_blockwise got mixed torch.Tensor and DTensor" (tests/functional/
+    test_fsdp_8bit_optimizer.py runs it on 2 CPU ranks; bitsandbytes issue #1633 has it on GPUs). So the FSDP
+    rungs leave the ladder for --optimizer adamw-8bit, and --backend fsdp with it is refused."""
+    if optimizer != "adamw-8bit":
+        return keys
+    if strategy.backend == "fsdp":
+        raise InputError("--optimizer", "'adamw-8bit' cannot step FSDP2's sharded (DTensor) parameters: "
+                         "bitsandbytes' 8-bit update rejects them at the first step",
+                         "adamw, sgd or adafactor with --backend fsdp; or --backend deepspeed / auto")
+    return [k for k in keys if BY_KEY[k].backend != "fsdp"]
+
+
 def _adapter_ladder(strategy: StrategyOptions, world_size: int, cpu: bool, method: str) -> list[str]:
     """LoRA / QLoRA: one GPU / DDP, ZeRO-2, ZeRO-3, FSDP2 (with and without resharding), then the rungs that
     move the frozen base to the CPU (ZeRO-3 parameter offload, FSDP2 CPU offload).
@@ -1072,7 +1087,7 @@ def _make_plan(hw, model, training: TrainingOptions, strategy: StrategyOptions, 
         x = replace(x, calibration=calibration)      # a variant on another machine (what_would_fit) stays raw
     train_tokens = _train_tokens(training)
     global_batch = _global_batch(training, x.world)
-    keys = ladder_keys(strategy, x.world, x.cpu, training.method)
+    keys = _steppable_by(training.optimizer, strategy, ladder_keys(strategy, x.world, x.cpu, training.method))
     evaluated = [_evaluate(BY_KEY[k], x, training.gradient_checkpointing) for k in keys]
     at: dict[str, _Inputs] = {k: x for k in keys}        # the inputs (micro-batch x accumulation) each rung runs
     splits: dict[str, BatchSplit] = {}
