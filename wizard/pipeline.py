@@ -217,8 +217,8 @@ def alternative_answers(answers: dict[str, Any], method: str, global_batch: int 
 def alternatives(hw: Hardware, model: ModelShape, answers: dict[str, Any], plan: Plan,
                  cached_only: bool = False) -> list:
     """What the methods of `alternative_methods` would need and how fast (LoRA and QLoRA at r=16 and the
-    default targets instead of full fine-tuning; LoRA with the user's options instead of QLoRA); [] otherwise. `cached_only`: skip a method whose adapters are not sized yet
-    (the TUI sizes them in a thread first)."""
+    default targets instead of full fine-tuning; LoRA with the user's options instead of QLoRA); [] otherwise.
+    `cached_only`: skip a method whose adapters are not sized yet (the TUI sizes them in a thread first)."""
     from wizard.planning import plan as plan_mod
     if not wants_alternatives(plan, answers):
         return []

@@ -370,7 +370,8 @@ _MODELS = __import__("pathlib").Path(__file__).resolve().parents[1] / "fixtures"
 _LLAMA_70B = str(_MODELS / "llama-3-70b")
 
 
-@pytest.mark.parametrize("model, method, backend", [("llama-3-70b", "qlora", "fsdp"), ("llama-3-70b", "lora", "deepspeed"),
+@pytest.mark.parametrize("model, method, backend", [("llama-3-70b", "qlora", "fsdp"),
+                                                    ("llama-3-70b", "lora", "deepspeed"),
                                                     ("llama-3.1-8b", "full", "deepspeed")])
 def test_a_choice_forced_onto_offload_does_not_claim_that_nothing_without_offload_fits(tmp_path, model, method,
                                                                                        backend):

@@ -152,7 +152,8 @@ def plan_memory(ctx: CheckContext) -> Iterable:
     if free < 0 and loading:
         if better.startswith("No rung"):
             better = ("No rung of the ladder fits QLoRA here (more GPUs do not lower the loading peak): "
-                      "`wizard plan --method lora` says whether LoRA, whose 16-bit base is sharded while it loads, does.")
+                      "`wizard plan --method lora` says whether LoRA, whose 16-bit base is sharded while it "
+                      "loads, does.")
         yield finding(
             "error", "PLAN-EXCEEDS-GPU", file, where,
             f"{rung.name} needs about {fmt_bytes(need)} per {unit} for {ctx.model_id} while loading (bitsandbytes "
