@@ -124,6 +124,23 @@ def refuse_mpirun(given: dict[str, Any]) -> None:
             q.check(True, None, q.field)
 
 
+ADAPTER_OPTIONS = ("lora_rank", "lora_alpha", "lora_targets", "lora_dropout")
+
+
+def refuse_adapter_options(given: dict[str, Any], answers: dict[str, Any]) -> None:
+    """LoRA options with full fine-tuning are refused, not dropped: the conflict check only sees answers that
+    were given, and the method's default (full) is a real answer, not one the plan makes later, so
+    `--lora-rank 64` without --method planned full fine-tuning without a word."""
+    if answers.get("method", "full") != "full":
+        return
+    from wizard.config.questions import by_id
+    for key in ADAPTER_OPTIONS:
+        if given.get(key) is not None:
+            q = by_id(key)
+            raise InputError(q.field, f"{given[key]!r} is used only with --method lora or qlora, and the method "
+                             "is full", f"add --method lora or --method qlora, or drop {q.flag}")
+
+
 def _truthy(value: Any) -> bool:
     return str(value).strip().lower() in ("1", "true", "yes", "on") if value is not None else False
 
@@ -167,18 +184,31 @@ def apply_split(answers: dict[str, Any], plan: Plan) -> dict[str, Any]:
 ALTERNATIVE_METHODS = ("lora", "qlora")
 
 
+def alternative_methods(plan: Plan, answers: dict[str, Any]) -> tuple[str, ...]:
+    """Full fine-tuning that needs offload or does not fit: the plan names LoRA and QLoRA. QLoRA that does not
+    fit (on a sharding rung every rank first loads the whole 4-bit model): LoRA, whose 16-bit base is sharded
+    while it loads."""
+    method = answers.get("method", "full")
+    if answers.get("use_cpu"):
+        return ()
+    if method == "full":
+        return ALTERNATIVE_METHODS if plan.choice is None or plan.choice.offloads else ()
+    if method == "qlora" and plan.choice is None:
+        return ("lora",)
+    return ()
+
+
 def wants_alternatives(plan: Plan, answers: dict[str, Any]) -> bool:
-    """Full fine-tuning that needs offload or does not fit: the plan names LoRA and QLoRA."""
-    if answers.get("method", "full") != "full" or answers.get("use_cpu"):
-        return False
-    return plan.choice is None or plan.choice.offloads
+    return bool(alternative_methods(plan, answers))
 
 
 def alternative_answers(answers: dict[str, Any], method: str, global_batch: int | None = None) -> dict[str, Any]:
-    """The same answers with --method `method` at its defaults and the strategy left to the ladder; with
-    `global_batch`, the micro-batch and accumulation are left to its fastest split of that batch."""
-    out = {**answers, "method": method, "backend": "auto", "zero_stage": "auto", "offload": "auto",
-           "lora_rank": 16, "lora_alpha": None, "lora_targets": None, "lora_dropout": 0.05}
+    """The same answers with --method `method` and the strategy left to the ladder; the adapter options at
+    their defaults when the user's method has none (full), else the user's; with `global_batch`, the
+    micro-batch and accumulation are left to its fastest split of that batch."""
+    out = {**answers, "method": method, "backend": "auto", "zero_stage": "auto", "offload": "auto"}
+    if answers.get("method", "full") == "full":
+        out.update(lora_rank=16, lora_alpha=None, lora_targets=None, lora_dropout=0.05)
     if global_batch is not None:
         out.update(global_batch=global_batch, micro_batch=None, grad_accum=None)
     return out
@@ -186,15 +216,15 @@ def alternative_answers(answers: dict[str, Any], method: str, global_batch: int 
 
 def alternatives(hw: Hardware, model: ModelShape, answers: dict[str, Any], plan: Plan,
                  cached_only: bool = False) -> list:
-    """What LoRA and QLoRA (r=16, peft's default targets) would need and how fast, when full fine-tuning
-    offloads or does not fit; [] otherwise. `cached_only`: skip a method whose adapters are not sized yet
-    (the TUI sizes them in a thread first)."""
+    """What the methods of `alternative_methods` would need and how fast (LoRA and QLoRA at r=16 and the
+    default targets instead of full fine-tuning; LoRA with the user's options instead of QLoRA); [] otherwise.
+    `cached_only`: skip a method whose adapters are not sized yet (the TUI sizes them in a thread first)."""
     from wizard.planning import plan as plan_mod
     if not wants_alternatives(plan, answers):
         return []
     out = []
     best = plan.batch                     # the full fine-tuning choice at its fastest split of the global batch
-    for method in ALTERNATIVE_METHODS:
+    for method in alternative_methods(plan, answers):
         alt = alternative_answers(answers, method, best.global_batch if best is not None else None)
         training = answers_mod.training_options(alt)
         if cached_only and not adapters_cached(model, training):
@@ -231,7 +261,8 @@ def adapter_trainings_to_size(model: ModelShape, answers: dict[str, Any], plan: 
     wanted = [answers_mod.training_options(answers)]
     if plan is not None and wants_alternatives(plan, answers):
         g = plan.batch.global_batch if plan.batch is not None else None
-        wanted += [answers_mod.training_options(alternative_answers(answers, m, g)) for m in ALTERNATIVE_METHODS]
+        wanted += [answers_mod.training_options(alternative_answers(answers, m, g))
+                   for m in alternative_methods(plan, answers)]
     return [t for t in wanted if not adapters_cached(model, t)]
 
 
@@ -312,6 +343,7 @@ def build(request: Request, hw: Hardware | None = None) -> Result:
     answers = resolve_pre_plan(hw, request.given, conflicts, plan_only=request.plan_only)
     if conflicts:
         raise conflicts[0]
+    refuse_adapter_options(request.given, answers)
     model = size(answers)
     plan = plan_from_answers(hw, model, answers, calibrate=request.calibrate)
     plan.alternatives = alternatives(hw, model, answers, plan)

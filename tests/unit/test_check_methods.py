@@ -146,3 +146,25 @@ def test_the_wizard_writes_qlora_files_without_bitsandbytes_here(monkeypatch, tm
     assert [f.severity for f in result.findings if f.rule == "METHOD-BNB-MISSING"] == ["warning"]
     direct = check_texts(result.yaml_text, result.ds_text, method=lora_options("qlora"))
     assert [f.severity for f in direct if f.rule == "METHOD-BNB-MISSING"] == ["error"]
+
+
+def test_memory_rule_counts_qlora_loading_the_whole_4bit_model_onto_every_gpu():
+    """An FSDP-QLoRA file (CPU offload) for 70B, checked for 2 x RTX 4090: training needs about 15 GiB per GPU,
+    but every rank first quantises the whole 4-bit model onto its own GPU (about 38 GiB), which the plan says
+    does not fit. The memory rule read only the training figure and found nothing."""
+    from wizard.probe import hardware
+    from wizard.sizing.model import size_model
+
+    model = str(ROOT / "tests" / "fixtures" / "models" / "llama-3-70b")
+    result = pipeline.build(Request(assume="2xRTX6000Ada-48GB,ram=256G", output_dir="/tmp/unused", given={
+        "model": model, "method": "qlora", "backend": "fsdp", "offload": "cpu"}))
+    assert result.plan.choice.key == "fsdp-offload"
+    common = dict(model_shape=size_model(model), hardware=hardware.assume("2xRTX4090,ram=128G"), versions=INSTALLED,
+                  method=lora_options("qlora"))
+    found = {f.rule: f for f in check_texts(result.yaml_text, result.ds_text, **common)}
+    assert "PLAN-EXCEEDS-GPU" in found, sorted(found)
+    assert "while loading" in found["PLAN-EXCEEDS-GPU"].message, found["PLAN-EXCEEDS-GPU"].message
+    # Where it loads, it is quiet (2 x 48 GB: the plan's own choice for these files).
+    roomy = dict(common, hardware=hardware.assume("2xRTX6000Ada-48GB,ram=256G"))
+    assert not {"PLAN-EXCEEDS-GPU", "PLAN-LOW-HEADROOM"} & {f.rule for f in check_texts(
+        result.yaml_text, result.ds_text, **roomy)}

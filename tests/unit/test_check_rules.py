@@ -149,6 +149,7 @@ SEVERITY = {
     "PLAN-EXCEEDS-GPU": "error", "TRN-AUTO-BATCH-ZERO3": "error", "TRN-FSDP-AC-WITH-GC": "error",
     "TRN-IGNORED-KEYS": "info", "TRN-LIBRARY-REJECTS": "error", "TRN-NON-BLOCKING-NO-PIN": "warning",
     "TRN-SAVE-ONLY-MODEL-BEST": "error", "TRN-SAVE-ONLY-MODEL-SHARDED": "error",
+    "TRN-FSDP2-8BIT-OPTIMIZER": "error",
     "TRN-SPLIT-BATCHES-INDIVISIBLE": "error", "TRN-VALUE-TYPE": "error", "VER-ACCELERATE-COMPILE": "warning",
     "VER-ACCELERATE-OLD": "error", "VER-DEEPSPEED-OLD": "error",
 }

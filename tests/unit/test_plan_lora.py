@@ -362,3 +362,130 @@ def test_an_offload_bound_choice_says_a_larger_micro_batch_amortises_the_cpu_ste
     # Not offload-bound: nothing to amortise, nothing said.
     fits = pipeline.build(Request(assume="8xA100-80GB", output_dir=str(tmp_path), given={"params": "7B"})).plan
     assert fits.amortised is None and not any(x.startswith("Offload-bound") for x in speed_lines(fits))
+
+
+# --- the stated reasons: what the user forced, and what really costs a rung its speed -----------------------
+
+_MODELS = __import__("pathlib").Path(__file__).resolve().parents[1] / "fixtures" / "models"
+_LLAMA_70B = str(_MODELS / "llama-3-70b")
+
+
+@pytest.mark.parametrize("model, method, backend", [("llama-3-70b", "qlora", "fsdp"),
+                                                    ("llama-3-70b", "lora", "deepspeed"),
+                                                    ("llama-3.1-8b", "full", "deepspeed")])
+def test_a_choice_forced_onto_offload_does_not_claim_that_nothing_without_offload_fits(tmp_path, model, method,
+                                                                                       backend):
+    """`--offload cpu` plans only offload rungs; on 8 x H100 a rung without offload fits these models, so
+    'no rung without offload fits' was false: the reason names the flag instead."""
+    given = {"model": str(_MODELS / model), "method": method, "backend": backend, "offload": "cpu"}
+    plan = pipeline.build(Request(assume="8xH100-80GB,ram=2T", output_dir=str(tmp_path), given=given)).plan
+    assert plan.choice is not None and plan.choice.offloads
+    assert "no rung without offload fits" not in plan.choice.reason, plan.choice.reason
+    assert "--offload cpu" in plan.choice.reason, plan.choice.reason
+    # Without the flag the same model fits without offload there (so the old sentence was really false).
+    auto = pipeline.build(Request(assume="8xH100-80GB,ram=2T", output_dir=str(tmp_path),
+                                  given={**given, "offload": "auto"})).plan
+    assert not auto.choice.offloads
+
+
+def test_a_rung_slower_for_its_smaller_micro_batch_says_so(tmp_path):
+    """70B QLoRA on 2 x 48 GB, global batch 16: ZeRO-3 fits micro-batch 2, FSDP2 with resharding only 1, and
+    FSDP2's slower step is all compute (its gathers are hidden: 0 s of communication). The reason said
+    'weights gathered for every layer, forward and backward'; it names the micro-batches."""
+    given = {"model": _LLAMA_70B, "method": "qlora", "global_batch": 16}
+    plan = pipeline.build(Request(assume="2xRTX6000Ada-48GB,ram=256G", output_dir=str(tmp_path), given=given)).plan
+    fsdp = rung_by_key(plan, "fsdp-reshard")
+    assert fsdp.fits and fsdp is not plan.choice and fsdp.micro_batch < plan.choice.micro_batch   # the case
+    c, r = plan.choice.speed, fsdp.speed
+    assert r.compute_seconds - c.compute_seconds > max(r.communication_seconds - c.communication_seconds,
+                                                       r.overhead_seconds - c.overhead_seconds)
+    assert "gathered for every layer" not in fsdp.reason, fsdp.reason
+    assert (f"micro-batch {fsdp.micro_batch} (the largest that fits), against {plan.choice.micro_batch}"
+            in fsdp.reason), fsdp.reason
+
+
+@pytest.mark.parametrize("key, value, flag", [("lora_rank", 64, "lora-rank"), ("lora_targets", "q_proj,v_proj",
+                                                                                "lora-targets"),
+                                              ("lora_alpha", 128, "lora-alpha"), ("lora_dropout", 0.1, "lora-dropout")])
+def test_adapter_options_without_an_adapter_method_are_refused_not_dropped(tmp_path, key, value, flag):
+    """`wizard plan --lora-rank 64` (no --method) planned full fine-tuning and showed 'Instead: LoRA r=16':
+    the flag vanished without a word. It is refused, naming the flag and the method, like --backend ddp
+    --offload cpu; from the CLI that is exit 2 and one line."""
+    import contextlib
+    import io
+
+    from wizard.frontends.cli import main
+
+    with pytest.raises(InputError) as e:
+        pipeline.build(Request(assume="4xA100-40GB,ram=512G", output_dir=str(tmp_path),
+                               given={"params": "8B", key: value}))
+    assert e.value.field == flag and "--method" in str(e.value) and "full" in str(e.value), str(e.value)
+    err = io.StringIO()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        code = main(["plan", "--params", "8B", "--assume", "4xA100-40GB,ram=512G", f"--{flag}", str(value)])
+    assert code == 2 and err.getvalue().count("\n") == 1 and "Traceback" not in err.getvalue(), err.getvalue()
+    # With an adapter method the same flag is used.
+    plan = pipeline.build(Request(assume="4xA100-40GB,ram=512G", output_dir=str(tmp_path),
+                                  given={"params": "8B", "method": "lora", key: value})).plan
+    assert plan.method["name"] == "lora"
+
+
+def test_the_qlora_note_names_what_really_stays_unquantised(tmp_path):
+    """Mixtral under transformers 5 keeps its experts as fused 3-D parameters that bitsandbytes does not
+    quantise: 45.4B of its 46.7B parameters stay in 16 bits. The note called all of them 'embeddings, norms,
+    LM head', hiding why QLoRA saves so little there."""
+    def note(model):
+        plan = pipeline.build(Request(assume="4xA100-80GB,ram=1T", output_dir=str(tmp_path),
+                                      given={"model": str(_MODELS / model), "method": "qlora"})).plan
+        return next(n for n in plan.notes if n.startswith("The 4-bit base"))
+    moe = note("mixtral-8x7b")
+    assert "outside nn.Linear" in moe and "fused MoE experts" in moe, moe
+    assert "45,360,615,424 parameters (embeddings, norms, LM head)" not in moe, moe
+    dense = note("llama-3.1-8b")
+    assert "(embeddings, norms, LM head)" in dense and "outside nn.Linear" not in dense, dense
+
+
+def test_qlora_that_nothing_fits_while_loading_names_lora_when_it_fits(tmp_path):
+    """405B QLoRA on 2 x 8 H100: every sharding rung fails on the 4-bit model every rank loads whole, and the
+    message said 'no single change makes a rung fit'. LoRA's 16-bit base is sharded while it loads (zero.Init,
+    FSDP's RAM-efficient loading), and it fits there: the message names it, with the user's adapter options."""
+    import contextlib
+    import io
+
+    from wizard.frontends.cli import main
+
+    model = str(_MODELS / "llama-3.1-405b")
+    result = pipeline.build(Request(assume="8xH100-80GB,nodes=2", output_dir=str(tmp_path), plan_only=True,
+                                    given={"model": model, "method": "qlora", "lora_rank": 8}))
+    assert result.plan.choice is None
+    assert any(r.load_bytes > result.plan.usable_bytes for r in result.plan.rungs)
+    lora = [a for a in result.plan.alternatives if a.method == "lora"]
+    assert len(lora) == 1 and lora[0].choice is not None and lora[0].rank == 8
+    assert not any(a.method == "qlora" for a in result.plan.alternatives)
+    err = io.StringIO()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        code = main(["plan", "--model", model, "--assume", "8xH100-80GB,nodes=2", "--method", "qlora",
+                     "--lora-rank", "8"])
+    assert code == 3 and "--method lora" in err.getvalue() and "LoRA r=8: fits with" in err.getvalue(), \
+        err.getvalue()
+
+
+@pytest.mark.parametrize("method", ["full", "lora", "qlora"])
+def test_8bit_adamw_never_lands_on_an_fsdp_rung(tmp_path, method):
+    """bitsandbytes' 8-bit AdamW cannot step FSDP2's DTensor parameters (tests/functional/
+    test_fsdp_8bit_optimizer.py): the plan chose FSDP2 with --optimizer adamw-8bit and wrote optim='adamw_bnb_8bit'
+    beside an FSDP config, which fails at the first optimizer step. --backend fsdp with it is refused (exit 2);
+    under --backend auto the FSDP rungs leave the ladder."""
+    from wizard.planning.rungs import BY_KEY
+
+    given = {"model": str(_MODELS / "llama-3.1-8b"), "method": method, "optimizer": "adamw-8bit"}
+    with pytest.raises(InputError) as e:
+        pipeline.build(Request(assume="4xA100-40GB,ram=512G", output_dir=str(tmp_path),
+                               given={**given, "backend": "fsdp"}))
+    assert e.value.field == "--optimizer" and "FSDP" in str(e.value)
+    plan = pipeline.build(Request(assume="4xA100-40GB,ram=512G", output_dir=str(tmp_path), given=given)).plan
+    assert plan.choice is not None and not any(BY_KEY[r.key].backend == "fsdp" for r in plan.rungs)
+    # With torch's AdamW the same plan has FSDP rungs (for the adapters, the choice is one), so the filter is real.
+    plain = pipeline.build(Request(assume="4xA100-40GB,ram=512G", output_dir=str(tmp_path),
+                                   given={**given, "optimizer": "adamw", "backend": "fsdp"})).plan
+    assert plain.choice is not None and BY_KEY[plain.choice.key].backend == "fsdp"

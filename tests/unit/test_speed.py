@@ -268,6 +268,10 @@ def test_every_rung_has_speed_in_json():
 def test_time_to_train_is_tokens_over_speed():
     p = plan("8xA100-80GB", training=TrainingOptions(train_tokens=10**9))
     assert p.choice.train_seconds == pytest.approx(1e9 / p.choice.tokens_per_second)
+    # The JSON's choice carries it as every rung's speed does (scripts read plan.choice, not the rung list).
+    j = p.to_json()
+    chosen = next(r for r in j["rungs"] if r["key"] == p.choice.key)
+    assert j["choice"]["speed"]["train_seconds"] == chosen["speed"]["train_seconds"] == round(p.choice.train_seconds, 1)
     epochs = plan("8xA100-80GB", training=TrainingOptions(dataset_tokens=4 * 10**8, epochs=2.5))
     assert epochs.train_tokens == 10**9
     with pytest.raises(InputError, match="epochs"):

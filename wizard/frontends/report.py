@@ -199,7 +199,10 @@ def nothing_fits_message(result) -> str:
     text = explain_nothing_fits(result.plan, result.hardware, result.model, answers_mod.training_options(a),
                                 answers_mod.strategy_options(a), answers_mod.topology(a, result.hardware))
     fitting = [alt.text for alt in result.plan.alternatives if alt.choice is not None]
-    if fitting:
+    if fitting and a.get("method") == "qlora":
+        text += (" With --method lora (its 16-bit base is sharded while it loads, where QLoRA's 4-bit model is "
+                 "loaded whole onto every GPU first): " + "; ".join(fitting) + ".")
+    elif fitting:
         text += " Fine-tuning with adapters instead (--method): " + "; ".join(fitting) + "."
     return text
 

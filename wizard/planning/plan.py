@@ -242,7 +242,7 @@ class Plan:
                 "offload_optimizer": c.offload_optimizer, "offload_param": c.offload_param,
                 "gradient_checkpointing": c.gradient_checkpointing,
                 "per_gpu_bytes": c.per_gpu_bytes, "cpu_bytes": c.cpu_bytes, "key": c.key, "name": c.name,
-                "speed": None if c.speed is None else c.speed.to_json(),
+                "speed": c.to_json()["speed"],       # with train_seconds, as in its rung
                 "max_micro_batch": c.max_micro_batch, "max_micro_batch_gc": c.max_micro_batch_gc,
                 "micro_batch": c.micro_batch, "grad_accum": c.grad_accum,
             },
@@ -303,6 +303,21 @@ def ladder_keys(strategy: StrategyOptions, world_size: int, cpu: bool = False, m
     if cpu:
         keys = [k for k in keys if not BY_KEY[k].offloads]
     return keys
+
+
+def _steppable_by(optimizer: str, strategy: StrategyOptions, keys: list[str]) -> list[str]:
+    """The rungs whose parameters `optimizer` can step. bitsandbytes' 8-bit AdamW cannot step FSDP2's sharded
+    parameters (DTensor): with bitsandbytes 0.50.2 and torch 2.13 its first step fails with
+    "optimizer_update_8bit_blockwise got mixed torch.Tensor and DTensor" (tests/functional/
+    test_fsdp_8bit_optimizer.py runs it on 2 CPU ranks; bitsandbytes issue #1633 has it on GPUs). So the FSDP
+    rungs leave the ladder for --optimizer adamw-8bit, and --backend fsdp with it is refused."""
+    if optimizer != "adamw-8bit":
+        return keys
+    if strategy.backend == "fsdp":
+        raise InputError("--optimizer", "'adamw-8bit' cannot step FSDP2's sharded (DTensor) parameters: "
+                         "bitsandbytes' 8-bit update rejects them at the first step",
+                         "adamw, sgd or adafactor with --backend fsdp; or --backend deepspeed / auto")
+    return [k for k in keys if BY_KEY[k].backend != "fsdp"]
 
 
 def _adapter_ladder(strategy: StrategyOptions, world_size: int, cpu: bool, method: str) -> list[str]:
@@ -650,7 +665,10 @@ def _sentence(text: str) -> str:
     return text[:1].upper() + text[1:] + "."
 
 
-def _fit_reason(rung: Rung, x: _Inputs, without_gc: int | None, choice: Rung, tie: bool = False) -> str:
+def _fit_reason(rung: Rung, x: _Inputs, without_gc: int | None, choice: Rung, tie: bool = False,
+                forced_offload: str | None = None) -> str:
+    """`forced_offload`: the --offload value when it left the ladder no rung of a cheaper class than the choice's,
+    so the plan cannot say that nothing cheaper fits (it did not try)."""
     used = f"{fmt_bytes(rung.per_gpu_bytes)} of {fmt_bytes(x.usable)} usable per {x.unit}"
     gc = ""
     if without_gc is not None:
@@ -662,6 +680,7 @@ def _fit_reason(rung: Rung, x: _Inputs, without_gc: int | None, choice: Rung, ti
         spare = fmt_bytes(x.usable - rung.per_gpu_bytes)
         fastest = "the first rung that fits within 3% of the fastest" if tie else "the fastest rung that fits"
         why = (fastest if _rung_class(rung) == 0 else
+               f"{fastest} of those --offload {forced_offload} allows" if forced_offload else
                "no rung without offload fits, and it is the fastest offload rung that fits" if _rung_class(rung) == 1
                else "nothing fits without NVMe")
         return f"Fits with {spare} to spare ({used}){gc}; ≈{rate}; chosen: {why}."
@@ -678,6 +697,9 @@ def _fit_reason(rung: Rung, x: _Inputs, without_gc: int | None, choice: Rung, ti
 
 def _slower_because(rung: Rung, choice: Rung, x: _Inputs | None = None) -> str:
     """What costs this rung its speed, in a few words."""
+    smaller = _smaller_micro_batch(rung, choice)
+    if smaller:
+        return smaller
     if "nvme" in (rung.offload_optimizer, rung.offload_param):
         return "optimizer states swapped through NVMe"
     if rung.offload_param != "none":
@@ -696,6 +718,25 @@ def _slower_because(rung: Rung, choice: Rung, x: _Inputs | None = None) -> str:
     if rung.zero_stage == 3 or rung.fsdp_reshard:
         return "weights gathered for every layer, forward and backward"
     return "more communication per step"
+
+
+def _smaller_micro_batch(rung: Rung, choice: Rung) -> str | None:
+    """When the rung runs a smaller micro-batch of the same global batch than the choice, at the same
+    checkpointing, and compute is the largest part of its longer step, that is the reason, not its
+    communication (a rung that fits only micro-batch 1 was said to be slower for gathering its weights, with
+    0 s of exposed communication)."""
+    r, c = rung.speed, choice.speed
+    if (r is None or c is None or rung.micro_batch >= choice.micro_batch
+            or rung.gradient_checkpointing != choice.gradient_checkpointing):
+        return None
+    parts = ("compute_seconds", "communication_seconds", "offload_seconds", "optimizer_seconds", "overhead_seconds")
+    gaps = {p: getattr(r, p) - getattr(c, p) for p in parts}
+    if max(gaps, key=gaps.get) != "compute_seconds" or gaps["compute_seconds"] <= 0:
+        return None
+    largest = rung.max_micro_batch_gc if rung.gradient_checkpointing else rung.max_micro_batch
+    which = " (the largest that fits)" if largest and rung.micro_batch >= largest else ""
+    return (f"it runs micro-batch {rung.micro_batch}{which}, against {choice.micro_batch} for {choice.name}: "
+            "smaller matrix multiplies use the GPU less well")
 
 
 # --- Resolving the inputs ---------------------------------------------------------------------------
@@ -908,9 +949,17 @@ def _with_adapters(x: _Inputs, model, training: TrainingOptions, adapters, notes
                  + ("" if adapters.exact else " (analytically, for a Llama-like shape)")
                  + "; the frozen base has no gradients or optimizer states.")
     if adapters.method == "qlora":
+        # What bitsandbytes leaves is more than embeddings, norms and the head where weights live outside
+        # nn.Linear: transformers 5's fused MoE experts (3-D parameters) are the bulk of Mixtral.
+        head = x.vocab * x.hidden * (1 if getattr(model, "tied_embeddings", False) else 2)
+        other = adapters.unquantized_params - head - 2 * x.layers * x.hidden
+        what = "(embeddings, norms, LM head)"
+        if other > 0.01 * x.params:
+            what = (f"(embeddings, norms, LM head, and {other:,} in parameters outside nn.Linear layers, such as "
+                    "fused MoE experts, which bitsandbytes does not quantise)")
         notes.append(f"The 4-bit base: {fmt_bytes(adapters.nf4_weight_bytes)} of NF4 weights and "
                      f"{fmt_bytes(adapters.nf4_constant_bytes)} of quantisation constants, with "
-                     f"{adapters.unquantized_params:,} parameters (embeddings, norms, LM head) left unquantised, "
+                     f"{adapters.unquantized_params:,} parameters {what} left unquantised, "
                      "as transformers' bitsandbytes quantiser leaves them.")
     notes.append("The adapters' activations (dropout copies of their inputs, the rank-wide intermediate) are an "
                  "estimate from peft's LoRA layer, not a measurement.")
@@ -1038,7 +1087,7 @@ def _make_plan(hw, model, training: TrainingOptions, strategy: StrategyOptions, 
         x = replace(x, calibration=calibration)      # a variant on another machine (what_would_fit) stays raw
     train_tokens = _train_tokens(training)
     global_batch = _global_batch(training, x.world)
-    keys = ladder_keys(strategy, x.world, x.cpu, training.method)
+    keys = _steppable_by(training.optimizer, strategy, ladder_keys(strategy, x.world, x.cpu, training.method))
     evaluated = [_evaluate(BY_KEY[k], x, training.gradient_checkpointing) for k in keys]
     at: dict[str, _Inputs] = {k: x for k in keys}        # the inputs (micro-batch x accumulation) each rung runs
     splits: dict[str, BatchSplit] = {}
@@ -1069,9 +1118,11 @@ def _make_plan(hw, model, training: TrainingOptions, strategy: StrategyOptions, 
     if choice is not None:
         tie = any(r.fits and _rung_class(r) == _rung_class(choice) and r.tokens_per_second > choice.tokens_per_second
                   for r in rungs)
+        forced = (strategy.offload if strategy.offload in ("cpu", "nvme")
+                  and not any(_rung_class(r) < _rung_class(choice) for r in rungs) else None)
         for rung, without_gc in evaluated:
             if rung.fits:
-                rung.reason = _fit_reason(rung, x, without_gc, choice, tie)
+                rung.reason = _fit_reason(rung, x, without_gc, choice, tie, forced)
     if x.nvme_path and x.nvme_free is None and any(BY_KEY[k].uses_nvme for k in keys):
         notes.append(f"Free space at the NVMe path {x.nvme_path} is unknown, so the NVMe rung's disk need is not "
                      "checked.")

@@ -136,7 +136,11 @@ def plan_memory(ctx: CheckContext) -> Iterable:
     capacity = configured_plan.gpu_capacity_bytes
     if capacity <= 0:
         return
-    free = capacity - rung.per_gpu_bytes
+    # QLoRA on a sharding rung first loads the whole 4-bit model onto every GPU (Rung.load_bytes): where that
+    # is the larger figure, it is the one that runs out of memory, before training starts.
+    loading = rung.load_bytes > rung.per_gpu_bytes
+    need = max(rung.per_gpu_bytes, rung.load_bytes)
+    free = capacity - need
     if free >= LOW_FREE_FRACTION * capacity:
         return
     better = _cheapest_fit(ctx, hw, model, training, topology, StrategyOptions, backend, key)
@@ -145,7 +149,19 @@ def plan_memory(ctx: CheckContext) -> Iterable:
     unit = "process (host RAM)" if cpu else "GPU"
     file, where = _where(ctx)
     gc = " with gradient checkpointing" if rung.gradient_checkpointing else ""
-    if free < 0:
+    if free < 0 and loading:
+        if better.startswith("No rung"):
+            better = ("No rung of the ladder fits QLoRA here (more GPUs do not lower the loading peak): "
+                      "`wizard plan --method lora` says whether LoRA, whose 16-bit base is sharded while it "
+                      "loads, does.")
+        yield finding(
+            "error", "PLAN-EXCEEDS-GPU", file, where,
+            f"{rung.name} needs about {fmt_bytes(need)} per {unit} for {ctx.model_id} while loading (bitsandbytes "
+            f"quantises the whole model onto every GPU before it is sharded; training then needs "
+            f"{fmt_bytes(rung.per_gpu_bytes)}), but the {unit} has {fmt_bytes(capacity)}: CUDA out of memory while "
+            f"loading. {better}",
+            fix=better, when="prepare")
+    elif free < 0:
         yield finding(
             "error", "PLAN-EXCEEDS-GPU", file, where,
             f"{rung.name}{gc} needs about {fmt_bytes(rung.per_gpu_bytes)} per {unit} for {ctx.model_id} at "
@@ -155,7 +171,8 @@ def plan_memory(ctx: CheckContext) -> Iterable:
     else:
         yield finding(
             "warning", "PLAN-LOW-HEADROOM", file, where,
-            f"{rung.name}{gc} needs about {fmt_bytes(rung.per_gpu_bytes)} of {fmt_bytes(capacity)} per {unit}: "
+            f"{rung.name}{gc} needs about {fmt_bytes(need)} of {fmt_bytes(capacity)} per {unit}"
+            f"{' while loading' if loading else ''}: "
             f"under 5 % left for fragmentation and spikes, a late OOM is likely. {better}",
             fix=better, when="step 0")
 

@@ -50,6 +50,22 @@ def fsdp_ac_with_gc(ctx: CheckContext) -> Iterable:
         fix=f"drop {key} from TrainingArguments and keep FSDP's activation checkpointing", when="launch")
 
 
+@rule("TRN-FSDP2-8BIT-OPTIMIZER", FAMILY, "a bitsandbytes 8-bit optimizer with FSDP2")
+def fsdp2_8bit_optimizer(ctx: CheckContext) -> Iterable:
+    """bitsandbytes' 8-bit step cannot take FSDP2's DTensor parameters (0.50.2, torch 2.13: "got mixed
+    torch.Tensor and DTensor"; tests/functional/test_fsdp_8bit_optimizer.py; bitsandbytes issue #1633)."""
+    if ctx.ta is None or not ctx.uses_fsdp or as_int(ctx.fsdp_options().get("version"), 1) != 2:
+        return
+    optim = str(ctx.ta_value("optim") or "")
+    if "8bit" not in optim:
+        return
+    yield finding(
+        "error", "TRN-FSDP2-8BIT-OPTIMIZER", _ta_file(ctx), "optim",
+        f"optim={optim!r} under FSDP2: bitsandbytes' 8-bit update rejects FSDP2's sharded (DTensor) parameters "
+        "(\"got mixed torch.Tensor and DTensor\") at the first optimizer step",
+        fix="optim: adamw_torch (or DeepSpeed ZeRO, which keeps plain tensors)", when="step 0")
+
+
 @rule("TRN-SAVE-ONLY-MODEL-SHARDED", FAMILY, "save_only_model with a SHARDED_STATE_DICT FSDP checkpoint")
 def save_only_model_sharded(ctx: CheckContext) -> Iterable:
     if ctx.ta is None or not ctx.uses_fsdp or not _truthy(ctx.ta_value("save_only_model")):
