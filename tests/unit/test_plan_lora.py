@@ -489,3 +489,17 @@ def test_8bit_adamw_never_lands_on_an_fsdp_rung(tmp_path, method):
     plain = pipeline.build(Request(assume="4xA100-40GB,ram=512G", output_dir=str(tmp_path),
                                    given={**given, "optimizer": "adamw", "backend": "fsdp"})).plan
     assert plain.choice is not None and BY_KEY[plain.choice.key].backend == "fsdp"
+
+
+def test_choosing_full_in_the_wizard_drops_the_lora_options_given_before(tmp_path):
+    """The pipeline refuses LoRA options with full fine-tuning; in the wizard, switching the method to full
+    after typing a rank (or starting from `--method lora --lora-rank 64`) is the user's answer, not a conflict."""
+    from wizard.frontends.session import WizardState
+    state = WizardState(Request(assume="8xA100-80GB", output_dir=str(tmp_path),
+                                given={"params": "7B", "method": "lora", "lora_rank": 64}))
+    state.set_probed(state.load_hardware())
+    state.set_answer("lora_alpha", 32)
+    state.set_answer("method", "full")
+    given = state.given()
+    assert given["method"] == "full" and not any(k in given for k in pipeline.ADAPTER_OPTIONS), given
+    assert pipeline.build(Request(assume="8xA100-80GB", output_dir=str(tmp_path), given=given)).plan.method["name"] == "full"

@@ -192,6 +192,12 @@ class WizardState:
         elif self.entered.get("params") is not None:
             merged.pop("model", None)
         merged = {k: v for k, v in merged.items() if v is not None}
+        if self.entered.get("method") == "full":
+            # Choosing full fine-tuning here drops the LoRA options given before (the pipeline refuses them
+            # with full, as it should for flags: here the user has just said which method they want).
+            from wizard.pipeline import ADAPTER_OPTIONS
+            for key in ADAPTER_OPTIONS:
+                merged.pop(key, None)
         if merged.get("model") is None and merged.get("params") is None:
             merged["params"] = self.recommended_params(merged)
         return merged
