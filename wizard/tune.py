@@ -556,42 +556,16 @@ def tune(request, opts: TuneOptions, progress: Progress = lambda e: None, write:
             progress({"event": "end", "index": i, "label": c.label, "trial": trial.to_json()})
             continue
         progress({"event": "start", "index": i, "label": c.label})
-        suffix = (f"-mb{c.micro_batch}x{c.grad_accum}" + ("-gc" if c.gradient_checkpointing else "")) \
-            if c.variant else ""
-        trial_dir = run_dir / f"{i + 1:02d}-{c.rung_key}{suffix}"
-        config_dir = Path(f"{trial_dir}-config")
-        prepare_started = time.monotonic()
-        req = variant_request(request, c, str(config_dir), calibrate=request.calibrate)
-        result = pipeline.build(req, hw=hw)
-        if result.plan.choice is None or result.plan.choice.key != c.rung_key:
-            trial.status = "failed"
-            trial.message = "the plan does not select this rung with these answers"
-            continue
-        if c.variant is not None:
-            c.predicted = _predicted(result.plan.choice)
-        pipeline.validate(result)
-        if result.errors:
-            trial.status = "failed"
-            trial.message = f"generated config failed validation: {result.errors[0].message}"
-            continue
-        settings = trial_settings(result)
-        disagreement = ds_config_disagrees(result.ds_text, settings)
-        if disagreement:
-            trial.status = "failed"
-            trial.message = disagreement
-            continue
-        with fsutil.scratch_writes():       # the trial's own config dir: not the user's files
-            pipeline.write(result, req.given)
-        trial.prepare_seconds = time.monotonic() - prepare_started
-        left = opts.budget_s - (time.monotonic() - started)      # the preparation counts against the budget
-        if left <= 0:
+        try:
+            ran = _prepare_and_run(trial, i, request, opts, hw, run_dir, world, progress, started)
+        finally:
+            # every started row ends, also one whose preparation failed or the budget stopped (a TUI bar that
+            # stayed at "starting" said nothing about why)
+            progress({"event": "end", "index": i, "label": c.label, "trial": trial.to_json()})
+        if ran is None:
             break
-        run_trial(trial, result.yaml_path, opts, trial_dir, min(opts.trial_timeout_s, left), world, progress,
-                  settings)
-        _check_workload(trial, settings, world, int(result.answers.get("seq_len") or 0))
         if uses_training_args is None and trial.steps:
             uses_training_args = trial.training_args is not None
-        progress({"event": "end", "index": i, "label": c.label, "trial": trial.to_json()})
     partial = any(t.status in ("not run (budget spent)",) for t in trials) or \
         (opts.budget_s - (time.monotonic() - started) <= 0 and any(t.status in ("timed out", "incomplete")
                                                                   for t in trials))
@@ -624,6 +598,49 @@ def tune(request, opts: TuneOptions, progress: Progress = lambda e: None, write:
         pipeline.write(final, {**request.given, **winner.candidate.overrides})
         out.written = final
     return out
+
+
+
+def _prepare_and_run(trial: Trial, i: int, request, opts: TuneOptions, hw, run_dir: Path, world: int,
+                     progress: Progress, started: float) -> bool | None:
+    """One candidate: its config generated, validated and written into the trial's own directory, then its
+    bounded run. False: it failed before running (the trial says why); None: the budget was spent."""
+    from wizard import pipeline
+    c = trial.candidate
+    suffix = (f"-mb{c.micro_batch}x{c.grad_accum}" + ("-gc" if c.gradient_checkpointing else "")) \
+        if c.variant else ""
+    trial_dir = run_dir / f"{i + 1:02d}-{c.rung_key}{suffix}"
+    config_dir = Path(f"{trial_dir}-config")
+    prepare_started = time.monotonic()
+    req = variant_request(request, c, str(config_dir), calibrate=request.calibrate)
+    result = pipeline.build(req, hw=hw)
+    if result.plan.choice is None or result.plan.choice.key != c.rung_key:
+        trial.status = "failed"
+        trial.message = "the plan does not select this rung with these answers"
+        return False
+    if c.variant is not None:
+        c.predicted = _predicted(result.plan.choice)
+    pipeline.validate(result)
+    if result.errors:
+        trial.status = "failed"
+        trial.message = f"generated config failed validation: {result.errors[0].message}"
+        return False
+    settings = trial_settings(result)
+    disagreement = ds_config_disagrees(result.ds_text, settings)
+    if disagreement:
+        trial.status = "failed"
+        trial.message = disagreement
+        return False
+    with fsutil.scratch_writes():       # the trial's own config dir: not the user's files
+        pipeline.write(result, req.given)
+    trial.prepare_seconds = time.monotonic() - prepare_started
+    left = opts.budget_s - (time.monotonic() - started)      # the preparation counts against the budget
+    if left <= 0:
+        return None
+    run_trial(trial, result.yaml_path, opts, trial_dir, min(opts.trial_timeout_s, left), world, progress,
+              settings)
+    _check_workload(trial, settings, world, int(result.answers.get("seq_len") or 0))
+    return True
 
 
 def _record_calibration(base, trials: list[Trial]) -> str | None:

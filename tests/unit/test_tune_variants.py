@@ -275,3 +275,24 @@ def test_the_wizards_measure_keeps_its_dry_run_so_the_trials_record_no_calibrati
         state = WizardState(pipeline.Request(given=given, dry_run=dry, calibrate=True, output_dir=str(tmp_path)))
         req = state.measure_request()
         assert (req.dry_run, req.calibrate, req.output_dir, req.given) == (dry, True, str(tmp_path), state.given())
+
+
+def test_a_candidate_whose_preparation_fails_ends_its_progress_row(tmp_path, monkeypatch):
+    """The TUI draws a bar per candidate from the start/end events: a candidate that fails before running
+    (here the plan does not select its rung with its answers) still ends, with its reason, and nothing ran."""
+    import yaml
+
+    from wizard import tune as tune_mod
+    given = yaml.safe_load(EXAMPLE_ANSWERS.read_text())
+    request = pipeline.Request(given=given, output_dir=str(tmp_path / "out"), calibrate=False, dry_run=True)
+    bogus = Candidate("ZeRO-3 with ZeRO-2's answers", "zero3", {"backend": "deepspeed", "zero_stage": "2"}, {}, 0,
+                      micro_batch=4, grad_accum=1, gradient_checkpointing=False)
+    monkeypatch.setattr(tune_mod, "pick_candidates", lambda *a, **k: ([bogus], []))
+    events: list[dict] = []
+    out = tune_mod.tune(request, TuneOptions(str(Path(__file__)), [], runs_root=str(tmp_path / "runs"),
+                                             calibrate=False), progress=events.append, write=False)
+    kinds = [(e["event"], e.get("index")) for e in events]
+    assert ("start", 0) in kinds and ("end", 0) in kinds, kinds
+    (end,) = [e for e in events if e["event"] == "end"]
+    assert end["trial"]["status"] == "failed" and "does not select this rung" in end["trial"]["message"]
+    assert out.winner is None and out.trials[0].run_dir is None
