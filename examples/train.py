@@ -50,7 +50,10 @@ def rank() -> int:
 
 
 def say(msg: str) -> None:
-    print(f"[rank{rank()}] {msg}", flush=True)
+    # One write per line: ranks share the launcher's pipe, and print()'s separate write of the newline let two
+    # ranks' lines run together ("...world_size=2[rank1] ...").
+    sys.stdout.write(f"[rank{rank()}] {msg}\n")
+    sys.stdout.flush()
 
 
 def describe_engine(trainer, model) -> str:

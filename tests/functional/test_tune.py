@@ -282,7 +282,7 @@ async def test_tui_measure_action_shows_progress_and_makes_the_winner_the_choice
                 break
             before = app.screen
             await pilot.press("enter")
-            await until(lambda: app.screen is not before, 30)
+            await until(lambda: app.screen is not before, 120)   # Next waits for the probe / sizing: a busy CI box
         assert type(app.screen).__name__ == "PlanScreen"
         await pilot.press("m")
         await until(lambda: type(app.screen).__name__ == "MeasureModal", 10)
