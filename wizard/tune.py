@@ -297,31 +297,18 @@ def ds_config_disagrees(ds_text: str | None, settings: dict[str, str]) -> str | 
 
 # ----------------------------------------------------------------------------- one trial
 
-def _training_args(probe_dir: Path) -> dict[str, Any] | None:
-    """The first TrainingArguments any rank's probe saw built, with `applied` true where any rank got the
-    trial's values; None when the script built none."""
-    seen = None
-    for f in sorted(probe_dir.glob("rank-*.jsonl")):
-        try:
-            lines = f.read_text(encoding="utf-8").splitlines()
-        except OSError:
-            continue
-        for line in lines:
-            if '"training_args"' not in line:
-                continue
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                continue
-            if seen is None:
-                seen = {k: rec.get(k) for k in ("applied", "own", "set", "now")}
-            seen["applied"] = bool(seen["applied"] or rec.get("applied"))
-    return seen
+@dataclass
+class ProbeRecords:
+    """What the ranks' probes wrote, read in one pass: measured steps per rank, the ranks that said done, and
+    the first TrainingArguments any rank saw built (`applied` true where any rank got the trial's values;
+    None when the script built none)."""
+    steps: dict[int, list[dict]] = field(default_factory=dict)
+    done: dict[int, bool] = field(default_factory=dict)
+    training_args: dict[str, Any] | None = None
 
 
-def _probe_records(probe_dir: Path) -> tuple[dict[int, list[dict]], dict[int, bool]]:
-    steps: dict[int, list[dict]] = {}
-    done: dict[int, bool] = {}
+def _probe_records(probe_dir: Path) -> ProbeRecords:
+    out = ProbeRecords()
     for f in sorted(probe_dir.glob("rank-*.jsonl")):
         try:
             rank = int(f.stem.split("-", 1)[1])
@@ -334,18 +321,23 @@ def _probe_records(probe_dir: Path) -> tuple[dict[int, list[dict]], dict[int, bo
             except ValueError:
                 continue
             if "step" in rec:
-                steps.setdefault(rank, []).append(rec)
+                out.steps.setdefault(rank, []).append(rec)
             elif rec.get("done"):
-                done[rank] = True
-    return steps, done
+                out.done[rank] = True
+            elif rec.get("training_args"):
+                if out.training_args is None:
+                    out.training_args = {k: rec.get(k) for k in ("applied", "own", "set", "now")}
+                out.training_args["applied"] = bool(out.training_args["applied"] or rec.get("applied"))
+    return out
 
 
-def measure(trial: Trial, probe_dir: Path, world: int) -> None:
+def measure(trial: Trial, probe_dir: Path, world: int) -> ProbeRecords:
     """Fill the trial's figures from the probe's records: per step the slowest rank's time and all ranks'
-    tokens; the peak is the largest any rank reached."""
-    by_rank, _done = _probe_records(probe_dir)
+    tokens; the peak is the largest any rank reached. Returns the records, read once."""
+    records = _probe_records(probe_dir)
+    by_rank = records.steps
     if not by_rank:
-        return
+        return records
     per_step: dict[int, list[dict]] = {}
     for recs in by_rank.values():
         for rec in recs:
@@ -368,7 +360,7 @@ def measure(trial: Trial, probe_dir: Path, world: int) -> None:
     opts = sorted({o for recs in by_rank.values() for rec in recs for o in rec.get("optimizers") or []})
     trial.optimizers = opts
     if not measured:
-        return
+        return records
     times = [max(r["seconds"] for r in per_step[s]) for s in measured]
     tokens = [sum(r["tokens"] or 0 for r in per_step[s]) if all(r["tokens"] is not None for r in per_step[s])
               else None for s in measured]
@@ -382,6 +374,7 @@ def measure(trial: Trial, probe_dir: Path, world: int) -> None:
     pred = trial.candidate.predicted
     if trial.tokens_per_second and pred.get("mfu") and pred.get("tokens_per_second"):
         trial.mfu = pred["mfu"] * trial.tokens_per_second / pred["tokens_per_second"]
+    return records
 
 
 def _stop(proc: subprocess.Popen, timeout: float) -> None:
@@ -426,8 +419,7 @@ def run_trial(trial: Trial, config_file: str, opts: TuneOptions, run_dir: Path, 
                 timed_out = True
                 _stop(proc, TRIAL_GRACE_S + 20)
                 break
-            by_rank, _ = _probe_records(probe_dir)
-            seen = min((len(v) for v in by_rank.values()), default=0)
+            seen = min((len(v) for v in _probe_records(probe_dir).steps.values()), default=0)
             if seen != last_seen:
                 last_seen = seen
                 progress({"event": "step", "label": trial.candidate.label, "step": seen, "total": total})
@@ -437,9 +429,9 @@ def run_trial(trial: Trial, config_file: str, opts: TuneOptions, run_dir: Path, 
         raise
     trial.wall_seconds = time.monotonic() - started
     state = read_state(path) or {}
-    measure(trial, probe_dir, world)
-    trial.training_args = _training_args(probe_dir)
-    _, done = _probe_records(probe_dir)
+    records = measure(trial, probe_dir, world)
+    trial.training_args = records.training_args
+    done = records.done
     cl = state.get("classification") or {}
     tail = " ".join(cl.get("log_tail") or [])
     if cl.get("kind") == "cuda_oom" or "MemoryError" in str(cl.get("summary")) or "OutOfMemoryError" in tail \
