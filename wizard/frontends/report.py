@@ -142,8 +142,7 @@ def print_plan(result, file: TextIO | None = None) -> None:
     for alt in plan.alternatives:
         print(f"Instead:  {alt.text}", file=out)
     if plan.choice is not None:
-        print(f"Choice:   {plan.choice.name}"
-              + (" with gradient checkpointing" if plan.choice.gradient_checkpointing else ""), file=out)
+        print(f"Choice:   {plan.choice.name_with_gc}", file=out)
         for line in speed_lines(plan):
             print(f"          {line}", file=out)
     out.flush()

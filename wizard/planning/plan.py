@@ -124,6 +124,11 @@ class Rung:
     def tokens_per_second(self) -> float:
         return self.speed.tokens_per_second if self.speed else 0.0
 
+    @property
+    def name_with_gc(self) -> str:
+        """"DeepSpeed ZeRO-3 with gradient checkpointing": the rung as the plan runs it."""
+        return self.name + (" with gradient checkpointing" if self.gradient_checkpointing else "")
+
     def uncalibrated(self) -> Rung:
         """This rung's figures as the raw model gives them (what `wizard tune` measures against); fit and
         reason stay the calibrated plan's."""
@@ -191,8 +196,7 @@ class Alternative:
         if self.choice is None:
             return f"{label}: does not fit either"
         c = self.choice
-        gc = " with gradient checkpointing" if c.gradient_checkpointing else ""
-        where = f"fits with {c.name}{gc} ({fmt_bytes(c.per_gpu_bytes)} per GPU)"
+        where = f"fits with {c.name_with_gc} ({fmt_bytes(c.per_gpu_bytes)} per GPU)"
         own = self.speed or c.speed
         at = f" at micro-batch {self.split[0]} x {self.split[1]}" if self.split else ""
         ref = self.reference_speed or (self.reference.speed if self.reference is not None else None)
@@ -1073,7 +1077,7 @@ def _choice_id(rung: Rung | None) -> tuple | None:
 def _choice_text(rung: Rung | None) -> str:
     if rung is None:
         return "none (nothing fits)"
-    return rung.name + (" with gradient checkpointing" if rung.gradient_checkpointing else "")
+    return rung.name_with_gc
 
 
 def _make_plan(hw, model, training: TrainingOptions, strategy: StrategyOptions, topology: Topology,
@@ -1392,8 +1396,7 @@ def _try(hw, model, training, strategy, topology, adapters=None, calibration=Non
 def _fits_text(plan: Plan) -> str:
     c = plan.choice
     unit = "process" if plan.topology.cpu else "GPU"
-    gc = " with gradient checkpointing" if c.gradient_checkpointing else ""
-    return f"{c.name}{gc} fits ({fmt_bytes(c.per_gpu_bytes)} of {fmt_bytes(plan.usable_bytes)} per {unit})"
+    return f"{c.name_with_gc} fits ({fmt_bytes(c.per_gpu_bytes)} of {fmt_bytes(plan.usable_bytes)} per {unit})"
 
 
 @dataclass
