@@ -1,8 +1,16 @@
 """Per-token activation memory of one LoRA training step under FSDP1 / FSDP2 against one process, on CPU.
 
-    python bench/measure_fsdp_activations.py                 # the default grid (a few minutes on 2 cores)
+    python bench/measure_fsdp_activations.py                 # the default grid (about 2 min on 2 cores)
     python bench/measure_fsdp_activations.py --scaling       # + h, L, V doubled one at a time
-    python bench/measure_fsdp_activations.py --setups fsdp1:reentrant --mbs 1,2
+    python bench/measure_fsdp_activations.py --setups single:reentrant,fsdp1:reentrant --layers 8 --detail 20
+    python bench/measure_fsdp_activations.py --setups single:reentrant,fsdp1:reentrant --ablate
+
+Results and the mechanism found: bench/results/fsdp-activations.md. Run it with the published runs' versions
+(torch 2.4.1, transformers 4.45.2, peft 0.13.2) from a separate venv; FSDP2 on CPU needs torch >= 2.6.
+
+Found: only FSDP1 with reentrant checkpointing and frozen decoder-layer units (LoRA) costs more, 2h(L-2)
+bytes per token in the layers' backward: _register_post_backward_reshard_only_hook's multi-grad hook keeps
+every finished layer's checkpointed input and its gradient alive until the end of backward.
 
 Why: on published A100 runs (Mistral-7B LoRA, seq 4096, reentrant gradient checkpointing) the peak
 allocated memory grows by ~844 kB per token per GPU under accelerate's FSDP1 against 671 kB on one GPU.
@@ -15,7 +23,9 @@ enable_input_require_grads as TRL 0.11 calls it -- or non-reentrant):
   single  one process, no FSDP;
   fsdp1   2 ranks, FullyShardedDataParallel as accelerate 1.0.1 builds it for a peft model under the HF
           Trainer: FULL_SHARD, peft.utils.other.fsdp_auto_wrap_policy (decoder layers + every LoRA
-          Linear in its own unit), BACKWARD_PRE, use_orig_params=False, limit_all_gathers, sync_module_states;
+          Linear in its own unit), BACKWARD_PRE, use_orig_params=False, limit_all_gathers
+          (sync_module_states off: FSDP1 refuses it on CPU; every rank builds the same seeded model);
+  fsdp1-origparams  the same with use_orig_params=True (not in the default grid);
   fsdp2   2 ranks, fully_shard per decoder layer then the root, reshard_after_forward=True.
 The ranks talk over gloo on a port picked free at run time.
 
@@ -255,14 +265,19 @@ def build_model(shape: Shape, gc: str):
 def wrap(model, mode: str):
     import torch
 
-    if mode == "fsdp1":
+    if mode in ("fsdp1", "fsdp1-origparams"):
         from peft.utils.other import fsdp_auto_wrap_policy
-        from torch.distributed.fsdp import BackwardPrefetch, FullyShardedDataParallel, ShardingStrategy
+        from torch.distributed.fsdp import (
+            BackwardPrefetch,
+            FullyShardedDataParallel,
+            ShardingStrategy,
+        )
 
         return FullyShardedDataParallel(
             model, sharding_strategy=ShardingStrategy.FULL_SHARD, auto_wrap_policy=fsdp_auto_wrap_policy(model),
             mixed_precision=None, sync_module_states=False, backward_prefetch=BackwardPrefetch.BACKWARD_PRE,
-            forward_prefetch=False, use_orig_params=False, limit_all_gathers=True, device_id=torch.device("cpu"))
+            forward_prefetch=False, use_orig_params=mode == "fsdp1-origparams", limit_all_gathers=True,
+            device_id=torch.device("cpu"))
     if mode == "fsdp2":
         try:
             from torch.distributed.fsdp import fully_shard
@@ -359,7 +374,7 @@ def analyse(tracker: Tracker, excluded: set[int], tokens: int) -> dict:
     the live set at the peak grouped by who allocated it."""
     live = acts = 0
     peak = acts_peak = 0
-    peak_at = acts_peak_at = 0
+    acts_peak_at = 0
     seg = "setup"
     seg_max: dict[str, int] = {}
     seg_max_at: dict[str, int] = {}
@@ -372,8 +387,7 @@ def analyse(tracker: Tracker, excluded: set[int], tokens: int) -> dict:
         live += kind * nbytes
         if tracker.meta[eid][5] != "resize":
             acts += kind * nbytes
-        if live > peak:
-            peak, peak_at = live, i
+        peak = max(peak, live)
         if acts > acts_peak:
             acts_peak, acts_peak_at = acts, i
         if acts > seg_max.get(seg, -1):
@@ -473,7 +487,7 @@ def branch_slopes(results: list[dict]) -> dict[str, float]:
     a, b = results[0], results[-1]
     out = {}
     for name, prefixes in BRANCHES.items():
-        def top(r):
+        def top(r, prefixes=prefixes):
             return max((v for k, v in r["segment_max"].items() if k.startswith(prefixes)), default=0)
         out[name] = (top(b) - top(a)) / (b["tokens"] - a["tokens"])
     return out
@@ -506,7 +520,8 @@ def main(argv=None) -> int:
     if args.scaling:
         base = shapes[-1]
         shapes += [replace(base, hidden=2 * base.hidden, heads=2 * base.heads, kv_heads=2 * base.kv_heads,
-                           ffn=2 * base.ffn), replace(base, layers=2 * base.layers), replace(base, vocab=2 * base.vocab)]
+                           ffn=2 * base.ffn),
+                   replace(base, layers=2 * base.layers), replace(base, vocab=2 * base.vocab)]
     if args.ablate:
         os.environ["FSDPMEAS_ABLATE"] = "1"
     import peft
@@ -526,7 +541,8 @@ def main(argv=None) -> int:
             try:
                 res = run_setup(mode, gc, shape, mbs)
             except Exception as e:  # noqa: BLE001 -- e.g. FSDP2 on CPU needs torch >= 2.6
-                print(f"{mode + ':' + gc:20s} failed on this torch: {str(e).strip().splitlines()[-1][:120]}")
+                lines = [x for x in str(e).splitlines() if "Error: " in x] or str(e).strip().splitlines()
+                print(f"{mode + ':' + gc:20s} failed on this torch: {lines[-1].strip()[:140]}")
                 continue
             for r, rr in enumerate(res):
                 s_act = slope(rr, "acts_peak")
