@@ -179,14 +179,15 @@ def _options(entry: dict[str, Any]):
                                gradient_checkpointing=checkpointing, attention=entry["attention"],
                                optimizer=entry.get("optimizer", "adamw"), method=entry.get("method", "full"),
                                lora_rank=lora.get("rank", 16), lora_alpha=lora.get("alpha"),
-                               lora_targets=lora.get("targets"), lora_dropout=lora.get("dropout", 0.05))
+                               lora_targets=lora.get("targets"), lora_dropout=lora.get("dropout", 0.05),
+                               reentrant_checkpoint_call=int(str(entry.get("transformers", "5")).split(".")[0]) < 5)
     spec = RUNG_SPECS[entry["rung"]]
     if spec.backend == "deepspeed":
         strategy = StrategyOptions(backend="deepspeed", zero_stage=str(spec.zero_stage), offload="auto", headroom=0.0)
     elif spec.backend == "single":
         strategy = StrategyOptions(backend="auto", headroom=0.0)
     else:
-        strategy = StrategyOptions(backend=spec.backend, headroom=0.0)
+        strategy = StrategyOptions(backend=spec.backend, headroom=0.0, fsdp_version=entry.get("fsdp_version", 2))
     return training, strategy, checkpointing
 
 
@@ -200,7 +201,11 @@ def adapters_for(entry: dict[str, Any], shape):
     options = lora.lora_options(entry["method"], cfg["rank"], cfg.get("alpha"), cfg.get("dropout", 0.05),
                                 cfg.get("targets"), double_quant=cfg.get("double_quant", True),
                                 quant_storage=cfg.get("quant_storage", "uint8"))
-    return lora.size_llama_adapters(shape, options)
+    adapters = lora.size_llama_adapters(shape, options)
+    if entry["method"] == "qlora" and not cfg.get("kbit_prepared", True):
+        import dataclasses
+        adapters = dataclasses.replace(adapters, kbit_prepared=False)
+    return adapters
 
 
 def plan_rung(entry: dict[str, Any], model: dict[str, Any]):

@@ -93,6 +93,17 @@ def resolve_pre_plan(hw: Hardware, given: dict[str, Any], conflicts: list | None
     return route_cpu_processes(answers, given)
 
 
+# Details asked after the plan that its figures depend on: fsdp_version 1 changes FSDP's activation memory
+# (plan.TrainingOptions.reentrant_checkpoint_call). Taken as given; resolve_details checks them again.
+PLAN_DETAILS = ("fsdp_version",)
+
+
+def with_plan_details(answers: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
+    """The pre-plan answers plus the PLAN_DETAILS that were given (flags, answers file)."""
+    extra = {k: given[k] for k in PLAN_DETAILS if given.get(k) is not None}
+    return {**answers, **extra} if extra else answers
+
+
 def route_cpu_processes(answers: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
     """Several CPU processes train together only through DeepSpeed's launcher (or mpirun).
 
@@ -340,7 +351,8 @@ def build(request: Request, hw: Hardware | None = None) -> Result:
     refuse_mpirun(request.given)
     from wizard.config.questions import check_precision_pair
     check_precision_pair(request.given.get("precision"), request.given.get("mixed_precision"))
-    answers = resolve_pre_plan(hw, request.given, conflicts, plan_only=request.plan_only)
+    answers = with_plan_details(resolve_pre_plan(hw, request.given, conflicts, plan_only=request.plan_only),
+                                request.given)
     if conflicts:
         raise conflicts[0]
     refuse_adapter_options(request.given, answers)

@@ -282,3 +282,18 @@ def test_fsdp_root_unit_holds_the_embedding_and_an_untied_head():
     untied_layer, untied_root = mem.layer_and_root_params(params, hidden, layers, vocab, tied_embeddings=False)
     assert tied_root == vocab * hidden and untied_root == 2 * vocab * hidden
     assert untied_layer == (params - 2 * vocab * hidden) // layers < tied_layer
+
+
+def test_the_recomputed_layer_and_the_loss_peak_do_not_add_up():
+    """Under checkpointing the step's peak is the kept inputs plus the larger of the recomputed layer and the
+    loss's peak (MEASURED, bench/measure_activations.py); without it, kept + loss peak exactly."""
+    stack = mem.LayerStack(layers=32, hidden=4096, heads=32, kv_heads=8, ffn=14336)
+    kept, recomputed = mem.stack_activation_parts(stack, 4096, 2, True, True)
+    assert kept == 2 * 4096 * 2 * 4096 * 32 and recomputed > 0
+    assert kept + recomputed == mem.stack_activation_bytes(stack, 4096, 2, True, True)
+    small_vocab, large_vocab = mem.logits_bytes(4096, 2, 1000, "bf16"), mem.logits_bytes(4096, 2, 128_256, "bf16")
+    assert small_vocab < recomputed < large_vocab
+    assert mem.peak_activation_bytes(kept, recomputed, small_vocab) + small_vocab == kept + recomputed
+    assert mem.peak_activation_bytes(kept, recomputed, large_vocab) + large_vocab == kept + large_vocab
+    kept_all, none = mem.stack_activation_parts(stack, 4096, 2, True, False)
+    assert none == 0 and mem.peak_activation_bytes(kept_all, none, large_vocab) == kept_all

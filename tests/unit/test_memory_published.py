@@ -39,9 +39,10 @@ SPEED_SOURCES = bench.speed_bench.load()["sources"]
 
 UNITS = {"MiB": 2**20, "bytes": 1, "GB (10^9)": 1e9, "GB (10^9 assumed)": 1e9, "GB (2^30 assumed)": 2**30}
 
-# Achieved (bench/results/memory-model.md): held-out 15 of 19 rows within +-15 % (79 %; issue 19 asks 85 %),
-# worst reserved / whole-process under-prediction -9.7 % (the target: no worse than -10 %); fit median 5.5 %.
-HELDOUT_WITHIN_15_SHARE = 0.75
+# Achieved (bench/results/memory-model.md): held-out 28 of 29 rows within +-15 % (97 %; issue 19 asks 85 %),
+# worst reserved / whole-process under-prediction -8.3 % held out, -8.7 % fit (the target: no worse than -10 %);
+# fit median 5.5 %.
+HELDOUT_WITHIN_15_SHARE = 0.85     # issue 19's target
 GUARDED_UNDER_LIMIT_PCT = -10.0
 FIT_MEDIAN_BOUND_PCT = 8.0
 
@@ -134,11 +135,6 @@ def test_held_out_memory_error_is_bounded(predicted):
     assert all(u.method != "full" and u.rung.startswith("fsdp") for u in unplanned), unplanned
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "issue 19 open: with fms-acceleration's QLoRA rows corrected to double quantisation (as the source runs "
-    "them), the 70B FSDP-QLoRA whole-process peak is under-predicted by about 15 %: FSDP grows ~170 kB per token "
-    "more than one GPU does and no mechanism for it is known yet (memory-model.md, 'Investigated, not "
-    "applied'). Strict: when the model is fixed this passes, and the marker must go."))
 def test_no_held_out_reserved_or_whole_process_figure_is_under_predicted_beyond_10_percent(predicted):
     rows, _ = predicted
     worst = bench.worst_under([r for r in rows if r.split == "holdout"])

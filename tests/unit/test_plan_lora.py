@@ -389,10 +389,11 @@ def test_a_choice_forced_onto_offload_does_not_claim_that_nothing_without_offloa
 
 
 def test_a_rung_slower_for_its_smaller_micro_batch_says_so(tmp_path):
-    """70B QLoRA on 2 x 48 GB, global batch 16: ZeRO-3 fits micro-batch 2, FSDP2 with resharding only 1, and
-    FSDP2's slower step is all compute (its gathers are hidden: 0 s of communication). The reason said
-    'weights gathered for every layer, forward and backward'; it names the micro-batches."""
-    given = {"model": _LLAMA_70B, "method": "qlora", "global_batch": 16}
+    """70B QLoRA on 2 x 48 GB, global batch 16, 17.5 % headroom: ZeRO-3 fits micro-batch 2 (39.3 GiB of 39.6),
+    FSDP2 with resharding (0.6 GiB more per GPU) only 1, and FSDP2's slower step is all compute (its gathers
+    are hidden: 0 s of communication). The reason said 'weights gathered for every layer, forward and
+    backward'; it names the micro-batches."""
+    given = {"model": _LLAMA_70B, "method": "qlora", "global_batch": 16, "headroom": 0.175}
     plan = pipeline.build(Request(assume="2xRTX6000Ada-48GB,ram=256G", output_dir=str(tmp_path), given=given)).plan
     fsdp = rung_by_key(plan, "fsdp-reshard")
     assert fsdp.fits and fsdp is not plan.choice and fsdp.micro_batch < plan.choice.micro_batch   # the case
@@ -503,3 +504,46 @@ def test_choosing_full_in_the_wizard_drops_the_lora_options_given_before(tmp_pat
     given = state.given()
     assert given["method"] == "full" and not any(k in given for k in pipeline.ADAPTER_OPTIONS), given
     assert pipeline.build(Request(assume="8xA100-80GB", output_dir=str(tmp_path), given=given)).plan.method["name"] == "full"
+
+
+@pytest.mark.parametrize("method", ["lora", "qlora"])
+def test_qlora_under_torch_amp_counts_an_fp32_residual_stream(method):
+    """prepare_model_for_kbit_training (the snippet calls it for one GPU and DDP) makes the embeddings and every
+    norm fp32, so under autocast each checkpointed layer input is fp32: 4 B per hidden element, not 2.
+    DeepSpeed ZeRO-2 casts the parameters back to bf16 and keeps the 16-bit stream; LoRA is 16-bit everywhere."""
+    result = pipeline.build(Request(assume="2xA100-80GB,ram=1T", output_dir="/tmp/unused", given={
+        "params": "7B", "method": method, "gradient_checkpointing": "on", "seq_len": 4096, "micro_batch": 4}))
+    ddp, zero2 = rung_by_key(result.plan, "ddp"), rung_by_key(result.plan, "zero2")
+    tokens, hidden, layers = 4096 * 4, result.model.hidden_size, result.model.layers
+    stream_delta = ddp.breakdown["activations"] - zero2.breakdown["activations"]
+    if method == "qlora":
+        assert stream_delta >= 2 * tokens * hidden * layers
+    else:
+        assert stream_delta == 0
+
+
+@pytest.mark.parametrize("version, reenters", [(1, True), (1, False), (2, True)])
+def test_fsdp1_adapters_under_reentrant_checkpointing_keep_every_layers_input_and_gradient(monkeypatch, version,
+                                                                                          reenters):
+    """transformers 4.x checkpoints the FSDP1 unit's __call__ reentrantly, and FSDP1's hook on each frozen layer
+    unit's input keeps that input and its gradient to the end of backward: w * h * (L - 2) per token more
+    (bench/measure_fsdp_activations.py). Not under FSDP2, nor with transformers 5 (it checkpoints forward)."""
+    from wizard.config import answers as answers_mod
+    monkeypatch.setattr(answers_mod, "_transformers_reenters_call", lambda: reenters)
+    # task "base": no head output, so the layers' backward is the step's peak and the excess shows whole.
+    given = {"params": "7B", "method": "lora", "backend": "fsdp", "task": "base", "gradient_checkpointing": "on",
+             "seq_len": 4096, "micro_batch": 2}
+
+    def build(extra):
+        result = pipeline.build(Request(assume="2xA100-80GB,ram=1T", output_dir="/tmp/unused",
+                                        given={**given, **extra}))
+        return result, rung_by_key(result.plan, "fsdp-reshard")
+
+    _, fsdp2 = build({})
+    result, rung = build({"fsdp_version": version})
+    delta = rung.breakdown["activations"] - fsdp2.breakdown["activations"]
+    noted = any("FSDP1 with adapters" in n for n in result.plan.notes)
+    if version == 1 and reenters:
+        assert delta == 2 * 4096 * 2 * result.model.hidden_size * (result.model.layers - 2) and noted
+    else:
+        assert delta == 0 and not noted

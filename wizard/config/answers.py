@@ -237,11 +237,25 @@ def training_options(a: dict[str, Any]) -> TrainingOptions:
     """TrainingOptions from answers. With a global batch, an unset micro-batch or accumulation (None: their
     default then) comes from it: the plan takes the fastest split of it (TrainingOptions.split)."""
     options = _take(TrainingOptions, a)
+    if str(a.get("fsdp_version", 2)).strip() == "1" and a.get("method", "full") != "full":
+        options = replace(options, reentrant_checkpoint_call=_transformers_reenters_call())
     if a.get("global_batch") is None:
         return options
     micro, accum = a.get("micro_batch") is not None, a.get("grad_accum") is not None
     split = "given" if micro and accum else "micro" if micro else "accum" if accum else "auto"
     return replace(options, split=split)
+
+
+def _transformers_reenters_call() -> bool:
+    """Whether the installed transformers checkpoints a layer's __call__ reentrantly (4.x, when
+    gradient_checkpointing_kwargs is unset; 5.x checkpoints its forward), read from the package metadata
+    without importing it. False when transformers is not installed here."""
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        major = version("transformers").split(".")[0]
+    except PackageNotFoundError:
+        return False
+    return major.isdigit() and int(major) < 5
 
 
 def strategy_options(a: dict[str, Any]) -> StrategyOptions:

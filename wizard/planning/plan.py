@@ -60,6 +60,10 @@ class TrainingOptions:
     # Without a global_batch it does not matter.
     split: str = "auto"
     task: str = "auto"                    # the head trained: auto (the config's architectures) or a TASKS name
+    # Gradient checkpointing re-runs each layer's __call__ reentrantly: transformers 4.x's default (answers'
+    # training_options sets it from the installed transformers). Under FSDP1 with adapters it keeps every layer's
+    # input and gradient to the end of backward (memory.fsdp1_retained_checkpoint_bytes).
+    reentrant_checkpoint_call: bool = False
 
 
 SPLITS = ("given", "auto", "micro", "accum")
@@ -73,6 +77,7 @@ class StrategyOptions:
     nvme_path: str | None = None
     headroom: float = 0.10
     cuda_context_bytes: int = mem.CUDA_CONTEXT_BYTES   # per process (configurable); the measurement in memory.py
+    fsdp_version: int = 2                 # the FSDP the files select (1: the older wrapper API)
 
 
 @dataclass
@@ -397,6 +402,8 @@ class _Inputs:
     num_labels: int = 0
     lora_dropout: float = 0.0
     calibration: Any = None              # calibration.Calibration for this machine (None: the raw model)
+    fsdp_version: int = 2
+    fsdp1_retains_checkpoints: bool = False   # FSDP rungs: memory.fsdp1_retained_checkpoint_bytes applies
 
     def ratios(self, rung_key: str) -> calibration_mod.Ratios | None:
         """`wizard tune`'s ratios for this rung and method on this machine, or None."""
@@ -433,7 +440,8 @@ def _states(spec: RungSpec, x: _Inputs) -> mem.ModelStates:
                                          x.per_machine, x.machines, largest_frozen_layer_params=x.largest_layer,
                                          offload_optimizer=spec.offload_optimizer == "cpu",
                                          offload_param=spec.offload_param == "cpu",
-                                         reshard=spec.fsdp_reshard is not False)
+                                         reshard=spec.fsdp_reshard is not False,
+                                         kbit_prepared=x.adapters.kbit_prepared)
     family = spec.memory
     if family == "replicated":
         return mem.states_single_or_ddp(x.params, x.precision, x.optimizer, x.per_machine)
@@ -528,10 +536,16 @@ def _autocast(spec: RungSpec, x: _Inputs, gc: bool) -> int:
 
 def _estimate(spec: RungSpec, x: _Inputs, gc: bool) -> _Estimate:
     states = _states(spec, x)
-    activations = mem.stack_activation_bytes(x.stack, x.seq, x.batch, x.flash, gc, x.precision)
+    kept, recomputed = mem.stack_activation_parts(x.stack, x.seq, x.batch, x.flash, gc, _activation_precision(spec, x))
     if x.adapters is not None:
-        activations += _adapter_activation_bytes(x, gc)
+        if gc:
+            recomputed += _adapter_activation_bytes(x, gc)
+        else:
+            kept += _adapter_activation_bytes(x, gc)
+    if gc and spec.backend == "fsdp" and x.fsdp1_retains_checkpoints:
+        recomputed += _fsdp1_retained_bytes(spec, x)
     logits = _head_output_bytes(x)
+    activations = mem.peak_activation_bytes(kept, recomputed, logits)
     buffers = _buffers(spec, x)
     autocast = _autocast(spec, x, gc)
     margin = mem.margin_bytes(states.gpu + autocast + activations + logits + buffers)
@@ -548,6 +562,25 @@ def _estimate(spec: RungSpec, x: _Inputs, gc: bool) -> _Estimate:
     # CPU processes: everything is already host RAM inside the per-process figure.
     return _Estimate(breakdown, sum(breakdown.values()), 0 if x.cpu else _host_ram(spec, x, states), states.nvme,
                      _load_bytes(spec, x))
+
+
+def _fsdp1_retained_bytes(spec: RungSpec, x: _Inputs) -> int:
+    return mem.fsdp1_retained_checkpoint_bytes(x.seq * x.batch, x.hidden, x.layers, _activation_precision(spec, x))
+
+
+def _activation_precision(spec: RungSpec, x: _Inputs) -> str:
+    """The dtype of the residual stream and of most activations: the compute dtype, except for QLoRA under
+    torch AMP (one GPU, DDP), where prepare_model_for_kbit_training (which the snippet calls there,
+    snippets.kbit_prepared) casts the embeddings and every norm to fp32. The embeddings' output and each
+    RMSNorm's (weight * x) are then fp32, bitsandbytes' Linear4bit returns its input's dtype (out.to(inp_dtype)),
+    so the residual stream, every checkpointed layer input and the MLP's intermediates are fp32 under autocast.
+    MEASURED (CPU, bitsandbytes 0.50.2, peft 0.21.2, transformers 5.24, tiny Llama, bf16 autocast): every
+    decoder layer's input is fp32. DeepSpeed ZeRO-1/2 cast every floating parameter back to the compute dtype
+    (lora.adapter_model_states), and sharded QLoRA (FSDP, ZeRO-3) skips the call: 16-bit there."""
+    if (x.adapters is not None and x.adapters.method == "qlora" and x.adapters.kbit_prepared and not x.cpu
+            and spec.backend in ("single", "ddp") and x.precision in ("bf16", "fp16")):
+        return "fp32"
+    return x.precision
 
 
 def _load_bytes(spec: RungSpec, x: _Inputs) -> int:
@@ -904,8 +937,14 @@ def _resolve(hw, model, training: TrainingOptions, strategy: StrategyOptions, to
         usable=mem.usable_bytes(capacity, headroom), headroom=headroom, ram=ram,
         nvme_path=nvme_path, nvme_free=nvme_free,
         grad_accum=training.grad_accum, machine=machine, active_params=_active_params(model),
-        task=task, num_labels=num_labels,
+        task=task, num_labels=num_labels, fsdp_version=_fsdp_version(strategy.fsdp_version),
     )
+
+
+def _fsdp_version(value: Any) -> int:
+    if str(value).strip() not in ("1", "2"):
+        raise InputError("--fsdp-version", f"{value!r} is not an FSDP version", "1, 2")
+    return int(value)
 
 
 def _task(training: TrainingOptions, model, notes: list[str]) -> str:
@@ -943,6 +982,12 @@ def _with_adapters(x: _Inputs, model, training: TrainingOptions, adapters, notes
     if x.cpu and training.method == "qlora":
         raise InputError("--method", "qlora needs bitsandbytes' 4-bit kernels on GPUs; these are CPU processes",
                          "full, lora")
+    if x.fsdp_version == 1 and training.reentrant_checkpoint_call and training.gradient_checkpointing != "off":
+        x = replace(x, fsdp1_retains_checkpoints=True)
+        notes.append("FSDP1 with adapters under transformers 4.x's reentrant gradient checkpointing keeps every "
+                     "layer's input and its gradient until backward ends (FSDP1's hook on each frozen layer unit's "
+                     "input): the FSDP rungs count that. FSDP2 (fsdp_version: 2) or "
+                     "gradient_checkpointing_kwargs={\"use_reentrant\": False} avoids it.")
     if training.optimizer in ("adamw-8bit",) and training.method == "qlora":
         notes.append("8-bit AdamW on the adapters saves almost nothing: they are a few per mille of the model.")
     share = adapters.trainable_params / max(x.params, 1) * 100

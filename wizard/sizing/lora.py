@@ -188,6 +188,10 @@ class AdapterShape:
     unquantized_params: int = 0              # embeddings, norms, lm_head, biases, non-Linear parameters
     double_quant: bool = True
     quant_storage: str = "uint8"
+    # QLoRA on one GPU / DDP: whether peft's prepare_model_for_kbit_training runs (the wizard's snippet calls it,
+    # snippets.kbit_prepared): the unquantised parameters become fp32, and so does the residual stream. False
+    # describes a run that keeps them in the compute dtype (litgpt's bf16-true, for the published rows).
+    kbit_prepared: bool = True
     source: str = ""
     exact: bool = True                       # False for an analytic --params shape
     notes: list[str] = field(default_factory=list)

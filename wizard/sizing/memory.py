@@ -606,9 +606,8 @@ def activation_bytes(seq_len: int, micro_batch: int, hidden_size: int, heads: in
     Full recomputation (HF gradient_checkpointing=True, non-reentrant): each layer keeps only its
     input, w * s * b * h (Korthikanti et al. 4.2 count 2 * s * b * h in 16-bit; MEASURED), and the
     backward of one layer rematerialises its full activations and holds its gradients
-    (backward_working_bytes_per_token, MEASURED). That layer peak and the logits peak
-    happen at different moments of backward, so activations + logits overstates a checkpointed step
-    by up to one layer's activations: a deliberate, conservative overlap.
+    (backward_working_bytes_per_token, MEASURED). That layer's peak and the logits' peak happen at
+    different moments of backward: the plan adds only the larger of the two (peak_activation_bytes).
     """
     p = _profile(profile)
     w = working_bytes(precision)
@@ -753,15 +752,61 @@ def stack_activation_bytes(stack: LayerStack, seq_len: int, micro_batch: int, fl
     For a uniform decoder it equals activation_bytes. Without checkpointing: every layer's saved tensors
     plus the final norm's. With full recomputation: each layer's input, plus the largest layer's full
     activations and its backward working set (as activation_bytes)."""
+    return sum(stack_activation_parts(stack, seq_len, micro_batch, flash, gradient_checkpointing, precision,
+                                      attention_dropout))
+
+
+def stack_activation_parts(stack: LayerStack, seq_len: int, micro_batch: int, flash: bool,
+                           gradient_checkpointing: bool, precision: str = "bf16",
+                           attention_dropout: bool = False) -> tuple[int, int]:
+    """stack_activation_bytes in two parts: (kept until backward reaches them, recomputed).
+
+    kept: without checkpointing every layer's saved tensors and the final norm's; with full recomputation
+    each layer's input. recomputed: with checkpointing, the largest layer's rematerialised activations and
+    its backward working set, alive only while backward runs through that layer (0 without checkpointing).
+    The recomputed part never coexists with the loss's peak (peak_activation_bytes)."""
     p = _profile(stack.profile)
     w = working_bytes(precision)
     tokens = seq_len * micro_batch
     kinds = _layer_kinds(stack, seq_len, micro_batch, flash, precision, attention_dropout or stack.attention_dropout)
     if gradient_checkpointing:
         _, per_layer, backward = max(kinds, key=lambda k: k[1] + tokens * k[2])
-        return w * tokens * stack.hidden * stack.layers + per_layer + tokens * backward
+        return w * tokens * stack.hidden * stack.layers, per_layer + tokens * backward
     return sum(count * per_layer for count, per_layer, _ in kinds) + tokens * norm_bytes_per_token(
-        stack.hidden, precision, p)
+        stack.hidden, precision, p), 0
+
+
+def fsdp1_retained_checkpoint_bytes(tokens: int, hidden_size: int, layers: int, precision: str) -> int:
+    """What FSDP1 keeps alive in addition, at the layers' backward peak, when reentrant checkpointing re-runs
+    frozen FSDP1 units (LoRA / QLoRA: peft's wrap policy puts the adapters in units of their own, so each
+    decoder layer's unit has no trainable parameter): w * h * (L - 2) per token.
+
+    transformers 4.x checkpoints the FSDP wrapper's __call__ reentrantly (use_reentrant=True when
+    gradient_checkpointing_kwargs is unset), so FSDP1's _pre_forward runs again inside the recompute and, for a
+    frozen flat parameter, registers a multi-grad hook (_register_post_backward_reshard_only_hook) on the
+    detached layer input. The hook holds that leaf's AccumulateGrad node, which owns the leaf: each
+    back-propagated layer's input and its .grad stay alive until FSDP's final callback removes the hooks at the
+    end of backward, so the layers' backward peaks at layer 0 instead of at the first recomputed layer.
+    MEASURED on CPU (bench/measure_fsdp_activations.py, bench/results/fsdp-activations.md; torch 2.4.1 and 2.13,
+    transformers 4.45.2, peft 0.13.2, 2 ranks over gloo): the excess is exactly 2h(L-2) B per token in bf16 at
+    every shape tried (h 256-1024, L 4-8, V 2000-4000), nothing with non-reentrant checkpointing, FSDP2, or
+    transformers 5 (which checkpoints the layer's forward, outside the FSDP hooks); removing the hook removes it.
+    """
+    return working_bytes(precision) * hidden_size * max(layers - 2, 0) * tokens
+
+
+def peak_activation_bytes(kept: int, recomputed: int, loss_peak: int) -> int:
+    """The activations to add to the loss's peak (logits_bytes) for the step's peak: kept + recomputed, less
+    the part of the recomputed layer that the loss's peak already covers.
+
+    Under gradient checkpointing the loss's backward frees the logits and their gradients before backward
+    reaches the last layer and recomputes it, so the step's peak is kept + max(loss peak, recomputed layer),
+    not their sum. MEASURED on CPU (bench/measure_activations.py, the live-storage tracker; tiny Llama h256
+    L4 s256 b2 bf16 SDPA, non-reentrant): V=32000 peaks at 198.8 MB against 197.7 MB for the max and
+    205.5 MB for the sum; V=2000 at 14.5 MB against 13.3 and 21.2. The fit half agrees (bench_memory_model:
+    the gist's checkpointed ZeRO rows). Without checkpointing recomputed is 0 and the sum stands (MEASURED:
+    the step's peak is exactly kept + loss peak)."""
+    return kept + max(0, recomputed - loss_peak)
 
 
 def autocast_weight_bytes(matmul_params: int, layer_params: int, head_params: int, precision: str,
@@ -964,6 +1009,7 @@ __all__ = [
     "ds_estimate_zero2_model_states_mem_needs", "ds_estimate_zero3_model_states_mem_needs",
     "states_single_or_ddp", "states_zero1", "states_zero2", "states_zero3", "states_zero3_nvme", "states_fsdp",
     "layer_and_root_params", "activation_bytes_per_layer", "activation_bytes", "logits_bytes",
+    "stack_activation_parts", "peak_activation_bytes", "fsdp1_retained_checkpoint_bytes",
     "LayerProfile", "GATED_PROFILE", "PLAIN_PROFILE", "TANH_GELU_PROFILE", "layer_profile", "mlp_is_gated",
     "norm_bytes_per_token", "attention_score_bytes", "backward_working_bytes_per_token",
     "LOGITS_PEAK_BYTES_PER_ELEMENT", "T5_PROFILE", "GEMMA2_PROFILE", "LayerStack", "stack_activation_bytes",
