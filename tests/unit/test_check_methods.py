@@ -168,3 +168,30 @@ def test_memory_rule_counts_qlora_loading_the_whole_4bit_model_onto_every_gpu():
     roomy = dict(common, hardware=hardware.assume("2xRTX6000Ada-48GB,ram=256G"))
     assert not {"PLAN-EXCEEDS-GPU", "PLAN-LOW-HEADROOM"} & {f.rule for f in check_texts(
         result.yaml_text, result.ds_text, **roomy)}
+
+
+@pytest.fixture(scope="module")
+def fsdp1():
+    return pipeline.build(Request(assume="2xA100-80GB", output_dir="/tmp/unused", given={
+        "model": LLAMA_TINY, "method": "lora", "backend": "fsdp", "fsdp_version": 1}))
+
+
+def test_fsdp1_adapters_under_transformers_4_reentrant_checkpointing_are_flagged(fsdp1):
+    """FSDP1 + LoRA + transformers 4.x's default reentrant checkpointing keeps every layer's input and gradient to
+    the end of backward (bench/results/fsdp-activations.md); non-reentrant, FSDP2 or transformers 5 do not."""
+    assert "fsdp_version: 1" in fsdp1.yaml_text
+
+    def found(yaml_text=fsdp1.yaml_text, ta=None, transformers="4.45.2", method="lora"):
+        out = check_texts(yaml_text, None, versions={**INSTALLED, "transformers": transformers},
+                          method=lora_options(method), training_args=ta)
+        return {f.rule: f for f in out}.get("METHOD-FSDP1-REENTRANT-CHECKPOINT")
+
+    gc = {"gradient_checkpointing": True}
+    hit = found(ta=gc)
+    assert hit is not None and hit.severity == "warning" and "use_reentrant" in hit.fix
+    assert found(ta=gc, method="qlora") is not None
+    assert found(ta={**gc, "gradient_checkpointing_kwargs": {"use_reentrant": False}}) is None
+    assert found(ta=gc, transformers="5.24.0") is None
+    assert found(ta={"gradient_checkpointing": False}) is None
+    assert found(ta=None) is None
+    assert found(yaml_text=fsdp1.yaml_text.replace("fsdp_version: 1", "fsdp_version: 2"), ta=gc) is None

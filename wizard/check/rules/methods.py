@@ -183,3 +183,34 @@ def qlora_zero3_init(ctx: CheckContext, options) -> Iterable[Finding]:
     yield finding("error", "METHOD-QLORA-ZERO3-INIT", ctx.acc_path, "deepspeed_config.zero3_init_flag",
                   f"QLoRA with DeepSpeed ZeRO-3 needs zero3_init_flag: true (peft's guide 'Use PEFT QLoRA and DeepSpeed "
                   f"with ZeRO3'); it is {flag!r}", fix="set deepspeed_config.zero3_init_flag: true", when="prepare")
+
+
+@method_rule("METHOD-FSDP1-REENTRANT-CHECKPOINT",
+             "adapters under FSDP1 with transformers 4.x's reentrant gradient checkpointing")
+def fsdp1_reentrant_checkpoint(ctx: CheckContext, options) -> Iterable[Finding]:
+    """transformers 4.x checkpoints the FSDP1 unit's __call__ reentrantly (use_reentrant=True unless
+    gradient_checkpointing_kwargs says otherwise), and FSDP1's hook on each frozen layer unit's input keeps that
+    input and its gradient until backward ends (memory.fsdp1_retained_checkpoint_bytes, MEASURED with
+    bench/measure_fsdp_activations.py). Needs the TrainingArguments (--training-args) to know checkpointing is on."""
+    from wizard.check.rules.common import as_int
+    if ctx.ta is None or not ctx.uses_fsdp or as_int(ctx.fsdp_options().get("version"), 1) != 1:
+        return
+    if not ctx.activation_checkpointing():
+        return
+    kwargs = ctx.ta_value("gradient_checkpointing_kwargs") or {}
+    if isinstance(kwargs, dict) and kwargs.get("use_reentrant") is False:
+        return
+    version = installed_version(ctx, "transformers")
+    if version is None or not older(version, "5.0.0"):
+        return
+    yield finding(
+        "warning", "METHOD-FSDP1-REENTRANT-CHECKPOINT", _ta_file(ctx), "gradient_checkpointing_kwargs",
+        f"{'QLoRA' if options.method == 'qlora' else 'LoRA'} under FSDP1 with transformers {version}'s "
+        "reentrant gradient checkpointing: FSDP1's hook on each frozen layer unit keeps every layer's input and its "
+        "gradient alive until backward ends, about hidden x (layers - 2) x 2 bytes more per token per GPU "
+        "(Mistral-7B at 16k tokens per GPU: +3.8 GiB)",
+        fix="gradient_checkpointing_kwargs={\"use_reentrant\": False}, or fsdp_version: 2", when="step 0")
+
+
+def _ta_file(ctx: CheckContext) -> str | None:
+    return ctx.ta_path
