@@ -894,7 +894,10 @@ def _resolve(hw, model, training: TrainingOptions, strategy: StrategyOptions, to
     else:
         notes.append("Activations are what PyTorch saves for backward in Hugging Face models, measured per tensor "
                      f"(Korthikanti et al. 2022's terms, HF's fp32 norms and softmax); {mlp_text}, attention counted "
-                     f"as {'flash/SDPA (no s x s scores)' if flash else 'eager/math'}{follows}.")
+                     f"as {'flash/SDPA (no s x s scores)' if flash else 'eager/math'}{follows}."
+                     + (" With gradient checkpointing they are each layer's input plus what the recomputed layer "
+                        "needs beyond the loss's peak (logits): the two never coexist in backward."
+                        if training.gradient_checkpointing != "off" else ""))
     context_len = getattr(model, "max_position_embeddings", None)
     if context_len and seq > context_len:
         notes.append(f"Warning: --seq-len {seq} is longer than the model's context ({context_len} positions, "
