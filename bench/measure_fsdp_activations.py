@@ -6,7 +6,11 @@
     python bench/measure_fsdp_activations.py --setups single:reentrant,fsdp1:reentrant --ablate
 
 Results and the mechanism found: bench/results/fsdp-activations.md. Run it with the published runs' versions
-(torch 2.4.1, transformers 4.45.2, peft 0.13.2) from a separate venv; FSDP2 on CPU needs torch >= 2.6.
+(torch 2.4.1, transformers 4.45.2, peft 0.13.2) from a separate venv; FSDP2 on CPU needs torch >= 2.6:
+
+    python3 -m venv /tmp/venv241 && /tmp/venv241/bin/pip install torch==2.4.1 transformers==4.45.2 \
+        peft==0.13.2 accelerate==1.0.1
+    /tmp/venv241/bin/python bench/measure_fsdp_activations.py --setups single:reentrant,fsdp1:reentrant --layers 8
 
 Found: only FSDP1 with reentrant checkpointing and frozen decoder-layer units (LoRA) costs more, 2h(L-2)
 bytes per token in the layers' backward: _register_post_backward_reshard_only_hook's multi-grad hook keeps
