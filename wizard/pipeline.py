@@ -85,11 +85,12 @@ FILES_ONLY = ("main_process_ip",)
 
 
 def resolve_pre_plan(hw: Hardware, given: dict[str, Any], conflicts: list | None = None,
-                     plan_only: bool = False) -> dict[str, Any]:
+                     plan_only: bool = False, ignored: list[str] | None = None) -> dict[str, Any]:
     """Answers for the questions asked before the plan (model, training, strategy, machines). `plan_only`:
-    nothing will be rendered, so FILES_ONLY answers may stay missing."""
+    nothing will be rendered, so FILES_ONLY answers may stay missing. `ignored` receives the given answers
+    whose question does not apply (answers.resolve)."""
     answers = answers_mod.resolve(PRE_PLAN_STAGES, context(hw, None, None, {}), given, conflicts=conflicts,
-                                  waive=FILES_ONLY if plan_only else ())
+                                  waive=FILES_ONLY if plan_only else (), ignored=ignored)
     return route_cpu_processes(answers, given)
 
 
@@ -278,9 +279,22 @@ def adapter_trainings_to_size(model: ModelShape, answers: dict[str, Any], plan: 
 
 
 def resolve_details(hw: Hardware, model: ModelShape, plan: Plan, answers: dict[str, Any],
-                    given: dict[str, Any], conflicts: list | None = None) -> dict[str, Any]:
-    details = answers_mod.resolve(("details",), context(hw, model, plan, answers), given, conflicts=conflicts)
+                    given: dict[str, Any], conflicts: list | None = None,
+                    ignored: list[str] | None = None) -> dict[str, Any]:
+    details = answers_mod.resolve(("details",), context(hw, model, plan, answers), given, conflicts=conflicts,
+                                  ignored=ignored)
     return {**answers, **details}
+
+
+def ignored_note(ignored: list[str]) -> str | None:
+    """One line naming the given flags whose questions do not apply to this plan (one machine, the backend
+    the plan chose, ...): they change nothing, and a user who set one should know."""
+    from wizard.config.questions import by_id
+    flags = sorted({by_id(q).flag or q for q in ignored})
+    if not flags:
+        return None
+    return (f"Given but not used by this plan: {', '.join(flags)} (the question does not apply here, e.g. a "
+            "multi-machine setting on one machine or a setting of a backend the plan did not choose).")
 
 
 def render(result: Result) -> None:
@@ -351,8 +365,9 @@ def build(request: Request, hw: Hardware | None = None) -> Result:
     refuse_mpirun(request.given)
     from wizard.config.questions import check_precision_pair
     check_precision_pair(request.given.get("precision"), request.given.get("mixed_precision"))
-    answers = with_plan_details(resolve_pre_plan(hw, request.given, conflicts, plan_only=request.plan_only),
-                                request.given)
+    ignored: list[str] = []
+    answers = with_plan_details(resolve_pre_plan(hw, request.given, conflicts, plan_only=request.plan_only,
+                                                 ignored=ignored), request.given)
     if conflicts:
         raise conflicts[0]
     refuse_adapter_options(request.given, answers)
@@ -363,11 +378,15 @@ def build(request: Request, hw: Hardware | None = None) -> Result:
     result = Result(hardware=hw, model=model, plan=plan, answers=answers, output_dir=output_dir,
                     yaml_path=os.path.join(output_dir, "default_config.yaml"),
                     ds_path=os.path.join(output_dir, "ds_config.json"))
+    if plan.choice is not None:
+        result.answers = resolve_details(hw, model, plan, answers, request.given, conflicts, ignored)
+        if conflicts:
+            raise conflicts[0]
+    note = ignored_note(ignored)
+    if note:
+        plan.notes.append(note)
     if plan.choice is None:
         return result
-    result.answers = resolve_details(hw, model, plan, answers, request.given, conflicts)
-    if conflicts:
-        raise conflicts[0]
     if not request.plan_only:
         render(result)
     return result
