@@ -547,3 +547,22 @@ def test_fsdp1_adapters_under_reentrant_checkpointing_keep_every_layers_input_an
         assert delta == 2 * 4096 * 2 * result.model.hidden_size * (result.model.layers - 2) and noted
     else:
         assert delta == 0 and not noted
+
+
+def test_choosing_fsdp1_on_the_details_screen_replans(monkeypatch):
+    """fsdp_version is asked after the plan, but FSDP1 with adapters under transformers 4.x changes FSDP's memory:
+    the TUI's and --plain's session re-plans with it, as a flag or answers file does."""
+    from wizard.config import answers as answers_mod
+    from wizard.frontends.session import WizardState
+    monkeypatch.setattr(answers_mod, "_transformers_reenters_call", lambda: True)
+    state = WizardState(Request(assume="2xA100-80GB", output_dir="/tmp/unused", given={
+        "params": "7B", "method": "lora", "backend": "fsdp", "task": "base", "gradient_checkpointing": "on"}))
+    state.set_probed(state.load_hardware())
+    assert state.replan() is None
+    before = rung_by_key(state.plan, "fsdp-reshard").breakdown["activations"]
+    assert state.asked("fsdp_version") and state.value_of("fsdp_version") == 2
+    state.set_answer("fsdp_version", 1)
+    assert state.replan() is None
+    after = rung_by_key(state.plan, "fsdp-reshard").breakdown["activations"]
+    assert after > before and any("FSDP1 with adapters" in n for n in state.plan.notes)
+    assert state.value_of("fsdp_version") == 1
