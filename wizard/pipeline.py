@@ -88,20 +88,22 @@ def resolve_pre_plan(hw: Hardware, given: dict[str, Any], conflicts: list | None
                      plan_only: bool = False, ignored: list[str] | None = None) -> dict[str, Any]:
     """Answers for the questions asked before the plan (model, training, strategy, machines). `plan_only`:
     nothing will be rendered, so FILES_ONLY answers may stay missing. `ignored` receives the given answers
-    whose question does not apply (answers.resolve)."""
+    whose question does not apply (answers.resolve). The PLAN_DETAILS that were given come with them."""
     answers = answers_mod.resolve(PRE_PLAN_STAGES, context(hw, None, None, {}), given, conflicts=conflicts,
                                   waive=FILES_ONLY if plan_only else (), ignored=ignored)
-    return route_cpu_processes(answers, given)
+    return with_plan_details(route_cpu_processes(answers, given), given)
 
 
 # Details asked after the plan that its figures depend on: fsdp_version 1 changes FSDP's activation memory
-# (plan.TrainingOptions.reentrant_checkpoint_call). Taken as given; resolve_details checks them again.
+# (plan.TrainingOptions.reentrant_checkpoint_call). Checked by type here; resolve_details checks them in context.
 PLAN_DETAILS = ("fsdp_version",)
 
 
 def with_plan_details(answers: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
-    """The pre-plan answers plus the PLAN_DETAILS that were given (flags, answers file)."""
-    extra = {k: given[k] for k in PLAN_DETAILS if given.get(k) is not None}
+    """The pre-plan answers plus the PLAN_DETAILS that were given (flags, answers file), coerced by their
+    questions (the table's types, choices and messages)."""
+    from wizard.config.questions import by_id
+    extra = {k: by_id(k).coerce(given[k]) for k in PLAN_DETAILS if given.get(k) is not None}
     return {**answers, **extra} if extra else answers
 
 
@@ -366,8 +368,7 @@ def build(request: Request, hw: Hardware | None = None) -> Result:
     from wizard.config.questions import check_precision_pair
     check_precision_pair(request.given.get("precision"), request.given.get("mixed_precision"))
     ignored: list[str] = []
-    answers = with_plan_details(resolve_pre_plan(hw, request.given, conflicts, plan_only=request.plan_only,
-                                                 ignored=ignored), request.given)
+    answers = resolve_pre_plan(hw, request.given, conflicts, plan_only=request.plan_only, ignored=ignored)
     if conflicts:
         raise conflicts[0]
     refuse_adapter_options(request.given, answers)

@@ -247,15 +247,15 @@ def training_options(a: dict[str, Any]) -> TrainingOptions:
 
 
 def _transformers_reenters_call() -> bool:
-    """Whether the installed transformers checkpoints a layer's __call__ reentrantly (4.x, when
-    gradient_checkpointing_kwargs is unset; 5.x checkpoints its forward), read from the package metadata
-    without importing it. False when transformers is not installed here."""
+    """memory.checkpoint_reenters_call for the installed transformers, read from the package metadata without
+    importing it. False when transformers is not installed here."""
     from importlib.metadata import PackageNotFoundError, version
+
+    from wizard.sizing.memory import checkpoint_reenters_call
     try:
-        major = version("transformers").split(".")[0]
+        return checkpoint_reenters_call(version("transformers"))
     except PackageNotFoundError:
         return False
-    return major.isdigit() and int(major) < 5
 
 
 def strategy_options(a: dict[str, Any]) -> StrategyOptions:

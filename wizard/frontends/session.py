@@ -262,8 +262,8 @@ class WizardState:
             return None
         given = self.given()
         try:
-            # PLAN_DETAILS (fsdp_version) change the plan's figures: a change on the Details screen re-plans.
-            answers = pipeline.with_plan_details(pipeline.resolve_pre_plan(self.hardware, given), given)
+            # With the PLAN_DETAILS (fsdp_version): a change on the Details screen re-plans.
+            answers = pipeline.resolve_pre_plan(self.hardware, given)
         except InputError as e:
             self._fail(e)
             return None

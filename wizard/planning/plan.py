@@ -536,14 +536,16 @@ def _autocast(spec: RungSpec, x: _Inputs, gc: bool) -> int:
 
 def _estimate(spec: RungSpec, x: _Inputs, gc: bool) -> _Estimate:
     states = _states(spec, x)
-    kept, recomputed = mem.stack_activation_parts(x.stack, x.seq, x.batch, x.flash, gc, _activation_precision(spec, x))
+    precision = _activation_precision(spec, x)
+    kept, recomputed = mem.stack_activation_parts(x.stack, x.seq, x.batch, x.flash, gc, precision)
     if x.adapters is not None:
+        adapters = _adapter_activation_bytes(x, gc)     # one recomputed layer's worth under checkpointing
         if gc:
-            recomputed += _adapter_activation_bytes(x, gc)
+            recomputed += adapters
         else:
-            kept += _adapter_activation_bytes(x, gc)
+            kept += adapters
     if gc and spec.backend == "fsdp" and x.fsdp1_retains_checkpoints:
-        recomputed += _fsdp1_retained_bytes(spec, x)
+        recomputed += mem.fsdp1_retained_checkpoint_bytes(x.seq * x.batch, x.hidden, x.layers, precision)
     logits = _head_output_bytes(x)
     activations = mem.peak_activation_bytes(kept, recomputed, logits)
     buffers = _buffers(spec, x)
@@ -562,10 +564,6 @@ def _estimate(spec: RungSpec, x: _Inputs, gc: bool) -> _Estimate:
     # CPU processes: everything is already host RAM inside the per-process figure.
     return _Estimate(breakdown, sum(breakdown.values()), 0 if x.cpu else _host_ram(spec, x, states), states.nvme,
                      _load_bytes(spec, x))
-
-
-def _fsdp1_retained_bytes(spec: RungSpec, x: _Inputs) -> int:
-    return mem.fsdp1_retained_checkpoint_bytes(x.seq * x.batch, x.hidden, x.layers, _activation_precision(spec, x))
 
 
 def _activation_precision(spec: RungSpec, x: _Inputs) -> str:
@@ -945,8 +943,7 @@ def _resolve(hw, model, training: TrainingOptions, strategy: StrategyOptions, to
 
 
 def _fsdp_version(value: Any) -> int:
-    if str(value).strip() not in ("1", "2"):
-        raise InputError("--fsdp-version", f"{value!r} is not an FSDP version", "1, 2")
+    _check_choice(str(value).strip(), ("1", "2"), "--fsdp-version")
     return int(value)
 
 

@@ -776,6 +776,14 @@ def stack_activation_parts(stack: LayerStack, seq_len: int, micro_batch: int, fl
         stack.hidden, precision, p), 0
 
 
+def checkpoint_reenters_call(transformers_version: str | None) -> bool:
+    """Whether this transformers checkpoints a layer's __call__ reentrantly when gradient_checkpointing_kwargs is
+    unset: 4.x does (use_reentrant=True around the module call, FSDP1's hooks included); 5.x checkpoints the
+    layer's forward. False for an unknown version."""
+    major = (transformers_version or "").split(".")[0]
+    return major.isdigit() and int(major) < 5
+
+
 def fsdp1_retained_checkpoint_bytes(tokens: int, hidden_size: int, layers: int, precision: str) -> int:
     """What FSDP1 keeps alive in addition, at the layers' backward peak, when reentrant checkpointing re-runs
     frozen FSDP1 units (LoRA / QLoRA: peft's wrap policy puts the adapters in units of their own, so each
@@ -1010,6 +1018,7 @@ __all__ = [
     "states_single_or_ddp", "states_zero1", "states_zero2", "states_zero3", "states_zero3_nvme", "states_fsdp",
     "layer_and_root_params", "activation_bytes_per_layer", "activation_bytes", "logits_bytes",
     "stack_activation_parts", "peak_activation_bytes", "fsdp1_retained_checkpoint_bytes",
+    "checkpoint_reenters_call",
     "LayerProfile", "GATED_PROFILE", "PLAIN_PROFILE", "TANH_GELU_PROFILE", "layer_profile", "mlp_is_gated",
     "norm_bytes_per_token", "attention_score_bytes", "backward_working_bytes_per_token",
     "LOGITS_PEAK_BYTES_PER_ELEMENT", "T5_PROFILE", "GEMMA2_PROFILE", "LayerStack", "stack_activation_bytes",

@@ -26,7 +26,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Iterable
 
-from wizard.check.rules.common import CheckContext, finding, older, rule
+from wizard.check.rules.common import CheckContext, as_int, finding, older, rule
 from wizard.findings import Finding
 
 ENVIRONMENT = "<environment>"
@@ -192,7 +192,6 @@ def fsdp1_reentrant_checkpoint(ctx: CheckContext, options) -> Iterable[Finding]:
     gradient_checkpointing_kwargs says otherwise), and FSDP1's hook on each frozen layer unit's input keeps that
     input and its gradient until backward ends (memory.fsdp1_retained_checkpoint_bytes, MEASURED with
     bench/measure_fsdp_activations.py). Needs the TrainingArguments (--training-args) to know checkpointing is on."""
-    from wizard.check.rules.common import as_int
     if ctx.ta is None or not ctx.uses_fsdp or as_int(ctx.fsdp_options().get("version"), 1) != 1:
         return
     if not ctx.activation_checkpointing():
@@ -200,17 +199,14 @@ def fsdp1_reentrant_checkpoint(ctx: CheckContext, options) -> Iterable[Finding]:
     kwargs = ctx.ta_value("gradient_checkpointing_kwargs") or {}
     if isinstance(kwargs, dict) and kwargs.get("use_reentrant") is False:
         return
+    from wizard.sizing.memory import checkpoint_reenters_call
     version = installed_version(ctx, "transformers")
-    if version is None or not older(version, "5.0.0"):
+    if not checkpoint_reenters_call(version):
         return
     yield finding(
-        "warning", "METHOD-FSDP1-REENTRANT-CHECKPOINT", _ta_file(ctx), "gradient_checkpointing_kwargs",
+        "warning", "METHOD-FSDP1-REENTRANT-CHECKPOINT", ctx.ta_path, "gradient_checkpointing_kwargs",
         f"{'QLoRA' if options.method == 'qlora' else 'LoRA'} under FSDP1 with transformers {version}'s "
         "reentrant gradient checkpointing: FSDP1's hook on each frozen layer unit keeps every layer's input and its "
         "gradient alive until backward ends, about hidden x (layers - 2) x 2 bytes more per token per GPU "
         "(Mistral-7B at 16k tokens per GPU: +3.8 GiB)",
         fix="gradient_checkpointing_kwargs={\"use_reentrant\": False}, or fsdp_version: 2", when="step 0")
-
-
-def _ta_file(ctx: CheckContext) -> str | None:
-    return ctx.ta_path
