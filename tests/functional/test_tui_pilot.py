@@ -230,6 +230,24 @@ async def test_an_enter_reaching_a_screen_before_it_is_composed_is_dropped_witho
         assert not (tmp_path / "out" / "default_config.yaml").exists()
 
 
+async def test_write_button_keeps_its_whole_label_in_80_columns_while_validating(tmp_path):
+    """CI caught this one: in 80 columns the spinner's "Validating with accelerate, DeepSpeed and
+    transformers ..." took 60 cells and pushed the Write button off the edge, so the terminal showed
+    " Write" without its arrow. The buttons get their width first; the spinner is cut instead."""
+    app = app_for(tmp_path, a100s(), model=LLAMA_8B)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await reach(pilot, "ReviewScreen")
+        screen = app.screen
+        screen.spinner().start("Validating with accelerate, DeepSpeed and transformers ...")
+        await pilot.pause()
+        width = app.size.width
+        for button_id, label in (("#back", "◀ Back"), ("#next", "Write ▶")):
+            region = screen.query_one(button_id).region
+            assert region.right <= width - 1 and region.width >= len(label) + 2, (button_id, region)
+        spinner = screen.query_one("#spinner").region
+        assert spinner.width > 0 and spinner.right <= screen.query_one("#back").region.x
+
+
 # ---------------------------------------------------------------- going back keeps answers
 
 async def test_escape_goes_back_and_keeps_answers(tmp_path):

@@ -94,10 +94,14 @@ class WizardScreen(Screen):
             yield from self.compose_body()
         yield Static("", id="help")
         with Horizontal(id="navbar"):
-            yield Spinner(id="spinner")
-            yield Static("", id="status")
-            yield Button("◀ Back", id="back", compact=True, disabled=self.STEP == 0)
-            yield Button(self.NEXT_LABEL, id="next", variant="primary", compact=True)
+            # The buttons get their width first; the spinner and status share what is left, so a long
+            # spinner text in 80 columns is cut with an ellipsis instead of cutting "Write ▶" to "Write".
+            with Horizontal(id="nav-left"):
+                yield Spinner(id="spinner")
+                yield Static("", id="status")
+            with Horizontal(id="nav-buttons"):
+                yield Button("◀ Back", id="back", compact=True, disabled=self.STEP == 0)
+                yield Button(self.NEXT_LABEL, id="next", variant="primary", compact=True)
         yield Footer()
 
     def compose_body(self) -> Iterable[Widget]:
