@@ -549,6 +549,17 @@ def test_fsdp1_adapters_under_reentrant_checkpointing_keep_every_layers_input_an
         assert delta == 0 and not noted
 
 
+def test_the_fsdp1_note_needs_an_fsdp_rung_to_speak_of(monkeypatch):
+    """FSDP1's retained checkpoints are said only where the ladder holds an FSDP rung."""
+    from wizard.config import answers as answers_mod
+    monkeypatch.setattr(answers_mod, "_transformers_reenters_call", lambda: True)
+    for extra, noted in (({"zero_stage": 2}, False), ({}, True)):
+        result = pipeline.build(Request(assume="2xA100-80GB,ram=1T", output_dir="/tmp/unused", given={
+            "params": "7B", "method": "lora", "gradient_checkpointing": "on", "fsdp_version": 1, **extra}))
+        assert any(r.key.startswith("fsdp") for r in result.plan.rungs) == noted, extra
+        assert any("FSDP1 with adapters" in n for n in result.plan.notes) == noted, extra
+
+
 def test_choosing_fsdp1_on_the_details_screen_replans(monkeypatch):
     """fsdp_version is asked after the plan, but FSDP1 with adapters under transformers 4.x changes FSDP's memory:
     the TUI's and --plain's session re-plans with it, as a flag or answers file does."""

@@ -963,6 +963,16 @@ def _task(training: TrainingOptions, model, notes: list[str]) -> str:
     return training.task
 
 
+def _fsdp1_note(x: _Inputs, keys: list[str]) -> list[str]:
+    """Why the FSDP rungs hold more activations, when they do and the ladder has an FSDP rung to say it of."""
+    if not x.fsdp1_retains_checkpoints or not any(BY_KEY[k].backend == "fsdp" for k in keys):
+        return []
+    return ["FSDP1 with adapters under transformers 4.x's reentrant gradient checkpointing keeps every layer's "
+            "input and its gradient until backward ends (FSDP1's hook on each frozen layer unit's input): the FSDP "
+            "rungs count that. FSDP2 (fsdp_version: 2) or gradient_checkpointing_kwargs={\"use_reentrant\": False} "
+            "avoids it."]
+
+
 def _with_adapters(x: _Inputs, model, training: TrainingOptions, adapters, notes: list[str]) -> _Inputs:
     """The inputs with LoRA / QLoRA's adapters, checked against the options; unchanged for full fine-tuning."""
     _check_choice(training.method, METHODS, "--method")
@@ -983,11 +993,7 @@ def _with_adapters(x: _Inputs, model, training: TrainingOptions, adapters, notes
         raise InputError("--method", "qlora needs bitsandbytes' 4-bit kernels on GPUs; these are CPU processes",
                          "full, lora")
     if x.fsdp_version == 1 and training.reentrant_checkpoint_call and training.gradient_checkpointing != "off":
-        x = replace(x, fsdp1_retains_checkpoints=True)
-        notes.append("FSDP1 with adapters under transformers 4.x's reentrant gradient checkpointing keeps every "
-                     "layer's input and its gradient until backward ends (FSDP1's hook on each frozen layer unit's "
-                     "input): the FSDP rungs count that. FSDP2 (fsdp_version: 2) or "
-                     "gradient_checkpointing_kwargs={\"use_reentrant\": False} avoids it.")
+        x = replace(x, fsdp1_retains_checkpoints=True)      # said by _fsdp1_note once the ladder is known
     if training.optimizer in ("adamw-8bit",) and training.method == "qlora":
         notes.append("8-bit AdamW on the adapters saves almost nothing: they are a few per mille of the model.")
     share = adapters.trainable_params / max(x.params, 1) * 100
@@ -1137,6 +1143,7 @@ def _make_plan(hw, model, training: TrainingOptions, strategy: StrategyOptions, 
     train_tokens = _train_tokens(training)
     global_batch = _global_batch(training, x.world)
     keys = _steppable_by(training.optimizer, strategy, ladder_keys(strategy, x.world, x.cpu, training.method))
+    notes.extend(_fsdp1_note(x, keys))
     evaluated = [_evaluate(BY_KEY[k], x, training.gradient_checkpointing) for k in keys]
     at: dict[str, _Inputs] = {k: x for k in keys}        # the inputs (micro-batch x accumulation) each rung runs
     splits: dict[str, BatchSplit] = {}
