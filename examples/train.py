@@ -8,7 +8,8 @@ Every rank prints one line saying which engine is really in use, e.g.
 so a log proves ZeRO-3 partitioning (a parameter's full size vs what this rank holds), FSDP or DDP.
 
 Test hooks: --fail-on-rank R raises on rank R at step --fail-at-step; --hang-on-rank R sleeps
-forever on rank R at step --hang-at-step; --sleep S slows every step.
+forever on rank R at step --hang-at-step (with --hang-attempts N, only in `wizard launch`'s first N
+attempts: a transient hang that a restart gets past); --sleep S slows every step.
 
 On a CPU box: no bf16, and with DeepSpeed don't pass use_cpu=True (accelerate would then pick
 MULTI_CPU and skip DeepSpeed). Without DeepSpeed we do pass use_cpu so that a torchrun group
@@ -39,10 +40,16 @@ def parse_args(argv=None):
     p.add_argument("--fail-at-step", type=int, default=3)
     p.add_argument("--hang-on-rank", type=int, default=None)
     p.add_argument("--hang-at-step", type=int, default=3)
+    p.add_argument("--hang-attempts", type=int, default=None,
+                   help="hang only in the first N attempts of `wizard launch` (WIZARD_ATTEMPT); default: every one")
     p.add_argument("--sleep", type=float, default=0.0, help="seconds to sleep in every step")
     p.add_argument("--output-dir", default=None, help="default: a temporary directory")
     p.add_argument("--save", action="store_true", help="save the model at the end")
     return p.parse_args(argv)
+
+
+def hangs_in_this_attempt(args) -> bool:
+    return args.hang_attempts is None or int(os.environ.get("WIZARD_ATTEMPT", "1")) <= args.hang_attempts
 
 
 def rank() -> int:
@@ -160,7 +167,8 @@ def main(argv=None) -> int:
             step = state.global_step
             if args.fail_on_rank is not None and rank() == args.fail_on_rank and step >= args.fail_at_step:
                 raise RuntimeError(f"deliberate failure on rank {rank()} at step {step} (--fail-on-rank)")
-            if args.hang_on_rank is not None and rank() == args.hang_on_rank and step >= args.hang_at_step:
+            if args.hang_on_rank is not None and rank() == args.hang_on_rank and step >= args.hang_at_step \
+                    and hangs_in_this_attempt(args):
                 say(f"hanging at step {step} (--hang-on-rank)")
                 while True:
                     time.sleep(3600)

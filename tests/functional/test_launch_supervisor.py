@@ -174,26 +174,24 @@ def test_sigkill_to_supervisor_leaves_no_worker(tmp_path):
 
 @pytest.mark.timeout(400)
 def test_stall_detected_torn_down_and_restarted(tmp_path):
+    """Rank 1 hangs at step 3 in the first attempt only (a transient hang): the stall is declared, the
+    attempt torn down and blamed on rank 1, and the restart trains to the end."""
     run_dir = tmp_path / "run"
     r = subprocess.run(wizard("launch", "--headless", "--config-file", str(ddp_config(tmp_path)),
                               "--run-dir", str(run_dir), "--stall-timeout", "30", "--max-restarts", "1",
-                              "--grace", "5", "--", TRAIN, "--steps", "100000", "--hang-on-rank", "1",
-                              "--hang-at-step", "3"),
+                              "--grace", "5", "--", TRAIN, "--steps", "6", "--hang-on-rank", "1",
+                              "--hang-at-step", "3", "--hang-attempts", "1"),
                        capture_output=True, text=True, env=env(), cwd=tmp_path, timeout=380)
     st = state(run_dir)
     ev = events(run_dir)
-    assert r.returncode == 124, r.stdout[-4000:]
+    assert r.returncode == 0, r.stdout[-4000:]
     stalls = [e for e in ev if e["type"] == "stall"]
-    assert [e["attempt"] for e in stalls] == [1, 2], stalls
+    assert [e["attempt"] for e in stalls] == [1], stalls
     assert any(e["type"] == "restart" and e["attempt"] == 2 for e in ev)
-    # the first stall came after the hang, not from a slow start (the second attempt only has to run:
-    # on a loaded box its start-up alone may be silent for longer than the timeout)
+    # the stall came after the hang, not from a slow start
     assert "hanging at step 3" in (run_dir / "logs" / "attempt-1" / "rank-1.log").read_text()
-    assert (run_dir / "logs" / "attempt-2" / "launcher.log").exists()
-    assert any(e["type"] == "status" and e["attempt"] == 2 and e.get("status") == "running" for e in ev)
-    assert st["attempt"] == 2 and st["status"] == "failed"
-    assert st["classification"]["kind"] == "stall" and "silent" in st["classification"]["hint"]
-    assert "py-spy" in st["classification"]["hint"]
+    assert "hanging" not in (run_dir / "logs" / "attempt-2" / "rank-1.log").read_text()
+    assert st["attempt"] == 2 and st["status"] == "succeeded", st
     # the stall is rank 1's (it hangs in a callback) although rank 0 went quiet first: the ranks'
     # stacks (faulthandler, asked for on the stall) show rank 0 waiting for it
     first = [e for e in ev if e["type"] == "failure" and e["attempt"] == 1][0]
@@ -218,6 +216,7 @@ def test_a_hang_in_the_first_step_is_found_and_blamed_as_a_later_one(tmp_path):
     assert (st.get("progress") or {}).get("step") in (None, 0)          # no step ever completed
     c = st["classification"]
     assert c["kind"] == "stall" and c["rank"] == 1 and "rank 1 stalled at on_step_begin" in c["summary"], c
+    assert "silent" in c["hint"] and "py-spy" in c["hint"], c
     assert not still_alive(run_pids(st))
 
 
