@@ -86,6 +86,7 @@ class Trial:
     noise: float | None = None             # relative spread (stdev / mean) of the measured step times
     tokens_per_step: float | None = None   # all ranks' tokens per measured optimizer step (median)
     other_workload: bool = False           # it ran another batch than its row (the script's own): not calibrated
+    out_of: str | None = None              # an out-of-memory trial: "gpu" (CUDA) or "host" (RAM) memory
     optimizers: list[str] = field(default_factory=list)
     training_args: dict[str, Any] | None = None   # the probe's record of the script's TrainingArguments (None: none)
     message: str = ""
@@ -434,9 +435,9 @@ def run_trial(trial: Trial, config_file: str, opts: TuneOptions, run_dir: Path, 
     done = records.done
     cl = state.get("classification") or {}
     tail = " ".join(cl.get("log_tail") or [])
-    if cl.get("kind") == "cuda_oom" or "MemoryError" in str(cl.get("summary")) or "OutOfMemoryError" in tail \
-            or "MemoryError" in tail or cl.get("kind") == "oom_killed":
-        trial.status = OOM
+    out_of = _out_of_memory(cl, tail)
+    if out_of:
+        trial.status, trial.out_of = OOM, out_of
         trial.message = cl.get("summary") or "out of memory"
     elif timed_out:
         trial.status = "timed out" if not trial.steps else "incomplete"
@@ -457,6 +458,16 @@ def run_trial(trial: Trial, config_file: str, opts: TuneOptions, run_dir: Path, 
         trial.message = ("it ran the script's own split, not this variant's" +
                          (f" ({opts.batch_flag} sets only the micro-batch)" if opts.batch_flag else
                           "; --batch-flag passes the micro-batch to a script without them"))
+
+
+def _out_of_memory(cl: dict[str, Any], tail: str) -> str | None:
+    """Which memory a failed trial ran out of, from the run's classification and log tail: "gpu" (CUDA's
+    OutOfMemoryError), "host" (Python's MemoryError, the kernel's OOM killer), or None."""
+    if cl.get("kind") == "cuda_oom" or "OutOfMemoryError" in tail or "OutOfMemoryError" in str(cl.get("summary")):
+        return "gpu"
+    if cl.get("kind") == "oom_killed" or "MemoryError" in str(cl.get("summary")) or "MemoryError" in tail:
+        return "host"
+    return None
 
 
 def applies(trial: Trial, opts: TuneOptions, uses_training_args: bool | None) -> bool:
@@ -651,6 +662,9 @@ def _record_calibration(base, trials: list[Trial]) -> str | None:
                      "speed_ratio": (t.tokens_per_second or 0) / p["tokens_per_second"] or None,
                      "memory_ratio": (t.peak_bytes / p["per_gpu_bytes"]) if t.peak_bytes and p.get("per_gpu_bytes")
                      else None})
+    floors = _out_of_memory_floors(base.plan, trials)
+    rows += [{"rung": t.candidate.rung_key, "speed_ratio": None, "memory_ratio": None, "memory_floor": floor}
+             for t, floor in floors]
     if not rows:
         return None
     _, unreadable = calibration.load()
@@ -659,9 +673,31 @@ def _record_calibration(base, trials: list[Trial]) -> str | None:
     except OSError as e:
         return (f"Calibration not recorded: {e.filename or calibration.calibration_file()}: "
                 f"{e.strerror or e} (later plans stay uncalibrated).")
+    memory = "process's RAM" if base.plan.topology.cpu else "GPU"
+    for t, floor in floors:
+        t.message += (f"; recorded: later plans on this machine size this rung at least x{floor:.2f} (the whole "
+                      f"{memory}), so they no longer call it a fit")
     if unreadable:      # record() starts a new file over one it cannot read: say so, it held earlier trials
         return f"{unreadable} These trials' ratios replace it ({path})."
     return None
+
+
+def _out_of_memory_floors(plan, trials: list[Trial]) -> list[tuple[Trial, float]]:
+    """A rung that ran out of the memory the plan sizes (the GPU's; a CPU process's RAM) needed more than the
+    whole of it: measured / predicted is at least capacity / predicted. Recorded as a floor on that rung's
+    memory ratio, so the next plan on this machine no longer calls it a fit (without it, the plan chose the
+    same rung again and the user met the same OOM). Another memory running out (host RAM under GPUs) says
+    nothing about the per-GPU figure and is not recorded."""
+    capacity = getattr(plan, "gpu_capacity_bytes", 0) or 0
+    sized = "host" if plan.topology.cpu else "gpu"
+    floors = []
+    for t in trials:
+        predicted = t.candidate.predicted.get("per_gpu_bytes")
+        if t.status != OOM or t.out_of != sized or t.candidate.variant is not None or not capacity or not predicted:
+            continue
+        if capacity / predicted > 1:
+            floors.append((t, capacity / predicted))
+    return floors
 
 
 def _check_workload(trial: Trial, settings: dict[str, str], world: int, seq_len: int) -> None:

@@ -7,6 +7,7 @@ output dir untouched) to keep the suite's time down; the others each need their 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -254,6 +255,10 @@ def test_plain_measure_oom_row_and_the_measured_winner_is_written(tmp_path, monk
     assert "Winner:   DeepSpeed ZeRO-3" in out
     assert json.loads((tmp_path / "out" / "ds_config.json").read_text())["zero_optimization"]["stage"] == 3
     assert list((tmp_path / "wizard-runs").glob("tune-*/01-*/probe/rank-0.jsonl"))
+    # ZeRO-2 ran out of the processes' RAM: this machine's calibration now sizes it above all of it
+    machines = json.loads(Path(os.environ["WIZARD_CALIBRATION_FILE"]).read_text())["machines"]
+    zero2 = machines["cpu:2"]["zero2/full"]
+    assert zero2["speed_ratio"] is None and zero2["memory_ratio"] > 1, zero2
 
 
 async def test_tui_measure_action_shows_progress_and_makes_the_winner_the_choice(tmp_path, monkeypatch):

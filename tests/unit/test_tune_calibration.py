@@ -288,3 +288,52 @@ def test_tune_says_when_its_record_replaces_an_unreadable_file(tmp_path, monkeyp
                     f"line 1 column 2 (char 1)); ignored. These trials' ratios replace it ({path})."), note
     assert json.loads(path.read_text())["machines"]["cpu:2"]["zero2/full"]["trials"] == 1
     assert tune._record_calibration(base, [measured]) is None         # readable now: folded in, nothing to say
+
+
+def test_a_rung_that_ran_out_of_memory_is_no_longer_a_fit_on_this_machine(tmp_path, monkeypatch):
+    """A trial that ran out of the memory the plan sizes (here CPU processes: their RAM) needed more than all of
+    it. Before, nothing was recorded and the next plan chose the same rung again; now its memory ratio is raised
+    to at least capacity / predicted, never averaged below it, and the trial says so."""
+    from wizard import tune
+    path = tmp_path / "calibration.json"
+    monkeypatch.setenv("WIZARD_CALIBRATION_FILE", str(path))
+    base = pipeline.build(pipeline.Request(given=ANSWERS, plan_only=True, calibrate=False))
+    (cand,), _ = tune.pick_candidates(base.plan, 1, variants=0)
+    capacity, predicted = base.plan.gpu_capacity_bytes, cand.predicted["per_gpu_bytes"]
+    other = Trial(cand, status=tune.OOM, out_of="gpu")          # not the memory a CPU process plan sizes
+    tune._record_calibration(base, [other])
+    assert not path.exists()
+    calibration.record(base.hardware, base.plan.topology, "full",
+                       [{"rung": cand.rung_key, "speed_ratio": 1.0, "memory_ratio": 0.9}])   # an earlier fit
+    oom = Trial(cand, status=tune.OOM, out_of="host", message="out of memory")
+    assert tune._record_calibration(base, [oom]) is None
+    entry = json.loads(path.read_text())["machines"]["cpu:2"][f"{cand.rung_key}/full"]
+    assert entry["trials"] == 2 and entry["speed_ratio"] == 1.0
+    assert entry["memory_ratio"] == pytest.approx(capacity / predicted)      # the floor, not a mean with 0.9
+    assert f"at least x{capacity / predicted:.2f} (the whole process's RAM)" in oom.message
+    after, _ = _plan()
+    rung = {r.key: r for r in after.rungs}[cand.rung_key]
+    assert not rung.fits and after.choice is not None and after.choice.key != cand.rung_key
+    assert any("memory x" in n for n in after.notes)
+
+
+def test_which_memory_a_trial_ran_out_of():
+    from wizard.tune import _out_of_memory
+    assert _out_of_memory({"kind": "cuda_oom"}, "") == "gpu"
+    assert _out_of_memory({}, "torch.OutOfMemoryError: CUDA out of memory") == "gpu"
+    assert _out_of_memory({"kind": "oom_killed"}, "") == "host"
+    assert _out_of_memory({"summary": "MemoryError on rank 0"}, "") == "host"
+    assert _out_of_memory({"kind": "exception"}, "ValueError") is None
+
+
+def test_an_out_of_memory_floor_is_not_averaged_away_by_a_later_lower_ratio(tmp_path, monkeypatch):
+    path = tmp_path / "calibration.json"
+    monkeypatch.setenv("WIZARD_CALIBRATION_FILE", str(path))
+    raw, hw = _plan()
+    calibration.record(hw, raw.topology, "full", [{"rung": "zero2", "speed_ratio": None, "memory_ratio": None,
+                                                   "memory_floor": 1.2}])
+    calibration.record(hw, raw.topology, "full", [{"rung": "zero2", "speed_ratio": 1.0, "memory_ratio": 0.8}])
+    entry = json.loads(path.read_text())["machines"]["cpu:2"]["zero2/full"]
+    assert entry["memory_ratio"] == 1.2 and entry["memory_floor"] == 1.2 and entry["trials"] == 2
+    cal, _ = _plan()
+    assert any("memory x1.20 at least: it ran out of memory in a trial" in n for n in cal.notes), cal.notes

@@ -12,8 +12,9 @@ it where each rung's speed and per-GPU memory are computed, before fit and choic
 so the choice, the tie rule, the batch split, the alternatives and what_would_fit all see calibrated figures.
 Speed ratios apply both ways. A memory ratio applies only when it raises the estimate: a lower peak measured
 at one micro-batch (on a CPU, the whole process's RSS) must never make a larger one "fit" and then run out of
-memory. A file that cannot be read, has another format, or an entry older than STALE_DAYS is ignored with a
-note.
+memory. A trial that ran out of that memory leaves a floor on its rung's memory ratio (capacity / predicted:
+the peak was at least the whole of it), kept as "memory_floor" so later, lower ratios never average it away.
+A file that cannot be read, has another format, or an entry older than STALE_DAYS is ignored with a note.
 """
 
 from __future__ import annotations
@@ -110,6 +111,7 @@ class Ratios:
     memory: float | None
     trials: int
     updated: float
+    out_of_memory: bool = False            # the memory ratio is a trial's out-of-memory floor (capacity / predicted)
 
     @property
     def memory_applied(self) -> float:
@@ -163,7 +165,9 @@ def for_machine(hw, topology, path: Path | None = None, now: float | None = None
         if now - updated > STALE_DAYS * 86400:
             stale.add(name)
             continue
-        entries[name] = Ratios(speed, memory, trials, updated)
+        floor = _ratio(entry.get("memory_floor"))
+        entries[name] = Ratios(speed, memory, trials, updated,
+                               out_of_memory=floor is not None and memory is not None and memory <= floor)
     problem = None
     if unreadable:
         problem = (f"Calibration file {path or calibration_file()}: {len(unreadable)} unreadable "
@@ -190,7 +194,8 @@ def notes(used: list[tuple[str, Ratios]], stale: int, changed: tuple[str, str] |
     for name, r in used:
         figures = [f"speed x{r.speed:.2f}"] if r.speed is not None else []
         if r.memory is not None:
-            figures.append(f"memory x{r.memory:.2f}" + ("" if r.memory_applied > 1 else " not applied"))
+            figures.append(f"memory x{r.memory:.2f}" + ("" if r.memory_applied > 1 else " not applied")
+                           + (" at least: it ran out of memory in a trial" if r.out_of_memory else ""))
         parts.append(f"{name}: {', '.join(figures)}")
     applied = [w for w, on in (("speeds", any(r.speed for _, r in used)), ("memory", memory_applied)) if on]
     what = " and ".join(applied).capitalize() + " calibrated" if applied else "Nothing calibrated"
@@ -207,7 +212,9 @@ def notes(used: list[tuple[str, Ratios]], stale: int, changed: tuple[str, str] |
 
 def record(hw, topology, method: str, measurements: list[dict[str, Any]], path: Path | None = None,
            now: float | None = None) -> Path:
-    """Fold trials in: each {"rung": key, "speed_ratio": r, "memory_ratio": r or None}. Written atomically."""
+    """Fold trials in: each {"rung": key, "speed_ratio": r, "memory_ratio": r or None} and, for a trial that ran out
+    of memory, "memory_floor": capacity / predicted (the ratio was at least that: the entry's memory ratio is
+    raised to it, never averaged below it). Written atomically."""
     from wizard.fsutil import replace_file
     path = path or calibration_file()
     machines, _problem = load(path)         # an unreadable file is replaced
@@ -232,6 +239,12 @@ def record(hw, topology, method: str, measurements: list[dict[str, Any]], path: 
                 entry[name] = math.exp((math.log(prev) * n_old + math.log(new)) / (n_old + 1))
             else:
                 entry[name] = new
+        # an out-of-memory floor stays: a later measured ratio (at a smaller micro-batch) must not average it away
+        old_floor = _ratio(entries[key].get("memory_floor")) if old else None
+        floor = max(_ratio(m.get("memory_floor")) or 0, old_floor or 0)
+        if floor:
+            entry["memory_floor"] = floor
+            entry["memory_ratio"] = max(entry["memory_ratio"] or 0, floor)
         entries[key] = entry
     path.parent.mkdir(parents=True, exist_ok=True)
     replace_file(path, json.dumps({"format": FORMAT, "machines": machines}, indent=1, sort_keys=True) + "\n")
