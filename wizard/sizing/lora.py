@@ -812,7 +812,9 @@ def qlora_load_gpu_bytes(adapters: AdapterShape, precision: str) -> int:
     FSDP's meta loading both exclude `is_quantized`), and bitsandbytes' quantiser sets device_map={"": current
     GPU} (quantizer_bnb_4bit.update_device_map), so every rank quantises the whole model onto its own GPU;
     accelerate 1.15's fsdp2_prepare_model skips its RAM-efficient path for Params4bit ("bypassing the move to
-    meta will still cause the VRAM spike"). Only then does ZeRO-3 / FSDP partition it. 0 for LoRA."""
+    meta will still cause the VRAM spike"). Only then does ZeRO-3 / FSDP partition it. Run on two CPU ranks under
+    accelerate's FSDP environment, rank 1 holds the whole NF4 model as rank 0 does (bench/measure_qlora_loading.py,
+    bench/results/qlora-loading.md). 0 for LoRA."""
     if adapters.method != "qlora":
         return 0
     return adapters.frozen_bytes(working_bytes(precision))
