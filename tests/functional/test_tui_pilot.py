@@ -68,12 +68,20 @@ async def wait_until(pilot, condition, timeout: float = 90.0) -> None:
         await pilot.pause(0.05)
 
 
+def accepts_enter_now(screen) -> bool:
+    """Whether an Enter typed now answers the screen (it has shown its result): the app drops one typed earlier,
+    as it would a user's, so a test pressing it too soon would wait for a screen change that never comes."""
+    accepts = getattr(screen, "accepts_enter_typed_at", None)
+    return accepts is None or accepts(time.monotonic())
+
+
 async def reach(pilot, name: str) -> None:
     """Press Enter until the screen `name` is shown (every recommendation accepted)."""
     for _ in range(8):
         await settle(pilot)
         if screen_name(pilot.app) == name:
             return
+        await wait_until(pilot, lambda: accepts_enter_now(pilot.app.screen), timeout=120)   # the probe, sizing
         before = pilot.app.screen
         await pilot.press("enter")
         await wait_until(pilot, lambda: pilot.app.screen is not before or pilot.app.return_value is not None,

@@ -267,6 +267,7 @@ async def test_tui_measure_action_shows_progress_and_makes_the_winner_the_choice
     import yaml
     from textual.widgets import Input, ProgressBar
 
+    from tests.functional.test_tui_pilot import accepts_enter_now
     from wizard.frontends.tui.app import make_app
     from wizard.pipeline import Request
     monkeypatch.chdir(tmp_path)
@@ -285,9 +286,12 @@ async def test_tui_measure_action_shows_progress_and_makes_the_winner_the_choice
             await pilot.pause()
             if type(app.screen).__name__ == "PlanScreen":
                 break
+            # an Enter typed before the screen shows its result (the probe starts after the first paint) is
+            # dropped, as a user's would be: press it once the screen takes it (a busy CI box: up to 120 s)
+            await until(lambda: accepts_enter_now(app.screen), 120)
             before = app.screen
             await pilot.press("enter")
-            await until(lambda: app.screen is not before, 120)   # Next waits for the probe / sizing: a busy CI box
+            await until(lambda: app.screen is not before, 120)
         assert type(app.screen).__name__ == "PlanScreen"
         await pilot.press("m")
         await until(lambda: type(app.screen).__name__ == "MeasureModal", 10)
