@@ -157,10 +157,17 @@ def run_accelerate_questionnaire(monkeypatch, tmp_path, answers: dict, plan: Pla
 
     monkeypatch.setattr(config_utils, "BulletMenu", ScriptedMenu)
     monkeypatch.setattr(builtins, "input", lambda prompt="": user.field(prompt))
-    # The device probes the questionnaire consults: an NVIDIA machine has none of these.
-    for probe in ("is_mps_available", "is_npu_available", "is_mlu_available", "is_sdaa_available",
-                  "is_musa_available", "is_xpu_available", "is_hpu_available", "is_neuron_available"):
+    # The device probes the questionnaire consults: an NVIDIA machine has none of these. Which names it asks
+    # depends on the version (1.16 asks get_torch_accelerator_backend where 1.15 asked each is_*_available).
+    probes = [p for p in ("is_mps_available", "is_npu_available", "is_mlu_available", "is_sdaa_available",
+                          "is_musa_available", "is_xpu_available", "is_hpu_available", "is_neuron_available")
+              if hasattr(cluster, p)]
+    for probe in probes:
         monkeypatch.setattr(cluster, probe, lambda *a, **k: False)
+    if hasattr(cluster, "get_torch_accelerator_backend"):
+        import torch
+        monkeypatch.setattr(cluster, "get_torch_accelerator_backend", lambda *a, **k: ("cuda", torch.cuda))
+    assert "is_mps_available" in probes, "accelerate's questionnaire no longer asks is_mps_available: update the probes"
     monkeypatch.setattr(cluster, "is_deepspeed_available", lambda: True)
     monkeypatch.setattr(cluster, "is_transformers_available", lambda: True)
 

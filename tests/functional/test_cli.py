@@ -444,3 +444,22 @@ def test_when_host_ram_is_what_does_not_fit_the_message_says_so_and_how_much_wou
     fits = run(["plan", "--params", "7B", "--assume", f"1xA100-80GB,ram={ram.group(2)}G", "--json"])
     assert fits.returncode == 0 and json.loads(fits.stdout)["plan"]["choice"]["key"] == "zero2-offload-opt"
     assert msg.index("Host RAM") < msg.index("with 2 GPUs")
+
+
+WRITES_THAT_RUN_EVERY_RULE = {
+    "zero2": ["--params", "8B", "--backend", "deepspeed", "--zero-stage", "2"],
+    "zero3-offload": ["--params", "70B", "--backend", "deepspeed", "--zero-stage", "3", "--offload", "cpu"],
+    "fsdp2-lora": ["--params", "8B", "--backend", "fsdp", "--method", "lora"],
+}
+
+
+@pytest.mark.parametrize("case", sorted(WRITES_THAT_RUN_EVERY_RULE))
+def test_a_write_runs_every_rule_with_the_installed_libraries(case, tmp_path):
+    """Issue 27: with accelerate 1.16 every write said "rule ACC-LAUNCH-REJECTS could not run ... report this as a
+    wizard bug". Whatever versions are installed, the check before a write runs every rule, and says nothing of it."""
+    out = run(["--non-interactive", *WRITES_THAT_RUN_EVERY_RULE[case], "--assume", "8xH100-80GB,ram=2048G",
+               "--output-dir", str(tmp_path / "out")])
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "Validated with accelerate, DeepSpeed and transformers: OK" in out.stdout
+    for text in (out.stdout, out.stderr):
+        assert "CHECK-RULE-FAILED" not in text and "could not run" not in text and "Traceback" not in text, text[-2000:]

@@ -4,6 +4,7 @@ their own errors on broken ones. Runs on the CPU; the libraries are imported onc
 from __future__ import annotations
 
 import os
+import re
 import socket
 
 import pytest
@@ -184,7 +185,9 @@ def test_fsdp1_device_lookup_is_real_for_cpu_plans(tmp_path):
     gpu = run(tmp_path, {"fsdp_version": 1}, make_plan("fsdp", world=2))
     assert rules(gpu) == set()
     cpu = run(tmp_path, {"fsdp_version": 1, "use_cpu": True}, make_plan("fsdp", world=2, cpu=True, precision="fp32"))
-    assert any(f.rule == "ACC-LAUNCH-REJECTS" and "no available devices" in f.message for f in cpu)
+    # accelerate <= 1.15: "no available devices found"; 1.16: "sync_module_states=True is not supported on cpu"
+    assert any(f.rule == "ACC-LAUNCH-REJECTS" and re.search("no available devices|not supported on cpu", f.message)
+               for f in cpu), [f.message for f in cpu]
 
 
 def test_busy_port_is_a_warning_not_an_error(tmp_path):
@@ -363,3 +366,34 @@ def test_check_without_a_plan_uses_the_yaml(tmp_path):
     yaml_path, ds_path = emit_pair(tmp_path, answers, plan)
     assert validate.expectations(None, None, MODEL, yaml.safe_load(open(yaml_path))).world_size == 4
     assert rules(checked(yaml_path, ds_path, None, None)) == set()
+
+
+# ---- the planned-GPU bypass follows the installed accelerate (issue 27) ---------------------------------
+
+def test_the_planned_gpu_bypass_finds_where_the_installed_accelerate_asks_for_a_gpu():
+    """Both modules that decide from "is there a CUDA device?" (the launch environment, the FSDP plugin) ask
+    through a name the bypass knows. accelerate 1.16 renamed it; this fails on the next rename, instead of
+    every write warning "rule could not run"."""
+    patches = validate.planned_gpu_patches(validate._libs())
+    libs = validate._libs()
+    assert {id(module) for module, _, _ in patches} == {id(libs.acc_dataclasses), id(libs.acc_utils_launch)}
+
+
+def test_a_module_that_asks_through_an_unknown_name_is_reported_not_skipped():
+    from types import ModuleType, SimpleNamespace
+    libs = SimpleNamespace(acc_dataclasses=ModuleType("dataclasses"), acc_utils_launch=ModuleType("launch"))
+    libs.acc_dataclasses.is_cuda_available = lambda: False
+    with pytest.raises(validate.BypassUnavailable, match="accelerate.utils.launch"):
+        validate.planned_gpu_patches(libs)
+
+
+def test_gpu_ids_reach_the_launch_environment_of_a_gpu_plan(tmp_path):
+    """accelerate 1.16 exports CUDA_VISIBLE_DEVICES only when it finds a CUDA device: the planned machine has one,
+    so the environment the script would see names the planned GPUs, and nothing is left patched afterwards."""
+    yaml_path, _ = emit_pair(tmp_path, {"gpu_ids": "0,1"}, make_plan("ddp", world=2))
+    libs = validate._libs()
+    before = [(m, n, getattr(m, n)) for m, n, _ in validate.planned_gpu_patches(libs)]
+    outcome = validate.accelerate_launch(yaml_path, planned_gpus=True)
+    assert outcome.error is None, outcome.error
+    assert outcome.env.get("CUDA_VISIBLE_DEVICES") == "0,1"
+    assert all(getattr(m, n) is v for m, n, v in before)

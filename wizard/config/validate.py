@@ -16,8 +16,10 @@ What is bypassed, and why (nothing else is):
 - `is_port_in_use` in accelerate's prepare_*_env is answered "no". Whether a port is busy is a
   property of the launch-time machine, not of the file; accelerate itself only warns on a single
   node. A busy port on this machine, now, is reported separately as a warning.
-- For a GPU plan validated on a machine without one, FSDP1's `sync_module_states` device lookup
-  sees a CUDA device 0 (the planned machine has it). CPU plans are checked as they are.
+- For a GPU plan validated on a machine without one, accelerate's device question (whichever of
+  `get_torch_accelerator_backend` / `is_cuda_available` the installed version asks) answers CUDA in the
+  launch environment (CUDA_VISIBLE_DEVICES for `gpu_ids`) and in the FSDP plugin (`sync_module_states`),
+  and `torch.cuda.current_device()` is 0: the planned machine has them. CPU plans are checked as they are.
 - DeepSpeed's `dist` is replaced, during `DeepSpeedConfig(...)` only, by a stand-in reporting
   rank 0 of the planned world size, so the batch-size assertion uses the real world size.
 Each library error becomes a Finding carrying the library's own message.
@@ -194,24 +196,62 @@ def _error(rule: str, file: str, key: str | None, exc_or_msg: Any, fix: str | No
 # a. accelerate
 # --------------------------------------------------------------------------------------------
 
+class BypassUnavailable(RuntimeError):
+    """The installed accelerate asks for the machine's GPUs through no name this module knows."""
+
+
+# How accelerate asks "is there a CUDA device?", newest first. 1.16 asks `get_torch_accelerator_backend()`
+# (accelerate/utils/imports.py) where 1.15 and older asked `is_cuda_available()`; each module that decides
+# something from the answer imports one of them into its own namespace, so that is where it is answered.
+def _cuda_backend(check_available: bool = True):
+    import torch
+    return "cuda", torch.cuda
+
+
+_DEVICE_QUESTIONS = {"get_torch_accelerator_backend": _cuda_backend, "is_cuda_available": lambda: True}
+
+
+def planned_gpu_patches(libs) -> list[tuple[Any, str, Any]]:
+    """(module, name, stand-in) for every place the installed accelerate asks for a CUDA device when it
+    builds the launch environment (utils.launch: CUDA_VISIBLE_DEVICES) and the FSDP plugin (utils.dataclasses:
+    sync_module_states). Detected, not assumed: raises BypassUnavailable when a module asks through no
+    known name, so a new accelerate fails a test instead of silently validating a GPU plan as a CPU one."""
+    patches = []
+    for label, module in (("accelerate.utils.dataclasses", libs.acc_dataclasses),
+                          ("accelerate.utils.launch", libs.acc_utils_launch)):
+        found = [(module, name, stand_in) for name, stand_in in _DEVICE_QUESTIONS.items() if hasattr(module, name)]
+        if not found:
+            raise BypassUnavailable(f"{label} (accelerate {_version('accelerate')}) has none of "
+                                    f"{', '.join(_DEVICE_QUESTIONS)}: cannot validate a GPU plan on this machine")
+        patches.extend(found)
+    return patches
+
+
+def _version(dist: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return "?"
+
+
 @contextlib.contextmanager
 def _launch_time_bypasses(libs, planned_gpus: bool):
     """The bypasses listed in the module docstring, and nothing else; undone on exit."""
     import torch
 
-    saved_port = libs.acc_utils_launch.is_port_in_use
-    saved_cuda = libs.acc_dataclasses.is_cuda_available
-    saved_device = torch.cuda.current_device
-    libs.acc_utils_launch.is_port_in_use = lambda port=None: False
+    patches = [(libs.acc_utils_launch, "is_port_in_use", lambda port=None: False)]
     if planned_gpus:
-        libs.acc_dataclasses.is_cuda_available = lambda: True
-        torch.cuda.current_device = lambda: 0
+        patches += planned_gpu_patches(libs)
+        patches.append((torch.cuda, "current_device", lambda: 0))
+    saved = [(module, name, getattr(module, name)) for module, name, _ in patches]
     try:
+        for module, name, stand_in in patches:
+            setattr(module, name, stand_in)
         yield
     finally:
-        libs.acc_utils_launch.is_port_in_use = saved_port
-        libs.acc_dataclasses.is_cuda_available = saved_cuda
-        torch.cuda.current_device = saved_device
+        for module, name, value in reversed(saved):
+            setattr(module, name, value)
 
 
 @dataclass
