@@ -394,9 +394,11 @@ def _sighup_ignored(pid: int) -> bool:
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_the_reaper_alone_ends_a_worker_that_ignores_sigterm_in_its_own_session(tmp_path):
-    """Supervisor SIGKILLed; the worker is in a session of its own, ignores SIGTERM and has no
-    parent-death signal (it is not a rank): only the reaper's SIGKILL after its grace ends it.
-    No client looks at the run, so nobody else could."""
+    """Supervisor and `accelerate launch` both SIGKILLed (the OOM killer's way); the worker is in a session of
+    its own, ignores SIGTERM and has no parent-death signal (it is not a rank): only the reaper's SIGKILL after
+    its grace ends it. No client looks at the run, so nobody else could. The launcher dies first, with the
+    supervisor frozen (SIGSTOP) so that neither its leftover teardown nor accelerate's own process-tree cleanup
+    (accelerate >= 1.16 ends its tree on SIGTERM, the launcher's parent-death signal) can do the reaper's work."""
     script = tmp_path / "stubborn.py"
     script.write_text(STUBBORN)
     pidfile = tmp_path / "child.pid"
@@ -412,6 +414,12 @@ def test_the_reaper_alone_ends_a_worker_that_ignores_sigterm_in_its_own_session(
         child_started = start_time(child)             # the run's own child: it ignores SIGTERM and sleeps
         assert wait_for(lambda: str(child) in (state(run_dir).get("process_times") or {}), 10)
         time.sleep(0.5)
+        launcher = state(run_dir).get("launcher_pid")
+        assert launcher and alive([launcher])
+        sup.send_signal(signal.SIGSTOP)
+        kill_verified({launcher: run_processes(state(run_dir)).get(launcher) or start_time(launcher)})
+        assert wait_for(lambda: not alive([launcher]), 10)
+        assert alive([child]), "nothing but the reaper may end the worker in this test"
         sup.kill()
         sup.wait(10)
         assert wait_for(lambda: not alive([child]), 15), "the stubborn worker outlived the supervisor"
