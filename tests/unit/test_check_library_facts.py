@@ -198,6 +198,31 @@ def test_num_processes_is_the_total_over_machines(tmp_path):
     assert args.nproc_per_node == "4"
 
 
+def test_several_machines_without_the_main_address(tmp_path, monkeypatch):
+    """ACC-MAIN-PROCESS-UNSET: torchrun's launchers meet at the host 'None' and default the port; the simple
+    launcher asserts the address, then the port; DeepSpeed's pdsh runner needs neither."""
+    import accelerate.utils.launch
+
+    # whether 29500 is busy on this box is not the question here
+    monkeypatch.setattr(accelerate.utils.launch, "is_port_in_use", lambda port=None: False)
+    args, _ = launch(fixture("ACC-MAIN-PROCESS-UNSET", "trigger", "default_config.yaml"), tmp_path)
+    assert args.rdzv_endpoint.startswith("None:")
+    args, _ = launch(fixture("ACC-MAIN-PROCESS-UNSET", "clean", "default_config.yaml"), tmp_path)
+    assert args.rdzv_endpoint.startswith("10.0.0.1:")
+    cpu = ("compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_CPU\nuse_cpu: true\nmixed_precision: 'no'\n"
+           "num_machines: 2\nnum_processes: 4\nmachine_rank: 0\n")
+    with pytest.raises(AssertionError, match="specify the main process IP"):
+        launch(Path(), tmp_path, cpu)
+    with pytest.raises(AssertionError, match="specify the main process port"):
+        launch(Path(), tmp_path, cpu + "main_process_ip: 10.0.0.1\n")
+    gpu = cpu.replace("MULTI_CPU", "MULTI_GPU").replace("use_cpu: true", "use_cpu: false")
+    args, _ = launch(Path(), tmp_path, gpu + "main_process_ip: 10.0.0.1\n")
+    assert args.rdzv_endpoint == "10.0.0.1:29500"
+    ds = gpu.replace("MULTI_GPU", "DEEPSPEED") + "deepspeed_config:\n  zero_stage: 2\n  deepspeed_hostfile: /h\n"
+    args, _ = launch(Path(), tmp_path, ds)
+    assert args.deepspeed_multinode_launcher == "pdsh" and not getattr(args, "rdzv_endpoint", None)
+
+
 def test_port_in_use(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

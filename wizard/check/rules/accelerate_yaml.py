@@ -311,6 +311,53 @@ def _local_gpus(ctx: CheckContext) -> int:
     return len(hw.gpus) if hw is not None else 0
 
 
+@rule("ACC-MAIN-PROCESS-UNSET", FAMILY, "several machines without the main machine's address (or port)")
+def main_process_unset(ctx: CheckContext) -> Iterable:
+    """The wizard refuses to write this (emit: main_process_ip/port are required with more than one machine);
+    what accelerate does with it depends on the launcher it picks, so the launcher is taken from accelerate's
+    own launch checks (the namespace of _validate_launch_command), not guessed from distributed_type."""
+    if ctx.acc is None or ctx.num_machines <= 1:
+        return
+    from wizard.check.rules.libraries import launch_outcome
+
+    args = getattr(launch_outcome(ctx), "args", None)
+    if args is None:
+        return              # the loader or launch's checks stop earlier: their own findings say why
+    ip_missing = ctx.acc_get("main_process_ip") in (None, "")
+    port_missing = ctx.acc_get("main_process_port") is None
+    if args.use_deepspeed and not args.cpu:
+        if str(getattr(args, "deepspeed_multinode_launcher", None) or "pdsh") != "standard":
+            return          # DeepSpeed's runner (pdsh, mpi, slurm, nossh) asks the hostfile's first host
+        simple = False      # "standard" is torchrun
+    else:
+        simple = not ((args.use_fsdp or getattr(args, "use_megatron_lm", False) or args.multi_gpu)
+                      and not args.cpu) and not getattr(args, "tpu", False)
+    n = ctx.num_machines
+    fix_ip = ("main_process_ip: the rank-0 machine's address, the same in every machine's config (or "
+              "`wizard launch --main-process-ip ADDR`)")
+    if ip_missing and simple:
+        yield finding(
+            "error", "ACC-MAIN-PROCESS-UNSET", ctx.acc_path, "main_process_ip",
+            f"num_machines: {n} without main_process_ip: accelerate launch asserts 'When using multiple machines, "
+            f"you need to specify the main process IP.' before any process starts", fix=fix_ip, when="launch")
+    elif ip_missing:
+        port = as_int(ctx.acc_get("main_process_port"), None)
+        port = DEFAULT_PORT if port is None else port
+        yield finding(
+            "error", "ACC-MAIN-PROCESS-UNSET", ctx.acc_path, "main_process_ip",
+            f"num_machines: {n} without main_process_ip: accelerate launch gives torchrun the rendezvous "
+            f"address None:{port}, a host that never resolves, so every machine retries and the start hangs "
+            f"until torchrun's rendezvous timeout", fix=fix_ip, when="launch")
+    if port_missing and simple:
+        # the torchrun launchers default the port to 29500 (prepare_multi_gpu_env); this one asserts it next
+        yield finding(
+            "error", "ACC-MAIN-PROCESS-UNSET", ctx.acc_path, "main_process_port",
+            f"num_machines: {n} without main_process_port: accelerate launch asserts 'When using multiple "
+            f"machines, you need to specify the main process port.' before any process starts",
+            fix=f"main_process_port: {DEFAULT_PORT} (free and open between the machines, the same on every one)",
+            when="launch")
+
+
 @rule("ACC-NUM-PROCESSES-EXCEEDS-GPUS", FAMILY, "more processes per machine than GPUs present")
 def num_processes_exceeds_gpus(ctx: CheckContext) -> Iterable:
     if ctx.acc is None or ctx.acc_get("use_cpu") is True:
