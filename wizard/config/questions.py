@@ -12,6 +12,10 @@ spelling (FSDP/dynamo names upper-case as accelerate writes them, the rest lower
 Out of scope, never asked: SageMaker, TPU/XLA, Megatron-LM, non-NVIDIA accelerators, fp8, FSDP2's
 parallelism config.
 
+The machinery (`Question`, `Context`, coercion, `_q`) is in question_base.py; the questions asked after the
+plan (stage "details") are in detail_questions.py. This module holds the pre-plan questions, the whole
+table and its look-ups, and the target-machine questions.
+
 Pure and cheap to import: no torch, no UI.
 """
 
@@ -20,19 +24,28 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
-from wizard.config.vocab import (
-    DEEPSPEED_MULTINODE_LAUNCHERS,
-    DYNAMO_BACKENDS_OFFERED,
-    DYNAMO_MODES,
-    FSDP1_STATE_DICT_TYPES,
-    FSDP2_STATE_DICT_TYPES,
-    FSDP_AUTO_WRAP_POLICIES,
-    FSDP_BACKWARD_PREFETCH,
-    FSDP_SHARDING_STRATEGIES,
-    MIXED_PRECISIONS,
+from wizard.config.detail_questions import DETAIL_QUESTIONS
+from wizard.config.question_base import (  # noqa: F401 - the table's vocabulary, imported from here elsewhere
+    DETAIL_GROUPS,
+    KINDS,
+    MAX_INT_DIGITS,
+    STAGES,
+    Context,
+    Question,
+    _a,
+    _check_bf16,
+    _given_bool,
+    _num_machines,
+    _multi_node,
+    _positive,
+    _q,
+    _selected_gpu_count,
+    _shown,
+    _use_cpu,
+    check_precision_pair,
+    distributed_type_for,
 )
 from wizard.errors import InputError
 from wizard.planning.plan import (
@@ -47,334 +60,17 @@ from wizard.planning.plan import (
     PRECISIONS,
     TRAINERS,
     ZERO_STAGES,
-    Plan,
 )
 from wizard.probe import catalogue
-from wizard.probe.hardware import Hardware
 from wizard.sizing.memory import CUDA_CONTEXT_BYTES
 from wizard.sizing.model import TASKS as MODEL_TASKS
-from wizard.sizing.model import ModelShape
-from wizard.units import fmt_bytes, parse_bytes, parse_count
-
-STAGES = ("model", "training", "strategy", "machines", "details")
-KINDS = ("choice", "bool", "int", "float", "str", "path", "size", "count")
-DETAIL_GROUPS = ("processes", "compile", "deepspeed", "multinode", "fsdp", "precision")
+from wizard.units import fmt_bytes
 
 RDZV_BACKENDS = ("static", "c10d", "etcd", "etcd-v2")     # what torchrun accepts
 DEFAULT_PORT = 29500                                      # torchrun's and accelerate's default master port
 
-_TRUE = {"yes", "y", "true", "on", "1"}
-_FALSE = {"no", "n", "false", "off", "0"}
-
-
-@dataclass
-class Context:
-    """What defaults, conditions and validation may look at."""
-    hardware: Hardware
-    model: ModelShape | None = None
-    plan: Plan | None = None
-    answers: dict[str, Any] = field(default_factory=dict)   # resolved so far, earlier questions first
-    given: dict[str, Any] = field(default_factory=dict)     # raw values the user gave (flags > file), by id
-
-
-def _always(ctx: Context) -> bool:
-    return True
-
-
-def _none(ctx: Context) -> Any:
-    return None
-
-
-@dataclass(frozen=True)
-class Question:
-    id: str
-    prompt: str                            # short label
-    help: str                              # why it matters, 1-3 sentences
-    kind: str                              # one of KINDS
-    stage: str                             # one of STAGES
-    group: str                             # details: one of DETAIL_GROUPS; otherwise the stage name
-    choices: tuple | None = None           # shown as a select; values are canonical
-    advanced: bool = False                 # rarely needed: starts collapsed in the TUI
-    flag: str | None = None                # '--seq-len'; None: no CLI flag
-    metavar: str | None = None
-    when: Callable[[Context], bool] = _always
-    compute_default: Callable[[Context], Any] = _none
-    explain_default: Callable[[Context], str] | str = ""
-    check: Callable[[Any, Context, str], Any] | None = None      # raises InputError(field, ...); may
-                                                                 # return a normalised value
-    options_for: Callable[[Context], tuple] | None = None        # choices that depend on earlier answers
-    required_when: Callable[[Context], str | None] | None = None  # reason a value is required, or None
-    allowed: str | None = None             # what the error message says is allowed
-    fixed_default: bool = False            # the default is one value, whatever the hardware and plan (--help)
-    help_default: str | None = None        # what --help says the default is, where it is neither fixed nor the plan's
-
-    # ---- the interface front ends use
-
-    @property
-    def field(self) -> str:
-        """The name an error message uses: the flag without dashes, else the id."""
-        return self.flag.lstrip("-") if self.flag else self.id
-
-    def ask_if(self, ctx: Context) -> bool:
-        return bool(self.when(ctx))
-
-    def default(self, ctx: Context) -> Any:
-        return self.compute_default(ctx)
-
-    def why_default(self, ctx: Context) -> str:
-        e = self.explain_default
-        return e(ctx) if callable(e) else e
-
-    def options(self, ctx: Context | None = None) -> tuple | None:
-        if self.options_for is not None and ctx is not None:
-            return self.options_for(ctx)
-        return self.choices
-
-    def required(self, ctx: Context) -> str | None:
-        """Why a value must be given (no usable default), or None."""
-        return self.required_when(ctx) if self.required_when else None
-
-    def allowed_text(self, ctx: Context | None = None) -> str:
-        if self.allowed:
-            return self.allowed
-        opts = self.options(ctx)
-        if opts:
-            return ", ".join(str(o) for o in opts)
-        return _KIND_ALLOWED[self.kind]
-
-    def coerce(self, raw: Any, field_name: str | None = None) -> Any:
-        """Type-level normalisation, no context: what an answers file can be checked against on load."""
-        f = field_name or self.field
-        if raw is None or (isinstance(raw, str) and raw.strip() == "" and self.kind in ("str", "path")):
-            return None
-        if isinstance(raw, (list, dict, tuple, set)):
-            raise InputError(f, f"expected a single value, got a {type(raw).__name__}", self.allowed_text())
-        kind = self.kind
-        if kind == "bool":
-            return _coerce_bool(raw, f)
-        if kind == "int":
-            value = _coerce_int(raw, f, self.allowed_text())
-        elif kind == "float":
-            value = _coerce_float(raw, f, self.allowed_text())
-        elif kind == "count":
-            value = parse_count(raw, f)
-        elif kind == "size":
-            value = parse_bytes(raw, f)
-        elif kind in ("str", "path"):
-            if isinstance(raw, bool):
-                raise InputError(f, f"expected text, got {raw!r}", self.allowed_text())
-            value = str(raw).strip()
-            if kind == "path":
-                value = os.path.abspath(os.path.expanduser(value))
-        elif kind == "choice":
-            return _coerce_choice(raw, self.choices or (), f)
-        else:  # pragma: no cover - the table is checked by tests
-            raise ValueError(f"unknown kind {kind!r}")
-        if self.choices is not None and value not in self.choices:
-            raise InputError(f, f"{raw!r} is not one of the choices", self.allowed_text())
-        return value
-
-    def parse(self, raw: Any, ctx: Context) -> Any:
-        """Normalise and validate one raw value; raises InputError naming `self.field`."""
-        value = self.coerce(raw)
-        if value is None:
-            reason = self.required(ctx)
-            if reason:
-                raise InputError(self.field, f"a value is required {reason}", self.allowed_text(ctx))
-            return None
-        opts = self.options(ctx)
-        if opts is not None and value not in opts:
-            raise InputError(self.field, f"{raw!r} is not allowed here", self.allowed_text(ctx))
-        if self.check is not None:
-            checked = self.check(value, ctx, self.field)
-            if checked is not None:
-                value = checked
-        return value
-
-
-_KIND_ALLOWED = {
-    "bool": "yes/no, true/false, on/off, 1/0",
-    "int": "a whole number",
-    "float": "a number",
-    "str": "text",
-    "path": "a path",
-    "size": "a size such as 80G, 512GB or 24GiB",
-    "count": "a positive count such as 7B, 350M or 1.5e9",
-    "choice": "one of the choices",
-}
-
-
-# ----------------------------------------------------------------------------- coercion helpers
-
-def _coerce_bool(raw: Any, f: str) -> bool:
-    if isinstance(raw, bool):
-        return raw
-    if isinstance(raw, int) and raw in (0, 1):
-        return bool(raw)
-    text = str(raw).strip().lower()
-    if text in _TRUE:
-        return True
-    if text in _FALSE:
-        return False
-    raise InputError(f, f"{raw!r} is not yes or no", _KIND_ALLOWED["bool"])
-
-
-def _coerce_int(raw: Any, f: str, allowed: str) -> int:
-    if isinstance(raw, bool):
-        raise InputError(f, f"{raw!r} is not a whole number", allowed)
-    if isinstance(raw, int):
-        return raw
-    if isinstance(raw, float):
-        if raw.is_integer():
-            return int(raw)
-        raise InputError(f, f"{raw!r} is not a whole number", allowed)
-    text = str(raw).strip()
-    if not re.fullmatch(r"[+-]?[0-9]+", text):
-        raise InputError(f, f"{_shown(raw)} is not a whole number", allowed)
-    if len(text.lstrip("+-")) > MAX_INT_DIGITS:
-        raise InputError(f, f"{_shown(raw)} has more than {MAX_INT_DIGITS} digits", allowed)
-    return int(text)
-
-
-MAX_INT_DIGITS = 18        # every count the wizard takes fits in 10**18 (a 64-bit integer)
-
-
-def _shown(raw: Any) -> str:
-    """A value inside a one-line message: quoted, and cut short when it is long."""
-    text = repr(raw)
-    return text if len(text) <= 60 else text[:40] + f"...' ({len(str(raw))} characters)"
-
-
-def _coerce_float(raw: Any, f: str, allowed: str) -> float:
-    if isinstance(raw, bool):
-        raise InputError(f, f"{raw!r} is not a number", allowed)
-    if isinstance(raw, (int, float)):
-        value = float(raw)
-    else:
-        text = str(raw).strip()
-        m = re.fullmatch(r"([+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?)\s*(%?)", text)
-        if not m:
-            raise InputError(f, f"{raw!r} is not a number", allowed)
-        value = float(m.group(1)) / (100.0 if m.group(2) else 1.0)
-    if value != value or value in (float("inf"), float("-inf")):
-        raise InputError(f, f"{raw!r} is not a finite number", allowed)
-    return value
-
-
-def _coerce_choice(raw: Any, choices: tuple, f: str) -> str:
-    allowed = ", ".join(str(c) for c in choices)
-    if isinstance(raw, bool):
-        # YAML 1.1 reads `on`/`off`/`yes`/`no` as booleans; map them back when a choice is spelt so.
-        for word in (("on", "yes", "true") if raw else ("off", "no", "false")):
-            if word in choices:
-                return word
-        raise InputError(f, f"{raw!r} is not one of the choices", allowed)
-    if isinstance(raw, float) and raw.is_integer():
-        raw = int(raw)
-    text = str(raw).strip()
-    for c in choices:
-        if str(c).lower() == text.lower():
-            return c
-    raise InputError(f, f"{raw!r} is not one of the choices", allowed)
-
-
-# ----------------------------------------------------------------------------- context helpers
-
-def _a(ctx: Context, key: str, fallback: Any = None) -> Any:
-    return ctx.answers.get(key, fallback)
-
-
-def _num_machines(ctx: Context) -> int:
-    return int(_a(ctx, "num_machines", 1) or 1)
-
-
-def _multi_node(ctx: Context) -> bool:
-    return _num_machines(ctx) > 1
-
-
-def _use_cpu(ctx: Context) -> bool:
-    return bool(_a(ctx, "use_cpu", False))
-
-
-def _given_bool(ctx: Context, key: str) -> bool | None:
-    raw = ctx.given.get(key)
-    if raw is None:
-        return None
-    try:
-        return _coerce_bool(raw, key)
-    except InputError:
-        return None
-
-
-def _chosen_backend(ctx: Context) -> str | None:
-    """The plan's backend (single|ddp|deepspeed|fsdp) once planned; before that, the explicit strategy answer."""
-    if ctx.plan is not None and ctx.plan.choice is not None:
-        return ctx.plan.choice.backend
-    b = _a(ctx, "backend", "auto")
-    return None if b in (None, "auto") else b
-
-
-def _chosen_zero_stage(ctx: Context) -> int | None:
-    if ctx.plan is not None and ctx.plan.choice is not None:
-        return ctx.plan.choice.zero_stage
-    z = _a(ctx, "zero_stage", "auto")
-    return None if z in (None, "auto") else int(z)
-
-
-def _is_deepspeed(ctx: Context) -> bool:
-    return _chosen_backend(ctx) == "deepspeed"
-
-
-def _is_fsdp(ctx: Context) -> bool:
-    return _chosen_backend(ctx) == "fsdp"
-
-
-def _fsdp_version(ctx: Context) -> int:
-    return int(_a(ctx, "fsdp_version", 2) or 2)
-
-
-def _dist_type(ctx: Context) -> str:
-    return distributed_type_for(ctx.answers, ctx.plan)
-
-
-def _selected_gpu_count(ctx: Context) -> int:
-    """GPUs per machine the processes may use: the gpu_ids subset, else every GPU probed."""
-    ids = _a(ctx, "gpu_ids", "all")
-    if ids and ids != "all":
-        return len(str(ids).split(","))
-    return ctx.hardware.num_gpus
-
-
-def distributed_type_for(answers: dict[str, Any], plan: Plan | None) -> str:
-    """accelerate's distributed_type for these answers and this plan (see answers.distributed_type)."""
-    if plan is not None and plan.choice is not None:
-        backend = plan.choice.backend
-    else:
-        backend = answers.get("backend", "auto") or "auto"
-    num_machines = int(answers.get("num_machines", 1) or 1)
-    num_processes = int(answers.get("num_processes", 1) or 1)
-    use_cpu = bool(answers.get("use_cpu", False))
-    if backend == "deepspeed":
-        return "DEEPSPEED"
-    if backend == "fsdp":
-        return "FSDP"
-    # accelerate refuses MULTI_GPU with one process on one machine ("Please select `No distributed
-    # training`"), so a one-process data-parallel plan is written as 'NO'.
-    if backend == "single" or (num_processes <= 1 and num_machines <= 1):
-        return "NO"
-    return "MULTI_CPU" if use_cpu else "MULTI_GPU"
-
 
 # ----------------------------------------------------------------------------- validation helpers
-
-def _at_least(minimum: int | float, what: str = "a whole number") -> Callable[[Any, Context, str], None]:
-    def check(value: Any, ctx: Context, f: str) -> None:
-        if value < minimum:
-            raise InputError(f, f"{value} is too small; it must be at least {minimum}", f"{what} >= {minimum}")
-    return check
-
-
-_positive = _at_least(1)
 
 _HOST_LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
 
@@ -492,64 +188,6 @@ def _check_offload(value: str, ctx: Context, f: str) -> None:
     z = _a(ctx, "zero_stage", "auto")
     if value == "nvme" and z in ("1", "2"):
         raise InputError(f, f"nvme offload needs ZeRO-3, not ZeRO-{z}", "none, cpu (or --zero-stage 3)")
-
-
-def _check_bf16(value: str, ctx: Context, f: str) -> None:
-    hw = ctx.hardware
-    if value != "bf16" or not hw.gpus or hw.all_bf16:
-        return
-    if _use_cpu(ctx) or _given_bool(ctx, "use_cpu"):
-        return
-    old = next(g for g in hw.gpus if not g.bf16)
-    cc = ".".join(map(str, old.compute_capability)) if old.compute_capability else "unknown"
-    raise InputError(f, f"bf16 needs compute capability 8.0+, GPU {old.index} ({old.name}) has {cc}",
-                     "fp16 or fp32 on this hardware")
-
-
-_PRECISION_OF_MIXED = {"bf16": "bf16", "fp16": "fp16", "no": "fp32"}
-
-
-def _check_mixed_precision(value: str, ctx: Context, f: str) -> None:
-    _check_bf16(value, ctx, f)
-    check_precision_pair(ctx.given.get("precision"), value, f)
-
-
-def check_precision_pair(precision: Any, mixed: Any, f: str = "mixed-precision") -> None:
-    """--mixed-precision must say what --precision said (else the plan's memory and the file disagree);
-    checked on the raw answers, whether or not the plan's backend asks for mixed precision."""
-    if precision is None or mixed is None:
-        return
-    wanted, value = str(precision).strip().lower(), str(mixed).strip().lower()
-    if wanted not in _PRECISION_OF_MIXED.values() or value not in _PRECISION_OF_MIXED:
-        return          # auto, or a value the table's own check refuses with its own message
-    if _PRECISION_OF_MIXED[value] != wanted:
-        same = next(k for k, v in _PRECISION_OF_MIXED.items() if v == wanted)
-        raise InputError(f, f"{value!r} conflicts with --precision {wanted}",
-                         f"{same} (what --precision {wanted} means), or drop one of the two")
-
-
-def _check_use_mpirun(value: bool, ctx: Context, f: str) -> None:
-    if value:
-        raise InputError(f, "not supported: the wizard does not write accelerate's mpirun_config, so the config "
-                            "would start one CPU process", "no; for several CPU processes use --backend deepspeed "
-                                                           "(DeepSpeed's CPU accelerator over gloo)")
-
-
-def _check_class_names(value: str, ctx: Context, f: str) -> None:
-    names = [n.strip() for n in value.split(",")]
-    if not all(re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", n) for n in names):
-        raise InputError(f, f"{value!r} is not a comma-separated list of class names",
-                         "Python class names such as LlamaDecoderLayer or MixtralSparseMoeBlock,Foo")
-
-
-def _check_class_list(value: str, ctx: Context, f: str) -> str:
-    _check_class_names(value, ctx, f)
-    return ",".join(n.strip() for n in value.split(","))
-
-
-def _check_non_negative(value: float, ctx: Context, f: str) -> None:
-    if value < 0:
-        raise InputError(f, f"{value} is negative", "a number >= 0 (0 turns clipping off)")
 
 
 def _check_model(value: str, ctx: Context, f: str) -> None:
@@ -703,95 +341,13 @@ def _nvme_why(ctx: Context) -> str:
     return "No NVMe path found; NVMe offload stays out of the ladder unless you give one."
 
 
-def _plan_gc(ctx: Context) -> bool:
-    return bool(ctx.plan and ctx.plan.choice and ctx.plan.choice.gradient_checkpointing)
-
-
-def _mixed_precision_default(ctx: Context) -> str:
-    precision = ctx.plan.precision if ctx.plan is not None else _a(ctx, "precision", "auto")
-    return {"bf16": "bf16", "fp16": "fp16"}.get(precision, "no")
-
-
-def _mixed_precision_why(ctx: Context) -> str:
-    value = _mixed_precision_default(ctx)
-    if value == "no":
-        return "The plan trains in fp32 (CPU processes, or you asked for fp32), so no mixed precision."
-    return f"The plan's resolved precision is {value}; the memory figures assume it."
-
-
-def _fsdp_reshard_default(ctx: Context) -> bool:
-    r = ctx.plan.choice.fsdp_reshard if ctx.plan is not None and ctx.plan.choice is not None else None
-    return True if r is None else bool(r)
-
-
-def _fsdp_offload_default(ctx: Context) -> bool:
-    c = ctx.plan.choice if ctx.plan is not None else None
-    return bool(c and (c.offload_param != "none" or c.offload_optimizer != "none"))
-
-
-def _layer_class_default(ctx: Context) -> str | None:
-    return ctx.model.layer_class if ctx.model is not None else None
-
-
-def _layer_class_why(ctx: Context) -> str:
-    if _layer_class_default(ctx):
-        return f"The model's decoder layer class is {_layer_class_default(ctx)}; one FSDP unit per layer."
-    return ("No layer class known (no config was read): empty means accelerate wraps the model's "
-            "own _no_split_modules.")
-
-
-def _multinode_ds(ctx: Context) -> bool:
-    return _is_deepspeed(ctx) and _multi_node(ctx)
-
-
-def _hostfile_needed(ctx: Context) -> bool:
-    return _multinode_ds(ctx) and _a(ctx, "deepspeed_multinode_launcher", "standard") != "standard"
-
-
-_DYNAMO_CUSTOM = ("dynamo_mode", "dynamo_use_fullgraph", "dynamo_use_dynamic", "dynamo_use_regional_compilation")
-
-
-def _dynamo_custom(ctx: Context) -> bool:
-    return bool(_a(ctx, "use_dynamo")) and bool(_a(ctx, "dynamo_customize"))
-
-
-def _fsdp_sharding_default(ctx: Context) -> str:
-    return "FULL_SHARD" if _fsdp_reshard_default(ctx) else "SHARD_GRAD_OP"
-
-
 # ----------------------------------------------------------------------------- the table
-
-def _q(id: str, prompt: str, help: str, kind: str, stage: str, *, group: str | None = None,
-       flag: str | None | bool = True, default: Any = None, why: Callable[[Context], str] | str = "",
-       **kw: Any) -> Question:
-    """Build a Question; the flag follows the id ('seq_len' -> '--seq-len') unless given."""
-    if flag is True:
-        flag = "--" + id.replace("_", "-")
-    elif flag is False:
-        flag = None
-    compute = default if callable(default) else (lambda ctx, v=default: v)
-    if "metavar" not in kw:
-        kw["metavar"] = _METAVARS.get(kind)
-    if kw.get("check") is _positive and "allowed" not in kw:
-        kw["allowed"] = "a whole number >= 1"
-    return Question(id=id, prompt=prompt, help=help, kind=kind, stage=stage, group=group or stage,
-                    flag=flag, compute_default=compute, explain_default=why, fixed_default=not callable(default),
-                    **kw)
-
 
 def _shape_override(id: str, prompt: str, help: str) -> Question:
     """An advanced override of one dimension of the Llama-like shape that --params estimates."""
     return _q(id, prompt, help, "int", "model", advanced=True, check=_positive,
               when=lambda ctx: _a(ctx, "params") is not None,
               why="Derived from the parameter count (Llama-like shape).")
-
-
-_METAVARS = {"int": "N", "float": "X", "count": "N", "size": "SIZE", "path": "PATH", "str": "TEXT",
-             "bool": "yes|no", "choice": None}
-
-
-def _details(group: str) -> dict[str, Any]:
-    return {"stage": "details", "group": group, "advanced": group in ("processes", "compile")}
 
 
 QUESTIONS: tuple[Question, ...] = (
@@ -985,191 +541,8 @@ QUESTIONS: tuple[Question, ...] = (
        "(2 nodes x 8 GPUs = 16).", "int", "machines", default=_num_processes_default,
        why=_num_processes_why, check=_check_num_processes),
 
-    # ---------------------------------------------------------------- details: processes
-    _q("debug", "Check distributed operations for errors",
-       "Catches mismatched collective calls that otherwise hang until the NCCL timeout, but slows training.",
-       "bool", default=False, when=lambda ctx: _dist_type(ctx) != "NO",
-       why="Off: it slows every step; turn it on to chase a hang.", **_details("processes")),
-    _q("enable_cpu_affinity", "Pin processes to their GPU's CPUs (NUMA)",
-       "Binds each process to the CPU cores nearest its GPU, which can speed data loading on multi-socket "
-       "machines. NVIDIA only.", "bool", default=False,
-       when=lambda ctx: _dist_type(ctx) in ("NO", "MULTI_GPU") and not _use_cpu(ctx),
-       why=("Off, as in accelerate: the probe can't see the NUMA layout, and `accelerate launch` ignores "
-            "this key in the YAML (only its --enable_cpu_affinity flag sets it)."),
-       **_details("processes")),
-    _q("use_mpirun", "Launch CPU processes with mpirun",
-       "mpirun starts CPU processes on several hosts from one command, given a hostfile.", "bool",
-       default=False, when=lambda ctx: _dist_type(ctx) == "MULTI_CPU", check=_check_use_mpirun,
-       allowed="no (mpirun launching is not supported yet)",
-       why="Off: torchrun starts the processes on this machine without MPI.", **_details("processes")),
-    _q("mpirun_hostfile", "mpirun hostfile", "Lists the hosts (and slots) mpirun starts processes on.",
-       "path", default=lambda ctx: os.path.expanduser("~/hostfile"),
-       when=lambda ctx: _dist_type(ctx) == "MULTI_CPU" and bool(_a(ctx, "use_mpirun")),
-       why="accelerate's default location.", **_details("processes")),
-
-    # ---------------------------------------------------------------- details: compile
-    _q("use_dynamo", "Compile with torch.compile (dynamo)",
-       "Compiling fuses kernels and can speed training, but adds minutes at start-up and not every model "
-       "compiles cleanly.", "bool", default=False,
-       why="Off: get the run working first, then try compiling.", **_details("compile")),
-    _q("dynamo_backend", "Compiler backend", "Which backend torch.compile hands the graph to; inductor is the "
-       "one PyTorch develops and tests for training.", "choice", choices=DYNAMO_BACKENDS_OFFERED, default="INDUCTOR",
-       when=lambda ctx: bool(_a(ctx, "use_dynamo")), why="inductor: PyTorch's default compiler.",
-       **_details("compile")),
-    _q("dynamo_customize", "Customise torch.compile options",
-       "The mode, full-graph, dynamic-shape and regional options below; without them accelerate passes "
-       "torch.compile's own defaults (and writes none of these keys).", "bool",
-       default=lambda ctx: any(ctx.given.get(k) is not None for k in _DYNAMO_CUSTOM),
-       when=lambda ctx: bool(_a(ctx, "use_dynamo")),
-       why=lambda ctx: ("On: you gave one of the compile options." if any(
-           ctx.given.get(k) is not None for k in _DYNAMO_CUSTOM) else "Off: torch.compile's defaults suit most models."),
-       **_details("compile")),
-    _q("dynamo_mode", "Compile mode", "reduce-overhead uses CUDA graphs (more memory), max-autotune searches "
-       "for faster kernels (much longer compile).", "choice", choices=DYNAMO_MODES, default="default",
-       when=_dynamo_custom, why="default: the fastest compile with most of the gain.",
-       **_details("compile")),
-    _q("dynamo_use_fullgraph", "Require one full graph",
-       "Fails on any graph break instead of splitting the model into several compiled pieces.", "bool",
-       default=False, when=_dynamo_custom,
-       why="Off: graph breaks are common in model code and only cost some speed.", **_details("compile")),
-    _q("dynamo_use_dynamic", "Dynamic shapes",
-       "Compiles for varying sequence lengths instead of recompiling for each new shape.", "bool",
-       default=False, when=_dynamo_custom,
-       why="Off: with fixed-length (packed or padded) batches, static shapes compile faster code.",
-       **_details("compile")),
-    _q("dynamo_use_regional_compilation", "Regional compilation",
-       "Compiles one repeated block (a decoder layer) and reuses it, cutting compile time a lot.", "bool",
-       default=False, when=_dynamo_custom, why="Off, as in accelerate.",
-       **_details("compile")),
-
-    # ---------------------------------------------------------------- details: deepspeed
-    _q("zero3_init_flag", "Build the model already sharded (zero.Init)",
-       "With ZeRO-3, each layer is partitioned as it is created, so a model larger than one GPU (or than "
-       "CPU RAM x processes) can be built at all.", "bool",
-       default=lambda ctx: _chosen_zero_stage(ctx) == 3, when=_is_deepspeed,
-       why=lambda ctx: ("On for ZeRO-3: otherwise every process first builds the full model in CPU RAM."
-                        if _chosen_zero_stage(ctx) == 3 else
-                        "Off: zero.Init only applies to ZeRO-3 (accelerate turns it off below stage 3)."),
-       **_details("deepspeed")),
-    _q("zero3_save_16bit_model", "Save a full 16-bit model with ZeRO-3",
-       "ZeRO-3 scatters the weights over GPUs; this gathers them when saving so save_model writes usable "
-       "weights instead of only sharded checkpoints.", "bool", default=True,
-       when=lambda ctx: _is_deepspeed(ctx) and _chosen_zero_stage(ctx) == 3,
-       why="On: without it, save_pretrained under ZeRO-3 writes no usable weights.", **_details("deepspeed")),
-    _q("gradient_clipping", "Gradient clipping (max norm)",
-       "Caps the gradient norm so one bad batch can't blow up training; 0 turns it off.", "float",
-       default=1.0, check=_check_non_negative, when=_is_deepspeed,
-       why=lambda ctx: ("1.0, the Trainer's max_grad_norm; with the HF Trainer ds_config.json says \"auto\" "
-                        "and the Trainer's value is used." if _a(ctx, "trainer", "hf") == "hf" else
-                        "1.0, the value most recipes use."),
-       **_details("deepspeed")),
-    _q("deepspeed_moe_layer_cls_names", "MoE layer classes (Mixture-of-Experts)",
-       "For MoE models, names the expert block classes; ZeRO-3 then gathers each block as a whole, "
-       "which avoids hangs when ranks route their tokens to different experts.", "str", metavar="CLASS[,CLASS]", check=_check_class_list,
-       when=_is_deepspeed, advanced=True, why="None: the model is treated as dense.",
-       stage="details", group="deepspeed"),
-
-    # ---------------------------------------------------------------- details: multinode (DeepSpeed)
-    _q("deepspeed_multinode_launcher", "DeepSpeed multi-node launcher",
-       "How the processes on the other nodes are started: 'standard' runs torchrun on each node; pdsh, "
-       "openmpi, mvapich, mpich and slurm start them all from the main node.", "choice",
-       choices=DEEPSPEED_MULTINODE_LAUNCHERS, default="standard", when=_multinode_ds,
-       why=("standard: torchrun on each node needs nothing else; pdsh (accelerate's default) needs "
-            "passwordless ssh from the main node to every node and a hostfile."),
-       **_details("multinode")),
-    _q("deepspeed_hostfile", "DeepSpeed hostfile",
-       "Lists every node as `hostname slots=<GPUs>`; the launcher reads it on the main node to start the others.",
-       "path", default="/job/hostfile", when=_hostfile_needed,
-       why="/job/hostfile is DeepSpeed's default location.", **_details("multinode")),
-    _q("deepspeed_exclusion_filter", "Exclude hosts/GPUs",
-       "DeepSpeed's --exclude filter, e.g. 'node1:0,1', to leave some hosts or GPUs out of the hostfile's set.",
-       "str", advanced=True, when=_hostfile_needed, why="None: every host in the hostfile is used.",
-       stage="details", group="multinode"),
-    _q("deepspeed_inclusion_filter", "Include only these hosts/GPUs",
-       "DeepSpeed's --include filter, e.g. 'node1@node2:0,1', to use only part of the hostfile.", "str",
-       advanced=True, when=_hostfile_needed, why="None: every host in the hostfile is used.",
-       stage="details", group="multinode"),
-
-    # ---------------------------------------------------------------- details: fsdp
-    _q("fsdp_version", "FSDP version",
-       "FSDP2 (per-parameter sharding, DTensor) is the maintained one and what the plan models; FSDP1 is "
-       "the older wrapper API.", "int", choices=(1, 2), default=2, metavar="1|2", when=_is_fsdp,
-       why="2: accelerate's default and the one the plan's memory figures follow.", **_details("fsdp")),
-    _q("fsdp_reshard_after_forward", "Reshard weights after forward",
-       "On frees each layer's gathered weights after its forward pass (like ZeRO-3: less memory, more "
-       "communication); off keeps them until backward (like ZeRO-2).", "bool",
-       default=_fsdp_reshard_default, when=lambda ctx: _is_fsdp(ctx) and _fsdp_version(ctx) == 2,
-       why="The plan's choice; changing it changes the memory the plan computed.", **_details("fsdp")),
-    _q("fsdp_sharding_strategy", "Sharding strategy (FSDP1)",
-       "FULL_SHARD shards weights, gradients and optimizer state; SHARD_GRAD_OP keeps weights gathered "
-       "between forward and backward; HYBRID_* shard within a node only.", "choice",
-       choices=FSDP_SHARDING_STRATEGIES, default=_fsdp_sharding_default,
-       when=lambda ctx: _is_fsdp(ctx) and _fsdp_version(ctx) == 1,
-       why="Follows the plan's resharding choice.", **_details("fsdp")),
-    _q("fsdp_offload_params", "Offload parameters and gradients to CPU",
-       "Keeps sharded weights and gradients in CPU RAM between uses: fits much larger models, much slower.",
-       "bool", default=_fsdp_offload_default, when=_is_fsdp,
-       why="The plan's choice: on only when no rung without offload fits.", **_details("fsdp")),
-    _q("fsdp_auto_wrap_policy", "Auto-wrap policy",
-       "Decides the units FSDP gathers one at a time; wrapping each transformer layer keeps only one "
-       "layer's full weights on a GPU at once.", "choice", choices=FSDP_AUTO_WRAP_POLICIES,
-       default="TRANSFORMER_BASED_WRAP", when=_is_fsdp,
-       why="One unit per decoder layer: the usual choice for transformers.", **_details("fsdp")),
-    _q("fsdp_transformer_layer_cls_to_wrap", "Layer classes to wrap",
-       "The decoder layer class name(s), case-sensitive; a wrong name fails at start-up with 'Could not "
-       "find the transformer layer class to wrap'.", "str", metavar="CLASS[,CLASS]",
-       default=_layer_class_default, why=_layer_class_why, check=_check_class_list,
-       when=lambda ctx: _is_fsdp(ctx) and _a(ctx, "fsdp_auto_wrap_policy") == "TRANSFORMER_BASED_WRAP",
-       **_details("fsdp")),
-    _q("fsdp_min_num_params", "Minimum parameters per wrapped unit",
-       "With size-based wrapping, modules with at least this many parameters become their own FSDP unit.",
-       "count", default=100_000_000, metavar="1e8",
-       when=lambda ctx: _is_fsdp(ctx) and _a(ctx, "fsdp_auto_wrap_policy") == "SIZE_BASED_WRAP",
-       why="1e8, accelerate's default.", **_details("fsdp")),
-    _q("fsdp_backward_prefetch", "Backward prefetch (FSDP1)",
-       "Fetches the next layer's weights during backward so communication overlaps compute.", "choice",
-       choices=FSDP_BACKWARD_PREFETCH, default="BACKWARD_PRE",
-       when=lambda ctx: _is_fsdp(ctx) and _fsdp_version(ctx) == 1,
-       why="BACKWARD_PRE: most overlap, accelerate's default.", **_details("fsdp")),
-    _q("fsdp_state_dict_type", "Checkpoint format",
-       "SHARDED_STATE_DICT has each rank write its own shard (fast, no full copy in memory); "
-       "FULL_STATE_DICT gathers one file on rank 0.", "choice", choices=FSDP1_STATE_DICT_TYPES,
-       options_for=lambda ctx: FSDP1_STATE_DICT_TYPES if _fsdp_version(ctx) == 1 else FSDP2_STATE_DICT_TYPES,
-       default=lambda ctx: "FULL_STATE_DICT" if _fsdp_version(ctx) == 1 else "SHARDED_STATE_DICT",
-       when=_is_fsdp, why=lambda ctx: "accelerate's default for FSDP%d." % _fsdp_version(ctx),
-       **_details("fsdp")),
-    _q("fsdp_forward_prefetch", "Forward prefetch (FSDP1)",
-       "Fetches the next layer's weights during forward; helps CPU-bound steps, costs memory.", "bool",
-       default=False, when=lambda ctx: _is_fsdp(ctx) and _fsdp_version(ctx) == 1,
-       why="Off, as in accelerate.", **_details("fsdp")),
-    _q("fsdp_use_orig_params", "Keep original parameters (FSDP1)",
-       "Lets the optimizer see the original parameters, needed for parameter groups and torch.compile.",
-       "bool", default=True, when=lambda ctx: _is_fsdp(ctx) and _fsdp_version(ctx) == 1,
-       why="On, as in accelerate.", **_details("fsdp")),
-    _q("fsdp_cpu_ram_efficient_loading", "CPU-RAM-efficient loading",
-       "Only rank 0 loads the pretrained weights and sends them to the others, so a big model isn't "
-       "loaded once per process into CPU RAM.", "bool", default=True, when=_is_fsdp,
-       why="On: N processes would otherwise each hold a full copy in CPU RAM.", **_details("fsdp")),
-    _q("fsdp_sync_module_states", "Broadcast weights from rank 0 (FSDP1)",
-       "Makes every rank start from rank 0's weights; needed when only rank 0 loaded them.", "bool",
-       default=True,
-       when=lambda ctx: _is_fsdp(ctx) and _fsdp_version(ctx) == 1 and not _a(ctx, "fsdp_cpu_ram_efficient_loading"),
-       why="On, as in accelerate.", **_details("fsdp")),
-    _q("fsdp_activation_checkpointing", "FSDP activation checkpointing",
-       "Recomputes each wrapped layer's activations in backward; with FSDP use this instead of the "
-       "Trainer's gradient_checkpointing, which would gather the weights twice.", "bool",
-       default=_plan_gc, when=_is_fsdp,
-       why=lambda ctx: ("On: the plan needs checkpointing to fit." if _plan_gc(ctx) else
-                        "Off: the plan fits without recomputing activations."),
-       **_details("fsdp")),
-
-    # ---------------------------------------------------------------- details: precision
-    _q("mixed_precision", "Mixed precision",
-       "What accelerate autocasts to; it must match the precision the plan assumed or memory and speed "
-       "will differ.", "choice", choices=MIXED_PRECISIONS, default=_mixed_precision_default,
-       why=_mixed_precision_why, check=_check_mixed_precision,
-       # With a DeepSpeed config file accelerate neither asks nor accepts it: precision lives in the JSON.
-       when=lambda ctx: not _is_deepspeed(ctx), **_details("precision")),
+    # ---------------------------------------------------------------- details (detail_questions.py)
+    *DETAIL_QUESTIONS,
 )
 
 _BY_ID: dict[str, Question] = {q.id: q for q in QUESTIONS}

@@ -1,0 +1,318 @@
+"""The questions asked after the plan (stage "details"): process checks, torch.compile, DeepSpeed, the
+DeepSpeed multi-node launcher, FSDP and mixed precision, in accelerate config's order within each group.
+Their defaults follow the plan's choice; questions.py appends them to QUESTIONS.
+
+Pure and cheap to import: no torch, no UI.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+from wizard.config.question_base import (
+    Context,
+    Question,
+    _a,
+    _check_bf16,
+    _chosen_zero_stage,
+    _details,
+    _dist_type,
+    _fsdp_version,
+    _is_deepspeed,
+    _is_fsdp,
+    _multi_node,
+    _q,
+    _use_cpu,
+    check_precision_pair,
+)
+from wizard.config.vocab import (
+    DEEPSPEED_MULTINODE_LAUNCHERS,
+    DYNAMO_BACKENDS_OFFERED,
+    DYNAMO_MODES,
+    FSDP1_STATE_DICT_TYPES,
+    FSDP2_STATE_DICT_TYPES,
+    FSDP_AUTO_WRAP_POLICIES,
+    FSDP_BACKWARD_PREFETCH,
+    FSDP_SHARDING_STRATEGIES,
+    MIXED_PRECISIONS,
+)
+from wizard.errors import InputError
+
+
+# ----------------------------------------------------------------------------- validation
+
+def _check_mixed_precision(value: str, ctx: Context, f: str) -> None:
+    _check_bf16(value, ctx, f)
+    check_precision_pair(ctx.given.get("precision"), value, f)
+
+
+def _check_use_mpirun(value: bool, ctx: Context, f: str) -> None:
+    if value:
+        raise InputError(f, "not supported: the wizard does not write accelerate's mpirun_config, so the config "
+                            "would start one CPU process", "no; for several CPU processes use --backend deepspeed "
+                                                           "(DeepSpeed's CPU accelerator over gloo)")
+
+
+def _check_class_names(value: str, ctx: Context, f: str) -> None:
+    names = [n.strip() for n in value.split(",")]
+    if not all(re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", n) for n in names):
+        raise InputError(f, f"{value!r} is not a comma-separated list of class names",
+                         "Python class names such as LlamaDecoderLayer or MixtralSparseMoeBlock,Foo")
+
+
+def _check_class_list(value: str, ctx: Context, f: str) -> str:
+    _check_class_names(value, ctx, f)
+    return ",".join(n.strip() for n in value.split(","))
+
+
+def _check_non_negative(value: float, ctx: Context, f: str) -> None:
+    if value < 0:
+        raise InputError(f, f"{value} is negative", "a number >= 0 (0 turns clipping off)")
+
+
+# ----------------------------------------------------------------------------- defaults that need a sentence
+
+def _plan_gc(ctx: Context) -> bool:
+    return bool(ctx.plan and ctx.plan.choice and ctx.plan.choice.gradient_checkpointing)
+
+
+def _mixed_precision_default(ctx: Context) -> str:
+    precision = ctx.plan.precision if ctx.plan is not None else _a(ctx, "precision", "auto")
+    return {"bf16": "bf16", "fp16": "fp16"}.get(precision, "no")
+
+
+def _mixed_precision_why(ctx: Context) -> str:
+    value = _mixed_precision_default(ctx)
+    if value == "no":
+        return "The plan trains in fp32 (CPU processes, or you asked for fp32), so no mixed precision."
+    return f"The plan's resolved precision is {value}; the memory figures assume it."
+
+
+def _fsdp_reshard_default(ctx: Context) -> bool:
+    r = ctx.plan.choice.fsdp_reshard if ctx.plan is not None and ctx.plan.choice is not None else None
+    return True if r is None else bool(r)
+
+
+def _fsdp_offload_default(ctx: Context) -> bool:
+    c = ctx.plan.choice if ctx.plan is not None else None
+    return bool(c and (c.offload_param != "none" or c.offload_optimizer != "none"))
+
+
+def _layer_class_default(ctx: Context) -> str | None:
+    return ctx.model.layer_class if ctx.model is not None else None
+
+
+def _layer_class_why(ctx: Context) -> str:
+    if _layer_class_default(ctx):
+        return f"The model's decoder layer class is {_layer_class_default(ctx)}; one FSDP unit per layer."
+    return ("No layer class known (no config was read): empty means accelerate wraps the model's "
+            "own _no_split_modules.")
+
+
+def _multinode_ds(ctx: Context) -> bool:
+    return _is_deepspeed(ctx) and _multi_node(ctx)
+
+
+def _hostfile_needed(ctx: Context) -> bool:
+    return _multinode_ds(ctx) and _a(ctx, "deepspeed_multinode_launcher", "standard") != "standard"
+
+
+_DYNAMO_CUSTOM = ("dynamo_mode", "dynamo_use_fullgraph", "dynamo_use_dynamic", "dynamo_use_regional_compilation")
+
+
+def _dynamo_custom(ctx: Context) -> bool:
+    return bool(_a(ctx, "use_dynamo")) and bool(_a(ctx, "dynamo_customize"))
+
+
+def _fsdp_sharding_default(ctx: Context) -> str:
+    return "FULL_SHARD" if _fsdp_reshard_default(ctx) else "SHARD_GRAD_OP"
+
+
+DETAIL_QUESTIONS: tuple[Question, ...] = (
+    # ---------------------------------------------------------------- details: processes
+    _q("debug", "Check distributed operations for errors",
+       "Catches mismatched collective calls that otherwise hang until the NCCL timeout, but slows training.",
+       "bool", default=False, when=lambda ctx: _dist_type(ctx) != "NO",
+       why="Off: it slows every step; turn it on to chase a hang.", **_details("processes")),
+    _q("enable_cpu_affinity", "Pin processes to their GPU's CPUs (NUMA)",
+       "Binds each process to the CPU cores nearest its GPU, which can speed data loading on multi-socket "
+       "machines. NVIDIA only.", "bool", default=False,
+       when=lambda ctx: _dist_type(ctx) in ("NO", "MULTI_GPU") and not _use_cpu(ctx),
+       why=("Off, as in accelerate: the probe can't see the NUMA layout, and `accelerate launch` ignores "
+            "this key in the YAML (only its --enable_cpu_affinity flag sets it)."),
+       **_details("processes")),
+    _q("use_mpirun", "Launch CPU processes with mpirun",
+       "mpirun starts CPU processes on several hosts from one command, given a hostfile.", "bool",
+       default=False, when=lambda ctx: _dist_type(ctx) == "MULTI_CPU", check=_check_use_mpirun,
+       allowed="no (mpirun launching is not supported yet)",
+       why="Off: torchrun starts the processes on this machine without MPI.", **_details("processes")),
+    _q("mpirun_hostfile", "mpirun hostfile", "Lists the hosts (and slots) mpirun starts processes on.",
+       "path", default=lambda ctx: os.path.expanduser("~/hostfile"),
+       when=lambda ctx: _dist_type(ctx) == "MULTI_CPU" and bool(_a(ctx, "use_mpirun")),
+       why="accelerate's default location.", **_details("processes")),
+
+    # ---------------------------------------------------------------- details: compile
+    _q("use_dynamo", "Compile with torch.compile (dynamo)",
+       "Compiling fuses kernels and can speed training, but adds minutes at start-up and not every model "
+       "compiles cleanly.", "bool", default=False,
+       why="Off: get the run working first, then try compiling.", **_details("compile")),
+    _q("dynamo_backend", "Compiler backend", "Which backend torch.compile hands the graph to; inductor is the "
+       "one PyTorch develops and tests for training.", "choice", choices=DYNAMO_BACKENDS_OFFERED, default="INDUCTOR",
+       when=lambda ctx: bool(_a(ctx, "use_dynamo")), why="inductor: PyTorch's default compiler.",
+       **_details("compile")),
+    _q("dynamo_customize", "Customise torch.compile options",
+       "The mode, full-graph, dynamic-shape and regional options below; without them accelerate passes "
+       "torch.compile's own defaults (and writes none of these keys).", "bool",
+       default=lambda ctx: any(ctx.given.get(k) is not None for k in _DYNAMO_CUSTOM),
+       when=lambda ctx: bool(_a(ctx, "use_dynamo")),
+       why=lambda ctx: ("On: you gave one of the compile options." if any(
+           ctx.given.get(k) is not None for k in _DYNAMO_CUSTOM) else "Off: torch.compile's defaults suit most models."),
+       **_details("compile")),
+    _q("dynamo_mode", "Compile mode", "reduce-overhead uses CUDA graphs (more memory), max-autotune searches "
+       "for faster kernels (much longer compile).", "choice", choices=DYNAMO_MODES, default="default",
+       when=_dynamo_custom, why="default: the fastest compile with most of the gain.",
+       **_details("compile")),
+    _q("dynamo_use_fullgraph", "Require one full graph",
+       "Fails on any graph break instead of splitting the model into several compiled pieces.", "bool",
+       default=False, when=_dynamo_custom,
+       why="Off: graph breaks are common in model code and only cost some speed.", **_details("compile")),
+    _q("dynamo_use_dynamic", "Dynamic shapes",
+       "Compiles for varying sequence lengths instead of recompiling for each new shape.", "bool",
+       default=False, when=_dynamo_custom,
+       why="Off: with fixed-length (packed or padded) batches, static shapes compile faster code.",
+       **_details("compile")),
+    _q("dynamo_use_regional_compilation", "Regional compilation",
+       "Compiles one repeated block (a decoder layer) and reuses it, cutting compile time a lot.", "bool",
+       default=False, when=_dynamo_custom, why="Off, as in accelerate.",
+       **_details("compile")),
+
+    # ---------------------------------------------------------------- details: deepspeed
+    _q("zero3_init_flag", "Build the model already sharded (zero.Init)",
+       "With ZeRO-3, each layer is partitioned as it is created, so a model larger than one GPU (or than "
+       "CPU RAM x processes) can be built at all.", "bool",
+       default=lambda ctx: _chosen_zero_stage(ctx) == 3, when=_is_deepspeed,
+       why=lambda ctx: ("On for ZeRO-3: otherwise every process first builds the full model in CPU RAM."
+                        if _chosen_zero_stage(ctx) == 3 else
+                        "Off: zero.Init only applies to ZeRO-3 (accelerate turns it off below stage 3)."),
+       **_details("deepspeed")),
+    _q("zero3_save_16bit_model", "Save a full 16-bit model with ZeRO-3",
+       "ZeRO-3 scatters the weights over GPUs; this gathers them when saving so save_model writes usable "
+       "weights instead of only sharded checkpoints.", "bool", default=True,
+       when=lambda ctx: _is_deepspeed(ctx) and _chosen_zero_stage(ctx) == 3,
+       why="On: without it, save_pretrained under ZeRO-3 writes no usable weights.", **_details("deepspeed")),
+    _q("gradient_clipping", "Gradient clipping (max norm)",
+       "Caps the gradient norm so one bad batch can't blow up training; 0 turns it off.", "float",
+       default=1.0, check=_check_non_negative, when=_is_deepspeed,
+       why=lambda ctx: ("1.0, the Trainer's max_grad_norm; with the HF Trainer ds_config.json says \"auto\" "
+                        "and the Trainer's value is used." if _a(ctx, "trainer", "hf") == "hf" else
+                        "1.0, the value most recipes use."),
+       **_details("deepspeed")),
+    _q("deepspeed_moe_layer_cls_names", "MoE layer classes (Mixture-of-Experts)",
+       "For MoE models, names the expert block classes; ZeRO-3 then gathers each block as a whole, "
+       "which avoids hangs when ranks route their tokens to different experts.", "str", metavar="CLASS[,CLASS]", check=_check_class_list,
+       when=_is_deepspeed, advanced=True, why="None: the model is treated as dense.",
+       stage="details", group="deepspeed"),
+
+    # ---------------------------------------------------------------- details: multinode (DeepSpeed)
+    _q("deepspeed_multinode_launcher", "DeepSpeed multi-node launcher",
+       "How the processes on the other nodes are started: 'standard' runs torchrun on each node; pdsh, "
+       "openmpi, mvapich, mpich and slurm start them all from the main node.", "choice",
+       choices=DEEPSPEED_MULTINODE_LAUNCHERS, default="standard", when=_multinode_ds,
+       why=("standard: torchrun on each node needs nothing else; pdsh (accelerate's default) needs "
+            "passwordless ssh from the main node to every node and a hostfile."),
+       **_details("multinode")),
+    _q("deepspeed_hostfile", "DeepSpeed hostfile",
+       "Lists every node as `hostname slots=<GPUs>`; the launcher reads it on the main node to start the others.",
+       "path", default="/job/hostfile", when=_hostfile_needed,
+       why="/job/hostfile is DeepSpeed's default location.", **_details("multinode")),
+    _q("deepspeed_exclusion_filter", "Exclude hosts/GPUs",
+       "DeepSpeed's --exclude filter, e.g. 'node1:0,1', to leave some hosts or GPUs out of the hostfile's set.",
+       "str", advanced=True, when=_hostfile_needed, why="None: every host in the hostfile is used.",
+       stage="details", group="multinode"),
+    _q("deepspeed_inclusion_filter", "Include only these hosts/GPUs",
+       "DeepSpeed's --include filter, e.g. 'node1@node2:0,1', to use only part of the hostfile.", "str",
+       advanced=True, when=_hostfile_needed, why="None: every host in the hostfile is used.",
+       stage="details", group="multinode"),
+
+    # ---------------------------------------------------------------- details: fsdp
+    _q("fsdp_version", "FSDP version",
+       "FSDP2 (per-parameter sharding, DTensor) is the maintained one and what the plan models; FSDP1 is "
+       "the older wrapper API.", "int", choices=(1, 2), default=2, metavar="1|2", when=_is_fsdp,
+       why="2: accelerate's default and the one the plan's memory figures follow.", **_details("fsdp")),
+    _q("fsdp_reshard_after_forward", "Reshard weights after forward",
+       "On frees each layer's gathered weights after its forward pass (like ZeRO-3: less memory, more "
+       "communication); off keeps them until backward (like ZeRO-2).", "bool",
+       default=_fsdp_reshard_default, when=lambda ctx: _is_fsdp(ctx) and _fsdp_version(ctx) == 2,
+       why="The plan's choice; changing it changes the memory the plan computed.", **_details("fsdp")),
+    _q("fsdp_sharding_strategy", "Sharding strategy (FSDP1)",
+       "FULL_SHARD shards weights, gradients and optimizer state; SHARD_GRAD_OP keeps weights gathered "
+       "between forward and backward; HYBRID_* shard within a node only.", "choice",
+       choices=FSDP_SHARDING_STRATEGIES, default=_fsdp_sharding_default,
+       when=lambda ctx: _is_fsdp(ctx) and _fsdp_version(ctx) == 1,
+       why="Follows the plan's resharding choice.", **_details("fsdp")),
+    _q("fsdp_offload_params", "Offload parameters and gradients to CPU",
+       "Keeps sharded weights and gradients in CPU RAM between uses: fits much larger models, much slower.",
+       "bool", default=_fsdp_offload_default, when=_is_fsdp,
+       why="The plan's choice: on only when no rung without offload fits.", **_details("fsdp")),
+    _q("fsdp_auto_wrap_policy", "Auto-wrap policy",
+       "Decides the units FSDP gathers one at a time; wrapping each transformer layer keeps only one "
+       "layer's full weights on a GPU at once.", "choice", choices=FSDP_AUTO_WRAP_POLICIES,
+       default="TRANSFORMER_BASED_WRAP", when=_is_fsdp,
+       why="One unit per decoder layer: the usual choice for transformers.", **_details("fsdp")),
+    _q("fsdp_transformer_layer_cls_to_wrap", "Layer classes to wrap",
+       "The decoder layer class name(s), case-sensitive; a wrong name fails at start-up with 'Could not "
+       "find the transformer layer class to wrap'.", "str", metavar="CLASS[,CLASS]",
+       default=_layer_class_default, why=_layer_class_why, check=_check_class_list,
+       when=lambda ctx: _is_fsdp(ctx) and _a(ctx, "fsdp_auto_wrap_policy") == "TRANSFORMER_BASED_WRAP",
+       **_details("fsdp")),
+    _q("fsdp_min_num_params", "Minimum parameters per wrapped unit",
+       "With size-based wrapping, modules with at least this many parameters become their own FSDP unit.",
+       "count", default=100_000_000, metavar="1e8",
+       when=lambda ctx: _is_fsdp(ctx) and _a(ctx, "fsdp_auto_wrap_policy") == "SIZE_BASED_WRAP",
+       why="1e8, accelerate's default.", **_details("fsdp")),
+    _q("fsdp_backward_prefetch", "Backward prefetch (FSDP1)",
+       "Fetches the next layer's weights during backward so communication overlaps compute.", "choice",
+       choices=FSDP_BACKWARD_PREFETCH, default="BACKWARD_PRE",
+       when=lambda ctx: _is_fsdp(ctx) and _fsdp_version(ctx) == 1,
+       why="BACKWARD_PRE: most overlap, accelerate's default.", **_details("fsdp")),
+    _q("fsdp_state_dict_type", "Checkpoint format",
+       "SHARDED_STATE_DICT has each rank write its own shard (fast, no full copy in memory); "
+       "FULL_STATE_DICT gathers one file on rank 0.", "choice", choices=FSDP1_STATE_DICT_TYPES,
+       options_for=lambda ctx: FSDP1_STATE_DICT_TYPES if _fsdp_version(ctx) == 1 else FSDP2_STATE_DICT_TYPES,
+       default=lambda ctx: "FULL_STATE_DICT" if _fsdp_version(ctx) == 1 else "SHARDED_STATE_DICT",
+       when=_is_fsdp, why=lambda ctx: "accelerate's default for FSDP%d." % _fsdp_version(ctx),
+       **_details("fsdp")),
+    _q("fsdp_forward_prefetch", "Forward prefetch (FSDP1)",
+       "Fetches the next layer's weights during forward; helps CPU-bound steps, costs memory.", "bool",
+       default=False, when=lambda ctx: _is_fsdp(ctx) and _fsdp_version(ctx) == 1,
+       why="Off, as in accelerate.", **_details("fsdp")),
+    _q("fsdp_use_orig_params", "Keep original parameters (FSDP1)",
+       "Lets the optimizer see the original parameters, needed for parameter groups and torch.compile.",
+       "bool", default=True, when=lambda ctx: _is_fsdp(ctx) and _fsdp_version(ctx) == 1,
+       why="On, as in accelerate.", **_details("fsdp")),
+    _q("fsdp_cpu_ram_efficient_loading", "CPU-RAM-efficient loading",
+       "Only rank 0 loads the pretrained weights and sends them to the others, so a big model isn't "
+       "loaded once per process into CPU RAM.", "bool", default=True, when=_is_fsdp,
+       why="On: N processes would otherwise each hold a full copy in CPU RAM.", **_details("fsdp")),
+    _q("fsdp_sync_module_states", "Broadcast weights from rank 0 (FSDP1)",
+       "Makes every rank start from rank 0's weights; needed when only rank 0 loaded them.", "bool",
+       default=True,
+       when=lambda ctx: _is_fsdp(ctx) and _fsdp_version(ctx) == 1 and not _a(ctx, "fsdp_cpu_ram_efficient_loading"),
+       why="On, as in accelerate.", **_details("fsdp")),
+    _q("fsdp_activation_checkpointing", "FSDP activation checkpointing",
+       "Recomputes each wrapped layer's activations in backward; with FSDP use this instead of the "
+       "Trainer's gradient_checkpointing, which would gather the weights twice.", "bool",
+       default=_plan_gc, when=_is_fsdp,
+       why=lambda ctx: ("On: the plan needs checkpointing to fit." if _plan_gc(ctx) else
+                        "Off: the plan fits without recomputing activations."),
+       **_details("fsdp")),
+
+    # ---------------------------------------------------------------- details: precision
+    _q("mixed_precision", "Mixed precision",
+       "What accelerate autocasts to; it must match the precision the plan assumed or memory and speed "
+       "will differ.", "choice", choices=MIXED_PRECISIONS, default=_mixed_precision_default,
+       why=_mixed_precision_why, check=_check_mixed_precision,
+       # With a DeepSpeed config file accelerate neither asks nor accepts it: precision lives in the JSON.
+       when=lambda ctx: not _is_deepspeed(ctx), **_details("precision")),
+)
