@@ -91,6 +91,9 @@ def run(args: argparse.Namespace) -> int:
             return exc.exit_code
     if stop_signal() is not None:     # a library's import swallowed a stop signal: the findings may be incomplete
         raise KeyboardInterrupt(f"signal {stop_signal()}")
+    # The findings are the installed libraries' verdicts: a version outside the tested range is named first.
+    from wizard.frontends.env import note_untested_versions
+    note_untested_versions()
     if args.json:
         out: Any = [f.to_json() for f in findings]
         print(json.dumps(out, indent=2))

@@ -1,5 +1,5 @@
 """Command line: `wizard` (TUI), `--plain`, `--non-interactive`, and the probe/plan/check/launch/attach/stop/
-runs/tune subcommands of DESIGN.md's CLI contract.
+runs/tune/env subcommands of DESIGN.md's CLI contract.
 
 Start-up matters: this module imports nothing heavy. Flags for the wizard's questions are generated
 from the question table, so the TUI, the plain prompts, the answers file and the flags cannot drift.
@@ -17,7 +17,7 @@ from wizard import __version__
 from wizard.errors import (EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_NOTHING_FITS, EXIT_WRITTEN_BUT_FAILED,
                            InputError, WizardError, clear_stop, note_stop, stop_signal)
 
-SUBCOMMANDS = ("probe", "plan", "check", "launch", "attach", "stop", "runs", "tune")
+SUBCOMMANDS = ("probe", "plan", "check", "launch", "attach", "stop", "runs", "tune", "env")
 
 
 class _DefaultsFormatter(argparse.HelpFormatter):
@@ -157,7 +157,7 @@ def build_parser(non_interactive: bool = False) -> argparse.ArgumentParser:
         p = _Parser(prog="wizard", description=(
             "Plan, configure, launch and watch multi-GPU Hugging Face training. Without a subcommand: the "
             "interactive wizard (a full-screen TUI; --plain for inline prompts; --non-interactive for scripts)."),
-            epilog="subcommands: probe, plan, check, launch, attach, stop, runs, tune (wizard SUBCOMMAND --help). "
+            epilog="subcommands: probe, plan, check, launch, attach, stop, runs, tune, env (wizard SUBCOMMAND --help). "
                    + UNDERSCORES)
     p.add_argument("--version", action="version", version=f"wizard {__version__}")
     mode = p.add_argument_group("mode")
@@ -177,6 +177,9 @@ def build_parser(non_interactive: bool = False) -> argparse.ArgumentParser:
 def build_subparser(name: str) -> argparse.ArgumentParser:
     if name in ("check", "launch", "attach", "stop", "runs"):
         return _registered_subparser(name)
+    if name == "env":
+        from wizard.frontends.env import build_parser as build_env_parser
+        return build_env_parser(_Parser)
     p = _Parser(prog=f"wizard {name}")
     if name == "probe":
         p.description = "What this machine has: GPUs (NVML), interconnect, CPU, RAM, disk, library versions."
@@ -401,6 +404,10 @@ def cmd_non_interactive(ns: argparse.Namespace) -> int:
         else:
             report.print_plan(result)
         return _nothing_fits_exit(result)
+    # The files are judged by the installed libraries from here on: a version outside the tested range is
+    # named (one line, stderr) before the verdict, whatever it is.
+    from wizard.frontends.env import note_untested_versions
+    note_untested_versions()
     validate(result)
     if result.errors:
         if as_json:
@@ -549,6 +556,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     _quiet_optional_libraries()
     clear_stop()
     _forget_written()
+    _forget_version_note()
     previous = _install_stop_signals()
     code: int | None = None
     _ending.clear()
@@ -583,6 +591,13 @@ def _written() -> list[str]:
     """The config files this command has written (a set write, `check --fix`); fsutil is not imported for it."""
     fsutil = sys.modules.get("wizard.fsutil")
     return fsutil.written_files() if fsutil else []
+
+
+def _forget_version_note() -> None:
+    """A new run may print the out-of-range note again (main() called again in-process, as tests do)."""
+    env = sys.modules.get("wizard.frontends.env")
+    if env:
+        env.forget_note()
 
 
 def _forget_written() -> None:
