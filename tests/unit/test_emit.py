@@ -136,6 +136,36 @@ def test_fsdp1_maps_resharding_to_a_strategy_and_syncs_module_states():
     assert fsdp["fsdp_state_dict_type"] == "FULL_STATE_DICT" and fsdp["fsdp_backward_prefetch"] == "BACKWARD_PRE"
 
 
+@pytest.mark.parametrize("strategy", ["FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD",
+                                      "HYBRID_SHARD_ZERO2"])
+def test_fsdp1_writes_the_asked_sharding_strategy_as_a_string_and_fsdp2_a_bool(strategy):
+    # The type trap: one key, fsdp_reshard_after_forward, holds a strategy name for FSDP1 and a bool for FSDP2
+    # (FullyShardedDataParallelPlugin raises on the other type). The table asks FSDP1's as fsdp_sharding_strategy.
+    plan = make_plan("fsdp", reshard=False)
+    v1 = emit.accelerate_config({"fsdp_version": 1, "fsdp_sharding_strategy": strategy}, plan, None)["fsdp_config"]
+    assert v1["fsdp_reshard_after_forward"] == strategy
+    v2 = emit.accelerate_config({"fsdp_version": 2, "fsdp_reshard_after_forward": True,
+                                 "fsdp_sharding_strategy": strategy}, plan, None)["fsdp_config"]
+    assert v2["fsdp_reshard_after_forward"] is True
+    text = emit.render_yaml(emit.accelerate_config({"fsdp_version": 1, "fsdp_sharding_strategy": strategy}, plan,
+                                                   None))
+    assert f"  fsdp_reshard_after_forward: {strategy}\n" in text
+
+
+def test_fsdp1_strategy_from_the_question_table_reaches_the_file():
+    from wizard import pipeline
+
+    given = {"params": "7B", "backend": "fsdp", "fsdp_version": "1", "fsdp_sharding_strategy": "hybrid_shard"}
+    result = pipeline.build(pipeline.Request(given=given, assume="8xA100-80GB", output_dir="/tmp/unused-wizard-out",
+                                             calibrate=False))
+    assert result.answers["fsdp_sharding_strategy"] == "HYBRID_SHARD"
+    assert "fsdp_reshard_after_forward" not in result.answers
+    assert result.accelerate_doc["fsdp_config"]["fsdp_reshard_after_forward"] == "HYBRID_SHARD"
+    v2 = pipeline.build(pipeline.Request(given={"params": "7B", "backend": "fsdp"}, assume="8xA100-80GB",
+                                         output_dir="/tmp/unused-wizard-out", calibrate=False))
+    assert type(v2.accelerate_doc["fsdp_config"]["fsdp_reshard_after_forward"]) is bool
+
+
 @pytest.mark.parametrize("key,value", [("fsdp_auto_wrap_policy", "EVERYTHING"), ("fsdp_version", 3),
                                        ("fsdp_state_dict_type", "LOCAL_STATE_DICT"), ("mixed_precision", "fp8")])
 def test_bad_choices_name_the_field(key, value):

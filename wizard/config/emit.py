@@ -248,11 +248,17 @@ def _fsdp_section(answers: dict, plan) -> dict:
         reshard = True if rung.fsdp_reshard is None else bool(rung.fsdp_reshard)
     section: dict[str, Any] = {"fsdp_version": version}
     if version == 1:
-        if isinstance(reshard, bool):
-            # FSDP1 stores a sharding strategy under the same key: resharding = FULL_SHARD (≈ZeRO-3)
-            reshard = "FULL_SHARD" if reshard else "SHARD_GRAD_OP"
-        section["fsdp_reshard_after_forward"] = _one_of("fsdp_reshard_after_forward", str(reshard).upper(),
-                                                        FSDP_SHARDING_STRATEGIES)
+        # FSDP1 stores a sharding strategy under the same key (accelerate config's "What should be your sharding
+        # strategy?"; the plugin raises on a bool there): the table asks it as fsdp_sharding_strategy, and a bare
+        # resharding answer maps to FULL_SHARD (≈ZeRO-3) / SHARD_GRAD_OP (≈ZeRO-2).
+        strategy = answers.get("fsdp_sharding_strategy")
+        if strategy is None:
+            strategy = reshard
+        if isinstance(strategy, bool):
+            strategy = "FULL_SHARD" if strategy else "SHARD_GRAD_OP"
+        field = "fsdp_sharding_strategy" if answers.get("fsdp_sharding_strategy") is not None \
+            else "fsdp_reshard_after_forward"
+        section["fsdp_reshard_after_forward"] = _one_of(field, str(strategy).upper(), FSDP_SHARDING_STRATEGIES)
     else:
         if not isinstance(reshard, bool):
             raise InputError("fsdp_reshard_after_forward", f"{reshard!r} is not a yes/no answer for FSDP2",
