@@ -3,6 +3,7 @@ PLAN-LOW-HEADROOM warning (its trigger is searched with the real plan, so it fol
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -62,6 +63,62 @@ def test_check_texts_runs_the_same_rules_in_memory():
     findings = check_texts((d / "default_config.yaml").read_text(), (d / "ds_config.json").read_text(),
                            hardware=assume("4xA100-80GB"), versions={})
     assert {f.rule for f in findings} == {"DS-AUTO-IN-SUBCONFIG"}
+
+
+# ----------------------------------------------------------------------------- a precision the files disagree on
+
+
+def _precision_case(tmp_path: Path, yaml_precision: str, ds_precision: dict) -> Path:
+    ds = {"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto",
+          "gradient_accumulation_steps": "auto", "zero_optimization": {"stage": 2}, **ds_precision}
+    (tmp_path / "ds_config.json").write_text(json.dumps(ds, indent=2))
+    (tmp_path / "default_config.yaml").write_text(
+        "compute_environment: LOCAL_MACHINE\ndeepspeed_config:\n"
+        f"  deepspeed_config_file: {tmp_path / 'ds_config.json'}\n  zero3_init_flag: false\n"
+        "distributed_type: DEEPSPEED\nmachine_rank: 0\nmain_training_function: main\n"
+        f"mixed_precision: {yaml_precision}\nnum_machines: 1\nnum_processes: 2\nuse_cpu: false\n")
+    return tmp_path / "default_config.yaml"
+
+
+def _precision_ctx(cfg: Path):
+    return build_context(config_file=str(cfg), hardware=assume("2xA100-80GB"), versions={},
+                         use_default_config=False, port_in_use=lambda port: False)
+
+
+def test_fix_never_turns_the_users_fp16_into_the_json_s_bf16(tmp_path: Path):
+    cfg = _precision_case(tmp_path, "fp16", {"bf16": {"enabled": True}})
+    before = cfg.read_text()
+    ctx = _precision_ctx(cfg)
+    findings = run_rules(ctx)
+    [f] = [f for f in findings if f.key == "mixed_precision"]
+    assert f.severity == "error" and not f.fixable
+    assert "fp16" in f.message and "bf16" in f.message and "fp16" in f.fix and "bf16" in f.fix
+    result = apply_fixes(ctx, findings)
+    assert cfg.read_text() == before and not result.written
+    again = run_rules(_precision_ctx(cfg))
+    assert [(g.rule, g.key) for g in again] == [(f.rule, "mixed_precision")]
+
+
+def test_fix_still_drops_a_mixed_precision_the_json_agrees_with(tmp_path: Path):
+    cfg = _precision_case(tmp_path, "bf16", {"bf16": {"enabled": True}})
+    ctx = _precision_ctx(cfg)
+    findings = run_rules(ctx)
+    assert [(f.rule, f.fixable) for f in findings] == [("ACC-KEYS-BESIDE-DS-FILE", True)]
+    apply_fixes(ctx, findings)
+    assert "mixed_precision" not in cfg.read_text() and run_rules(_precision_ctx(cfg)) == []
+
+
+def test_fix_drops_the_other_keys_and_keeps_the_conflicting_precision(tmp_path: Path):
+    cfg = _precision_case(tmp_path, "fp16", {"bf16": {"enabled": True}})
+    cfg.write_text(cfg.read_text().replace("  zero3_init_flag: false\n", "  zero3_init_flag: false\n  zero_stage: 2\n"))
+    ctx = _precision_ctx(cfg)
+    findings = run_rules(ctx)
+    assert sorted((f.key, f.fixable) for f in findings) == [("deepspeed_config.zero_stage", True),
+                                                            ("mixed_precision", False)]
+    apply_fixes(ctx, findings)
+    text = cfg.read_text()
+    assert "zero_stage" not in text and "mixed_precision: fp16" in text
+    assert [f.key for f in run_rules(_precision_ctx(cfg))] == ["mixed_precision"]
 
 
 # ----------------------------------------------------------------------------- plan

@@ -226,31 +226,102 @@ def unknown_nested(ctx: CheckContext) -> Iterable:
 def keys_beside_ds_file(ctx: CheckContext) -> Iterable:
     if ctx.distributed_type != "DEEPSPEED" or not ctx.acc_get("deepspeed_config", "deepspeed_config_file"):
         return
+    raises = ("DeepSpeedPlugin raises 'When using `deepspeed_config_file`, the following accelerate config variables "
+              "will be ignored' when the script builds its Accelerator / TrainingArguments")
+    conflict = _precision_conflict(ctx)
+    if conflict is not None:
+        # Removing the key (the fix below) would train in the JSON's precision instead of the one written
+        # here: README promises --fix never overrides an explicit value, so the user chooses.
+        mine, theirs, where = conflict
+        yield finding(
+            "error", "ACC-KEYS-BESIDE-DS-FILE", ctx.acc_path, "mixed_precision",
+            f"mixed_precision: {mine} here, but deepspeed_config_file {ctx.ds_path} trains in {_words(theirs)} "
+            f"({where}): {raises}, and dropping the key would silently train in {_words(theirs)}; --fix leaves "
+            f"the choice to you", fix=f"choose one: for {_words(mine)}, {_keep(mine, ctx.ds_path)} and remove "
+            f"mixed_precision from the YAML; for {_words(theirs)}, remove mixed_precision: {mine} from the YAML",
+            when="launch")
     bad = _keys_beside_ds_file(ctx)
     if not bad:
         return
     yield finding(
         "error", "ACC-KEYS-BESIDE-DS-FILE", ctx.acc_path, ", ".join(bad),
-        f"{', '.join(bad)} set beside deepspeed_config_file: DeepSpeedPlugin raises 'When using "
-        f"`deepspeed_config_file`, the following accelerate config variables will be ignored' when the "
-        f"script builds its Accelerator / TrainingArguments",
+        f"{', '.join(bad)} set beside deepspeed_config_file: {raises}",
         fix="remove them from the YAML and put precision, stage, offload, accumulation and clipping in "
             "ds_config.json (or \"auto\")", when="launch", fixable=True)
 
 
 def _keys_beside_ds_file(ctx: CheckContext) -> list[str]:
+    """The keys DeepSpeedPlugin rejects beside deepspeed_config_file that can go without changing the training
+    (a top-level mixed_precision the DeepSpeed config contradicts is _precision_conflict's)."""
     block = ctx.acc_get("deepspeed_config") or {}
     bad = [f"deepspeed_config.{k}" for k in REJECTED_BESIDE_DS_FILE if k in block]
     # launch sets mp_from_config_flag for any non-None YAML mixed_precision, even 'no'
-    if ctx.acc_get("mixed_precision") is not None:
+    if ctx.acc_get("mixed_precision") is not None and _precision_conflict(ctx) is None:
         bad.insert(0, "mixed_precision")
     return bad
+
+
+def _precision_conflict(ctx: CheckContext) -> tuple[str, str, str] | None:
+    """(the YAML's mixed_precision, the precision the DeepSpeed config trains in, where that comes from) when
+    they differ; None when they agree or the DeepSpeed side is not known here (\"auto\" filled by code this
+    check cannot see)."""
+    mine = ctx.acc_get("mixed_precision")
+    if mine is None or ctx.ds is None:
+        return None
+    mine = str(mine).lower()
+    theirs = _ds_precision(ctx)
+    if theirs is None or theirs[0] == mine:
+        return None
+    return mine, theirs[0], theirs[1]
+
+
+def _ds_precision(ctx: CheckContext) -> tuple[str, str] | None:
+    """('fp16' | 'bf16' | 'no', why) the DeepSpeed config trains in, or None when it is not known here."""
+    def enabled(block: str) -> bool | str:
+        value = ctx.ds_get(f"{block}.enabled", False)
+        return "auto" if value == "auto" else value is True or str(value).lower() == "true"
+
+    fp16 = enabled("fp16")
+    bf16 = enabled("bf16") or enabled("bfloat16")     # DeepSpeed reads either name
+    if fp16 is True and bf16 is True:
+        return None             # DeepSpeed itself rejects both (DS-LIBRARY-REJECTS)
+    if "auto" in (fp16, bf16):
+        # "auto" is filled by the HF Trainer from TrainingArguments' fp16 / bf16, known only with --training-args;
+        # an own loop fills it from Accelerator(mixed_precision=...) in code
+        if not ctx.hf_trainer or (ctx.ta is None and ctx.trainer != "trl"):
+            return None
+        if fp16 == "auto" and ctx.ta_value("fp16"):
+            return "fp16", "\"auto\" filled from TrainingArguments fp16=True"
+        if bf16 == "auto" and ctx.ta_value("bf16"):
+            return "bf16", "\"auto\" filled from TrainingArguments bf16=True"
+        if fp16 is not True and bf16 is not True:
+            return "no", "\"auto\" filled from TrainingArguments without fp16 or bf16"
+    if fp16 is True:
+        return "fp16", "fp16.enabled: true"
+    if bf16 is True:
+        return "bf16", "bf16.enabled: true"
+    return "no", "neither fp16 nor bf16 enabled"
+
+
+def _words(precision: str) -> str:
+    return {"no": "fp32", "fp8": "fp8"}.get(precision, precision)
+
+
+def _keep(precision: str, ds_path: str | None) -> str:
+    """How to keep the YAML's precision with a DeepSpeed config file."""
+    if precision == "fp8":
+        # the plugin rejects mixed_precision only when it comes from the YAML (ACCELERATE_CONFIG_DS_FIELDS)
+        return "pass mixed_precision='fp8' to Accelerator in the script"
+    setting = {"fp16": "fp16.enabled: true and bf16.enabled: false",
+               "bf16": "bf16.enabled: true and fp16.enabled: false"}.get(precision,
+                                                                        "fp16.enabled: false and bf16.enabled: false")
+    return f"set {setting} in {ds_path}"
 
 
 @fixer("ACC-KEYS-BESIDE-DS-FILE")
 def fix_keys_beside_ds_file(ctx: CheckContext, findings: list) -> list[str]:
     changed = []
-    for name in _keys_beside_ds_file(ctx):
+    for name in _keys_beside_ds_file(ctx):     # never a mixed_precision the DeepSpeed config contradicts
         path = name.split(".")
         node = ctx.acc
         for key in path[:-1]:
