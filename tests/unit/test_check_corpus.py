@@ -174,3 +174,17 @@ def test_all_rules_run_on_a_context_built_twice():
     ctx = build_context(ds_config=str(CORPUS / "axolotl/deepspeed_configs/zero1_torch_compile.json"),
                         use_default_config=False)
     assert run_rules(ctx) == run_rules(ctx)
+
+
+@pytest.mark.parametrize("rel", sorted(SOURCES))
+def test_the_cli_ends_every_real_file_with_a_verdict_not_a_traceback(rel, monkeypatch, tmp_path, capsys):
+    """Issue 27: with accelerate 1.16, `wizard check` on TRL's, alignment-handbook's and peft's stock configs ended in
+    an AttributeError traceback (exit 1). Through the CLI's own entry point, whatever the installed versions: exit 0
+    or 1 with findings, and never a rule that could not run."""
+    from wizard.frontends.cli import main
+
+    monkeypatch.setenv("HF_HOME", str(tmp_path))            # no accelerate default config of this machine's
+    code = main(["check", f"--{SOURCES[rel]['as']}", str(CORPUS / rel)])
+    out = capsys.readouterr()
+    assert code in (0, 1), out.err[-2000:]
+    assert "Traceback" not in out.err and "CHECK-RULE-FAILED" not in out.out + out.err, out.out + out.err
