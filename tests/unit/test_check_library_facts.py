@@ -258,6 +258,69 @@ def test_fsdp_wrong_wrap_class_raises_at_prepare(monkeypatch):
     plugin.set_auto_wrap_policy(model)
 
 
+def _fsdp2_plugin(tmp_path, **fsdp):
+    """The FSDP plugin the script builds in launch's environment, from the FSDP2 fixture with `fsdp` keys set."""
+    from accelerate.utils import FullyShardedDataParallelPlugin, patch_environment
+
+    doc = load_yaml(fixture("ACC-FSDP2-RESHARD-NOT-BOOL", "clean", "default_config.yaml"))
+    doc["fsdp_config"].update(fsdp)
+    _, env = launch(Path(), tmp_path, yaml.safe_dump(doc))
+    with patch_environment(**{k: v for k, v in env.items() if k.startswith(("FSDP_", "ACCELERATE_"))}):
+        return FullyShardedDataParallelPlugin()
+
+
+def test_the_fsdp1_only_keys_are_accelerates_own_and_each_is_described():
+    """ACC-FSDP1-KEY-UNDER-FSDP2 takes its keys from `accelerate to-fsdp2`: a key accelerate adds there without a
+    description in the rule, or one it stops dropping, fails here."""
+    from wizard.check.rules.accelerate_yaml import FSDP1_ONLY_FALLBACK, FSDP1_UNDER_FSDP2, fsdp1_only_keys
+
+    assert fsdp1_only_keys() == FSDP1_ONLY_FALLBACK
+    assert set(FSDP1_UNDER_FSDP2) == set(fsdp1_only_keys())
+
+
+def test_what_accelerate_does_with_each_fsdp1_key_under_fsdp2(tmp_path, caplog):
+    import logging
+
+    from accelerate.utils import FullyShardedDataParallelPlugin
+
+    base = _fsdp2_plugin(tmp_path)
+    assert base.fsdp_version == 2 and base.reshard_after_forward is True
+    # sharding_strategy: never read; FSDP2 still reshards (ZeRO-3-like) under SHARD_GRAD_OP
+    p = _fsdp2_plugin(tmp_path, fsdp_sharding_strategy="SHARD_GRAD_OP")
+    assert (p.sharding_strategy, p.reshard_after_forward) == (None, True)
+    # backward_prefetch: read, then dropped with accelerate's warning
+    with caplog.at_level(logging.WARNING, logger="accelerate.utils.dataclasses"):
+        p = _fsdp2_plugin(tmp_path, fsdp_backward_prefetch="BACKWARD_PRE")
+    assert p.backward_prefetch is None
+    assert "backward_prefetch is not supported in FSDP2. Setting backward prefetch to None." in caplog.text
+    # forward_prefetch: never read from the launch; only in code does it raise
+    assert _fsdp2_plugin(tmp_path, fsdp_forward_prefetch=True).forward_prefetch is None
+    with pytest.raises(ValueError, match="forward_prefetch is not yet implemented in FSDP2"):
+        FullyShardedDataParallelPlugin(fsdp_version=2, forward_prefetch=True)
+    # use_orig_params, sync_module_states: never read
+    assert _fsdp2_plugin(tmp_path, fsdp_use_orig_params=False).use_orig_params is None
+    assert _fsdp2_plugin(tmp_path, fsdp_sync_module_states=True).sync_module_states is None
+    # ... but launch still checks sync_module_states beside cpu_ram_efficient_loading, whatever the version
+    with pytest.raises(ValueError, match="set `--fsdp_sync_module_states` to `True`"):
+        _fsdp2_plugin(tmp_path, fsdp_sync_module_states=False)
+
+
+def test_an_fsdp1_strategy_as_fsdp2_reshard_after_forward_raises_and_to_fsdp2_maps_it(tmp_path):
+    from accelerate.commands.to_fsdp2 import ARGUMENT_VALUE_MAPPING
+
+    with pytest.raises(ValueError, match="invalid truth value full_shard"):
+        _fsdp2_plugin(tmp_path, fsdp_reshard_after_forward="FULL_SHARD")
+    assert _fsdp2_plugin(tmp_path, fsdp_reshard_after_forward="false").reshard_after_forward is False
+    assert ARGUMENT_VALUE_MAPPING["fsdp_sharding_strategy"]["FULL_SHARD"] is True
+    assert ARGUMENT_VALUE_MAPPING["fsdp_sharding_strategy"]["SHARD_GRAD_OP"] is False
+
+
+def test_local_state_dict_is_rejected_by_the_fsdp2_plugin(tmp_path):
+    with pytest.raises(ValueError, match="FSDP2 does not support LOCAL_STATE_DICT"):
+        _fsdp2_plugin(tmp_path, fsdp_state_dict_type="LOCAL_STATE_DICT")
+    assert _fsdp2_plugin(tmp_path, fsdp_state_dict_type="SHARDED_STATE_DICT").fsdp_version == 2
+
+
 def test_fsdp_and_deepspeed_in_one_yaml_launch_ignores_fsdp(tmp_path):
     env = _ds_env(fixture("INT-FSDP-AND-DEEPSPEED", "trigger", "default_config.yaml"), tmp_path)
     assert env["ACCELERATE_USE_DEEPSPEED"] == "true"

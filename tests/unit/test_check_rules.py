@@ -137,7 +137,7 @@ SEVERITY = {
     "ACC-DS-CONFIG-FILE-MISSING": "error", "ACC-FSDP-WRAP-CLASS-MISSING": "error",
     "ACC-GPU-IDS-NOT-STRING": "error", "ACC-IGNORED-BY-LAUNCH": "warning", "ACC-KEYS-BESIDE-DS-FILE": "error",
     "ACC-LAUNCH-REJECTS": "error", "ACC-LOADER-REJECTS": "error", "ACC-NUM-PROCESSES-EXCEEDS-GPUS": "error",
-    "ACC-MAIN-PROCESS-UNSET": "error",
+    "ACC-MAIN-PROCESS-UNSET": "error", "ACC-FSDP1-KEY-UNDER-FSDP2": "warning", "ACC-FSDP2-RESHARD-NOT-BOOL": "error",
     "ACC-NUM-PROCESSES-PER-NODE": "error", "ACC-PORT-IN-USE": "warning", "ACC-UNKNOWN-KEY": "error",
     "ACC-UNKNOWN-NESTED-KEY": "warning", "ACC-UNQUOTED-NO": "error", "DS-AIO-IN-ZERO": "error",
     "DS-AUTO-IN-SUBCONFIG": "error", "DS-AUTO-UNFILLED": "error", "DS-BF16-UNSUPPORTED": "error",

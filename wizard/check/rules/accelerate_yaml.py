@@ -515,6 +515,140 @@ def fsdp_wrap_class_missing(ctx: CheckContext) -> Iterable:
         fix=f"use {suggestion}" if suggestion else "use the model's decoder layer class", when="prepare")
 
 
+# ----------------------------------------------------------------------------- FSDP2
+
+# FSDP1 YAML keys with no FSDP2 meaning, if accelerate's own converter (`accelerate to-fsdp2`) cannot be read
+FSDP1_ONLY_FALLBACK = {"fsdp_sharding_strategy": "fsdp_reshard_after_forward", "fsdp_backward_prefetch": None,
+                       "fsdp_forward_prefetch": None, "fsdp_use_orig_params": None, "fsdp_sync_module_states": None}
+# What accelerate 1.16 does with each under fsdp_version 2 from the YAML: launch exports every FSDP_* variable and
+# the script's FullyShardedDataParallelPlugin reads them (utils/dataclasses.py); quoted words are accelerate's own
+# (its FSDP2 deprecation messages). tests/unit/test_check_library_facts.py builds the plugin for each, so a change
+# in accelerate fails a test.
+FSDP1_UNDER_FSDP2 = {
+    "fsdp_sharding_strategy": "accelerate's FSDP2 plugin never reads it ('sharding_strategy is deprecated in favor "
+                              "of reshard_after_forward'): FSDP2 reshards as fsdp_reshard_after_forward says",
+    "fsdp_backward_prefetch": "accelerate's FSDP2 plugin reads it, logs 'backward_prefetch is not supported in "
+                              "FSDP2. Setting backward prefetch to None.' and drops it; FSDP2 has no such setting",
+    "fsdp_forward_prefetch": "accelerate's FSDP2 plugin never reads it from the launch ('forward_prefetch is not "
+                             "yet implemented in FSDP2')",
+    "fsdp_use_orig_params": "accelerate's FSDP2 plugin never reads it ('FSDP2 always uses the original "
+                            "parameters')",
+    "fsdp_sync_module_states": "accelerate's FSDP2 plugin never reads it ('sync_module_states is obsolete in "
+                               "FSDP2, as it is not needed anymore')",
+}
+
+
+@functools.lru_cache(maxsize=1)
+def fsdp1_only_keys() -> dict[str, str | None]:
+    """FSDP1 YAML key -> its FSDP2 key (None: none), from accelerate's own FSDP1 -> FSDP2 converter: the keys it
+    drops (removed, not yet implemented) or renames."""
+    try:
+        from accelerate.commands import to_fsdp2
+    except ImportError:             # an accelerate before `accelerate to-fsdp2`
+        return dict(FSDP1_ONLY_FALLBACK)
+    out: dict[str, str | None] = {}
+    for key, target in to_fsdp2.ARGUMENT_KEY_MAPPING.items():
+        if isinstance(target, to_fsdp2.ConversionStatus):
+            out[key] = None
+        elif target != key:
+            out[key] = target
+    return out
+
+
+def fsdp2_reshard_value(value: Any) -> bool | None:
+    """The reshard_after_forward FSDP2 gets from this YAML value, as accelerate reads it (launch exports
+    str(value).lower(), the plugin calls str_to_bool); None when accelerate raises on it."""
+    from accelerate.utils import str_to_bool
+    try:
+        return bool(str_to_bool(str(value).lower(), to_bool=True))
+    except ValueError:
+        return None
+
+
+def _fsdp2_equivalent(strategy: Any) -> bool | None:
+    """FSDP2's reshard_after_forward for an FSDP1 sharding strategy name, as `accelerate to-fsdp2` maps it."""
+    try:
+        from accelerate.commands.to_fsdp2 import ARGUMENT_VALUE_MAPPING
+    except ImportError:
+        ARGUMENT_VALUE_MAPPING = {}
+    mapping = ARGUMENT_VALUE_MAPPING.get("fsdp_sharding_strategy") or {
+        "FULL_SHARD": True, "SHARD_GRAD_OP": False, "HYBRID_SHARD": True, "HYBRID_SHARD_ZERO2": False,
+        "NO_SHARD": False}
+    value = mapping.get(str(strategy).upper())
+    return value if isinstance(value, bool) else None
+
+
+def _fsdp2_block(ctx: CheckContext) -> dict | None:
+    """The YAML's fsdp_config when accelerate launch runs FSDP2 from it, with every key fsdp_-prefixed."""
+    block = ctx.acc_get("fsdp_config")
+    if ctx.distributed_type != "FSDP" or not isinstance(block, dict):
+        return None
+    if as_int(block.get("fsdp_version", block.get("version")), 1) != 2:
+        return None
+    return {(k if str(k).startswith("fsdp_") else f"fsdp_{k}"): v for k, v in block.items()}
+
+
+@rule("ACC-FSDP1-KEY-UNDER-FSDP2", FAMILY, "an FSDP1-only fsdp_config key under fsdp_version: 2")
+def fsdp1_key_under_fsdp2(ctx: CheckContext) -> Iterable:
+    block = _fsdp2_block(ctx)
+    if block is None:
+        return
+    raw = {(k if str(k).startswith("fsdp_") else f"fsdp_{k}"): k for k in ctx.acc_get("fsdp_config")}
+    for key, target in fsdp1_only_keys().items():
+        if key not in block:
+            continue
+        value = block[key]
+        what = FSDP1_UNDER_FSDP2.get(key, "accelerate's FSDP1 -> FSDP2 converter (accelerate to-fsdp2) drops it")
+        name = f"fsdp_config.{raw[key]}"
+        fix = "remove it"
+        if key == "fsdp_sharding_strategy" and target:
+            now = fsdp2_reshard_value(block.get(target, "true"))      # launch's default is "true"
+            wanted = _fsdp2_equivalent(value)
+            if wanted is not None and now is not None:
+                same = "which it already is" if wanted == now else \
+                    f"but this config runs {target}: {str(now).lower()}"
+                what += f" (FSDP2's equivalent of {value} is {target}: {str(wanted).lower()}, {same})"
+                fix = "remove it" if wanted == now else f"{target}: {str(wanted).lower()}, and remove {key}"
+        outcome_error = _launch_error(ctx) if key == "fsdp_sync_module_states" else None
+        if outcome_error and "sync_module_states" in outcome_error:
+            # launch checks it against fsdp_cpu_ram_efficient_loading whatever the version: one finding, here
+            yield finding(
+                "error", "ACC-FSDP1-KEY-UNDER-FSDP2", ctx.acc_path, name,
+                f"{key}: {value} under fsdp_version: 2: {what}, but accelerate launch still checks it beside "
+                f"fsdp_cpu_ram_efficient_loading and raises {outcome_error}",
+                fix="remove it (launch then takes true)", when="launch")
+            continue
+        yield finding(
+            "warning", "ACC-FSDP1-KEY-UNDER-FSDP2", ctx.acc_path, name,
+            f"{key}: {value} has no effect under fsdp_version: 2: {what}", fix=fix, when="launch")
+
+
+def _launch_error(ctx: CheckContext) -> str | None:
+    from wizard.check.rules.libraries import launch_outcome
+
+    return getattr(launch_outcome(ctx), "error", None)
+
+
+@rule("ACC-FSDP2-RESHARD-NOT-BOOL", FAMILY, "an FSDP1 strategy name as fsdp_reshard_after_forward under FSDP2")
+def fsdp2_reshard_not_bool(ctx: CheckContext) -> Iterable:
+    block = _fsdp2_block(ctx)
+    if block is None or "fsdp_reshard_after_forward" not in block:
+        return
+    value = block["fsdp_reshard_after_forward"]
+    if fsdp2_reshard_value(value) is not None:
+        return
+    wanted = _fsdp2_equivalent(value)
+    fix = (f"fsdp_reshard_after_forward: {str(wanted).lower()} (FSDP2's equivalent of {value}, as `accelerate "
+           f"to-fsdp2` converts it)" if wanted is not None else "fsdp_reshard_after_forward: true or false")
+    name = "fsdp_config." + ("fsdp_reshard_after_forward" if "fsdp_reshard_after_forward" in ctx.acc_get("fsdp_config")
+                             else "reshard_after_forward")
+    what = "an FSDP1 sharding strategy" if wanted is not None else "neither true nor false"
+    yield finding(
+        "error", "ACC-FSDP2-RESHARD-NOT-BOOL", ctx.acc_path, name,
+        f"fsdp_reshard_after_forward: {value} is {what}, but FSDP2 takes true or false here: the script's FSDP "
+        f"plugin raises 'ValueError: invalid truth value {str(value).lower()}'", fix=fix, when="launch")
+
+
 @rule("ACC-LOADER-REJECTS", FAMILY, "accelerate's own loader rejects the file")
 def loader_rejects(ctx: CheckContext) -> Iterable:
     error = loader_error(ctx)
