@@ -15,7 +15,9 @@ ds_config, cwd, run_dir, attempt, max_restarts, status, supervisor_pid, launcher
 pid}, started_at, attempt_started_at, ended_at, exit_code, classification, detached, headless,
 world_size, progress) plus: tracked_pids (processes of the run alive at the last scan), seen_pids
 (every process the run ever had, for "nothing left" checks), supervisor_create_time (guards
-against pid reuse), grace_s, stall_timeout_s; and once a run is `lost`: lost_at (when its supervisor
+against pid reuse), grace_s, stall_timeout_s, main_process_port (the port the current attempt's processes
+meet on, None when they meet on none; a single-machine attempt whose configured port was busy gets a free one
+and a `port` event says so); and once a run is `lost`: lost_at (when its supervisor
 was found gone), lost_cause, lost_by (its reaper, or the client that found it), lost_cleaned (the
 processes of the run that were ended).
 

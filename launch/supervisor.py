@@ -65,6 +65,7 @@ from launch.rundir import (
 )
 from wizard.fsutil import read_json_object, read_yaml_mapping
 from wizard.paths import accelerate_default_config_file
+from wizard.probe.ports import free_port, port_in_use
 from wizard.units import fmt_clock
 
 WORKER = str(Path(__file__).with_name("_worker.py"))
@@ -141,7 +142,59 @@ def yaml_only_flags(accel: dict[str, Any] | None) -> list[str]:
     return flags
 
 
-def build_command(spec: LaunchSpec, accel: dict[str, Any] | None, config_file: str | None) -> list[str]:
+# accelerate's launchers that rendezvous through torchrun on main_process_port (and check that it is free)
+TORCHRUN_TYPES = ("MULTI_GPU", "FSDP", "DEEPSPEED", "MEGATRON_LM")
+DEFAULT_PORT = 29500          # accelerate's when neither the config nor the command line names one
+
+
+def _int_or(value: Any, default: int | None) -> int | None:
+    if value is None:
+        return default
+    if isinstance(value, bool):
+        return None
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _own_flag(spec: LaunchSpec, *flags: str) -> bool:
+    return any(a == f or a.startswith(f + "=") for a in spec.accelerate_args for f in flags)
+
+
+def rendezvous_port(spec: LaunchSpec, accel: dict[str, Any] | None) -> int | None:
+    """The port this run's processes meet on (--main-process-port, else the config's main_process_port, else
+    accelerate's 29500; 0: accelerate picks one), or None when the run meets on none (a single process outside
+    the torchrun launchers) or the user passes accelerate a port of their own (--accelerate-arg)."""
+    a = accel or {}
+    if not a or _own_flag(spec, "--main_process_port"):
+        return None
+    multi = (_int_or(a.get("num_machines"), 1) or 1) > 1
+    if not multi and str(a.get("distributed_type") or "") not in TORCHRUN_TYPES and (world_size_of(a) or 1) <= 1:
+        return None
+    if spec.main_process_port is not None:
+        return spec.main_process_port
+    return _int_or(a.get("main_process_port"), DEFAULT_PORT)
+
+
+def free_port_instead(spec: LaunchSpec, accel: dict[str, Any] | None, busy: Callable[[int], bool] = port_in_use,
+                      pick: Callable[[], int] = free_port) -> tuple[int, int] | None:
+    """(busy port, free port) when a single-machine run's port is in use as an attempt starts: accelerate would
+    warn and fall back to torchrun --standalone on a port of its own; passing a free one ourselves keeps the
+    launch as configured and the port known (run.json, events.jsonl). None otherwise: a free port, port 0
+    (accelerate picks one), and every multi-machine run (all machines must agree on the port: the config's
+    ACC-PORT-IN-USE finding says so) or one whose --num_machines the user passes accelerate."""
+    port = rendezvous_port(spec, accel)
+    if not port or (_int_or((accel or {}).get("num_machines"), 1) or 1) > 1 or _own_flag(spec, "--num_machines"):
+        return None
+    if not busy(port):
+        return None
+    return port, pick()
+
+
+def build_command(spec: LaunchSpec, accel: dict[str, Any] | None, config_file: str | None,
+                  main_process_port: int | None = None) -> list[str]:
+    """`main_process_port`: the port this attempt passes instead of spec's (free_port_instead)."""
     cmd = [sys.executable, "-m", "accelerate.commands.launch"]
     if config_file:
         cmd += ["--config_file", config_file]
@@ -151,8 +204,9 @@ def build_command(spec: LaunchSpec, accel: dict[str, Any] | None, config_file: s
         cmd += ["--machine_rank", str(spec.machine_rank)]
     if spec.main_process_ip:
         cmd += ["--main_process_ip", spec.main_process_ip]
-    if spec.main_process_port is not None:
-        cmd += ["--main_process_port", str(spec.main_process_port)]
+    port = main_process_port if main_process_port is not None else spec.main_process_port
+    if port is not None:
+        cmd += ["--main_process_port", str(port)]
     cmd += list(spec.accelerate_args)
     cmd += [WORKER, spec.script, *spec.script_args]
     return cmd
@@ -342,6 +396,7 @@ class Supervisor:
             "attempt_started_at": None, "ended_at": None, "exit_code": None, "classification": None,
             "detached": spec.detached, "headless": spec.headless, "world_size": world_size_of(self.accel),
             "grace_s": spec.grace, "stall_timeout_s": spec.stall_timeout,
+            "main_process_port": rendezvous_port(spec, self.accel),
             "progress": {"step": None, "total": None, "rate": None, "eta_s": None, "loss": None,
                          "learning_rate": None, "grad_norm": None, "epoch": None},
         })
@@ -614,6 +669,7 @@ class Supervisor:
                            launcher_pid=None, classification=None, tracked_pids=[],
                            progress=dict.fromkeys(self.record.get("progress") or {}))   # a new attempt starts at zero
         self.record.emit("status", attempt, status="starting")
+        self._choose_port(attempt)
         self.say(f"attempt {attempt}: {' '.join(self.command)}")
         env = dict(os.environ)
         env[ENV_SOCKET] = address
@@ -637,6 +693,20 @@ class Supervisor:
             att.close()
             launcher_log.close()
         return att.outcome()
+
+    def _choose_port(self, attempt: int) -> None:
+        """This attempt's command: a single-machine run whose port is busy now gets a free one (one line, one
+        `port` event, run.json's command and main_process_port); otherwise the configured command."""
+        moved = free_port_instead(self.spec, self.accel)
+        port = moved[1] if moved else rendezvous_port(self.spec, self.accel)
+        self.command = build_command(self.spec, self.accel, self.config_file,
+                                     main_process_port=moved[1] if moved else None)
+        self.record.update(command=self.command, main_process_port=port)
+        if moved:
+            text = (f"port {moved[0]} is in use on this machine: this single-machine run uses free port {moved[1]} "
+                    f"instead (--main_process_port {moved[1]})")
+            self.record.emit("port", attempt, busy=moved[0], port=moved[1], message=text)
+            self.say(text)
 
     # ---------------------------------------------------------------- what an attempt tells and asks
 

@@ -14,13 +14,12 @@ Facts (accelerate 1.15, checked in tests/unit/test_check_library_facts.py):
 
 from __future__ import annotations
 
-import errno
 import functools
-import socket
 from typing import Any, Iterable
 
 from wizard.check.rules.common import CheckContext, as_int, finding, fixer, rule
 from wizard.config.vocab import REJECTED_BESIDE_DS_FILE
+from wizard.probe.ports import port_in_use     # the busy test `wizard launch` uses too
 
 FAMILY = "accelerate"
 
@@ -93,24 +92,6 @@ def gpu_id_list(ctx: CheckContext) -> list[str] | None:
     if isinstance(value, list):
         return [str(v) for v in value]
     return [part.strip() for part in str(value).split(",") if part.strip()]
-
-
-def port_in_use(port: int) -> bool:
-    """True when something listens on the port now: accelerate's own test (connect to localhost), then
-    a bind like torchrun's store does (SO_REUSEADDR, so sockets in TIME_WAIT don't count)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.settimeout(0.5)
-        if s.connect_ex(("127.0.0.1", port)) == 0:
-            return True
-    for host in ("0.0.0.0", "127.0.0.1"):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                s.bind((host, port))
-            except OSError as exc:
-                if exc.errno == errno.EADDRINUSE:
-                    return True
-    return False
 
 
 # ----------------------------------------------------------------------------- rules
@@ -478,16 +459,18 @@ def port_busy(ctx: CheckContext) -> Iterable:
             "warning", "ACC-PORT-IN-USE", ctx.acc_path, "main_process_port",
             f"port {port} is in use on this machine right now (rank 0 of {ctx.num_machines}): if it still is at "
             f"launch, accelerate launch raises ConnectionError 'Tried to launch distributed communication on port "
-            f"{port}'", fix="pick a free port (the same on every machine), or stop the job holding it",
+            f"{port}'; `wizard launch` keeps it, since every machine must agree on it",
+            fix="pick a free port (the same on every machine), or stop the job holding it",
             when="launch")
     else:
         yield finding(
             "warning", "ACC-PORT-IN-USE", ctx.acc_path, "main_process_port",
             f"port {port} is in use on this machine right now (another job?): if it still is at launch, "
-            f"accelerate launch warns and falls back to torchrun --standalone on another port; `wizard launch` "
-            f"picks a free port itself for a single-machine run",
-            fix="main_process_port: 0 (accelerate picks a free one), another free port, or `wizard launch`",
-            when="launch")
+            f"`accelerate launch` warns and falls back to torchrun --standalone on a port of its own; `wizard "
+            f"launch` checks the port as each attempt starts and, when it is busy, passes --main_process_port "
+            f"with a free one and says so",
+            fix="main_process_port: 0 (accelerate picks a free one), another free port, or start it with "
+                "`wizard launch`", when="launch")
 
 
 @rule("ACC-FSDP-WRAP-CLASS-MISSING", FAMILY, "FSDP wrap class not in the model (with --model)")
