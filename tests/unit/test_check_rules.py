@@ -66,6 +66,10 @@ def check_case(case_dir: Path, tmp: Path):
                         port_in_use=lambda p: bool(args.get("listen")) and p == port)
     if "aio_available" in args:
         ctx.aio_available = args["aio_available"]
+    if args.get("deepspeed_lacks"):
+        from tests.ds_simulation import deepspeed_lacking
+        with deepspeed_lacking(*args["deepspeed_lacks"], version=args["deepspeed_version"]):
+            return spec, run_rules(ctx)
     findings = run_rules(ctx)
     return spec, findings
 
@@ -142,6 +146,7 @@ SEVERITY = {
     "ACC-UNKNOWN-NESTED-KEY": "warning", "ACC-UNQUOTED-NO": "error", "DS-AIO-IN-ZERO": "error",
     "DS-AUTO-IN-SUBCONFIG": "error", "DS-AUTO-UNFILLED": "error", "DS-BF16-UNSUPPORTED": "error",
     "DS-DUPLICATE-KEY": "error", "DS-FLOAT-BUCKET": "error", "DS-LIBRARY-REJECTS": "error",
+    "DS-KEY-NEEDS-NEWER-DEEPSPEED": "error",
     "DS-NO-ZERO-OPTIMIZATION": "error", "DS-NVME-BELOW-ZERO3": "warning", "DS-NVME-NO-AIO": "error",
     "DS-NVME-NO-PATH": "error", "DS-NVME-PATH-UNUSABLE": "error", "DS-ODD-ALLGATHER-BUCKET": "error",
     "DS-OFFLOAD-CLIENT-OPTIMIZER": "error", "DS-OFFLOAD-PARAM-BELOW-ZERO3": "warning",

@@ -27,7 +27,7 @@ import types
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator
 
-from wizard.check.rules.common import CheckContext, as_int, finding, fixer, rule, walk
+from wizard.check.rules.common import CheckContext, as_int, finding, fixer, older, rule, walk
 
 FAMILY = "deepspeed"
 
@@ -117,6 +117,184 @@ def known_top_level_keys() -> frozenset[str]:
     except Exception:  # noqa: BLE001 - a DeepSpeed version that reads the dict otherwise: use the list
         return FALLBACK_TOP_LEVEL | EXTRA_TOP_LEVEL
     return frozenset(seen) | EXTRA_TOP_LEVEL
+
+
+# Key path -> the first DeepSpeed release whose config models read it, found by reading each release's sdist
+# (the release before it lacks the field: 0.12.2 / 0.17.6 / 0.17.4 have no such field, 0.16.3 no top-level
+# `tensor_parallel`, 0.16.5 no top-level `compile`). Only a finding's words use it: whether a key is known
+# comes from the installed DeepSpeed's models (ds_schema), so a DeepSpeed that adds a key is followed
+# without an edit here.
+KEY_INTRODUCED = {
+    "zero_optimization.offload_optimizer.ratio": "0.12.3",
+    "zero_optimization.offload_optimizer.super_offload": "0.18.0",
+    "zero_optimization.zenflow": "0.17.5",
+    "tensor_parallel.autotp_size": "0.16.4",
+    "compile.deepcompile": "0.16.6",
+}
+
+_PROBE = "__wizard_probe__"
+
+
+@dataclass(frozen=True)
+class DsSchema:
+    """What the installed DeepSpeed's config models accept, read from the models themselves.
+
+    sections: dotted path -> the pydantic model that validates the dict at that path (zero_optimization ->
+    DeepSpeedZeroConfig, zero_optimization.offload_optimizer -> DeepSpeedZeroOffloadOptimizerConfig, ...).
+    A top-level section without a model is read key by key, and DeepSpeed ignores what it does not read.
+    prefixes: model name (a ValidationError's title) -> where the model's own fields sit ("" for the top level).
+    """
+    version: str
+    top_level: frozenset[str]
+    sections: dict[str, Any]
+    prefixes: dict[str, str]
+
+
+@dataclass(frozen=True)
+class KeyStatus:
+    known: bool
+    missing: str | None = None     # the first part of the path DeepSpeed does not know
+    model: str | None = None       # the model that lacks it; None: the top level (read key by key)
+    rejects: bool = False          # the model forbids unknown keys (raises); False: silently dropped
+
+
+@functools.lru_cache(maxsize=1)
+def ds_schema() -> DsSchema | None:
+    """The installed DeepSpeed's config models: which model validates which section, found by handing
+    DeepSpeedConfig each top-level section with one key no model has, and reading which model rejects it
+    (a section whose model forbids extras raises; one read key by key ignores it). None without DeepSpeed."""
+    try:
+        import deepspeed
+        from deepspeed.runtime.config import DeepSpeedConfig
+        from pydantic import BaseModel
+    except Exception:  # noqa: BLE001 - DeepSpeed missing or broken
+        return None
+    models = {cls.__name__: cls for cls in _subclasses(BaseModel)}
+    sections: dict[str, Any] = {}
+    prefixes: dict[str, str] = {}
+    top = known_top_level_keys()
+    for key in sorted(top):
+        try:
+            with _quiet_deepspeed(), contextlib.redirect_stdout(None):
+                DeepSpeedConfig({"train_batch_size": 1, key: {_PROBE: 0}})
+        except Exception as exc:  # noqa: BLE001 - a section that is no dict raises something else: no model
+            errors, title = getattr(exc, "errors", None), getattr(exc, "title", None)
+            if not callable(errors) or title not in models:
+                continue
+            for e in errors():
+                loc = tuple(str(p) for p in e.get("loc", ()))
+                if e.get("type") != "extra_forbidden" or not loc or loc[-1] != _PROBE:
+                    continue
+                model = _follow(models[title], loc[:-1])
+                if model is not None:
+                    sections[key] = model
+                    inner = ".".join(loc[:-1])   # DeepSpeedMonitorConfig validates the top level: ("wandb", probe)
+                    prefixes.setdefault(title, "" if inner == key else key)
+    for path, model in list(sections.items()):
+        _nested(path, model, sections, depth=0)
+    return DsSchema(str(getattr(deepspeed, "__version__", "") or "").strip(), top, sections, prefixes)
+
+
+def _subclasses(cls) -> list:
+    out, stack = [], [cls]
+    while stack:
+        for sub in stack.pop().__subclasses__():
+            out.append(sub)
+            stack.append(sub)
+    return out
+
+
+def _model_in(annotation: Any):
+    """The pydantic model an annotation holds (Optional[Model], Model, Union[..., Model]), else None."""
+    import typing
+
+    from pydantic import BaseModel
+
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def field_keys(model) -> dict[str, str]:
+    """JSON key -> field name of a model: each field's name and its alias (populate_by_name takes both)."""
+    out = {}
+    for name, info in model.model_fields.items():
+        out[name] = name
+        for alias in (info.alias, info.validation_alias):
+            if isinstance(alias, str):
+                out[alias] = name
+    return out
+
+
+def _follow(model, loc: tuple[str, ...]):
+    for part in loc:
+        name = field_keys(model).get(part)
+        if name is None:
+            return None
+        model = _model_in(model.model_fields[name].annotation)
+        if model is None:
+            return None
+    return model
+
+
+def _nested(path: str, model, sections: dict[str, Any], depth: int) -> None:
+    if depth > 8:
+        return
+    for key, name in field_keys(model).items():
+        sub = _model_in(model.model_fields[name].annotation)
+        if sub is not None and f"{path}.{key}" not in sections:
+            sections[f"{path}.{key}"] = sub
+            _nested(f"{path}.{key}", sub, sections, depth + 1)
+
+
+def forbids_extra(model) -> bool:
+    return (getattr(model, "model_config", None) or {}).get("extra") == "forbid"
+
+
+def key_status(dotted: str, schema: DsSchema | None = None) -> KeyStatus:
+    """Whether the installed DeepSpeed reads `dotted`, and if not, where it stops and what it does then."""
+    schema = schema or ds_schema()
+    parts = dotted.split(".")
+    if schema is None:
+        return KeyStatus(True)
+    if parts[0] not in schema.top_level:
+        return KeyStatus(False, parts[0], None, rejects=False)
+    for i in range(1, len(parts)):
+        model = schema.sections.get(".".join(parts[:i]))
+        if model is None:
+            return KeyStatus(True)      # a section read key by key, or a free-form dict: not judged here
+        if parts[i] not in field_keys(model):
+            return KeyStatus(False, ".".join(parts[:i + 1]), model.__name__, rejects=forbids_extra(model))
+    return KeyStatus(True)
+
+
+def where_it_belongs(dotted: str, schema: DsSchema | None = None) -> list[str]:
+    """For a key DeepSpeed does not know at `dotted`: the paths where a key of that name is read (a key put
+    in the wrong block), else the close spellings beside it (a typo)."""
+    import difflib
+
+    schema = schema or ds_schema()
+    if schema is None:
+        return []
+    parent, _, leaf = dotted.rpartition(".")
+    elsewhere = sorted(p for p in _all_paths(schema) if p.rpartition(".")[2] == leaf and p != dotted)
+    if elsewhere:
+        return elsewhere if len(elsewhere) <= 3 else []     # "enabled" is read in a dozen blocks: no hint
+    model = schema.sections.get(parent) if parent else None
+    names = list(field_keys(model)) if model is not None else (sorted(schema.top_level) if not parent else [])
+    close = difflib.get_close_matches(leaf, [n for n in names if n != leaf], n=2, cutoff=0.75)
+    return [f"{parent}.{c}" if parent else c for c in close]
+
+
+def _all_paths(schema: DsSchema) -> set[str]:
+    out = set(schema.top_level)
+    for path, model in schema.sections.items():
+        out.update(f"{path}.{key}" for key in field_keys(model))
+    return out
 
 
 @functools.lru_cache(maxsize=1)
@@ -446,11 +624,26 @@ def auto_unfilled(ctx: CheckContext) -> Iterable:
         return
     trainer = "HF Trainer" if ctx.hf_trainer else "an own Accelerate loop (accelerator.prepare)"
     for key in fill.unfilled:
+        own = _auto_is_the_default(key)
         yield finding(
             "error", "DS-AUTO-UNFILLED", _file(ctx), key,
             f'"{key}": "auto" is filled by neither transformers nor accelerate with {trainer}: at prepare '
             f"accelerate raises '`{key}` not found in kwargs' (DeepSpeed alone would crash or silently use its "
-            f"default)", fix="write a concrete value", when="prepare")
+            f"default)" + (f'; "auto" is a value of DeepSpeed\'s own here ({own}\'s default), which accelerate '
+                           f'takes for its placeholder' if own else ""),
+            fix='remove the key: DeepSpeed\'s default is "auto" already' if own else "write a concrete value",
+            when="prepare")
+
+
+def _auto_is_the_default(dotted: str) -> str | None:
+    """The model whose field at `dotted` defaults to the string "auto" (ZenFlowConfig.select_strategy), else None."""
+    schema = ds_schema()
+    parent, _, leaf = dotted.rpartition(".")
+    model = schema.sections.get(parent) if schema is not None and parent else None
+    name = field_keys(model).get(leaf) if model is not None else None
+    if name is None:
+        return None
+    return model.__name__ if model.model_fields[name].default == "auto" else None
 
 
 @rule("DS-TRAINER-MISMATCH", FAMILY, "explicit ds_config values that disagree with TrainingArguments", fixable=True)
@@ -822,21 +1015,80 @@ def _is_comment(key: str) -> bool:
     return key.startswith(("_", "//", "#")) or "comment" in key.lower()
 
 
+def _present(cfg: dict[str, Any], dotted: str) -> bool:
+    node: Any = cfg
+    for key in dotted.split("."):
+        if not isinstance(node, dict) or key not in node:
+            return False
+        node = node[key]
+    return True
+
+
+def _too_new(ctx: CheckContext) -> list[tuple[str, str, KeyStatus]]:
+    """(key path, DeepSpeed release that added it, where the installed DeepSpeed stops) for each key of
+    KEY_INTRODUCED the file uses and the installed DeepSpeed's models do not have."""
+    if not _applies(ctx):
+        return []
+    out = []
+    for path, introduced in KEY_INTRODUCED.items():
+        if _present(ctx.ds, path):
+            status = key_status(path)
+            if not status.known:
+                out.append((path, introduced, status))
+    return out
+
+
+@rule("DS-KEY-NEEDS-NEWER-DEEPSPEED", FAMILY, "a DeepSpeed key the installed DeepSpeed does not have yet")
+def key_needs_newer_deepspeed(ctx: CheckContext) -> Iterable:
+    schema = ds_schema()
+    installed = schema.version if schema is not None else ""
+    for path, introduced, status in _too_new(ctx):
+        if older(installed, introduced) or not installed:
+            history = f"'{path}' was added in DeepSpeed {introduced}; the installed DeepSpeed {installed} does not have it"
+            fix = f"upgrade DeepSpeed to {introduced} or later (pip install -U 'deepspeed>={introduced}'), or remove '{path}'"
+        else:
+            history = (f"'{path}' was added in DeepSpeed {introduced}, but the installed DeepSpeed {installed} no longer "
+                       f"has it (removed or renamed)")
+            fix = f"see the installed DeepSpeed's release notes for its replacement, or remove '{path}'"
+        if status.rejects:
+            what = (f"{status.model} forbids unknown keys, so deepspeed.initialize raises 'Extra inputs are not "
+                    f"permitted' on '{status.missing}'")
+        elif status.model is None:
+            what = (f"its DeepSpeedConfig does not read the top-level '{status.missing}' block and silently ignores "
+                    f"it, so the run goes ahead without the setting")
+        else:
+            what = (f"{status.model} silently drops '{status.missing}', so the run goes ahead without the setting")
+        yield finding("error", "DS-KEY-NEEDS-NEWER-DEEPSPEED", _file(ctx), path, f"{history}: {what}", fix=fix,
+                      when="prepare")
+
+
 @rule("DS-UNKNOWN-TOP-KEY", FAMILY, "top-level key DeepSpeed does not read")
 def unknown_top_level(ctx: CheckContext) -> Iterable:
     if not _applies(ctx):
         return
-    known = known_top_level_keys()
+    schema = ds_schema()
+    known = schema.top_level if schema is not None else known_top_level_keys()
+    too_new = {status.missing for _, _, status in _too_new(ctx)}     # DS-KEY-NEEDS-NEWER-DEEPSPEED says it
     for key in ctx.ds:
-        if key in known:
+        if key in known or key in too_new:
             continue
         if _is_comment(str(key)):
             yield finding("info", "DS-UNKNOWN-TOP-KEY", _file(ctx), str(key),
                           f"'{key}' reads as a comment (JSON has none); DeepSpeed ignores it")
             continue
-        if True:
-            yield finding(
-                "warning", "DS-UNKNOWN-TOP-KEY", _file(ctx), str(key),
-                f"'{key}' is not a DeepSpeed setting: top-level keys are not validated, so DeepSpeed silently "
-                f"ignores it (a misspelt key means the setting you wanted is not applied)",
-                fix="fix the spelling or remove it", when="launch")
+        hint = where_it_belongs(str(key))
+        yield finding(
+            "warning", "DS-UNKNOWN-TOP-KEY", _file(ctx), str(key),
+            f"'{key}' is not a DeepSpeed setting: top-level keys are not validated, so DeepSpeed silently "
+            f"ignores it (a misspelt key means the setting you wanted is not applied)"
+            + (f"; DeepSpeed reads {' or '.join(repr(h) for h in hint)}" if hint else ""),
+            fix=_move_or_respell(str(key), hint), when="launch")
+
+
+def _move_or_respell(key: str, hint: list[str]) -> str:
+    if not hint:
+        return "fix the spelling or remove it"
+    if "." in hint[0]:
+        return f"move it to {hint[0]}" if len(hint) == 1 else f"move it to one of {', '.join(hint)}"
+    return f"did you mean {' or '.join(hint)}?"
+

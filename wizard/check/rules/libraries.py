@@ -248,7 +248,11 @@ def _split_error(exc: Exception) -> list[tuple[str | None, str]]:
     errors = getattr(exc, "errors", None)
     title = getattr(exc, "title", None)
     if callable(errors) and title is not None:
-        prefix = DS_MODEL_PREFIX.get(title, "")
+        prefix = DS_MODEL_PREFIX.get(title)
+        if prefix is None:          # a model not listed: where the installed DeepSpeed puts it (TPTrainingConfig)
+            from wizard.check.rules.deepspeed_json import ds_schema
+            schema = ds_schema()
+            prefix = schema.prefixes.get(title, "") if schema is not None else ""
         out = []
         for e in errors():
             loc = ".".join(str(p) for p in e.get("loc", ()))
@@ -283,11 +287,30 @@ def ds_library_rejects(ctx: CheckContext) -> Iterable:
             "error", "DS-LIBRARY-REJECTS", ctx.ds_path, key,
             f"DeepSpeed {_ds_version(ctx)} rejects it (after {filler} fills \"auto\", world size {world}): {message}; "
             f"this happens at deepspeed.initialize, after the model is loaded",
-            fix="fix the value the message names", when="prepare")
+            fix=_unknown_key_fix(key, message) or "fix the value the message names", when="prepare")
+
+
+def _unknown_key_fix(key: str | None, message: str) -> str | None:
+    """For a key a DeepSpeed model forbids: where DeepSpeed reads a key of that name, or its close spelling."""
+    if not key or "Extra inputs are not permitted" not in message:
+        return None
+    from wizard.check.rules.deepspeed_json import where_it_belongs
+
+    hint = where_it_belongs(key)
+    if not hint:
+        return f"remove '{key}' (no DeepSpeed model reads it there)"
+    parent = key.rpartition(".")[0]
+    if all(h.rpartition(".")[0] == parent for h in hint):
+        return f"did you mean {' or '.join(repr(h) for h in hint)}?"
+    return f"move it to {' or '.join(repr(h) for h in hint)}"
 
 
 def _ds_version(ctx: CheckContext) -> str:
-    return (ctx.versions or {}).get("deepspeed") or ""
+    if (ctx.versions or {}).get("deepspeed"):
+        return str(ctx.versions["deepspeed"])
+    from wizard.check.rules.deepspeed_json import ds_schema
+    schema = ds_schema()            # the DeepSpeed whose models just judged the file
+    return schema.version if schema is not None else ""
 
 
 # ----------------------------------------------------------------------------- TrainingArguments
