@@ -5,6 +5,8 @@
   pytest-xdist, another job's or another worker's launch may hold it, and the ACC-PORT-IN-USE warning would
   then appear in snapshots, goldens and finding lists. Every other port is probed for real, so the tests of the
   rule bind a port of their own (or pass `port_in_use`).
+- This machine's memlock limit (`ulimit -l`) reads as unlimited: DS-PIN-MEMORY-MEMLOCK would otherwise warn on
+  every pinned CPU-offload config on a box with the usual 8 MiB; its tests pass `memlock_limit`.
 """
 
 from __future__ import annotations
@@ -25,3 +27,10 @@ def _default_port_is_free(monkeypatch):
 
     real = accelerate_yaml.port_in_use
     monkeypatch.setattr(accelerate_yaml, "port_in_use", lambda port: port != DEFAULT_PORT and real(port))
+
+
+@pytest.fixture(autouse=True)
+def _memlock_is_unlimited(monkeypatch):
+    from wizard.check.rules import deepspeed_json
+
+    monkeypatch.setattr(deepspeed_json, "memlock_limit", lambda: None)

@@ -1,22 +1,27 @@
 """The DeepSpeed keys users now write (offload_optimizer.ratio and .super_offload, zero_optimization.zenflow,
-tensor_parallel.autotp_size, compile.deepcompile), judged by the installed DeepSpeed's own config models.
+tensor_parallel.autotp_size, compile.deepcompile), judged by the installed DeepSpeed's own config models, and
+CPU offload's pinned memory against this machine's memlock limit.
 
 - a valid value: no finding; a misspelt or misplaced key: DeepSpeed's model rejects it (DS-LIBRARY-REJECTS, with
   where DeepSpeed reads a key of that name); a value DeepSpeed rejects: its own message;
 - a key the installed DeepSpeed does not have yet: DS-KEY-NEEDS-NEWER-DEEPSPEED names the release that added it.
   The installed DeepSpeed has them all, so a release before each is simulated (tests/ds_simulation.py); the
   same detection on the real releases (0.16.3-0.19.5 sdists) is in the commit that added the rule;
+- DS-PIN-MEMORY-MEMLOCK: the limit is an input (`memlock_limit`), never this machine's.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 
 from tests.ds_simulation import deepspeed_lacking
+from tests.plans import LLAMA2_7B
 from wizard.check.doctor import check_texts
 from wizard.check.rules import deepspeed_json as dj
+from wizard.probe.hardware import Hardware, assume
 
 DS3 = {
     "train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
@@ -51,10 +56,10 @@ def ds_with(path: str, value) -> dict:
     return cfg
 
 
-def check(cfg: dict, hardware=None, model=None, acc: str | None = None):
-    """Every finding on `cfg` as the HF Trainer's."""
+def check(cfg: dict, memlock=None, hardware=None, model=None, acc: str | None = None):
+    """Every finding on `cfg` as the HF Trainer's, this machine's memlock limit being `memlock` (None: unlimited)."""
     return check_texts(acc, cfg, training_args=TA, versions={}, port_in_use=lambda port: False,
-                       hardware=hardware, model_shape=model)
+                       memlock_limit=lambda: memlock, hardware=hardware, model_shape=model)
 
 
 def rules(findings) -> set[str]:
@@ -217,3 +222,94 @@ def test_a_key_a_later_deepspeed_dropped_is_not_called_new():
         (f,) = check(VALID[path])
     assert "no longer has it" in f.message and "deepspeed>=" not in f.fix
 
+
+# --------------------------------------------------------------------------- pinned memory and ulimit -l
+
+GPUS = assume("4xA100-80GB")
+PROBE = dataclasses.replace(GPUS, source="probe")                # this machine, which trains on its GPUs
+NO_GPU = Hardware(gpus=[], gpu_reason="test", source="probe", cpu_cores=2)   # nothing is page-locked there
+MiB, GiB = 1 << 20, 1 << 30
+
+
+def offload(optimizer: dict | None = None, param: dict | None = None, stage: int = 3) -> dict:
+    cfg = copy.deepcopy(DS3)
+    cfg["zero_optimization"]["stage"] = stage
+    if optimizer is not None:
+        cfg["zero_optimization"]["offload_optimizer"] = optimizer
+    if param is not None:
+        cfg["zero_optimization"]["offload_param"] = param
+    return cfg
+
+
+def memlock_findings(cfg, memlock, hardware=PROBE, model=None, acc=None):
+    return [f for f in check(cfg, memlock=memlock, hardware=hardware, model=model, acc=acc)
+            if f.rule == "DS-PIN-MEMORY-MEMLOCK"]
+
+
+def test_the_pin_memory_default_is_the_installed_models():
+    from deepspeed.runtime.zero.offload_config import (DeepSpeedZeroOffloadOptimizerConfig,
+                                                       DeepSpeedZeroOffloadParamConfig)
+
+    from wizard.check.rules.common import older
+
+    assert dj.pin_memory_default("optimizer") is DeepSpeedZeroOffloadOptimizerConfig().pin_memory
+    assert dj.pin_memory_default("param") is DeepSpeedZeroOffloadParamConfig().pin_memory
+    # false up to 0.19.4, true from 0.19.5 (offload_config.py of both sdists)
+    assert dj.pin_memory_default("optimizer") is not older(dj.ds_schema().version, dj.PIN_MEMORY_DEFAULT_TRUE_SINCE)
+
+
+def test_pinning_by_the_installed_default_under_a_small_limit_warns_with_limit_key_and_fix(monkeypatch):
+    monkeypatch.setattr(dj, "pin_memory_default", lambda which: True)     # a DeepSpeed 0.19.5 or later
+    (f,) = memlock_findings(offload({"device": "cpu"}), 8 * MiB)
+    assert f.severity == "warning" and f.key == "zero_optimization.offload_optimizer.pin_memory"
+    assert "8.0 MiB" in f.message and "defaults it to true" in f.message and "0.19.5" in f.message
+    assert "ulimit -l unlimited" in f.fix and "limits.conf" in f.fix and '"pin_memory": false' in f.fix
+
+
+def test_an_explicit_pin_memory_true_warns_too_and_false_never():
+    (f,) = memlock_findings(offload({"device": "cpu", "pin_memory": True}), 8 * MiB)
+    assert "(pin_memory: true)" in f.message
+    assert memlock_findings(offload({"device": "cpu", "pin_memory": False}), 8 * MiB) == []
+
+
+def test_a_deepspeed_whose_default_is_false_pins_only_when_told(monkeypatch):
+    # DeepSpeed 0.19.4 and older: pin_memory defaults to false (offload_config.py), read from the model
+    monkeypatch.setattr(dj, "pin_memory_default", lambda which: False)
+    assert memlock_findings(offload({"device": "cpu"}), 8 * MiB) == []
+    assert len(memlock_findings(offload({"device": "cpu", "pin_memory": True}), 8 * MiB)) == 1
+
+
+def test_unlimited_large_or_elsewhere_is_quiet():
+    cfg = offload({"device": "cpu", "pin_memory": True})
+    assert memlock_findings(cfg, None) == []                    # unlimited
+    assert memlock_findings(cfg, 64 * GiB) == []                # above the floor, model unknown
+    assert memlock_findings(cfg, 8 * MiB, hardware=GPUS) == []     # --assume: files checked for another machine
+    assert memlock_findings(cfg, 8 * MiB, hardware=NO_GPU) == []   # DeepSpeed's CPU accelerator pins nothing
+    assert memlock_findings(cfg, 8 * MiB, hardware=None) == []     # files read alone: no machine to judge
+    assert memlock_findings(offload({"device": "nvme", "nvme_path": "/nvme", "pin_memory": True}), 8 * MiB) == []
+    # offload_param below ZeRO-3 is never read (DS-OFFLOAD-PARAM-BELOW-ZERO3 says so)
+    assert memlock_findings(offload(param={"device": "cpu", "pin_memory": True}, stage=2), 8 * MiB) == []
+
+
+def test_with_the_model_known_the_pinned_bytes_decide():
+    # 4 processes: each pins at least 4 B x 6.74e9 / 4 = 6.3 GiB for optimizer offload
+    cfg = offload({"device": "cpu", "pin_memory": True})
+    (f,) = memlock_findings(cfg, 4 * GiB, model=LLAMA2_7B, acc=ACC)     # above the 1 GiB floor, below the need
+    assert "each of the 4 processes pins at least 6.3 GiB" in f.message and "4.0 GiB" in f.message
+    assert memlock_findings(cfg, 8 * GiB, model=LLAMA2_7B, acc=ACC) == []
+    # parameter offload (ZeRO-3) adds the 16-bit partition: 6 B x 6.74e9 / 4 = 9.4 GiB
+    pinned = {"device": "cpu", "pin_memory": True}
+    (f,) = memlock_findings(offload(pinned, pinned), 8 * GiB, model=LLAMA2_7B, acc=ACC)
+    assert "9.4 GiB" in f.message and "offload_optimizer and offload_param" in f.message
+    # a small model fits a small limit: its bytes, not the floor, decide
+    tiny = dataclasses.replace(LLAMA2_7B, params=1_000_000)
+    assert memlock_findings(cfg, 8 * MiB, model=tiny, acc=ACC) == []
+
+
+def test_the_machine_limit_is_read_as_ulimit_shows_it():
+    import resource
+
+    assert dj.memlock_bytes(resource.RLIM_INFINITY, resource.RLIM_INFINITY) is None
+    assert dj.memlock_bytes(8 * MiB, resource.RLIM_INFINITY) == 8 * MiB
+    soft, _ = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    assert dj.memlock_bytes(soft, resource.RLIM_INFINITY) in (None, soft)

@@ -43,6 +43,9 @@ def materialise(case_dir: Path, tmp: Path, port: int) -> Path:
 def hardware_for(args: dict) -> Hardware:
     if args.get("hardware") == "probe-like":
         return Hardware(gpus=[], gpu_reason="test: this machine", source="probe", cpu_cores=2)
+    if args.get("hardware") == "probe-gpus":       # this machine, with GPUs
+        import dataclasses
+        return dataclasses.replace(assume(args.get("assume", "4xA100-80GB")), source="probe")
     return assume(args.get("assume", "4xA100-80GB"))
 
 
@@ -62,8 +65,9 @@ def check_case(case_dir: Path, tmp: Path):
                         trainer=args.get("trainer", "hf"), seq_len=args.get("seq_len", 2048),
                         versions=args.get("versions", {}), use_default_config=False,
                         # the live machine is an input: only the fixture's own <PORT> is busy, and only when
-                        # the case says so (never whatever else runs on this box)
-                        port_in_use=lambda p: bool(args.get("listen")) and p == port)
+                        # the case says so (never whatever else runs on this box); ulimit -l as the case says
+                        port_in_use=lambda p: bool(args.get("listen")) and p == port,
+                        memlock_limit=lambda: args.get("memlock_limit"))
     if "aio_available" in args:
         ctx.aio_available = args["aio_available"]
     if args.get("deepspeed_lacks"):
@@ -146,7 +150,7 @@ SEVERITY = {
     "ACC-UNKNOWN-NESTED-KEY": "warning", "ACC-UNQUOTED-NO": "error", "DS-AIO-IN-ZERO": "error",
     "DS-AUTO-IN-SUBCONFIG": "error", "DS-AUTO-UNFILLED": "error", "DS-BF16-UNSUPPORTED": "error",
     "DS-DUPLICATE-KEY": "error", "DS-FLOAT-BUCKET": "error", "DS-LIBRARY-REJECTS": "error",
-    "DS-KEY-NEEDS-NEWER-DEEPSPEED": "error",
+    "DS-KEY-NEEDS-NEWER-DEEPSPEED": "error", "DS-PIN-MEMORY-MEMLOCK": "warning",
     "DS-NO-ZERO-OPTIMIZATION": "error", "DS-NVME-BELOW-ZERO3": "warning", "DS-NVME-NO-AIO": "error",
     "DS-NVME-NO-PATH": "error", "DS-NVME-PATH-UNUSABLE": "error", "DS-ODD-ALLGATHER-BUCKET": "error",
     "DS-OFFLOAD-CLIENT-OPTIMIZER": "error", "DS-OFFLOAD-PARAM-BELOW-ZERO3": "warning",

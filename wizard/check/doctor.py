@@ -229,16 +229,17 @@ def _one_line(exc: BaseException) -> str:
 def build_context(config_file: str | None = None, ds_config: str | None = None, training_args: str | None = None,
                   model: str | None = None, hardware: Any = None, trainer: str = "hf", seq_len: int = 2048,
                   versions: dict[str, str | None] | None = None, use_default_config: bool = True,
-                  port_in_use=None, method: Any = None):
+                  port_in_use=None, method: Any = None, memlock_limit=None):
     """Read every input. InputError (exit 2) for anything unreadable; problems inside readable files are
-    left for the rules. `port_in_use` (port -> bool) stands for the live machine; None probes this one.
+    left for the rules. `port_in_use` (port -> bool) and `memlock_limit` (() -> bytes, None for unlimited) stand
+    for the live machine; None probes this one.
     `method`: wizard.sizing.lora.LoraOptions for --method lora/qlora (None: full fine-tuning)."""
     from wizard.check.rules import CheckContext
 
     if trainer not in TRAINERS:
         raise InputError("trainer", f"{trainer!r} is not a trainer", ", ".join(TRAINERS))
     ctx = CheckContext(trainer=trainer, seq_len=seq_len, hardware=hardware, port_in_use=port_in_use,
-                       method=method)
+                       method=method, memlock_limit=memlock_limit)
     ctx.versions = versions if versions is not None else library_versions()
 
     acc_path = config_file
@@ -405,17 +406,17 @@ def sort_findings(findings: list[Finding]) -> list[Finding]:
 def run_check(config_file: str | None = None, ds_config: str | None = None, training_args: str | None = None,
               model: str | None = None, hardware: Any = None, trainer: str = "hf", seq_len: int = 2048,
               versions: dict[str, str | None] | None = None, use_default_config: bool = True,
-              port_in_use=None, method: Any = None) -> list[Finding]:
+              port_in_use=None, method: Any = None, memlock_limit=None) -> list[Finding]:
     """Every finding for these inputs. Raises InputError for unreadable input."""
     ctx = build_context(config_file, ds_config, training_args, model, hardware, trainer, seq_len, versions,
-                        use_default_config, port_in_use, method)
+                        use_default_config, port_in_use, method, memlock_limit)
     return run_rules(ctx)
 
 
 def check_planned(yaml_path: str, ds_path: str | None, *, answers: dict[str, Any] | None, plan: Any, model: Any,
                   hardware: Any = None, method: Any = None, trainer: str | None = None, seq_len: int | None = None,
                   displays: dict[str, str] | None = None, port_in_use=None,
-                  versions: dict[str, str | None] | None = None) -> list[Finding]:
+                  versions: dict[str, str | None] | None = None, memlock_limit=None) -> list[Finding]:
     """The check before a write: every rule, once, on the files about to be written (scratch copies at
     `yaml_path`/`ds_path`, named in the findings by `displays`), the libraries judging them against the plan
     (the "plan" rule) and the machine rules against `hardware` (None: none known, as for files read alone).
@@ -433,7 +434,7 @@ def check_planned(yaml_path: str, ds_path: str | None, *, answers: dict[str, Any
     try:
         ctx = build_context(config_file=yaml_path, ds_config=ds_path, hardware=hardware, trainer=trainer,
                             seq_len=seq_len, versions=versions, use_default_config=False,
-                            port_in_use=port_in_use, method=method)
+                            port_in_use=port_in_use, method=method, memlock_limit=memlock_limit)
     except InputError:
         # Files the rules cannot read: the libraries' own verdict (the loader's finding) says why.
         from wizard.config.validate import library_findings
@@ -449,7 +450,7 @@ def check_texts(accelerate_yaml: str | None, ds_config: dict[str, Any] | str | N
                 training_args: dict[str, Any] | None = None, model_shape: Any = None, model_id: str | None = None,
                 hardware: Any = None, trainer: str = "hf", seq_len: int = 2048,
                 versions: dict[str, str | None] | None = None, port_in_use=None,
-                method: Any = None) -> list[Finding]:
+                method: Any = None, memlock_limit=None) -> list[Finding]:
     """The same rules on files not yet written (what the wizard runs before it writes anything).
 
     `ds_config` may be the dict or the JSON text; paths are only used to name the files in the findings
@@ -458,6 +459,7 @@ def check_texts(accelerate_yaml: str | None, ds_config: dict[str, Any] | str | N
     from wizard.check.rules import CheckContext
 
     ctx = CheckContext(trainer=trainer, seq_len=seq_len, hardware=hardware, port_in_use=port_in_use, method=method,
+                       memlock_limit=memlock_limit,
                        versions=versions if versions is not None else library_versions())
     if accelerate_yaml is not None:
         ctx.acc_path, ctx.acc_text = accelerate_path, accelerate_yaml

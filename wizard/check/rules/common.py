@@ -97,6 +97,8 @@ class CheckContext:
     aio_available: bool | None = None     # DeepSpeed's async_io op builds here; None: ask DeepSpeed
     # the live machine, as an input: port -> "something listens there now"; None: probe this machine
     port_in_use: Callable[[int], bool] | None = None
+    # () -> this machine's RLIMIT_MEMLOCK (soft) in bytes, None when unlimited; None: read this machine
+    memlock_limit: Callable[[], int | None] | None = None
     # files the wizard is about to write, with the plan they were written for (check/rules/planned.py)
     planned: "PlannedFiles | None" = None
     # cached results shared between rules

@@ -1092,3 +1092,123 @@ def _move_or_respell(key: str, hint: list[str]) -> str:
         return f"move it to {hint[0]}" if len(hint) == 1 else f"move it to one of {', '.join(hint)}"
     return f"did you mean {' or '.join(hint)}?"
 
+
+# ----------------------------------------------------------------------------- pinned memory and ulimit -l
+
+# DeepSpeed 0.19.5 made pin_memory default to true in both offload blocks (offload_config.py: False up to 0.19.4).
+# Only the message cites it: whether a block pins is read from the installed model's default.
+PIN_MEMORY_DEFAULT_TRUE_SINCE = "0.19.5"
+# With the model unknown: a memlock limit below this is too small for the pinned offload buffers of any model
+# worth offloading (the fp32 gradient partition alone is 4 B per parameter per process: 1 GiB is 268M
+# parameters on one process, 2.1B over 8).
+MEMLOCK_FLOOR = 1 << 30
+
+
+def memlock_limit() -> int | None:
+    """This machine's RLIMIT_MEMLOCK (soft, what `ulimit -l` shows, in KiB there) in bytes; None when unlimited
+    or unknown. The rule takes it from the context when one is given (tests, a check for another machine)."""
+    try:
+        import resource
+        soft, _hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    except (ImportError, AttributeError, OSError, ValueError):
+        return None
+    return memlock_bytes(soft, resource.RLIM_INFINITY)
+
+
+def memlock_bytes(soft: int, infinity: int) -> int | None:
+    """A getrlimit soft limit as bytes, None for unlimited."""
+    return None if soft == infinity or soft < 0 else int(soft)
+
+
+def pin_memory_default(which: str) -> bool | None:
+    """The installed DeepSpeed's default of zero_optimization.offload_<which>.pin_memory (None: unknown)."""
+    schema = ds_schema()
+    model = schema.sections.get(f"zero_optimization.offload_{which}") if schema is not None else None
+    info = model.model_fields.get("pin_memory") if model is not None else None
+    return info.default if info is not None and isinstance(info.default, bool) else None
+
+
+def _pinned_offloads(ctx: CheckContext) -> list[tuple[str, str]]:
+    """(which, "explicit" | "default") for each CPU offload block that pins its host buffers."""
+    stage = ctx.zero_stage() or 0
+    out = []
+    for which in ("optimizer", "param"):
+        if ctx.offload_device(which) != "cpu" or stage < (3 if which == "param" else 1):
+            continue                # offload_param below ZeRO-3 is never read (DS-OFFLOAD-PARAM-BELOW-ZERO3)
+        value = ctx.ds_get(f"zero_optimization.offload_{which}.pin_memory")
+        if value is None or value == "auto":           # "auto" is dropped to the default
+            if pin_memory_default(which):
+                out.append((which, "default"))
+        elif value is True or str(value).lower() == "true":
+            out.append((which, "explicit"))
+    return out
+
+
+def pinned_bytes(ctx: CheckContext, pinned: list[tuple[str, str]]) -> int | None:
+    """At least how much host memory each process pins for these offload blocks, with the model known (full
+    fine-tuning): the fp32 gradient partition, 4 B x params / processes, with optimizer offload (ZeRO-1/2:
+    single_partition_of_fp32_groups[i].grad, which also pins the fp32 master and a 16-bit copy; ZeRO-3:
+    grad_partitions_flat_buffer), and the 16-bit parameter partition, 2 B x params / processes, with ZeRO-3
+    parameter offload (param_groups_fp16_flat_cpu_memory). A lower bound, read from DeepSpeed 0.19.8's
+    stage_1_and_2.py / stage3.py: a limit below it fails for sure."""
+    model = ctx.model if ctx.model is not None else getattr(ctx.planned, "model", None)
+    params = getattr(model, "params", None)
+    if not params or (ctx.method is not None and getattr(ctx.method, "method", "full") != "full"):
+        return None                 # LoRA / QLoRA offload only the adapters' optimizer: not sized here
+    processes = max(1, ctx.num_processes)
+    per_param = sum(4 if which == "optimizer" else 2 for which, _ in pinned)
+    return per_param * int(params) // processes
+
+
+def _pins_on_this_machine(ctx: CheckContext) -> bool:
+    """The files are checked on the machine that trains (this machine's probe) and it trains on GPUs: only there
+    is host memory page-locked (DeepSpeed's CPU accelerator's pin_memory is a no-op), and only there is this
+    machine's limit the one that counts."""
+    hw = ctx.hardware
+    return (hw is not None and str(getattr(hw, "source", "")) == "probe" and bool(getattr(hw, "gpus", None))
+            and ctx.acc_get("use_cpu") is not True)
+
+
+@rule("DS-PIN-MEMORY-MEMLOCK", FAMILY, "CPU offload pins more host memory than this machine's ulimit -l allows")
+def pin_memory_memlock(ctx: CheckContext) -> Iterable:
+    if not _applies(ctx) or not _pins_on_this_machine(ctx):
+        return
+    pinned = _pinned_offloads(ctx)
+    if not pinned:
+        return
+    limit = (ctx.memlock_limit or memlock_limit)()
+    if limit is None:
+        return
+    need = pinned_bytes(ctx, pinned)
+    if need is not None and limit >= need:
+        return
+    if need is None and limit >= MEMLOCK_FLOOR:
+        return
+    from wizard.units import fmt_bytes
+
+    which, how = pinned[0]
+    key = f"zero_optimization.offload_{which}.pin_memory"
+    schema = ds_schema()
+    installed = schema.version if schema is not None else ""
+    blocks = " and ".join(f"offload_{w}" for w, _ in pinned)
+    why = ("pin_memory: true" if all(h == "explicit" for _, h in pinned) else
+           f"pin_memory not set: the installed DeepSpeed {installed} defaults it to true, as every release since "
+           f"{PIN_MEMORY_DEFAULT_TRUE_SINCE} does")
+    model_name = ctx.model_id or "the model"
+    if need is not None:
+        who = f"each of the {ctx.num_processes} processes pins" if ctx.num_processes > 1 else "the process pins"
+        verdict = (f"{who} at least {fmt_bytes(need)} for {model_name}, over this machine's memlock limit "
+                   f"(ulimit -l) of {fmt_bytes(limit)}")
+    else:
+        verdict = (f"this machine's memlock limit (ulimit -l) is {fmt_bytes(limit)}, below "
+                   f"{fmt_bytes(MEMLOCK_FLOOR)}: too small for the pinned buffers of all but small models (at least "
+                   f"4 B per parameter per process; --model compares the model's own size)")
+    yield finding(
+        "warning", "DS-PIN-MEMORY-MEMLOCK", _file(ctx), key,
+        f"CPU offload ({blocks}) pins its host buffers ({why}), and {verdict}: DeepSpeed counts pinned memory "
+        f"against that limit (its pin_memory docs: disable it 'only on hosts with tight memlock limits (ulimit -l)'), "
+        f"so pinning the offload buffers at deepspeed.initialize can fail or fall back",
+        fix="raise the limit where the training runs: `ulimit -l unlimited` before the launch (needs a hard limit "
+            "that allows it), `* - memlock unlimited` in /etc/security/limits.conf, or `--ulimit memlock=-1` / "
+            "the container runtime's memlock setting; or set \"pin_memory\": false in the offload block (slower "
+            "host-GPU copies)", when="prepare")
