@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -283,9 +283,12 @@ def adapter_trainings_to_size(model: ModelShape, answers: dict[str, Any], plan: 
 def resolve_details(hw: Hardware, model: ModelShape, plan: Plan, answers: dict[str, Any],
                     given: dict[str, Any], conflicts: list | None = None,
                     ignored: list[str] | None = None) -> dict[str, Any]:
-    details = answers_mod.resolve(("details",), context(hw, model, plan, answers), given, conflicts=conflicts,
-                                  ignored=ignored)
-    return {**answers, **details}
+    ctx = context(hw, model, plan, answers)
+    details = answers_mod.resolve(("details",), ctx, given, conflicts=conflicts, ignored=ignored)
+    resolved = {**answers, **details}
+    from wizard.config.detail_questions import check_details
+    check_details(resolved, replace(ctx, answers=resolved, given=dict(given)))
+    return resolved
 
 
 def ignored_note(ignored: list[str]) -> str | None:

@@ -88,7 +88,21 @@ class ScriptedUser:
             ("CPU RAM efficient model loading", lambda: self.yes_no(self.need("fsdp_cpu_ram_efficient_loading"))),
             ("broadcast module parameters from rank 0", lambda: self.yes_no(self.need("fsdp_sync_module_states"))),
             ("FSDP activation checkpointing", lambda: self.yes_no(self.need("fsdp_activation_checkpointing"))),
-            ("parallelism config", lambda: "no"),
+            ("Do you want to use the parallelism config", lambda: self.yes_no(a.get("use_parallelism_config"))),
+            ("data parallelism replicate size", lambda: str(self.need("parallelism_config_dp_replicate_size"))),
+            ("What is the FSDP shard size", lambda: str(self.need("parallelism_config_dp_shard_size"))),
+            ("tensor parallelism size", lambda: str(self.need("parallelism_config_tp_size"))),
+            ("context parallelism size", lambda: str(self.need("parallelism_config_cp_size"))),
+            ("FP8 autocast during eval", lambda: self.yes_no(self.need("fp8_use_autocast_during_eval"))),
+            ("margin should be used", lambda: str(self.need("fp8_margin"))),
+            ("interval should be used", lambda: str(self.need("fp8_interval"))),
+            ("length of history", lambda: str(self.need("fp8_amax_history_len"))),
+            ("GEMMS in higher precision", lambda: self.yes_no(self.need("fp8_override_linear_precision"))),
+            ("Should `fprop`", lambda: self.yes_no(self.need("fp8_override_fprop"))),
+            ("Should `dgrad`", lambda: self.yes_no(self.need("fp8_override_dgrad"))),
+            ("Should `wgrad`", lambda: self.yes_no(self.need("fp8_override_wgrad"))),
+            ("FSDP2 float8 all gather", lambda: self.yes_no(self.need("fp8_enable_fsdp_float8_all_gather"))),
+            ("pad the inner dimension", lambda: self.yes_no(self.need("fp8_pad_inner_dim"))),
             ("Megatron-LM", lambda: "no"),
             ("should be used for distributed training", lambda: str(self.need("num_processes"))),
             ("(by id) should be used for training", lambda: str(self.need("gpu_ids"))),
@@ -136,6 +150,14 @@ class ScriptedUser:
             value = index_of(self.need("fsdp_state_dict_type"))
         elif "mixed precision" in p:
             value = index_of(self.need("mixed_precision"))
+        elif "parallelism communication strategy" in p:
+            value = index_of(self.need("parallelism_config_cp_comm_strategy"))
+        elif "Which FP8 backend" in p:
+            value = index_of(self.need("fp8_backend"))
+        elif "Which weight format" in p:
+            value = index_of(self.need("fp8_format"))
+        elif "algorithm should be used for the amax" in p:
+            value = index_of(self.need("fp8_amax_compute_algo"))
         else:
             raise AssertionError(f"unrecognised accelerate menu: {p!r} {names}")
         self.log.append((p, names[value]))
@@ -169,6 +191,8 @@ def run_accelerate_questionnaire(monkeypatch, tmp_path, answers: dict, plan: Pla
         monkeypatch.setattr(cluster, "get_torch_accelerator_backend", lambda *a, **k: ("cuda", torch.cuda))
     assert "is_mps_available" in probes, "accelerate's questionnaire no longer asks is_mps_available: update the probes"
     monkeypatch.setattr(cluster, "is_deepspeed_available", lambda: True)
+    for name in ("is_fp8_available", "is_torchao_available", "is_transformer_engine_available"):
+        monkeypatch.setattr(cluster, name, lambda: True)     # accelerate config refuses fp8 without a backend
     monkeypatch.setattr(cluster, "is_transformers_available", lambda: True)
 
     config = cluster.get_cluster_input()
@@ -178,6 +202,18 @@ def run_accelerate_questionnaire(monkeypatch, tmp_path, answers: dict, plan: Pla
 
 
 GPU_COMMON = {"debug": False, "use_cpu": False, "use_dynamo": False, "enable_cpu_affinity": False}
+CP_COMM = "parallelism_config_cp_comm_strategy"
+
+
+def PARALLELISM(replicate: int, shard: int, tp: int, cp: int) -> dict:
+    return {"use_parallelism_config": True, "parallelism_config_dp_replicate_size": replicate,
+            "parallelism_config_dp_shard_size": shard, "parallelism_config_tp_size": tp,
+            "parallelism_config_cp_size": cp}
+
+
+TE_ANSWERS = {"fp8_backend": "te", "fp8_use_autocast_during_eval": False, "fp8_margin": 0, "fp8_interval": 1,
+              "fp8_format": "HYBRID", "fp8_amax_history_len": 16, "fp8_amax_compute_algo": "max",
+              "fp8_override_linear_precision": False}
 FSDP2_ANSWERS = {"fsdp_version": 2, "fsdp_reshard_after_forward": True, "fsdp_offload_params": False,
                  "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
                  "fsdp_transformer_layer_cls_to_wrap": "LlamaDecoderLayer",
@@ -263,14 +299,48 @@ CASES = {
                    {**GPU_COMMON, "use_cpu": True, "num_processes": 1, "mixed_precision": "no"}),
     "cpu-multi": (make_plan("ddp", world=2, cpu=True, precision="fp32"),
                   {**GPU_COMMON, "use_cpu": True, "num_machines": 1, "num_processes": 2, "mixed_precision": "no"}),
+    # FSDP2's parallelism config, and fp8 (accelerate 1.16)
+    "fsdp2-parallelism-cp": (make_plan("fsdp", world=8, reshard=True),
+                             {**GPU_COMMON, "num_machines": 1, "num_processes": 8, **FSDP2_ANSWERS,
+                              "mixed_precision": "bf16", **PARALLELISM(1, 4, 1, 2), CP_COMM: "alltoall"}),
+    "fsdp2-parallelism-hsdp-tp": (make_plan("fsdp", world=16, machines=2, reshard=True),
+                                  {**GPU_COMMON, "num_machines": 2, "machine_rank": 0, "main_process_ip": "10.0.0.1",
+                                   "main_process_port": 29500, "same_network": True, "num_processes": 16,
+                                   **FSDP2_ANSWERS, "mixed_precision": "bf16", **PARALLELISM(2, 4, 2, 1)}),
+    "fsdp2-parallelism-asked-off": (make_plan("fsdp", world=4, reshard=True),
+                                    {**GPU_COMMON, "num_machines": 1, "num_processes": 4, **FSDP2_ANSWERS,
+                                     "mixed_precision": "bf16", "use_parallelism_config": False}),
+    "fp8-ao-fsdp2": (make_plan("fsdp", world=8, reshard=True),
+                     {**GPU_COMMON, "num_machines": 1, "num_processes": 8, **FSDP2_ANSWERS,
+                      "fsdp_cpu_ram_efficient_loading": False, "mixed_precision": "fp8", "fp8_backend": "ao",
+                      "fp8_enable_fsdp_float8_all_gather": True, "fp8_pad_inner_dim": False}),
+    "fp8-te-ddp": (make_plan("ddp", world=8),
+                   {**GPU_COMMON, "num_machines": 1, "num_processes": 8, "gpu_ids": "all", "mixed_precision": "fp8",
+                    **TE_ANSWERS}),
+    "fp8-te-single-override": (make_plan("single", world=1),
+                               {**GPU_COMMON, "num_processes": 1, "gpu_ids": "all", "mixed_precision": "fp8",
+                                **TE_ANSWERS, "fp8_use_autocast_during_eval": True, "fp8_margin": 1,
+                                "fp8_interval": 2, "fp8_format": "E4M3", "fp8_override_linear_precision": True,
+                                "fp8_override_fprop": False, "fp8_override_dgrad": True, "fp8_override_wgrad": True}),
 }
+# accelerate config writes TE's history length and amax algorithm as amax_history_length / amax_compute_algorithm,
+# which `accelerate launch` never reads (it reads fp8_amax_history_len / fp8_amax_compute_algo); the wizard writes
+# the names launch reads. That rename is the only difference the comparison allows.
+ACCELERATE_CONFIG_UNREAD_FP8_KEYS = {"amax_history_length": "amax_history_len",
+                                     "amax_compute_algorithm": "amax_compute_algo"}
+
+
+def with_launch_fp8_names(text: str) -> str:
+    for theirs, read in ACCELERATE_CONFIG_UNREAD_FP8_KEYS.items():
+        text = text.replace(f"  {theirs}: ", f"  {read}: ")
+    return yaml.safe_dump(yaml.safe_load(text))
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_yaml_equals_accelerate_questionnaire(case, monkeypatch, tmp_path):
     plan, answers = CASES[case]
     ds_path = DS_PATH if plan.choice.backend == "deepspeed" else None
-    theirs_text = run_accelerate_questionnaire(monkeypatch, tmp_path, answers, plan, ds_path)
+    theirs_text = with_launch_fp8_names(run_accelerate_questionnaire(monkeypatch, tmp_path, answers, plan, ds_path))
     ours_doc = emit.accelerate_config(answers, plan, ds_path)
     ours_text = emit.render_yaml(ours_doc)
     assert yaml.safe_load(ours_text) == yaml.safe_load(theirs_text)
@@ -308,7 +378,40 @@ def test_accelerate_vocabularies_match_the_installed_accelerate():
     assert tuple(constants.FSDP_BACKWARD_PREFETCH) == vocab.FSDP_BACKWARD_PREFETCH
     assert tuple(constants.FSDP_STATE_DICT_TYPE) == vocab.FSDP1_STATE_DICT_TYPES
     assert tuple(constants.FSDP2_STATE_DICT_TYPE) == vocab.FSDP2_STATE_DICT_TYPES
-    assert set(vocab.MIXED_PRECISIONS) == {p.value for p in PrecisionType} - {"fp8"}
+    assert set(vocab.MIXED_PRECISIONS) == {p.value for p in PrecisionType}
+    from accelerate.utils.dataclasses import FP8BackendType, TorchContextParallelConfig
+
+    assert {b.upper() for b in vocab.FP8_BACKENDS} == {b.value for b in FP8BackendType} - {"NO"}
+    groups = {g.title: {a.dest: a for a in g._group_actions} for g in launch_parser()._action_groups}
+    fp8_args = groups["FP8 Arguments"]
+    assert tuple(fp8_args["fp8_backend"].choices) == vocab.FP8_BACKENDS
+    assert tuple(fp8_args["fp8_format"].choices) == vocab.FP8_FORMATS
+    assert tuple(fp8_args["fp8_amax_compute_algo"].choices) == vocab.FP8_AMAX_COMPUTE_ALGOS
+    for strategy in vocab.PARALLELISM_CP_COMM_STRATEGIES:
+        TorchContextParallelConfig(cp_comm_strategy=strategy)
+    with pytest.raises(ValueError):
+        TorchContextParallelConfig(cp_comm_strategy="ring")
+
+
+def launch_parser():
+    from accelerate.commands.launch import launch_command_parser
+    return launch_command_parser()
+
+
+def test_every_fp8_and_parallelism_key_the_wizard_writes_is_a_launch_option():
+    """launch copies fp8_config.<key> onto args.fp8_<key> and parallelism_config.<key> onto args.<key>: each key the
+    wizard writes must name an option of the real parser (else it is silently unread, as accelerate config's own
+    amax_history_length is)."""
+    groups = {g.title: {a.dest for a in g._group_actions} for g in launch_parser()._action_groups}
+    for case in ("fp8-te-single-override", "fp8-ao-fsdp2", "fsdp2-parallelism-cp"):
+        plan, answers = CASES[case]
+        doc = emit.accelerate_config(answers, plan, None)
+        for key in doc.get("fp8_config", {}):
+            assert (key if key.startswith("fp8") else "fp8_" + key) in groups["FP8 Arguments"], key
+        for key in doc.get("parallelism_config", {}):
+            assert key in groups["ParallelismConfig Arguments"], key
+    assert "fp8_amax_history_length" not in groups["FP8 Arguments"]
+    assert "fp8_amax_compute_algorithm" not in groups["FP8 Arguments"]
 
 
 def test_the_question_table_offers_accelerates_words_and_no_others():
@@ -330,7 +433,9 @@ def test_the_question_table_offers_accelerates_words_and_no_others():
                        ("fsdp_auto_wrap_policy", vocab.FSDP_AUTO_WRAP_POLICIES),
                        ("fsdp_backward_prefetch", vocab.FSDP_BACKWARD_PREFETCH),
                        ("deepspeed_multinode_launcher", vocab.DEEPSPEED_MULTINODE_LAUNCHERS),
-                       ("mixed_precision", vocab.MIXED_PRECISIONS)):
+                       ("mixed_precision", vocab.MIXED_PRECISIONS), ("fp8_backend", vocab.FP8_BACKENDS),
+                       ("fp8_format", vocab.FP8_FORMATS), ("fp8_amax_compute_algo", vocab.FP8_AMAX_COMPUTE_ALGOS),
+                       ("parallelism_config_cp_comm_strategy", vocab.PARALLELISM_CP_COMM_STRATEGIES)):
         assert set(by_id[qid].choices) <= set(words), qid
 
 

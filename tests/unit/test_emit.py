@@ -167,10 +167,12 @@ def test_fsdp1_strategy_from_the_question_table_reaches_the_file():
 
 
 @pytest.mark.parametrize("key,value", [("fsdp_auto_wrap_policy", "EVERYTHING"), ("fsdp_version", 3),
-                                       ("fsdp_state_dict_type", "LOCAL_STATE_DICT"), ("mixed_precision", "fp8")])
+                                       ("fsdp_state_dict_type", "LOCAL_STATE_DICT"), ("mixed_precision", "fp4"),
+                                       ("fp8_backend", "msamp")])
 def test_bad_choices_name_the_field(key, value):
+    answers = {key: value, **({"mixed_precision": "fp8"} if key.startswith("fp8") else {})}
     with pytest.raises(InputError) as err:
-        emit.accelerate_config({key: value}, make_plan("fsdp"), None)
+        emit.accelerate_config(answers, make_plan("fsdp"), None)
     assert err.value.field == key
 
 

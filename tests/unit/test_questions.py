@@ -32,6 +32,13 @@ def gpus(n: int, name: str = "NVIDIA H100 80GB HBM3", mem: int = 80, cc=(9, 0)) 
                           for i in range(n)], cpu_cores=32, ram_total=512 * GiB, ram_available=500 * GiB)
 
 
+def h100s_elsewhere(n: int = 8) -> Hardware:
+    """H100s planned from another machine (--assume): the fp8 backends installed there are not known here."""
+    hw = gpus(n)
+    hw.source = f"assume:{n}xH100-80GB"
+    return hw
+
+
 def no_gpu() -> Hardware:
     return Hardware(gpus=[], gpu_reason="NVML Shared Library Not Found", cpu_cores=2, ram_total=8 * GiB,
                     ram_available=6 * GiB)
@@ -132,6 +139,11 @@ def _contexts():
     yield Context(hardware=gpus(1), model=None, plan=None), {"params": "7B"}
     yield Context(hardware=gpus(1), model=None, plan=None), {"params": "7B", "dataset_tokens": "1e9"}
     yield Context(hardware=gpus(1), model=None, plan=None), {"params": "7B", "method": "lora"}
+    # fp8 (H100s planned from elsewhere: both backends offered) and FSDP2's parallelism config
+    yield Context(hardware=h100s_elsewhere(), model=LLAMA, plan=plan("fsdp")), \
+        {"parallelism_config_cp_size": 2, "mixed_precision": "fp8", "fp8_backend": "te",
+         "fp8_override_linear_precision": True}
+    yield Context(hardware=h100s_elsewhere(), model=LLAMA, plan=plan("fsdp")), {"mixed_precision": "fp8"}
 
 
 def _asked_everywhere():

@@ -1,6 +1,8 @@
 """The questions asked after the plan (stage "details"): process checks, torch.compile, DeepSpeed, the
-DeepSpeed multi-node launcher, FSDP and mixed precision, in accelerate config's order within each group.
-Their defaults follow the plan's choice; questions.py appends them to QUESTIONS.
+DeepSpeed multi-node launcher, FSDP, FSDP2's parallelism config, mixed precision and fp8's settings, in
+accelerate config's order within each group. Their defaults follow the plan's choice; questions.py appends them
+to QUESTIONS. `check_details` is the one check over several answers (the parallelism sizes against the process
+count), run after they are all resolved.
 
 Pure and cheap to import: no torch, no UI.
 """
@@ -10,10 +12,13 @@ from __future__ import annotations
 import os
 import re
 
+from wizard.config import fp8
+from wizard.config.parallelism import CP_COMM_ID, SIZE_IDS
 from wizard.config.question_base import (
     Context,
     Question,
     _a,
+    _at_least,
     _check_bf16,
     _chosen_zero_stage,
     _details,
@@ -22,6 +27,8 @@ from wizard.config.question_base import (
     _is_deepspeed,
     _is_fsdp,
     _multi_node,
+    _num_machines,
+    _positive,
     _q,
     _use_cpu,
     check_precision_pair,
@@ -35,7 +42,11 @@ from wizard.config.vocab import (
     FSDP_AUTO_WRAP_POLICIES,
     FSDP_BACKWARD_PREFETCH,
     FSDP_SHARDING_STRATEGIES,
+    FP8_AMAX_COMPUTE_ALGOS,
+    FP8_BACKENDS,
+    FP8_FORMATS,
     MIXED_PRECISIONS,
+    PARALLELISM_CP_COMM_STRATEGIES,
 )
 from wizard.errors import InputError
 
@@ -45,6 +56,59 @@ from wizard.errors import InputError
 def _check_mixed_precision(value: str, ctx: Context, f: str) -> None:
     _check_bf16(value, ctx, f)
     check_precision_pair(ctx.given.get("precision"), value, f)
+
+
+def _fp8_problem(ctx: Context) -> str | None:
+    """Why fp8 cannot run for this plan (the GPUs, or no backend where the files run), or None."""
+    return fp8.gpu_problem(ctx.hardware, _use_cpu(ctx)) or fp8.backend_problem(ctx.hardware)
+
+
+def _mixed_precision_options(ctx: Context) -> tuple:
+    return tuple(p for p in MIXED_PRECISIONS if p != "fp8" or _fp8_problem(ctx) is None)
+
+
+def _mixed_precision_why_not(value: str, ctx: Context) -> str | None:
+    return _fp8_problem(ctx) if value == "fp8" else None
+
+
+def _check_ram_efficient_loading(value: bool, ctx: Context, f: str) -> None:
+    # accelerate's Accelerator.__init__ (1.16) raises for any FSDP version: refused here, not at the script's start
+    # (fp8 is asked after FSDP's questions: _ao_fp8_wanted reads the given answers).
+    if value and _ao_fp8_wanted(ctx):
+        raise InputError(f, "accelerate refuses CPU-RAM-efficient loading with torchao's fp8 (the Accelerator raises "
+                            "'torchao with FSDP2 and cpu_ram_efficient_loading is not supported')",
+                         "no, or --fp8-backend te")
+
+
+def _check_cp_size(value: int, ctx: Context, f: str) -> None:
+    _positive(value, ctx, f)
+    attention = _a(ctx, "attention", "auto")
+    if value > 1 and attention in ("flash", "eager"):
+        # torch's context_parallel patches F.scaled_dot_product_attention only, and the HF Trainer raises
+        # "Context parallelism is supported only with SDPA attention" for any other implementation.
+        raise InputError(f, f"context parallelism splits SDPA attention only, and --attention is {attention}",
+                         "1, or --attention sdpa (or auto)")
+
+
+def check_details(answers: dict, ctx: Context) -> None:
+    """The checks over several details answers, once all are resolved: accelerate's own ParallelismConfig
+    verdict on the sizes for this many processes (parallelism.problem calls the real class). Raises InputError
+    naming the last size the user gave (dp_shard_size when none was given)."""
+    if not answers.get("use_parallelism_config"):
+        return
+    from wizard.config import parallelism
+
+    sizes = {name: answers.get(qid) for name, qid in zip(parallelism.SIZES, SIZE_IDS)}
+    n = _num_processes(ctx, answers)
+    problem = parallelism.problem(sizes, n, int(answers.get("fsdp_version") or 2), answers.get(CP_COMM_ID))
+    if problem is None:
+        return
+    given = [qid for qid in SIZE_IDS if ctx.given.get(qid) is not None]
+    qid = given[-1] if given else SIZE_IDS[1]
+    shown = " x ".join(str(sizes[name] if sizes[name] is not None else 1) for name in parallelism.SIZES)
+    raise InputError(qid.replace("_", "-"), f"accelerate's ParallelismConfig refuses replicate x shard x tp x cp = "
+                                            f"{shown} for {n} processes: {problem}",
+                     f"sizes whose product is {n} (the processes over all machines), with a shard or cp size > 1")
 
 
 def _check_use_mpirun(value: bool, ctx: Context, f: str) -> None:
@@ -127,6 +191,124 @@ def _dynamo_custom(ctx: Context) -> bool:
 
 def _fsdp_sharding_default(ctx: Context) -> str:
     return "FULL_SHARD" if _fsdp_reshard_default(ctx) else "SHARD_GRAD_OP"
+
+
+# ---- fp8
+
+def _given_text(ctx: Context, key: str) -> str:
+    raw = ctx.given.get(key)
+    return "" if raw is None else str(raw).strip().lower()
+
+
+def _fp8_backend_default(ctx: Context) -> str:
+    """ao, accelerate config's first choice, where it is offered; else the backend that is."""
+    offered = fp8.backends_for(ctx.hardware)
+    return "ao" if "ao" in offered or not offered else offered[0]
+
+
+def _ao_fp8_wanted(ctx: Context) -> bool:
+    """fp8 through torchao was asked for (read from the given answers: fp8 is asked after FSDP's questions)."""
+    if _given_text(ctx, "mixed_precision") != "fp8":
+        return False
+    return (_given_text(ctx, "fp8_backend") or _fp8_backend_default(ctx)) == "ao"
+
+
+def _ram_efficient_why(ctx: Context) -> str:
+    if _ao_fp8_wanted(ctx):
+        return ("Off: accelerate refuses torchao's fp8 with it (the Accelerator raises at start); each process "
+                "then loads the weights into CPU RAM itself.")
+    return "On: N processes would otherwise each hold a full copy in CPU RAM."
+
+
+def _mixed_precision_why_fp8(ctx: Context) -> str:
+    text = _mixed_precision_why(ctx)
+    if _fp8_problem(ctx) is not None:
+        return text
+    where = ("with " + " or ".join(fp8.NAMES[b] for b in fp8.backends_for(ctx.hardware))
+             if fp8.is_this_machine(ctx.hardware) else "(install torchao or Transformer Engine where it trains)")
+    return (text + f" fp8 runs here {where}: the large matmuls take fp8 inputs (bf16 elsewhere), faster where the "
+            "matrices are big (hidden sizes in the thousands) and little or not at all for small models; its 3-4 "
+            "mantissa bits are scaled per tensor, so compare the loss curve with a bf16 run. The plan's memory "
+            "figures stay bf16's.")
+
+
+def _fp8(ctx: Context) -> bool:
+    return _a(ctx, "mixed_precision") == "fp8"
+
+
+def _fp8_te(ctx: Context) -> bool:
+    return _fp8(ctx) and _a(ctx, "fp8_backend") == "te"
+
+
+def _fp8_ao(ctx: Context) -> bool:
+    return _fp8(ctx) and _a(ctx, "fp8_backend") == "ao"
+
+
+# ---- FSDP2's parallelism config
+
+def _fsdp2(ctx: Context) -> bool:
+    return _is_fsdp(ctx) and _fsdp_version(ctx) == 2
+
+
+def _parallelism(ctx: Context) -> bool:
+    return _fsdp2(ctx) and bool(_a(ctx, "use_parallelism_config"))
+
+
+def _parallelism_given(ctx: Context) -> bool:
+    return any(ctx.given.get(k) is not None for k in SIZE_IDS + (CP_COMM_ID,))
+
+
+def _whole(raw, fallback: int) -> int:
+    """A positive whole number from an answer or a raw given value; `fallback` for anything else (its own
+    question refuses a bad value, with its own message)."""
+    try:
+        value = int(str(raw).strip())
+    except (TypeError, ValueError):
+        return fallback
+    return value if value > 0 else fallback
+
+
+def _num_processes(ctx: Context, answers: dict | None = None) -> int:
+    world = ctx.plan.topology.world_size if ctx.plan is not None else 1
+    return _whole((answers or ctx.answers).get("num_processes"), world)
+
+
+def _shard_default(ctx: Context) -> int:
+    """Every process that replicas, tensor and context parallelism leave: N / (replicate x tp x cp)."""
+    others = (_whole(_a(ctx, SIZE_IDS[0]), 1) * _whole(ctx.given.get(SIZE_IDS[2]), 1)
+              * _whole(ctx.given.get(SIZE_IDS[3]), 1))
+    return max(1, _num_processes(ctx) // others)
+
+
+def _hsdp_note(ctx: Context) -> str:
+    machines = _num_machines(ctx)
+    n = _num_processes(ctx)
+    per = max(1, n // machines)
+    return (f"HSDP, replicate {machines} x shard {per}, keeps FSDP's all-gathers and reduce-scatters inside each "
+            f"machine and sends only a gradient all-reduce between machines, often faster over slow links; but "
+            f"each GPU then holds {machines} times its share of the sharded weights, gradients and optimizer "
+            f"states, which the plan did not size, so it is not the default")
+
+
+def _use_parallelism_why(ctx: Context) -> str:
+    if _parallelism_given(ctx):
+        return "On: you gave parallelism sizes."
+    n = _num_processes(ctx)
+    text = f"Off, accelerate's default: FSDP2 shards over all {n} processes, as the plan sized it"
+    if _multi_node(ctx):
+        return text + f". {_hsdp_note(ctx)}: turn this on and set the sizes to use it."
+    return text + "; turn it on for tensor or context parallelism."
+
+
+def _replicate_why(ctx: Context) -> str:
+    if _multi_node(ctx):
+        return f"1, accelerate's default: FSDP over every process. {_hsdp_note(ctx)}."
+    return "1: no replicas on one machine; every process shards (plain FSDP)."
+
+
+def _shard_why(ctx: Context) -> str:
+    return (f"{_shard_default(ctx)}: the {_num_processes(ctx)} processes divided by replicate x tp x cp, so every "
+            "process not used otherwise shards (FSDP).")
 
 
 DETAIL_QUESTIONS: tuple[Question, ...] = (
@@ -293,8 +475,9 @@ DETAIL_QUESTIONS: tuple[Question, ...] = (
        why="On, as in accelerate.", **_details("fsdp")),
     _q("fsdp_cpu_ram_efficient_loading", "CPU-RAM-efficient loading",
        "Only rank 0 loads the pretrained weights and sends them to the others, so a big model isn't "
-       "loaded once per process into CPU RAM.", "bool", default=True, when=_is_fsdp,
-       why="On: N processes would otherwise each hold a full copy in CPU RAM.", **_details("fsdp")),
+       "loaded once per process into CPU RAM.", "bool", default=lambda ctx: not _ao_fp8_wanted(ctx), when=_is_fsdp,
+       why=_ram_efficient_why, check=_check_ram_efficient_loading, help_default="on (off with fp8 through torchao)",
+       **_details("fsdp")),
     _q("fsdp_sync_module_states", "Broadcast weights from rank 0 (FSDP1)",
        "Makes every rank start from rank 0's weights; needed when only rank 0 loaded them.", "bool",
        default=True,
@@ -308,11 +491,97 @@ DETAIL_QUESTIONS: tuple[Question, ...] = (
                         "Off: the plan fits without recomputing activations."),
        **_details("fsdp")),
 
+    # ---------------------------------------------------------------- details: parallelism (FSDP2)
+    _q("use_parallelism_config", "Use a parallelism config",
+       "FSDP2 can compose with replicas (HSDP), tensor and context parallelism over a device mesh; accelerate asks "
+       "for the sizes of each dimension and the script's Accelerator builds the mesh from them.", "bool",
+       default=_parallelism_given, when=_fsdp2, why=_use_parallelism_why,
+       help_default="off (on when a size is given)", **_details("parallelism")),
+    _q(SIZE_IDS[0], "Data-parallel replicas (HSDP)",
+       "Full copies of the sharded model: each replica shards over dp_shard_size processes and the replicas "
+       "all-reduce their gradients (HSDP). More replicas mean more memory per GPU and less traffic per step.",
+       "int", default=1, check=_positive, when=_parallelism, why=_replicate_why, **_details("parallelism")),
+    _q(SIZE_IDS[1], "FSDP shard size",
+       "Processes each replica's weights, gradients and optimizer states are sharded over.", "int",
+       default=_shard_default, check=_positive, when=_parallelism, why=_shard_why,
+       help_default="processes / (replicate x tp x cp)", **_details("parallelism")),
+    _q(SIZE_IDS[2], "Tensor-parallel size",
+       "Splits each layer's matmuls over this many GPUs (transformers' tp_plan for the model), for layers too "
+       "big even when sharded; it communicates inside every layer, so keep it within one machine.", "int",
+       default=1, check=_positive, when=_parallelism,
+       why="1: the plan fits with sharding alone, and tensor parallelism needs the model loaded split over the "
+           "tp mesh; the plan did not size it.", **_details("parallelism")),
+    _q(SIZE_IDS[3], "Context-parallel size",
+       "Splits every sequence over this many GPUs, so each holds 1/cp of the activations: for sequences whose "
+       "activations do not fit. It needs SDPA attention and the steps inside accelerator.maybe_context_parallel "
+       "(the HF Trainer does that).", "int", default=1, check=_check_cp_size, when=_parallelism,
+       allowed="a whole number >= 1", why="1: the plan fits the sequence without splitting it.",
+       **_details("parallelism")),
+    _q(CP_COMM_ID, "Context-parallel communication",
+       "How the ranks exchange keys and values: allgather gathers them all at once per layer; alltoall passes "
+       "them round the ranks in steps, overlapping compute (less memory for long sequences).", "choice",
+       choices=PARALLELISM_CP_COMM_STRATEGIES, default="allgather",
+       when=lambda ctx: _parallelism(ctx) and int(_a(ctx, SIZE_IDS[3]) or 1) > 1,
+       why="allgather, accelerate's default.", **_details("parallelism")),
+
     # ---------------------------------------------------------------- details: precision
     _q("mixed_precision", "Mixed precision",
        "What accelerate autocasts to; it must match the precision the plan assumed or memory and speed "
-       "will differ.", "choice", choices=MIXED_PRECISIONS, default=_mixed_precision_default,
-       why=_mixed_precision_why, check=_check_mixed_precision,
+       "will differ. fp8 is offered where it runs: GPUs of compute capability 8.9+ and torchao or Transformer "
+       "Engine installed.", "choice", choices=MIXED_PRECISIONS, default=_mixed_precision_default,
+       why=_mixed_precision_why_fp8, check=_check_mixed_precision, options_for=_mixed_precision_options,
+       why_not=_mixed_precision_why_not,
        # With a DeepSpeed config file accelerate neither asks nor accepts it: precision lives in the JSON.
        when=lambda ctx: not _is_deepspeed(ctx), **_details("precision")),
+    _q("fp8_backend", "fp8 backend",
+       "ao: torchao swaps the Linear layers for Float8Linear (with FSDP2 it can all-gather weights in fp8); te: "
+       "NVIDIA Transformer Engine's recipe with delayed scaling (its own layers get fp8, others stay bf16). "
+       "accelerate 1.16 has no third (MS-AMP is gone).", "choice", choices=FP8_BACKENDS,
+       default=_fp8_backend_default, when=_fp8,
+       options_for=lambda ctx: fp8.backends_for(ctx.hardware) or FP8_BACKENDS,
+       why_not=lambda value, ctx: fp8.backend_problem(ctx.hardware, value),
+       why=lambda ctx: ("ao, accelerate config's first choice: torchao converts a plain transformers model "
+                        "without code changes." if _fp8_backend_default(ctx) == "ao" else
+                        "te: the backend installed here."),
+       help_default="ao (te when only Transformer Engine is installed here)", **_details("precision")),
+    _q("fp8_use_autocast_during_eval", "fp8 during evaluation (TE)",
+       "Runs evaluation in fp8 as well; metrics are usually better in bf16.", "bool", default=False, when=_fp8_te,
+       why="Off, accelerate's default: evaluate in bf16.", **_details("precision")),
+    _q("fp8_margin", "Scaling margin (TE)",
+       "Backs the scaling factor off by 2^margin to leave headroom against overflow.", "int", default=0,
+       check=_at_least(0), when=_fp8_te, why="0, accelerate's and Transformer Engine's default.",
+       **_details("precision")),
+    _q("fp8_interval", "Scaling interval (TE)",
+       "Steps between recomputations of the scaling factors.", "int", default=1, check=_positive, when=_fp8_te,
+       why="1, accelerate's default: every step.", **_details("precision")),
+    _q("fp8_format", "fp8 format (TE)",
+       "HYBRID uses E4M3 (more precision) forward and E5M2 (more range) for gradients; E4M3 or E5M2 use one "
+       "format throughout.", "choice", choices=FP8_FORMATS, default="HYBRID", when=_fp8_te,
+       why="HYBRID, accelerate's default and the usual choice for training.", **_details("precision")),
+    _q("fp8_amax_history_len", "amax history length (TE)",
+       "How many steps of absolute maxima the scaling factor is computed from.", "int", default=1024,
+       check=_positive, when=_fp8_te, why="1024, accelerate's default.", **_details("precision")),
+    _q("fp8_amax_compute_algo", "amax algorithm (TE)",
+       "max takes the largest of the history, most_recent the last step's.", "choice",
+       choices=FP8_AMAX_COMPUTE_ALGOS, default="most_recent", when=_fp8_te,
+       why=("most_recent: the default of accelerate's TE recipe, and what a file from `accelerate config` runs "
+            "with: its prompt offers max first but writes amax_compute_algorithm, a key `accelerate launch` never "
+            "reads (the wizard writes amax_compute_algo, which it does)."), **_details("precision")),
+    _q("fp8_override_linear_precision", "Some GEMMs in higher precision (TE)",
+       "Runs the forward (fprop), input-gradient (dgrad) or weight-gradient (wgrad) matmuls in bf16 instead of "
+       "fp8, for stability at a cost in speed.", "bool", default=False, when=_fp8_te,
+       why="Off, accelerate's default: every matmul in fp8.", **_details("precision")),
+    *(_q(f"fp8_override_{gemm}", f"{gemm} in higher precision (TE)",
+         f"Runs the {what} matmuls in bf16 instead of fp8: steadier, slower.", "bool", default=False,
+         when=lambda ctx: _fp8_te(ctx) and bool(_a(ctx, "fp8_override_linear_precision")),
+         why="Off, accelerate's default.", **_details("precision"))
+      for gemm, what in (("fprop", "forward"), ("dgrad", "input-gradient"), ("wgrad", "weight-gradient"))),
+    _q("fp8_enable_fsdp_float8_all_gather", "All-gather weights in fp8 (torchao, FSDP2)",
+       "With FSDP2, casts each weight shard to fp8 before its all-gather: half of bf16's bytes on the wire. "
+       "Without FSDP2 it changes nothing.", "bool", default=True, when=_fp8_ao,
+       why="On, accelerate's default.", **_details("precision")),
+    _q("fp8_pad_inner_dim", "Pad matmul dimensions (torchao)",
+       "torch._scaled_mm needs dimensions divisible by 16; padding lets any model run, at some memory.", "bool",
+       default=True, when=_fp8_ao, why="On, accelerate's default: without it a model with odd sizes fails.",
+       **_details("precision")),
 )

@@ -25,6 +25,9 @@ from wizard.config.vocab import (
     FSDP_AUTO_WRAP_POLICIES,
     FSDP_BACKWARD_PREFETCH,
     FSDP_SHARDING_STRATEGIES,
+    FP8_AMAX_COMPUTE_ALGOS,
+    FP8_BACKENDS,
+    FP8_FORMATS,
     MIXED_PRECISIONS,
 )
 from wizard.errors import InputError
@@ -89,8 +92,9 @@ def _ds_precision(answers: dict, plan, use_cpu: bool) -> str:
         return "fp32"
     mp = answers.get("mixed_precision")
     if mp is not None:
+        deepspeed_precisions = ("no", "fp16", "bf16")     # fp8 would need TE's recipe beside DeepSpeed: not written
         return {"no": "fp32", "fp16": "fp16", "bf16": "bf16"}[_one_of("mixed_precision", str(mp).lower(),
-                                                                       MIXED_PRECISIONS)]
+                                                                       deepspeed_precisions)]
     return plan.precision if plan.precision in ("bf16", "fp16") else "fp32"
 
 
@@ -168,9 +172,55 @@ def accelerate_config(answers: dict, plan, ds_config_path: str | None, model=Non
         doc["deepspeed_config"] = _deepspeed_section(answers, plan, ds_config_path, num_machines, model)
     else:
         doc["mixed_precision"] = _mixed_precision(answers, plan, use_cpu)
+        if doc["mixed_precision"] == "fp8":
+            doc["fp8_config"] = _fp8_section(answers)
     if dtype == "FSDP":
         doc["fsdp_config"] = _fsdp_section(answers, plan)
+        doc["parallelism_config"] = _parallelism_section(answers, doc["fsdp_config"]["fsdp_version"])
+    elif answers.get("use_parallelism_config"):
+        raise InputError("use_parallelism_config", "a parallelism config is written for FSDP2 only (accelerate "
+                                                   "config asks it there, accelerate launch refuses it elsewhere)",
+                         "no, or --backend fsdp")
     return _drop_empty(doc)
+
+
+def _fp8_section(answers: dict) -> dict:
+    """`fp8_config:` as accelerate config 1.16 asks it (commands/config/cluster.py), under the names `accelerate
+    launch` reads: it prefixes each key with fp8_ and exports ACCELERATE_FP8_<KEY>, which AORecipeKwargs /
+    TERecipeKwargs read. Two of TE's keys differ from accelerate config's: it writes amax_history_length and
+    amax_compute_algorithm, which map to no launch option and are never read (its files run with 1024 and
+    most_recent whatever was answered); the wizard writes amax_history_len and amax_compute_algo, which are."""
+    backend = _one_of("fp8_backend", str(_get(answers, "fp8_backend", "ao")).lower(), FP8_BACKENDS)
+    section: dict[str, Any] = {"backend": backend.upper()}       # FP8BackendType's value: AO | TE
+    if backend == "te":
+        section["use_autocast_during_eval"] = bool(_get(answers, "fp8_use_autocast_during_eval", False))
+        section["margin"] = int(_get(answers, "fp8_margin", 0))
+        section["interval"] = int(_get(answers, "fp8_interval", 1))
+        section["fp8_format"] = _one_of("fp8_format", str(_get(answers, "fp8_format", "HYBRID")).upper(), FP8_FORMATS)
+        section["amax_history_len"] = int(_get(answers, "fp8_amax_history_len", 1024))
+        section["amax_compute_algo"] = _one_of("fp8_amax_compute_algo",
+                                               str(_get(answers, "fp8_amax_compute_algo", "most_recent")).lower(),
+                                               FP8_AMAX_COMPUTE_ALGOS)
+        override = bool(answers.get("fp8_override_linear_precision"))
+        # accelerate config stores the three answers as a tuple, which yaml.safe_dump writes as this list
+        section["override_linear_precision"] = [override and bool(answers.get(f"fp8_override_{gemm}"))
+                                                for gemm in ("fprop", "dgrad", "wgrad")]
+    else:
+        section["enable_fsdp_float8_all_gather"] = bool(_get(answers, "fp8_enable_fsdp_float8_all_gather", True))
+        section["pad_inner_dim"] = bool(_get(answers, "fp8_pad_inner_dim", True))
+    return section
+
+
+def _parallelism_section(answers: dict, fsdp_version: int) -> dict:
+    """`parallelism_config:` as accelerate config writes it (parallelism_config_<size> keys), FSDP2 only."""
+    from wizard.config.parallelism import from_answers
+
+    section = from_answers(answers) or {}
+    if section and fsdp_version != 2:
+        raise InputError("use_parallelism_config", "a parallelism config needs FSDP version 2 (accelerate launch: "
+                                                   "'You cannot use `--use_parallelism_config` without `--use_fsdp` "
+                                                   "and `--fsdp_version=2`')", "no, or --fsdp-version 2")
+    return section
 
 
 def _drop_empty(doc: dict) -> dict:
@@ -477,6 +527,26 @@ def notes(answers: dict, plan) -> list[str]:
             out.append("train_batch_size is left out of ds_config.json: accelerate counts 1 process without "
                        "a GPU, so an \"auto\" value would be filled wrongly; DeepSpeed derives it.")
     out.extend(_offload_optimizer_notes(answers, rung))
+    out.extend(_fp8_and_parallelism_notes(answers, rung, plan.topology.world_size))
+    return out
+
+
+def _fp8_and_parallelism_notes(answers: dict, rung, world_size: int) -> list[str]:
+    out = []
+    if rung.backend != "deepspeed" and str(answers.get("mixed_precision") or "").lower() == "fp8":
+        from wizard.config import fp8
+        backend = str(_get(answers, "fp8_backend", "ao")).lower()
+        out.append(f"fp8 through {fp8.NAMES.get(backend, backend)}: the training machine needs it installed "
+                   f"(pip install {fp8.PACKAGES.get(backend, backend)}); the plan's memory and speed figures are "
+                   "bf16's (the weights stay bf16, only the matmul inputs go to fp8).")
+    section = _parallelism_section(answers, 2) if rung.backend == "fsdp" else {}
+    sizes = {k[len("parallelism_config_"):]: v for k, v in section.items() if k.endswith("_size")}
+    if sizes and (sizes["dp_replicate_size"], sizes["tp_size"], sizes["cp_size"]) != (1, 1, 1):
+        out.append(f"parallelism config: the plan's memory and speed figures are for FSDP2 over all {world_size} "
+                   f"processes; replicate {sizes['dp_replicate_size']} x shard {sizes['dp_shard_size']} x tp "
+                   f"{sizes['tp_size']} x cp {sizes['cp_size']} changes them (replicas hold more of the sharded "
+                   "states per GPU, tensor and context parallelism split the weights and the activations further), "
+                   "which the plan does not model.")
     return out
 
 

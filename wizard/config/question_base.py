@@ -20,7 +20,7 @@ from wizard.units import parse_bytes, parse_count
 
 STAGES = ("model", "training", "strategy", "machines", "details")
 KINDS = ("choice", "bool", "int", "float", "str", "path", "size", "count")
-DETAIL_GROUPS = ("processes", "compile", "deepspeed", "multinode", "fsdp", "precision")
+DETAIL_GROUPS = ("processes", "compile", "deepspeed", "multinode", "fsdp", "parallelism", "precision")
 
 _TRUE = {"yes", "y", "true", "on", "1"}
 _FALSE = {"no", "n", "false", "off", "0"}
@@ -62,6 +62,8 @@ class Question:
     check: Callable[[Any, Context, str], Any] | None = None      # raises InputError(field, ...); may
                                                                  # return a normalised value
     options_for: Callable[[Context], tuple] | None = None        # choices that depend on earlier answers
+    why_not: Callable[[Any, Context], str | None] | None = None  # why a choice options_for leaves out is not
+                                                                 # offered here (the error's problem)
     required_when: Callable[[Context], str | None] | None = None  # reason a value is required, or None
     allowed: str | None = None             # what the error message says is allowed
     fixed_default: bool = False            # the default is one value, whatever the hardware and plan (--help)
@@ -143,7 +145,8 @@ class Question:
             return None
         opts = self.options(ctx)
         if opts is not None and value not in opts:
-            raise InputError(self.field, f"{raw!r} is not allowed here", self.allowed_text(ctx))
+            reason = self.why_not(value, ctx) if self.why_not is not None else None
+            raise InputError(self.field, reason or f"{raw!r} is not allowed here", self.allowed_text(ctx))
         if self.check is not None:
             checked = self.check(value, ctx, self.field)
             if checked is not None:
@@ -348,7 +351,7 @@ def _check_bf16(value: str, ctx: Context, f: str) -> None:
                      "fp16 or fp32 on this hardware")
 
 
-_PRECISION_OF_MIXED = {"bf16": "bf16", "fp16": "fp16", "no": "fp32"}
+_PRECISION_OF_MIXED = {"bf16": "bf16", "fp16": "fp16", "no": "fp32", "fp8": "bf16"}   # fp8: bf16 beside the fp8 matmuls
 
 def check_precision_pair(precision: Any, mixed: Any, f: str = "mixed-precision") -> None:
     """--mixed-precision must say what --precision said (else the plan's memory and the file disagree);

@@ -9,8 +9,15 @@ planned the memory), the default is computed and `why_default` says why.
 Values are normalised by `Question.parse`: ints as int, bools as bool, choices as their canonical
 spelling (FSDP/dynamo names upper-case as accelerate writes them, the rest lower-case), unset as None.
 
-Out of scope, never asked: SageMaker, TPU/XLA, Megatron-LM, non-NVIDIA accelerators, fp8, FSDP2's
-parallelism config.
+accelerate 1.16's FSDP2 parallelism config (replicate / shard / tensor / context sizes) and fp8 (backends ao
+and te with their settings; MS-AMP is gone in 1.16) are asked as accelerate asks them, in detail_questions.py:
+the parallelism sizes are judged by accelerate's own ParallelismConfig (wizard/config/parallelism.py), and fp8 is
+offered only on GPUs of compute capability 8.9+ with a backend where the files will run (wizard/config/fp8.py).
+
+Out of scope, never asked: SageMaker, TPU/XLA, Megatron-LM, non-NVIDIA accelerators, DeepSpeed with fp8 (the
+wizard's DeepSpeed configs keep precision in ds_config.json, where accelerate asks no mixed precision either),
+and the parallelism config's sequence-parallel (DeepSpeed ALST/Ulysses) sizes, which `accelerate config` does not
+ask.
 
 The machinery (`Question`, `Context`, coercion, `_q`) is in question_base.py; the questions asked after the
 plan (stage "details") are in detail_questions.py. This module holds the pre-plan questions, the whole

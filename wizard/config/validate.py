@@ -22,6 +22,10 @@ What is bypassed, and why (nothing else is):
   and `torch.cuda.current_device()` is 0: the planned machine has them. CPU plans are checked as they are.
 - DeepSpeed's `dist` is replaced, during `DeepSpeedConfig(...)` only, by a stand-in reporting
   rank 0 of the planned world size, so the batch-size assertion uses the real world size.
+- `is_fp8_available` in accelerate's prepare_*_env answers "yes": whether torchao or Transformer Engine is
+  installed is, like a busy port, a property of the launch-time machine (`wizard check` says it for this
+  one), and the rest of an fp8 config is then still checked. So is `is_transformer_engine_available`
+  while TE's recipe is built from the launch environment (its values are checked, TE itself is never imported).
 Each library error becomes a Finding carrying the library's own message.
 """
 
@@ -274,7 +278,7 @@ def accelerate_launch(yaml_path: str, planned_gpus: bool) -> LaunchOutcome:
     args = None
     error = stage = None
     plugin = None
-    with _LOCK, warnings.catch_warnings(record=True) as caught, \
+    with _LOCK, warnings.catch_warnings(record=True) as caught, _fp8_backend_bypass(libs), \
             _launch_time_bypasses(libs, planned_gpus=planned_gpus), environ_replaced(dict(os.environ)):
         warnings.simplefilter("always")
         try:
@@ -300,6 +304,7 @@ def accelerate_launch(yaml_path: str, planned_gpus: bool) -> LaunchOutcome:
                         plugin = libs.DeepSpeedPlugin()
                     elif args.use_fsdp:
                         plugin = libs.FSDPPlugin()
+                    accelerator_checks(libs, args, plugin)
                 except Exception as exc:   # the plugin's verdict on the config, whatever it raises, is the finding
                     error, stage = _one_line(exc), "prepare"
     texts = tuple(str(w.message) for w in caught if "already in use" not in str(w.message))
@@ -309,6 +314,61 @@ def accelerate_launch(yaml_path: str, planned_gpus: bool) -> LaunchOutcome:
 def _one_line(exc: BaseException) -> str:
     text = " ".join(str(exc).split())
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+@contextlib.contextmanager
+def _fp8_backend_bypass(libs):
+    """prepare_*_env's "FP8 is not available on this machine" answered "available" (module docstring)."""
+    saved = libs.acc_utils_launch.is_fp8_available
+    libs.acc_utils_launch.is_fp8_available = lambda: True
+    try:
+        yield
+    finally:
+        libs.acc_utils_launch.is_fp8_available = saved
+
+
+def accelerator_checks(libs, args, plugin) -> None:
+    """In the launch environment (os.environ is it): what the script's `Accelerator(...)` builds from it
+    beyond the plugin, raising what accelerate raises (1.16, accelerator.py `Accelerator.__init__`):
+    - with ACCELERATE_USE_PARALLELISM_CONFIG, `ParallelismConfig()` and its `_validate_accelerator` against this
+      launch (wizard.config.parallelism.verdict: the world size, the distributed type, the FSDP version);
+    - with fp8, the backend enum of ACCELERATE_FP8_BACKEND (FP8BackendType: AO | TE; 1.15's MSAMP is gone) and
+      the backend's recipe: TERecipeKwargs() (TE's availability answered "yes"), AORecipeKwargs() where torchao is
+      installed, else its two flags read with accelerate's own parser."""
+    env = os.environ
+    if env.get("ACCELERATE_USE_PARALLELISM_CONFIG", "false").lower() == "true":
+        from accelerate.parallelism_config import ParallelismConfig
+
+        from wizard.config import parallelism
+        dtype = "FSDP" if args.use_fsdp else "DEEPSPEED" if args.use_deepspeed else \
+            "MULTI_GPU" if args.multi_gpu else "NO"
+        parallelism.verdict(ParallelismConfig(), int(args.num_processes or 1), getattr(plugin, "fsdp_version", None),
+                            dtype)
+    if env.get("ACCELERATE_MIXED_PRECISION", "no").lower() != "fp8":
+        return
+    from accelerate.utils.environment import parse_choice_from_env, parse_flag_from_env
+
+    dc = libs.acc_dataclasses
+    raw = parse_choice_from_env("ACCELERATE_FP8_BACKEND", "NO")
+    try:
+        backend = dc.FP8BackendType(raw)
+    except ValueError as exc:
+        known = ", ".join(b.value for b in dc.FP8BackendType if b.value != "NO")
+        raise ValueError(f"{exc} (fp8 backends of accelerate {_version('accelerate')}: {known}; MS-AMP was "
+                         "removed in 1.16)") from exc
+    if backend == dc.FP8BackendType.TE:
+        saved = dc.is_transformer_engine_available
+        dc.is_transformer_engine_available = lambda: True
+        try:
+            dc.TERecipeKwargs()
+        finally:
+            dc.is_transformer_engine_available = saved
+    elif backend == dc.FP8BackendType.AO:
+        if dc.is_torchao_available():
+            dc.AORecipeKwargs()
+        else:
+            parse_flag_from_env("ACCELERATE_FP8_PAD_INNER_DIM", default=True)
+            parse_flag_from_env("ACCELERATE_FP8_ENABLE_FSDP_FLOAT8_ALL_GATHER", default=True)
 
 
 def check_accelerate(yaml_path: str, exp: Expect, display: str | None = None,

@@ -1,5 +1,5 @@
 """accelerate's own vocabularies, in one place (accelerate.utils.constants and
-commands/config/config_utils, 1.15). tests/functional/test_accelerate_differential.py compares each
+commands/config/config_utils, 1.16). tests/functional/test_accelerate_differential.py compares each
 with the installed accelerate, so a drift is caught without importing accelerate here (start-up).
 
 The question table offers a subset where accelerate's menu lists what cannot run on NVIDIA GPUs;
@@ -22,8 +22,13 @@ FSDP_AUTO_WRAP_POLICIES = ("TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP
 FSDP_BACKWARD_PREFETCH = ("BACKWARD_PRE", "BACKWARD_POST", "NO_PREFETCH")
 FSDP1_STATE_DICT_TYPES = ("FULL_STATE_DICT", "LOCAL_STATE_DICT", "SHARDED_STATE_DICT")
 FSDP2_STATE_DICT_TYPES = ("SHARDED_STATE_DICT", "FULL_STATE_DICT")
-# accelerate also knows fp8; the wizard leaves it out of scope (README).
-MIXED_PRECISIONS = ("no", "fp16", "bf16")
+MIXED_PRECISIONS = ("no", "fp16", "bf16", "fp8")   # PrecisionType; the table offers fp8 only where it can run
+# fp8's backends (accelerate 1.16: `accelerate launch --fp8_backend {ao,te}`, FP8BackendType AO/TE; MS-AMP, 1.15's
+# third, is gone) as the question table spells them; the YAML's fp8_config.backend is the upper-case enum value.
+FP8_BACKENDS = ("ao", "te")
+FP8_FORMATS = ("HYBRID", "E4M3", "E5M2")              # TE's recipe formats (TERecipeKwargs.fp8_format)
+FP8_AMAX_COMPUTE_ALGOS = ("max", "most_recent")       # TERecipeKwargs.amax_compute_algo
+PARALLELISM_CP_COMM_STRATEGIES = ("allgather", "alltoall")   # TorchContextParallelConfig.cp_comm_strategy
 
 # The YAML keys accelerate refuses beside `deepspeed_config_file`: DeepSpeedPlugin._deepspeed_config_checks
 # raises when any of them is among the deepspeed_config block's keys (launch passes those keys on), and a
