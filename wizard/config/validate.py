@@ -217,17 +217,17 @@ _DEVICE_QUESTIONS = {"get_torch_accelerator_backend": _cuda_backend, "is_cuda_av
 
 def planned_gpu_patches(libs) -> list[tuple[Any, str, Any]]:
     """(module, name, stand-in) for every place the installed accelerate asks for a CUDA device when it
-    builds the launch environment (utils.launch: CUDA_VISIBLE_DEVICES) and the FSDP plugin (utils.dataclasses:
-    sync_module_states). Detected, not assumed: raises BypassUnavailable when a module asks through no
-    known name, so a new accelerate fails a test instead of silently validating a GPU plan as a CPU one."""
+    builds the FSDP plugin (utils.dataclasses: sync_module_states) and the launch environment (utils.launch:
+    CUDA_VISIBLE_DEVICES; up to 1.15 it exported that without asking, so there a module may ask nothing).
+    Detected, not assumed: the plugin has always asked, so when utils.dataclasses asks through no known name
+    BypassUnavailable is raised and a test fails, instead of a GPU plan being judged as a CPU one; the launch
+    environment is pinned by a test of what it exports."""
     patches = []
-    for label, module in (("accelerate.utils.dataclasses", libs.acc_dataclasses),
-                          ("accelerate.utils.launch", libs.acc_utils_launch)):
-        found = [(module, name, stand_in) for name, stand_in in _DEVICE_QUESTIONS.items() if hasattr(module, name)]
-        if not found:
-            raise BypassUnavailable(f"{label} (accelerate {_version('accelerate')}) has none of "
-                                    f"{', '.join(_DEVICE_QUESTIONS)}: cannot validate a GPU plan on this machine")
-        patches.extend(found)
+    for module in (libs.acc_dataclasses, libs.acc_utils_launch):
+        patches += [(module, name, stand_in) for name, stand_in in _DEVICE_QUESTIONS.items() if hasattr(module, name)]
+    if not any(module is libs.acc_dataclasses for module, _, _ in patches):
+        raise BypassUnavailable(f"accelerate.utils.dataclasses (accelerate {_version('accelerate')}) has none of "
+                                f"{', '.join(_DEVICE_QUESTIONS)}: cannot validate a GPU plan on this machine")
     return patches
 
 
