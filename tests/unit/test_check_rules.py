@@ -70,6 +70,8 @@ def check_case(case_dir: Path, tmp: Path):
                         memlock_limit=lambda: args.get("memlock_limit"))
     if "aio_available" in args:
         ctx.aio_available = args["aio_available"]
+    # the fp8 backends installed here are an input too: no fixture depends on this machine having torchao
+    ctx.fp8_backends = tuple(args.get("fp8_backends", ("ao", "te")))
     if args.get("deepspeed_lacks"):
         from tests.ds_simulation import deepspeed_lacking
         with deepspeed_lacking(*args["deepspeed_lacks"], version=args["deepspeed_version"]):
@@ -148,6 +150,8 @@ SEVERITY = {
     "ACC-MAIN-PROCESS-UNSET": "error", "ACC-FSDP1-KEY-UNDER-FSDP2": "warning", "ACC-FSDP2-RESHARD-NOT-BOOL": "error",
     "ACC-NUM-PROCESSES-PER-NODE": "error", "ACC-PORT-IN-USE": "warning", "ACC-UNKNOWN-KEY": "error",
     "ACC-UNKNOWN-NESTED-KEY": "warning", "ACC-UNQUOTED-NO": "error", "DS-AIO-IN-ZERO": "error",
+    "ACC-FP8-UNSUPPORTED-GPU": "error", "ACC-FP8-BACKEND-MISSING": "warning",
+    "ACC-FP8-AO-RAM-EFFICIENT-LOADING": "error",
     "DS-AUTO-IN-SUBCONFIG": "error", "DS-AUTO-UNFILLED": "error", "DS-BF16-UNSUPPORTED": "error",
     "DS-DUPLICATE-KEY": "error", "DS-FLOAT-BUCKET": "error", "DS-LIBRARY-REJECTS": "error",
     "DS-KEY-NEEDS-NEWER-DEEPSPEED": "error", "DS-PIN-MEMORY-MEMLOCK": "warning",

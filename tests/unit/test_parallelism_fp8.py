@@ -338,3 +338,55 @@ def test_the_wizard_writes_a_checked_fp8_and_parallelism_config_for_h100s(tmp_pa
     assert result.accelerate_doc["fp8_config"]["backend"] == "AO"
     assert result.accelerate_doc["parallelism_config"]["parallelism_config_dp_shard_size"] == 4
     assert hardware.assume("8xH100-80GB").source != "probe"
+
+
+# ----------------------------------------------------------------------------- wizard check
+
+def check(tmp_path, doc: dict, assume: str = "8xH100-80GB", backends=("ao", "te")) -> list:
+    from wizard.check.doctor import build_context, run_rules
+
+    ctx = build_context(config_file=write_yaml(tmp_path, doc), hardware=hardware.assume(assume), versions={},
+                        use_default_config=False, port_in_use=lambda port: False, memlock_limit=lambda: None)
+    ctx.fp8_backends = tuple(backends)
+    return run_rules(ctx)
+
+
+def test_accelerate_configs_own_unread_fp8_keys_are_named_with_the_name_launch_reads(tmp_path):
+    doc = emit.accelerate_config({"mixed_precision": "fp8", "fp8_backend": "te"}, make_plan("ddp", world=8), None)
+    assert not check(tmp_path, doc)                      # what the wizard writes: nothing to say
+    section = doc["fp8_config"]
+    section["amax_history_length"] = section.pop("amax_history_len")
+    section["amax_compute_algorithm"] = section.pop("amax_compute_algo")
+    found = {f.key: f for f in check(tmp_path, doc)}
+    assert set(found) == {"fp8_config.amax_history_length", "fp8_config.amax_compute_algorithm"}
+    assert all(f.rule == "ACC-UNKNOWN-NESTED-KEY" and f.severity == "warning" for f in found.values())
+    assert found["fp8_config.amax_history_length"].fix == "rename it to amax_history_len"
+
+
+def test_ms_amp_and_a_bad_parallelism_config_are_accelerates_own_rejections(tmp_path):
+    doc = emit.accelerate_config({"mixed_precision": "fp8"}, make_plan("ddp", world=8), None)
+    doc["fp8_config"] = {"backend": "MSAMP", "opt_level": "O2"}
+    found = {(f.rule, f.key) for f in check(tmp_path, doc)}
+    assert ("ACC-LAUNCH-REJECTS", None) in found and ("ACC-UNKNOWN-NESTED-KEY", "fp8_config.opt_level") in found
+    doc = emit.accelerate_config({"use_parallelism_config": True, "parallelism_config_dp_shard_size": 3},
+                                 make_plan("fsdp", world=8), None)
+    found = [f for f in check(tmp_path, doc) if f.severity == "error"]
+    assert [f.rule for f in found] == ["ACC-LAUNCH-REJECTS"] and "total_size (3)" in found[0].message
+
+
+def test_the_wizards_fsdp2_parallelism_config_passes_check(tmp_path):
+    doc = emit.accelerate_config({"use_parallelism_config": True, "parallelism_config_dp_shard_size": 4,
+                                  "parallelism_config_tp_size": 2}, make_plan("fsdp", world=8), None)
+    assert not [f for f in check(tmp_path, doc) if f.severity != "info"]
+
+
+def test_the_torchao_ram_efficient_loading_refusal_is_accelerates():
+    """ACC-FP8-AO-RAM-EFFICIENT-LOADING and the table's refusal quote the installed Accelerator (torchao is not
+    installed here, so the Accelerator itself cannot be built: its source says it)."""
+    import inspect
+
+    from accelerate import Accelerator
+
+    source = inspect.getsource(Accelerator.__init__)
+    assert "torchao with FSDP2 and cpu_ram_efficient_loading is not supported" in source
+    assert "self.fp8_backend == FP8BackendType.AO" in source and "cpu_ram_efficient_loading" in source

@@ -180,21 +180,43 @@ def unknown_top_level(ctx: CheckContext) -> Iterable:
                 "fsdp_config or in ds_config.json)", when="launch")
 
 
-@rule("ACC-UNKNOWN-NESTED-KEY", FAMILY, "key inside deepspeed_config / fsdp_config that launch never reads")
+# fp8_config keys that accelerate config itself writes (1.16: TE's history length and amax algorithm) or wrote
+# (1.15: MS-AMP's opt_level) under names no launch option reads, and the name launch does read.
+FP8_UNREAD_KEYS = {
+    "amax_history_length": ("accelerate config writes this name, but launch reads amax_history_len: TE's recipe "
+                            "keeps its default, 1024", "amax_history_len"),
+    "amax_compute_algorithm": ("accelerate config writes this name, but launch reads amax_compute_algo: TE's recipe "
+                               "keeps its default, most_recent", "amax_compute_algo"),
+    "opt_level": ("MS-AMP's optimisation level; MS-AMP is gone in accelerate 1.16", None),
+}
+
+
+@rule("ACC-UNKNOWN-NESTED-KEY", FAMILY, "key inside deepspeed_config / fsdp_config / fp8_config / "
+                                        "parallelism_config that launch never reads")
 def unknown_nested(ctx: CheckContext) -> Iterable:
-    sections = (("deepspeed_config", known_deepspeed_keys(), ""), ("fsdp_config", known_fsdp_keys(), "fsdp_"))
+    groups = launch_option_groups()
+    sections = (("deepspeed_config", known_deepspeed_keys(), ""), ("fsdp_config", known_fsdp_keys(), "fsdp_"),
+                ("fp8_config", groups.get("FP8 Arguments", frozenset()), "fp8"),
+                ("parallelism_config", groups.get("ParallelismConfig Arguments", frozenset()), ""))
     for section, known, prefix in sections:
         block = ctx.acc_get(section)
         if not isinstance(block, dict):
             continue
         for key in block:
-            # launch adds the fsdp_ prefix itself when it is missing
-            name = key if (not prefix or str(key).startswith(prefix)) else prefix + str(key)
+            # launch adds the fsdp_ / fp8_ prefix itself when it is missing
+            name = key if (not prefix or str(key).startswith(prefix)) else f"{prefix.rstrip('_')}_{key}"
             if name in known:
                 continue
             hint = ""
             if section == "deepspeed_config":
                 hint = " (DeepSpeed settings such as batch sizes go in ds_config.json)"
+            elif section == "fp8_config" and key in FP8_UNREAD_KEYS:
+                why, read = FP8_UNREAD_KEYS[key]
+                yield finding(
+                    "warning", "ACC-UNKNOWN-NESTED-KEY", ctx.acc_path, f"{section}.{key}",
+                    f"'{key}' is not an fp8_config option launch reads ({why}), so the setting has no effect",
+                    fix=f"rename it to {read}" if read else "remove it", when="launch")
+                continue
             yield finding(
                 "warning", "ACC-UNKNOWN-NESTED-KEY", ctx.acc_path, f"{section}.{key}",
                 f"'{key}' is not an accelerate {section} option: the loader accepts it and launch silently "
@@ -630,6 +652,82 @@ def fsdp2_reshard_not_bool(ctx: CheckContext) -> Iterable:
         "error", "ACC-FSDP2-RESHARD-NOT-BOOL", ctx.acc_path, name,
         f"fsdp_reshard_after_forward: {value} is {what}, but FSDP2 takes true or false here: the script's FSDP "
         f"plugin raises 'ValueError: invalid truth value {str(value).lower()}'", fix=fix, when="launch")
+
+
+# ----------------------------------------------------------------------------- fp8 (accelerate 1.16: ao | te)
+
+
+def _fp8_backend(ctx: CheckContext) -> str | None:
+    """ao | te for a YAML training in fp8 (None: no fp8, or a backend only ACC-LAUNCH-REJECTS can name).
+    Without a backend accelerate's Accelerator takes torchao, else Transformer Engine, whichever is installed."""
+    if str(ctx.acc_get("mixed_precision") or "").lower() != "fp8" or ctx.distributed_type == "DEEPSPEED":
+        return None
+    backend = ctx.acc_get("fp8_config", "backend")
+    if backend is None:
+        return "auto"
+    backend = str(backend).lower()
+    return backend if backend in ("ao", "te") else None
+
+
+def fp8_backends_here(ctx: CheckContext) -> tuple[str, ...]:
+    if ctx.fp8_backends is not None:
+        return tuple(ctx.fp8_backends)
+    from wizard.config.fp8 import installed_fp8_backends
+    return installed_fp8_backends()
+
+
+@rule("ACC-FP8-UNSUPPORTED-GPU", FAMILY, "fp8 on GPUs below compute capability 8.9")
+def fp8_unsupported_gpu(ctx: CheckContext) -> Iterable:
+    from wizard.config.fp8 import gpu_problem
+
+    hw = ctx.hardware
+    if _fp8_backend(ctx) is None or hw is None or not hw.gpus or ctx.acc_get("use_cpu") is True:
+        return
+    problem = gpu_problem(hw)
+    if problem is None:
+        return
+    yield finding(
+        "error", "ACC-FP8-UNSUPPORTED-GPU", ctx.acc_path, "mixed_precision",
+        f"mixed_precision: fp8, but {problem}: accelerate launches it, and the first fp8 matmul "
+        f"(torch._scaled_mm, which torchao and Transformer Engine both call) fails there",
+        fix="mixed_precision: bf16 (and remove fp8_config)", when="step 0")
+
+
+@rule("ACC-FP8-BACKEND-MISSING", FAMILY, "fp8 with its backend not installed on this machine")
+def fp8_backend_missing(ctx: CheckContext) -> Iterable:
+    from wizard.config.fp8 import NAMES, PACKAGES
+
+    backend = _fp8_backend(ctx)
+    if backend is None or (ctx.hardware is not None and getattr(ctx.hardware, "source", "probe") != "probe"):
+        return              # no fp8, or checked for another machine (--assume / --hardware): its software is not here
+    here = fp8_backends_here(ctx)
+    if (backend == "auto" and here) or backend in here:
+        return
+    wanted = ("torchao or Transformer Engine (accelerate picks whichever is installed)" if backend == "auto"
+              else NAMES[backend])
+    key = "fp8_config.backend" if backend != "auto" else "mixed_precision"
+    yield finding(
+        "warning", "ACC-FP8-BACKEND-MISSING", ctx.acc_path, key,
+        f"fp8 through {wanted}, which is not installed on the machine where check runs: `accelerate launch` "
+        f"raises 'FP8 is not available on this machine' here, and the script's Accelerator cannot build the recipe",
+        fix=f"pip install {PACKAGES.get(backend, 'torchao')} on the machines that train", when="launch")
+
+
+@rule("ACC-FP8-AO-RAM-EFFICIENT-LOADING", FAMILY, "torchao fp8 with FSDP's CPU-RAM-efficient loading")
+def fp8_ao_ram_efficient_loading(ctx: CheckContext) -> Iterable:
+    if _fp8_backend(ctx) != "ao" or ctx.distributed_type != "FSDP":
+        return
+    from wizard.check.rules.libraries import launch_outcome
+
+    outcome = launch_outcome(ctx)
+    plugin = getattr(outcome, "plugin", None)
+    if plugin is None or not getattr(plugin, "cpu_ram_efficient_loading", False):
+        return              # launch's own verdict (ACC-LAUNCH-REJECTS), or loading as accelerate allows it
+    yield finding(
+        "error", "ACC-FP8-AO-RAM-EFFICIENT-LOADING", ctx.acc_path, "fsdp_config.fsdp_cpu_ram_efficient_loading",
+        "fp8 through torchao with FSDP and CPU-RAM-efficient loading: the launch passes, then the script's "
+        "Accelerator raises 'torchao with FSDP2 and cpu_ram_efficient_loading is not supported'",
+        fix="fsdp_cpu_ram_efficient_loading: false (or fp8_config.backend: TE)", when="prepare")
 
 
 @rule("ACC-LOADER-REJECTS", FAMILY, "accelerate's own loader rejects the file")

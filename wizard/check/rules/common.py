@@ -95,6 +95,7 @@ class CheckContext:
     versions: dict[str, str | None] = field(default_factory=dict)
     method: Any = None                    # wizard.sizing.lora.LoraOptions from --method lora/qlora; None: full fine-tuning
     aio_available: bool | None = None     # DeepSpeed's async_io op builds here; None: ask DeepSpeed
+    fp8_backends: tuple[str, ...] | None = None   # fp8 backends (ao, te) importable here; None: look (config.fp8)
     # the live machine, as an input: port -> "something listens there now"; None: probe this machine
     port_in_use: Callable[[int], bool] | None = None
     # () -> this machine's RLIMIT_MEMLOCK (soft) in bytes, None when unlimited; None: read this machine
