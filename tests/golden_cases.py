@@ -45,4 +45,13 @@ CASES: dict[str, list[str]] = {
     "1x4090-8b-qlora": ["--assume", "1xRTX4090", "--model", "<FIX>/models/llama-3.1-8b", "--method", "qlora"],
     "2xa100-80-70b-qlora": ["--assume", "2xA100-80GB", "--model", "<FIX>/models/llama-3-70b", "--method", "qlora"],
     "8xh100-80-70b-lora": ["--assume", "8xH100-80GB,ram=2T", "--model", "<FIX>/models/llama-3-70b", "--method", "lora"],
+    # accelerate 1.16's FSDP2 parallelism config: context parallelism 2 leaves a shard size of 4 on 8 GPUs.
+    "8xh100-80-8b-fsdp2-cp2": ["--assume", "8xH100-80GB", "--model", "<FIX>/models/llama-3.1-8b", "--backend", "fsdp",
+                               "--parallelism-config-cp-size", "2"],
+    # fp8 on H100s (planned from elsewhere: the backend is installed there, not necessarily here): torchao under
+    # FSDP2, which turns CPU-RAM-efficient loading off; Transformer Engine on one GPU.
+    "8xh100-80-8b-fsdp2-fp8": ["--assume", "8xH100-80GB", "--model", "<FIX>/models/llama-3.1-8b", "--backend", "fsdp",
+                               "--mixed-precision", "fp8"],
+    "1xh100-llama-tiny-fp8-te": ["--assume", "1xH100-80GB", "--model", "<FIX>/models/llama-tiny", "--mixed-precision",
+                                 "fp8", "--fp8-backend", "te"],
 }
