@@ -139,3 +139,15 @@ def test_help_names_the_flags():
     for flag in ("--config-file", "--ds-config", "--training-args", "--model", "--hardware", "--assume", "--json",
                  "--fix", "--trainer"):
         assert flag in r.stdout
+
+
+def test_a_yaml_without_deepspeed_prints_no_deepspeed_log_line(tmp_path):
+    """DeepSpeed logs "Setting accelerator to CPU" (on stdout in 0.19.0) when it is imported without DS_ACCELERATOR:
+    a rule that imported it on its own put that line into `wizard check`'s output (and first in `wizard launch
+    --detach`'s, where scripts read the run directory). Only the findings are printed."""
+    (tmp_path / "default_config.yaml").write_text(
+        "compute_environment: LOCAL_MACHINE\ndistributed_type: 'NO'\nmixed_precision: bf16\nnum_machines: 1\n"
+        "num_processes: 1\nmachine_rank: 0\nmain_training_function: main\nuse_cpu: false\n")
+    r = run_check("--config-file", str(tmp_path / "default_config.yaml"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "[WARNING]" not in r.stdout + r.stderr and "accelerator" not in r.stdout + r.stderr, r.stdout + r.stderr

@@ -1040,9 +1040,12 @@ def _too_new(ctx: CheckContext) -> list[tuple[str, str, KeyStatus]]:
 
 @rule("DS-KEY-NEEDS-NEWER-DEEPSPEED", FAMILY, "a DeepSpeed key the installed DeepSpeed does not have yet")
 def key_needs_newer_deepspeed(ctx: CheckContext) -> Iterable:
+    too_new = _too_new(ctx)
+    if not too_new:
+        return          # no ds_config.json, or nothing newer than the installed DeepSpeed: DeepSpeed stays unimported
     schema = ds_schema()
     installed = schema.version if schema is not None else ""
-    for path, introduced, status in _too_new(ctx):
+    for path, introduced, status in too_new:
         if older(installed, introduced) or not installed:
             history = f"'{path}' was added in DeepSpeed {introduced}; the installed DeepSpeed {installed} does not have it"
             fix = f"upgrade DeepSpeed to {introduced} or later (pip install -U 'deepspeed>={introduced}'), or remove '{path}'"
