@@ -291,3 +291,19 @@ def test_a_global_batch_reaches_the_plan_the_training_arguments_and_the_files(tm
     assert f"gradient_accumulation_steps={b.grad_accum}," in printed
     same_as_non_interactive(request, out, given)
     assert json.loads((out / "ds_config.json").read_text())["gradient_accumulation_steps"] == b.grad_accum
+
+
+def test_plain_asks_fsdp2s_parallelism_config_and_fp8_and_writes_what_non_interactive_writes(tmp_path):
+    """accelerate 1.16's questions in --plain: on H100s planned from here, FSDP2 with a context-parallel size and fp8
+    given as flags; Enter on every prompt (use the parallelism config, the sizes, the fp8 backend and its settings
+    among them) writes the same files as --non-interactive, with both sections."""
+    out = tmp_path / "out"
+    given = {"model": str(MODELS / "llama-3.1-8b"), "backend": "fsdp", "parallelism_config_cp_size": "2",
+             "mixed_precision": "fp8"}
+    request = Request(given=given, assume="8xH100-80GB", output_dir=str(out))
+    assert plain(request, ENTER * 80) == 0
+    same_as_non_interactive(request, out, given)
+    written = yaml.safe_load((out / "default_config.yaml").read_text())
+    assert written["parallelism_config"]["parallelism_config_dp_shard_size"] == 4
+    assert written["fp8_config"]["backend"] == "AO"
+    assert written["fsdp_config"]["fsdp_cpu_ram_efficient_loading"] is False

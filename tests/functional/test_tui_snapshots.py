@@ -192,3 +192,21 @@ def test_hardware_another_machine_with_its_ram(snap_compare):
         await pilot.press("end", "ctrl+u", *"512G")
 
     assert snap_compare(a100_app(), terminal_size=(80, 24), run_before=go_to("HardwareScreen", other_machine))
+
+
+def test_details_fsdp2_parallelism_config_and_fp8(snap_compare):
+    """accelerate 1.16's questions on the Details screen: FSDP2's parallelism config (context parallelism 2 leaves a
+    shard size of 4) and fp8 with its torchao settings, offered on H100s planned from here (either backend may be
+    installed there). The machines and FSDP groups are folded so both groups show."""
+    app = make_app(Request(given={"model": str(MODELS / "llama-3.1-8b"), "backend": "fsdp",
+                                  "parallelism_config_cp_size": "2", "mixed_precision": "fp8"},
+                           output_dir=str(OUTPUT_DIR)),
+                   hardware=hardware.assume("8xH100-80GB"), preload=False)
+
+    async def fold(pilot):
+        from textual.widgets import Collapsible
+        for group in ("machines", "fsdp"):
+            pilot.app.screen.query_one(f"#group-{group}", Collapsible).collapsed = True
+        await settle(pilot)
+
+    assert snap_compare(app, terminal_size=(120, 40), run_before=go_to("DetailsScreen", fold))

@@ -23,10 +23,11 @@ GROUP_TITLES = {
     "multinode": "Multi-node (DeepSpeed launcher)",
     "deepspeed": "DeepSpeed",
     "fsdp": "FSDP",
+    "parallelism": "Parallelism config (FSDP2)",
     "compile": "Compilation (torch.compile)",
     "precision": "Precision",
 }
-GROUP_ORDER = ("machines", "precision", "deepspeed", "fsdp", "multinode", "processes", "compile")
+GROUP_ORDER = ("machines", "precision", "deepspeed", "fsdp", "parallelism", "multinode", "processes", "compile")
 
 
 def group_questions(group: str):
