@@ -122,7 +122,8 @@ def test_70b_on_8x80gb_needs_zero3_with_optimizer_offload():
         assert states(by[key]) > plan.usable_bytes and not by[key].fits and not by[key].gradient_checkpointing
     cpu, gpu, _ = mem.ds_estimate_zero3_model_states_mem_needs(LLAMA3_70B.params, LLAMA3_70B.largest_layer_params,
                                                                8, 1, False, False, True)
-    assert states(by["zero3"]) == gpu
+    # DeepSpeed's estimator less the fp32 gradient partition stage3.py never holds whole (memory.states_zero3).
+    assert abs(states(by["zero3"]) + int(2 * LLAMA3_70B.params / 8) - gpu) <= 2
     assert by["zero3"].cpu_bytes == LLAMA3_70B.params * 2     # zero.Init: rank 0 alone reads the 16-bit weights
     # Offloading the optimizer leaves 4*LL + 2P/8 on the GPU, and the rest fits.
     cpu, gpu, _ = mem.ds_estimate_zero3_model_states_mem_needs(LLAMA3_70B.params, LLAMA3_70B.largest_layer_params,

@@ -460,7 +460,9 @@ def _states(spec: RungSpec, x: _Inputs) -> mem.ModelStates:
                             offload_param=spec.offload_param == "cpu")
 
 
-def _buffers(spec: RungSpec, x: _Inputs) -> int:
+def _buffers(spec: RungSpec, x: _Inputs, freed_before_step: int = 0) -> int:
+    """Framework buffers. `freed_before_step`: the activations and logits at the backward's peak, gone when the
+    optimizer steps (ZeRO-3's step-time fp32 gradients are counted against them, memory.zero3_buffers)."""
     if spec.backend == "single":
         return 0
     if spec.backend == "ddp":
@@ -474,7 +476,11 @@ def _buffers(spec: RungSpec, x: _Inputs) -> int:
         return mem.fsdp_buffers(x.layer_params, x.root_params, x.precision, bool(spec.fsdp_reshard))
     if spec.zero_stage in (1, 2):
         return mem.zero12_buffers(x.hidden, spec.zero_stage, x.precision)
-    return mem.zero3_buffers(x.params, x.hidden, x.precision)
+    trained = x.params if x.adapters is None else x.adapters.trainable_params
+    offload_param = spec.offload_param != "none"
+    step = mem.zero3_step_bytes(trained, x.world, x.precision, offload_optimizer=spec.offload_optimizer != "none")
+    return mem.zero3_buffers(x.params, x.hidden, x.precision, x.world, offload_param=offload_param,
+                             step_bytes=step, freed_before_step=freed_before_step)
 
 
 @dataclass
@@ -548,7 +554,7 @@ def _estimate(spec: RungSpec, x: _Inputs, gc: bool) -> _Estimate:
         recomputed += mem.fsdp1_retained_checkpoint_bytes(x.seq * x.batch, x.hidden, x.layers, precision)
     logits = _head_output_bytes(x)
     activations = mem.peak_activation_bytes(kept, recomputed, logits)
-    buffers = _buffers(spec, x)
+    buffers = _buffers(spec, x, activations + logits)
     autocast = _autocast(spec, x, gc)
     margin = mem.margin_bytes(states.gpu + autocast + activations + logits + buffers)
     breakdown = {

@@ -34,6 +34,7 @@ from wizard.sizing.memory import (
     states_zero1,
     states_zero2,
     states_zero3,
+    zero3_gathers,
     working_bytes,
 )
 
@@ -753,7 +754,9 @@ def adapter_model_states(adapters: AdapterShape, strategy: str, precision: str, 
                            offload_optimizer=offload_optimizer, offload_param=offload_param, zero_init=True,
                            additional_buffer_factor=additional_buffer_factor)
     partitioned, replicated = _partitioned_base(adapters, w)
-    gathered = w * largest_frozen_layer_params
+    # The largest frozen module's gathered copy; none with one process and the partitions on the GPU, where
+    # ZeRO-3 computes with the partition itself (memory.zero3_gathers).
+    gathered = w * largest_frozen_layer_params if zero3_gathers(world, offload_param) else 0
     cpu = host_load + (adapter.cpu if offload_optimizer else 0)
     if offload_param:
         cpu += int(partitioned / num_nodes * additional_buffer_factor)

@@ -265,15 +265,50 @@ def states_zero2(params: int, precision: str, optimizer: str, num_gpus_per_node:
     return ModelStates(parameters=parameters, gradients=gradients, optimizer=gpu - parameters - gradients, cpu=cpu)
 
 
+def zero3_gathers(world: int, offload_param: bool) -> bool:
+    """Whether ZeRO-3 allocates gathered copies of the parameters it fetches.
+
+    With one process and the partitions on the GPU it does not: partition_parameters.py's all_gather_coalesced
+    returns _no_gather_coalesced when every parameter's partition world size is 1, and NoGatherHandle sets
+    param.data = param.ds_tensor.data.to(device), the partition itself (the same tensor: it is already on the
+    device). Everything else (more than one process, or partitions on the host) gathers into new buffers."""
+    return world > 1 or offload_param
+
+
+def zero3_grad_partition_bytes(precision: str) -> int:
+    """Bytes per parameter of ZeRO-3's gradient partition: stage3.py _setup_for_real_optimizer allocates
+    grad_partitions_flat_buffer (partition numel) in the gradient-accumulation dtype, which the engine sets to
+    the model's dtype when data_types.grad_accum_dtype is unset (engine.py get_data_types): 2 B in bf16 / fp16."""
+    return working_bytes(precision)
+
+
 def states_zero3(params: int, largest_layer_params: int, precision: str, optimizer: str,
                  num_gpus_per_node: int, num_nodes: int, offload_optimizer: bool = False,
                  offload_param: bool = False, zero_init: bool = True,
                  additional_buffer_factor: float = DS_ADDITIONAL_BUFFER_FACTOR) -> ModelStates:
-    """ZeRO-3: DeepSpeed's estimate_zero3_model_states_mem_needs, exactly for mixed precision + AdamW.
+    """ZeRO-3: DeepSpeed's estimate_zero3_model_states_mem_needs, less the two things it counts that stage3.py
+    does not hold (both MEASURED on one H200, bench/results/gpu-2026-12-04.md, where the estimator's figure
+    over-predicted the whole-process peak by 14-16 %):
 
-    zero_init defaults to True: the HF Trainer builds the model under deepspeed.zero.Init when a
-    ZeRO-3 config is active (transformers integrations/deepspeed.py, is_deepspeed_zero3_enabled),
-    and Accelerate does with zero3_init_flag. It changes only the host-RAM figure.
+    - The fp32 gradient partition. The estimator's "18" is 2 (16-bit weights) + 16 (fp32 weights, gradients,
+      momentum, variance; memory.rst), but the gradient partition ZeRO-3 keeps through the step is
+      grad_partitions_flat_buffer in the model's dtype (zero3_grad_partition_bytes: 2 B in bf16); the fp32
+      gradients exist one optimizer sub-group at a time, during the step, when the activations are gone
+      (_prepare_fp32_grad_for_sub_group flattens and casts one sub-group, _release_sub_group frees it):
+      zero3_step_bytes, counted against the activations in zero3_buffers. So the gradients are
+      grad-dtype * P / N, not (2 + 4) * P / N: 16 B per parameter in bf16 with AdamW, not 18.
+    - The gathered copy of the largest layer (half of the estimator's 4 * LL term: "2 bytes fp16 params are
+      gathered and 2 bytes fp16 grads are computed") when nothing is gathered: one process, partitions on the
+      GPU (zero3_gathers). Elsewhere the gathered weights are counted once, by zero3_buffers' live parameters
+      (stage3_max_live_parameters covers every gathered module, the largest included).
+
+    With the two corrections added back the figure is DeepSpeed's estimator (tests/unit/test_memory.py holds
+    both: ds_estimate_zero3_model_states_mem_needs to the byte, and this function to it less exactly these terms,
+    (4 - w) * P / N and w * LL, w the 16-bit width; in fp32 the partition is fp32 and the first term is 0).
+    Offloaded optimizer: the gradient partition lives in host memory, as in the estimator.
+    zero_init defaults to True: the HF Trainer builds the model under deepspeed.zero.Init when a ZeRO-3 config is
+    active (transformers integrations/deepspeed.py, is_deepspeed_zero3_enabled), and Accelerate does with
+    zero3_init_flag. It changes only the host-RAM figure.
     """
     sb = state_bytes(precision, optimizer)
     param16, partition, cpu_optimizer = _ds_multipliers(sb)
@@ -281,20 +316,20 @@ def states_zero3(params: int, largest_layer_params: int, precision: str, optimiz
     layer_bytes = sb.param + sb.grad             # 4 = 2 gathered params + 2 grads of the largest layer
     if offload_param and not offload_optimizer:
         raise ValueError("DeepSpeed's estimator has no parameter-only offload case")
-    cpu, gpu, layer_mem = _zero3(params, largest_layer_params, num_gpus_per_node, num_nodes, offload_optimizer,
-                                 offload_param, zero_init, additional_buffer_factor,
-                                 layer_bytes, param16, partition, cpu_optimizer, cpu_all)
+    cpu, _, _ = _zero3(params, largest_layer_params, num_gpus_per_node, num_nodes, offload_optimizer,
+                       offload_param, zero_init, additional_buffer_factor,
+                       layer_bytes, param16, partition, cpu_optimizer, cpu_all)
     world = num_gpus_per_node * num_nodes
-    layer_params = sb.param * largest_layer_params
-    layer_grads = layer_mem - layer_params
+    layer_params = sb.param * largest_layer_params if zero3_gathers(world, offload_param) else 0
+    layer_grads = sb.grad * largest_layer_params
     if offload_optimizer and offload_param:
-        return ModelStates(parameters=layer_params, gradients=layer_grads, optimizer=gpu - layer_mem, cpu=cpu)
+        return ModelStates(parameters=layer_params, gradients=layer_grads, optimizer=0, cpu=cpu)
     parameters = layer_params + int(param16 * params / world)
     if offload_optimizer:
-        return ModelStates(parameters=parameters, gradients=layer_grads, optimizer=gpu - parameters - layer_grads,
-                           cpu=cpu)
-    gradients = layer_grads + int((sb.grad + FP32_GRAD_BYTES) * params / world)
-    return ModelStates(parameters=parameters, gradients=gradients, optimizer=gpu - parameters - gradients, cpu=cpu)
+        return ModelStates(parameters=parameters, gradients=layer_grads, optimizer=0, cpu=cpu)
+    gradients = layer_grads + int(zero3_grad_partition_bytes(precision) * params / world)
+    optimizer_bytes = int((FP32_MASTER_BYTES + sb.optim) * params / world)
+    return ModelStates(parameters=parameters, gradients=gradients, optimizer=optimizer_bytes, cpu=cpu)
 
 
 # DeepSpeed offload_config.py defaults, used for the NVMe rung's pinned swap buffers.
@@ -963,8 +998,27 @@ def zero12_buffers(hidden_size: int, stage: int, precision: str, overlap_comm: b
     return elements * dtype_bytes * (2 if overlap_comm else 1)
 
 
-def zero3_buffers(params: int, hidden_size: int, precision: str) -> int:
-    """DeepSpeed ZeRO-3 working buffers beyond the estimator's largest-layer term.
+def zero3_step_bytes(params: int, world: int, precision: str, offload_optimizer: bool = False,
+                     sub_group_size: int = DS_SUB_GROUP_SIZE) -> int:
+    """What ZeRO-3's optimizer step adds on the GPU: the fp32 gradients of one sub-group and, while they are made,
+    the flattened copy they are cast from.
+
+    stage3.py _prepare_fp32_grad_for_sub_group: self.flatten(averaged_gradients[i]) (a new model-dtype tensor of
+    the sub-group's size) .to(fp32) (a second one, 4 B per element; a no-op cast in fp32), kept as the fp32
+    partition's .grad until _release_sub_group frees it; sub-groups hold min(sub_group_size, P / N) elements
+    (the emitter writes DeepSpeed's default 1e9). It happens after backward, when activations and logits are
+    freed: zero3_buffers counts it against them. With optimizer offload the step runs on the host: nothing."""
+    if offload_optimizer:
+        return 0
+    elements = min(sub_group_size, math.ceil(params / max(world, 1)))
+    w = working_bytes(precision)
+    return elements * (w + 4 if w != 4 else 4)
+
+
+def zero3_buffers(params: int, hidden_size: int, precision: str, world: int, offload_param: bool = False,
+                  step_bytes: int = 0, freed_before_step: int = 0) -> int:
+    """DeepSpeed ZeRO-3 working buffers beyond the model states, at the larger of the backward's and the step's
+    peak.
 
     - IPG bucket: one torch.empty(reduce_bucket_size) per dtype (stage3.py, after
       initialize_optimizer_states).
@@ -973,15 +1027,18 @@ def zero3_buffers(params: int, hidden_size: int, precision: str) -> int:
       __max_n_available_params); prefetched parameters count toward the same cap, so
       stage3_prefetch_bucket_size is inside it. Counted as min(1e9, P) 16-bit elements: an upper
       bound, conservative on purpose (max_reuse_distance=1e9 lets parameters stay gathered between
-      forward and backward).
+      forward and backward). None where nothing is gathered (zero3_gathers: one process, partitions on the GPU).
+    - The optimizer step's fp32 sub-group gradients (zero3_step_bytes): they come after backward, when the
+      gathered parameters are released and the activations and logits (`freed_before_step`) are gone, so the
+      peak holds the larger of the two: gathered + activations + logits, or the step's bytes.
     - Parameters below stage3_param_persistence_threshold (10h: norms, biases) stay unpartitioned;
       ignored, they are a few MiB.
     """
     settings = deepspeed_bucket_settings(hidden_size)
     wb = working_bytes(precision)
     ipg = int(settings["reduce_bucket_size"]) * wb
-    live = min(int(settings["stage3_max_live_parameters"]), params) * wb
-    return ipg + live
+    live = min(int(settings["stage3_max_live_parameters"]), params) * wb if zero3_gathers(world, offload_param) else 0
+    return ipg + max(live, step_bytes - freed_before_step)
 
 
 def fsdp_buffers(layer_params: int, root_params: int, precision: str, reshard: bool) -> int:
@@ -1023,6 +1080,7 @@ __all__ = [
     "norm_bytes_per_token", "attention_score_bytes", "backward_working_bytes_per_token",
     "LOGITS_PEAK_BYTES_PER_ELEMENT", "T5_PROFILE", "GEMMA2_PROFILE", "LayerStack", "stack_activation_bytes",
     "ssm_bytes_per_token", "autocast_weight_bytes", "load_host_bytes", "offloaded_host_bytes",
-    "deepspeed_bucket_settings", "ddp_buffers", "zero12_buffers", "zero3_buffers", "fsdp_buffers",
+    "deepspeed_bucket_settings", "ddp_buffers", "zero12_buffers", "zero3_buffers", "zero3_step_bytes",
+    "zero3_gathers", "zero3_grad_partition_bytes", "fsdp_buffers",
     "margin_bytes", "usable_bytes",
 ]
