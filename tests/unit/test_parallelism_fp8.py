@@ -390,3 +390,22 @@ def test_the_torchao_ram_efficient_loading_refusal_is_accelerates():
     source = inspect.getsource(Accelerator.__init__)
     assert "torchao with FSDP2 and cpu_ram_efficient_loading is not supported" in source
     assert "self.fp8_backend == FP8BackendType.AO" in source and "cpu_ram_efficient_loading" in source
+
+
+@pytest.mark.parametrize("given,culprit", [({"fsdp_version": "1"}, "--fsdp-version"),
+                                           ({"use_parallelism_config": "no"}, "--use-parallelism-config")])
+def test_a_size_beside_an_answer_that_rules_the_config_out_is_a_conflict(given, culprit):
+    with pytest.raises(InputError) as err:
+        build({"parallelism_config_cp_size": "2", **given})
+    assert err.value.field == "parallelism-config-cp-size" and culprit in str(err.value)
+
+
+def test_a_size_given_while_the_plan_chose_another_backend_is_named_as_unused():
+    result = pipeline.build(pipeline.Request(given={"params": "1B", "parallelism_config_cp_size": "2"},
+                                             assume="8xH100-80GB", output_dir="/tmp/unused-wizard-out",
+                                             calibrate=False))
+    assert result.plan.choice.backend != "fsdp"
+    assert any("--parallelism-config-cp-size" in note for note in result.plan.notes)
+    with pytest.raises(InputError) as err:
+        build({"mixed_precision": "fp8", "backend": "deepspeed"})
+    assert "--backend" in str(err.value)

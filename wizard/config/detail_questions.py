@@ -251,7 +251,9 @@ def _fsdp2(ctx: Context) -> bool:
 
 
 def _parallelism(ctx: Context) -> bool:
-    return _fsdp2(ctx) and bool(_a(ctx, "use_parallelism_config"))
+    # Unanswered (only where the table's conflict check asks "would another answer ask it?"): a given size says
+    # yes, so --fsdp-version 1 or --backend ddp beside a size is a conflict, not a silently ignored answer.
+    return _fsdp2(ctx) and bool(_a(ctx, "use_parallelism_config", _parallelism_given(ctx)))
 
 
 def _parallelism_given(ctx: Context) -> bool:
