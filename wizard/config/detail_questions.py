@@ -222,11 +222,12 @@ def _ram_efficient_why(ctx: Context) -> str:
 
 def _mixed_precision_why_fp8(ctx: Context) -> str:
     text = _mixed_precision_why(ctx)
-    if _fp8_problem(ctx) is not None:
-        return text
-    where = ("with " + " or ".join(fp8.NAMES[b] for b in fp8.backends_for(ctx.hardware))
-             if fp8.is_this_machine(ctx.hardware) else "(install torchao or Transformer Engine where it trains)")
-    return (text + f" fp8 runs here {where}: the large matmuls take fp8 inputs (bf16 elsewhere), faster where the "
+    if _fp8_problem(ctx) is not None or _mixed_precision_default(ctx) != "bf16":
+        return text                     # fp8 runs beside bf16 (its autocast): said where bf16 is the plan's
+    where = ("here, with " + " or ".join(fp8.NAMES[b] for b in fp8.backends_for(ctx.hardware))
+             if fp8.is_this_machine(ctx.hardware) else
+             "on these GPUs (with torchao or Transformer Engine installed where they train)")
+    return (text + f" fp8 can run {where}: the large matmuls take fp8 inputs (bf16 elsewhere), faster where the "
             "matrices are big (hidden sizes in the thousands) and little or not at all for small models; its 3-4 "
             "mantissa bits are scaled per tensor, so compare the loss curve with a bf16 run. The plan's memory "
             "figures stay bf16's.")
