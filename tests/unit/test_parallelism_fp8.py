@@ -409,3 +409,18 @@ def test_a_size_given_while_the_plan_chose_another_backend_is_named_as_unused():
     with pytest.raises(InputError) as err:
         build({"mixed_precision": "fp8", "backend": "deepspeed"})
     assert "--backend" in str(err.value)
+
+
+def test_the_trainer_keeps_fp8_only_without_bf16_and_the_snippet_leaves_it_out(monkeypatch):
+    """TrainingArguments.__post_init__ takes launch's ACCELERATE_MIXED_PRECISION unless bf16/fp16 replace it: the
+    TrainingArguments the wizard prints for an fp8 config set neither (TRN-PRECISION-OVERRIDES-FP8 is the check)."""
+    from transformers import TrainingArguments
+
+    from wizard.frontends.snippets import training_arguments
+
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "fp8")
+    assert TrainingArguments(output_dir="out", report_to=[]).mixed_precision == "fp8"
+    assert TrainingArguments(output_dir="out", report_to=[], bf16=True, use_cpu=True).mixed_precision == "bf16"
+    kwargs = training_arguments({"mixed_precision": "fp8"}, make_plan("ddp", world=8), None)
+    assert "bf16" not in kwargs and "fp16" not in kwargs
+    assert training_arguments({"mixed_precision": "bf16"}, make_plan("ddp", world=8), None)["bf16"] is True

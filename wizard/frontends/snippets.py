@@ -54,6 +54,9 @@ def training_arguments(answers: dict[str, Any], plan, ds_path: str | None) -> di
         # its CPU accelerator is chosen by DeepSpeed itself (verified with accelerate 1.15).
         if choice.backend != "deepspeed":
             kwargs["use_cpu"] = True
+    elif answers.get("mixed_precision") == "fp8":
+        pass    # neither bf16 nor fp16: TrainingArguments then keeps accelerate launch's ACCELERATE_MIXED_PRECISION
+                # (fp8); bf16=True would replace it (TrainingArguments.__post_init__) and train in bf16
     elif precision == "bf16":
         kwargs["bf16"] = True
     elif precision == "fp16":

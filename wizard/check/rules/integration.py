@@ -134,6 +134,23 @@ def fsdp_and_deepspeed(ctx: CheckContext) -> Iterable:
         fix=f"remove the {ignored} settings", when="launch")
 
 
+@rule("TRN-PRECISION-OVERRIDES-FP8", FAMILY, "bf16/fp16 in TrainingArguments beside mixed_precision: fp8")
+def precision_overrides_fp8(ctx: CheckContext) -> Iterable:
+    """TrainingArguments.__post_init__ takes ACCELERATE_MIXED_PRECISION (fp8 from launch) unless fp16 or bf16
+    is set, which replace it, and the Trainer builds its Accelerator with that: the run trains in bf16/fp16."""
+    if ctx.ta is None or not ctx.hf_trainer or str(ctx.acc_get("mixed_precision") or "").lower() != "fp8":
+        return
+    for key in ("bf16", "fp16"):
+        if _truthy(ctx.ta_value(key)):
+            yield finding(
+                "warning", "TRN-PRECISION-OVERRIDES-FP8", _ta_file(ctx), key,
+                f"{key}=True beside mixed_precision: fp8 in the accelerate config: TrainingArguments replaces "
+                f"launch's fp8 with {key}, so the Trainer trains in {key} and the fp8_config is never used",
+                fix=f"drop {key} (fp8 autocasts the rest to bf16 by itself), or set mixed_precision: {key}",
+                when="prepare")
+            return
+
+
 @rule("TRN-NON-BLOCKING-NO-PIN", FAMILY, "non_blocking without dataloader_pin_memory")
 def non_blocking_no_pin(ctx: CheckContext) -> Iterable:
     if ctx.ta is None or not _truthy(ctx.accelerator_config().get("non_blocking")):
