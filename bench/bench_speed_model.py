@@ -61,9 +61,9 @@ def param_count(model: dict[str, Any], seq_len: int) -> int:
         # final one; learned positions of n_positions rows; LM head tied to the token embedding.
         per_layer = (d * 3 * d + 3 * d) + (d * d + d) + (d * ff + ff) + (ff * d + d) + 2 * 2 * d
         return layers * per_layer + 2 * d + vocab * d + model["max_position_embeddings"] * d
-    elif model["family"] == "llama":
+    elif model["family"] in ("llama", "qwen2"):
         mlp = 3 * d * ff                                       # gate, up, down
-        biases = 0
+        biases = (d + 2 * kv_dim) if model["family"] == "qwen2" else 0   # Qwen2: q, k and v are biased
         norms = 2 * d                                          # two RMSNorms
         final_norm = d
     else:
@@ -99,6 +99,8 @@ def converted_tokens_per_second_per_gpu(entry: dict[str, Any]) -> float:
         return float(measured["value"])
     if unit.startswith("samples/s, whole job"):  # also "(one GPU)": the job is the GPU
         return measured["value"] * entry["seq_len"] / gpus
+    if unit == "ms/step":                        # the global batch's tokens per step, over the GPUs
+        return entry["global_batch"] * entry["seq_len"] / (measured["value"] / 1000) / gpus
     raise ValueError(f"{entry['id']}: no conversion for unit {unit!r}")
 
 
@@ -208,13 +210,27 @@ def adapters_for(entry: dict[str, Any], shape):
     return adapters
 
 
+def host_of(entry: dict[str, Any], hw):
+    """The assumed machine with the host the entry describes (its optional "host": logical CPUs, physical cores,
+    the OpenMP threads per process the launch gave, as OMP_NUM_THREADS in the machine's environment)."""
+    import dataclasses
+    host = entry.get("host")
+    if not host:
+        return hw
+    env = dict(hw.env or {})
+    if host.get("omp_threads"):
+        env["OMP_NUM_THREADS"] = str(host["omp_threads"])
+    return dataclasses.replace(hw, cpu_cores=host.get("cpus", hw.cpu_cores),
+                               cpu_physical_cores=host.get("physical_cores", hw.cpu_physical_cores), env=env)
+
+
 def plan_rung(entry: dict[str, Any], model: dict[str, Any]):
     """(the plan's rung for `entry`, None) or (None, why the wizard cannot plan it)."""
     from wizard.errors import InputError
     from wizard.planning.plan import Topology, make_plan, rung_by_key
     from wizard.probe.hardware import assume
 
-    hw = assume(f"{entry['gpus_per_node']}x{entry['gpu']},nodes={entry['nodes']}")
+    hw = host_of(entry, assume(f"{entry['gpus_per_node']}x{entry['gpu']},nodes={entry['nodes']}"))
     training, strategy, _ = _options(entry)
     topology = Topology(num_machines=entry["nodes"], processes_per_machine=entry["gpus_per_node"])
     shape = _shape(entry, model)
@@ -419,7 +435,13 @@ def render_markdown(data: dict[str, Any], rows: list[Row], summ: dict[str, Any],
             "(3083 tok/s with recomputation) would be 93 % of the card's 165 TFLOPs bf16 peak: those rows were not "
             "fitted (speed.py says why). hf-perf-train-gpu-one measures the same things issue 19's held-out set "
             "describes (a 12.5 % micro-batch 1 penalty, fp16 2.1x fp32 on a V100): it may overlap that set, and it is "
-            "the only fp32 evidence, so it sits in the fit half.", ""]
+            "the only fp32 evidence, so it sits in the fit half. CPU optimizer offload (issue 28): the host step is "
+            "modelled on memory bandwidth (42 B per parameter, 6.7 GB/s per OpenMP thread, 0.18 of the host class's "
+            "peak DRAM bandwidth), chosen on the H200 session (bench/results/gpu-2026-12-04.md) and DeepSpeed's ZenFlow "
+            "write-up; DeepSpeed's core-binding blog is held out. The gist's three offload rows, which the old CPU "
+            "Adam rate (2.8e6 parameters/s per core) was fitted on, take 18-22 s per step more than their GPU work: "
+            "no bandwidth explains it (one thread per process would take 5 s), so they are now about 2x too fast; "
+            "the gist states neither its launcher nor its thread count.", ""]
     return "\n".join(out)
 
 

@@ -152,8 +152,9 @@ def test_cpu_optimizer_offload_costs_cpu_adam_and_the_host_link():
     w = work()
     s = sp.estimate(NO_COMPUTE, w, layout("deepspeed", 2, oo="cpu", per_machine=1))
     local = 1e9
-    cpu_adam = local / (10 * sp.CPU_ADAM_PARAMS_PER_CORE)
-    grads_down = 2 * local / (20 * GB)                     # bf16 gradients to the host, nothing to hide behind
+    # 42 B per parameter through 10 threads' bandwidth (ROUND has no host cap).
+    cpu_adam = 42 * local / (10 * sp.CPU_STEP_THREAD_BYTES_PER_S)
+    grads_down = 4 * local / (20 * GB)                     # fp32 gradients to the host, nothing to hide behind
     weights_up = 2 * local / (20 * GB)
     assert s.optimizer_seconds == pytest.approx(cpu_adam)
     assert s.offload_seconds == pytest.approx(grads_down + weights_up)
@@ -539,3 +540,50 @@ def test_70b_qlora_on_two_48gb_gpus_picks_fsdp_not_zero3_and_says_why():
     assert fsdp.tokens_per_second > z3.tokens_per_second * (1 + plan_mod.SPEED_TIE)
     assert "the fastest rung that fits" in fsdp.reason
     assert "module by module" in z3.reason and "lora_A" in z3.reason
+
+
+# --- The host optimizer step: threads and host memory bandwidth -----------------------------------------------
+
+def test_cpu_step_is_memory_bandwidth_bound_on_the_threads_it_gets():
+    """42 B per parameter (clip 8 + DeepSpeedCPUAdam 28 + the 16-bit copy 6) at 6.7 GB/s per thread, within the
+    machine's share: the H200 session's one process on 16 cores stepped 1.54e9 parameters in about 0.61 s."""
+    one = replace(ROUND, cpu_cores_per_process=16, cpu_step_threads=16)
+    assert sp.cpu_step_seconds(one, 1.5437e9) == pytest.approx(1.5437e9 * 42 / (16 * 6.7e9))
+    assert 0.55 < sp.cpu_step_seconds(one, 1.5437e9) < 0.66
+    # Eight processes on a machine whose host gives 100 GB/s in all: each gets an eighth, whatever its threads.
+    capped = replace(ROUND, cpu_step_threads=16, host_memory_bytes_per_s=100 * GB, processes_per_machine=8)
+    assert capped.cpu_step_bytes_per_s == pytest.approx(100 * GB / 8)
+
+
+def test_torchrun_leaves_one_thread_per_process_unless_omp_num_threads_is_set():
+    hw = replace(gpus(8, 80), cpu_cores=128, cpu_physical_cores=64, env={})
+    assert sp.machine_from_hardware(hw, "bf16", 8).threads == 1            # torchrun: OMP_NUM_THREADS=1
+    assert sp.machine_from_hardware(hw, "bf16", 1).threads == 64           # one process: OpenMP takes every core
+    hw8 = replace(hw, env={"OMP_NUM_THREADS": "8"})
+    assert sp.machine_from_hardware(hw8, "bf16", 8).threads == 8
+    assert sp.machine_from_hardware(replace(hw, env={"OMP_NUM_THREADS": "32"}), "bf16", 8).threads == 8  # 64 / 8
+    assert sp.machine_from_hardware(hw, "bf16", 8, omp_threads=4).threads == 4
+    assert sp.machine_from_hardware(replace(hw, env={"OMP_NUM_THREADS": "x"}), "bf16", 8).threads == 1
+
+
+def test_host_memory_bandwidth_by_server_class():
+    assert sp.host_memory_gbps(hardware.assume("8xH100-80GB"))[0] == 614.4     # DGX H100 / H200 class
+    assert sp.host_memory_gbps(gpus(8, 80))[0] == sp.OTHER_SERVER_HOST_MEMORY_GBPS  # a GPU not in the catalogue
+    a100 = hardware.assume("8xA100-80GB")
+    assert sp.host_memory_gbps(a100)[0] == 409.6
+    assert sp.host_memory_gbps(hardware.assume("1xRTX4090"))[0] == sp.DESKTOP_HOST_MEMORY_GBPS
+    m = sp.machine_from_hardware(a100, "bf16", 8)
+    assert m.host_memory_bytes_per_s == pytest.approx(409.6 * GB * sp.HOST_OFFLOAD_EFFICIENCY)
+
+
+def test_offload_step_of_qwen72b_on_a100_nodes_is_about_ten_seconds():
+    """DeepSpeed issue #6834 (held out): Qwen-72B, ZeRO-3 with optimizer and parameter offload on 4 nodes of 8 A100:
+    "The step time of no-offload vs offload is ~0.2s vs ~10s". Each machine's eight processes step 72e9 / 32
+    parameters each through a DGX A100 host's offload bandwidth. DeepSpeed's own launcher (0.14.5 there) sets no
+    OMP_NUM_THREADS, so each process's OpenMP takes every core it sees; under torchrun's one thread each the
+    step would take 14 s."""
+    hw = hardware.assume("8xA100-80GB,nodes=4")
+    m = sp.machine_from_hardware(hw, "bf16", 8, omp_threads=16)
+    assert 8 <= sp.cpu_step_seconds(m, 72e9 / 32) <= 12
+    one_thread = sp.machine_from_hardware(hw, "bf16", 8)
+    assert sp.cpu_step_seconds(one_thread, 72e9 / 32) == pytest.approx(42 * 72e9 / 32 / 6.7e9)

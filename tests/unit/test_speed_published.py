@@ -225,7 +225,9 @@ def test_implied_utilisation_is_possible(entry):
         flops -= 2 * bench.param_count(model, entry["seq_len"])
     peaks = DENSE_FP32_TFLOPS if entry["precision"] == "fp32" else DENSE_BF16_TFLOPS
     mfu = flops * entry["tokens_per_second_per_gpu"] / (peaks[entry["gpu"]] * 1e12)
-    assert 0.05 < mfu < 0.75, f"{entry['id']}: implied MFU {mfu:.2f}"
+    # CPU optimizer offload of a small model spends most of its step on the host: a few per cent is possible there.
+    low = 0.02 if "offload" in entry["rung"] else 0.05
+    assert low < mfu < 0.75, f"{entry['id']}: implied MFU {mfu:.2f}"
 
 
 def test_gist_unit_is_the_only_possible_reading():
@@ -279,8 +281,10 @@ def test_samples_per_second_conversion():
 # the speed model against the data (needs wizard/planning/speed.py)
 
 # The held-out half's median |error| must stay under this (issue 19's target); the fit half's, which the
-# constants were chosen on, under FIT_MEDIAN_BOUND_PCT. Achieved: fit 10.5 % over 43 entries, held-out
-# 11.3 % over 16 (bench/results/speed-model.md); before the re-fit they were 18.9 % and 14.5 %.
+# constants were chosen on, under FIT_MEDIAN_BOUND_PCT. Achieved: fit 12.7 % over 43 entries, held-out
+# 12.2 % over 25 (bench/results/speed-model.md); before issue 28's host-step model, 10.5 % (the gist's three offload
+# rows, on which the old CPU Adam rate was fitted, are now 2x too fast) and 12.0 % over 21 (the four rows of
+# DeepSpeed's core-binding blog are new); before issue 19's re-fit, 18.9 % and 14.5 %.
 HELDOUT_MEDIAN_BOUND_PCT = 15.0
 FIT_MEDIAN_BOUND_PCT = 13.0
 
@@ -339,11 +343,17 @@ def test_micro_batch_one_is_only_somewhat_slower_on_a_narrow_model(predicted):
 
 
 @pytest.mark.skipif(not _has_speed_model(), reason="the plan's rungs have no speed model yet")
-def test_cpu_optimizer_offload_costs_what_it_measured(predicted):
-    """chenyaofo-gist (fit half): CPU optimizer offload runs Llama-7B on 8x A800 at 35-40 % of the speed of the
-    same settings without it (1.81 against 4.19 samples/s for ZeRO-2). The model said 96 % before the CPU step
-    rate was fitted."""
+def test_cpu_optimizer_offload_costs_what_deepspeed_measured(predicted):
+    """deepspeed-corebinding-blog (held-out half): Qwen2.5-1.5B on 2x A100 trains at 17.6 % of ZeRO-2's speed with
+    CPU optimizer offload ('Practicality test': 240 against 1365 ms per step), and binding 64 cores to each rank
+    (OMP_NUM_THREADS=64) is within a fifth of leaving OpenMP every logical CPU. The host step's bandwidth was
+    chosen on the H200 session and DeepSpeed's ZenFlow write-up, not on these rows. Before it, CPU Adam at 2.8e6
+    parameters/s per core (fitted on the chenyaofo gist, whose offload rows take 18-22 s per step more for a reason
+    no bandwidth explains and are now 2x too fast) made this run 5.5x slower than measured."""
     rows, _ = predicted
-    off = _row(rows, "gist-llama-7b-zero2-offload-opt-ckpt-mb1-gb64")
-    on = _row(rows, "gist-llama-7b-zero2-ckpt-mb1-gb64")
-    assert 0.3 <= off.predicted / on.predicted <= 0.6
+    off = _row(rows, "dsblog-qwen2.5-1.5b-zero2-offload-bind-s512-2xA100-40GB")
+    assert abs(off.error_pct) <= 25
+    assert 0.10 <= off.predicted / _row(rows, "dsblog-qwen2.5-1.5b-zero2-s512-2xA100-40GB").predicted <= 0.25
+    bind = _row(rows, "dsblog-qwen2.5-3b-zero2-offload-bind-s512-2xA100-40GB")
+    nobind = _row(rows, "dsblog-qwen2.5-3b-zero2-offload-nobind-s512-2xA100-40GB")
+    assert abs(bind.error_pct) <= 15 and abs(nobind.error_pct) <= 25

@@ -15,7 +15,7 @@ from wizard.planning import rungs as rung_table
 from wizard.planning import speed as speed_mod
 from wizard.planning.rungs import BY_KEY, RungSpec
 from wizard.sizing import memory as mem
-from wizard.units import GiB, fmt_bytes, fmt_bytes_apart
+from wizard.units import GiB, fmt_bytes, fmt_bytes_apart, fmt_duration
 
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
 GC_MODES = ("auto", "on", "off")
@@ -724,7 +724,7 @@ def _fit_reason(rung: Rung, x: _Inputs, without_gc: int | None, choice: Rung, ti
                f"{fastest} of those --offload {forced_offload} allows" if forced_offload else
                "no rung without offload fits, and it is the fastest offload rung that fits" if _rung_class(rung) == 1
                else "nothing fits without NVMe")
-        return f"Fits with {spare} to spare ({used}){gc}; ≈{rate}; chosen: {why}."
+        return f"Fits with {spare} to spare ({used}){gc}; ≈{rate}; chosen: {why}{_threads_clause(rung, x)}."
     rel = speed_mod.relative(rung.speed, choice.speed)
     slower = rung.tokens_per_second < choice.tokens_per_second * (1 - SPEED_TIE)
     if _rung_class(rung) > _rung_class(choice) and not slower:
@@ -733,7 +733,18 @@ def _fit_reason(rung: Rung, x: _Inputs, without_gc: int | None, choice: Rung, ti
         return f"Fits ({used}){gc}, {rel} (≈{rate}); the earlier rung ({choice.name}) wins the tie."
     measured = any((r.calibration or {}).get("speed_ratio") for r in (rung, choice))
     because = "as measured on this machine (`wizard tune`)" if measured else _slower_because(rung, choice, x)
-    return f"Fits ({used}){gc}, {rel} (≈{rate}): {because}."
+    return f"Fits ({used}){gc}, {rel} (≈{rate}): {because}{_threads_clause(rung, x)}."
+
+
+def _threads_clause(rung: Rung, x: _Inputs) -> str:
+    """', its host step on 1 thread per process (OMP_NUM_THREADS, see the notes)' for an optimizer-offload rung
+    whose step OMP_NUM_THREADS starves; '' otherwise."""
+    starved = _starved_threads(x) if rung.offload_optimizer != "none" else None
+    if starved is None:
+        return ""
+    threads, cores = starved
+    return (f", its host step on {threads:g} thread{'s' if threads != 1 else ''} per process of {cores} cores "
+            f"(OMP_NUM_THREADS, see the notes)")
 
 
 def _slower_because(rung: Rung, choice: Rung, x: _Inputs | None = None) -> str:
@@ -1185,6 +1196,7 @@ def _make_plan(hw, model, training: TrainingOptions, strategy: StrategyOptions, 
         for rung, without_gc in evaluated:
             if rung.fits:
                 rung.reason = _fit_reason(rung, x, without_gc, choice, tie, forced)
+    notes.extend(_omp_threads_note(rungs, choice, at))
     if x.nvme_path and x.nvme_free is None and any(BY_KEY[k].uses_nvme for k in keys):
         notes.append(f"Free space at the NVMe path {x.nvme_path} is unknown, so the NVMe rung's disk need is not "
                      "checked.")
@@ -1201,6 +1213,40 @@ def _make_plan(hw, model, training: TrainingOptions, strategy: StrategyOptions, 
                 precision=x.precision, topology=topology, notes=notes, batch=batch, train_tokens=train_tokens,
                 adapters=x.adapters, method=method_json(training, x.params, x.adapters),
                 inter_node_gbps=x.machine.inter_node_gbps if x.machines > 1 else None, calibration=calibration)
+
+
+def _starved_threads(x: _Inputs) -> tuple[float, int] | None:
+    """(threads the host optimizer step gets per process, the cores it could have) when OMP_NUM_THREADS leaves it
+    fewer threads than its share of the machine's cores (speed.cpu_step_threads); None otherwise."""
+    m = x.machine
+    if m is None or x.cpu:
+        return None
+    cores = int(m.cpu_cores_per_process)
+    return (m.threads, cores) if m.threads < cores else None
+
+
+def _omp_threads_note(rungs: list[Rung], choice: Rung | None, at: dict[str, _Inputs]) -> list[str]:
+    """What OMP_NUM_THREADS costs the optimizer-offload rungs, and the export that fixes it: the chosen rung when it
+    offloads, else the fastest offload rung that fits."""
+    offload = [r for r in rungs if r.fits and r.offload_optimizer != "none" and r.speed is not None]
+    if not offload:
+        return []
+    rung = choice if choice is not None and choice in offload else max(offload, key=lambda r: r.tokens_per_second)
+    rx = at[rung.key]
+    starved = _starved_threads(rx)
+    if starved is None:
+        return []
+    threads, cores = starved
+    spec = BY_KEY[rung.key]
+    full = _speed(spec, replace(rx, machine=replace(rx.machine, cpu_step_threads=float(cores))), rx.batch,
+                  rx.grad_accum, rung.gradient_checkpointing)
+    why = ("torchrun sets OMP_NUM_THREADS=1 for each of a machine's processes when it is not set"
+           if threads == 1 and rx.per_machine > 1 else f"OMP_NUM_THREADS is {threads:g}")
+    return [f"CPU offload: the host optimizer step runs on OpenMP's threads, {threads:g} per process ({why}), of "
+            f"the {cores} cores each of the {rx.per_machine} processes per machine could use. Run "
+            f"`export OMP_NUM_THREADS={cores}` before `wizard launch` (or accelerate launch): {rung.name} then takes "
+            f"≈{fmt_duration(full.step_seconds)} per step instead of ≈{fmt_duration(rung.speed.step_seconds)} "
+            f"(the host's memory bandwidth, not its cores, caps it beyond that)."]
 
 
 # --- Speed: the fastest rung that fits, the largest micro-batch, the best batch split ----------------

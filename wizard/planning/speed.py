@@ -110,15 +110,54 @@ OPTIMIZER_BYTES_PER_PARAM = 30
 DEQUANT_BYTES_PER_PARAM = 4.5
 HBM_EFFICIENCY = 0.7
 
-# DeepSpeed CPU optimizer offload: parameters one optimizer step updates per second per CPU core the process
-# gets. 0.1e9 (a GUESS from ZeRO-Offload's CPU-Adam figures, arXiv:2101.06840, 5) -> 2.8e6 (CALIBRATED): the
-# fit half's three offload rows (chenyaofo-gist, 8x A800, 128 logical cores, Llama-7B:
-# gist-llama-7b-zero2-offload-opt-ckpt-mb1-gb64 1.81 samples/s, -zero3-offload-opt-ckpt-mb2-gb64 2.05,
-# -zero3-offload-all-ckpt-mb4-gb64 2.06) take 18-22 s per optimizer step more than their GPU work, whatever
-# the accumulation (8, 4 or 2 micro-steps): the CPU step of 842M parameters per process on 16 logical cores,
-# i.e. ~2.8M parameters/s per core (memory-bandwidth and copy bound, far below the kernel's own peak). At
-# 0.1e9 these rows were predicted 2.4-2.6x too fast; at 2.8e6 within -7..+18 %.
-CPU_ADAM_PARAMS_PER_CORE = 2.8e6
+# DeepSpeed CPU optimizer offload: the optimizer step on the host is bound by host memory bandwidth, not by
+# arithmetic. Bytes it moves per parameter of the process's partition, read from DeepSpeed 0.19.8's ZeRO-1/2
+# offload step (stage_1_and_2.py step): unscale_and_clip_grads multiplies the fp32 gradient partition in place
+# (read + write 8 B; gradient_clipping "auto" is the Trainer's max_grad_norm 1.0, so it clips whenever the norm
+# exceeds 1), DeepSpeedCPUAdam reads the fp32 weight, gradient and both moments and writes the weight and moments
+# (csrc/adam/cpu_adam_impl.cpp: 4 x 4 + 3 x 4 = 28 B), and the updated weights are cast into the pinned 16-bit
+# buffer that goes back to the GPU (read 4 + write 2 = 6 B): 42 B. ZeRO-3's offload step (stage3.py
+# _optimizer_step, _reassign_or_swap_out_partitioned_parameters) does the same work per sub-group.
+# Replaces CPU_ADAM_PARAMS_PER_CORE = 2.8e6 (fitted on the chenyaofo gist's offload rows, whose extra 18-22 s per
+# step has another cause: 36x too slow on the H200 of shared/gpu/2026-12-04).
+CPU_STEP_BYTES_PER_PARAM = 42
+# What one thread of the step streams (DeepSpeedCPUAdam and torch's CPU kernels run on OpenMP's threads).
+# CALIBRATED on the fit half of the GPU session bench/results/gpu-2026-12-04.json: its only offload trial,
+# tune-offload/01-zero2-offload-opt (Qwen2.5-1.5B, ZeRO-2 + CPU optimizer offload, one H200, one process on 16
+# cores: 0.968 s per step, of which the CPU step is what the model's other parts leave, 0.61 s for 1.54e9
+# parameters at 42 B: 6.7 GB/s per thread). Held out: DeepSpeed's own core-binding blog
+# (bench/data/published_speed.json, deepspeed-corebinding-blog).
+CPU_STEP_THREAD_BYTES_PER_S = 6.7e9
+# The host's memory bandwidth caps all the processes of a machine together: the peak DRAM bandwidth of the
+# class's reference server (GB/s, channels x transfer rate x 8 B), of which the offload step reaches
+# HOST_OFFLOAD_EFFICIENCY:
+# - hopper: DGX H100 / H200, 2 x Xeon Platinum 8480C, 8 channels DDR5-4800 each (DGX H100/H200 User Guide,
+#   "Hardware Overview"): 614 GB/s;
+# - blackwell: DGX B200, 2 x Xeon Platinum 8570, 8 channels DDR5-5600 each (DGX B200 User Guide): 717 GB/s;
+# - ampere: DGX A100, 2 x AMD EPYC 7742, 8 channels DDR4-3200 each (DGX A100 User Guide): 410 GB/s;
+# - volta: DGX-1 with V100, 2 x Xeon E5-2698 v4, 4 channels DDR4-2400 each (DGX-1 datasheet): 154 GB/s.
+# Any other server: GUESS, one socket of 8 channels DDR4-3200 (205 GB/s); a workstation or consumer GPU's host:
+# GUESS, two channels of DDR5-5600 (90 GB/s).
+HOST_MEMORY_GBPS = {"hopper": 614.4, "blackwell": 716.8, "ampere": 409.6, "volta": 153.6}
+OTHER_SERVER_HOST_MEMORY_GBPS = 204.8
+DESKTOP_HOST_MEMORY_GBPS = 89.6
+# The share of that peak the offload step gets with every core of the machine on it: CALIBRATED (fit half) on
+# DeepSpeed's ZenFlow write-up (blogs/deepspeed-zenflow/README.md: "For Llama-2-7B with 4x A100, the CPU path can
+# take longer than 4s", the path being the CPU step and the 16-bit weights' return): 4 processes x 1.68e9
+# parameters x 42 B in at least 3.86 s (4 s less 3.4 GB of weights at 24 GB/s) is at most 73 GB/s, 0.18 of a DGX
+# A100's 410 GB/s; the bound is taken. Far below STREAM's 70-80 %: an effective figure that takes in what the model does not (NUMA placement
+# of the pinned buffers, OpenMP's barriers between DeepSpeedCPUAdam's tiles). Held out, it gives DeepSpeed's own
+# core-binding blog (2x A100, bench/data/published_speed.json deepspeed-corebinding-blog) and DeepSpeed issue
+# #6834 (Qwen-72B, ZeRO-3 offload on 4 x 8 A100: "~0.2s vs ~10s" per step; the model: 10.3 s of CPU step).
+# The H200 session's one process on 16 cores is below it (16 x 6.7 GB/s = 107 GB/s < 0.18 x 614 GB/s).
+HOST_OFFLOAD_EFFICIENCY = 0.18
+# Bytes per parameter crossing the PCIe link each micro-step of ZeRO offload: the boundary's fp32 gradient
+# partition (stage_1_and_2.py async_inplace_copy_grad_to_fp32_buffer_from_gpu casts to fp32 on the GPU and copies
+# 4 B down); a micro-step inside accumulation sends the 16-bit gradient down and, after the first, brings the
+# accumulated one back (async_accumulate_grad_in_cpu_via_gpu: 2 + 2 B). Both are issued from the gradient hooks
+# as backward proceeds, so they hide behind it (OFFLOAD_OVERLAP of the backward, GUESS).
+OFFLOAD_GRAD_BYTES_PER_PARAM = 4
+OFFLOAD_OVERLAP = 0.5
 
 # Links when nothing better is known (GB/s, effective).
 PCIE_P2P_BUSBW = {3: 10, 4: 20, 5: 40}        # GPU-to-GPU with P2P over a PCIe switch
@@ -156,6 +195,22 @@ class Machine:
     assumptions: tuple[str, ...] = ()
     inter_node_gbps: float = 0.0       # what inter_busbw was made from, Gb/s per machine (shown to the user)
     inter_node_source: str = ""        # where that figure comes from, in words
+    cpu_step_threads: float = 0.0      # OpenMP threads of the host optimizer step per process (0: one per core)
+    host_memory_bytes_per_s: float = 0.0   # what the offload step reaches per machine (0: no cap)
+    processes_per_machine: int = 1
+
+    @property
+    def threads(self) -> float:
+        return self.cpu_step_threads or self.cpu_cores_per_process
+
+    @property
+    def cpu_step_bytes_per_s(self) -> float:
+        """Host memory bandwidth one process's optimizer step gets: its threads', within its share of the
+        machine's."""
+        own = self.threads * CPU_STEP_THREAD_BYTES_PER_S
+        if self.host_memory_bytes_per_s:
+            return min(own, self.host_memory_bytes_per_s / max(self.processes_per_machine, 1))
+        return own
 
 
 @dataclass(frozen=True)
@@ -282,20 +337,62 @@ def inter_node_gbps(hw, given: float | None = None) -> tuple[float, str]:
                                           f"{OTHER_INTER_NODE_GBPS} Gb/s NIC")
 
 
+def env_omp_threads(hw) -> int | None:
+    """OMP_NUM_THREADS of the machine's environment as the probe recorded it (hardware.relevant_env: what
+    `wizard launch` passes on), a positive integer, else None."""
+    raw = str((getattr(hw, "env", None) or {}).get("OMP_NUM_THREADS", "")).strip()
+    return int(raw) if raw.isdigit() and int(raw) > 0 else None
+
+
+def cpu_step_threads(cores_per_process: float, per_machine: int, omp_threads: int | None) -> float:
+    """OpenMP threads the host optimizer step of one process runs on: min(cores / processes, OMP threads).
+
+    OMP_NUM_THREADS when it is set; otherwise what the launch leaves: torchrun sets OMP_NUM_THREADS=1 for every
+    process when there are more than one per machine (torch/distributed/run.py: "Setting OMP_NUM_THREADS
+    environment variable for each process to be 1 in default"; accelerate launch runs DeepSpeed through torchrun,
+    utils/launch.py prepare_deepspeed_cmd_env sets none), and a single process gets OpenMP's default, every core."""
+    if omp_threads is None:
+        omp_threads = 1 if per_machine > 1 else None
+    if omp_threads is None:
+        return cores_per_process
+    return float(max(min(omp_threads, cores_per_process), 1))
+
+
+def host_memory_gbps(hw) -> tuple[float, str]:
+    """(peak host DRAM bandwidth of one machine, GB/s; its class in words): HOST_MEMORY_GBPS for the SXM
+    servers of a generation, else a PCIe server's or a desktop's GUESS."""
+    specs = [catalogue.match_device(g.name, g.memory_total) for g in hw.gpus]
+    if specs and all(s is not None for s in specs):
+        if all(s.nvlink and not s.consumer for s in specs):
+            gen = min((catalogue.performance(s).generation for s in specs),
+                      key=lambda g: HOST_MEMORY_GBPS.get(g, 0))
+            if gen in HOST_MEMORY_GBPS:
+                return HOST_MEMORY_GBPS[gen], f"a {gen} SXM server's host"
+        if any(s.kind != "datacenter" for s in specs):
+            return DESKTOP_HOST_MEMORY_GBPS, "a workstation's host (two DDR5 channels, a guess)"
+    return OTHER_SERVER_HOST_MEMORY_GBPS, "a PCIe server's host (one socket of 8 DDR4 channels, a guess)"
+
+
 def machine_from_hardware(hw, precision: str, per_machine: int, cpu: bool = False,
-                          network_gbps: float | None = None) -> Machine:
+                          network_gbps: float | None = None, omp_threads: int | None = None) -> Machine:
     """The speed-relevant figures of this machine, with what had to be assumed said in `assumptions`.
-    `network_gbps`: the user's figure for the network between machines (Gb/s per machine), if given."""
+    `network_gbps`: the user's figure for the network between machines (Gb/s per machine), if given.
+    `omp_threads`: OMP_NUM_THREADS as the launch will see it (default: the probe's record of it, env_omp_threads)."""
     notes: list[str] = []
     cores = float(hw.cpu_physical_cores or hw.cpu_cores or 1)
     cores_per_process = max(cores / max(per_machine, 1), 1.0)
+    threads = cpu_step_threads(cores_per_process, per_machine,
+                               omp_threads if omp_threads is not None else env_omp_threads(hw))
+    host_gbps, _ = host_memory_gbps(hw)
+    host = dict(cpu_step_threads=threads, host_memory_bytes_per_s=host_gbps * GB * HOST_OFFLOAD_EFFICIENCY,
+                processes_per_machine=max(per_machine, 1))
     gbps, source = inter_node_gbps(hw, network_gbps)
     inter = gbps / 8 * GB
     if cpu:
         notes.append(f"CPU processes: {CPU_FLOPS_PER_CORE / 1e9:.0f} GFLOP/s per core and gloo at "
                      f"{CPU_GLOO_BUSBW / GB:.0f} GB/s are rough guesses; treat these speeds as orders of magnitude.")
         return Machine("CPU", cores_per_process * CPU_FLOPS_PER_CORE, 1.0, 20 * GB, CPU_GLOO_BUSBW, inter,
-                       20 * GB, DEFAULT_NVME_GBPS * GB, cores_per_process, tuple(notes), gbps, source)
+                       20 * GB, DEFAULT_NVME_GBPS * GB, cores_per_process, tuple(notes), gbps, source, **host)
     perf, name, note = _gpu_perf(hw)
     if note:
         notes.append(note)
@@ -319,7 +416,7 @@ def machine_from_hardware(hw, precision: str, per_machine: int, cpu: bool = Fals
     else:
         intra = perf.nvlink_busbw * GB if perf.nvlink_busbw else PCIE_P2P_BUSBW[perf.pcie_gen] * GB
     return Machine(name, peak, eff, perf.hbm * GB, intra, inter, HOST_LINK[perf.pcie_gen] * GB,
-                   DEFAULT_NVME_GBPS * GB, cores_per_process, tuple(notes), gbps, source)
+                   DEFAULT_NVME_GBPS * GB, cores_per_process, tuple(notes), gbps, source, **host)
 
 
 def inter_node_note(m: Machine) -> str:
@@ -477,10 +574,12 @@ def _parts(m: Machine, w: Workload, layout: Layout) -> _Parts:
         overhead += 2.0 * wb * trained / (m.hbm_bytes_per_s * HBM_EFFICIENCY)
     on_cpu = layout.offload_optimizer in ("cpu", "nvme")
     if on_cpu:
-        # Gradients to the host every micro-step (half hidden behind backward), the CPU update, and the
-        # updated 16-bit weights back to the GPU.
-        micro_off = max(wb * local_trained / m.host_link - 0.5 * backward, 0.0)
-        step_optimizer = local_trained / (m.cpu_cores_per_process * CPU_ADAM_PARAMS_PER_CORE)
+        # Gradients to the host every micro-step (issued from the gradient hooks, partly hidden behind backward),
+        # the host's optimizer step (memory-bandwidth bound: cpu_step_seconds), and the updated 16-bit weights back
+        # to the GPU before the next forward.
+        grads = max(OFFLOAD_GRAD_BYTES_PER_PARAM, wb) * local_trained / m.host_link
+        micro_off = max(grads - OFFLOAD_OVERLAP * backward, 0.0)
+        step_optimizer = cpu_step_seconds(m, local_trained)
         step_off = wb * local_trained / m.host_link
     else:
         step_optimizer = OPTIMIZER_BYTES_PER_PARAM * local_trained / (m.hbm_bytes_per_s * HBM_EFFICIENCY)
@@ -494,6 +593,12 @@ def _parts(m: Machine, w: Workload, layout: Layout) -> _Parts:
             micro_off += 2.0 * wb * w.params / layout.machines / m.nvme_bytes_per_s
     return _Parts(compute, backward, micro_comm, micro_off, overhead, step_comm, step_off, step_optimizer,
                   step_overhead)
+
+
+def cpu_step_seconds(m: Machine, params: float) -> float:
+    """The host optimizer step of `params` parameters (one process's partition): CPU_STEP_BYTES_PER_PARAM
+    through the memory bandwidth the process gets (Machine.cpu_step_bytes_per_s)."""
+    return CPU_STEP_BYTES_PER_PARAM * params / m.cpu_step_bytes_per_s
 
 
 def estimate(m: Machine, w: Workload, layout: Layout) -> Speed:

@@ -355,10 +355,11 @@ def library_versions(names: tuple[str, ...] = LIBRARIES) -> dict[str, str | None
 
 
 def relevant_env(environ: dict[str, str] | None = None) -> dict[str, str]:
-    """CUDA_VISIBLE_DEVICES, CUDA_DEVICE_ORDER and every SLURM_* variable that is set, sorted."""
+    """CUDA_VISIBLE_DEVICES, CUDA_DEVICE_ORDER, OMP_NUM_THREADS (the threads of ZeRO offload's host optimizer step,
+    planning.speed.cpu_step_threads) and every SLURM_* variable that is set, sorted."""
     environ = os.environ if environ is None else environ
     keep = {k: v for k, v in environ.items()
-            if k in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER") or k.startswith("SLURM_")}
+            if k in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "OMP_NUM_THREADS") or k.startswith("SLURM_")}
     return dict(sorted(keep.items()))
 
 
