@@ -349,7 +349,7 @@ def test_cpu_optimizer_offload_costs_what_deepspeed_measured(predicted):
     (OMP_NUM_THREADS=64) is within a fifth of leaving OpenMP every logical CPU. The host step's bandwidth was
     chosen on the H200 session and DeepSpeed's ZenFlow write-up, not on these rows. Before it, CPU Adam at 2.8e6
     parameters/s per core (fitted on the chenyaofo gist, whose offload rows take 18-22 s per step more for a reason
-    no bandwidth explains and are now 2x too fast) made this run 5.5x slower than measured."""
+    no bandwidth explains and are now 2x too fast) predicted these runs 3.2-3.7x slower than measured."""
     rows, _ = predicted
     off = _row(rows, "dsblog-qwen2.5-1.5b-zero2-offload-bind-s512-2xA100-40GB")
     assert abs(off.error_pct) <= 25
