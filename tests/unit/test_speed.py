@@ -587,3 +587,20 @@ def test_offload_step_of_qwen72b_on_a100_nodes_is_about_ten_seconds():
     assert 8 <= sp.cpu_step_seconds(m, 72e9 / 32) <= 12
     one_thread = sp.machine_from_hardware(hw, "bf16", 8)
     assert sp.cpu_step_seconds(one_thread, 72e9 / 32) == pytest.approx(42 * 72e9 / 32 / 6.7e9)
+
+
+def test_lora_adapter_path_costs_memory_traffic_per_adapted_feature_and_token():
+    """peft's adapter path (casts, dropout, scale, add; and their backward) is elementwise work the FLOP count
+    misses: ADAPTER_BYTES_PER_ELEMENT per adapted input + output feature (trainable / rank) and token per forward
+    pass, backward as two. The H200 session's LoRA trials took 16 us per token more than the matmuls."""
+    base = work(trainable_params=10_000_000, gradient_checkpointing=True)
+    lora = replace(base, adapter_io_elements=32 * 81920)
+    c0, b0 = sp.compute_seconds(ROUND, base)
+    c1, b1 = sp.compute_seconds(ROUND, lora)
+    per_pass = sp.ADAPTER_BYTES_PER_ELEMENT * 32 * 81920 * 4096 / (1000 * GB * sp.HBM_EFFICIENCY)
+    assert c1 - c0 == pytest.approx((2 + 2) * per_pass)          # two forwards (checkpointing) and backward
+    assert b1 - b0 == pytest.approx(2 * per_pass)
+    # Linear in the tokens: twice the micro-batch, twice the cost.
+    c2, _ = sp.compute_seconds(ROUND, replace(lora, micro_batch=2))
+    c20, _ = sp.compute_seconds(ROUND, replace(base, micro_batch=2))
+    assert c2 - c20 == pytest.approx(2 * (c1 - c0))

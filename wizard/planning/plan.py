@@ -1289,7 +1289,8 @@ def _speed(spec: RungSpec, x: _Inputs, batch: int, grad_accum: int, gc: bool) ->
                               dequant_params=a.quantized_params if a is not None and a.method == "qlora" else 0,
                               weight_bytes=a.frozen_bytes(mem.working_bytes(x.precision)) +
                               a.trainable_params * mem.working_bytes(x.precision) if a is not None else None,
-                              adapter_modules=0 if a is None else a.adapted_modules)
+                              adapter_modules=0 if a is None else a.adapted_modules,
+                              adapter_io_elements=0 if a is None else a.trainable_params // max(a.rank, 1))
     speed = speed_mod.estimate(x.machine, work, _layout(spec, x))
     ratios = x.ratios(spec.key)
     return _scaled_speed(speed, ratios.speed) if ratios is not None and ratios.speed else speed

@@ -104,6 +104,20 @@ SHARDED_LAYER_OVERHEAD_S = {"zero3": 0.0015, "fsdp": 0.0005}
 # decoder layer, adapters included, in one all-gather, so adapters add nothing to its per-layer cost.
 PARAM_MODULES_PER_LAYER = 9
 
+# LoRA's adapter path is a chain of memory-bound elementwise kernels the FLOP count does not see: per adapted
+# Linear, peft (tuners/lora/layer.py Linear.forward) casts the input to the adapters' dtype, applies the dropout,
+# runs lora_A and lora_B, scales and adds the result, and backward undoes each (the dropout mask, the casts, the
+# gradient of the shared input accumulated); the bytes scale with the adapted modules' input plus output widths,
+# which a LoRA adapter's parameters give exactly: trainable / rank = sum of (in + out) features. Bytes per such
+# element per forward pass (backward counted as two), CALIBRATED on the fit half of the GPU session
+# (bench/results/gpu-2026-12-04.json: Llama-3.1-8B, all-linear r16, dropout 0.05, GC on, one H200): the single-GPU
+# trials at micro-batch 4, 8 and 29 took 16 us per token more than the matmuls (1.134 s against 0.972 predicted
+# at 4, linear in the tokens), the ZeRO-2 trial 9 us (1.066 against 0.982 s); 4.5 leaves them at -4..+3 %.
+# One figure for both although torch AMP keeps peft's adapters in fp32 (its casts cost more) and DeepSpeed runs
+# them in bf16: the one ZeRO-2 trial (steps 1.05-1.24 s) does not separate the two from noise, and a split would
+# make ZeRO-2 beat one plain GPU for LoRA by less than the 3 % `wizard tune` itself calls a tie on these trials.
+ADAPTER_BYTES_PER_ELEMENT = 4.5
+
 # Bytes an optimizer update reads and writes per parameter on the GPU (fp32 master, gradient, two
 # Adam moments read; master and moments written; 16-bit copy written), at 70 % of HBM bandwidth.
 OPTIMIZER_BYTES_PER_PARAM = 30
@@ -231,6 +245,7 @@ class Workload:
     dequant_params: int = 0            # QLoRA: 4-bit weights dequantised for every pass that reads them
     weight_bytes: int | None = None    # bytes of all weights as gathered (QLoRA: NF4); None: params x dtype
     adapter_modules: int = 0           # LoRA / QLoRA: Linear modules given an adapter, whole model
+    adapter_io_elements: int = 0       # LoRA / QLoRA: sum of the adapted modules' input + output features
 
     @property
     def tokens(self) -> int:
@@ -474,6 +489,13 @@ def compute_seconds(m: Machine, w: Workload) -> tuple[float, float]:
     attn_eff = eff * (1.0 if w.flash else EAGER_ATTENTION_EFFICIENCY)
     fwd = fwd_passes * (matmul / (m.peak_flops * eff) + attention / (m.peak_flops * attn_eff))
     bwd = bwd_passes * matmul / (m.peak_flops * eff) + 2.0 * attention / (m.peak_flops * attn_eff)
+    if w.adapter_io_elements:
+        # peft's adapter path: memory-bound elementwise work per adapted input / output feature and token
+        # (ADAPTER_BYTES_PER_ELEMENT), in every forward and recomputed forward, backward counted as two passes.
+        per_pass = (ADAPTER_BYTES_PER_ELEMENT * w.adapter_io_elements * w.tokens
+                    / (m.hbm_bytes_per_s * HBM_EFFICIENCY))
+        fwd += fwd_passes * per_pass
+        bwd += 2.0 * per_pass
     if w.dequant_params:
         # bitsandbytes dequantises each NF4 weight to 16 bits before its matmul, in every forward (and
         # recomputed forward) and for the input gradient in backward: read 0.5 B, write 2 B, read 2 B again,
