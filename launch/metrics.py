@@ -7,8 +7,10 @@ reason, and no NVML at all gives `available: False` with "no GPU metrics on this
 
 One sample (one line of metrics.jsonl):
     {"t": epoch seconds, "available": bool, "reason": str | None,
-     "gpus": [{"index", "name", "util", "mem_used", "mem_total", "power_w", "power_limit_w",
+     "gpus": [{"index", "name", "util", "mem_used", "mem_total", "mem_reserved", "power_w", "power_limit_w",
                "temp_c", "sm_clock_mhz", "processes": [{"pid", "used_memory", "rank"}]}]}
+mem_used is what nvidia-smi shows as used: NVML's v2 memory info, which reports the driver's reserve apart
+(mem_reserved); where only v1 answers, mem_used includes the reserve and mem_reserved is None.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ def gpu_sample_to_dict(s: GpuSample, static: GpuStatic | None,
         "util": s.util,
         "mem_used": s.mem_used,
         "mem_total": mem_total,
+        "mem_reserved": s.mem_reserved,
         "power_w": s.power_w,
         "power_limit_w": s.power_limit_w,
         "temp_c": s.temp_c,

@@ -149,6 +149,11 @@ def _gib(n: float | None) -> str:
     return "N/A" if n is None else f"{n / GiB:.1f}"
 
 
+def includes_reserve(g: dict[str, Any]) -> bool:
+    """Whether the sample's memory used counts the driver's reserve (NVML v1), unlike nvidia-smi's."""
+    return g.get("mem_used") is not None and g.get("mem_reserved") is None
+
+
 def gpu_line(g: dict[str, Any], history: list[float | None], width: int, pal: Palette) -> Text:
     """One GPU in one terminal line: index, util bar, memory bar, power, temperature, sparkline."""
     util = as_number(g.get("util"))
@@ -161,7 +166,10 @@ def gpu_line(g: dict[str, Any], history: list[float | None], width: int, pal: Pa
     if used is None and total is None:
         mem_txt = "N/A"
     else:
-        mem_txt = f"{_gib(used)}/{_gib(total)}G"
+        # "*" in place of "G": NVML's v1 figure, which counts the driver's reserve that nvidia-smi's "used" leaves out
+        # (mem_reserved is None: an older driver, or a metrics.jsonl written before the sampler read v2); the title
+        # says so.
+        mem_txt = f"{_gib(used)}/{_gib(total)}" + ("*" if includes_reserve(g) else "G")
     pw_txt = "N/A" if power is None else f"{power:.0f}"
     pw_txt += "/" + ("N/A" if limit is None else f"{limit:.0f}") + "W"
     temp_txt = "N/A" if temp is None else f"{temp:.0f}°C"
@@ -292,6 +300,8 @@ class GpuPanel(TextPanel):
         title = Text(no_wrap=True, overflow="ellipsis")
         title.append(f"{len(gpus)} × {', '.join(names)}", pal.bold)
         title.append("   util · memory GiB · power · temp · util 60 s", pal.muted)
+        if any(includes_reserve(g) for g in gpus):
+            title.append("   * with the driver's reserve (nvidia-smi leaves it out)", pal.muted)
         lines = [title] + [gpu_line(g, state.util_history(g.get("index")), width, pal) for g in gpus]
         self.set(Text("\n").join(lines))
 

@@ -46,6 +46,7 @@ from launch.view import (
     bar,
     exit_code_for,
     gpu_line,
+    includes_reserve,
     make_view_app,
     run_view,
     spark,
@@ -231,7 +232,10 @@ def test_gpu_line_fits_and_shows_na():
     for width in (60, 77, 117):
         line = gpu_line(g, [10, 20, None, 90], width, pal)
         assert line.cell_len <= width
-        assert "N/A" in line.plain and "40.0/80.0G" in line.plain and "N/A/700W" in line.plain
+        assert "N/A" in line.plain and "40.0/80.0*" in line.plain and "N/A/700W" in line.plain
+    # With NVML's v2 memory info (mem_reserved known) the figure is nvidia-smi's: no mark.
+    v2 = dict(g, mem_reserved=644939776)
+    assert "40.0/80.0G" in gpu_line(v2, [], 117, pal).plain and includes_reserve(g) and not includes_reserve(v2)
 
 
 # ---------------------------------------------------------------- following the run directory

@@ -19,7 +19,7 @@ from launch.metrics import (
 )
 from wizard.probe.nvml import GpuSample, open_nvml
 
-GPU_KEYS = {"index", "name", "util", "mem_used", "mem_total", "power_w", "power_limit_w",
+GPU_KEYS = {"index", "name", "util", "mem_used", "mem_total", "mem_reserved", "power_w", "power_limit_w",
             "temp_c", "sm_clock_mhz", "processes"}
 
 

@@ -470,3 +470,34 @@ def test_visible_devices_ambiguous_uuid_prefix():
     devs = [GpuStatic(0, "x", 1, uuid="GPU-abc1"), GpuStatic(1, "x", 1, uuid="GPU-abc2")]
     got, note = visible_devices(devs, "GPU-abc")
     assert got == [] and "more than one" in note
+
+
+def _memory_info(total, used_v2, reserved, v2_supported=True):
+    """nvidia-ml-py's nvmlDeviceGetMemoryInfo(handle, version=None): v1's "used" counts the driver's reserve,
+    v2 (version=nvmlMemory_v2) reports it apart and its "used" is nvidia-smi's."""
+    def info(handle, version=None):
+        if version is None:
+            return SimpleNamespace(total=total, used=used_v2 + reserved, free=total - used_v2 - reserved)
+        if not v2_supported:
+            raise _err(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+        return SimpleNamespace(version=version, total=total, reserved=reserved, used=used_v2,
+                               free=total - used_v2 - reserved)
+    return info
+
+
+def test_memory_used_is_what_nvidia_smi_shows(monkeypatch):
+    """shared/gpu/2026-12-04: on an idle H200 NVML's v1 "used" read 644939776 B (615 MiB) where nvidia-smi showed
+    0 MiB: the driver's reserve. The sampler reads v2, whose "used" leaves it out, and reports the reserve apart."""
+    FakeDriver(monkeypatch)
+    reserve = 644939776
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetMemoryInfo", _memory_info(150754820096, 0, reserve))
+    s = RealNvml().sample()[0]
+    assert s.mem_used == 0 and s.mem_reserved == reserve and s.mem_total == 150754820096
+
+
+def test_an_older_driver_without_v2_memory_info_reads_v1_and_says_so(monkeypatch):
+    FakeDriver(monkeypatch)
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetMemoryInfo", _memory_info(80 * GiB, 2 * GiB, GiB // 2,
+                                                                         v2_supported=False))
+    s = RealNvml().sample()[0]
+    assert s.mem_used == 2 * GiB + GiB // 2 and s.mem_reserved is None    # v1: the reserve is inside "used"

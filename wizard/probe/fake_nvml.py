@@ -134,6 +134,7 @@ class FakeNvml:
             "util": util,
             "mem_used": int(total * mem_fraction),
             "mem_total": total,
+            "mem_reserved": 0,                      # a fake driver reserves nothing (NVML v2 answers)
             "power_w": round(d.power_limit_w * (0.15 + 0.75 * util / 100), 1),
             "power_limit_w": float(d.power_limit_w),
             "temp_c": 30 + round(0.45 * util),

@@ -441,7 +441,8 @@ def _probe_gpus(hw: Hardware) -> None:
         for cuda_index, d in enumerate(visible):
             s = samples.get(d.index)
             total = d.memory_total or (s.mem_total if s and s.mem_total else 0)
-            free = total - s.mem_used if s and s.mem_used is not None and total else None
+            # NVML v2's used leaves out the driver's reserve, which is not free either
+            free = (total - s.mem_used - (s.mem_reserved or 0)) if s and s.mem_used is not None and total else None
             hw.gpus.append(GPU(index=cuda_index, name=d.name, memory_total=total, memory_free=free,
                                compute_capability=d.compute_capability,
                                bf16=d.compute_capability is not None and d.compute_capability >= (8, 0),

@@ -299,7 +299,13 @@ class RealNvml:
 
     def _sample_one(self, index: int, handle: Any) -> GpuSample:
         util = self._call("nvmlDeviceGetUtilizationRates", handle)
-        memory = self._call("nvmlDeviceGetMemoryInfo", handle)
+        # NVML's v2 memory info reports the driver's reserve apart: its "used" is nvidia-smi's. v1's "used" counts
+        # the reserve too (615 MiB on an idle H200 where nvidia-smi shows 0); older drivers answer v1 only.
+        v2 = getattr(self._nvml, "nvmlMemory_v2", None)
+        memory = self._call("nvmlDeviceGetMemoryInfo", handle, v2) if v2 is not None else None
+        reserved = _int_or_none(getattr(memory, "reserved", None)) if memory is not None else None
+        if memory is None:
+            memory = self._call("nvmlDeviceGetMemoryInfo", handle)
         power = self._call("nvmlDeviceGetPowerUsage", handle)
         limit = self._first(("nvmlDeviceGetEnforcedPowerLimit", handle),
                             ("nvmlDeviceGetPowerManagementLimit", handle))
@@ -314,6 +320,7 @@ class RealNvml:
             util=_int_or_none(getattr(util, "gpu", None)),
             mem_used=_int_or_none(getattr(memory, "used", None)),
             mem_total=_int_or_none(getattr(memory, "total", None)),
+            mem_reserved=reserved,
             power_w=power / 1000.0 if isinstance(power, (int, float)) else None,      # mW -> W
             power_limit_w=limit / 1000.0 if isinstance(limit, (int, float)) else None,
             temp_c=_int_or_none(temp),

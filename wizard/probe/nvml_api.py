@@ -35,8 +35,11 @@ class GpuProcess:
 class GpuSample:
     index: int
     util: int | None = None                           # percent
-    mem_used: int | None = None                       # bytes
+    mem_used: int | None = None                       # bytes, as nvidia-smi's "used" (without the driver's reserve)
     mem_total: int | None = None                      # bytes
+    # Bytes the driver reserves (NVML's v2 memory info), not in mem_used; None when only NVML's v1 answered, whose
+    # "used" counts them (615 MiB on an idle H200 where nvidia-smi shows 0: shared/gpu/2026-12-04).
+    mem_reserved: int | None = None
     power_w: float | None = None
     power_limit_w: float | None = None
     temp_c: int | None = None
@@ -59,7 +62,7 @@ class NvmlApi(Protocol):
     def close(self) -> None: ...
 
 
-SAMPLE_METRICS = ("util", "mem_used", "mem_total", "power_w", "power_limit_w", "temp_c",
+SAMPLE_METRICS = ("util", "mem_used", "mem_total", "mem_reserved", "power_w", "power_limit_w", "temp_c",
                   "sm_clock_mhz", "processes")
 STATIC_METRICS = ("uuid", "pci_bus_id", "compute_capability")
 
