@@ -84,8 +84,22 @@ def metric_diffs(pairs: list[tuple[dict, dict, float]]) -> dict[str, Any]:
                if r.get(key) and m["power_w"] is not None]
         if alt:
             extra[key.replace("_w", "_pct")] = mean(alt)
+    # For information (shared/gpu/2026-12-04, issue 28): NVML's utilisation is a mean over the driver's last sample
+    # period, so two readers 70 ms apart disagree most where the GPU starts or stops work; "steady" leaves out the
+    # pairs whose nvidia-smi reading differs by more than 20 pp from its neighbour's. The memory percentage over the
+    # pairs where nvidia-smi shows at least 1 GiB, the per-cent of a few MiB being no measure of agreement.
+    ordered = sorted(pairs, key=lambda p: p[0]["t"])
+    steady = []
+    for i, (r, m, _) in enumerate(ordered):
+        if r["util"] is None or m["util"] is None:
+            continue
+        around = [ordered[j][0]["util"] for j in (i - 1, i + 1) if 0 <= j < len(ordered)]
+        if all(a is not None and abs(a - r["util"]) <= 20 for a in around):
+            steady.append(abs(m["util"] - r["util"]))
     return {
         **extra,
+        "util_pp_steady": mean(steady), "util_pairs_steady": len(steady),
+        "mem_pct_busy": mean([d / ref * 100 for d, ref in mem if ref >= 1024]),
         "pairs": len(pairs),
         "mean_dt_s": mean([d for _, _, d in pairs]),
         "util_pp": mean(util),
