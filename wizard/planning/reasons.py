@@ -1,0 +1,129 @@
+"""Choosing among the rungs (the cheapest class, then the fastest) and the sentences that explain the choice.
+"""
+
+from __future__ import annotations
+
+from wizard.planning import speed as speed_mod
+from wizard.planning.plan_types import Rung
+from wizard.planning.evaluate import _Inputs
+from wizard.units import fmt_bytes
+
+
+# --- Choosing a rung and saying why ----------------------------------------------------------------
+
+# Rung classes in the order the product allows them: no offload while a rung without offload fits, and
+# NVMe only when nothing on the host fits. Within a class the fastest rung that fits wins.
+def _rung_class(rung: Rung) -> int:
+    if "nvme" in (rung.offload_optimizer, rung.offload_param):
+        return 2
+    return 1 if rung.offloads else 0
+
+
+# Speeds closer than this are a tie: the model is not that precise, and the earlier (cheaper, simpler) rung
+# of the ladder wins one, so ZeRO-3 is never taken over ZeRO-2 for a rounding difference.
+SPEED_TIE = 0.03
+
+
+def choose(rungs: list[Rung]) -> Rung | None:
+    """The fastest fitting rung of the cheapest class that has one; on a tie, the earlier rung."""
+    for cls in (0, 1, 2):
+        fitting = [r for r in rungs if r.fits and _rung_class(r) == cls]
+        if fitting:
+            best = max(r.tokens_per_second for r in fitting)
+            return next(r for r in fitting if r.tokens_per_second >= best * (1 - SPEED_TIE))
+    return None
+
+
+def _starved_threads(x: _Inputs) -> tuple[float, int] | None:
+    """(threads the host optimizer step gets per process, the cores it could have) when OMP_NUM_THREADS leaves it
+    fewer threads than its share of the machine's cores (speed.cpu_step_threads); None otherwise."""
+    m = x.machine
+    if m is None or x.cpu:
+        return None
+    cores = int(m.cpu_cores_per_process)
+    return (m.threads, cores) if m.threads < cores else None
+
+
+def _fit_reason(rung: Rung, x: _Inputs, without_gc: int | None, choice: Rung, tie: bool = False,
+                forced_offload: str | None = None) -> str:
+    """`forced_offload`: the --offload value when it left the ladder no rung of a cheaper class than the choice's,
+    so the plan cannot say that nothing cheaper fits (it did not try)."""
+    used = f"{fmt_bytes(rung.per_gpu_bytes)} of {fmt_bytes(x.usable)} usable per {x.unit}"
+    gc = ""
+    if without_gc is not None:
+        gc = f", with gradient checkpointing switched on ({fmt_bytes(without_gc)} without it)"
+    elif rung.gradient_checkpointing:
+        gc = ", with gradient checkpointing (forced on)"
+    rate = speed_mod.fmt_rate(rung.tokens_per_second)
+    if rung is choice:
+        spare = fmt_bytes(x.usable - rung.per_gpu_bytes)
+        fastest = "the first rung that fits within 3% of the fastest" if tie else "the fastest rung that fits"
+        why = (fastest if _rung_class(rung) == 0 else
+               f"{fastest} of those --offload {forced_offload} allows" if forced_offload else
+               "no rung without offload fits, and it is the fastest offload rung that fits" if _rung_class(rung) == 1
+               else "nothing fits without NVMe")
+        return f"Fits with {spare} to spare ({used}){gc}; ≈{rate}; chosen: {why}{_threads_clause(rung, x)}."
+    rel = speed_mod.relative(rung.speed, choice.speed)
+    slower = rung.tokens_per_second < choice.tokens_per_second * (1 - SPEED_TIE)
+    if _rung_class(rung) > _rung_class(choice) and not slower:
+        return f"Fits ({used}){gc}, {rel} (≈{rate}), but no offload while a rung without it fits."
+    if not slower:
+        return f"Fits ({used}){gc}, {rel} (≈{rate}); the earlier rung ({choice.name}) wins the tie."
+    measured = any((r.calibration or {}).get("speed_ratio") for r in (rung, choice))
+    because = "as measured on this machine (`wizard tune`)" if measured else _slower_because(rung, choice, x)
+    return f"Fits ({used}){gc}, {rel} (≈{rate}): {because}{_threads_clause(rung, x)}."
+
+
+def _threads_clause(rung: Rung, x: _Inputs) -> str:
+    """', its host step on 1 thread per process (OMP_NUM_THREADS, see the notes)' for an optimizer-offload rung
+    whose step OMP_NUM_THREADS starves; '' otherwise."""
+    starved = _starved_threads(x) if rung.offload_optimizer != "none" else None
+    if starved is None:
+        return ""
+    threads, cores = starved
+    return (f", its host step on {threads:g} thread{'s' if threads != 1 else ''} per process of {cores} cores "
+            f"(OMP_NUM_THREADS, see the notes)")
+
+
+def _slower_because(rung: Rung, choice: Rung, x: _Inputs | None = None) -> str:
+    """What costs this rung its speed, in a few words."""
+    smaller = _smaller_micro_batch(rung, choice)
+    if smaller:
+        return smaller
+    if "nvme" in (rung.offload_optimizer, rung.offload_param):
+        return "optimizer states swapped through NVMe"
+    if rung.offload_param != "none":
+        return "weights and optimizer on the CPU"
+    if rung.offload_optimizer != "none":
+        return "optimizer on the CPU"
+    if rung.gradient_checkpointing and not choice.gradient_checkpointing:
+        return "gradient checkpointing recomputes the forward pass"
+    if rung.speed and rung.speed.bound == "communication":
+        return "more communication per step"
+    if rung.zero_stage == 3 and choice.fsdp_reshard:
+        adapters = x is not None and x.adapters is not None
+        return ("ZeRO-3 gathers weights module by module" +
+                (", and the adapters add two modules (lora_A, lora_B) to each adapted Linear" if adapters else "") +
+                "; FSDP2 gathers a whole layer at once")
+    if rung.zero_stage == 3 or rung.fsdp_reshard:
+        return "weights gathered for every layer, forward and backward"
+    return "more communication per step"
+
+
+def _smaller_micro_batch(rung: Rung, choice: Rung) -> str | None:
+    """When the rung runs a smaller micro-batch of the same global batch than the choice, at the same
+    checkpointing, and compute is the largest part of its longer step, that is the reason, not its
+    communication (a rung that fits only micro-batch 1 was said to be slower for gathering its weights, with
+    0 s of exposed communication)."""
+    r, c = rung.speed, choice.speed
+    if (r is None or c is None or rung.micro_batch >= choice.micro_batch
+            or rung.gradient_checkpointing != choice.gradient_checkpointing):
+        return None
+    parts = ("compute_seconds", "communication_seconds", "offload_seconds", "optimizer_seconds", "overhead_seconds")
+    gaps = {p: getattr(r, p) - getattr(c, p) for p in parts}
+    if max(gaps, key=gaps.get) != "compute_seconds" or gaps["compute_seconds"] <= 0:
+        return None
+    largest = rung.max_micro_batch_gc if rung.gradient_checkpointing else rung.max_micro_batch
+    which = " (the largest that fits)" if largest and rung.micro_batch >= largest else ""
+    return (f"it runs micro-batch {rung.micro_batch}{which}, against {choice.micro_batch} for {choice.name}: "
+            "smaller matrix multiplies use the GPU less well")
