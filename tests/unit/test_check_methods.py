@@ -99,15 +99,17 @@ def test_qlora_zero3_needs_zero3_init_flag(zero3):
 
 
 def test_memory_rule_sizes_the_adapters_with_method():
-    """QLoRA on ZeRO-3 for 8B on 2 x A100-80GB fits (about 25 GiB per GPU); the same files read as full
-    fine-tuning need about 92 GiB per GPU: without --method the memory rule says so, with it it is quiet."""
+    """QLoRA on ZeRO-3 for 8B on 2 x A100-40GB fits (about 11 GiB per GPU); the same files read as full
+    fine-tuning need about 86 GiB per GPU: without --method the memory rule says so, with it it is quiet.
+    (On 2 x A100-80GB full fine-tuning now fits too, with gradient checkpointing: ZeRO-3 keeps its gradient
+    partition in bf16, 7da1a76, so that machine no longer tells the two readings apart.)"""
     from wizard.probe import hardware
     from wizard.sizing.model import size_model
 
-    result = pipeline.build(Request(assume="2xA100-80GB", output_dir="/tmp/unused", given={
+    result = pipeline.build(Request(assume="2xA100-40GB", output_dir="/tmp/unused", given={
         "model": LLAMA_8B, "method": "qlora", "backend": "deepspeed", "zero_stage": "3"}))
     assert result.plan.choice.key == "zero3"
-    common = dict(model_shape=size_model(LLAMA_8B), hardware=hardware.assume("2xA100-80GB"), versions=INSTALLED)
+    common = dict(model_shape=size_model(LLAMA_8B), hardware=hardware.assume("2xA100-40GB"), versions=INSTALLED)
     as_full = {f.rule for f in check_texts(result.yaml_text, result.ds_text, **common)}
     assert "PLAN-EXCEEDS-GPU" in as_full
     with_method = {f.rule for f in check_texts(result.yaml_text, result.ds_text, method=lora_options("qlora"),
