@@ -69,7 +69,11 @@ def test_a_measured_faster_second_rung_becomes_the_choice_and_the_note_says_so(h
     note = _note(plan)
     assert "Speeds calibrated by 1 trial on this machine on" in note and "`--no-calibration` shows the raw model" in note
     assert "Calibration changed the choice from DeepSpeed ZeRO-2 to DeepSpeed ZeRO-3." in note, note
-    assert "as measured on this machine" in rung_by_key(plan, "zero2").reason
+    # ZeRO-2 never ran: its reason is the model's, and says that only the choice's speed is a measured one
+    reason = rung_by_key(plan, "zero2").reason
+    assert "as measured on this machine" not in reason, reason
+    assert "(DeepSpeed ZeRO-3's speed scaled by a ratio `wizard tune` measured on 20" in reason, reason
+    assert "this rung's is the model's)" in reason, reason
     doc = json.loads(json.dumps(plan.to_json()))
     assert doc["choice"]["key"] == "zero3" and doc["calibration"]["changed_choice_from"] == "zero2"
     assert doc["calibration"]["rungs"]["zero3"]["speed_ratio"] == pytest.approx(ratio)
@@ -81,6 +85,28 @@ def test_a_measured_faster_second_rung_becomes_the_choice_and_the_note_says_so(h
     assert code == 0 and doc["choice"]["key"] == "zero2" and doc["calibration"] is None
     assert not any("calibrated" in n for n in doc["notes"])
     assert _plan(hw, calibrate=False).choice.key == "zero2"
+
+
+def test_a_ratio_measured_on_another_model_says_which_model_and_date_it_came_from(hw, raw):
+    """Only tiny-gpt2 was tuned; a plan of another model applies its ratios, and says whose they are: it called a
+    ratio measured on another model, or for another rung, "as measured on this machine" (issue 29)."""
+    z2, z3 = rung_by_key(raw, "zero2"), rung_by_key(raw, "zero3")
+    calibration.record(hw, raw.topology, "full", [
+        {"rung": "zero2", "speed_ratio": 2.0, "memory_ratio": None},
+        {"rung": "zero3", "speed_ratio": 0.5, "memory_ratio": None}], model="sshleifer/tiny-gpt2")
+    entry = json.loads(calibration.calibration_file().read_text())["machines"]["cpu:2"]["zero3/full"]
+    assert entry["model"] == "sshleifer/tiny-gpt2"
+    plan = _plan(hw)
+    date = calibration.date_of(calibration.for_machine(hw, plan.topology).ratios("zero3").updated)
+    reason = rung_by_key(plan, "zero3").reason
+    assert "as measured on this machine" not in reason, reason
+    assert f"its speed scaled by a ratio `wizard tune` measured for sshleifer/tiny-gpt2 on {date}, " \
+        f"DeepSpeed ZeRO-2's by one measured for sshleifer/tiny-gpt2 on {date}" not in reason
+    assert f"both speeds scaled by ratios `wizard tune` measured for sshleifer/tiny-gpt2 on {date}" in reason, reason
+    note = _note(plan)
+    assert "trials of sshleifer/tiny-gpt2 on this machine" in note, note
+    assert "Measured on that model, not this one: applied here as they are" in note, note
+    assert z2.tokens_per_second and z3.tokens_per_second
 
 
 def test_the_tie_rule_sees_calibrated_speeds(hw, raw):

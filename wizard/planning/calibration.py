@@ -3,8 +3,9 @@
 One file, <cache>/calibration.json ($WIZARD_CACHE_DIR, else ${XDG_CACHE_HOME:-~/.cache}/wizard), keyed by
 the machine (GPU model and how many of them the processes use, or "cpu" and the process count) and the
 strategy class (the rung key and the fine-tuning method). Each entry holds the geometric mean of the trials'
-ratios (measured tokens/s over predicted, measured peak memory over predicted), how many trials made it and when. The ratios are always
-against the raw model, never against an already calibrated figure (tune predicts with Rung.uncalibrated()).
+ratios (measured tokens/s over predicted, measured peak memory over predicted), how many trials made it, when,
+and the model the last one ran: a plan of another model applies the ratio as it is and says whose it is. The
+ratios are always against the raw model, never against an already calibrated figure (tune predicts with Rung.uncalibrated()).
 
 Only a plan for the machine the wizard runs on (a probe, not --assume or --hardware) is calibrated:
 wizard.pipeline.plan_from_answers loads this machine's `Calibration` and gives it to make_plan, which applies
@@ -112,6 +113,13 @@ class Ratios:
     trials: int
     updated: float
     out_of_memory: bool = False            # the memory ratio is a trial's out-of-memory floor (capacity / predicted)
+    model: str | None = None               # the model the last trial ran (a ratio is carried to other models)
+
+    @property
+    def measured_for(self) -> str:
+        """"for sshleifer/tiny-gpt2 on 2026-12-05": what the ratio was measured on (an entry written before the
+        model was recorded: the date alone)."""
+        return (f"for {self.model} " if self.model else "") + f"on {date_of(self.updated)}"
 
     @property
     def memory_applied(self) -> float:
@@ -166,8 +174,10 @@ def for_machine(hw, topology, path: Path | None = None, now: float | None = None
             stale.add(name)
             continue
         floor = _ratio(entry.get("memory_floor"))
+        model = entry.get("model")
         entries[name] = Ratios(speed, memory, trials, updated,
-                               out_of_memory=floor is not None and memory is not None and memory <= floor)
+                               out_of_memory=floor is not None and memory is not None and memory <= floor,
+                               model=model if isinstance(model, str) and model else None)
     problem = None
     if unreadable:
         problem = (f"Calibration file {path or calibration_file()}: {len(unreadable)} unreadable "
@@ -177,9 +187,11 @@ def for_machine(hw, topology, path: Path | None = None, now: float | None = None
     return Calibration(key, entries, frozenset(stale), problem)
 
 
-def notes(used: list[tuple[str, Ratios]], stale: int, changed: tuple[str, str] | None) -> list[str]:
+def notes(used: list[tuple[str, Ratios]], stale: int, changed: tuple[str, str] | None,
+          model: str | None = None) -> list[str]:
     """What a plan says about the calibration it used: `used` (rung name, its ratios) in ladder order, how many
-    of its rungs' entries were stale, and (raw choice, calibrated choice) when the calibration changed it."""
+    of its rungs' entries were stale, (raw choice, calibrated choice) when the calibration changed it, and the
+    plan's model (model_label), to say when the ratios were measured on another."""
     out = []
     if stale:
         out.append(f"{stale} calibration entr{'y' if stale == 1 else 'ies'} older than {STALE_DAYS} days "
@@ -188,6 +200,7 @@ def notes(used: list[tuple[str, Ratios]], stale: int, changed: tuple[str, str] |
         return out
     trials = sum(r.trials for _, r in used)
     date = date_of(max(r.updated for _, r in used))
+    models = sorted({r.model for _, r in used if r.model})
     memory_applied = any(r.memory_applied > 1 for _, r in used)
     lower = any(r.memory is not None and r.memory <= 1 for _, r in used)
     parts = []
@@ -199,8 +212,12 @@ def notes(used: list[tuple[str, Ratios]], stale: int, changed: tuple[str, str] |
         parts.append(f"{name}: {', '.join(figures)}")
     applied = [w for w, on in (("speeds", any(r.speed for _, r in used)), ("memory", memory_applied)) if on]
     what = " and ".join(applied).capitalize() + " calibrated" if applied else "Nothing calibrated"
-    text = (f"{what} by {trials} trial{'s' if trials != 1 else ''} on this machine on {date} "
+    of = f" of {', '.join(models)}" if models else ""
+    text = (f"{what} by {trials} trial{'s' if trials != 1 else ''}{of} on this machine on {date} "
             f"({'; '.join(parts)}; `--no-calibration` shows the raw model).")
+    if models and models != [model]:
+        text += (f" Measured on {'that model' if len(models) == 1 else 'those models'}, not this one: applied "
+                 "here as they are (`wizard tune` with this model measures its own).")
     if lower:
         text += (" A measured peak below the model's never lowers the estimate: it was measured at one micro-batch, "
                  "and a lower figure must not make a larger one fit and then run out of memory.")
@@ -210,8 +227,13 @@ def notes(used: list[tuple[str, Ratios]], stale: int, changed: tuple[str, str] |
     return out
 
 
+def model_label(model) -> str | None:
+    """What a calibration entry calls the model a trial ran: its hub id or path, or "--params 98K"."""
+    return (getattr(model, "source", None) or getattr(model, "model_type", None) or None) if model else None
+
+
 def record(hw, topology, method: str, measurements: list[dict[str, Any]], path: Path | None = None,
-           now: float | None = None) -> Path:
+           now: float | None = None, model: str | None = None) -> Path:
     """Fold trials in: each {"rung": key, "speed_ratio": r, "memory_ratio": r or None} and, for a trial that ran out
     of memory, "memory_floor": capacity / predicted (the ratio was at least that: the entry's memory ratio is
     raised to it, never averaged below it). Written atomically."""
@@ -230,6 +252,8 @@ def record(hw, topology, method: str, measurements: list[dict[str, Any]], path: 
         old = parsed if parsed is not None and now - parsed[3] <= STALE_DAYS * 86400 else None
         n_old = old[2] if old else 0
         entry = {"trials": n_old + 1, "updated": now, "date": date_of(now)}
+        if model:
+            entry["model"] = model          # what the trial ran: plans of other models say whose ratio they use
         for i, name in enumerate(("speed_ratio", "memory_ratio")):
             new = m.get(name)
             prev = old[i] if old else None

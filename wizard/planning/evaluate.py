@@ -348,7 +348,8 @@ def _evaluate(spec: RungSpec, x: _Inputs, gc_mode: str) -> tuple[Rung, int | Non
         extra = 0 if ratios.memory_applied <= 1 else est.per_gpu - _estimate(spec, replace(x, calibration=None),
                                                                              gc).per_gpu
         rung.calibration = {"speed_ratio": ratios.speed, "memory_ratio": ratios.memory, "memory_bytes": extra,
-                            "trials": ratios.trials, "date": calibration_mod.date_of(ratios.updated)}
+                            "trials": ratios.trials, "date": calibration_mod.date_of(ratios.updated),
+                            "model": ratios.model}
     problems = _problems(spec, est, x)
     rung.fits = not problems
     if problems:

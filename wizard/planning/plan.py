@@ -66,7 +66,7 @@ def make_plan(hw, model, training: TrainingOptions, strategy: StrategyOptions, t
         if _choice_id(raw) != _choice_id(plan.choice):
             changed = (_choice_text(raw), _choice_text(plan.choice))
             plan.calibrated_from = raw.key if raw is not None else None
-    plan.notes.extend(calibration_mod.notes(used, stale, changed))
+    plan.notes.extend(calibration_mod.notes(used, stale, changed, calibration_mod.model_label(model)))
     return plan
 
 

@@ -69,9 +69,29 @@ def _fit_reason(rung: Rung, x: _Inputs, without_gc: int | None, choice: Rung, ti
         return f"Fits ({used}){gc}, {rel} (≈{rate}), but no offload while a rung without it fits."
     if not slower:
         return f"Fits ({used}){gc}, {rel} (≈{rate}); the earlier rung ({choice.name}) wins the tie."
-    measured = any((r.calibration or {}).get("speed_ratio") for r in (rung, choice))
-    because = "as measured on this machine (`wizard tune`)" if measured else _slower_because(rung, choice, x)
+    because = _slower_because(rung, choice, x) + _measured_clause(rung, choice)
     return f"Fits ({used}){gc}, {rel} (≈{rate}): {because}{_threads_clause(rung, x)}."
+
+
+def _measured_clause(rung: Rung, choice: Rung) -> str:
+    """Which of the two speeds compared are scaled by a `wizard tune` ratio, and what it was measured on: a ratio
+    measured on one model (or only for the choice) is never called a measurement of this rung on this model (an
+    offload rung that never ran read "138.6x slower: as measured on this machine")."""
+    def source(r: Rung) -> str | None:
+        c = r.calibration or {}
+        if not c.get("speed_ratio"):
+            return None
+        return (f"for {c['model']} " if c.get("model") else "") + f"on {c.get('date')}"
+    own, theirs = source(rung), source(choice)
+    if own and theirs:
+        same = own == theirs
+        return (f"; both speeds scaled by ratios `wizard tune` measured {own}" if same else
+                f"; its speed scaled by a ratio `wizard tune` measured {own}, {choice.name}'s by one measured {theirs}")
+    if own:
+        return f"; its speed scaled by a ratio `wizard tune` measured {own}"
+    if theirs:
+        return f" ({choice.name}'s speed scaled by a ratio `wizard tune` measured {theirs}; this rung's is the model's)"
+    return ""
 
 
 def _threads_clause(rung: Rung, x: _Inputs) -> str:
