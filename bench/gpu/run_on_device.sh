@@ -3,7 +3,7 @@
 #
 #     bash bench/gpu/run_on_device.sh [--quick] [measure.py options...]
 #
-# Installs nothing from the network. Says what is there (python, torch + CUDA, transformers,
+# Installs nothing from the network: only the wheels of bench/gpu/wheels (prepare_wheels.sh), when carried. Says what is there (python, torch + CUDA, transformers,
 # accelerate, DeepSpeed, nvidia-ml-py, nvidia-smi), makes `wizard` importable (the checkout on
 # PYTHONPATH; `pip install -e . --no-deps` offline only if that is not enough), then runs
 # bench/gpu/measure.py under a global timeout and leaves everything in $OUT (default
@@ -42,12 +42,30 @@ else
   echo "nvidia-smi: not found"
 fi
 
+# What the GPU machine lacks (DeepSpeed, bitsandbytes, textual, questionary and their small needs), from the
+# wheels bench/gpu/prepare_wheels.sh built where PyPI is reachable; the device tool carries the folder
+# (carry: ["bench/gpu/wheels"]). Offline: --no-index, nothing else is looked for. Into the machine's own
+# python (each device machine starts bare and is given back afterwards).
+WHEELS="${GPU_BENCH_WHEELS:-$ROOT/bench/gpu/wheels}"
+if ls "$WHEELS"/*.whl >/dev/null 2>&1; then
+  echo "== installing $(ls "$WHEELS"/*.whl | wc -l) wheels from $WHEELS ($(du -sh "$WHEELS" | cut -f1)), offline"
+  t0=$(date +%s)
+  if ! (set -o pipefail; "$PY" -m pip install -q --no-index --find-links "$WHEELS" --no-cache-dir \
+         --disable-pip-version-check "$WHEELS"/*.whl 2>&1 | tail -5); then
+    echo "pip install from $WHEELS failed (above); measure.py reports what is still missing"
+  fi
+  echo "   took $(( $(date +%s) - t0 )) s"
+else
+  echo "no wheels in $WHEELS (bash bench/gpu/prepare_wheels.sh builds them): installing nothing"
+fi
+
 # What is installed, without importing it (importing torch + deepspeed costs ~10 s each).
 "$PY" - <<'EOF'
 import importlib.metadata as md, importlib.util as u
 for dist, mod in (("torch", "torch"), ("transformers", "transformers"), ("accelerate", "accelerate"),
-                  ("deepspeed", "deepspeed"), ("nvidia-ml-py", "pynvml"), ("psutil", "psutil"),
-                  ("PyYAML", "yaml"), ("pip", "pip")):
+                  ("deepspeed", "deepspeed"), ("peft", "peft"), ("bitsandbytes", "bitsandbytes"),
+                  ("textual", "textual"), ("questionary", "questionary"), ("nvidia-ml-py", "pynvml"),
+                  ("psutil", "psutil"), ("PyYAML", "yaml"), ("pip", "pip")):
     try:
         version = md.version(dist)
     except md.PackageNotFoundError:
