@@ -21,7 +21,8 @@ def case_args(name: str, out: Path, nvme: Path) -> list[str]:
 
 
 def run_case(name: str, workdir: Path) -> tuple[int, dict[str, str], str]:
-    """Run the real CLI entry point in-process; return exit code, normalised files and stderr."""
+    """Run the real CLI entry point in-process; return exit code, normalised files and what it printed
+    (stderr, then stdout: the check findings of a write, warnings included, go to stdout)."""
     from wizard.frontends.cli import main
 
     out, nvme = workdir / "out", workdir / "nvme"
@@ -34,7 +35,7 @@ def run_case(name: str, workdir: Path) -> tuple[int, dict[str, str], str]:
         p = out / f
         if p.exists():
             files[f] = p.read_text().replace(str(out), "<OUTPUT_DIR>").replace(str(nvme), "<NVME>")
-    return code, files, stderr.getvalue()
+    return code, files, stderr.getvalue() + stdout.getvalue()
 
 
 def stored(name: str) -> dict[str, str]:
