@@ -40,6 +40,9 @@ class Request:
     dry_run: bool = False
     plan_only: bool = False                  # `wizard plan`: nothing is rendered, so file-only answers may be missing
     calibrate: bool = True       # apply `wizard tune`'s measurements on this machine (plan --no-calibration: off)
+    # `wizard compare`: an assumed machine of the kind `wizard tune` measured (same GPUs, same count) uses those
+    # ratios too; `plan --assume` keeps the raw model (a plan for another machine is not this one's measurement).
+    calibrate_assumed: bool = False
 
 
 @dataclass
@@ -170,12 +173,14 @@ def size(answers: dict[str, Any]) -> ModelShape:
     raise InputError("model", "no model given", "--model ID_OR_PATH or --params 7B")
 
 
-def plan_from_answers(hw: Hardware, model: ModelShape, answers: dict[str, Any], calibrate: bool = True) -> Plan:
+def plan_from_answers(hw: Hardware, model: ModelShape, answers: dict[str, Any], calibrate: bool = True,
+                      assumed_too: bool = False) -> Plan:
     from wizard.planning import plan as plan_mod
     training = answers_mod.training_options(answers)
     topology = answers_mod.topology(answers, hw)
     measured = None
-    if calibrate and hw.source == "probe":   # `wizard tune`'s measurements are for this machine only
+    # `wizard tune`'s measurements are for this machine only, unless a comparison asks (Request.calibrate_assumed)
+    if calibrate and (hw.source == "probe" or assumed_too):
         from wizard.planning import calibration
         measured = calibration.for_machine(hw, topology)
     return plan_mod.make_plan(hw, model, training, answers_mod.strategy_options(answers), topology,
@@ -244,7 +249,8 @@ def alternatives(hw: Hardware, model: ModelShape, answers: dict[str, Any], plan:
         if cached_only and not adapters_cached(model, training):
             continue
         try:
-            alt_plan = plan_from_answers(hw, model, alt, calibrate=plan.calibration is not None)
+            alt_plan = plan_from_answers(hw, model, alt, calibrate=plan.calibration is not None,
+                                         assumed_too=plan.calibration is not None)
             adapters = adapters_for(model, training)
         except InputError:
             continue
@@ -376,7 +382,7 @@ def build(request: Request, hw: Hardware | None = None) -> Result:
         raise conflicts[0]
     refuse_adapter_options(request.given, answers)
     model = size(answers)
-    plan = plan_from_answers(hw, model, answers, calibrate=request.calibrate)
+    plan = plan_from_answers(hw, model, answers, calibrate=request.calibrate, assumed_too=request.calibrate_assumed)
     plan.alternatives = alternatives(hw, model, answers, plan)
     answers = apply_split(answers, plan)
     result = Result(hardware=hw, model=model, plan=plan, answers=answers, output_dir=output_dir,

@@ -17,7 +17,7 @@ from wizard import __version__
 from wizard.errors import (EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_NOTHING_FITS, EXIT_WRITTEN_BUT_FAILED,
                            InputError, WizardError, clear_stop, note_stop, stop_signal)
 
-SUBCOMMANDS = ("probe", "plan", "check", "launch", "attach", "stop", "runs", "tune", "env")
+SUBCOMMANDS = ("probe", "plan", "compare", "check", "launch", "attach", "stop", "runs", "tune", "env")
 
 
 class _DefaultsFormatter(argparse.HelpFormatter):
@@ -157,7 +157,7 @@ def build_parser(non_interactive: bool = False) -> argparse.ArgumentParser:
         p = _Parser(prog="wizard", description=(
             "Plan, configure, launch and watch multi-GPU Hugging Face training. Without a subcommand: the "
             "interactive wizard (a full-screen TUI; --plain for inline prompts; --non-interactive for scripts)."),
-            epilog="subcommands: probe, plan, check, launch, attach, stop, runs, tune, env (wizard SUBCOMMAND --help). "
+            epilog="subcommands: probe, plan, compare, check, launch, attach, stop, runs, tune, env (wizard SUBCOMMAND --help). "
                    + UNDERSCORES)
     p.add_argument("--version", action="version", version=f"wizard {__version__}")
     mode = p.add_argument_group("mode")
@@ -202,6 +202,9 @@ def build_subparser(name: str) -> argparse.ArgumentParser:
         return p
     if name == "tune":
         return build_tune_parser(p)
+    if name == "compare":
+        from wizard.frontends.compare_cli import build_parser as build_compare_parser
+        return build_compare_parser(p)
     raise ValueError(name)
 
 

@@ -1,0 +1,457 @@
+"""`wizard compare`: which machine to rent. One plan per machine, side by side: the plan's choice, its speed, the
+time to train the run's tokens and what that costs at the user's prices.
+
+Every row is `wizard plan --assume MACHINE` with the same answers: wizard.pipeline.build, nothing planned here.
+The model is sized once (the first build; every later one reads the sizing cache) and planned per machine.
+Prices are the user's (--price, --prices FILE): the project ships none, as they change weekly and differ by
+provider. No UI and no heavy library is imported here.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import re
+import shlex
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable
+
+from wizard.errors import InputError
+from wizard.pipeline import Request, Result, build
+from wizard.probe import catalogue
+from wizard.probe import hardware as hardware_mod
+
+SORTS = ("time", "cost")
+MACHINE_FORMAT = ("machines such as 8xA100-80GB,4xH100-80GB,1xH200-141GB,2x8xH100-80GB (NODESxGPUSxGPU for "
+                  "several machines; --assume's key=value options, e.g. 8xH100-80GB,ram=2T, follow their machine)")
+PRICE_FORMAT = ("MACHINE=PRICE or GPU=PRICE per GPU-hour, comma-separated, such as 8xA100-80GB=1.8,H100-80GB=2.5")
+PRICES_FILE_FORMAT = ("a YAML file with `date: YYYY-MM-DD` and `prices:` mapping MACHINE or GPU to a price per "
+                      "GPU-hour (optionally `currency:`)")
+STALE_PRICE_DAYS = 30
+DEFAULT_TRAIN_TOKENS = 10**9          # the time and cost shown when the run's tokens are not given: per 1B tokens
+DEFAULT_COUNTS = (1, 2, 4, 8)
+NODE_GPUS = 8                          # a server of the largest GPU, twice, for the multi-machine row
+# Machine flags the comparison sets itself, one machine per row: refused rather than applied to every machine.
+MACHINE_QUESTIONS = ("num_machines", "machine_rank", "num_processes", "gpu_ids", "use_cpu")
+CAVEAT = ("These are planned figures (the wizard's memory and speed model, not a measurement): `wizard tune` "
+          "measures them on the machine once you have it, and machines it has measured are marked \"measured\".")
+
+
+# ----------------------------------------------------------------------------- machines
+
+@dataclass(frozen=True)
+class Machine:
+    label: str                        # what the user wrote (or the default set's name): "2x8xH100-80GB"
+    assume: str                       # the --assume spec it plans: "8xH100-80GB,nodes=2"
+    gpus: int                         # GPUs over every machine
+    nodes: int = 1
+    gpu_names: tuple[str, ...] = ()   # catalogue names of its GPUs ("H100-80GB"), for GPU=PRICE
+    key: str = ""                     # canonical: "2x8xH100-80GB" for "2x8xh100", for prices and duplicates
+
+
+_NODES = re.compile(r"^\s*(\d+)\s*[xX×]\s*(\d+\s*[xX×].*)$")
+
+
+def machine(text: str) -> Machine:
+    """One machine of --machines: an --assume SPEC, or NODESxSPEC (2x8xH100-80GB) for several machines."""
+    label = text.strip()
+    head, *options = [p.strip() for p in label.split(",")]
+    nodes = 1
+    m = _NODES.match(head)
+    if m:
+        nodes, head = int(m.group(1)), m.group(2).strip()
+        if nodes < 1 or any(o.lower().startswith("nodes=") for o in options):
+            raise InputError("machines", f"{label!r}: give the machines once (NODESx... or nodes=N)", MACHINE_FORMAT)
+        options.append(f"nodes={nodes}")
+    spec = ",".join([head] + options)
+    try:
+        hw = hardware_mod.assume(spec)
+    except InputError as exc:
+        raise InputError("machines", f"{label!r}: {exc.problem}", exc.allowed or MACHINE_FORMAT) from None
+    nodes = hw.num_machines_hint or nodes
+    per_gpu = [_catalogue_name(g.name) for g in hw.gpus]
+    names = tuple(dict.fromkeys(per_gpu))
+    server = "+".join(f"{per_gpu.count(n)}x{n}" for n in names)
+    key = (f"{nodes}x" if nodes > 1 else "") + server
+    return Machine(label=label, assume=spec, gpus=len(hw.gpus) * nodes, nodes=nodes, gpu_names=names, key=key)
+
+
+def _catalogue_name(nvml_name: str) -> str:
+    spec = catalogue.match_device(nvml_name)
+    return spec.name if spec is not None else nvml_name
+
+
+def parse_machines(text: str) -> list[Machine]:
+    """--machines: machines separated by commas; a key=value piece belongs to the machine before it."""
+    if not isinstance(text, str) or not text.strip():
+        raise InputError("machines", "is empty", MACHINE_FORMAT)
+    groups: list[list[str]] = []
+    for piece in text.split(","):
+        piece = piece.strip()
+        if not piece:
+            raise InputError("machines", f"{text.strip()!r} has an empty entry", MACHINE_FORMAT)
+        if "=" in piece:
+            if not groups:
+                raise InputError("machines", f"{piece!r} comes before any machine", MACHINE_FORMAT)
+            groups[-1].append(piece)
+        else:
+            groups.append([piece])
+    machines = [machine(",".join(g)) for g in groups]
+    seen: set[str] = set()
+    for m in machines:
+        if m.assume in seen or m.label in seen:
+            raise InputError("machines", f"{m.label!r} is given twice", MACHINE_FORMAT)
+        seen.update((m.assume, m.label))
+    return machines
+
+
+def default_classes() -> list[catalogue.GpuSpec]:
+    """The data-centre GPUs rented as NVLink servers, one per generation and memory size (the catalogue's first:
+    H100-80GB, not its export twin H800-80GB; A100-80GB, not A800-80GB)."""
+    out: dict[tuple[str, int], catalogue.GpuSpec] = {}
+    for spec in catalogue.CATALOGUE:
+        if spec.kind == "datacenter" and spec.nvlink:
+            key = (catalogue.performance(spec).generation, spec.mem_tags[0])
+            out.setdefault(key, spec)
+    return list(out.values())
+
+
+def default_machines(max_gpus: int | None = None) -> list[Machine]:
+    """1, 2, 4 and 8 of each default class, and two 8-GPU servers of the one with the most memory; at most
+    `max_gpus` GPUs in all."""
+    classes = default_classes()
+    specs = [f"{n}x{spec.name}" for spec in classes for n in DEFAULT_COUNTS]
+    largest = max(classes, key=lambda s: s.memory)
+    specs.append(f"2x{NODE_GPUS}x{largest.name}")
+    machines = [machine(s) for s in specs]
+    return [m for m in machines if max_gpus is None or m.gpus <= max_gpus]
+
+
+def check_max_gpus(value: Any) -> int | None:
+    if value is None:
+        return None
+    try:
+        n = int(str(value).strip())
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise InputError("max-gpus", f"{value!r} is not a whole number of GPUs >= 1", "1, 8, 16, ...")
+    return n
+
+
+# ----------------------------------------------------------------------------- prices
+
+@dataclass(frozen=True)
+class Prices:
+    per_gpu_hour: dict[str, float] = field(default_factory=dict)   # machine label or GPU name -> price
+    date: dt.date | None = None       # the prices file's date (None: --price only)
+    source: str = ""                  # the file, for the staleness warning
+    currency: str = ""
+
+    def for_machine(self, m: Machine) -> float | None:
+        """The machine's own price, else its GPU's (every GPU of it the same model)."""
+        if m.key in self.per_gpu_hour:
+            return self.per_gpu_hour[m.key]
+        if len(m.gpu_names) == 1 and m.gpu_names[0] in self.per_gpu_hour:
+            return self.per_gpu_hour[m.gpu_names[0]]
+        return None
+
+
+def _price_key(key: str, field_name: str, allowed: str) -> str:
+    """A machine as --machines writes it, or a GPU by its catalogue name (H100 -> H100-80GB)."""
+    key = key.strip()
+    if re.match(r"\s*\d+\s*[xX×]", key):
+        try:
+            return machine(key).key
+        except InputError as exc:
+            raise InputError(field_name, exc.problem, allowed) from None
+    try:
+        return catalogue.lookup(key, field_name).name
+    except InputError:
+        raise InputError(field_name, f"{key!r} is neither a machine nor a GPU", allowed) from None
+
+
+def _price_value(value: Any, key: str, field_name: str, allowed: str) -> float:
+    try:
+        price = float(str(value).strip().lstrip("$"))
+    except ValueError:
+        price = float("nan")
+    if not (math.isfinite(price) and price >= 0):
+        raise InputError(field_name, f"{key}={value!r} is not a price per GPU-hour", allowed)
+    return price
+
+
+def parse_price_flag(text: str) -> dict[str, float]:
+    """--price 8xA100-80GB=1.8,H100-80GB=2.5 -> {machine or GPU: price per GPU-hour}."""
+    if not isinstance(text, str) or not text.strip():
+        raise InputError("price", "is empty", PRICE_FORMAT)
+    out: dict[str, float] = {}
+    for piece in text.split(","):
+        key, eq, value = piece.partition("=")
+        if not eq or not key.strip():
+            raise InputError("price", f"{piece.strip()!r} is not MACHINE=PRICE", PRICE_FORMAT)
+        out[_price_key(key, "price", PRICE_FORMAT)] = _price_value(value, key.strip(), "price", PRICE_FORMAT)
+    return out
+
+
+def load_prices_file(path: str) -> Prices:
+    """--prices FILE: `date:` (required: prices change weekly) and `prices:` {MACHINE or GPU: per GPU-hour}."""
+    from wizard.fsutil import loads_limited, quote_path, read_text_limited
+    text = read_text_limited(path, 1 << 20, "prices", PRICES_FILE_FORMAT)
+    doc = loads_limited(text, "yaml", "prices", quote_path(path), PRICES_FILE_FORMAT)
+    if not isinstance(doc, dict) or not isinstance(doc.get("prices"), dict) or not doc["prices"]:
+        raise InputError("prices", f"{quote_path(path)} has no `prices:` mapping", PRICES_FILE_FORMAT)
+    date = _file_date(doc.get("date"), path)
+    prices = {_price_key(str(k), "prices", PRICES_FILE_FORMAT): _price_value(v, str(k), "prices", PRICES_FILE_FORMAT)
+              for k, v in doc["prices"].items()}
+    currency = doc.get("currency")
+    return Prices(prices, date, path, str(currency).strip() if currency else "")
+
+
+def _file_date(value: Any, path: str) -> dt.date:
+    if isinstance(value, dt.datetime):
+        return value.date()
+    if isinstance(value, dt.date):
+        return value
+    try:
+        return dt.date.fromisoformat(str(value).strip())
+    except ValueError:
+        pass
+    what = "has no `date:`" if value is None else f"has date {value!r}, not YYYY-MM-DD"
+    raise InputError("prices", f"{path} {what} (prices change; the file says when they were true)",
+                     PRICES_FILE_FORMAT)
+
+
+def prices_from(flag: str | None, path: str | None) -> Prices:
+    """The file's prices with --price's over them."""
+    prices = load_prices_file(path) if path else Prices()
+    if flag:
+        prices = replace(prices, per_gpu_hour={**prices.per_gpu_hour, **parse_price_flag(flag)})
+    return prices
+
+
+def stale_prices_warning(prices: Prices, today: dt.date | None = None) -> str | None:
+    if prices.date is None:
+        return None
+    today = today or dt.date.today()
+    age = (today - prices.date).days
+    if age <= STALE_PRICE_DAYS:
+        return None
+    return (f"the prices in {prices.source} are dated {prices.date.isoformat()}, {age} days ago (more than "
+            f"{STALE_PRICE_DAYS}): GPU prices change weekly; update the file")
+
+
+# ----------------------------------------------------------------------------- rows
+
+@dataclass
+class Row:
+    machine: Machine
+    fits: bool = False
+    rung_key: str | None = None
+    rung: str | None = None           # the chosen rung's name (gradient checkpointing apart)
+    micro_batch: int | None = None
+    grad_accum: int | None = None
+    gradient_checkpointing: bool | None = None
+    tokens_per_second: float | None = None
+    step_seconds: float | None = None
+    train_seconds: float | None = None
+    price_per_gpu_hour: float | None = None
+    cost: float | None = None
+    short_by: float | None = None     # does not fit: need / have of the closest rung's tightest constraint
+    shortfall: str | None = None      # ... in words (the same phrase as exit 3's)
+    error: str | None = None          # this machine could not be planned with these answers: why
+    measured: str | None = None       # the choice's speed is `wizard tune`'s measurement: trials and date
+    fastest: bool = False
+    cheapest: bool = False
+    write_command: str | None = None  # the command that writes this row's files (fitting rows)
+    result: Result | None = field(default=None, repr=False)
+
+    @property
+    def status(self) -> str:
+        if self.error:
+            return "cannot plan"
+        return "fits" if self.fits else "does not fit"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"machine": self.machine.label, "assume": self.machine.assume, "gpus": self.machine.gpus,
+                "nodes": self.machine.nodes, "status": self.status, "fits": self.fits, "rung": self.rung_key,
+                "rung_name": self.rung, "micro_batch": self.micro_batch, "grad_accum": self.grad_accum,
+                "gradient_checkpointing": self.gradient_checkpointing,
+                "tokens_per_second": _round(self.tokens_per_second, 1), "step_seconds": _round(self.step_seconds, 3),
+                "train_seconds": _round(self.train_seconds, 1), "price_per_gpu_hour": self.price_per_gpu_hour,
+                "cost": _round(self.cost, 2), "short_by": _round(self.short_by, 3), "shortfall": self.shortfall,
+                "error": self.error, "measured": self.measured, "fastest": self.fastest, "cheapest": self.cheapest,
+                "write_command": self.write_command}
+
+
+def _round(x: float | None, digits: int) -> float | None:
+    return None if x is None else round(x, digits)
+
+
+@dataclass
+class Comparison:
+    rows: list[Row]
+    train_tokens: int                 # the tokens the times and costs are for
+    tokens_given: bool                # False: DEFAULT_TRAIN_TOKENS, per 1B tokens
+    sort: str
+    model: str = ""
+    method: str = "full"
+    warnings: list[str] = field(default_factory=list)
+    currency: str = ""
+
+    @property
+    def fastest(self) -> Row | None:
+        return next((r for r in self.rows if r.fastest), None)
+
+    @property
+    def cheapest(self) -> Row | None:
+        return next((r for r in self.rows if r.cheapest), None)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"model": self.model, "method": self.method, "train_tokens": self.train_tokens,
+                "train_tokens_given": self.tokens_given, "sort": self.sort, "currency": self.currency,
+                "fastest": self.fastest.machine.label if self.fastest else None,
+                "cheapest": self.cheapest.machine.label if self.cheapest else None,
+                "caveat": CAVEAT, "warnings": list(self.warnings), "rows": [r.to_json() for r in self.rows]}
+
+
+def refuse_machine_answers(given: dict[str, Any]) -> None:
+    """The machine flags are each row's own: --num-processes 8 on a 1-GPU row is no comparison."""
+    from wizard.config.questions import by_id
+    for qid in MACHINE_QUESTIONS:
+        if given.get(qid) is not None:
+            q = by_id(qid)
+            raise InputError(q.field, f"{q.flag} is set by each machine of the comparison",
+                             "--machines with the machines to compare (NODESxGPUSxGPU for several machines)")
+
+
+def plan_row(m: Machine, given: dict[str, Any], price: float | None, calibrate: bool = True) -> Row:
+    """`wizard plan --assume MACHINE` with these answers, as one row."""
+    row = Row(machine=m, price_per_gpu_hour=price)
+    try:
+        result = build(Request(given=given, assume=m.assume, plan_only=True, calibrate=calibrate,
+                               calibrate_assumed=calibrate))
+    except InputError as exc:
+        row.error = str(exc)
+        return row
+    row.result = result
+    plan = result.plan
+    c = plan.choice
+    if c is None:
+        row.short_by, row.shortfall = closest_miss(result)
+        return row
+    speed = c.speed
+    row.fits, row.rung_key, row.rung = True, c.key, c.name
+    row.micro_batch, row.grad_accum, row.gradient_checkpointing = c.micro_batch, c.grad_accum, c.gradient_checkpointing
+    if speed is not None:
+        row.tokens_per_second, row.step_seconds = speed.tokens_per_second, speed.step_seconds
+    if c.calibration:
+        trials = c.calibration.get("trials")
+        date = c.calibration.get("date") or c.calibration.get("updated")
+        row.measured = f"{trials} trial{'s' if trials != 1 else ''}" + (f" on {date}" if date else "")
+    return row
+
+
+def closest_miss(result: Result) -> tuple[float | None, str | None]:
+    """(need / have, what it needs) of the rung closest to fitting: the sentence exit 3 starts with. A rung whose
+    only miss is a missing --nvme-path counts only when nothing else comes close."""
+    from wizard.config import answers as answers_mod
+    from wizard.planning.plan import _shortfall   # exit 3's own measure of a miss (see README, `wizard compare`)
+    plan = result.plan
+    strategy = answers_mod.strategy_options(result.answers)
+    misses = [(_shortfall(r, plan, result.hardware, strategy), r) for r in plan.rungs if not r.fits]
+    if not misses:
+        return None, None
+    over = [m for m in misses if m[0][0] > 1.0] or misses
+    (ratio, phrase), rung = min(over, key=lambda m: m[0][0])
+    return ratio, f"{rung.name} {phrase}"
+
+
+def train_tokens_of(result: Result) -> int | None:
+    return result.plan.train_tokens
+
+
+def compare(given: dict[str, Any], machines: list[Machine], prices: Prices | None = None, sort: str = "time",
+            calibrate: bool = True, today: dt.date | None = None,
+            command_for: Callable[[Machine], str] | None = None) -> Comparison:
+    """One row per machine, sorted by `sort` (time or cost), the fastest and the cheapest marked."""
+    if sort not in SORTS:
+        raise InputError("sort", f"{sort!r} is not a sort order", "|".join(SORTS))
+    if not machines:
+        raise InputError("max-gpus", "leaves no machine to compare", "a larger --max-gpus, or --machines")
+    refuse_machine_answers(given)
+    prices = prices or Prices()
+    rows = [plan_row(m, given, prices.for_machine(m), calibrate) for m in machines]
+    planned = [r for r in rows if r.result is not None]
+    if not planned:
+        # The same bad answer on every machine is the answers' fault, not the machines': exit 2 as `plan` does.
+        build(Request(given=given, assume=machines[0].assume, plan_only=True, calibrate=calibrate))
+    first = planned[0].result
+    tokens = train_tokens_of(first)
+    tokens_given = tokens is not None
+    tokens = tokens or DEFAULT_TRAIN_TOKENS
+    for r in rows:
+        if r.fits and r.tokens_per_second:
+            r.train_seconds = tokens / r.tokens_per_second
+            if r.price_per_gpu_hour is not None:
+                r.cost = r.price_per_gpu_hour * r.machine.gpus * r.train_seconds / 3600
+            if command_for is not None:
+                r.write_command = command_for(r.machine)
+    mark_best(rows)
+    rows = sorted_rows(rows, sort)
+    warnings = [w for w in (stale_prices_warning(prices, today),) if w]
+    if sort == "cost" and not any(r.cost is not None for r in rows):
+        warnings.append("no machine has a price: give --price MACHINE=PRICE or --prices FILE to sort by cost")
+    unpriced = [r.machine.label for r in rows if r.fits and r.cost is None]
+    if prices.per_gpu_hour and unpriced:
+        warnings.append(f"no price for {', '.join(unpriced)}")
+    return Comparison(rows=rows, train_tokens=tokens, tokens_given=tokens_given, sort=sort,
+                      model=str(first.answers.get("model") or first.answers.get("params") or ""),
+                      method=str(first.answers.get("method", "full")), warnings=warnings, currency=prices.currency)
+
+
+def mark_best(rows: list[Row]) -> None:
+    fitting = [r for r in rows if r.fits and r.train_seconds]
+    if fitting:
+        min(fitting, key=lambda r: (r.train_seconds, r.machine.gpus)).fastest = True
+    priced = [r for r in fitting if r.cost is not None]
+    if priced:
+        min(priced, key=lambda r: (r.cost, r.train_seconds)).cheapest = True
+
+
+def sorted_rows(rows: list[Row], sort: str) -> list[Row]:
+    """Fitting rows first, by time or cost (unpriced after priced); then the misses, closest first; then the
+    machines that could not be planned."""
+    def key(r: Row) -> tuple:
+        if r.fits:
+            if sort == "cost":
+                return (0, r.cost is None, r.cost or 0.0, r.train_seconds or math.inf)
+            return (0, False, r.train_seconds or math.inf, r.cost if r.cost is not None else math.inf)
+        if r.error is None:
+            return (1, False, r.short_by or math.inf, 0.0)
+        return (2, False, 0.0, 0.0)
+    return sorted(rows, key=key)
+
+
+# ----------------------------------------------------------------------------- the command to write a row
+
+def write_command(m: Machine, flags: dict[str, Any], answers_file: str | None = None,
+                  output_dir: str | None = None) -> str:
+    """`wizard --non-interactive --assume SPEC ...`: what `wizard compare --write MACHINE` runs for this row."""
+    from wizard.config.questions import by_id
+    words = ["wizard", "--non-interactive", "--assume", m.assume]
+    if answers_file:
+        words += ["--answers", answers_file]
+    for qid, value in flags.items():
+        if value is None:
+            continue
+        words += [by_id(qid).flag, str(value)]
+    if m.nodes > 1 and "main_process_ip" not in flags:
+        words += ["--main-process-ip", "ADDRESS"]
+    if output_dir:
+        words += ["--output-dir", output_dir]
+    return " ".join(shlex.quote(w) if w != "ADDRESS" else w for w in words)
+
+
+def find_row(comparison: Comparison, label: str) -> Row | None:
+    return next((r for r in comparison.rows if r.machine.label == label), None)

@@ -1,0 +1,193 @@
+"""`wizard compare`: the machines side by side (wizard.compare), as a table or JSON; `--write MACHINE` writes one
+row's files through `wizard --non-interactive --assume MACHINE`'s own code (cli.cmd_non_interactive).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any, TextIO
+
+from wizard import compare as compare_mod
+from wizard.units import fmt_duration
+
+DESCRIPTION = (
+    "Which machine to rent: the plan for each machine side by side, with its speed, the time to train "
+    "--train-tokens (or --dataset-tokens x --epochs; else per 1B tokens) and the cost at your prices per GPU-hour. "
+    "Writes nothing, unless --write MACHINE.")
+
+EPILOG = (
+    "Each row is `wizard plan --assume MACHINE` with the same options. Without --machines: "
+    "1, 2, 4 and 8 of each data-centre GPU class of the catalogue and 2 x 8 of the one with the most memory "
+    "(--max-gpus bounds it). Prices are yours (the wizard ships none): --price 8xA100-80GB=1.8,H100-80GB=2.5 or "
+    "--prices FILE, a YAML file with `date: YYYY-MM-DD` and `prices: {MACHINE or GPU: per GPU-hour}` (a date more "
+    f"than {compare_mod.STALE_PRICE_DAYS} days old is warned about). Exit codes: 0 done, 2 bad input, 3 nothing fits on "
+    "any machine.")
+
+
+def build_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    from wizard.frontends.cli import UNDERSCORES, _add_calibration_flag, _add_question_flags
+    p.description = DESCRIPTION
+    p.epilog = EPILOG + " " + UNDERSCORES
+    g = p.add_argument_group("machines and prices")
+    g.add_argument("--machines", metavar="LIST", default=None,
+                   help="machines to compare, e.g. 8xA100-80GB,4xH100-80GB,1xH200,2x8xH100-80GB "
+                        "(default: the catalogue's data-centre classes)")
+    g.add_argument("--max-gpus", metavar="N", default=None,
+                   help="leave out the default machines with more than N GPUs in all")
+    g.add_argument("--price", metavar="LIST", default=None,
+                   help="price per GPU-hour by machine or GPU, e.g. 8xA100-80GB=1.8,H100-80GB=2.5")
+    g.add_argument("--prices", metavar="FILE", default=None,
+                   help="YAML prices file with a `date:` (--price entries win over it)")
+    g.add_argument("--sort", metavar="time|cost", default="time", help="order of the rows")
+    io = p.add_argument_group("input and output")
+    io.add_argument("--answers", metavar="FILE", default=argparse.SUPPRESS,
+                    help="YAML/JSON answers keyed by question id (flags win over the file)")
+    io.add_argument("--json", action="store_true", default=False, help="print the comparison as JSON")
+    io.add_argument("--write", metavar="MACHINE", default=None,
+                    help="write that machine's files, as `wizard --non-interactive --assume MACHINE` does")
+    io.add_argument("--output-dir", metavar="D", default=argparse.SUPPRESS,
+                    help="with --write: where the files go (default: accelerate's config dir)")
+    io.add_argument("--dry-run", action="store_true", default=argparse.SUPPRESS, help="with --write: write nothing")
+    _add_question_flags(p)
+    _add_calibration_flag(p, help="plan every machine by the raw model, without the ratios `wizard tune` measured")
+    p.set_defaults(func=cmd_compare)
+    return p
+
+
+def cmd_compare(ns: argparse.Namespace) -> int:
+    from wizard.config.answers import values_from_namespace
+    from wizard.errors import EXIT_NOTHING_FITS, InputError
+    from wizard.frontends.cli import _given, _refuse_empty_values
+    _refuse_empty_values(ns)
+    if ns.sort not in compare_mod.SORTS:
+        raise InputError("sort", f"{ns.sort!r} is not a sort order", "|".join(compare_mod.SORTS))
+    if ns.write is not None:
+        return write_machine(ns)
+    if getattr(ns, "output_dir", None) is not None or getattr(ns, "dry_run", False):
+        raise InputError("output-dir", "--output-dir and --dry-run go with --write MACHINE (compare writes nothing)",
+                         "--write MACHINE --output-dir D")
+    max_gpus = compare_mod.check_max_gpus(ns.max_gpus)
+    if ns.machines is not None:
+        if max_gpus is not None:
+            raise InputError("max-gpus", "bounds the default machines; --machines names them itself",
+                             "--machines LIST or --max-gpus N, not both")
+        machines = compare_mod.parse_machines(ns.machines)
+    else:
+        machines = compare_mod.default_machines(max_gpus)
+    prices = compare_mod.prices_from(ns.price, ns.prices)
+    flags = values_from_namespace(ns)
+    answers_file = getattr(ns, "answers", None)
+
+    def command(m: compare_mod.Machine) -> str:
+        return compare_mod.write_command(m, flags, answers_file)
+
+    result = compare_mod.compare(_given(ns), machines, prices, sort=ns.sort, calibrate=not ns.no_calibration,
+                                 command_for=command)
+    if ns.json:
+        print(json.dumps(result.to_json(), indent=2, sort_keys=True))
+    else:
+        print_comparison(result)
+    for w in result.warnings:
+        print(f"wizard: warning: {w}", file=sys.stderr)
+    return 0 if any(r.fits for r in result.rows) else EXIT_NOTHING_FITS
+
+
+def write_machine(ns: argparse.Namespace) -> int:
+    """`--write MACHINE`: `wizard --non-interactive --assume MACHINE` with the same options, through its code."""
+    from wizard.errors import InputError
+    from wizard.frontends.cli import cmd_non_interactive
+    for flag, value in (("machines", ns.machines), ("max-gpus", ns.max_gpus), ("price", ns.price),
+                        ("prices", ns.prices)):
+        if value is not None:
+            raise InputError(flag, f"--{flag} compares machines; --write writes one machine's files",
+                             "--write MACHINE [--output-dir D] with the plan's options")
+    compare_mod.refuse_machine_answers(ns_given(ns))
+    chosen = compare_mod.machine(ns.write) if ns.write.strip() else None
+    if chosen is None:
+        raise InputError("write", "is empty", compare_mod.MACHINE_FORMAT)
+    ns.assume, ns.hardware = chosen.assume, None
+    return cmd_non_interactive(ns)
+
+
+def ns_given(ns: argparse.Namespace) -> dict[str, Any]:
+    from wizard.frontends.cli import _given
+    return _given(ns)
+
+
+# ----------------------------------------------------------------------------- the table
+
+COLUMNS = ("", "machine", "plan", "micro x acc", "GC", "tokens/s", "step", "time", "cost")
+
+
+def _money(x: float | None, currency: str) -> str:
+    if x is None:
+        return "-"
+    text = f"{x:,.0f}" if x >= 100 else f"{x:,.2f}"
+    return f"{text} {currency}".strip() if currency else f"${text}"
+
+
+def row_cells(r: compare_mod.Row, currency: str = "") -> tuple[str, ...]:
+    from wizard.planning.speed import fmt_rate
+    mark = ("F" if r.fastest else "") + ("C" if r.cheapest else "")
+    if r.error:
+        return (mark, r.machine.label, "cannot plan", "", "", "", "", "", "")
+    if not r.fits:
+        by = f" by {(r.short_by - 1) * 100:.0f}%" if r.short_by and r.short_by > 1 else ""
+        return (mark, r.machine.label, f"does not fit{by}", "", "", "", "", "", "")
+    plan = r.rung + (" (measured)" if r.measured else "")
+    return (mark, r.machine.label, plan, f"{r.micro_batch} x {r.grad_accum}",
+            "on" if r.gradient_checkpointing else "off",
+            fmt_rate(r.tokens_per_second or 0).replace(" tok/s", ""),
+            f"{r.step_seconds:.2f}s" if r.step_seconds is not None else "-",
+            fmt_duration(r.train_seconds) if r.train_seconds else "-",
+            _money(r.cost, currency))
+
+
+def table_lines(c: compare_mod.Comparison) -> list[str]:
+    cells = [COLUMNS] + [row_cells(r, c.currency) for r in c.rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(COLUMNS))]
+    right = {5, 6, 7, 8}
+    out = []
+    for row in cells:
+        parts = [cell.rjust(w) if i in right else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths))]
+        out.append("  ".join(parts).rstrip())
+    return out
+
+
+def header_lines(c: compare_mod.Comparison) -> list[str]:
+    method = {"full": "full fine-tuning", "lora": "LoRA", "qlora": "QLoRA"}.get(c.method, c.method)
+    tokens = f"{c.train_tokens:,} tokens" if c.tokens_given else \
+        f"1B tokens ({compare_mod.DEFAULT_TRAIN_TOKENS:,}; --train-tokens gives the run's)"
+    return [f"Model: {c.model}, {method}. Time and cost to train {tokens}; sorted by {c.sort}.",
+            compare_mod.CAVEAT]
+
+
+def print_comparison(c: compare_mod.Comparison, file: TextIO | None = None) -> None:
+    out = file or sys.stdout
+    for line in header_lines(c):
+        print(line, file=out)
+    print("", file=out)
+    for line in table_lines(c):
+        print(line, file=out)
+    print("", file=out)
+    legend = []
+    if c.fastest:
+        legend.append(f"F fastest: {c.fastest.machine.label}")
+    if c.cheapest:
+        legend.append(f"C cheapest: {c.cheapest.machine.label}")
+    elif not any(r.price_per_gpu_hour is not None for r in c.rows):
+        legend.append("no cost without prices (--price MACHINE=PRICE per GPU-hour, or --prices FILE)")
+    if legend:
+        print("; ".join(legend) + ".", file=out)
+    misses = [r for r in c.rows if not r.fits]
+    if misses:
+        print("Does not fit (the rung closest to fitting):", file=out)
+        for r in misses:
+            print(f"  {r.machine.label}: {r.error or r.shortfall}", file=out)
+    fitting = [r for r in c.rows if r.write_command]
+    if fitting:
+        print("Write a machine's files (or add --write MACHINE to this command):", file=out)
+        for r in fitting:
+            print(f"  {r.machine.label}: {r.write_command}", file=out)
