@@ -3,6 +3,7 @@ wizard/sizing/memory.py's activation and logits formulas.
 
     python bench/measure_activations.py            # the default grid (about 3 minutes on 2 cores)
     python bench/measure_activations.py --quick    # a few shapes
+    python bench/measure_activations.py --logits   # the loss path at two sequence lengths, Llama-3's vocabulary
 
 Two instruments, both on CPU, both exact for what they see:
 
@@ -383,6 +384,14 @@ def error_pct(measured: int, estimated: int) -> float:
     return (estimated - measured) / measured * 100
 
 
+def logits_grid() -> list[Shape]:
+    """The long-context question: does the logits term (memory.logits_bytes, 12 B per s*b*V element) hold at the
+    sequence length asked? Llama-3's 128,256-token vocabulary, two lengths 4x apart, bf16 with checkpointing as a
+    long-context run has it (and fp32 once: the upcast is a no-op there, the peak the same 12 B)."""
+    base = dict(hidden=256, heads=4, kv_heads=2, layers=2, vocab=128_256, batch=1, gc=True)
+    return [Shape(seq=512, **base), Shape(seq=2048, **base), Shape(seq=512, dtype="fp32", **base)]
+
+
 def default_grid(quick: bool = False) -> list[Shape]:
     if quick:
         return [Shape(), Shape(attn="eager"), Shape(gc=True), Shape(attn="eager", gc=True)]
@@ -499,12 +508,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--detail", action="store_true", help="print every saved tensor kind")
+    parser.add_argument("--logits", action="store_true", help="only the loss path at two sequence lengths")
     args = parser.parse_args(argv)
     import torch
     torch.set_num_threads(2)
     print(f"{'shape':<72} {'quantity':<24} {'measured':>12} {'estimated':>12} {'error':>8}")
     worst = 0.0
-    for shape in default_grid(args.quick):
+    for shape in (logits_grid() if args.logits else default_grid(args.quick)):
         t0 = time.perf_counter()
         m = measure(shape)
         for what, measured, estimated in compare(m):

@@ -35,7 +35,10 @@ def plan_with(key: str, method: str = "full", world: int = 4):
     flags = {k: v for k, v in spec.flags().items() if v is not None}
     strategy = StrategyOptions(backend=flags["backend"], zero_stage=flags.get("zero_stage", "auto"),
                                offload=flags.get("offload", "auto"), nvme_path="/nvme")
-    plan = make_plan(hardware(world), LLAMA2_7B, TrainingOptions(method=method), strategy,
+    # A context-parallel rung is on the ladder where nothing without offload fits the sequence, within a machine.
+    seq = 131072 if spec.cp_size > 1 else TrainingOptions().seq_len
+    world = max(world, spec.cp_size)
+    plan = make_plan(hardware(world), LLAMA2_7B, TrainingOptions(method=method, seq_len=seq), strategy,
                      Topology(processes_per_machine=world))
     plan.choice = next(r for r in plan.rungs if r.key == key)
     return plan

@@ -261,6 +261,28 @@ def _parallelism_given(ctx: Context) -> bool:
     return any(ctx.given.get(k) is not None for k in SIZE_IDS + (CP_COMM_ID,))
 
 
+def _plan_cp(ctx: Context) -> int:
+    """The chosen rung's context-parallel size (1 when the plan did not choose context parallelism)."""
+    choice = ctx.plan.choice if ctx.plan is not None else None
+    return int(getattr(choice, "cp_size", 1) or 1) if choice is not None else 1
+
+
+def _parallelism_default(ctx: Context) -> bool:
+    return _parallelism_given(ctx) or _plan_cp(ctx) > 1
+
+
+def _cp_default(ctx: Context) -> int:
+    return _plan_cp(ctx)
+
+
+def _cp_why(ctx: Context) -> str:
+    cp = _plan_cp(ctx)
+    if cp > 1:
+        return (f"{cp}: the plan's rung splits each sequence over {cp} GPUs; nothing without it (or offload) fits "
+                "the sequence.")
+    return "1: the plan fits the sequence without splitting it."
+
+
 def _whole(raw, fallback: int) -> int:
     """A positive whole number from an answer or a raw given value; `fallback` for anything else (its own
     question refuses a bad value, with its own message)."""
@@ -279,7 +301,7 @@ def _num_processes(ctx: Context, answers: dict | None = None) -> int:
 def _shard_default(ctx: Context) -> int:
     """Every process that replicas, tensor and context parallelism leave: N / (replicate x tp x cp)."""
     others = (_whole(_a(ctx, SIZE_IDS[0]), 1) * _whole(ctx.given.get(SIZE_IDS[2]), 1)
-              * _whole(ctx.given.get(SIZE_IDS[3]), 1))
+              * _whole(ctx.given.get(SIZE_IDS[3]), _plan_cp(ctx)))
     return max(1, _num_processes(ctx) // others)
 
 
@@ -296,6 +318,8 @@ def _hsdp_note(ctx: Context) -> str:
 def _use_parallelism_why(ctx: Context) -> str:
     if _parallelism_given(ctx):
         return "On: you gave parallelism sizes."
+    if _plan_cp(ctx) > 1:
+        return f"On: the plan's rung is context parallel (cp {_plan_cp(ctx)})."
     n = _num_processes(ctx)
     text = f"Off, accelerate's default: FSDP2 shards over all {n} processes, as the plan sized it"
     if _multi_node(ctx):
@@ -498,8 +522,8 @@ DETAIL_QUESTIONS: tuple[Question, ...] = (
     _q("use_parallelism_config", "Use a parallelism config",
        "FSDP2 can compose with replicas (HSDP), tensor and context parallelism over a device mesh; accelerate asks "
        "for the sizes of each dimension and the script's Accelerator builds the mesh from them.", "bool",
-       default=_parallelism_given, when=_fsdp2, why=_use_parallelism_why,
-       help_default="off (on when a size is given)", **_details("parallelism")),
+       default=_parallelism_default, when=_fsdp2, why=_use_parallelism_why,
+       help_default="off (on when a size is given or the plan is context parallel)", **_details("parallelism")),
     _q(SIZE_IDS[0], "Data-parallel replicas (HSDP)",
        "Full copies of the sharded model: each replica shards over dp_shard_size processes and the replicas "
        "all-reduce their gradients (HSDP). More replicas mean more memory per GPU and less traffic per step.",
@@ -517,8 +541,8 @@ DETAIL_QUESTIONS: tuple[Question, ...] = (
     _q(SIZE_IDS[3], "Context-parallel size",
        "Splits every sequence over this many GPUs, so each holds 1/cp of the activations: for sequences whose "
        "activations do not fit. It needs SDPA attention and the steps inside accelerator.maybe_context_parallel "
-       "(the HF Trainer does that).", "int", default=1, check=_check_cp_size, when=_parallelism,
-       allowed="a whole number >= 1", why="1: the plan fits the sequence without splitting it.",
+       "(the HF Trainer does that).", "int", default=_cp_default, check=_check_cp_size, when=_parallelism,
+       allowed="a whole number >= 1", why=_cp_why, help_default="the plan's (1 unless it is context parallel)",
        **_details("parallelism")),
     _q(CP_COMM_ID, "Context-parallel communication",
        "How the ranks exchange keys and values: allgather gathers them all at once per layer; alltoall passes "

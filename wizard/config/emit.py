@@ -176,7 +176,7 @@ def accelerate_config(answers: dict, plan, ds_config_path: str | None, model=Non
             doc["fp8_config"] = _fp8_section(answers)
     if dtype == "FSDP":
         doc["fsdp_config"] = _fsdp_section(answers, plan)
-        doc["parallelism_config"] = _parallelism_section(answers, doc["fsdp_config"]["fsdp_version"])
+        doc["parallelism_config"] = _parallelism_section(answers, doc["fsdp_config"]["fsdp_version"], plan)
     elif answers.get("use_parallelism_config"):
         raise InputError("use_parallelism_config", "a parallelism config is written for FSDP2 only (accelerate "
                                                    "config asks it there, accelerate launch refuses it elsewhere)",
@@ -211,10 +211,16 @@ def _fp8_section(answers: dict) -> dict:
     return section
 
 
-def _parallelism_section(answers: dict, fsdp_version: int) -> dict:
-    """`parallelism_config:` as accelerate config writes it (parallelism_config_<size> keys), FSDP2 only."""
-    from wizard.config.parallelism import from_answers
+def _parallelism_section(answers: dict, fsdp_version: int, plan=None) -> dict:
+    """`parallelism_config:` as accelerate config writes it (parallelism_config_<size> keys), FSDP2 only. Answers
+    that do not say (no use_parallelism_config) take the plan's rung: a context-parallel one writes its cp size and
+    shards over the rest of the processes."""
+    from wizard.config.parallelism import CP_COMM_ID, SIZE_IDS, from_answers
 
+    cp = int(getattr(plan.choice, "cp_size", 1) or 1) if plan is not None and plan.choice is not None else 1
+    if "use_parallelism_config" not in answers and cp > 1:
+        answers = {**answers, "use_parallelism_config": True, SIZE_IDS[3]: cp,
+                   SIZE_IDS[1]: max(1, plan.topology.world_size // cp), CP_COMM_ID: "allgather"}
     section = from_answers(answers) or {}
     if section and fsdp_version != 2:
         raise InputError("use_parallelism_config", "a parallelism config needs FSDP version 2 (accelerate launch: "
@@ -541,7 +547,14 @@ def _fp8_and_parallelism_notes(answers: dict, rung, world_size: int) -> list[str
                    "bf16's (the weights stay bf16, only the matmul inputs go to fp8).")
     section = _parallelism_section(answers, 2) if rung.backend == "fsdp" else {}
     sizes = {k[len("parallelism_config_"):]: v for k, v in section.items() if k.endswith("_size")}
-    if sizes and (sizes["dp_replicate_size"], sizes["tp_size"], sizes["cp_size"]) != (1, 1, 1):
+    modelled = (1, 1, int(getattr(rung, "cp_size", 1) or 1))     # the rung's own context parallelism is sized
+    if sizes and (sizes["dp_replicate_size"], sizes["tp_size"], sizes["cp_size"]) == modelled and modelled[2] > 1:
+        out.append(f"context parallel {modelled[2]}: each sequence is split over {modelled[2]} GPUs, so a step takes "
+                   f"micro-batch x accumulation x {world_size // modelled[2]} sequences (the {world_size} processes "
+                   f"/ cp {modelled[2]}); the script must train through the HF Trainer (it splits input_ids, labels "
+                   "and position_ids in accelerator.maybe_context_parallel) with SDPA attention and causal masks, "
+                   "and the sequence a multiple of 2 x cp.")
+    elif sizes and (sizes["dp_replicate_size"], sizes["tp_size"], sizes["cp_size"]) != (1, 1, 1):
         out.append(f"parallelism config: the plan's memory and speed figures are for FSDP2 over all {world_size} "
                    f"processes; replicate {sizes['dp_replicate_size']} x shard {sizes['dp_shard_size']} x tp "
                    f"{sizes['tp_size']} x cp {sizes['cp_size']} changes them (replicas hold more of the sharded "

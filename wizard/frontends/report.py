@@ -164,6 +164,10 @@ def speed_lines(plan) -> list[str]:
         sizes.append(f"{c.max_micro_batch_gc} with it")
     if sizes:
         lines.append("Largest micro-batch that fits: " + ", ".join(sizes))
+    if c.max_seq_len:
+        lines.append(f"Longest sequence that fits: --seq-len {c.max_seq_len} at micro-batch {c.micro_batch or 1}"
+                     + (" with gradient checkpointing" if c.gradient_checkpointing else "")
+                     + " (the asked length is near the limit)")
     b = plan.batch
     if b is not None and b.applied:
         gc = " with gradient checkpointing" if b.gradient_checkpointing else ""

@@ -201,6 +201,11 @@ def _autocast(spec: RungSpec, x: _Inputs, gc: bool) -> int:
 def _estimate(spec: RungSpec, x: _Inputs, gc: bool) -> _Estimate:
     states = _states(spec, x)
     precision = _activation_precision(spec, x)
+    full_seq = x.seq
+    if spec.cp_size > 1:
+        # Context parallelism: each GPU runs 1/cp of every sequence (its activations and its logits); the model
+        # states are FSDP's over every process (accelerate shards over dp_shard x cp).
+        x = replace(x, seq=x.seq // spec.cp_size)
     kept, recomputed = mem.stack_activation_parts(x.stack, x.seq, x.batch, x.flash, gc, precision)
     if x.adapters is not None:
         adapters = _adapter_activation_bytes(x, gc)     # one recomputed layer's worth under checkpointing
@@ -210,6 +215,12 @@ def _estimate(spec: RungSpec, x: _Inputs, gc: bool) -> _Estimate:
             kept += adapters
     if gc and spec.backend == "fsdp" and x.fsdp1_retains_checkpoints:
         recomputed += mem.fsdp1_retained_checkpoint_bytes(x.seq * x.batch, x.hidden, x.layers, precision)
+    if spec.cp_size > 1:
+        kv = mem.context_parallel_kv_bytes(full_seq, x.batch, x.kv_heads * (x.hidden // max(x.heads, 1)), precision)
+        if gc:
+            recomputed += kv
+        else:
+            kept += kv
     logits = _head_output_bytes(x)
     activations = mem.peak_activation_bytes(kept, recomputed, logits)
     buffers = _buffers(spec, x, activations + logits)
@@ -342,7 +353,7 @@ def _evaluate(spec: RungSpec, x: _Inputs, gc_mode: str) -> tuple[Rung, int | Non
                 offload_optimizer=spec.offload_optimizer, offload_param=spec.offload_param,
                 fsdp_reshard=spec.fsdp_reshard, gradient_checkpointing=gc, per_gpu_bytes=est.per_gpu,
                 cpu_bytes=est.cpu, nvme_bytes=est.nvme, breakdown=est.breakdown, load_bytes=est.load,
-                why=rung_table.why(spec.key, x.world), per_gpu_bytes_gc=with_gc)
+                why=rung_table.why(spec.key, x.world), per_gpu_bytes_gc=with_gc, cp_size=spec.cp_size)
     ratios = x.ratios(spec.key)
     if ratios is not None:
         extra = 0 if ratios.memory_applied <= 1 else est.per_gpu - _estimate(spec, replace(x, calibration=None),

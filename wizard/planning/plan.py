@@ -94,6 +94,13 @@ def _make_plan(hw, model, training: TrainingOptions, strategy: StrategyOptions, 
     keys = _steppable_by(training.optimizer, strategy, ladder_keys(strategy, x.world, x.cpu, training.method))
     notes.extend(_fsdp1_note(x, keys))
     evaluated = [_evaluate(BY_KEY[k], x, training.gradient_checkpointing) for k in keys]
+    cp_keys = _context_parallel_keys(strategy, training, x, evaluated, notes)
+    if cp_keys:
+        # Before the offload rungs: they are the same class as the rungs without offload.
+        cp_evaluated = [_evaluate(BY_KEY[k], x, training.gradient_checkpointing) for k in cp_keys]
+        at_offload = next((i for i, k in enumerate(keys) if BY_KEY[k].offloads), len(keys))
+        keys[at_offload:at_offload] = cp_keys
+        evaluated[at_offload:at_offload] = cp_evaluated
     at: dict[str, _Inputs] = {k: x for k in keys}        # the inputs (micro-batch x accumulation) each rung runs
     splits: dict[str, BatchSplit] = {}
     if auto_split:
@@ -128,7 +135,13 @@ def _make_plan(hw, model, training: TrainingOptions, strategy: StrategyOptions, 
         for rung, without_gc in evaluated:
             if rung.fits:
                 rung.reason = _fit_reason(rung, x, without_gc, choice, tie, forced)
+    if choice is not None and choice.fits:
+        longest = longest_seq_len(BY_KEY[choice.key], at[choice.key], choice.gradient_checkpointing
+                                  or training.gradient_checkpointing != "off")
+        if longest < NEAR_SEQ_LIMIT * x.seq:
+            choice.max_seq_len = longest
     notes.extend(_omp_threads_note(rungs, choice, at))
+    notes.extend(_logits_note(rungs, choice, at))
     if x.nvme_path and x.nvme_free is None and any(BY_KEY[k].uses_nvme for k in keys):
         notes.append(f"Free space at the NVMe path {x.nvme_path} is unknown, so the NVMe rung's disk need is not "
                      "checked.")
@@ -145,6 +158,62 @@ def _make_plan(hw, model, training: TrainingOptions, strategy: StrategyOptions, 
                 precision=x.precision, topology=topology, notes=notes, batch=batch, train_tokens=train_tokens,
                 adapters=x.adapters, method=method_json(training, x.params, x.adapters),
                 inter_node_gbps=x.machine.inter_node_gbps if x.machines > 1 else None, calibration=calibration)
+
+
+def _context_parallel_keys(strategy: StrategyOptions, training: TrainingOptions, x: _Inputs,
+                           evaluated: list[tuple[Rung, int | None]], notes: list[str]) -> list[str]:
+    """The context-parallel rungs to add to the ladder: only when no rung without offload fits (a sequence whose
+    activations and logits nothing else shrinks), and only where they can run: FSDP2 on GPUs, SDPA attention
+    (torch's ring attention patches F.scaled_dot_product_attention; the HF Trainer refuses any other
+    implementation), a causal LM (the Trainer splits input_ids, labels and position_ids), cp <= the GPUs of a
+    machine and the sequence a multiple of 2 x cp. Says why none is tried where one would be."""
+    if x.cpu or any(r.fits and not r.offloads for r, _ in evaluated):
+        return []
+    keys = rung_table.context_parallel_keys(strategy.backend, strategy.offload, training.method, x.per_machine,
+                                            x.seq)
+    if not keys:
+        return []
+    why_not = None
+    if strategy.fsdp_version != 2:
+        why_not = "they need FSDP2 (--fsdp-version 2)"
+    elif training.attention in ("flash", "eager") or not x.flash:
+        why_not = (f"they need SDPA attention (--attention sdpa or auto), and the attention here is "
+                   f"{training.attention if training.attention != 'auto' else 'eager or unfused'}")
+    elif x.task != "causal-lm":
+        why_not = f"the HF Trainer splits causal-LM batches only, and the task is {x.task}"
+    if why_not:
+        notes.append(f"Context parallelism (splitting each sequence over GPUs) could shrink what grows with "
+                     f"--seq-len {x.seq}, but {why_not}.")
+        return []
+    return keys
+
+
+# The logits are worth a note when they take at least this share of a GPU's usable memory on the rung shown.
+LOGITS_NOTE_SHARE = 0.2
+
+
+def _logits_note(rungs: list[Rung], choice: Rung | None, at: dict[str, _Inputs]) -> list[str]:
+    """What the loss's logits cost at this sequence length (the chosen rung's, else the smallest rung's), and what
+    would avoid them: nothing installed with transformers computes the causal-LM loss without materialising the
+    full logits (ForCausalLMLoss upcasts them with logits.float()); Liger Kernel's fused linear cross-entropy
+    does, under TrainingArguments(use_liger_kernel=True). The plan counts the full logits."""
+    rung = choice if choice is not None else min(rungs, key=lambda r: r.per_gpu_bytes, default=None)
+    if rung is None:
+        return []
+    x = at[rung.key]
+    logits = rung.breakdown.get("logits", 0)
+    if x.task != "causal-lm" or x.usable <= 0 or logits < LOGITS_NOTE_SHARE * x.usable:
+        return []
+    seq = x.seq // max(rung.cp_size, 1)
+    fused = mem.chunked_loss_bytes(seq, x.batch, x.vocab, x.hidden, x.precision)
+    split = f" (1/{rung.cp_size} of each sequence: context parallel)" if rung.cp_size > 1 else ""
+    return [f"Logits: the loss materialises {seq:,} tokens{split} x micro-batch {x.batch} x {x.vocab:,} vocabulary "
+            f"logits per GPU, {fmt_bytes(logits)} at its peak on {rung.name} (12 B each: transformers' loss upcasts "
+            f"the 16-bit logits to fp32, and backward holds the log-softmax with the incoming and outgoing "
+            f"gradients; measured, bench/measure_activations.py --logits). A fused linear cross-entropy never "
+            f"materialises them: Liger Kernel's would hold about {fmt_bytes(fused)} (pip install liger-kernel on the "
+            f"training machine, then TrainingArguments(use_liger_kernel=True)). transformers has no such loss of its "
+            f"own, and the files do not turn Liger on, so the plan counts the full logits."]
 
 
 def _omp_threads_note(rungs: list[Rung], choice: Rung | None, at: dict[str, _Inputs]) -> list[str]:
@@ -189,7 +258,8 @@ def _speed(spec: RungSpec, x: _Inputs, batch: int, grad_accum: int, gc: bool) ->
                               weight_bytes=a.frozen_bytes(mem.working_bytes(x.precision)) +
                               a.trainable_params * mem.working_bytes(x.precision) if a is not None else None,
                               adapter_modules=0 if a is None else a.adapted_modules,
-                              adapter_io_elements=0 if a is None else a.trainable_params // max(a.rank, 1))
+                              adapter_io_elements=0 if a is None else a.trainable_params // max(a.rank, 1),
+                              seq_shards=spec.cp_size, kv_width=x.kv_heads * (x.hidden // max(x.heads, 1)))
     speed = speed_mod.estimate(x.machine, work, _layout(spec, x))
     ratios = x.ratios(spec.key)
     return _scaled_speed(speed, ratios.speed) if ratios is not None and ratios.speed else speed
@@ -221,6 +291,39 @@ def largest_micro_batch(spec: RungSpec, x: _Inputs, gc: bool) -> int:
         else:
             high = mid
     return low
+
+
+# Above this a sequence length is not a planning question any more; the search stops there.
+MAX_SEQ_LEN = 1 << 24
+
+
+def _fits_seq(spec: RungSpec, x: _Inputs, seq: int, gc: bool) -> bool:
+    return _fits_gpu(spec, replace(x, seq=seq), x.batch, gc)
+
+
+def longest_seq_len(spec: RungSpec, x: _Inputs, gc: bool) -> int:
+    """The longest --seq-len whose per-GPU estimate fits at this micro-batch (0 when even one step of the length's
+    unit does not), by the same doubling and bisection as largest_micro_batch. The unit is 1, or 2 x cp on a
+    context-parallel rung (the load balancer cuts each sequence into 2 x cp chunks)."""
+    unit = 2 * spec.cp_size if spec.cp_size > 1 else 1
+    if not _fits_seq(spec, x, unit, gc):
+        return 0
+    low, high = 1, 2                          # in units
+    while high * unit <= MAX_SEQ_LEN and _fits_seq(spec, x, high * unit, gc):
+        low, high = high, high * 2
+    if high * unit > MAX_SEQ_LEN:
+        return MAX_SEQ_LEN
+    while high - low > 1:
+        mid = (low + high) // 2
+        if _fits_seq(spec, x, mid * unit, gc):
+            low = mid
+        else:
+            high = mid
+    return low * unit
+
+
+# The plan shows the longest sequence that fits when the asked one is within this factor of it: near the limit.
+NEAR_SEQ_LIMIT = 2
 
 
 def _global_batch(training: TrainingOptions, world: int) -> int:
@@ -307,8 +410,9 @@ def fastest_split(spec: RungSpec, x: _Inputs, global_batch: int, gc_mode: str,
     """Among micro-batch x accumulation splits of `global_batch` that fit on this rung, the fastest.
 
     Gradient checkpointing follows the mode: off/on as asked; auto uses it only for micro-batches that do
-    not fit without it. None when no split fits (not even micro-batch 1)."""
-    per_gpu = global_batch // x.world
+    not fit without it. None when no split fits (not even micro-batch 1). A context-parallel rung's micro-batch is
+    each group of cp GPUs' (they share every sequence): the global batch splits over world / cp of them."""
+    per_gpu = global_batch // (x.world // spec.cp_size)
     limits = {False: largest_micro_batch(spec, x, False) if gc_mode != "on" else 0,
               True: largest_micro_batch(spec, x, True) if gc_mode != "off" else 0}
     best: BatchSplit | None = None

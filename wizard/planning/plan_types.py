@@ -115,6 +115,8 @@ class Rung:
     # `wizard tune`'s ratios applied to this rung (speed_ratio, memory_ratio as measured, memory_bytes added to
     # the estimate, trials, date); None when the plan is the raw model for it.
     calibration: dict[str, Any] | None = None
+    cp_size: int = 1                      # context parallelism: GPUs each sequence is split over
+    max_seq_len: int = 0                  # the longest --seq-len that fits at this micro-batch (the choice only)
 
     @property
     def offloads(self) -> bool:
@@ -151,6 +153,10 @@ class Rung:
             if self.train_seconds is not None:
                 d["speed"]["train_seconds"] = round(self.train_seconds, 1)
         del d["train_seconds"]
+        # Written only where they say something, so the JSON of plans without them is unchanged.
+        for key, absent in (("cp_size", 1), ("max_seq_len", 0)):
+            if d[key] == absent:
+                del d[key]
         return d
 
 
@@ -249,6 +255,9 @@ class Plan:
                 "speed": c.to_json()["speed"],       # with train_seconds, as in its rung
                 "max_micro_batch": c.max_micro_batch, "max_micro_batch_gc": c.max_micro_batch_gc,
                 "micro_batch": c.micro_batch, "grad_accum": c.grad_accum,
+                # only where they say something (a context-parallel rung; a --seq-len near its limit)
+                **({"cp_size": c.cp_size} if c.cp_size > 1 else {}),
+                **({"max_seq_len": c.max_seq_len} if c.max_seq_len else {}),
             },
             "method": dict(self.method),
             "batch": None if self.batch is None else self.batch.to_json(),

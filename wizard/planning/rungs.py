@@ -52,6 +52,7 @@ class RungSpec:
     why_one_gpu: str = ""                 # why it is there on one GPU, when that differs from `why`
     why: str = ""                         # why the ladder holds it, in a clause
     oom_next: str | None = None           # after a CUDA OOM on it and no saved plan: the next key to try
+    cp_size: int = 1                      # context parallelism: GPUs each sequence is split over (FSDP2 + SDPA)
 
     @property
     def offloads(self) -> bool:
@@ -84,6 +85,8 @@ class RungSpec:
         for name, value in self.flags().items():
             if value is not None:
                 out += [f"--{name.replace('_', '-')}", value]
+        if self.cp_size > 1:
+            out += ["--parallelism-config-cp-size", str(self.cp_size)]
         return out
 
 
@@ -128,6 +131,14 @@ RUNGS: tuple[RungSpec, ...] = (
              offload_param="cpu", fsdp_reshard=True, memory="fsdp", methods=ALL_METHODS, auto=ADAPTERS,
              why="weights, gradients and optimizer on the CPU, the step there",
              why_one_gpu="one GPU: nothing to shard; the weights, gradients and optimizer live on the CPU"),
+    # Context parallelism (accelerate's ParallelismConfig cp_size, torch's ring attention over SDPA): each sequence
+    # is split over cp GPUs of a machine, so each holds 1/cp of the activations and the logits. Not in the plain
+    # walk: the plan tries them (context_parallel_keys) only when no rung without offload fits the sequence.
+    *(RungSpec(f"fsdp-cp{cp}", f"FSDP2 + context parallel {cp}", f"FSDP2 +CP{cp}", "fsdp", fsdp_reshard=True,
+               memory="fsdp", methods=ALL_METHODS, auto=(), one_gpu=(), cp_size=cp,
+               oom_next=f"fsdp-cp{cp * 2}" if cp < 8 else "fsdp-offload",
+               why=f"each sequence split over {cp} GPUs (ring attention): 1/{cp} of the activations and logits each")
+      for cp in (2, 4, 8)),
 )
 
 BY_KEY: dict[str, RungSpec] = {r.key: r for r in RUNGS}
@@ -143,7 +154,7 @@ def ladder(backend: str, zero_stage: str, offload: str, method: str, world_size:
     base = "single" if world_size == 1 else "ddp"
     out = []
     for r in RUNGS:
-        if method not in r.methods:
+        if method not in r.methods or r.cp_size > 1:
             continue
         if r.backend in ("single", "ddp"):
             if r.key == base and (backend == "ddp" or (backend == "auto" and zero_stage == "auto"
@@ -169,6 +180,17 @@ def ladder(backend: str, zero_stage: str, offload: str, method: str, world_size:
     return [r.key for r in sorted(out, key=lambda r: (r.offloads, r.uses_nvme))]
 
 
+def context_parallel_keys(backend: str, offload: str, method: str, per_machine: int, seq_len: int) -> list[str]:
+    """The context-parallel entries these options allow, smallest cp first: FSDP2 (--backend auto or fsdp, no
+    offload asked), cp GPUs within one machine (ring attention passes keys and values every layer), and a sequence
+    torch's causal load balancer can cut into 2 x cp equal chunks (_HeadTailLoadBalancer: seq % (2 x cp) == 0).
+    The FSDP version and the attention are the plan's to check (it knows them)."""
+    if backend not in ("auto", "fsdp") or offload not in ("auto", "none"):
+        return []
+    return [r.key for r in RUNGS if r.cp_size > 1 and method in r.methods and r.cp_size <= per_machine
+            and seq_len % (2 * r.cp_size) == 0]
+
+
 def why(key: str, world_size: int) -> str:
     """Why the ladder holds this rung, for this many processes."""
     r = BY_KEY[key]
@@ -187,6 +209,7 @@ class Strategy:
     offload_param: str = "none"
     fsdp_reshard: bool | None = None
     offload_fsdp: bool = False            # fsdp_offload_params
+    cp_size: int = 1                      # parallelism_config_cp_size
 
 
 def fsdp_reshards(value: Any) -> bool:
@@ -222,7 +245,13 @@ def strategy_from_files(accel_config: dict[str, Any] | None, ds_config: dict[str
         return Strategy("deepspeed", stage, device("optimizer"), device("param"))
     if dtype == "FSDP":
         fsdp = {k[5:] if k.startswith("fsdp_") else k: v for k, v in (acc.get("fsdp_config") or {}).items()}
-        return fsdp_strategy(fsdp)
+        s = fsdp_strategy(fsdp)
+        try:
+            cp = int((acc.get("parallelism_config") or {}).get("parallelism_config_cp_size") or 1)
+        except (TypeError, ValueError):
+            cp = 1
+        return Strategy(s.backend, fsdp_reshard=s.fsdp_reshard, offload_fsdp=s.offload_fsdp, cp_size=cp) \
+            if cp > 1 else s
     if dtype.startswith("MULTI_"):
         return Strategy("ddp")
     if dtype == "NO" or (dtype == "" and acc):
@@ -247,6 +276,8 @@ def key_for(s: Strategy, processes: int | None = None, exact: bool = True) -> st
     if s.backend == "fsdp":
         if s.offload_fsdp:
             return "fsdp-offload"
+        if s.cp_size > 1:
+            return f"fsdp-cp{s.cp_size}" if f"fsdp-cp{s.cp_size}" in BY_KEY or not exact else None
         return "fsdp-reshard" if s.fsdp_reshard else "fsdp-noreshard"
     same = [r for r in RUNGS if r.backend == "deepspeed" and r.zero_stage == s.zero_stage]
     found = next((r.key for r in same if (r.offload_optimizer, r.offload_param) == (s.offload_optimizer,

@@ -246,10 +246,13 @@ class Workload:
     weight_bytes: int | None = None    # bytes of all weights as gathered (QLoRA: NF4); None: params x dtype
     adapter_modules: int = 0           # LoRA / QLoRA: Linear modules given an adapter, whole model
     adapter_io_elements: int = 0       # LoRA / QLoRA: sum of the adapted modules' input + output features
+    seq_shards: int = 1                # context parallelism: GPUs each sequence is split over (cp_size)
+    kv_width: int = 0                  # kv_heads x head_dim: what ring attention passes per token and layer
 
     @property
     def tokens(self) -> int:
-        return self.seq * self.micro_batch
+        """The tokens one GPU runs per micro-step: its 1/seq_shards of each sequence."""
+        return self.seq * self.micro_batch // self.seq_shards
 
     @property
     def trained(self) -> int:
@@ -589,6 +592,8 @@ def _parts(m: Machine, w: Workload, layout: Layout) -> _Parts:
         gather = collective_seconds(weights, world, bw)
         reduce = collective_seconds(wb * trained, world, bw)
         micro_comm = max(gather + reduce - OVERLAP["fsdp"] * compute, 0.0)
+    if w.seq_shards > 1:
+        micro_comm += ring_attention_seconds(m, w)
 
     step_overhead = 0.0
     if layout.backend == "deepspeed":
@@ -615,6 +620,29 @@ def _parts(m: Machine, w: Workload, layout: Layout) -> _Parts:
             micro_off += 2.0 * wb * w.params / layout.machines / m.nvme_bytes_per_s
     return _Parts(compute, backward, micro_comm, micro_off, overhead, step_comm, step_off, step_optimizer,
                   step_overhead)
+
+
+# Context parallelism: the share of the keys' and values' exchange that hides behind the attention it feeds (each
+# step of the ring computes on the chunk it holds while the next arrives). GUESS, checked on the published rows
+# (bench/data/published_speed.json, the context-parallel ones).
+CP_OVERLAP = 0.5
+
+
+def ring_attention_seconds(m: Machine, w: Workload) -> float:
+    """Exposed time of context parallelism's key/value exchange in one micro-step, inside one machine.
+
+    Each layer's attention gathers the other (cp - 1) / cp of the sequence's keys and values (2 x s x b x kv_width
+    in the working dtype; allgather and the ring's passes move the same bytes), in every forward (again in the
+    recomputation under gradient checkpointing) and twice in backward (the keys and values, then their gradients).
+    Hidden behind the attention's own compute up to CP_OVERLAP."""
+    cp = w.seq_shards
+    if cp <= 1:
+        return 0.0
+    kv = 2.0 * w.seq * w.micro_batch * w.kv_width * _w(w.precision)
+    passes = (2.0 if w.gradient_checkpointing else 1.0) + 2.0
+    comm = passes * w.layers * collective_seconds(kv, cp, m.intra_busbw)
+    attention = 12.0 * w.layers * w.hidden * w.seq * w.tokens / (m.peak_flops * efficiency(m, w))
+    return max(comm - CP_OVERLAP * attention, 0.0)
 
 
 def cpu_step_seconds(m: Machine, params: float) -> float:

@@ -25,6 +25,11 @@ def configured_rung_key(ctx: CheckContext) -> tuple[str, str] | None:
                                   ctx.offload_device("param"))
     elif ctx.uses_fsdp:
         strategy = rungs.fsdp_strategy(ctx.fsdp_options())
+        cp = as_int(ctx.acc_get("parallelism_config", "parallelism_config_cp_size"), 1) or 1
+        if cp > 1:
+            # a context-parallel rung: the sequence split over cp GPUs (rungs.key_for)
+            strategy = rungs.Strategy("fsdp", fsdp_reshard=strategy.fsdp_reshard, offload_fsdp=strategy.offload_fsdp,
+                                      cp_size=cp)
     elif ctx.distributed_type in ("MULTI_GPU", "NO", "MULTI_CPU"):
         strategy = rungs.Strategy("ddp")
     else:

@@ -1,0 +1,169 @@
+"""Long sequences (issue 30): the logits counted at the asked length, context-parallel rungs where nothing without
+offload fits the sequence, and the longest sequence that fits the chosen rung."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from dataclasses import replace
+
+import pytest
+import yaml
+
+from wizard.config import parallelism
+from wizard.planning import plan as plan_mod
+from wizard.planning import rungs
+from wizard.planning import speed as speed_mod
+from wizard.planning.plan import StrategyOptions, Topology, TrainingOptions, make_plan
+from wizard.probe import hardware
+from wizard.sizing import memory as mem
+from wizard.sizing.model import ModelShape
+
+LLAMA31_8B = ModelShape(params=8_030_261_248, largest_layer_params=128_256 * 4096, hidden_size=4096, layers=32,
+                        heads=32, kv_heads=8, vocab_size=128_256, intermediate_size=14_336, model_type="llama")
+
+
+def plan_8b(seq: int, training: TrainingOptions | None = None, strategy: StrategyOptions | None = None,
+            assume: str = "8xH100-80GB"):
+    hw = hardware.assume(assume)
+    training = replace(training or TrainingOptions(), seq_len=seq)
+    return make_plan(hw, LLAMA31_8B, training, strategy or StrategyOptions(), Topology(1, hw.num_gpus))
+
+
+def cli(*args: str) -> tuple[int, str, str]:
+    from wizard.frontends.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(list(args))
+        except SystemExit as exc:
+            code = exc.code
+    return code, out.getvalue(), err.getvalue()
+
+
+# --- The done-when: 8B at 64k tokens on 8xH100-80GB ---------------------------------------------------------
+
+def test_8b_at_64k_tokens_plans_a_context_parallel_rung_that_fits():
+    p = plan_8b(65536)
+    plain = [r for r in p.rungs if r.cp_size == 1]
+    # v3's ladder: nothing without offload fits (the logits alone are 12 B x 65,536 x 128,256 = 93.9 GiB per GPU)
+    assert not any(r.fits and not r.offloads for r in plain)
+    assert all(r.breakdown["logits"] == mem.logits_bytes(65536, 1, 128_256, "bf16") for r in plain)
+    c = p.choice
+    assert c is not None and c.fits and c.cp_size > 1 and c.backend == "fsdp" and not c.offloads
+    # each GPU holds 1/cp of every sequence's logits and activations; the states are FSDP's over all 8
+    assert c.breakdown["logits"] == mem.logits_bytes(65536 // c.cp_size, 1, 128_256, "bf16")
+    reshard = next(r for r in plain if r.key == "fsdp-reshard") if any(r.key == "fsdp-reshard" for r in plain) \
+        else None
+    if reshard is not None:
+        assert c.breakdown["parameters"] == reshard.breakdown["parameters"]
+    assert c.speed is not None and c.speed.tokens_per_second > 0 and c.speed.communication_seconds >= 0
+    assert c.per_gpu_bytes <= p.usable_bytes
+
+
+def test_the_context_parallel_files_are_written_and_accepted_by_accelerate(tmp_path):
+    code, out, err = cli("--non-interactive", "--assume", "8xH100-80GB", "--params", "8B", "--hidden-size", "4096",
+                         "--layers", "32", "--heads", "32", "--vocab-size", "128256", "--seq-len", "65536",
+                         "--output-dir", str(tmp_path))
+    assert code == 0, err
+    doc = yaml.safe_load((tmp_path / "default_config.yaml").read_text())
+    plan = json.loads((tmp_path / "wizard_plan.json").read_text())["plan"]
+    cp = plan["choice"]["cp_size"]
+    assert cp > 1 and doc["distributed_type"] == "FSDP" and doc["fsdp_config"]["fsdp_version"] == 2
+    section = doc["parallelism_config"]
+    assert section["parallelism_config_cp_size"] == cp
+    assert section["parallelism_config_dp_shard_size"] * cp == doc["num_processes"] == 8
+    sizes = {name: section[parallelism.PREFIX + name] for name in parallelism.SIZES}
+    assert parallelism.problem(sizes, doc["num_processes"], 2, section[parallelism.CP_COMM_ID]) is None
+    # the files read back as that rung (launch's OOM advice, wizard check)
+    assert rungs.key_for(rungs.strategy_from_files(doc, None)) == plan["choice"]["key"]
+    assert "not model" not in out + err
+
+
+def test_short_sequences_keep_their_plan_without_context_parallel_rungs():
+    for seq in (2048, 8192):
+        p = plan_8b(seq)
+        assert all(r.cp_size == 1 for r in p.rungs)
+        assert p.choice.max_seq_len == 0 or p.choice.max_seq_len < 2 * seq
+
+
+def test_context_parallelism_needs_sdpa_fsdp2_and_a_sequence_it_can_split():
+    flash = plan_8b(65536, TrainingOptions(attention="flash"))
+    assert all(r.cp_size == 1 for r in flash.rungs)
+    assert any("Context parallelism" in n and "SDPA" in n for n in flash.notes)
+    fsdp1 = plan_8b(65536, strategy=StrategyOptions(fsdp_version=1))
+    assert all(r.cp_size == 1 for r in fsdp1.rungs)
+    assert any("FSDP2" in n for n in fsdp1.notes)
+    deepspeed = plan_8b(65536, strategy=StrategyOptions(backend="deepspeed"))
+    assert all(r.cp_size == 1 for r in deepspeed.rungs)
+    # cp must divide the sequence into 2 x cp chunks (torch's causal load balancer), and fit in a machine
+    assert rungs.context_parallel_keys("auto", "auto", "full", 8, 65536 + 4) == ["fsdp-cp2"]
+    assert rungs.context_parallel_keys("auto", "auto", "full", 4, 65536) == ["fsdp-cp2", "fsdp-cp4"]
+    assert rungs.context_parallel_keys("auto", "cpu", "full", 8, 65536) == []
+
+
+def test_ring_attention_costs_communication_that_grows_with_cp():
+    hw = hardware.assume("8xH100-80GB")
+    m = speed_mod.machine_from_hardware(hw, "bf16", 8)
+    work = speed_mod.Workload(matmul_params=7_000_000_000, params=8_000_000_000, layers=32, hidden=4096,
+                              seq=65536, micro_batch=1, grad_accum=1, precision="bf16", flash=True,
+                              gradient_checkpointing=True, kv_width=1024)
+    layout = speed_mod.Layout("fsdp", None, "none", "none", True, 8, 1)
+    plain = speed_mod.estimate(m, work, layout)
+    kv = [speed_mod.ring_attention_seconds(m, replace(work, seq_shards=cp)) for cp in (1, 2, 4, 8)]
+    assert kv[0] == 0
+    split = speed_mod.estimate(m, replace(work, seq_shards=4), layout)
+    # a GPU runs 1/4 of each sequence: its step is shorter, and the job trains 1/4 of the sequences per step
+    assert split.step_seconds < plain.step_seconds
+    assert split.tokens_per_second < plain.tokens_per_second
+
+
+# --- The longest sequence that fits -------------------------------------------------------------------------
+
+def test_the_longest_sequence_that_fits_is_the_edge_of_fitting():
+    p = plan_8b(65536)
+    c = p.choice
+    assert 65536 <= c.max_seq_len < 2 * 65536
+    unit = 2 * c.cp_size
+    assert c.max_seq_len % unit == 0
+    spec = rungs.BY_KEY[c.key]
+    x = plan_mod._resolve(hardware.assume("8xH100-80GB"), LLAMA31_8B, TrainingOptions(seq_len=65536),
+                          StrategyOptions(), Topology(1, 8), [])
+    x = replace(x, batch=c.micro_batch, grad_accum=c.grad_accum)
+    assert plan_mod._fits_seq(spec, x, c.max_seq_len, c.gradient_checkpointing)
+    assert not plan_mod._fits_seq(spec, x, c.max_seq_len + unit, c.gradient_checkpointing)
+
+
+def test_the_plan_output_shows_the_longest_sequence_near_the_limit():
+    args = ["plan", "--assume", "8xH100-80GB", "--params", "8B", "--hidden-size", "4096", "--layers", "32",
+            "--heads", "32", "--vocab-size", "128256"]
+    _, near, _ = cli(*args, "--seq-len", "65536")
+    assert "Longest sequence that fits: --seq-len " in near
+    _, short, _ = cli(*args, "--seq-len", "1024")
+    assert "Longest sequence that fits" not in short
+
+
+# --- The logits, honestly -----------------------------------------------------------------------------------
+
+def test_the_logits_note_says_what_they_cost_and_what_would_avoid_them():
+    long = plan_8b(65536)
+    note = next(n for n in long.notes if n.startswith("Logits:"))
+    assert "use_liger_kernel=True" in note and "counts the full logits" in note
+    assert not any(n.startswith("Logits:") for n in plan_8b(2048).notes)
+
+
+def test_the_fused_loss_figure_follows_liger_chunking():
+    # Llama-3's V / h = 31.3 -> 32; 65,536 tokens / 32 = 2,048 per chunk
+    w = 2
+    assert mem.chunked_loss_bytes(65536, 1, 128_256, 4096, "bf16") == \
+        w * 65536 * 4096 + 2048 * 128_256 * (w + 4)
+    assert mem.chunked_loss_bytes(65536, 1, 128_256, 4096, "bf16") < mem.logits_bytes(65536, 1, 128_256, "bf16") / 20
+
+
+@pytest.mark.parametrize("cp", [2, 4, 8])
+def test_a_context_parallel_rung_is_recognised_from_its_files(cp):
+    acc = {"distributed_type": "FSDP", "fsdp_config": {"fsdp_version": 2, "fsdp_reshard_after_forward": True},
+           "parallelism_config": {"parallelism_config_cp_size": cp, "parallelism_config_dp_shard_size": 8 // cp}}
+    assert rungs.key_for(rungs.strategy_from_files(acc, None)) == f"fsdp-cp{cp}"
