@@ -97,11 +97,12 @@ def parse_machines(text: str) -> list[Machine]:
         else:
             groups.append([piece])
     machines = [machine(",".join(g)) for g in groups]
-    seen: set[str] = set()
+    seen: set[tuple] = set()
     for m in machines:
-        if m.assume in seen or m.label in seen:
+        same = (m.key, tuple(sorted(o.replace(" ", "").lower() for o in m.assume.split(",")[1:])))
+        if same in seen:
             raise InputError("machines", f"{m.label!r} is given twice", MACHINE_FORMAT)
-        seen.update((m.assume, m.label))
+        seen.add(same)
     return machines
 
 
@@ -277,7 +278,7 @@ class Row:
                 "nodes": self.machine.nodes, "status": self.status, "fits": self.fits, "rung": self.rung_key,
                 "rung_name": self.rung, "micro_batch": self.micro_batch, "grad_accum": self.grad_accum,
                 "gradient_checkpointing": self.gradient_checkpointing,
-                "tokens_per_second": _round(self.tokens_per_second, 1), "step_seconds": _round(self.step_seconds, 3),
+                "tokens_per_second": _round(self.tokens_per_second, 1), "step_seconds": _round(self.step_seconds, 4),
                 "train_seconds": _round(self.train_seconds, 1), "price_per_gpu_hour": self.price_per_gpu_hour,
                 "cost": _round(self.cost, 2), "short_by": _round(self.short_by, 3), "shortfall": self.shortfall,
                 "error": self.error, "measured": self.measured, "fastest": self.fastest, "cheapest": self.cheapest,
@@ -416,7 +417,13 @@ def mark_best(rows: list[Row]) -> None:
         min(fitting, key=lambda r: (r.train_seconds, r.machine.gpus)).fastest = True
     priced = [r for r in fitting if r.cost is not None]
     if priced:
-        min(priced, key=lambda r: (r.cost, r.train_seconds)).cheapest = True
+        min(priced, key=lambda r: (_cents(r.cost), r.train_seconds)).cheapest = True
+
+
+def _cents(cost: float) -> float:
+    """Costs equal to the cent are a tie (the faster machine first): linear scaling gives 1 and 16 GPUs the same
+    cost up to rounding noise."""
+    return round(cost, 2)
 
 
 def sorted_rows(rows: list[Row], sort: str) -> list[Row]:
@@ -425,7 +432,7 @@ def sorted_rows(rows: list[Row], sort: str) -> list[Row]:
     def key(r: Row) -> tuple:
         if r.fits:
             if sort == "cost":
-                return (0, r.cost is None, r.cost or 0.0, r.train_seconds or math.inf)
+                return (0, r.cost is None, _cents(r.cost or 0.0), r.train_seconds or math.inf)
             return (0, False, r.train_seconds or math.inf, r.cost if r.cost is not None else math.inf)
         if r.error is None:
             return (1, False, r.short_by or math.inf, 0.0)
