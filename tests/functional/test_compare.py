@@ -242,3 +242,15 @@ def test_measured_machines_are_marked_and_planned_with_the_measurement(capsys):
         raw_rows["8xA100-80GB"]["tokens_per_second"], rel=1e-3)
     text_code = main(["compare", *flags, "--machines", "8xA100-80GB"])
     assert text_code == 0 and "(measured)" in capsys.readouterr().out
+
+
+def test_compare_imports_no_heavy_library():
+    """A comparison of a --params model over the default set, like `wizard plan`, imports no torch & co."""
+    code = ("import sys, runpy\nsys.argv = ['wizard', 'compare', '--params', '7B', '--max-gpus', '8', '--json']\n"
+            "try:\n    runpy.run_module('wizard', run_name='__main__')\nexcept SystemExit:\n    pass\n"
+            "sys.stdout.flush()\nsys.stderr.write('\\nHEAVY=' + ','.join(m for m in ('torch', 'transformers', "
+            "'deepspeed', 'peft', 'textual') if m in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    line = [x for x in out.stderr.splitlines() if x.startswith("HEAVY=")][-1]
+    assert line == "HEAVY=", line
+    assert json.loads(out.stdout)["rows"]
