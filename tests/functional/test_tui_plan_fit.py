@@ -141,3 +141,18 @@ async def test_a_method_change_drops_a_rung_picked_on_the_old_ladder(tmp_path):
         assert "backend" not in app.state.entered and "zero_stage" not in app.state.entered
         assert app.state.answers["backend"] == "auto"
         assert app.state.plan.choice.key == "ddp"                   # LoRA's own ladder: DDP fits
+
+
+async def test_the_plan_screen_shows_the_longest_sequence_that_fits_near_the_limit(tmp_path):
+    """Issue 30: 8B at 64k tokens on 8 x H100 plans a context-parallel rung; the Plan screen's explanation of the
+    chosen rung gives the longest --seq-len that fits beside its largest micro-batch."""
+    app = app_for(tmp_path, hardware.assume("8xH100-80GB"), params="8B", hidden_size="4096", layers="32",
+                  heads="32", vocab_size="128256", seq_len="65536")
+    async with app.run_test(size=(100, 40)) as pilot:
+        await reach(pilot, "PlanScreen")
+        choice = app.state.plan.choice
+        assert choice is not None and choice.cp_size > 1 and choice.max_seq_len >= 65536
+        app.screen.query_one(RungList).focus()
+        await settle(pilot)
+        _, text = app.screen.explanation()
+        assert f"longest sequence that fits: --seq-len {choice.max_seq_len}" in text

@@ -250,6 +250,8 @@ class PlanScreen(WizardScreen):
             biggest = max_micro_batch_text(rung)
             if biggest:
                 lines.append(f"  {biggest}")
+            if rung.max_seq_len:
+                lines.append(f"  longest sequence that fits: --seq-len {rung.max_seq_len} (the asked one is near it)")
             if plan.batch is not None and plan.batch.applied and rung.micro_batch:
                 lines.append(f"  batch            micro-batch {rung.micro_batch} x accumulation {rung.grad_accum} x "
                              f"{plan.topology.world_size} processes = {plan.batch.global_batch} (its fastest split)")
