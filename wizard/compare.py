@@ -381,34 +381,41 @@ def compare(given: dict[str, Any], machines: list[Machine], prices: Prices | Non
     if not machines:
         raise InputError("max-gpus", "leaves no machine to compare", "a larger --max-gpus, or --machines")
     refuse_machine_answers(given)
-    prices = prices or Prices()
-    rows = [plan_row(m, given, prices.for_machine(m), calibrate) for m in machines]
+    rows = [plan_row(m, given, None, calibrate) for m in machines]
     planned = [r for r in rows if r.result is not None]
     if not planned:
         # The same bad answer on every machine is the answers' fault, not the machines': exit 2 as `plan` does.
         build(Request(given=given, assume=machines[0].assume, plan_only=True, calibrate=calibrate))
     first = planned[0].result
     tokens = train_tokens_of(first)
-    tokens_given = tokens is not None
-    tokens = tokens or DEFAULT_TRAIN_TOKENS
     for r in rows:
         if r.fits and r.tokens_per_second:
-            r.train_seconds = tokens / r.tokens_per_second
-            if r.price_per_gpu_hour is not None:
-                r.cost = r.price_per_gpu_hour * r.machine.gpus * r.train_seconds / 3600
+            r.train_seconds = (tokens or DEFAULT_TRAIN_TOKENS) / r.tokens_per_second
             if command_for is not None:
                 r.write_command = command_for(r.machine)
+    planned_only = Comparison(rows=rows, train_tokens=tokens or DEFAULT_TRAIN_TOKENS, tokens_given=tokens is not None,
+                              sort=sort, model=str(first.answers.get("model") or first.answers.get("params") or ""),
+                              method=str(first.answers.get("method", "full")))
+    return priced(planned_only, prices or Prices(), today)
+
+
+def priced(c: Comparison, prices: Prices, today: dt.date | None = None) -> Comparison:
+    """The comparison at these prices: each row's cost, the marks, the order and the warnings (no planning: the
+    TUI re-prices as the user types)."""
+    rows = [replace(r, price_per_gpu_hour=prices.for_machine(r.machine), cost=None, fastest=False, cheapest=False)
+            for r in c.rows]
+    for r in rows:
+        if r.train_seconds and r.price_per_gpu_hour is not None:
+            r.cost = r.price_per_gpu_hour * r.machine.gpus * r.train_seconds / 3600
     mark_best(rows)
-    rows = sorted_rows(rows, sort)
+    rows = sorted_rows(rows, c.sort)
     warnings = [w for w in (stale_prices_warning(prices, today),) if w]
-    if sort == "cost" and not any(r.cost is not None for r in rows):
+    if c.sort == "cost" and not any(r.cost is not None for r in rows):
         warnings.append("no machine has a price: give --price MACHINE=PRICE or --prices FILE to sort by cost")
     unpriced = [r.machine.label for r in rows if r.fits and r.cost is None]
     if prices.per_gpu_hour and unpriced:
         warnings.append(f"no price for {', '.join(unpriced)}")
-    return Comparison(rows=rows, train_tokens=tokens, tokens_given=tokens_given, sort=sort,
-                      model=str(first.answers.get("model") or first.answers.get("params") or ""),
-                      method=str(first.answers.get("method", "full")), warnings=warnings, currency=prices.currency)
+    return replace(c, rows=rows, warnings=warnings, currency=prices.currency)
 
 
 def mark_best(rows: list[Row]) -> None:

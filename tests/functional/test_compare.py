@@ -213,7 +213,8 @@ def test_bad_input_exits_2_with_one_line_naming_the_flag(tmp_path, capsys):
 
 
 def test_measured_machines_are_marked_and_planned_with_the_measurement(capsys):
-    """A machine `wizard tune` measured (same GPUs, same count) is planned with its ratio and marked measured;
+    """A machine `wizard tune` measured (same GPUs, same count) is planned with its ratio and the row marked measured
+    where the choice is the measured rung (a ratio that made it faster keeps it chosen);
     --no-calibration plans it raw. `wizard plan --assume` of that machine stays raw."""
     from wizard.planning import calibration
     from wizard.probe import hardware
@@ -225,13 +226,13 @@ def test_measured_machines_are_marked_and_planned_with_the_measurement(capsys):
     hw = hardware.assume("8xA100-80GB")
     from wizard.planning.plan_types import Topology
     calibration.record(hw, Topology(processes_per_machine=8), "lora",
-                       [{"rung": raw_rows["8xA100-80GB"]["rung"], "speed_ratio": 0.8, "memory_ratio": None}],
+                       [{"rung": raw_rows["8xA100-80GB"]["rung"], "speed_ratio": 1.25, "memory_ratio": None}],
                        model="test")
     _, cal = cli_json(["compare", *flags, "--machines", "8xA100-80GB,1xH100-80GB", "--json"], capsys)
     rows = {r["machine"]: r for r in cal["rows"]}
     assert rows["8xA100-80GB"]["measured"] and "1 trial" in rows["8xA100-80GB"]["measured"]
     assert rows["8xA100-80GB"]["tokens_per_second"] == pytest.approx(
-        0.8 * raw_rows["8xA100-80GB"]["tokens_per_second"], rel=1e-2)
+        1.25 * raw_rows["8xA100-80GB"]["tokens_per_second"], rel=1e-2)
     assert rows["1xH100-80GB"]["measured"] is None
     assert rows["1xH100-80GB"]["tokens_per_second"] == raw_rows["1xH100-80GB"]["tokens_per_second"]
     _, off = cli_json(["compare", *flags, "--machines", "8xA100-80GB", "--no-calibration", "--json"], capsys)
