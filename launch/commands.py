@@ -57,6 +57,13 @@ def add_launch_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-cap-mb", type=float, default=50.0, help="per-rank log size before rotation (default 50)")
     p.add_argument("--accelerate-arg", action="append", default=[], metavar="ARG",
                    help="extra argument for `accelerate launch` (repeatable)")
+    pre = p.add_mutually_exclusive_group()
+    pre.add_argument("--preflight", dest="preflight", action="store_true", default=None,
+                     help="run `wizard preflight` on this node first (every node meets at the main port, checks, "
+                          "and runs a timed all-reduce); a finding that stops the run stops the launch, exit 1 "
+                          "(default: on for a multi-machine config)")
+    pre.add_argument("--no-preflight", dest="preflight", action="store_false",
+                     help="launch without the preflight, also on several machines")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- SCRIPT [ARGS...]")
 
 
@@ -82,13 +89,16 @@ def add_runs_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print a JSON list, one object per run")
 
 
-def register(subparsers, config_findings: Callable[[str], list] | None = None) -> None:
+def register(subparsers, config_findings: Callable[[str], list] | None = None,
+             preflight: Callable[..., int] | None = None) -> None:
     """`config_findings(path)`: the front end's check of an accelerate config (the wizard passes `wizard check`),
-    run before accelerate starts; launch itself knows no rules."""
+    run before accelerate starts; launch itself knows no rules. `preflight(config_file, machine_rank, main_ip,
+    main_port)`: the front end's `wizard preflight` for this node, 0 to go on (the wizard passes
+    frontends.preflight_cli.launch_preflight)."""
     p = subparsers.add_parser("launch", help="run accelerate launch under a supervisor (restarts, stalls, live view)",
                               description="wizard launch [OPTIONS] -- SCRIPT [ARGS...]")
     add_launch_arguments(p)
-    p.set_defaults(func=cmd_launch, config_findings=config_findings)
+    p.set_defaults(func=cmd_launch, config_findings=config_findings, preflight_runner=preflight)
     p = subparsers.add_parser("attach", help="reopen the live view of a running or finished run")
     add_attach_arguments(p)
     p.set_defaults(func=cmd_attach)
@@ -237,6 +247,9 @@ def cmd_launch(args) -> int:
         script, script_args = _script_and_args(args.command, must_exist=False)
         return emit_slurm(args, script, script_args, config_file, accel)
     script, script_args = _script_and_args(args.command)
+    code = run_preflight(args, config_file, accel)
+    if code:
+        return code
     from launch.rundir import create_run_dir
     interactive = sys.stdout.isatty() and sys.stdin.isatty()
     headless = bool(args.headless) or not interactive
@@ -261,6 +274,35 @@ def cmd_launch(args) -> int:
         return run_view(run_dir, owned=True)
     from launch.supervisor import Supervisor
     return Supervisor(spec, lock_fd=lock_fd).run()
+
+
+def wants_preflight(args, accel: dict[str, Any] | None) -> bool:
+    """--preflight / --no-preflight, else on for a config of several machines (where a port, a version or an
+    interface that differs shows up minutes into the job as a hang)."""
+    if getattr(args, "preflight", None) is not None:
+        return bool(args.preflight)
+    try:
+        return int((accel or {}).get("num_machines") or 1) > 1
+    except (TypeError, ValueError):
+        return False
+
+
+def run_preflight(args, config_file: str | None, accel: dict[str, Any] | None) -> int:
+    """The launch's first phase: the front end's preflight on this node; its exit code (0: go on)."""
+    if not wants_preflight(args, accel):
+        return 0
+    runner = getattr(args, "preflight_runner", None)
+    if runner is None:           # `python -m launch.commands` without the wizard's front end
+        print("[wizard] phase 1/2: preflight skipped (run through `wizard launch` to have it)", flush=True)
+        return 0
+    print("[wizard] phase 1/2: preflight (--no-preflight skips it)", flush=True)
+    code = runner(config_file, args.machine_rank, args.main_process_ip, args.main_process_port)
+    if code:
+        print("[wizard] preflight: a finding stops the run (table above); not launching. Fix it, or launch with "
+              "--no-preflight", file=sys.stderr, flush=True)
+        return int(code)
+    print("[wizard] phase 2/2: training", flush=True)
+    return 0
 
 
 def _supervisor_env() -> dict[str, str]:
@@ -330,6 +372,8 @@ def emit_slurm(args, script: str, script_args: list[str], config_file: str | Non
         flags += ["--grace", f"{args.grace:g}"]
     if args.status_interval != 30.0:
         flags += ["--status-interval", f"{args.status_interval:g}"]
+    if getattr(args, "preflight", None) is not None:       # else each node's launch decides (on: several machines)
+        flags += ["--preflight" if args.preflight else "--no-preflight"]
     res = node_resources(args.emit_slurm, accel, load_plan_near(config_file), args.main_process_port,
                          gpus_per_node=args.slurm_gpus_per_node)
     text = render_sbatch(args.emit_slurm, script, script_args, config_file=config_file, launch_flags=flags,

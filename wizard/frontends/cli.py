@@ -17,7 +17,7 @@ from wizard import __version__
 from wizard.errors import (EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_NOTHING_FITS, EXIT_WRITTEN_BUT_FAILED,
                            InputError, WizardError, clear_stop, note_stop, stop_signal)
 
-SUBCOMMANDS = ("probe", "plan", "compare", "check", "launch", "attach", "stop", "runs", "tune", "env")
+SUBCOMMANDS = ("probe", "plan", "compare", "check", "launch", "attach", "stop", "runs", "tune", "env", "preflight")
 
 
 class _DefaultsFormatter(argparse.HelpFormatter):
@@ -157,7 +157,7 @@ def build_parser(non_interactive: bool = False) -> argparse.ArgumentParser:
         p = _Parser(prog="wizard", description=(
             "Plan, configure, launch and watch multi-GPU Hugging Face training. Without a subcommand: the "
             "interactive wizard (a full-screen TUI; --plain for inline prompts; --non-interactive for scripts)."),
-            epilog="subcommands: probe, plan, compare, check, launch, attach, stop, runs, tune, env (wizard SUBCOMMAND --help). "
+            epilog="subcommands: probe, plan, compare, check, launch, attach, stop, runs, tune, env, preflight (wizard SUBCOMMAND --help). "
                    + UNDERSCORES)
     p.add_argument("--version", action="version", version=f"wizard {__version__}")
     mode = p.add_argument_group("mode")
@@ -177,6 +177,9 @@ def build_parser(non_interactive: bool = False) -> argparse.ArgumentParser:
 def build_subparser(name: str) -> argparse.ArgumentParser:
     if name in ("check", "launch", "attach", "stop", "runs"):
         return _registered_subparser(name)
+    if name == "preflight":
+        from wizard.frontends.preflight_cli import build_parser as build_preflight_parser
+        return build_preflight_parser(_Parser)
     if name == "env":
         from wizard.frontends.env import build_parser as build_env_parser
         return build_env_parser(_Parser)
@@ -263,7 +266,8 @@ def _registered_subparser(name: str) -> argparse.ArgumentParser:
         register(sub)
     else:
         from launch.commands import register
-        register(sub, config_findings=launch_config_findings)
+        from wizard.frontends.preflight_cli import launch_preflight
+        register(sub, config_findings=launch_config_findings, preflight=launch_preflight)
     return sub.choices[name]
 
 

@@ -135,6 +135,7 @@ class Calibration:
     entries: dict[str, Ratios] = field(default_factory=dict)  # strategy_key -> fresh ratios
     stale: frozenset[str] = frozenset()                       # strategy keys older than STALE_DAYS
     problem: str | None = None                                # the file (or an entry of it) is unreadable: why
+    network: "Network | None" = None                          # the network `wizard preflight --record` measured
 
     def ratios(self, rung_key: str, method: str = "full") -> Ratios | None:
         return self.entries.get(strategy_key(rung_key, method))
@@ -184,7 +185,7 @@ def for_machine(hw, topology, path: Path | None = None, now: float | None = None
                    f"entr{'y' if len(unreadable) == 1 else 'ies'} ({', '.join(sorted(unreadable))}) ignored; "
                    "the next `wizard tune` on this machine replaces "
                    f"{'it' if len(unreadable) == 1 else 'them'}.")
-    return Calibration(key, entries, frozenset(stale), problem)
+    return Calibration(key, entries, frozenset(stale), problem, network_for(key, path, now))
 
 
 def notes(used: list[tuple[str, Ratios]], stale: int, changed: tuple[str, str] | None,
@@ -237,7 +238,6 @@ def record(hw, topology, method: str, measurements: list[dict[str, Any]], path: 
     """Fold trials in: each {"rung": key, "speed_ratio": r, "memory_ratio": r or None} and, for a trial that ran out
     of memory, "memory_floor": capacity / predicted (the ratio was at least that: the entry's memory ratio is
     raised to it, never averaged below it). Written atomically."""
-    from wizard.fsutil import replace_file
     path = path or calibration_file()
     machines, _problem = load(path)         # an unreadable file is replaced
     now = time.time() if now is None else now
@@ -270,6 +270,85 @@ def record(hw, topology, method: str, measurements: list[dict[str, Any]], path: 
             entry["memory_floor"] = floor
             entry["memory_ratio"] = max(entry["memory_ratio"] or 0, floor)
         entries[key] = entry
-    path.parent.mkdir(parents=True, exist_ok=True)
-    replace_file(path, json.dumps({"format": FORMAT, "machines": machines}, indent=1, sort_keys=True) + "\n")
+    _write(path, machines=machines)
     return path
+
+
+def _write(path: Path, **parts: Any) -> None:
+    """Write the file with `parts` (machines, network) replaced and every other part kept as it was."""
+    from wizard.fsutil import replace_file
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+        doc = doc if isinstance(doc, dict) and doc.get("format") == FORMAT else {}
+    except (OSError, ValueError):
+        doc = {}
+    doc.update(parts, format=FORMAT)
+    doc.setdefault("machines", {})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    replace_file(path, json.dumps(doc, indent=1, sort_keys=True) + "\n")
+
+
+# --- The network between machines, as `wizard preflight --record` measured it ----------------------------------
+# Kept under "network", keyed by machine_key (the same key as the ratios: what each machine runs), apart from the
+# ratios: it is a figure in Gb/s per machine that replaces the class default (speed.inter_node_gbps), not a ratio
+# to the model. The latest measurement wins (a network changes with the cluster, not by averaging).
+
+
+@dataclass(frozen=True)
+class Network:
+    gbps: float                 # the all-reduce's bus bandwidth between the machines, Gb/s (one process per machine)
+    machines: int               # how many machines took part
+    backend: str                # gloo | nccl
+    updated: float
+
+    @property
+    def source(self) -> str:
+        """How the plan names the figure's origin."""
+        return (f"measured by `wizard preflight` ({self.backend} all-reduce across {self.machines} machines) on "
+                f"{date_of(self.updated)}")
+
+
+def network_key(gpu_names: list[str], processes_per_machine: int, cpu: bool) -> str:
+    """machine_key of a machine described by its GPU names (what preflight's node facts hold)."""
+    from types import SimpleNamespace
+    hw = SimpleNamespace(gpus=[SimpleNamespace(name=n) for n in gpu_names])
+    return machine_key(hw, SimpleNamespace(processes_per_machine=processes_per_machine, cpu=cpu or not gpu_names))
+
+
+def network_for(key: str, path: Path | None = None, now: float | None = None) -> Network | None:
+    """The recorded network for machines of `key`; None when none, unreadable, or older than STALE_DAYS."""
+    path = path or calibration_file()
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    entry = ((doc.get("network") or {}) if isinstance(doc, dict) else {}).get(key)
+    if not isinstance(entry, dict):
+        return None
+    gbps = _ratio(entry.get("gbps"))
+    now = time.time() if now is None else now
+    try:
+        updated, machines = float(entry.get("updated", 0)), int(entry.get("machines", 0))
+    except (TypeError, ValueError, OverflowError):
+        return None
+    if gbps is None or machines < 2 or not (math.isfinite(updated) and 0 <= updated <= now + FUTURE_SLACK_S) \
+            or now - updated > STALE_DAYS * 86400:
+        return None
+    return Network(gbps, machines, str(entry.get("backend") or "?"), updated)
+
+
+def record_network(gpu_names: list[str], processes_per_machine: int, cpu: bool, gbps: float, machines: int,
+                   backend: str, path: Path | None = None, now: float | None = None) -> tuple[Path, str]:
+    """Store a measured network (replacing the earlier one for these machines); (the file, the machine key)."""
+    path = path or calibration_file()
+    now = time.time() if now is None else now
+    key = network_key(gpu_names, processes_per_machine, cpu)
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+        network = doc.get("network") if isinstance(doc, dict) and isinstance(doc.get("network"), dict) else {}
+    except (OSError, ValueError):
+        network = {}
+    network[key] = {"gbps": round(float(gbps), 4), "machines": int(machines), "backend": backend, "updated": now,
+                    "date": date_of(now)}
+    _write(path, network=network)
+    return path, key

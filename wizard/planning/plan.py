@@ -80,11 +80,23 @@ def _choice_text(rung: Rung | None) -> str:
     return rung.name_with_gc
 
 
+def _measured_network(topology: Topology, hw, calibration) -> Topology:
+    """The network `wizard preflight --record` measured between these machines, in place of the class default
+    (a given --inter-node-gbps or --assume ...,net= wins over it: the user said so)."""
+    network = getattr(calibration, "network", None)
+    if (network is None or topology.num_machines < 2 or topology.inter_node_gbps is not None
+            or getattr(hw, "inter_node_gbps", None) is not None
+            or calibration.machine != calibration_mod.machine_key(hw, topology)):
+        return topology
+    return replace(topology, inter_node_gbps=network.gbps, inter_node_source=network.source)
+
+
 def _make_plan(hw, model, training: TrainingOptions, strategy: StrategyOptions, topology: Topology,
                adapters, calibration) -> Plan:
     notes: list[str] = []
     _check_choice(training.split, SPLITS, "split")
     training, auto_split = _split_training(training, topology, notes)
+    topology = _measured_network(topology, hw, calibration)
     x = _resolve(hw, model, training, strategy, topology, notes)
     x = _with_adapters(x, model, training, adapters, notes)
     if calibration is not None and calibration.machine == calibration_mod.machine_key(hw, topology):

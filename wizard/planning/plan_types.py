@@ -81,6 +81,7 @@ class Topology:
     processes_per_machine: int = 1
     cpu: bool = False                     # CPU processes (no GPU): DeepSpeed CPU accelerator / gloo, fp32
     inter_node_gbps: float | None = None  # network per machine (Gb/s); None: the machine's or its class default
+    inter_node_source: str | None = None  # where inter_node_gbps comes from when not --inter-node-gbps (a measurement)
 
     @property
     def world_size(self) -> int:

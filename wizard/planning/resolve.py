@@ -154,7 +154,8 @@ def _resolve(hw, model, training: TrainingOptions, strategy: StrategyOptions, to
     if network is not None and (isinstance(network, bool) or not isinstance(network, (int, float))
                                 or not 0 < network <= 100_000):
         raise InputError("--inter-node-gbps", f"{network!r} is not a network speed", "Gb/s per machine, e.g. 400")
-    machine = speed_mod.machine_from_hardware(hw, precision, per_machine, cpu, network)
+    machine = speed_mod.machine_from_hardware(hw, precision, per_machine, cpu, network,
+                                              network_source=topology.inter_node_source)
     notes.extend(machine.assumptions)
     if machines > 1:
         notes.append(speed_mod.inter_node_note(machine))

@@ -336,11 +336,12 @@ def _p2p_ok(hw) -> bool | None:
     return all(v == "OK" for i, row in enumerate(hw.p2p) for j, v in enumerate(row) if i != j)
 
 
-def inter_node_gbps(hw, given: float | None = None) -> tuple[float, str]:
-    """(Gb/s of network per machine, where the figure comes from): the --inter-node-gbps answer, else the
-    machine's own (--assume ...,net=, a saved probe's inter_node_gbps), else the default of its class."""
+def inter_node_gbps(hw, given: float | None = None, given_source: str | None = None) -> tuple[float, str]:
+    """(Gb/s of network per machine, where the figure comes from): the --inter-node-gbps answer (or a measured
+    figure, `given_source` saying which), else the machine's own (--assume ...,net=, a saved probe's
+    inter_node_gbps), else the default of its class."""
     if given is not None:
-        return float(given), "--inter-node-gbps"
+        return float(given), given_source or "--inter-node-gbps"
     own = getattr(hw, "inter_node_gbps", None)
     if own is not None:
         return float(own), "net= of --assume" if hw.source.startswith("assume:") else "the hardware description"
@@ -392,7 +393,8 @@ def host_memory_gbps(hw) -> tuple[float, str]:
 
 
 def machine_from_hardware(hw, precision: str, per_machine: int, cpu: bool = False,
-                          network_gbps: float | None = None, omp_threads: int | None = None) -> Machine:
+                          network_gbps: float | None = None, omp_threads: int | None = None,
+                          network_source: str | None = None) -> Machine:
     """The speed-relevant figures of this machine, with what had to be assumed said in `assumptions`.
     `network_gbps`: the user's figure for the network between machines (Gb/s per machine), if given.
     `omp_threads`: OMP_NUM_THREADS as the launch will see it (default: the probe's record of it, env_omp_threads)."""
@@ -404,7 +406,7 @@ def machine_from_hardware(hw, precision: str, per_machine: int, cpu: bool = Fals
     host_gbps, _ = host_memory_gbps(hw)
     host = dict(cpu_step_threads=threads, host_memory_bytes_per_s=host_gbps * GB * HOST_OFFLOAD_EFFICIENCY,
                 processes_per_machine=max(per_machine, 1))
-    gbps, source = inter_node_gbps(hw, network_gbps)
+    gbps, source = inter_node_gbps(hw, network_gbps, network_source)
     inter = gbps / 8 * GB
     if cpu:
         notes.append(f"CPU processes: {CPU_FLOPS_PER_CORE / 1e9:.0f} GFLOP/s per core and gloo at "

@@ -1,0 +1,235 @@
+"""`wizard preflight` for real, on the local 2-node SLURM of test_launch_multinode (slurmctld, `slurmd -N n1` and
+`-N n2`, munge; both nodes are this machine at 127.0.0.1): every node runs it through `srun` as the emitted sbatch
+script runs the launch, they meet at main_process_port, and a gloo all-reduce crosses the two nodes.
+
+Planted failures, each to be named in one row with its fix within 30 s, with nothing left running after:
+- main_process_port held by another program (a listener this test starts; the two nodes share this host's
+  network, so it stands where n2 connects and where n1 must bind);
+- n2 with another peft: n2's interpreter has a directory first on its PYTHONPATH holding a peft 0.0.1 (its
+  package and its dist-info), which is what `import peft` there would load; the check reads the version the way
+  that node would import it.
+And `wizard launch` with a multi-machine config runs the preflight as its first phase: on a clear preflight
+training follows; on a finding the launch stops before any rank starts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.functional.test_launch_multinode import free_port, job_state, local_slurm  # noqa: F401 - the fixture
+from tests.launch_support import env
+
+REPO = Path(__file__).resolve().parents[2]
+TRAIN = str(REPO / "examples" / "train.py")
+
+pytestmark = pytest.mark.slow
+
+
+def cpu_config(tmp_path: Path, port: int, main_ip: str | None = None, name: str = "two-nodes.yaml") -> Path:
+    """Two machines of one CPU process (DDP over gloo), the config's main address left to SLURM unless given."""
+    cfg = tmp_path / name
+    cfg.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_CPU\nnum_machines: 2\n"
+                   "num_processes: 2\nmachine_rank: 0\n" + (f"main_process_ip: {main_ip}\n" if main_ip else "") +
+                   f"main_process_port: {port}\nmixed_precision: 'no'\nuse_cpu: true\n"
+                   "rdzv_backend: static\nsame_network: true\nmain_training_function: main\n")
+    return cfg
+
+
+def node_wrapper(tmp_path: Path, n2_pythonpath: str | None = None) -> Path:
+    """$WIZARD for the job: this checkout's wizard, with n2's own PYTHONPATH first where it has one (what a node
+    with another environment would import)."""
+    w = tmp_path / "wizard-node.sh"
+    extra = (f'if [ "${{SLURMD_NODENAME:-}}" = n2 ]; then export PYTHONPATH="{n2_pythonpath}:$PYTHONPATH"; fi\n'
+             if n2_pythonpath else "")
+    w.write_text(f"#!/bin/bash\n{extra}exec {sys.executable} -m wizard \"$@\"\n")
+    w.chmod(0o755)
+    return w
+
+
+def srun_preflight(cluster, tmp_path: Path, cfg: Path, wrapper: Path, *extra: str, timeout: float = 120):
+    """`srun -N2 --ntasks-per-node=1 wizard preflight --json` from inside the allocation, each node's JSON in
+    pf-NODE.json; (seconds, srun's exit code, node -> its JSON, srun's output)."""
+    out = tmp_path / "pf"
+    out.mkdir(exist_ok=True)
+    per_node = (f'"$WIZARD" preflight --config-file {cfg} --json --join-timeout 20 {" ".join(extra)} '
+                f'> {out}/pf-$SLURM_NODEID.json 2> {out}/pf-$SLURM_NODEID.err')
+    job_env = {**env(), **cluster.env, "WIZARD": str(wrapper)}
+    start = time.monotonic()
+    r = subprocess.run(["srun", "-N2", "--ntasks-per-node=1", "--kill-on-bad-exit=0", "-t", "2", "bash", "-c",
+                        per_node], capture_output=True, text=True, env=job_env, cwd=tmp_path, timeout=timeout)
+    seconds = time.monotonic() - start
+    docs = {}
+    for node in (0, 1):
+        f = out / f"pf-{node}.json"
+        text = f.read_text() if f.exists() else ""
+        docs[node] = json.loads(text) if text.strip() else {"stderr": (out / f"pf-{node}.err").read_text()
+                                                            if (out / f"pf-{node}.err").exists() else ""}
+    return seconds, r.returncode, docs, r.stdout + r.stderr
+
+
+def rows_of(doc: dict, node: int | None = None, check: str | None = None) -> list[dict]:
+    return [r for r in doc.get("rows", []) if (node is None or r["node"] == node) and (check is None or
+                                                                                     r["check"] == check)]
+
+
+def left_running(marker: str) -> list[str]:
+    """Processes whose command line names this test's files (its preflight, collective and launch children)."""
+    out = []
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            cmd = " ".join(p.info["cmdline"] or [])
+        except psutil.Error:
+            continue
+        if marker in cmd and p.pid != os.getpid() and "pytest" not in cmd:
+            out.append(f"{p.pid} {cmd[:160]}")
+    return out
+
+
+def assert_nothing_left(marker: str) -> None:
+    deadline = time.monotonic() + 10
+    while left_running(marker) and time.monotonic() < deadline:
+        time.sleep(0.3)
+    assert left_running(marker) == []
+
+
+@pytest.mark.timeout(300)
+def test_two_node_preflight_through_srun_passes_with_a_measured_gloo_all_reduce(tmp_path, local_slurm):
+    port = free_port()
+    cfg = cpu_config(tmp_path, port)
+    seconds, code, docs, output = srun_preflight(local_slurm, tmp_path, cfg, node_wrapper(tmp_path))
+    main = docs[0]
+    assert code == 0 and main.get("exit_code") == 0, (output, docs)
+    assert main["main"] is True and docs[1]["main"] is False and docs[1]["exit_code"] == 0
+    # SLURM gave the machine ranks and the main address (NodeAddr of n1), the config gave neither
+    assert main["expectation"]["main_ip"] == "127.0.0.1" and main["expectation"]["main_port"] == port
+    assert {r["node"] for r in main["rows"]} == {0, 1}
+    for node in (0, 1):
+        assert rows_of(main, node, "reach main port")[0]["status"] == "ok"
+        assert rows_of(main, node, "versions")[0]["status"] == "ok"
+        across = rows_of(main, node, "all-reduce across nodes")[0]
+        assert "gloo, 2 ranks" in across["detail"] and "Gb/s" in across["detail"], across
+    assert main["across_gbps"] > 0
+    assert not [r for r in main["rows"] if r["status"] == "fail"]
+    assert_nothing_left(str(cfg))
+
+
+@pytest.mark.timeout(300)
+def test_a_listener_on_the_main_port_is_named_within_seconds(tmp_path, local_slurm):
+    port = free_port()
+    cfg = cpu_config(tmp_path, port)
+    squatter = socket.socket()
+    squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    squatter.bind(("127.0.0.1", port))
+    squatter.listen(8)          # accepts (the kernel completes the handshake) and never says a word
+    try:
+        seconds, code, docs, output = srun_preflight(local_slurm, tmp_path, cfg, node_wrapper(tmp_path))
+    finally:
+        squatter.close()
+    assert code != 0, output
+    assert seconds < 30, seconds
+    main_port = rows_of(docs[0], 0, "main port free")
+    assert main_port and main_port[0]["status"] == "fail", docs[0]
+    assert f"port {port} is taken on the main node" in main_port[0]["detail"] and main_port[0]["fix"]
+    assert str(os.getpid()) in main_port[0]["detail"]             # who holds it: this test
+    reach = rows_of(docs[1], 1, "reach main port")
+    assert reach and reach[0]["status"] == "fail", docs[1]
+    assert "held by another program" in reach[0]["detail"] and "main_process_port" in reach[0]["fix"]
+    assert docs[0]["exit_code"] == 1 and docs[1]["exit_code"] == 1
+    assert_nothing_left(str(cfg))
+
+
+@pytest.mark.timeout(300)
+def test_another_peft_on_the_second_node_is_named_in_the_versions_row(tmp_path, local_slurm):
+    shim = tmp_path / "n2-site"
+    (shim / "peft").mkdir(parents=True)
+    (shim / "peft" / "__init__.py").write_text('__version__ = "0.0.1"\n')
+    (shim / "peft-0.0.1.dist-info").mkdir()
+    (shim / "peft-0.0.1.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: peft\nVersion: 0.0.1\n")
+    port = free_port()
+    cfg = cpu_config(tmp_path, port)
+    seconds, code, docs, output = srun_preflight(local_slurm, tmp_path, cfg, node_wrapper(tmp_path, str(shim)))
+    from importlib.metadata import version
+    assert code != 0 and seconds < 60, (seconds, output)
+    row = rows_of(docs[0], 1, "versions")[0]
+    assert row["status"] == "fail", docs[0]
+    assert f"peft 0.0.1 (node 0: {version('peft')})" in row["detail"] and str(shim / "peft") in row["detail"]
+    assert f"peft=={version('peft')}" in row["fix"]
+    assert rows_of(docs[0], 0, "versions")[0]["status"] == "info"          # the reference node
+    assert docs[0]["versions"]["1"]["peft"]["version"] == "0.0.1"
+    assert docs[0]["versions"]["0"]["peft"]["version"] == version("peft")
+    assert_nothing_left(str(cfg))
+
+
+@pytest.mark.timeout(900)
+def test_emitted_sbatch_runs_the_preflight_first_then_trains(tmp_path, local_slurm):
+    """The launch's own way to the nodes: `wizard launch --emit-slurm 2` (preflight on by default for a
+    multi-machine config), submitted; each node's launch prints the phase lines, node 0 the table."""
+    port = free_port()
+    cfg = cpu_config(tmp_path, port, main_ip="127.0.0.1")
+    job_file = tmp_path / "job.sbatch"
+    r = subprocess.run([sys.executable, "-m", "wizard", "launch", "--emit-slurm", "2", "--config-file", str(cfg),
+                        "--slurm-gpus-per-node", "0", "--slurm-output", str(job_file), "--grace", "10", "--",
+                        TRAIN, "--steps", "2"], capture_output=True, text=True, env=env(), cwd=tmp_path, timeout=300)
+    assert r.returncode == 0, r.stderr
+    job_env = {**env(), **local_slurm.env, "WIZARD": f"{sys.executable} -m wizard"}
+    sub = subprocess.run(["sbatch", "--parsable", "--chdir", str(tmp_path), str(job_file)], capture_output=True,
+                         text=True, env=job_env, timeout=30)
+    assert sub.returncode == 0, sub.stderr
+    job = sub.stdout.strip().split(";")[0]
+    deadline = time.monotonic() + 800
+    st = job_state(local_slurm, job)
+    while st in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING") and time.monotonic() < deadline:
+        time.sleep(2)
+        st = job_state(local_slurm, job)
+    out_file = tmp_path / f"wizard-train-{job}.out"
+    output = out_file.read_text(errors="replace") if out_file.exists() else "(no job output)"
+    assert st == "COMPLETED", f"job {job} ended {st}\n{output[-6000:]}"
+    assert output.count("[wizard] phase 1/2: preflight") == 2 and output.count("[wizard] phase 2/2: training") == 2
+    assert "preflight: all clear on 2 nodes" in output and "all-reduce across nodes" in output
+    assert output.index("phase 1/2: preflight") < output.index("phase 2/2: training")
+    for node in (0, 1):
+        state = json.loads((tmp_path / "wizard-runs" / f"slurm-{job}" / f"node-{node}" / "run.json").read_text())
+        assert state["status"] == "succeeded", state
+    assert_nothing_left(str(cfg))
+
+
+@pytest.mark.timeout(300)
+def test_launch_stops_before_training_when_the_preflight_finds_a_blocked_port(tmp_path):
+    """The machine_rank invocations of accelerate's static rendezvous, by hand (no SLURM): `wizard launch
+    --machine-rank 0` and `1` with a listener on the main port: both stop at the preflight, exit 1, no rank run."""
+    port = free_port()
+    cfg = cpu_config(tmp_path, port, main_ip="127.0.0.1")
+    squatter = socket.socket()
+    squatter.bind(("127.0.0.1", port))
+    squatter.listen(8)
+    e = {**env(), "WIZARD_PREFLIGHT_JOIN_TIMEOUT": "15"}
+    procs = []
+    start = time.monotonic()
+    try:
+        for node in (0, 1):
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "wizard", "launch", "--headless", "--config-file", str(cfg),
+                 "--machine-rank", str(node), "--run-dir", str(tmp_path / f"node-{node}"), "--", TRAIN,
+                 "--steps", "2"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=e, cwd=tmp_path))
+        outs = [p.communicate(timeout=120)[0] for p in procs]
+    finally:
+        squatter.close()
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert time.monotonic() - start < 30
+    assert [p.returncode for p in procs] == [1, 1], outs
+    assert "phase 1/2: preflight" in outs[0] and "phase 2/2" not in outs[0] + outs[1]
+    assert "main port free" in outs[0] and f"port {port} is taken on the main node" in outs[0]
+    assert "held by another program" in outs[1]
+    assert not (tmp_path / "node-0" / "run.json").exists() and not (tmp_path / "node-1").exists()
+    assert_nothing_left(str(cfg))

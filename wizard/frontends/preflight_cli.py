@@ -1,0 +1,163 @@
+"""`wizard preflight`: the command line of wizard/preflight (flags, the table, --json, --record), and the step
+`wizard launch` runs before it starts training (`launch_preflight`, handed to launch as a callback: launch
+itself imports nothing of the wizard's layers above probe)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import TextIO
+
+DESCRIPTION = (
+    "wizard preflight: prove the machines of a config can train together before the GPU hours start. Run it on "
+    "every node the way the launch gets there: `srun --ntasks-per-node=1 wizard preflight --config-file C` inside "
+    "the SLURM allocation (the machine rank and the main node's address come from SLURM), or `wizard preflight "
+    "--machine-rank N` on each node by hand (accelerate's static rendezvous). Each node checks that it resolves and "
+    "reaches main_process_ip:main_process_port (and the main node that it can bind it), its library versions, GPUs "
+    "(count, model, memory, gpu_ids; driver and CUDA shown), host RAM, ulimit -l against what the offload pins, free "
+    "disk and /dev/shm, the NCCL_*/GLOO_* interface settings and GPU P2P; then all nodes run a timed all-reduce "
+    "(NCCL on GPUs, gloo on CPU processes) within and across nodes. Every check has a deadline: one that hangs is a "
+    "finding. The main node prints one table, a verdict, and exits 0 (all clear) or 1 (a finding stops the run).")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from wizard.preflight.run import DEFAULT_CHECK_TIMEOUT_S, DEFAULT_COLLECTIVE_TIMEOUT_S, DEFAULT_JOIN_TIMEOUT_S
+    p.add_argument("--config-file", default=None, metavar="P",
+                   help="accelerate config (default: accelerate's default_config.yaml, where the wizard writes it)")
+    p.add_argument("--machine-rank", type=int, default=None, metavar="N",
+                   help="this node's rank (default: $SLURM_NODEID in a SLURM step of several nodes, else the "
+                        "config's machine_rank)")
+    p.add_argument("--main-process-ip", default=None, metavar="ADDR",
+                   help="override the config's main node address (default under SLURM: the allocation's first node)")
+    p.add_argument("--main-process-port", type=int, default=None, metavar="PORT",
+                   help="override the config's main port")
+    p.add_argument("--join-timeout", type=float, default=DEFAULT_JOIN_TIMEOUT_S, metavar="S",
+                   help="how long the nodes wait for each other at the main port")
+    p.add_argument("--check-timeout", type=float, default=DEFAULT_CHECK_TIMEOUT_S, metavar="S",
+                   help="deadline of each node check (a check past it is a finding)")
+    p.add_argument("--collective-timeout", type=float, default=DEFAULT_COLLECTIVE_TIMEOUT_S, metavar="S",
+                   help="deadline of the all-reduce (process-group start included)")
+    p.add_argument("--allreduce-mb", type=float, default=None, metavar="MB",
+                   help="all-reduce size (default: 256 MiB with NCCL, 16 MiB with gloo)")
+    p.add_argument("--no-collective", action="store_true", help="skip the all-reduce (checks only)")
+    p.add_argument("--record", action="store_true",
+                   help="main node: record the measured bandwidth between the nodes in the calibration, so "
+                        "`wizard plan` uses the measured network")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+
+
+def build_parser(parser_class=argparse.ArgumentParser) -> argparse.ArgumentParser:
+    p = parser_class(prog="wizard preflight", description=DESCRIPTION)
+    add_arguments(p)
+    p.set_defaults(func=cmd_preflight)
+    return p
+
+
+def options_from(ns: argparse.Namespace):
+    from wizard.errors import InputError
+    from wizard.preflight.run import Options, slurm_defaults
+    for flag, value, low in (("--join-timeout", ns.join_timeout, 0), ("--check-timeout", ns.check_timeout, 0),
+                             ("--collective-timeout", ns.collective_timeout, 0)):
+        if not (value == value and low < value < 1e6):
+            raise InputError(flag, f"{value}", "a finite number of seconds > 0")
+    if ns.machine_rank is not None and ns.machine_rank < 0:
+        raise InputError("--machine-rank", f"{ns.machine_rank}", "0 or more")
+    if ns.main_process_port is not None and not 1 <= ns.main_process_port <= 65535:
+        raise InputError("--main-process-port", f"{ns.main_process_port}", "a TCP port, 1-65535")
+    if ns.allreduce_mb is not None and not (0 < ns.allreduce_mb <= 65536):
+        raise InputError("--allreduce-mb", f"{ns.allreduce_mb}", "MB > 0, at most 65536")
+    config = ns.config_file
+    if config is None:
+        from wizard.paths import accelerate_default_config_file
+        config = accelerate_default_config_file()
+    rank, addr = ns.machine_rank, ns.main_process_ip
+    if rank is None or addr is None:
+        s_rank, s_addr = slurm_defaults()
+        rank = rank if rank is not None else s_rank
+        addr = addr or s_addr
+        if rank is None:
+            from wizard.fsutil import read_yaml_mapping
+            try:
+                rank = int((read_yaml_mapping(config) or {}).get("machine_rank") or 0) if os.path.isfile(config) else 0
+            except (TypeError, ValueError):
+                rank = 0
+    return Options(config_file=config, machine_rank=rank, main_ip=addr, main_port=ns.main_process_port,
+                   join_timeout=ns.join_timeout, check_timeout=ns.check_timeout,
+                   collective_timeout=ns.collective_timeout,
+                   nbytes=int(ns.allreduce_mb * (1 << 20)) if ns.allreduce_mb else None,
+                   collective=not ns.no_collective)
+
+
+def print_result(result, out: TextIO = sys.stdout) -> None:
+    from wizard.preflight import checks
+    if not result.main and result.reached_main:
+        own = [r for r in result.rows if r.status in (checks.WARN, checks.FAIL)]
+        print(f"node {result.rank}: checked and reported to the main node, which prints the table for every node",
+              file=out)
+        for line in checks.render_table(own) if own else []:
+            print(line, file=out)
+        print(result.verdict, file=out)
+        return
+    for line in checks.render_table(result.rows):
+        print(line, file=out)
+    if result.main:
+        versions = checks.render_versions(result.facts)
+        if versions:
+            print("", file=out)
+            for line in versions:
+                print(line, file=out)
+    print(result.verdict, file=out)
+
+
+def record_bandwidth(result) -> str | None:
+    """Store the measured bandwidth between the nodes in the calibration; the sentence to print (None: nothing
+    measured)."""
+    if not result.main or not result.across_gbps:
+        return None
+    from wizard.planning import calibration
+    facts = result.facts.get(0) or {}
+    names = [g["name"] for g in (facts.get("gpus") or {}).get("gpus") or []] if result.expectation.uses_gpus else []
+    path, key = calibration.record_network(names, result.expectation.processes_per_node,
+                                           not result.expectation.uses_gpus, result.across_gbps,
+                                           result.expectation.num_machines, result.backend)
+    return (f"recorded {result.across_gbps:.2f} Gb/s between {result.expectation.num_machines} machines of {key} in "
+            f"{path}: `wizard plan` on this machine now uses it for the network")
+
+
+def cmd_preflight(ns: argparse.Namespace) -> int:
+    from wizard.preflight.run import preflight
+    opts = options_from(ns)
+    quiet = bool(ns.json)
+    result = preflight(opts, progress=(lambda s: None) if quiet else
+                       (lambda s: print(f"[preflight] {s}", file=sys.stderr, flush=True)))
+    recorded = record_bandwidth(result) if ns.record else None
+    if ns.json:
+        doc = result.to_json()
+        doc["recorded"] = recorded
+        print(json.dumps(doc, indent=2, sort_keys=True, default=str))
+    else:
+        print_result(result)
+        if recorded:
+            print(recorded)
+        elif result.main and result.across_gbps and not ns.record and result.expectation.assumed_gbps and \
+                result.across_gbps < 0.5 * result.expectation.assumed_gbps:
+            print("(`wizard preflight --record` stores the measured network for `wizard plan`)")
+    return result.exit_code
+
+
+def launch_preflight(config_file: str | None, machine_rank: int | None, main_ip: str | None,
+                     main_port: int | None, out: TextIO = sys.stdout) -> int:
+    """What `wizard launch --preflight` runs on each node before training: the same checks, printed as the launch's
+    first phase. 0: go on; 1: a finding stops the launch."""
+    ns = argparse.Namespace(config_file=config_file, machine_rank=machine_rank, main_process_ip=main_ip,
+                            main_process_port=main_port, join_timeout=float(os.environ.get(
+                                "WIZARD_PREFLIGHT_JOIN_TIMEOUT", "60")),
+                            check_timeout=20.0, collective_timeout=120.0, allreduce_mb=None, no_collective=False,
+                            json=False, record=False)
+    from wizard.preflight.run import preflight
+    result = preflight(options_from(ns), progress=lambda s: print(f"[preflight] {s}", file=out, flush=True))
+    print_result(result, out)
+    out.flush()
+    return result.exit_code
