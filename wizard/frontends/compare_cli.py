@@ -22,8 +22,8 @@ EPILOG = (
     "1, 2, 4 and 8 of each data-centre GPU class of the catalogue and 2 x 8 of the one with the most memory "
     "(--max-gpus bounds it). Prices are yours (the wizard ships none): --price 8xA100-80GB=1.8,H100-80GB=2.5 or "
     "--prices FILE, a YAML file with `date: YYYY-MM-DD` and `prices: {MACHINE or GPU: per GPU-hour}` (a date more "
-    f"than {compare_mod.STALE_PRICE_DAYS} days old is warned about). Exit codes: 0 done, 2 bad input, 3 nothing fits on "
-    "any machine.")
+    f"than {compare_mod.STALE_PRICE_DAYS} days old is warned about). Exit codes: 0 done, 2 bad input, 3 nothing fits "
+    "on any machine.")
 
 
 def build_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:

@@ -103,7 +103,8 @@ def short_micro_batch_text(rung) -> str:
 
 class PlanScreen(WizardScreen):
     STEP = 2
-    BINDINGS = [Binding("m", "measure", "Measure", show=False)]
+    # c: Compare machines (hidden from the footer, which stays the Plan screen's own; F1 and README name it)
+    BINDINGS = [Binding("m", "measure", "Measure", show=False), Binding("c", "compare", "Compare machines", show=False)]
     BODY_SCROLLS = False        # the rung list scrolls by itself; summary and strategy stay in view
     AUTO_FOCUS = "#rungs"
 
@@ -119,6 +120,18 @@ class PlanScreen(WizardScreen):
     def mounted(self) -> None:
         super().mounted()
         self.wizard.start_preload()
+
+    def action_compare(self) -> None:
+        """`wizard compare` from here: the same answers on the default machines; a chosen row is planned."""
+        if self.state.model is None:
+            return
+        from wizard.frontends.tui.screens.compare import CompareScreen, plan_for_machine
+
+        def chosen(machine) -> None:            # a wizard.compare.Machine, or None
+            if machine is not None:
+                plan_for_machine(self.state, machine)
+                self.wizard.replan()
+        self.app.push_screen(CompareScreen(self.state), chosen)
 
     def action_measure(self) -> None:
         """`wizard tune` from here: the measured winner becomes the picked rung."""
@@ -262,4 +275,5 @@ class PlanScreen(WizardScreen):
                       "rung without offload fits (offload is the slow last resort). Gradient checkpointing (+GC) is "
                       "switched on where activations, not model states, are what does not fit."]
         lines += [f"[dim]• {in_words(n)}[/dim]" for n in plan.notes]
+        lines.append("[dim]c compares machines: this plan's time and cost on other GPUs and counts.[/dim]")
         return rung.name, "\n".join(lines)
