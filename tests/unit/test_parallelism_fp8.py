@@ -78,7 +78,8 @@ def test_one_machine_keeps_accelerates_default_and_several_name_hsdp_without_cho
     two = Context(hardware=machine(), plan=fsdp_plan(16, 2), answers={"num_machines": 2, "num_processes": 16,
                                                                        "fsdp_version": 2}, given={})
     assert q.default(two) is False
-    assert "HSDP, replicate 2 x shard 8" in q.why_default(two) and "did not size" in q.why_default(two)
+    assert "HSDP, replicate 2 x shard 8" in q.why_default(two)
+    assert "the plan sizes it as its HSDP rung" in q.why_default(two)      # issue 30: a rung of the ladder now
     assert "HSDP" in by_id("parallelism_config_dp_replicate_size").why_default(two)
 
 

@@ -167,3 +167,71 @@ def test_a_context_parallel_rung_is_recognised_from_its_files(cp):
     acc = {"distributed_type": "FSDP", "fsdp_config": {"fsdp_version": 2, "fsdp_reshard_after_forward": True},
            "parallelism_config": {"parallelism_config_cp_size": cp, "parallelism_config_dp_shard_size": 8 // cp}}
     assert rungs.key_for(rungs.strategy_from_files(acc, None)) == f"fsdp-cp{cp}"
+
+
+# --- Many machines: HSDP against full sharding --------------------------------------------------------------
+
+LLAMA3_70B = ModelShape(params=70_553_706_496, largest_layer_params=128_256 * 8192, hidden_size=8192, layers=80,
+                        heads=64, kv_heads=8, vocab_size=128_256, intermediate_size=28_672, model_type="llama")
+
+
+def plan_nodes(model: ModelShape, gbps: float | None, strategy: StrategyOptions | None = None, machines: int = 2):
+    hw = hardware.assume("8xH100-80GB")
+    return make_plan(hw, model, TrainingOptions(), strategy or StrategyOptions(),
+                     Topology(machines, 8, inter_node_gbps=gbps))
+
+
+def network_note(p) -> str:
+    return next(n for n in p.notes if n.startswith("Across machines"))
+
+
+@pytest.mark.parametrize("strategy", [StrategyOptions(), StrategyOptions(backend="fsdp")])
+@pytest.mark.parametrize("gbps", [100.0, 3200.0])
+def test_70b_on_two_machines_compares_hsdp_with_full_sharding_and_names_the_faster(strategy, gbps):
+    p = plan_nodes(LLAMA3_70B, gbps, strategy)
+    hsdp = next(r for r in p.rungs if rungs.BY_KEY[r.key].replicate)
+    full = [r for r in p.rungs if not r.offloads and r.cp_size == 1 and not rungs.BY_KEY[r.key].replicate
+            and (r.zero_stage == 3 or (r.backend == "fsdp" and r.fsdp_reshard))]
+    assert full, [r.key for r in p.rungs]
+    note = network_note(p)
+    assert f"{gbps:g} Gb/s per machine" in note and hsdp.name in note and all(r.name in note for r in full)
+    fastest = max([hsdp] + full, key=lambda r: r.tokens_per_second)
+    assert f"{fastest.name} is the fastest here" in note
+    # HSDP keeps the network least busy: one gradient all-reduce against two weight gathers and a reduce-scatter
+    assert f"{hsdp.name} keeps the network least busy" in note
+    # its states are one machine's FSDP: 8 GPUs' share, not 16's (70B does not fit so)
+    assert hsdp.breakdown["optimizer"] == mem.states_fsdp(LLAMA3_70B.params, "bf16", "adamw", 8, 1, True).optimizer
+    assert not hsdp.fits and "more than fits" in note
+    if gbps == 100.0:
+        assert fastest is hsdp and "less waiting on communication" in note
+
+
+def test_a_slow_network_makes_hsdp_faster_than_full_sharding_by_its_traffic():
+    fast, slow = (plan_nodes(LLAMA3_70B, g, StrategyOptions(backend="fsdp")) for g in (3200.0, 100.0))
+
+    def rate(p, replicate):
+        return next(r.tokens_per_second for r in p.rungs if rungs.BY_KEY[r.key].replicate == replicate
+                    and r.fsdp_reshard and r.cp_size == 1 and not r.offloads)
+
+    assert rate(slow, True) > 2 * rate(slow, False)
+    assert rate(fast, True) < 1.2 * rate(fast, False)
+
+
+def test_hsdp_is_chosen_where_it_fits_and_is_faster_and_its_files_are_accepted(tmp_path):
+    p = plan_nodes(LLAMA31_8B, 100.0)
+    assert p.choice.key == "fsdp-hsdp" and p.choice.fits
+    code, out, err = cli("--non-interactive", "--assume", "8xH100-80GB", "--num-machines", "2", "--main-process-ip",
+                         "10.0.0.1", "--inter-node-gbps", "100", "--params", "8B", "--hidden-size", "4096",
+                         "--layers", "32", "--heads", "32", "--vocab-size", "128256", "--output-dir", str(tmp_path))
+    assert code == 0, err
+    doc = yaml.safe_load((tmp_path / "default_config.yaml").read_text())
+    section = doc["parallelism_config"]
+    assert (section["parallelism_config_dp_replicate_size"], section["parallelism_config_dp_shard_size"]) == (2, 8)
+    sizes = {name: section[parallelism.PREFIX + name] for name in parallelism.SIZES}
+    assert parallelism.problem(sizes, doc["num_processes"], 2) is None
+    assert rungs.key_for(rungs.strategy_from_files(doc, None)) == "fsdp-hsdp"
+
+
+def test_one_machine_has_no_hsdp_rung():
+    assert not any(rungs.BY_KEY[r.key].replicate for r in plan_8b(2048).rungs)
+    assert rungs.hsdp_keys("auto", "auto", "full", 1) == [] and rungs.hsdp_keys("deepspeed", "auto", "full", 2) == []

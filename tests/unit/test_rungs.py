@@ -38,15 +38,16 @@ def plan_with(key: str, method: str = "full", world: int = 4):
     # A context-parallel rung is on the ladder where nothing without offload fits the sequence, within a machine.
     seq = 131072 if spec.cp_size > 1 else TrainingOptions().seq_len
     world = max(world, spec.cp_size)
+    # HSDP is on the ladder with two machines or more
     plan = make_plan(hardware(world), LLAMA2_7B, TrainingOptions(method=method, seq_len=seq), strategy,
-                     Topology(processes_per_machine=world))
+                     Topology(num_machines=2 if spec.replicate else 1, processes_per_machine=world))
     plan.choice = next(r for r in plan.rungs if r.key == key)
     return plan
 
 
 def files_for(key: str, world: int = 4) -> tuple[dict, dict | None]:
     plan = plan_with(key, world=world)
-    answers = {"nvme_path": "/nvme"}
+    answers = {"nvme_path": "/nvme", "main_process_ip": "10.0.0.1", "main_process_port": 29500}
     ds = emit.deepspeed_config(answers, plan, LLAMA2_7B)
     return emit.accelerate_config(answers, plan, "/cfg/ds_config.json" if ds else None, LLAMA2_7B), ds
 

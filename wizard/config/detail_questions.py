@@ -267,8 +267,17 @@ def _plan_cp(ctx: Context) -> int:
     return int(getattr(choice, "cp_size", 1) or 1) if choice is not None else 1
 
 
+def _plan_replicate(ctx: Context) -> int:
+    """The machines' replicas of the chosen rung: one per machine on the HSDP rung, else 1."""
+    from wizard.planning.rungs import BY_KEY
+
+    choice = ctx.plan.choice if ctx.plan is not None else None
+    spec = BY_KEY.get(choice.key) if choice is not None else None
+    return _num_machines(ctx) if spec is not None and spec.replicate else 1
+
+
 def _parallelism_default(ctx: Context) -> bool:
-    return _parallelism_given(ctx) or _plan_cp(ctx) > 1
+    return _parallelism_given(ctx) or _plan_cp(ctx) > 1 or _plan_replicate(ctx) > 1
 
 
 def _cp_default(ctx: Context) -> int:
@@ -312,7 +321,8 @@ def _hsdp_note(ctx: Context) -> str:
     return (f"HSDP, replicate {machines} x shard {per}, keeps FSDP's all-gathers and reduce-scatters inside each "
             f"machine and sends only a gradient all-reduce between machines, often faster over slow links; but "
             f"each GPU then holds {machines} times its share of the sharded weights, gradients and optimizer "
-            f"states, which the plan did not size, so it is not the default")
+            f"states; the plan sizes it as its HSDP rung, and it is not the default because another rung is "
+            f"faster or it does not fit")
 
 
 def _use_parallelism_why(ctx: Context) -> str:
@@ -320,6 +330,8 @@ def _use_parallelism_why(ctx: Context) -> str:
         return "On: you gave parallelism sizes."
     if _plan_cp(ctx) > 1:
         return f"On: the plan's rung is context parallel (cp {_plan_cp(ctx)})."
+    if _plan_replicate(ctx) > 1:
+        return f"On: the plan's rung is HSDP (a replica on each of the {_plan_replicate(ctx)} machines)."
     n = _num_processes(ctx)
     text = f"Off, accelerate's default: FSDP2 shards over all {n} processes, as the plan sized it"
     if _multi_node(ctx):
@@ -328,6 +340,9 @@ def _use_parallelism_why(ctx: Context) -> str:
 
 
 def _replicate_why(ctx: Context) -> str:
+    if _plan_replicate(ctx) > 1:
+        return (f"{_plan_replicate(ctx)}: the plan's rung is HSDP, a replica per machine sharded over its GPUs; only a "
+                "gradient all-reduce crosses the network (the plan's note compares it with full sharding).")
     if _multi_node(ctx):
         return f"1, accelerate's default: FSDP over every process. {_hsdp_note(ctx)}."
     return "1: no replicas on one machine; every process shards (plain FSDP)."
@@ -527,7 +542,8 @@ DETAIL_QUESTIONS: tuple[Question, ...] = (
     _q(SIZE_IDS[0], "Data-parallel replicas (HSDP)",
        "Full copies of the sharded model: each replica shards over dp_shard_size processes and the replicas "
        "all-reduce their gradients (HSDP). More replicas mean more memory per GPU and less traffic per step.",
-       "int", default=1, check=_positive, when=_parallelism, why=_replicate_why, **_details("parallelism")),
+       "int", default=_plan_replicate, check=_positive, when=_parallelism, why=_replicate_why,
+       help_default="the plan's (the machines on its HSDP rung, else 1)", **_details("parallelism")),
     _q(SIZE_IDS[1], "FSDP shard size",
        "Processes each replica's weights, gradients and optimizer states are sharded over.", "int",
        default=_shard_default, check=_positive, when=_parallelism, why=_shard_why,

@@ -217,10 +217,17 @@ def _parallelism_section(answers: dict, fsdp_version: int, plan=None) -> dict:
     shards over the rest of the processes."""
     from wizard.config.parallelism import CP_COMM_ID, SIZE_IDS, from_answers
 
-    cp = int(getattr(plan.choice, "cp_size", 1) or 1) if plan is not None and plan.choice is not None else 1
-    if "use_parallelism_config" not in answers and cp > 1:
-        answers = {**answers, "use_parallelism_config": True, SIZE_IDS[3]: cp,
-                   SIZE_IDS[1]: max(1, plan.topology.world_size // cp), CP_COMM_ID: "allgather"}
+    from wizard.planning.rungs import BY_KEY
+
+    choice = plan.choice if plan is not None else None
+    cp = int(getattr(choice, "cp_size", 1) or 1) if choice is not None else 1
+    spec = BY_KEY.get(choice.key) if choice is not None else None
+    replicate = plan.topology.num_machines if spec is not None and spec.replicate else 1
+    if "use_parallelism_config" not in answers and (cp > 1 or replicate > 1):
+        answers = {**answers, "use_parallelism_config": True, SIZE_IDS[0]: replicate, SIZE_IDS[3]: cp,
+                   SIZE_IDS[1]: max(1, plan.topology.world_size // (cp * replicate))}
+        if cp > 1:
+            answers[CP_COMM_ID] = "allgather"
     section = from_answers(answers) or {}
     if section and fsdp_version != 2:
         raise InputError("use_parallelism_config", "a parallelism config needs FSDP version 2 (accelerate launch: "
@@ -547,8 +554,18 @@ def _fp8_and_parallelism_notes(answers: dict, rung, world_size: int) -> list[str
                    "bf16's (the weights stay bf16, only the matmul inputs go to fp8).")
     section = _parallelism_section(answers, 2) if rung.backend == "fsdp" else {}
     sizes = {k[len("parallelism_config_"):]: v for k, v in section.items() if k.endswith("_size")}
-    modelled = (1, 1, int(getattr(rung, "cp_size", 1) or 1))     # the rung's own context parallelism is sized
-    if sizes and (sizes["dp_replicate_size"], sizes["tp_size"], sizes["cp_size"]) == modelled and modelled[2] > 1:
+    from wizard.planning.rungs import BY_KEY
+
+    spec = BY_KEY.get(rung.key)
+    machines = max(1, world_size // max(1, sizes.get("dp_shard_size", 1) * sizes.get("cp_size", 1))) if sizes else 1
+    replicas = machines if spec is not None and spec.replicate else 1
+    # the rung's own context parallelism or HSDP replicas are what the plan sized
+    modelled = (replicas, 1, int(getattr(rung, "cp_size", 1) or 1))
+    if sizes and (sizes["dp_replicate_size"], sizes["tp_size"], sizes["cp_size"]) == modelled and replicas > 1:
+        out.append(f"HSDP: a replica of the model on each of the {replicas} machines, sharded over its "
+                   f"{sizes['dp_shard_size']} GPUs; only the gradients' all-reduce crosses the network, as the plan "
+                   "sized it.")
+    elif sizes and (sizes["dp_replicate_size"], sizes["tp_size"], sizes["cp_size"]) == modelled and modelled[2] > 1:
         out.append(f"context parallel {modelled[2]}: each sequence is split over {modelled[2]} GPUs, so a step takes "
                    f"micro-batch x accumulation x {world_size // modelled[2]} sequences (the {world_size} processes "
                    f"/ cp {modelled[2]}); the script must train through the HF Trainer (it splits input_ids, labels "

@@ -91,7 +91,10 @@ def _adapter_strategy(spec: RungSpec) -> str:
 
 
 def _states(spec: RungSpec, x: _Inputs) -> mem.ModelStates:
-    """The model states of the rung's memory family (rungs.RungSpec.memory)."""
+    """The model states of the rung's memory family (rungs.RungSpec.memory). HSDP shards within a machine only:
+    its states are one machine's FSDP (each machine holds a whole replica)."""
+    if spec.replicate:
+        x = replace(x, machines=1)
     if x.adapters is not None:
         from wizard.sizing import lora
         return lora.adapter_model_states(x.adapters, _adapter_strategy(spec), x.precision, x.optimizer,

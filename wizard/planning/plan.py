@@ -107,6 +107,8 @@ def _make_plan(hw, model, training: TrainingOptions, strategy: StrategyOptions, 
     notes.extend(_fsdp1_note(x, keys))
     evaluated = [_evaluate(BY_KEY[k], x, training.gradient_checkpointing) for k in keys]
     cp_keys = _context_parallel_keys(strategy, training, x, evaluated, notes)
+    if strategy.fsdp_version == 2 and not x.cpu:
+        cp_keys += rung_table.hsdp_keys(strategy.backend, strategy.offload, training.method, x.machines)
     if cp_keys:
         # Before the offload rungs: they are the same class as the rungs without offload.
         cp_evaluated = [_evaluate(BY_KEY[k], x, training.gradient_checkpointing) for k in cp_keys]
@@ -154,6 +156,7 @@ def _make_plan(hw, model, training: TrainingOptions, strategy: StrategyOptions, 
             choice.max_seq_len = longest
     notes.extend(_omp_threads_note(rungs, choice, at))
     notes.extend(_logits_note(rungs, choice, at))
+    notes.extend(_network_note(rungs, choice, at))
     if x.nvme_path and x.nvme_free is None and any(BY_KEY[k].uses_nvme for k in keys):
         notes.append(f"Free space at the NVMe path {x.nvme_path} is unknown, so the NVMe rung's disk need is not "
                      "checked.")
@@ -198,6 +201,52 @@ def _context_parallel_keys(strategy: StrategyOptions, training: TrainingOptions,
                      f"--seq-len {x.seq}, but {why_not}.")
         return []
     return keys
+
+
+def _network_note(rungs: list[Rung], choice: Rung | None, at: dict[str, _Inputs]) -> list[str]:
+    """With two machines or more: HSDP against the full-sharding rungs of the ladder (ZeRO-3, FSDP2 resharding over
+    every process), by what each sends over the network between machines per step and the step time that makes at
+    the network the plan uses; names the faster and why, and whether it fits."""
+    hsdp = next((r for r in rungs if BY_KEY[r.key].replicate and r.speed is not None), None)
+    full = [r for r in rungs if r.speed is not None and not r.offloads and r.cp_size == 1
+            and not BY_KEY[r.key].replicate and (r.zero_stage == 3 or (r.backend == "fsdp" and r.fsdp_reshard))]
+    if hsdp is None or not full:
+        return []
+    x = at[hsdp.key]
+    m = x.machine
+
+    def sent(r: Rung) -> float:
+        rx = at[r.key]
+        spec = BY_KEY[r.key]
+        work = speed_mod.Workload(matmul_params=rx.active_params, params=rx.params, layers=rx.layers,
+                                  hidden=rx.hidden, seq=rx.seq, micro_batch=rx.batch, grad_accum=rx.grad_accum,
+                                  precision=rx.precision, flash=rx.flash, gradient_checkpointing=r.gradient_checkpointing,
+                                  trainable_params=None if rx.adapters is None else rx.adapters.trainable_params)
+        return speed_mod.network_bytes_per_step(work, _layout(spec, rx))
+
+    def clause(r: Rung) -> str:
+        fit = "" if r.fits else ", does not fit"
+        return (f"{r.name} sends {sent(r) / 1e9:.3g} GB per machine per step over the network and takes "
+                f"≈{r.speed.step_seconds:.3g} s per step (≈{speed_mod.fmt_rate(r.tokens_per_second)}{fit})")
+
+    compared = [hsdp] + full
+    fastest = max(compared, key=lambda r: r.tokens_per_second)
+    least = min(compared, key=sent)
+    runner = max((r for r in compared if r is not fastest), key=lambda r: r.tokens_per_second)
+    gap = runner.speed.step_seconds - fastest.speed.step_seconds
+    by_network = runner.speed.communication_seconds - fastest.speed.communication_seconds
+    if gap > 0 and by_network >= 0.5 * gap:
+        why = (f"{by_network:.3g} s less waiting on communication each step than {runner.name}"
+               + (" (only its gradient all-reduce crosses machines; full sharding also gathers the weights across "
+                  "them twice per micro-step)" if fastest is hsdp else ""))
+    else:
+        why = (f"not the network, whose traffic hides behind compute at this speed: {runner.name} loses on its "
+               "per-layer overheads and optimizer work")
+    memory = (f" HSDP shards the states over the {x.per_machine} GPUs of a machine, not all {x.world}: "
+              f"{fmt_bytes(hsdp.per_gpu_bytes)} per GPU{'' if hsdp.fits else ', more than fits'}.")
+    return [f"Across machines ({m.inter_node_gbps:g} Gb/s per machine, {m.inter_node_source}): "
+            + "; ".join(clause(r) for r in compared) + f". {least.name} keeps the network least busy; "
+            f"{fastest.name} is the fastest here: {why}.{memory}"]
 
 
 # The logits are worth a note when they take at least this share of a GPU's usable memory on the rung shown.
@@ -257,7 +306,8 @@ def _omp_threads_note(rungs: list[Rung], choice: Rung | None, at: dict[str, _Inp
 def _layout(spec: RungSpec, x: _Inputs) -> speed_mod.Layout:
     return speed_mod.Layout(backend=spec.backend, zero_stage=spec.zero_stage,
                             offload_optimizer=spec.offload_optimizer, offload_param=spec.offload_param,
-                            fsdp_reshard=spec.fsdp_reshard, per_machine=x.per_machine, machines=x.machines)
+                            fsdp_reshard=spec.fsdp_reshard, per_machine=x.per_machine, machines=x.machines,
+                            replicate=spec.replicate)
 
 
 def _speed(spec: RungSpec, x: _Inputs, batch: int, grad_accum: int, gc: bool) -> speed_mod.Speed:

@@ -53,6 +53,7 @@ class RungSpec:
     why: str = ""                         # why the ladder holds it, in a clause
     oom_next: str | None = None           # after a CUDA OOM on it and no saved plan: the next key to try
     cp_size: int = 1                      # context parallelism: GPUs each sequence is split over (FSDP2 + SDPA)
+    replicate: bool = False               # HSDP: sharded within each machine, one replica per machine
 
     @property
     def offloads(self) -> bool:
@@ -139,6 +140,14 @@ RUNGS: tuple[RungSpec, ...] = (
                oom_next=f"fsdp-cp{cp * 2}" if cp < 8 else "fsdp-offload",
                why=f"each sequence split over {cp} GPUs (ring attention): 1/{cp} of the activations and logits each")
       for cp in (2, 4, 8)),
+    # HSDP (ParallelismConfig dp_replicate_size = machines, dp_shard_size = GPUs per machine): FSDP2's all-gathers and
+    # reduce-scatters stay on the links inside a machine; between machines only a gradient all-reduce. Each GPU
+    # holds 1/(GPUs per machine) of the states, not 1/(all GPUs). On the ladder with two machines or more.
+    RungSpec("fsdp-hsdp", "FSDP2 HSDP (replica per machine)", "FSDP2 HSDP", "fsdp",
+             fsdp_reshard=True, memory="fsdp", methods=ALL_METHODS, auto=(), one_gpu=(), replicate=True,
+             oom_next="fsdp-reshard",
+             why="sharded within each machine, one replica per machine: only a gradient all-reduce crosses the "
+                 "network"),
 )
 
 BY_KEY: dict[str, RungSpec] = {r.key: r for r in RUNGS}
@@ -154,7 +163,7 @@ def ladder(backend: str, zero_stage: str, offload: str, method: str, world_size:
     base = "single" if world_size == 1 else "ddp"
     out = []
     for r in RUNGS:
-        if method not in r.methods or r.cp_size > 1:
+        if method not in r.methods or r.cp_size > 1 or r.replicate:
             continue
         if r.backend in ("single", "ddp"):
             if r.key == base and (backend == "ddp" or (backend == "auto" and zero_stage == "auto"
@@ -191,6 +200,14 @@ def context_parallel_keys(backend: str, offload: str, method: str, per_machine: 
             and seq_len % (2 * r.cp_size) == 0]
 
 
+def hsdp_keys(backend: str, offload: str, method: str, machines: int) -> list[str]:
+    """The HSDP entries these options allow: FSDP2 (--backend auto or fsdp, no offload asked) over two machines or
+    more. The FSDP version is the plan's to check."""
+    if machines < 2 or backend not in ("auto", "fsdp") or offload not in ("auto", "none"):
+        return []
+    return [r.key for r in RUNGS if r.replicate and method in r.methods]
+
+
 def why(key: str, world_size: int) -> str:
     """Why the ladder holds this rung, for this many processes."""
     r = BY_KEY[key]
@@ -210,6 +227,7 @@ class Strategy:
     fsdp_reshard: bool | None = None
     offload_fsdp: bool = False            # fsdp_offload_params
     cp_size: int = 1                      # parallelism_config_cp_size
+    replicate: int = 1                    # parallelism_config_dp_replicate_size
 
 
 def fsdp_reshards(value: Any) -> bool:
@@ -246,12 +264,17 @@ def strategy_from_files(accel_config: dict[str, Any] | None, ds_config: dict[str
     if dtype == "FSDP":
         fsdp = {k[5:] if k.startswith("fsdp_") else k: v for k, v in (acc.get("fsdp_config") or {}).items()}
         s = fsdp_strategy(fsdp)
-        try:
-            cp = int((acc.get("parallelism_config") or {}).get("parallelism_config_cp_size") or 1)
-        except (TypeError, ValueError):
-            cp = 1
-        return Strategy(s.backend, fsdp_reshard=s.fsdp_reshard, offload_fsdp=s.offload_fsdp, cp_size=cp) \
-            if cp > 1 else s
+        section = acc.get("parallelism_config") or {}
+
+        def size(name: str) -> int:
+            try:
+                return int(section.get(f"parallelism_config_{name}") or 1)
+            except (TypeError, ValueError):
+                return 1
+
+        cp, replicate = size("cp_size"), size("dp_replicate_size")
+        return Strategy(s.backend, fsdp_reshard=s.fsdp_reshard, offload_fsdp=s.offload_fsdp, cp_size=cp,
+                        replicate=replicate) if cp > 1 or replicate > 1 else s
     if dtype.startswith("MULTI_"):
         return Strategy("ddp")
     if dtype == "NO" or (dtype == "" and acc):
@@ -277,7 +300,12 @@ def key_for(s: Strategy, processes: int | None = None, exact: bool = True) -> st
         if s.offload_fsdp:
             return "fsdp-offload"
         if s.cp_size > 1:
-            return f"fsdp-cp{s.cp_size}" if f"fsdp-cp{s.cp_size}" in BY_KEY or not exact else None
+            same = [r for r in RUNGS if r.cp_size == s.cp_size]
+            if same or exact:
+                return same[0].key if same else None
+            return max((r for r in RUNGS if r.cp_size > 1), key=lambda r: r.cp_size).key   # the closest: most split
+        if s.replicate > 1:
+            return next(r.key for r in RUNGS if r.replicate)
         return "fsdp-reshard" if s.fsdp_reshard else "fsdp-noreshard"
     same = [r for r in RUNGS if r.backend == "deepspeed" and r.zero_stage == s.zero_stage]
     found = next((r.key for r in same if (r.offload_optimizer, r.offload_param) == (s.offload_optimizer,

@@ -270,10 +270,16 @@ class Layout:
     fsdp_reshard: bool | None
     per_machine: int
     machines: int
+    replicate: bool = False            # HSDP: FSDP within each machine, the machines' replicas all-reduce gradients
 
     @property
     def world(self) -> int:
         return self.per_machine * self.machines
+
+    @property
+    def shard_world(self) -> int:
+        """The processes the model states are sharded over: one machine's under HSDP, else all."""
+        return self.per_machine if self.replicate else self.world
 
 
 @dataclass(frozen=True)
@@ -558,7 +564,7 @@ def _parts(m: Machine, w: Workload, layout: Layout) -> _Parts:
     sharded = layout.backend in ("deepspeed", "fsdp") and (layout.zero_stage == 3 or layout.fsdp_reshard)
     overhead = STEP_OVERHEAD_S + LAYER_OVERHEAD_S * w.layers
     micro_comm = step_comm = micro_off = step_off = 0.0
-    local_trained = trained / world if layout.backend in ("deepspeed", "fsdp") else trained
+    local_trained = trained / layout.shard_world if layout.backend in ("deepspeed", "fsdp") else trained
     if layout.backend == "ddp":
         # AMP keeps fp32 weights, so the gradients DDP all-reduces are fp32.
         ar = collective_seconds(4.0 * trained, world, bw, all_reduce=True)
@@ -584,6 +590,14 @@ def _parts(m: Machine, w: Workload, layout: Layout) -> _Parts:
         step_comm = max(own, zero2)
         adapter_fetches = 2 * w.adapter_modules / PARAM_MODULES_PER_LAYER   # in plain layers' worth
         overhead += SHARDED_LAYER_OVERHEAD_S["zero3"] * (w.layers + adapter_fetches)
+    elif sharded and layout.replicate and layout.machines > 1:
+        # HSDP: the all-gathers and reduce-scatters inside the machine, then each shard's gradient all-reduced with
+        # the other machines' replicas of it (every GPU of a machine at once, sharing its network).
+        gathers = 2.0 * collective_seconds(weights, layout.per_machine, m.intra_busbw)
+        reduce = collective_seconds(wb * trained, layout.per_machine, m.intra_busbw)
+        across = collective_seconds(wb * trained, layout.machines, m.inter_busbw, all_reduce=True)
+        micro_comm = max(gathers + reduce + across - OVERLAP["fsdp"] * compute, 0.0)
+        overhead += SHARDED_LAYER_OVERHEAD_S["fsdp"] * w.layers
     elif sharded:
         gathers = 2.0 * collective_seconds(weights, world, bw)
         reduce = collective_seconds(wb * trained, world, bw)
@@ -645,6 +659,25 @@ def ring_attention_seconds(m: Machine, w: Workload) -> float:
     comm = passes * w.layers * collective_seconds(kv, cp, m.intra_busbw)
     attention = 12.0 * w.layers * w.hidden * w.seq * w.tokens / (m.peak_flops * efficiency(m, w))
     return max(comm - CP_OVERLAP * attention, 0.0)
+
+
+def network_bytes_per_step(w: Workload, layout: Layout) -> float:
+    """Bytes each machine sends over the network between machines in one optimizer step (0 on one machine): what
+    the slow link carries, for the sharded rungs the multi-machine comparison names. Full sharding (ZeRO-3, FSDP2
+    resharding over every process): two all-gathers of the weights and a reduce-scatter of the gradients per
+    micro-step, each (W-1)/W of the bytes through every machine's network; HSDP: one all-reduce of the gradients
+    across the M replicas, 2 (M-1)/M of them (the convention collective_seconds uses with the machine's bandwidth)."""
+    if layout.machines <= 1:
+        return 0.0
+    wb = _w(w.precision)
+    weights = wb * w.params if w.weight_bytes is None else w.weight_bytes
+    grads = wb * w.trained
+    if layout.backend == "fsdp" and layout.replicate:
+        per_micro = 2.0 * (layout.machines - 1) / layout.machines * grads
+    else:
+        gathers = 2.0 if (layout.zero_stage == 3 or layout.fsdp_reshard) else 1.0
+        per_micro = (layout.world - 1) / layout.world * (gathers * weights + grads)
+    return per_micro * w.grad_accum
 
 
 def cpu_step_seconds(m: Machine, params: float) -> float:

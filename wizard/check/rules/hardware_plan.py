@@ -26,10 +26,11 @@ def configured_rung_key(ctx: CheckContext) -> tuple[str, str] | None:
     elif ctx.uses_fsdp:
         strategy = rungs.fsdp_strategy(ctx.fsdp_options())
         cp = as_int(ctx.acc_get("parallelism_config", "parallelism_config_cp_size"), 1) or 1
-        if cp > 1:
-            # a context-parallel rung: the sequence split over cp GPUs (rungs.key_for)
+        replicate = as_int(ctx.acc_get("parallelism_config", "parallelism_config_dp_replicate_size"), 1) or 1
+        if cp > 1 or replicate > 1:
+            # a context-parallel or HSDP rung: the sequence split over cp GPUs, replicas across machines (key_for)
             strategy = rungs.Strategy("fsdp", fsdp_reshard=strategy.fsdp_reshard, offload_fsdp=strategy.offload_fsdp,
-                                      cp_size=cp)
+                                      cp_size=cp, replicate=replicate)
     elif ctx.distributed_type in ("MULTI_GPU", "NO", "MULTI_CPU"):
         strategy = rungs.Strategy("ddp")
     else:
