@@ -332,3 +332,16 @@ def test_the_table_puts_each_fix_under_its_finding():
                                  checks.Row(1, "n2", "reach main port", FAIL, "refused", "open the port")])
     assert lines[0].split() == ["node", "check", "result"]
     assert "FAIL" in lines[2] and lines[3].strip() == "fix: open the port"
+
+
+def test_a_gpu_config_on_nodes_without_gpus_warns_and_runs_gloo_but_a_node_without_beside_nodes_with_fails():
+    none = facts(gpus={"gpus": [], "reason": "NVML Shared Library Not Found"})
+    (row,) = checks.gpu_rows(0, "n1", exp(processes_per_node=1), none)
+    assert row.status == WARN and "on the CPU over gloo" in row.detail
+    assert checks.backend_for(exp(), {0: none, 1: none}) == "gloo"
+    with_gpu = facts(gpus={"gpus": [gpu(0)]})
+    assert checks.backend_for(exp(), {0: with_gpu, 1: with_gpu}) == "nccl"
+    assert checks.backend_for(exp(uses_gpus=False), {0: with_gpu}) == "gloo"
+    assert checks.backend_for(exp(), {0: with_gpu, 1: none}) == "gloo"
+    (mixed,) = checks.gpus_agree_rows({0: with_gpu, 1: none}, {0: "n1", 1: "n2"}, exp())
+    assert mixed.node == 1 and mixed.status == FAIL and "cannot join" in mixed.detail

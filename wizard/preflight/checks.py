@@ -221,8 +221,13 @@ def gpu_rows(node: int, host: str, exp: Expectation, facts: dict[str, Any]) -> l
         return [Row(node, host, "GPUs", INFO, f"CPU processes: none needed ({len(gpus)} present)")]
     driver = f"driver {g.get('driver') or '?'}, CUDA {g.get('cuda') or '?'} (driver's)"
     if not gpus:
-        return [Row(node, host, "GPUs", FAIL, f"no GPU: {g.get('reason') or 'NVML found none'}",
-                    "run on a GPU node (SLURM: --gpus-per-node), or install the NVIDIA driver")]
+        # accelerate runs a GPU config's processes on the CPU (DDP over gloo) where torch finds no CUDA device: the
+        # run starts, far slower than planned. Nodes that differ (some with GPUs) fail in gpus_agree_rows.
+        return [Row(node, host, "GPUs", WARN, f"no GPU: {g.get('reason') or 'NVML found none'}; the config asks for "
+                    f"{exp.processes_per_node} GPU process{'es' if exp.processes_per_node != 1 else ''} per node, so "
+                    "accelerate would run them on the CPU over gloo",
+                    "run on GPU nodes (SLURM: --gpus-per-node), install the NVIDIA driver, or make a CPU config "
+                    "(`wizard --use-cpu yes`)")]
     ids = exp.gpu_ids if exp.gpu_ids is not None else list(range(len(gpus)))
     missing = [i for i in ids if i >= len(gpus)]
     if missing:
@@ -251,8 +256,19 @@ def gpu_rows(node: int, host: str, exp: Expectation, facts: dict[str, Any]) -> l
     return [Row(node, host, "GPUs", OK, text)]
 
 
+def _gpu_count(facts: dict[str, Any]) -> int:
+    return len((facts.get("gpus") or {}).get("gpus") or [])
+
+
+def backend_for(exp: Expectation, per_node: dict[int, dict[str, Any]]) -> str:
+    """The collective's backend, as the training's would be: NCCL where the config runs GPU processes and every node
+    has a GPU, else gloo (accelerate's processes fall back to the CPU where torch finds no CUDA device)."""
+    return "nccl" if exp.uses_gpus and per_node and all(_gpu_count(f) for f in per_node.values()) else "gloo"
+
+
 def gpus_agree_rows(per_node: dict[int, dict[str, Any]], hosts: dict[int, str], exp: Expectation) -> list[Row]:
-    """Every node the same GPU model: ranks on a slower model set every step's pace."""
+    """Every node the same GPU model: ranks on a slower model set every step's pace; a node without GPUs beside
+    nodes with them cannot join their NCCL group at all."""
     if not exp.uses_gpus:
         return []
     models = {}
@@ -261,6 +277,12 @@ def gpus_agree_rows(per_node: dict[int, dict[str, Any]], hosts: dict[int, str], 
         models[node] = " + ".join(sorted({g["name"] for g in gpus})) or "none"
     if len(set(models.values())) <= 1:
         return []
+    if "none" in models.values():
+        return [Row(node, hosts.get(node, "?"), "same GPUs", FAIL, f"no GPU here, while node "
+                    f"{next(n for n, m in sorted(models.items()) if m != 'none')} has "
+                    f"{next(m for m in models.values() if m != 'none')}: its ranks cannot join the others' NCCL group",
+                    "run every node on GPU nodes (SLURM: --gpus-per-node on the job)")
+                for node in sorted(models) if models[node] == "none"]
     return [Row(node, hosts.get(node, "?"), "same GPUs", WARN, f"{models[node]} (node 0: {models[min(models)]})",
                 "every rank runs at the pace of the slowest GPU: plan for the smallest, or use matching nodes")
             for node in sorted(models) if models[node] != models[min(models)]]

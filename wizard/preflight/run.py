@@ -323,10 +323,10 @@ def preflight(opts: Options, progress: Callable[[str], None] = lambda s: None) -
                          "--main-process-ip ADDRESS (under SLURM it is found from the allocation)")
     if exp.main_port is None:
         exp.main_port = 29500                          # accelerate's default when the config leaves it
-    backend = "nccl" if exp.uses_gpus else "gloo"
-    nbytes = opts.nbytes or (GPU_ALLREDUCE_BYTES if exp.uses_gpus else CPU_ALLREDUCE_BYTES)
     progress(f"node {rank}: gathering this node's facts")
     facts = node_facts(opts, exp)
+    backend = checks.backend_for(exp, {rank: facts})        # the main node decides for all, from every node's
+    nbytes = opts.nbytes or (GPU_ALLREDUCE_BYTES if backend == "nccl" else CPU_ALLREDUCE_BYTES)
     if exp.assumed_gbps is None and exp.num_machines > 1:
         exp.assumed_gbps, exp.assumed_source = class_default_gbps(exp, facts)
     if exp.num_machines == 1:
@@ -374,6 +374,8 @@ def _main_node(opts, exp, facts, backend, nbytes, progress) -> Result:
         for r, h in sorted(joined.items()):
             rows.append(checks.reach_row(r, hosts[r], exp.main_ip, port, h.get("reach") or {"kind": "ok"}))
         everyone = len(joined) == exp.num_machines - 1 and not server.duplicates
+        backend = checks.backend_for(exp, per_node)
+        nbytes = opts.nbytes or (GPU_ALLREDUCE_BYTES if backend == "nccl" else CPU_ALLREDUCE_BYTES)
         collectives: dict[int, dict[str, Any]] = {}
         healthy = everyone and not any(f.get("failed") for f in per_node.values())
         if healthy and opts.collective:
@@ -414,6 +416,7 @@ def _other_node(opts, exp, rank, facts, backend, nbytes, progress) -> Result:
         collective = None
         if msg and "go" in msg:
             go = msg["go"]
+            backend = str(go["backend"])
             progress(f"node {rank}: timed {go['backend']} all-reduce across {exp.num_machines} nodes")
             collective = run_collective(opts, exp, rank, exp.main_ip, int(go["port"]), go["backend"],
                                         int(go["nbytes"]))
