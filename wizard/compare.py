@@ -394,9 +394,17 @@ def compare(given: dict[str, Any], machines: list[Machine], prices: Prices | Non
             if command_for is not None:
                 r.write_command = command_for(r.machine)
     planned_only = Comparison(rows=rows, train_tokens=tokens or DEFAULT_TRAIN_TOKENS, tokens_given=tokens is not None,
-                              sort=sort, model=str(first.answers.get("model") or first.answers.get("params") or ""),
+                              sort=sort, model=model_name(first.answers),
                               method=str(first.answers.get("method", "full")))
     return priced(planned_only, prices or Prices(), today)
+
+
+def model_name(answers: dict[str, Any]) -> str:
+    """The model as the user named it, or '7B parameters' for --params."""
+    if answers.get("model"):
+        return str(answers["model"])
+    from wizard.units import fmt_count
+    return f"{fmt_count(answers.get('params'))} parameters" if answers.get("params") else ""
 
 
 def priced(c: Comparison, prices: Prices, today: dt.date | None = None) -> Comparison:
