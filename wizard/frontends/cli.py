@@ -1,4 +1,4 @@
-"""Command line: `wizard` (TUI), `--plain`, `--non-interactive`, and the probe/plan/check/launch/attach/stop/
+"""Command line: `wizard` (TUI), `--plain`, `--non-interactive`, and the probe/plan/compare/check/launch/attach/stop/
 runs/tune/env subcommands of DESIGN.md's CLI contract.
 
 Start-up matters: this module imports nothing heavy. Flags for the wizard's questions are generated
