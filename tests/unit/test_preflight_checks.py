@@ -221,7 +221,7 @@ def versions(peft="0.21.2", path="/venv/site-packages/peft"):
 def test_a_differing_package_fails_on_the_node_that_differs_with_the_pin_to_install():
     rows = checks.version_rows({0: versions(), 1: versions("0.0.1", "/shim/peft")}, {0: "n1", 1: "n2"})
     ref, other = rows
-    assert ref.status == INFO and "node 1 differ" in ref.detail
+    assert ref.status == INFO and "node 1 differs" in ref.detail
     assert other.status == FAIL and "peft 0.0.1 (node 0: 0.21.2)" in other.detail and "/shim/peft" in other.detail
     assert other.fix.endswith("peft==0.21.2")
     table = checks.render_versions({0: versions(), 1: versions("0.0.1")})

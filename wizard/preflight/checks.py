@@ -197,7 +197,7 @@ def version_rows(per_node: dict[int, dict[str, Any]], hosts: dict[int, str]) -> 
             others = [n for n in sorted(table) if n != base and any(table[n][p] != mine[p] for p in differ)]
             rows.append(Row(node, hosts.get(node, "?"), "versions", INFO if node == base else OK,
                             f"the reference: node{'s' if len(others) > 1 else ''} {', '.join(map(str, others))} "
-                            "differ (versions table below)" if node == base else "same as node 0"))
+                            f"differ{'s' if len(others) == 1 else ''} (versions table below)" if node == base else "same as node 0"))
             continue
         rows.append(Row(node, hosts.get(node, "?"), "versions", FAIL,
                         "differs from node 0: " + ", ".join(f"{n} {mine[n]} (node 0: {table[base][n]})" for n in diff)
@@ -633,7 +633,8 @@ def render_versions(per_node: dict[int, dict[str, Any]]) -> list[str]:
     w = max(len(n) for n in names) + 2
     cols = [max(len(f"node {n}"), *(len(table[n][p]) for p in names)) + 2 for n in nodes]
     out = ["versions (differing rows marked *):",
-           " " * (w + 2) + "".join(f"{'node ' + str(n):<{c}}" for n, c in zip(nodes, cols))]
+           (" " * (w + 2) + "".join(f"{'node ' + str(n):<{c}}" for n, c in zip(nodes, cols))).rstrip()]
     for p in names:
-        out.append(f"{'*' if p in differ else ' '} {p:<{w}}" + "".join(f"{table[n][p]:<{c}}" for n, c in zip(nodes, cols)))
+        out.append((f"{'*' if p in differ else ' '} {p:<{w}}" +
+                    "".join(f"{table[n][p]:<{c}}" for n, c in zip(nodes, cols))).rstrip())
     return out
