@@ -156,3 +156,26 @@ def test_a_recorded_network_is_what_the_next_plan_uses_and_says_so(tmp_path):
     assert given["plan"]["inter_node_gbps"] == 400.0
     raw = json.loads(wizard(*plan_args, "--no-calibration", extra_env=e).stdout)
     assert raw["plan"]["inter_node_gbps"] == 200.0
+
+
+def test_a_fact_that_hangs_is_recorded_as_a_timeout_not_waited_for():
+    from wizard.preflight.node import with_timeout
+    start = time.monotonic()
+    assert with_timeout(lambda: time.sleep(30), 0.5) == {"timeout": 0.5}
+    assert time.monotonic() - start < 2
+    assert with_timeout(lambda: 1 / 0, 5)["error"].startswith("ZeroDivisionError")
+
+
+def test_a_child_past_its_deadline_is_killed_with_what_it_started():
+    import psutil
+    code = ("import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']);"
+            "print('{\"grandchild\": %d}' % p.pid, flush=True); time.sleep(60)")
+    start = time.monotonic()
+    lines, _, timed_out = run._run_child([sys.executable, "-c", code], timeout=3)
+    assert timed_out and time.monotonic() - start < 10
+    grandchild = lines[0]["grandchild"]
+    deadline = time.monotonic() + 5
+    while psutil.pid_exists(grandchild) and psutil.Process(grandchild).status() != psutil.STATUS_ZOMBIE \
+            and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not psutil.pid_exists(grandchild) or psutil.Process(grandchild).status() == psutil.STATUS_ZOMBIE
