@@ -20,6 +20,8 @@ from typing import Any, Callable, TextIO
 
 from launch.rundir import DEFAULT_STALL_TIMEOUT_S, TERMINAL_STATUSES
 
+DEFAULT_PREFLIGHT_JOIN_S = 60.0     # nodes of one job start within seconds of each other; a minute is generous
+
 # ------------------------------------------------------------------ parsers
 
 def add_launch_arguments(p: argparse.ArgumentParser) -> None:
@@ -64,6 +66,8 @@ def add_launch_arguments(p: argparse.ArgumentParser) -> None:
                           "(default: on for a multi-machine config)")
     pre.add_argument("--no-preflight", dest="preflight", action="store_false",
                      help="launch without the preflight, also on several machines")
+    p.add_argument("--preflight-timeout", type=float, default=DEFAULT_PREFLIGHT_JOIN_S, metavar="S",
+                   help="how long the preflight waits for the other nodes at the main port")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- SCRIPT [ARGS...]")
 
 
@@ -93,7 +97,7 @@ def register(subparsers, config_findings: Callable[[str], list] | None = None,
              preflight: Callable[..., int] | None = None) -> None:
     """`config_findings(path)`: the front end's check of an accelerate config (the wizard passes `wizard check`),
     run before accelerate starts; launch itself knows no rules. `preflight(config_file, machine_rank, main_ip,
-    main_port)`: the front end's `wizard preflight` for this node, 0 to go on (the wizard passes
+    main_port, join_timeout)`: the front end's `wizard preflight` for this node, 0 to go on (the wizard passes
     frontends.preflight_cli.launch_preflight)."""
     p = subparsers.add_parser("launch", help="run accelerate launch under a supervisor (restarts, stalls, live view)",
                               description="wizard launch [OPTIONS] -- SCRIPT [ARGS...]")
@@ -152,6 +156,7 @@ def _validate(args) -> None:
     seconds("--grace", args.grace, 0, False)
     seconds("--status-interval", args.status_interval, 0, True)
     seconds("--metrics-interval", args.metrics_interval, 0, True)
+    seconds("--preflight-timeout", getattr(args, "preflight_timeout", DEFAULT_PREFLIGHT_JOIN_S), 0, True)
     if not _finite(args.log_cap_mb) or args.log_cap_mb <= 0:
         raise InputError("--log-cap-mb", f"{args.log_cap_mb}", "a finite number of MB > 0")
     if args.machine_rank is not None and args.machine_rank < 0:
@@ -296,7 +301,8 @@ def run_preflight(args, config_file: str | None, accel: dict[str, Any] | None) -
         print("[wizard] phase 1/2: preflight skipped (run through `wizard launch` to have it)", flush=True)
         return 0
     print("[wizard] phase 1/2: preflight (--no-preflight skips it)", flush=True)
-    code = runner(config_file, args.machine_rank, args.main_process_ip, args.main_process_port)
+    code = runner(config_file, args.machine_rank, args.main_process_ip, args.main_process_port,
+                  getattr(args, "preflight_timeout", DEFAULT_PREFLIGHT_JOIN_S))
     if code:
         print("[wizard] preflight: a finding stops the run (table above); not launching. Fix it, or launch with "
               "--no-preflight", file=sys.stderr, flush=True)
@@ -374,6 +380,9 @@ def emit_slurm(args, script: str, script_args: list[str], config_file: str | Non
         flags += ["--status-interval", f"{args.status_interval:g}"]
     if getattr(args, "preflight", None) is not None:       # else each node's launch decides (on: several machines)
         flags += ["--preflight" if args.preflight else "--no-preflight"]
+    join = getattr(args, "preflight_timeout", DEFAULT_PREFLIGHT_JOIN_S)
+    if join != DEFAULT_PREFLIGHT_JOIN_S:
+        flags += ["--preflight-timeout", f"{join:g}"]
     res = node_resources(args.emit_slurm, accel, load_plan_near(config_file), args.main_process_port,
                          gpus_per_node=args.slurm_gpus_per_node)
     text = render_sbatch(args.emit_slurm, script, script_args, config_file=config_file, launch_flags=flags,

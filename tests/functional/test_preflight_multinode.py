@@ -211,14 +211,15 @@ def test_launch_stops_before_training_when_the_preflight_finds_a_blocked_port(tm
     squatter = socket.socket()
     squatter.bind(("127.0.0.1", port))
     squatter.listen(8)
-    e = {**env(), "WIZARD_PREFLIGHT_JOIN_TIMEOUT": "15"}
+    e = env()
     procs = []
     start = time.monotonic()
     try:
         for node in (0, 1):
             procs.append(subprocess.Popen(
                 [sys.executable, "-m", "wizard", "launch", "--headless", "--config-file", str(cfg),
-                 "--machine-rank", str(node), "--run-dir", str(tmp_path / f"node-{node}"), "--", TRAIN,
+                 "--machine-rank", str(node), "--preflight-timeout", "15", "--run-dir", str(tmp_path / f"node-{node}"),
+                 "--", TRAIN,
                  "--steps", "2"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=e, cwd=tmp_path))
         outs = [p.communicate(timeout=120)[0] for p in procs]
     finally:

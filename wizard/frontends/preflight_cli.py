@@ -148,12 +148,11 @@ def cmd_preflight(ns: argparse.Namespace) -> int:
 
 
 def launch_preflight(config_file: str | None, machine_rank: int | None, main_ip: str | None,
-                     main_port: int | None, out: TextIO = sys.stdout) -> int:
+                     main_port: int | None, join_timeout: float = 60.0, out: TextIO = sys.stdout) -> int:
     """What `wizard launch --preflight` runs on each node before training: the same checks, printed as the launch's
     first phase. 0: go on; 1: a finding stops the launch."""
     ns = argparse.Namespace(config_file=config_file, machine_rank=machine_rank, main_process_ip=main_ip,
-                            main_process_port=main_port, join_timeout=float(os.environ.get(
-                                "WIZARD_PREFLIGHT_JOIN_TIMEOUT", "60")),
+                            main_process_port=main_port, join_timeout=join_timeout,
                             check_timeout=20.0, collective_timeout=120.0, allreduce_mb=None, no_collective=False,
                             json=False, record=False)
     from wizard.preflight.run import preflight
