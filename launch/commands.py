@@ -97,7 +97,7 @@ def register(subparsers, config_findings: Callable[[str], list] | None = None,
              preflight: Callable[..., int] | None = None) -> None:
     """`config_findings(path)`: the front end's check of an accelerate config (the wizard passes `wizard check`),
     run before accelerate starts; launch itself knows no rules. `preflight(config_file, machine_rank, main_ip,
-    main_port, join_timeout)`: the front end's `wizard preflight` for this node, 0 to go on (the wizard passes
+    main_port, join_timeout)`: the front end's `wizard preflight` for this node, (0 to go on, its verdict) (the wizard passes
     frontends.preflight_cli.launch_preflight)."""
     p = subparsers.add_parser("launch", help="run accelerate launch under a supervisor (restarts, stalls, live view)",
                               description="wizard launch [OPTIONS] -- SCRIPT [ARGS...]")
@@ -252,7 +252,7 @@ def cmd_launch(args) -> int:
         script, script_args = _script_and_args(args.command, must_exist=False)
         return emit_slurm(args, script, script_args, config_file, accel)
     script, script_args = _script_and_args(args.command)
-    code = run_preflight(args, config_file, accel)
+    code, preflight_verdict = run_preflight(args, config_file, accel)
     if code:
         return code
     from launch.rundir import create_run_dir
@@ -260,6 +260,9 @@ def cmd_launch(args) -> int:
     headless = bool(args.headless) or not interactive
     use_view = not headless and not args.detach
     run_dir, lock_fd = create_run_dir(args.run_dir, args.runs_root)     # locked before anything is written
+    if preflight_verdict:            # the run's first event: the live view and `attach` show the phase it passed
+        from launch.rundir import EventLog
+        EventLog(run_dir / "events.jsonl").emit("preflight", None, message=preflight_verdict)
     spec = make_spec(args, run_dir, headless=headless if not (args.detach or use_view) else False)
     if args.detach:
         spec.headless = True              # its output goes to supervisor.log: plain lines
@@ -292,23 +295,24 @@ def wants_preflight(args, accel: dict[str, Any] | None) -> bool:
         return False
 
 
-def run_preflight(args, config_file: str | None, accel: dict[str, Any] | None) -> int:
-    """The launch's first phase: the front end's preflight on this node; its exit code (0: go on)."""
+def run_preflight(args, config_file: str | None, accel: dict[str, Any] | None) -> tuple[int, str | None]:
+    """The launch's first phase: the front end's preflight on this node; (its exit code (0: go on), its verdict
+    (None: none ran))."""
     if not wants_preflight(args, accel):
-        return 0
+        return 0, None
     runner = getattr(args, "preflight_runner", None)
     if runner is None:           # `python -m launch.commands` without the wizard's front end
         print("[wizard] phase 1/2: preflight skipped (run through `wizard launch` to have it)", flush=True)
-        return 0
+        return 0, None
     print("[wizard] phase 1/2: preflight (--no-preflight skips it)", flush=True)
-    code = runner(config_file, args.machine_rank, args.main_process_ip, args.main_process_port,
-                  getattr(args, "preflight_timeout", DEFAULT_PREFLIGHT_JOIN_S))
+    code, verdict = runner(config_file, args.machine_rank, args.main_process_ip, args.main_process_port,
+                           getattr(args, "preflight_timeout", DEFAULT_PREFLIGHT_JOIN_S))
     if code:
         print("[wizard] preflight: a finding stops the run (table above); not launching. Fix it, or launch with "
               "--no-preflight", file=sys.stderr, flush=True)
-        return int(code)
+        return int(code), verdict
     print("[wizard] phase 2/2: training", flush=True)
-    return 0
+    return 0, verdict
 
 
 def _supervisor_env() -> dict[str, str]:

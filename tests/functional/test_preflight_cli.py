@@ -179,3 +179,9 @@ def test_a_child_past_its_deadline_is_killed_with_what_it_started():
             and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not psutil.pid_exists(grandchild) or psutil.Process(grandchild).status() == psutil.STATUS_ZOMBIE
+
+
+def test_the_launch_views_log_pane_shows_the_preflight_phase():
+    from launch.follow import event_line
+    assert event_line({"type": "preflight", "message": "all clear on 2 nodes, 1 warning"}) == \
+        "preflight: all clear on 2 nodes, 1 warning"

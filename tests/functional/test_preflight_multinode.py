@@ -197,8 +197,12 @@ def test_emitted_sbatch_runs_the_preflight_first_then_trains(tmp_path, local_slu
     assert "preflight: all clear on 2 nodes" in output and "all-reduce across nodes" in output
     assert output.index("phase 1/2: preflight") < output.index("phase 2/2: training")
     for node in (0, 1):
-        state = json.loads((tmp_path / "wizard-runs" / f"slurm-{job}" / f"node-{node}" / "run.json").read_text())
+        run_dir = tmp_path / "wizard-runs" / f"slurm-{job}" / f"node-{node}"
+        state = json.loads((run_dir / "run.json").read_text())
         assert state["status"] == "succeeded", state
+        # the run's first event is the phase it passed: the live view and `wizard attach` show it
+        first = json.loads((run_dir / "events.jsonl").read_text().splitlines()[0])
+        assert first["type"] == "preflight" and first["message"].startswith("all clear on 2 nodes"), first
     assert_nothing_left(str(cfg))
 
 

@@ -148,9 +148,10 @@ def cmd_preflight(ns: argparse.Namespace) -> int:
 
 
 def launch_preflight(config_file: str | None, machine_rank: int | None, main_ip: str | None,
-                     main_port: int | None, join_timeout: float = 60.0, out: TextIO = sys.stdout) -> int:
+                     main_port: int | None, join_timeout: float = 60.0,
+                     out: TextIO = sys.stdout) -> tuple[int, str]:
     """What `wizard launch --preflight` runs on each node before training: the same checks, printed as the launch's
-    first phase. 0: go on; 1: a finding stops the launch."""
+    first phase. (0: go on, 1: a finding stops the launch; the verdict without its "preflight: ")."""
     ns = argparse.Namespace(config_file=config_file, machine_rank=machine_rank, main_process_ip=main_ip,
                             main_process_port=main_port, join_timeout=join_timeout,
                             check_timeout=20.0, collective_timeout=120.0, allreduce_mb=None, no_collective=False,
@@ -159,4 +160,4 @@ def launch_preflight(config_file: str | None, machine_rank: int | None, main_ip:
     result = preflight(options_from(ns), progress=lambda s: print(f"[preflight] {s}", file=out, flush=True))
     print_result(result, out)
     out.flush()
-    return result.exit_code
+    return result.exit_code, result.verdict.removeprefix("preflight: ")
