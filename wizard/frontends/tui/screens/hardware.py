@@ -26,6 +26,7 @@ from wizard.config.questions import (
     target_question,
 )
 from wizard.config.questions import TARGET_COUNT_QUESTION as COUNT_QUESTION
+from wizard.errors import InputError
 from wizard.frontends.session import TARGET_CPU, TARGET_HERE, TARGET_OTHER
 from wizard.frontends.tui.screens.base import WizardScreen, first_sentence
 from wizard.frontends.tui.widgets.question_field import QuestionField
@@ -52,6 +53,7 @@ class HardwareScreen(WizardScreen):
 
     def mounted(self) -> None:
         self._built = False
+        self.refused: set[str] = set()     # fields whose value the catalogue refused (answer_entered)
         super().mounted()
 
     def screen_help(self) -> str:
@@ -164,17 +166,33 @@ class HardwareScreen(WizardScreen):
 
     def answer_entered(self, qid: str, value: Any) -> None:
         state = self.state
-        if qid == "target_machine":
-            state.set_target(value)
-        elif qid == "target_count":
-            state.set_other_machine(value, state.other_gpu)
-        elif qid == "target_gpu":
-            state.set_other_machine(state.other_count, value)
-        elif qid in ("target_ram", "target_cpus", "target_disk"):
-            key = {"target_ram": "ram", "target_cpus": "cpus", "target_disk": "disk"}[qid]
-            state.set_other_machine(state.other_count, state.other_gpu, **{key: value})
-        else:
-            state.set_answer(qid, value)
+        try:
+            if qid == "target_machine":
+                state.set_target(value)
+            elif qid == "target_count":
+                state.set_other_machine(value, state.other_gpu)
+            elif qid == "target_gpu":
+                state.set_other_machine(state.other_count, value)
+            elif qid in ("target_ram", "target_cpus", "target_disk"):
+                key = {"target_ram": "ram", "target_cpus": "cpus", "target_disk": "disk"}[qid]
+                state.set_other_machine(state.other_count, state.other_gpu, **{key: value})
+            else:
+                state.set_answer(qid, value)
+        except InputError as e:
+            # The catalogue refuses what the field's own parse let through ("0" on the way to "0.5TiB" of RAM):
+            # shown under the field, as a parse error is; the machine stays as it was. Unless the field already
+            # holds a later entry (keys typed in a burst): this value is no longer what it says.
+            f = self.field(qid)
+            if f is not None and f.holds(value):
+                f.set_error(str(e))
+                self.refused.add(qid)
+            self.sync_status()
+            return
+        if qid in self.refused:
+            self.refused.discard(qid)
+            f = self.field(qid)
+            if f is not None:
+                f.set_error(None)
         self.wizard.replan()
 
     def result_pending(self) -> str | None:

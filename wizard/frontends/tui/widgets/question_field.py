@@ -3,6 +3,12 @@
 The field never decides anything: it parses what the user typed with Question.parse (the same
 validation as flags and answers files) and posts AnswerEntered or AnswerInvalid. The screen stores
 the value in the state, re-plans, and calls `show()` on every field with the new resolved values.
+
+A text field keeps what is typed into it: while its Input has the focus, `show()` only records the resolved
+value, and the text is normalised ("1.5e9" -> "1.5B") when the focus leaves it or Enter is pressed. Writing the
+resolved value back on every re-plan rewrote the text under the cursor: the re-plan of one key arrives after
+the next keys were typed, so "1.5e9" typed slowly became "2B" and a burst lost keys ("16", BSpace 7 BSpace 8
+left "16").
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from wizard.config.questions import Context, Question
 from wizard.errors import InputError
 from wizard.frontends.session import format_value
 from wizard.frontends.tui.messages import AnswerEntered, AnswerInvalid, FieldFocused
+from wizard.frontends.tui.widgets.typed_input import TypedInput
 
 TEXT_KINDS = ("int", "float", "str", "path", "count", "size")
 
@@ -79,6 +86,8 @@ class QuestionField(Vertical):
         self._labels = labels
         self.error: str | None = None
         self.external_error = False       # the error came from the plan/sizing, not from parsing
+        self._resolved: Any = value       # the state's value, last given to show()
+        self._typed_since_shown = False   # the user typed after that value was given (its re-plan is pending)
 
     @property
     def qid(self) -> str:
@@ -99,7 +108,7 @@ class QuestionField(Vertical):
                              if self._suggestions else None)
                 text = format_value(q, self._shown)
                 self._shown = text
-                yield Input(text, placeholder=placeholder(q), compact=True, suggester=suggester,
+                yield TypedInput(text, placeholder=placeholder(q), compact=True, suggester=suggester,
                             select_on_focus=False, id=f"q-{q.id}", classes="q-control")
         yield Static("", classes="q-error")
 
@@ -114,6 +123,8 @@ class QuestionField(Vertical):
 
         Programmatic updates post no Changed message (prevent), so they never read as user edits.
         """
+        self._resolved = value
+        self._typed_since_shown = False
         if self.error is not None:
             return
         try:
@@ -121,6 +132,8 @@ class QuestionField(Vertical):
         except NoMatches:               # not composed yet: compose will show this value
             self._shown = value
             return
+        if isinstance(control, Input) and control.has_focus:
+            return                      # being typed in: normalised when the focus leaves (normalise)
         if isinstance(control, Select):
             options = select_options(self.question, self._ctx_fn(), self._labels)
             values = [v for _, v in options]
@@ -137,6 +150,31 @@ class QuestionField(Vertical):
                 with control.prevent(Input.Changed):
                     control.value = text
             self._shown = text
+
+    def normalise(self) -> None:
+        """Show a text field's value in its normal form ("1.5e9" -> "1.5B"): the state's resolved value, or,
+        when the re-plan of the last key has not come back yet, the parse of the text (that re-plan's own
+        show() follows, on a field that no longer has the focus). Nothing changes while the text is invalid."""
+        try:
+            control = self.control
+        except NoMatches:
+            return
+        if not isinstance(control, Input) or self.error is not None:
+            return
+        if self._typed_since_shown:
+            try:
+                value = self.question.parse(control.value, self._ctx_fn())
+            except InputError:
+                return
+            if value is None:
+                return                  # emptied: the default the re-plan resolves is shown by its show()
+        else:
+            value = self._resolved
+        text = format_value(self.question, value)
+        if text != control.value:
+            with control.prevent(Input.Changed):
+                control.value = text
+        self._shown = text
 
     def set_error(self, error: str | None) -> None:
         self.error = error
@@ -169,7 +207,25 @@ class QuestionField(Vertical):
         if raw == self._shown and self.error is None:
             return
         self._shown = raw
+        self._typed_since_shown = True
         self._parse(raw)
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        self.normalise()                # and the screen goes on with the event (Enter = Next)
+
+    def holds(self, value: Any) -> bool:
+        """Whether the control's text (or choice) is still `value`: a message about a value typed before the
+        last key must not mark the text typed since."""
+        try:
+            raw = self.control.value
+        except NoMatches:
+            return False
+        if isinstance(self.control, Select):
+            return raw == value
+        try:
+            return self.question.parse(raw, self._ctx_fn()) == value
+        except InputError:
+            return False
 
     def revalidate(self) -> str | None:
         """Parse what the control holds now (the context may have changed); the error, or None."""
@@ -195,3 +251,4 @@ class QuestionField(Vertical):
 
     def on_descendant_blur(self) -> None:
         self.remove_class("-focused")
+        self.normalise()
