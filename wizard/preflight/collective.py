@@ -78,8 +78,9 @@ def worker(local: int, a: argparse.Namespace) -> None:
     if nccl:
         torch.cuda.set_device(device)
     result: dict = {"rank": rank}
-    if nccl and local == 0 and len(gpu_ids) > 1:
-        result["p2p"] = p2p_copies(gpu_ids[:per] if per > 1 else gpu_ids)
+    used = gpu_ids[:per]                      # the GPUs this node's ranks use: only their pairs talk P2P
+    if nccl and local == 0 and len(used) > 1:
+        result["p2p"] = p2p_copies(used)
     dist.init_process_group(a.backend, init_method=f"tcp://{a.addr}:{a.port}", rank=rank, world_size=nodes * per,
                             timeout=timedelta(seconds=a.timeout))
     # every rank creates every group, in the same order (torch.distributed's rule for new_group)
