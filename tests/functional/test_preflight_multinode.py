@@ -55,14 +55,15 @@ def node_wrapper(tmp_path: Path, n2_pythonpath: str | None = None) -> Path:
     return w
 
 
-def srun_preflight(cluster, tmp_path: Path, cfg: Path, wrapper: Path, *extra: str, timeout: float = 120):
+def srun_preflight(cluster, tmp_path: Path, cfg: Path, wrapper: Path, *extra: str, timeout: float = 120,
+                   extra_env: dict[str, str] | None = None):
     """`srun -N2 --ntasks-per-node=1 wizard preflight --json` from inside the allocation, each node's JSON in
     pf-NODE.json; (seconds, srun's exit code, node -> its JSON, srun's output)."""
     out = tmp_path / "pf"
     out.mkdir(exist_ok=True)
     per_node = (f'"$WIZARD" preflight --config-file {cfg} --json --join-timeout 20 {" ".join(extra)} '
                 f'> {out}/pf-$SLURM_NODEID.json 2> {out}/pf-$SLURM_NODEID.err')
-    job_env = {**env(), **cluster.env, "WIZARD": str(wrapper)}
+    job_env = {**env(), **cluster.env, "WIZARD": str(wrapper), **(extra_env or {})}
     start = time.monotonic()
     r = subprocess.run(["srun", "-N2", "--ntasks-per-node=1", "--kill-on-bad-exit=0", "-t", "2", "bash", "-c",
                         per_node], capture_output=True, text=True, env=job_env, cwd=tmp_path, timeout=timeout)
@@ -105,7 +106,9 @@ def assert_nothing_left(marker: str) -> None:
 def test_two_node_preflight_through_srun_passes_with_a_measured_gloo_all_reduce(tmp_path, local_slurm):
     port = free_port()
     cfg = cpu_config(tmp_path, port)
-    seconds, code, docs, output = srun_preflight(local_slurm, tmp_path, cfg, node_wrapper(tmp_path))
+    cal = {"WIZARD_CALIBRATION_FILE": str(tmp_path / "calibration.json")}
+    seconds, code, docs, output = srun_preflight(local_slurm, tmp_path, cfg, node_wrapper(tmp_path), "--record",
+                                                 extra_env=cal)
     main = docs[0]
     assert code == 0 and main.get("exit_code") == 0, (output, docs)
     assert main["main"] is True and docs[1]["main"] is False and docs[1]["exit_code"] == 0
@@ -120,6 +123,15 @@ def test_two_node_preflight_through_srun_passes_with_a_measured_gloo_all_reduce(
     assert main["across_gbps"] > 0
     assert not [r for r in main["rows"] if r["status"] == "fail"]
     assert_nothing_left(str(cfg))
+    # --record: the next plan for these machines (CPU processes, one per machine) uses the measured network
+    assert main["recorded"] and docs[1]["recorded"] is None
+    plan = subprocess.run([sys.executable, "-m", "wizard", "plan", "--params", "1M", "--hidden-size", "64", "--layers",
+                           "2", "--vocab-size", "128", "--use-cpu", "yes", "--num-processes", "2", "--num-machines",
+                           "2", "--main-process-ip", "127.0.0.1"], capture_output=True, text=True,
+                          env={**env(), **cal}, cwd=tmp_path, timeout=120)
+    assert plan.returncode == 0, plan.stderr
+    assert f"Machines are joined by {round(main['across_gbps'], 4):g} Gb/s" in plan.stdout
+    assert "measured by `wizard preflight` (gloo all-reduce across 2 machines)" in plan.stdout
 
 
 @pytest.mark.timeout(300)
