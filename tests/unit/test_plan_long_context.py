@@ -235,3 +235,13 @@ def test_hsdp_is_chosen_where_it_fits_and_is_faster_and_its_files_are_accepted(t
 def test_one_machine_has_no_hsdp_rung():
     assert not any(rungs.BY_KEY[r.key].replicate for r in plan_8b(2048).rungs)
     assert rungs.hsdp_keys("auto", "auto", "full", 1) == [] and rungs.hsdp_keys("deepspeed", "auto", "full", 2) == []
+
+
+def test_context_parallel_rungs_stay_off_where_the_states_do_not_fit():
+    """70B full fine-tuning on one 8 x H100 machine: nothing without offload fits, but because of the model states,
+    which context parallelism does not split: the ladder stays v3's (no CP rungs). 8B at 512k tokens, whose
+    states fit, keeps them even when none fits (the closest rung is one)."""
+    big = make_plan(hardware.assume("8xH100-80GB"), LLAMA3_70B, TrainingOptions(), StrategyOptions(), Topology(1, 8))
+    assert all(r.cp_size == 1 for r in big.rungs)
+    long = plan_8b(524288)
+    assert [r.cp_size for r in long.rungs if r.cp_size > 1] == [2, 4, 8]

@@ -112,6 +112,10 @@ def _make_plan(hw, model, training: TrainingOptions, strategy: StrategyOptions, 
     if cp_keys:
         # Before the offload rungs: they are the same class as the rungs without offload.
         cp_evaluated = [_evaluate(BY_KEY[k], x, training.gradient_checkpointing) for k in cp_keys]
+        # Context parallelism splits the sequence, not the states: where even its states do not fit (70B on one
+        # machine), its rungs say nothing the others do not, and the ladder stays as it was.
+        kept = [i for i, (r, _) in enumerate(cp_evaluated) if r.cp_size == 1 or _states_fit(r, x)]
+        cp_keys, cp_evaluated = [cp_keys[i] for i in kept], [cp_evaluated[i] for i in kept]
         at_offload = next((i for i, k in enumerate(keys) if BY_KEY[k].offloads), len(keys))
         keys[at_offload:at_offload] = cp_keys
         evaluated[at_offload:at_offload] = cp_evaluated
@@ -173,6 +177,12 @@ def _make_plan(hw, model, training: TrainingOptions, strategy: StrategyOptions, 
                 precision=x.precision, topology=topology, notes=notes, batch=batch, train_tokens=train_tokens,
                 adapters=x.adapters, method=method_json(training, x.params, x.adapters),
                 inter_node_gbps=x.machine.inter_node_gbps if x.machines > 1 else None, calibration=calibration)
+
+
+def _states_fit(rung: Rung, x: _Inputs) -> bool:
+    """Whether what does not grow with the sequence (model states, buffers, CUDA context) fits this rung's GPU."""
+    b = rung.breakdown
+    return sum(b.get(k, 0) for k in ("parameters", "gradients", "optimizer", "buffers", "context")) <= x.usable
 
 
 def _context_parallel_keys(strategy: StrategyOptions, training: TrainingOptions, x: _Inputs,
