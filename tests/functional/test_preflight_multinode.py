@@ -147,7 +147,7 @@ def test_a_listener_on_the_main_port_is_named_within_seconds(tmp_path, local_slu
     finally:
         squatter.close()
     assert code != 0, output
-    assert seconds < 30, seconds
+    assert seconds < 30, seconds      # ~4 s here: the finding comes from the silent banner (3 s), not a join timeout
     main_port = rows_of(docs[0], 0, "main port free")
     assert main_port and main_port[0]["status"] == "fail", docs[0]
     assert f"port {port} is taken on the main node" in main_port[0]["detail"] and main_port[0]["fix"]
@@ -155,6 +155,7 @@ def test_a_listener_on_the_main_port_is_named_within_seconds(tmp_path, local_slu
     reach = rows_of(docs[1], 1, "reach main port")
     assert reach and reach[0]["status"] == "fail", docs[1]
     assert "held by another program" in reach[0]["detail"] and "main_process_port" in reach[0]["fix"]
+    assert "said nothing for 3 s" in reach[0]["detail"]
     assert docs[0]["exit_code"] == 1 and docs[1]["exit_code"] == 1
     assert_nothing_left(str(cfg))
 
@@ -243,7 +244,8 @@ def test_launch_stops_before_training_when_the_preflight_finds_a_blocked_port(tm
         for p in procs:
             if p.poll() is None:
                 p.kill()
-    assert time.monotonic() - start < 30
+    # a bound against a hang, not a speed target: two wizard starts and the preflight's children take ~15 s here
+    assert time.monotonic() - start < 60
     assert [p.returncode for p in procs] == [1, 1], outs
     assert "phase 1/2: preflight" in outs[0] and "phase 2/2" not in outs[0] + outs[1]
     assert "main port free" in outs[0] and f"port {port} is taken on the main node" in outs[0]
