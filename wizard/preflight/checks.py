@@ -29,8 +29,6 @@ SHM_WARN_BYTES = 1 << 30
 # A measured bus bandwidth below this share of what the plan assumed is worth a warning: the plan's step times
 # (and its choice between rungs that trade compute for communication) assume the faster network.
 BANDWIDTH_WARN_SHARE = 0.5
-# DeepSpeed 0.19.5 made pin_memory default to true in both offload blocks (check rule DS-PIN-MEMORY-MEMLOCK).
-PIN_MEMORY_DEFAULT_TRUE_SINCE = (0, 19, 5)
 # A full fine-tuning checkpoint: 16-bit weights + fp32 master, Adam's two moments (2 + 4 + 4 + 4 B per parameter),
 # what a ZeRO checkpoint with optimizer states holds; each node is counted its share.
 CHECKPOINT_BYTES_PER_PARAM = 14
@@ -335,16 +333,18 @@ def _version_tuple(text: str | None) -> tuple[int, ...]:
 
 
 def pins_by_default(deepspeed_version: str | None) -> bool:
-    return bool(deepspeed_version) and _version_tuple(deepspeed_version) >= PIN_MEMORY_DEFAULT_TRUE_SINCE
+    """The node's DeepSpeed defaults pin_memory to true (DeepSpeed 0.19.5 on, as check rule DS-PIN-MEMORY-MEMLOCK
+    says): read from the node's version, as the node's DeepSpeed is not imported."""
+    from wizard.check.rules.deepspeed_json import PIN_MEMORY_DEFAULT_TRUE_SINCE
+    return bool(deepspeed_version) and _version_tuple(deepspeed_version) >= _version_tuple(PIN_MEMORY_DEFAULT_TRUE_SINCE)
 
 
 def pinned_bytes_per_process(params: int | None, processes: int, blocks: list[str]) -> int | None:
-    """At least the host memory each process page-locks for these offload blocks (the lower bound of check rule
-    DS-PIN-MEMORY-MEMLOCK: 4 B per parameter of fp32 gradient partition with optimizer offload, 2 B of 16-bit
-    parameter partition with ZeRO-3 parameter offload, over the processes)."""
-    if not params or not blocks:
-        return None
-    return sum(4 if b == "optimizer" else 2 for b in blocks) * int(params) // max(1, processes)
+    """At least the host memory each process page-locks for these offload blocks: check rule DS-PIN-MEMORY-MEMLOCK's
+    lower bound (4 B per parameter of fp32 gradient partition with optimizer offload, 2 B of 16-bit parameter
+    partition with ZeRO-3 parameter offload, over the processes). None: the model is not known."""
+    from wizard.check.rules.deepspeed_json import pinned_bytes_per_process as check_bound
+    return check_bound(params, processes, blocks) if params and blocks else None
 
 
 def limit_rows(node: int, host: str, exp: Expectation, facts: dict[str, Any]) -> list[Row]:
@@ -383,10 +383,11 @@ def memlock_row(node: int, host: str, exp: Expectation, facts: dict[str, Any]) -
     if not blocks or not exp.uses_gpus:
         return Row(node, host, "ulimit -l", OK, f"{shown} (nothing pinned by the config)")
     need = pinned_bytes_per_process(exp.params, exp.processes_per_node * exp.num_machines, blocks)
-    if limit is None or (need is not None and limit >= need) or (need is None and limit >= 1 << 30):
+    from wizard.check.rules.deepspeed_json import MEMLOCK_FLOOR
+    if limit is None or (need is not None and limit >= need) or (need is None and limit >= MEMLOCK_FLOOR):
         return Row(node, host, "ulimit -l", OK, f"{shown}" + (f", each process pins at least {fmt_bytes(need)}"
                                                             if need else ""))
-    why = f"each process pins at least {fmt_bytes(need)}" if need else "below 1 GiB"
+    why = f"each process pins at least {fmt_bytes(need)}" if need else f"below {fmt_bytes(MEMLOCK_FLOOR)}"
     return Row(node, host, "ulimit -l", FAIL,
                f"{shown}: CPU offload ({', '.join('offload_' + b for b in blocks)}) pins its host buffers "
                f"(DeepSpeed {ds or '?'}), and {why}",

@@ -1158,9 +1158,14 @@ def pinned_bytes(ctx: CheckContext, pinned: list[tuple[str, str]]) -> int | None
     params = getattr(model, "params", None)
     if not params or (ctx.method is not None and getattr(ctx.method, "method", "full") != "full"):
         return None                 # LoRA / QLoRA offload only the adapters' optimizer: not sized here
-    processes = max(1, ctx.num_processes)
-    per_param = sum(4 if which == "optimizer" else 2 for which, _ in pinned)
-    return per_param * int(params) // processes
+    return pinned_bytes_per_process(int(params), ctx.num_processes, [which for which, _ in pinned])
+
+
+def pinned_bytes_per_process(params: int, processes: int, blocks: list[str]) -> int:
+    """The lower bound of pinned_bytes for `params` parameters (full fine-tuning) over `processes`, with the offload
+    blocks ("optimizer", "param") that pin: also what `wizard preflight` holds each node's ulimit -l against."""
+    per_param = sum(4 if which == "optimizer" else 2 for which in blocks)
+    return per_param * int(params) // max(1, processes)
 
 
 def _pins_on_this_machine(ctx: CheckContext) -> bool:
