@@ -193,9 +193,10 @@ def version_rows(per_node: dict[int, dict[str, Any]], hosts: dict[int, str]) -> 
         where = ((per_node[node].get("versions") or {}).get(diff[0]) or {}).get("path") if diff else None
         if not diff:
             others = [n for n in sorted(table) if n != base and any(table[n][p] != mine[p] for p in differ)]
+            reference = (f"the reference: node{'s' if len(others) > 1 else ''} {', '.join(map(str, others))} "
+                         f"differ{'s' if len(others) == 1 else ''} (versions table below)")
             rows.append(Row(node, hosts.get(node, "?"), "versions", INFO if node == base else OK,
-                            f"the reference: node{'s' if len(others) > 1 else ''} {', '.join(map(str, others))} "
-                            f"differ{'s' if len(others) == 1 else ''} (versions table below)" if node == base else "same as node 0"))
+                            reference if node == base else "same as node 0"))
             continue
         rows.append(Row(node, hosts.get(node, "?"), "versions", FAIL,
                         "differs from node 0: " + ", ".join(f"{n} {mine[n]} (node 0: {table[base][n]})" for n in diff)
@@ -286,7 +287,8 @@ def gpus_agree_rows(per_node: dict[int, dict[str, Any]], hosts: dict[int, str], 
             for node in sorted(models) if models[node] != models[min(models)]]
 
 
-def p2p_row(node: int, host: str, facts: dict[str, Any], copies: dict[str, str] | None, env: dict[str, str]) -> Row | None:
+def p2p_row(node: int, host: str, facts: dict[str, Any], copies: dict[str, str] | None,
+            env: dict[str, str]) -> Row | None:
     """Peer-to-peer between this node's GPUs. NVML's P2P matrix says what the driver allows; `copies` is what a real
     copy between each pair did in the collective child ("ok", "mismatch" (the data arrived wrong), "hung", an
     error). P2P over PCIe on consumer GPUs without NVLink is where NCCL hangs or corrupts; NCCL_P2P_DISABLE=1 is
@@ -336,7 +338,8 @@ def pins_by_default(deepspeed_version: str | None) -> bool:
     """The node's DeepSpeed defaults pin_memory to true (DeepSpeed 0.19.5 on, as check rule DS-PIN-MEMORY-MEMLOCK
     says): read from the node's version, as the node's DeepSpeed is not imported."""
     from wizard.check.rules.deepspeed_json import PIN_MEMORY_DEFAULT_TRUE_SINCE
-    return bool(deepspeed_version) and _version_tuple(deepspeed_version) >= _version_tuple(PIN_MEMORY_DEFAULT_TRUE_SINCE)
+    since = _version_tuple(PIN_MEMORY_DEFAULT_TRUE_SINCE)
+    return bool(deepspeed_version) and _version_tuple(deepspeed_version) >= since
 
 
 def pinned_bytes_per_process(params: int | None, processes: int, blocks: list[str]) -> int | None:
@@ -409,9 +412,10 @@ def disk_rows(node: int, host: str, exp: Expectation, lim: dict[str, Any]) -> li
                             "create the directory on this node (a local path exists per node)"))
             continue
         if need and free < need:
+            what = "the plan needs" if label.startswith("NVMe") else "a checkpoint with optimizer states takes"
             rows.append(Row(node, host, label, FAIL if label.startswith("NVMe") else WARN,
-                            f"{fmt_bytes(free)} free at {path}; {'the plan needs' if label.startswith('NVMe') else 'a checkpoint with optimizer states takes'} "
-                            f"{fmt_bytes(need)}", "free space there, or point the output/NVMe path at a larger disk"))
+                            f"{fmt_bytes(free)} free at {path}; {what} {fmt_bytes(need)}",
+                            "free space there, or point the output/NVMe path at a larger disk"))
         else:
             rows.append(Row(node, host, label, OK, f"{fmt_bytes(free)} free at {path}"
                             + (f" (needs {fmt_bytes(need)})" if need else "")))
@@ -421,7 +425,8 @@ def disk_rows(node: int, host: str, exp: Expectation, lim: dict[str, Any]) -> li
 def shm_row(node: int, host: str, exp: Expectation, lim: dict[str, Any]) -> Row:
     shm = lim.get("shm_total")
     if shm is None:
-        return Row(node, host, "/dev/shm", WARN, "no /dev/shm here", "mount a tmpfs at /dev/shm (docker: --shm-size=8g)")
+        return Row(node, host, "/dev/shm", WARN, "no /dev/shm here",
+                   "mount a tmpfs at /dev/shm (docker: --shm-size=8g)")
     text = f"{fmt_bytes(shm)}"
     several = exp.uses_gpus and exp.processes_per_node > 1
     if several and shm < SHM_FAIL_BYTES:
@@ -496,8 +501,9 @@ def nccl_env_rows(node: int, host: str, exp: Expectation, facts: dict[str, Any])
     if value:
         missing = [n for n in value.split(",") if n.strip() and n.strip() not in ifaces]
         if missing:
-            rows.append(Row(node, host, "GLOO_SOCKET_IFNAME", FAIL, f"{', '.join(missing)} is not an interface of this "
-                            f"node (it has {', '.join(ifaces) or 'none'})", "name an interface of this node, or unset it"))
+            rows.append(Row(node, host, "GLOO_SOCKET_IFNAME", FAIL, f"{', '.join(missing)} is not an interface of "
+                            f"this node (it has {', '.join(ifaces) or 'none'})",
+                            "name an interface of this node, or unset it"))
         else:
             rows.append(Row(node, host, "GLOO_SOCKET_IFNAME", OK, value))
     return rows

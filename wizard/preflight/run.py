@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from wizard.preflight import checks
-from wizard.preflight.checks import FAIL, INFO, OK, Expectation, Row
+from wizard.preflight.checks import FAIL, Expectation, Row
 
 DEFAULT_JOIN_TIMEOUT_S = 60.0
 DEFAULT_CHECK_TIMEOUT_S = 20.0
@@ -296,7 +296,8 @@ def node_rows(rank: int, exp: Expectation, facts: dict[str, Any], collective: di
     host = str(facts.get("host") or "?")
     rows = local_rows(rank, exp, facts)
     if backend == "nccl" and not facts.get("failed"):
-        row = checks.p2p_row(rank, host, facts, (collective or {}).get("p2p"), (facts.get("net") or {}).get("env") or {})
+        env = (facts.get("net") or {}).get("env") or {}
+        row = checks.p2p_row(rank, host, facts, (collective or {}).get("p2p"), env)
         if row:
             rows.append(row)
     rows += checks.collective_rows(rank, host, exp, collective, backend)
