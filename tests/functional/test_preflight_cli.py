@@ -185,3 +185,24 @@ def test_the_launch_views_log_pane_shows_the_preflight_phase():
     from launch.follow import event_line
     assert event_line({"type": "preflight", "message": "all clear on 2 nodes, 1 warning"}) == \
         "preflight: all clear on 2 nodes, 1 warning"
+
+
+def test_a_node_that_joined_gets_the_main_nodes_verdict_when_another_never_came(tmp_path):
+    """Three machines configured, two started: the main node names node 2, skips the collective, and node 1 exits
+    with the main node's verdict (1), not with its own clear rows."""
+    port = free_port()
+    cfg = tmp_path / "three.yaml"
+    cfg.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_CPU\nnum_machines: 3\n"
+                   f"num_processes: 3\nmachine_rank: 0\nmain_process_ip: 127.0.0.1\nmain_process_port: {port}\n"
+                   "mixed_precision: 'no'\nuse_cpu: true\n")
+    args = [sys.executable, "-m", "wizard", "preflight", "--config-file", str(cfg), "--join-timeout", "4", "--json"]
+    other = subprocess.Popen(args + ["--machine-rank", "1"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                             text=True, env=env())
+    main = subprocess.run(args + ["--machine-rank", "0"], capture_output=True, text=True, env=env(), timeout=120)
+    out1 = other.communicate(timeout=60)[0]
+    doc0, doc1 = json.loads(main.stdout), json.loads(out1)
+    joined = [r for r in doc0["rows"] if r["check"] == "joined"]
+    assert [(r["node"], r["status"]) for r in joined] == [(2, "fail")]
+    assert not [r for r in doc0["rows"] if r["check"].startswith("all-reduce")]
+    assert main.returncode == 1 and other.returncode == 1
+    assert doc1["verdict"] == doc0["verdict"] and "node 2 joined" in doc1["verdict"]
