@@ -86,6 +86,8 @@ def main() -> None:
     address = os.environ.get(ENV_SOCKET)
     if address and _connect_output(address, rank):
         _dump_stacks_on_signal()
+    import _quiet                         # beside this file: library noise the user did not cause (launch/_quiet.py)
+    _quiet.quiet_library_noise()
     if os.environ.get("WIZARD_PROBE"):    # a `wizard tune` trial: measure the steps (launch/_probe.py)
         import _probe                     # beside this file: sys.path[0] is still launch/ here
         _probe.install()

@@ -651,9 +651,32 @@ def true_state(run_dir: Path) -> dict[str, Any]:
     elif status == "failed":
         c = st.get("classification") or {}
         detail = f"{c.get('kind')}: {c.get('summary')}" if c else ""
+    elif status == "stopped":
+        # a trial `wizard tune` stopped at its time limit and a Ctrl-C both exit 130: the reason tells them apart
+        detail = st.get("stop_reason") or "stopped on request (no reason recorded)"
+    elif status == "succeeded":
+        detail = _succeeded_detail(st)
     return {"run_dir": str(run_dir), "id": st.get("id"), "state": state, "status": status,
             "attempt": st.get("attempt"), "exit_code": st.get("exit_code"), "started_at": st.get("started_at"),
             "ended_at": st.get("ended_at"), "script": st.get("script"), "detail": detail}
+
+
+def _succeeded_detail(st: dict[str, Any]) -> str:
+    """What a run that ended well did: a `wizard tune` trial's steps, else its last progress (step, loss) and its
+    attempts (DETAIL was empty for every succeeded run)."""
+    done = st.get("trial_done") or {}
+    if isinstance(done, dict) and isinstance(done.get("steps"), int):
+        return f"tune trial: the probe ended it after {done['steps']} optimizer steps (warm-up + measured)"
+    p = st.get("progress") or {}
+    bits = []
+    if isinstance(p.get("step"), int):
+        bits.append(f"step {p['step']}" + (f"/{p['total']}" if isinstance(p.get("total"), int) else ""))
+    if isinstance(p.get("loss"), (int, float)):
+        bits.append(f"loss {p['loss']:.4g}")
+    attempt = st.get("attempt")
+    if isinstance(attempt, int) and attempt > 1:
+        bits.append(f"after {attempt} attempts")
+    return ", ".join(["finished"] + bits) if bits else "finished (exit 0)"
 
 
 def _clock(t: Any) -> str:

@@ -420,8 +420,10 @@ class ControlResult:
 
 def send_control(run_dir: str | os.PathLike[str], request: str,
                  run: dict[str, Any] | None = None, now: Callable[[], float] = time.time,
-                 sender: str = "view") -> ControlResult:
-    """Ask the supervisor to stop / kill / restart the run (see the module docstring)."""
+                 sender: str = "view", reason: str | None = None) -> ControlResult:
+    """Ask the supervisor to stop / kill / restart the run (see the module docstring). `reason`: why, for a stop
+    (run.json's stop_reason, which `wizard runs` shows: a trial that `wizard tune` stopped at its time limit
+    read "stopped 130" like a Ctrl-C)."""
     if request not in CONTROL_REQUESTS:
         raise ValueError(f"control request must be one of {sorted(CONTROL_REQUESTS)}, not {request!r}")
     run_dir = Path(run_dir)
@@ -432,6 +434,8 @@ def send_control(run_dir: str | os.PathLike[str], request: str,
     if status not in ACTIVE:
         return ControlResult(request, False, False, f"the run has already {status or 'ended'}")
     body = {"request": request, "t": now(), "id": uuid.uuid4().hex, "from": sender, "pid": os.getpid()}
+    if reason:
+        body["reason"] = reason
     written = False
     try:
         replace_file(run_dir / CONTROL_FILE, json.dumps(body) + "\n", fsync=False)

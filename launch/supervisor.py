@@ -75,6 +75,8 @@ STATE_FLUSH_EVERY_S = 0.5
 DRAIN_AFTER_EXIT_S = 2.0
 STALL_EXIT_CODE = 124
 STOPPED_EXIT_CODE = 130
+# who sent a control.json request (launch/follow.py send_control's `sender`), as run.json's stop_reason says it
+CONTROL_SENDERS = {"cli": "`wizard stop`", "view": "the live view", "tune": "`wizard tune`"}
 GPU_IDLE_UTIL = 5
 STACK_WAIT_S = 2.0          # after a stall: time for the ranks' stack dumps to arrive before teardown
 STACK_TAIL_LINES = 600
@@ -405,6 +407,7 @@ class Supervisor:
         self.stop_requested = False
         self.kill_requested = False
         self.restart_requested = False
+        self.stop_reason: str | None = None     # why it was stopped, for run.json and `wizard runs`
         self._sigint_count = 0
         self._handled_control: set[str] = set()
         self._control_mtime = 0.0
@@ -431,11 +434,11 @@ class Supervisor:
 
     def _install_signals(self) -> None:
         def on_term(signum, frame):
-            self._doorbell("stop")
+            self._doorbell("stop", "SIGTERM")
 
         def on_int(signum, frame):
             self._sigint_count += 1
-            self._doorbell("kill" if self._sigint_count > 1 else "stop")
+            self._doorbell("kill" if self._sigint_count > 1 else "stop", "SIGINT (Ctrl-C)")
 
         signal.signal(signal.SIGTERM, on_term)
         signal.signal(signal.SIGINT, on_int)
@@ -444,15 +447,20 @@ class Supervisor:
         if self.spec.detached or signal.getsignal(signal.SIGHUP) == signal.SIG_IGN:
             signal.signal(signal.SIGHUP, signal.SIG_IGN)
         else:
-            signal.signal(signal.SIGHUP, lambda s, f: None if self.spec.detached else self._doorbell("stop"))
+            signal.signal(signal.SIGHUP, lambda s, f: None if self.spec.detached else
+                          self._doorbell("stop", "SIGHUP (its terminal closed)"))
         # installed here whatever the disposition we inherited: the parent's death always stops a foreground run
-        signal.signal(parent_death_signal(), lambda s, f: None if self.spec.detached else self._doorbell("stop"))
+        signal.signal(parent_death_signal(), lambda s, f: None if self.spec.detached else
+                      self._doorbell("stop", "the process that started it ended"))
         if self.parent is not None and not self.spec.detached and os.getppid() != self.parent:
-            self._doorbell("stop")          # it died before the handler above was in place
+            self._doorbell("stop", "the process that started it ended")   # before the handler above was in place
 
-    def _doorbell(self, default: str) -> None:
-        """A signal arrived: act on an unhandled control.json request, else on the signal's own meaning."""
+    def _doorbell(self, default: str, why: str | None = None) -> None:
+        """A signal arrived: act on an unhandled control.json request, else on the signal's own meaning (`why`:
+        the signal, kept as the stop's reason when no request gives one)."""
         req = self._read_control()
+        if req is None and why and default in ("stop", "kill") and self.stop_reason is None:
+            self.stop_reason = why
         self._apply_request(req or default)
 
     def _read_control(self) -> str | None:
@@ -468,6 +476,11 @@ class Supervisor:
             return None
         self._handled_control.add(rid)
         req = body.get("request")
+        if req in ("stop", "kill") and self.stop_reason is None:
+            # `wizard tune` says why it stops a trial (its time limit, an interruption); else who asked
+            reason = body.get("reason")
+            self.stop_reason = reason if isinstance(reason, str) and reason else \
+                f"{req} requested ({CONTROL_SENDERS.get(body.get('from'), body.get('from') or 'control.json')})"
         return req if req in ("stop", "kill", "restart", "detach") else None
 
     def poll_control(self) -> None:
@@ -579,7 +592,8 @@ class Supervisor:
                 launcher_exit = outcome.launcher_exit
                 if self.stop_requested:
                     final_status, exit_code = "stopped", STOPPED_EXIT_CODE
-                    self.record.update(classification=cl.to_json() if cl else None)
+                    self.record.update(classification=cl.to_json() if cl else None,
+                                       stop_reason=self.stop_reason or "stop requested")
                     break
                 user_restart = self.restart_requested
                 if not user_restart and cl is None and launcher_exit == 0:

@@ -16,9 +16,11 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import signal
 import statistics
 import subprocess
+import sysconfig
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,8 +47,12 @@ TRIAL_GRACE_S = 5.0
 
 OOM = "does not fit (measured)"
 NOT_APPLICABLE = "not applicable: the script does not use the Trainer's TrainingArguments"
-STATUSES = ("measured", OOM, "too much memory", "failed", "timed out", "not run (budget spent)", "incomplete",
-            "stopped", NOT_APPLICABLE)
+BUDGET_SPENT = "not run (budget spent)"
+INTERRUPTED = "interrupted"             # Ctrl-C, SIGTERM or the TUI's Escape stopped it (not the budget)
+NOT_RUN_INTERRUPTED = "not run (interrupted)"
+NOT_RUN_SCRIPT_FAILED = "not run (the script failed)"
+STATUSES = ("measured", OOM, "too much memory", "failed", "timed out", BUDGET_SPENT, "incomplete",
+            "stopped", INTERRUPTED, NOT_RUN_INTERRUPTED, NOT_RUN_SCRIPT_FAILED, NOT_APPLICABLE)
 
 
 @dataclass
@@ -75,7 +81,7 @@ class Candidate:
 @dataclass
 class Trial:
     candidate: Candidate
-    status: str = "not run (budget spent)"
+    status: str = BUDGET_SPENT
     run_dir: str | None = None
     steps: int = 0
     step_seconds: float | None = None
@@ -90,6 +96,7 @@ class Trial:
     optimizers: list[str] = field(default_factory=list)
     training_args: dict[str, Any] | None = None   # the probe's record of the script's TrainingArguments (None: none)
     message: str = ""
+    user_code_error: str | None = None     # failed in the script's own code ("train.py:169: RuntimeError: ...")
     wall_seconds: float = 0.0              # the trial's run, supervisor start to end
     prepare_seconds: float = 0.0           # the wizard's own work before it: plan, render, validate, write
 
@@ -135,6 +142,7 @@ class TuneResult:
     notes: list[str]
     written: Any = None                    # the pipeline Result written for the winner
     script_args: list[str] | None = None   # the script's arguments that run the winner's split (None: the user's)
+    cpu: bool = False                      # the trials ran CPU processes: memory is per process, not per GPU
 
     def to_json(self) -> dict[str, Any]:
         files = None
@@ -144,7 +152,7 @@ class TuneResult:
         return {"candidates": [t.to_json() for t in self.trials],
                 "winner": self.winner.candidate.label if self.winner else None,
                 "partial": self.partial, "run_dir": self.run_dir, "notes": self.notes, "files": files,
-                "script_args": self.script_args}
+                "script_args": self.script_args, "cpu": self.cpu}
 
 
 Progress = Callable[[dict[str, Any]], None]
@@ -378,8 +386,16 @@ def measure(trial: Trial, probe_dir: Path, world: int) -> ProbeRecords:
     return records
 
 
-def _stop(proc: subprocess.Popen, timeout: float) -> None:
-    """A graceful stop of the trial: the supervisor ends every process of the run (SIGTERM, grace, SIGKILL)."""
+def _stop(proc: subprocess.Popen, timeout: float, run_dir: Path | None = None, reason: str | None = None) -> None:
+    """A graceful stop of the trial: the supervisor ends every process of the run (SIGTERM, grace, SIGKILL).
+    `reason` goes to the run's control.json first, so run.json (and `wizard runs`) say why it stopped: a trial
+    stopped by its time limit read "stopped 130", the same as a Ctrl-C."""
+    if proc.poll() is None and run_dir is not None and reason:
+        from launch.follow import send_control
+        try:
+            send_control(run_dir, "stop", sender="tune", reason=reason)
+        except OSError:
+            pass
     if proc.poll() is None:
         try:
             proc.send_signal(signal.SIGTERM)
@@ -418,7 +434,9 @@ def run_trial(trial: Trial, config_file: str, opts: TuneOptions, run_dir: Path, 
                 raise KeyboardInterrupt("measuring cancelled")
             if time.monotonic() - started > time_limit:
                 timed_out = True
-                _stop(proc, TRIAL_GRACE_S + 20)
+                which = "--trial-timeout" if time_limit >= opts.trial_timeout_s else "what was left of --budget"
+                _stop(proc, TRIAL_GRACE_S + 20, path, f"wizard tune: the trial's time limit, {time_limit:.0f} s "
+                      f"({which})")
                 break
             seen = min((len(v) for v in _probe_records(probe_dir).steps.values()), default=0)
             if seen != last_seen:
@@ -426,7 +444,12 @@ def run_trial(trial: Trial, config_file: str, opts: TuneOptions, run_dir: Path, 
                 progress({"event": "step", "label": trial.candidate.label, "step": seen, "total": total})
             time.sleep(0.3)
     except BaseException:                 # Ctrl-C / SIGTERM: end this trial's processes, then go
-        _stop(proc, TRIAL_GRACE_S + 20)
+        _stop(proc, TRIAL_GRACE_S + 20, path, "wizard tune was interrupted (Ctrl-C, SIGTERM or the wizard's "
+              "Escape)")
+        try:
+            measure(trial, probe_dir, world)    # what it measured before the stop, for its row
+        except Exception:
+            pass
         raise
     trial.wall_seconds = time.monotonic() - started
     state = read_state(path) or {}
@@ -448,16 +471,70 @@ def run_trial(trial: Trial, config_file: str, opts: TuneOptions, run_dir: Path, 
         trial.status = "measured"
     elif state.get("status") == "succeeded":
         trial.status = "incomplete" if trial.steps else "failed"
-        trial.message = (f"the script ended after {trial.steps} measured steps without reaching {opts.steps}"
-                         if trial.steps else "the script ended before any measured optimizer step")
+        trial.message = ((f"the script ended after {trial.steps} measured step{'s' if trial.steps != 1 else ''} "
+                          f"without reaching {opts.steps}"
+                          if trial.steps else "the script ended before any measured optimizer step")
+                         + f": {steps_needed_text(opts)}")
     else:
         trial.status = "failed"
         trial.message = cl.get("summary") or f"run {state.get('status')}"
+        trial.user_code_error = user_code_error(cl)
+        if trial.user_code_error:
+            trial.message += f" (in your code: {trial.user_code_error.split(': ', 1)[0]})"
     if trial.status == "measured" and not applies(trial, opts, trial.training_args is not None):
         trial.status = NOT_APPLICABLE
         trial.message = ("it ran the script's own split, not this variant's" +
                          (f" ({opts.batch_flag} sets only the micro-batch)" if opts.batch_flag else
                           "; --batch-flag passes the micro-batch to a script without them"))
+
+
+def steps_needed(warmup: int, steps: int) -> int:
+    """Optimizer steps a trial needs the script to run: the probe times a step up to the start of the next one
+    (launch/_probe.py), so the last measured step needs one more after it."""
+    return warmup + steps + 1
+
+
+def steps_needed_text(opts: TuneOptions) -> str:
+    return (f"a trial needs the script to run at least {steps_needed(opts.warmup, opts.steps)} optimizer steps "
+            f"(--warmup-steps {opts.warmup} + --steps {opts.steps} + 1: a step is timed up to the start of the next)")
+
+
+_FRAME = re.compile(r'File "([^"]+)", line (\d+)')
+_RANK_PREFIX = re.compile(r"^\[rank\d+\]:\s?")     # torchrun's per-rank line prefix
+_LIBRARY_PARTS = ("site-packages", "dist-packages", "<frozen", "<string>")
+
+
+def _library_file(path: str) -> bool:
+    """Whether a traceback frame is in Python's or an installed package's code (not the user's)."""
+    if any(part in path for part in _LIBRARY_PARTS):
+        return True
+    stdlib = sysconfig.get_paths().get("stdlib") or ""
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))     # this checkout: wizard/, launch/
+    real = os.path.realpath(path)
+    if stdlib and real.startswith(os.path.realpath(stdlib) + os.sep):
+        return True
+    return any(real.startswith(os.path.join(here, pkg) + os.sep) for pkg in ("wizard", "launch"))
+
+
+def user_code_error(cl: dict[str, Any]) -> str | None:
+    """"train.py:169: RuntimeError: ..." when a failed trial's exception was raised in the user's own code (the
+    innermost frame of the traceback in the rank's log is no library's, Python's or the wizard's); None for
+    anything else (out of memory, a launcher failure, an error inside DeepSpeed or transformers, which another
+    candidate's config may not meet). The same code fails every candidate: tune stops after the first."""
+    if cl.get("kind") != "python_exception":
+        return None
+    tail = [_RANK_PREFIX.sub("", str(line)) for line in cl.get("log_tail") or []]
+    frames = [(i, m) for i, line in enumerate(tail) for m in [_FRAME.search(line)] if m]
+    if not frames:
+        return None
+    i, last = frames[-1]
+    if _library_file(last.group(1)):
+        return None
+    after = [line.strip() for line in tail[i + 1:] if line.strip()]
+    # the exception's own line: the first after the frame's code line that reads "Name: ..." (or the last line)
+    exc = next((line for line in after if re.match(r"^[\w.]+(Error|Exception|Interrupt|Exit)\b", line)),
+               after[-1] if after else "")
+    return f"{os.path.basename(last.group(1))}:{last.group(2)}: {exc}".rstrip(": ")
 
 
 def _out_of_memory(cl: dict[str, Any], tail: str) -> str | None:
@@ -527,7 +604,13 @@ def tune(request, opts: TuneOptions, progress: Progress = lambda e: None, write:
         if value:       # the trials run here: a config for another machine fails, or calibrates that machine
             raise InputError(name, f"{value}: tune measures the machine it runs on",
                              f"no --{name} (`wizard plan --{name} ...` plans another machine)")
-    base = pipeline.build(request)
+    from wizard.planning.resolve import NoGpusError
+    try:
+        base = pipeline.build(request)
+    except NoGpusError as e:     # its --assume alternative is refused above: name the way tune runs on this machine
+        raise InputError("--use-cpu", f"no GPUs found on this machine ({e.reason}); tune measures the machine it "
+                         "runs on", "--use-cpu yes --num-processes N: N CPU processes here (e.g. 2), or tune on "
+                         "a machine with GPUs") from None
     if base.plan.choice is None:
         return TuneResult([], None, "", False, ["nothing fits"], None)
     if int(base.answers.get("num_machines") or 1) > 1:
@@ -561,15 +644,28 @@ def tune(request, opts: TuneOptions, progress: Progress = lambda e: None, write:
         progress({"event": "start", "index": i, "label": c.label})
         try:
             ran = _prepare_and_run(trial, i, request, opts, hw, run_dir, world, progress, started)
+        except BaseException:
+            # Ctrl-C / SIGTERM / the TUI's Escape: this row and the ones after it read as interrupted, never as
+            # a spent budget (the row said "not run (budget spent)" 25 s into 1,800)
+            _mark_interrupted(trials, i)
+            raise
         finally:
             # every started row ends, also one whose preparation failed or the budget stopped (a TUI bar that
             # stayed at "starting" said nothing about why)
             progress({"event": "end", "index": i, "label": c.label, "trial": trial.to_json()})
         if ran is None:
             break
+        if trial.user_code_error:
+            # the script's own code failed: every other candidate runs the same code (three model loads for one
+            # bug); the error is shown once, on this row
+            for t in trials[i + 1:]:
+                t.status = NOT_RUN_SCRIPT_FAILED
+            notes.append(f"Stopped after {c.label}: its error is in your script's own code, which every candidate "
+                         f"runs; fix it and tune again (the rank logs are in {trial.run_dir}).")
+            break
         if uses_training_args is None and trial.steps:
             uses_training_args = trial.training_args is not None
-    partial = any(t.status in ("not run (budget spent)",) for t in trials) or \
+    partial = any(t.status == BUDGET_SPENT for t in trials) or \
         (opts.budget_s - (time.monotonic() - started) <= 0 and any(t.status in ("timed out", "incomplete")
                                                                   for t in trials))
     headroom = float(base.answers.get("headroom") or 0.10)
@@ -579,15 +675,13 @@ def tune(request, opts: TuneOptions, progress: Progress = lambda e: None, write:
             t.status = "too much memory"
             t.message = f"measured peak leaves less than the {headroom:.0%} headroom"
     winner = pick_winner(trials, limit, opts.allow_batch_change)
-    out = TuneResult(trials, winner, str(run_dir), partial, notes)
+    out = TuneResult(trials, winner, str(run_dir), partial, notes, cpu=bool(base.plan.topology.cpu))
     _note_batch_changing_variants(out, world, opts.allow_batch_change)
     if partial:
         out.notes.append(f"Budget of {opts.budget_s:g} s spent: {sum(t.status == 'measured' for t in trials)} of "
                          f"{len(trials)} candidates measured; the result is partial.")
     if opts.calibrate and not request.dry_run:
-        problem = _record_calibration(base, trials)
-        if problem:
-            out.notes.append(problem)
+        out.notes.extend(_record_calibration(base, trials))
     if winner is None or not write:
         return out
     final = pipeline.build(variant_request(request, winner.candidate, dry_run=request.dry_run, calibrate=False), hw=hw)
@@ -602,6 +696,19 @@ def tune(request, opts: TuneOptions, progress: Progress = lambda e: None, write:
         out.written = final
     return out
 
+
+
+def _mark_interrupted(trials: list[Trial], current: int) -> None:
+    """The trial running when the stop came reads "interrupted" (with the steps it had measured), the ones after
+    it "not run (interrupted)"; a row that already ended keeps its status."""
+    trial = trials[current]
+    if trial.status == BUDGET_SPENT:
+        trial.status = INTERRUPTED
+        trial.message = (f"interrupted after {trial.steps} measured step{'s' if trial.steps != 1 else ''}"
+                         if trial.steps else "interrupted before its first measured step")
+    for t in trials[current + 1:]:
+        if t.status == BUDGET_SPENT:
+            t.status = NOT_RUN_INTERRUPTED
 
 
 def _prepare_and_run(trial: Trial, i: int, request, opts: TuneOptions, hw, run_dir: Path, world: int,
@@ -646,9 +753,10 @@ def _prepare_and_run(trial: Trial, i: int, request, opts: TuneOptions, hw, run_d
     return True
 
 
-def _record_calibration(base, trials: list[Trial]) -> str | None:
-    """Fold the measured rungs into this machine's calibration; a note when the file cannot be written (the
-    measurements and the winner's files do not depend on it: a read-only or full cache must not lose them)."""
+def _record_calibration(base, trials: list[Trial]) -> list[str]:
+    """Fold the measured rungs into this machine's calibration; the notes: what was recorded (the first tune said
+    nothing, later ones only through the plan's note), or why the file could not be written (the measurements and
+    the winner's files do not depend on it: a read-only or full cache must not lose them)."""
     from wizard.planning import calibration
     rows = []
     for t in trials:
@@ -666,20 +774,27 @@ def _record_calibration(base, trials: list[Trial]) -> str | None:
     rows += [{"rung": t.candidate.rung_key, "speed_ratio": None, "memory_ratio": None, "memory_floor": floor}
              for t, floor in floors]
     if not rows:
-        return None
+        return []
     _, unreadable = calibration.load()
+    model = calibration.model_label(base.model)
     try:
-        path = calibration.record(base.hardware, base.plan.topology, base.answers.get("method", "full"), rows)
+        path = calibration.record(base.hardware, base.plan.topology, base.answers.get("method", "full"), rows,
+                                  model=model)
     except OSError as e:
-        return (f"Calibration not recorded: {e.filename or calibration.calibration_file()}: "
-                f"{e.strerror or e} (later plans stay uncalibrated).")
+        return [f"Calibration not recorded: {e.filename or calibration.calibration_file()}: "
+                f"{e.strerror or e} (later plans stay uncalibrated)."]
     memory = "process's RAM" if base.plan.topology.cpu else "GPU"
     for t, floor in floors:
         t.message += (f"; recorded: later plans on this machine size this rung at least x{floor:.2f} (the whole "
                       f"{memory}), so they no longer call it a fit")
+    names = list(dict.fromkeys(BY_KEY[r["rung"]].label if r["rung"] in BY_KEY else r["rung"] for r in rows))
+    out = [f"Calibration recorded in {path}: {', '.join(names)} measured against the model"
+           + (f" for {model}" if model else "") + f" on this machine ({calibration.machine_key(base.hardware, base.plan.topology)})"
+           "; later `wizard plan` and `wizard tune` runs for this machine apply these ratios and say so "
+           "(`--no-calibration` shows the raw model)."]
     if unreadable:      # record() starts a new file over one it cannot read: say so, it held earlier trials
-        return f"{unreadable} These trials' ratios replace it ({path})."
-    return None
+        out.append(f"{unreadable} These trials' ratios replace it ({path}).")
+    return out
 
 
 def _out_of_memory_floors(plan, trials: list[Trial]) -> list[tuple[Trial, float]]:

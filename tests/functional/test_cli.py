@@ -131,6 +131,20 @@ def test_nothing_fits_exits_3_and_says_what_would():
     assert "GiB" in out.stderr
 
 
+@pytest.mark.parametrize("mode", [["plan"], ["--non-interactive", "--dry-run"]])
+def test_nothing_fits_prints_each_alternative_once(mode):
+    """When nothing fits, the `Instead:` lines were printed twice: again inside the final error (issue 29)."""
+    out = run([*mode, "--params", "13B", "--assume", "1xRTX4090,ram=32G"])
+    assert out.returncode == 3, out.stderr
+    fitting = "QLoRA r=16: fits with Single GPU with gradient checkpointing"
+    assert f"Instead:  {fitting}" in out.stdout, out.stdout
+    assert (out.stdout + out.stderr).count(fitting) == 1, out.stderr
+    assert "Fine-tuning with adapters instead (--method): see the Instead: line above." in out.stderr, out.stderr
+    # --json prints no Instead: lines: there the exit line still names the alternative
+    j = run([*mode, "--params", "13B", "--assume", "1xRTX4090,ram=32G", "--json"])
+    assert j.returncode == 3 and f"Fine-tuning with adapters instead (--method): {fitting}" in j.stderr, j.stderr
+
+
 def _digest(d: Path) -> dict[str, str]:
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(d.iterdir())}
 
@@ -357,7 +371,7 @@ def test_plan_for_two_machines_needs_no_address_but_writing_does(tmp_path):
     doc = json.loads(out.stdout)
     assert doc["plan"]["num_machines"] == 2 and doc["plan"]["world_size"] == 16 and doc["plan"]["choice"]
     text = run(["plan", "--params", "7B", "--assume", "8xH100-80GB,nodes=2"])
-    assert text.returncode == 0 and "on 2 machine(s)" in text.stdout, text.stderr
+    assert text.returncode == 0 and "on 2 machines" in text.stdout, text.stderr
     files = run(["--non-interactive", "--params", "7B", "--assume", "8xH100-80GB,nodes=2", "--dry-run",
                  "--output-dir", str(tmp_path)])
     assert files.returncode == 2 and "main-process-ip" in files.stderr
@@ -463,3 +477,82 @@ def test_a_write_runs_every_rule_with_the_installed_libraries(case, tmp_path):
     assert "Validated with accelerate, DeepSpeed and transformers: OK" in out.stdout
     for text in (out.stdout, out.stderr):
         assert "CHECK-RULE-FAILED" not in text and "could not run" not in text and "Traceback" not in text, text[-2000:]
+
+
+def test_plan_wording_for_one_cpu_process_and_more_machines_of_them():
+    """"1 CPU processes", and "more GPUs up to 128 machines" said of CPU processes (issue 29)."""
+    out = run(["plan", "--params", "405B", "--use-cpu", "yes", "--num-processes", "1", "--hardware",
+               str(FIX / "hardware" / "cpu-box.json")])
+    assert out.returncode == 3, out.stderr
+    assert "; 1 CPU process on 1 machine; precision" in out.stdout, out.stdout
+    assert "Note:     This is 1 CPU process (DeepSpeed's CPU accelerator over gloo)" in out.stdout, out.stdout
+    assert "more machines of 1 CPU process, up to 128;" in out.stderr and "more GPUs" not in out.stderr, out.stderr
+
+
+def test_a_machine_count_in_assume_points_at_nodes():
+    """`--assume 2x8xH100` read "unknown GPU '8xH100'", with no hint that nodes=2 is the syntax (issue 29)."""
+    out = run(["plan", "--params", "7B", "--assume", "2x8xH100,ram=1T"])
+    assert out.returncode == 2 and len(out.stderr.splitlines()) == 1, out.stderr
+    assert "machines are given as nodes=N" in out.stderr and "8xH100,ram=1T,nodes=2" in out.stderr, out.stderr
+
+
+def test_the_next_line_of_a_two_machine_config_names_the_second_machines_rank(tmp_path):
+    """The 2-node Next line said nothing of --machine-rank 1 on the second machine (issue 29)."""
+    out = run(["--non-interactive", "--params", "7B", "--assume", "8xH100,nodes=2", "--main-process-ip", "10.0.0.1",
+               "--output-dir", str(tmp_path)])
+    assert out.returncode == 0, out.stderr
+    cfg = tmp_path / "default_config.yaml"
+    assert f"Next: on the main machine (10.0.0.1): wizard launch --config-file {cfg} -- your_train.py" in out.stdout
+    assert (f"on the second machine, with the same files: wizard launch --config-file {cfg} --machine-rank 1 -- "
+            "your_train.py [args]") in out.stdout, out.stdout
+
+
+NOISE_SCRIPT = '''
+import logging, sys
+logging.getLogger("kernels._internals.hf_hub").warning(
+    "Skipping publisher trust check for 'kernels-community/quantization-bitsandbytes' because Hugging Face Hub is in "
+    "offline mode.")
+logging.getLogger("bitsandbytes.backends.cpu.ops").warning(
+    "Failed to load CPU gemm_4bit_forward from kernels-community: %s. Please make sure", "offline")
+logging.getLogger("kernels._internals.hf_hub").warning("a kernels warning of another kind")
+logging.getLogger("mine").warning("the user's own warning")
+print("the user's own line", file=sys.stderr)
+'''
+
+
+def test_library_noise_nobody_caused_is_dropped_in_every_rank_and_nothing_else(tmp_path):
+    """kernels' "Skipping publisher trust check for 'kernels-community/...'" (and bitsandbytes' CPU kernel
+    fallback after it) printed in every rank of `wizard launch` and `tune` (issue 29). launch/_worker.py drops those
+    two records at their loggers before the user's script runs; the script's own output and the libraries' other
+    messages stay."""
+    script = tmp_path / "noisy.py"
+    script.write_text(NOISE_SCRIPT)
+    bare = run_python([str(script)], tmp_path)
+    assert "Skipping publisher trust check" in bare.stderr, bare.stderr         # the premise: Python prints it
+    ranked = run_python([str(ROOT / "launch" / "_worker.py"), str(script)], tmp_path)
+    assert ranked.returncode == 0, ranked.stderr
+    assert "Skipping publisher trust check" not in ranked.stderr and "gemm_4bit_forward" not in ranked.stderr
+    for kept in ("a kernels warning of another kind", "the user's own warning", "the user's own line"):
+        assert kept in ranked.stderr, ranked.stderr
+
+
+def test_the_wizards_own_process_drops_the_kernels_offline_notice(tmp_path):
+    """`wizard check` (as `launch` runs it) printed the notice before its output: the wizard sizes models with
+    HF_HUB_OFFLINE=1, and peft imports bitsandbytes, whose CPU backend looks its kernel up on the Hub."""
+    code = ("import logging\nfrom wizard.frontends.cli import _quiet_optional_libraries\n_quiet_optional_libraries()\n"
+            + NOISE_SCRIPT)
+    r = run_python(["-c", code], tmp_path)
+    assert "Skipping publisher trust check" not in r.stderr and "the user's own warning" in r.stderr, r.stderr
+    cfg = tmp_path / "out"
+    w = run(["--non-interactive", "--params", "98K", "--hidden-size", "64", "--layers", "2", "--heads", "4",
+             "--vocab-size", "128", "--use-cpu", "yes", "--num-processes", "2", "--backend", "deepspeed",
+             "--output-dir", str(cfg)], cwd=tmp_path)
+    assert w.returncode == 0, w.stderr
+    c = run(["check", "--config-file", str(cfg / "default_config.yaml"), "--method", "lora"], cwd=tmp_path,
+            env={"HF_HUB_OFFLINE": "1"})
+    assert "Skipping publisher trust check" not in c.stdout + c.stderr, c.stdout + c.stderr
+
+
+def run_python(args, cwd):
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=cwd, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})

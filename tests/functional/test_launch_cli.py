@@ -206,6 +206,27 @@ def test_wizard_runs_lists_every_run_with_its_true_state(tmp_path):
     assert "runs" in wizard("--help", cwd=tmp_path).stdout
 
 
+@pytest.mark.timeout(120)
+def test_wizard_runs_says_what_a_succeeded_run_did_and_why_a_run_stopped(tmp_path):
+    """DETAIL was empty for every succeeded run, and a trial `wizard tune` stopped at its time limit read
+    `stopped 130` with nothing else, the same as a Ctrl-C (issue 29)."""
+    root = tmp_path / "wizard-runs"
+    _run_json(root / "a-trial", status="succeeded", exit_code=0, ended_at=1010.0, trial_done={"steps": 7})
+    _run_json(root / "b-train", status="succeeded", exit_code=0, ended_at=1010.0, attempt=2,
+              progress={"step": 40, "total": 40, "loss": 2.5})
+    _run_json(root / "c-budget", status="stopped", exit_code=130, ended_at=1010.0,
+              stop_reason="wizard tune: the trial's time limit, 42 s (what was left of --budget)")
+    _run_json(root / "d-ctrl-c", status="stopped", exit_code=130, ended_at=1010.0, stop_reason="SIGINT (Ctrl-C)")
+    _run_json(root / "e-old", status="stopped", exit_code=130, ended_at=1010.0)
+    r = wizard("runs", str(root), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    detail = {ln.split()[0]: ln for ln in r.stdout.splitlines()[1:]}
+    assert detail["a-trial"].endswith("tune trial: the probe ended it after 7 optimizer steps (warm-up + measured)")
+    assert detail["b-train"].endswith("finished, step 40/40, loss 2.5, after 2 attempts"), r.stdout
+    assert detail["c-budget"].endswith("wizard tune: the trial's time limit, 42 s (what was left of --budget)")
+    assert detail["d-ctrl-c"].endswith("SIGINT (Ctrl-C)") and detail["e-old"].endswith("no reason recorded)")
+
+
 def test_import_is_light():
     code = ("import sys, launch.commands, launch.supervisor, launch.classify, launch.logs, launch.rundir\n"
             "bad = [m for m in ('torch', 'transformers', 'deepspeed', 'accelerate', 'textual') if m in sys.modules]\n"

@@ -257,6 +257,7 @@ def test_detached_run_survives_hangup_then_attach_and_stop(tmp_path):
         assert "stopped" in s.stdout
         st = state(run_dir)
         assert st["status"] == "stopped" and st["exit_code"] == 130
+        assert st["stop_reason"] == "stop requested (`wizard stop`)", st       # `wizard runs` shows it
         assert any(e["type"] == "stop" for e in events(run_dir))
         assert not still_alive(pids | run_pids(st)), still_alive(pids)
     finally:

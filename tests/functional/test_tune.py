@@ -92,7 +92,8 @@ def test_tune_measures_zero2_and_zero3_writes_the_winner_and_calibrates(tmp_path
     raw_speed = {r["key"]: r["speed"]["tokens_per_second"] for r in json.loads(raw.stdout)["plan"]["rungs"]}
     assert speed["zero2"] == pytest.approx(raw_speed["zero2"] * entries["zero2/full"]["speed_ratio"], rel=1e-3)
     assert speed["zero2"] != pytest.approx(raw_speed["zero2"], rel=1e-3)
-    assert "calibrated by 2 trials on this machine on" in text
+    assert "calibrated by 2 trials of --params 98K on this machine on" in text, text
+    assert "Measured on that model, not this one" not in text        # the same model: no caveat
 
 
 def test_a_micro_batch_variant_runs_its_split_through_the_scripts_own_training_arguments(tmp_path):
@@ -181,6 +182,10 @@ def test_a_trial_stopped_by_its_timeout_says_which_limit_stopped_it(tmp_path):
                          "--no-calibration"), tmp_path)
     assert r.returncode == 1, r.stdout + r.stderr
     assert "DeepSpeed ZeRO-2: stopped after 2 s (--trial-timeout) with 0 of 2 measured steps" in r.stdout, r.stdout
+    # and `wizard runs` says why the trial stopped: it read "stopped 130", the same as a Ctrl-C
+    (trial,) = (tmp_path / "runs").glob("tune-*/01-*/run.json")
+    assert json.loads(trial.read_text()).get("stop_reason") == \
+        "wizard tune: the trial's time limit, 2 s (--trial-timeout)", trial.read_text()
 
 
 def test_ctrl_c_mid_trial_writes_nothing_and_leaves_no_process(tmp_path):
@@ -207,6 +212,8 @@ def test_ctrl_c_mid_trial_writes_nothing_and_leaves_no_process(tmp_path):
     pids |= run_pids(state(trial))
     assert wait_for(lambda: not alive(pids), 10), alive(pids)
     assert state(trial)["status"] == "stopped"
+    assert state(trial)["stop_reason"].startswith("wizard tune was interrupted"), state(trial)
+    assert "1/3 DeepSpeed ZeRO-2: interrupted" in err and "budget spent" not in err, err[-2000:]
     assert not list((tmp_path / "runs").glob("tune-*/02-*"))     # the next candidate never started
 
 

@@ -463,12 +463,19 @@ def test_qlora_that_nothing_fits_while_loading_names_lora_when_it_fits(tmp_path)
     lora = [a for a in result.plan.alternatives if a.method == "lora"]
     assert len(lora) == 1 and lora[0].choice is not None and lora[0].rank == 8
     assert not any(a.method == "qlora" for a in result.plan.alternatives)
-    err = io.StringIO()
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+    err, out = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         code = main(["plan", "--model", model, "--assume", "8xH100-80GB,nodes=2", "--method", "qlora",
                      "--lora-rank", "8"])
-    assert code == 3 and "--method lora" in err.getvalue() and "LoRA r=8: fits with" in err.getvalue(), \
+    # the alternative is printed once, on its Instead: line; the exit line names --method lora and points at it
+    assert code == 3 and "--method lora" in err.getvalue() and "see the Instead: line above" in err.getvalue(), \
         err.getvalue()
+    assert "Instead:  LoRA r=8: fits with" in out.getvalue() and "LoRA r=8: fits with" not in err.getvalue()
+    err = io.StringIO()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        main(["plan", "--model", model, "--assume", "8xH100-80GB,nodes=2", "--method", "qlora", "--lora-rank", "8",
+              "--json"])
+    assert "LoRA r=8: fits with" in err.getvalue(), err.getvalue()     # --json prints no Instead: lines
 
 
 @pytest.mark.parametrize("method", ["full", "lora", "qlora"])

@@ -248,11 +248,12 @@ def test_a_calibration_file_that_cannot_be_written_is_a_note_not_a_crash(tmp_pat
     base = pipeline.build(pipeline.Request(given=ANSWERS, plan_only=True, calibrate=False))
     (cand,), _ = tune.pick_candidates(base.plan, 1, variants=0)
     measured = Trial(cand, status="measured", tokens_per_second=4000.0, peak_bytes=400 << 20)
-    note = tune._record_calibration(base, [measured])
-    assert note and note.startswith("Calibration not recorded: ") and "Is a directory" in note, note
+    (note,) = tune._record_calibration(base, [measured])
+    assert note.startswith("Calibration not recorded: ") and "Is a directory" in note, note
     assert path.is_dir() and list(path.iterdir()) == [] and list(tmp_path.iterdir()) == [path]
     monkeypatch.setenv("WIZARD_CALIBRATION_FILE", str(tmp_path / "ok.json"))
-    assert tune._record_calibration(base, [measured]) is None and (tmp_path / "ok.json").is_file()
+    (recorded,) = tune._record_calibration(base, [measured])
+    assert recorded.startswith("Calibration recorded in ") and (tmp_path / "ok.json").is_file()
 
 
 def test_a_rung_measured_over_the_headroom_is_recorded(tmp_path, monkeypatch):
@@ -265,12 +266,12 @@ def test_a_rung_measured_over_the_headroom_is_recorded(tmp_path, monkeypatch):
     (cand,), _ = tune.pick_candidates(base.plan, 1, variants=0)
     over = Trial(cand, status="too much memory", tokens_per_second=4000.0,
                  peak_bytes=3 * cand.predicted["per_gpu_bytes"])
-    assert tune._record_calibration(base, [over]) is None
+    assert [n[:21] for n in tune._record_calibration(base, [over])] == ["Calibration recorded "]
     entry = json.loads(path.read_text())["machines"]["cpu:2"]["zero2/full"]
     assert entry["memory_ratio"] == pytest.approx(3.0) and entry["trials"] == 1
     failed = Trial(cand, status="failed")
     path.unlink()
-    tune._record_calibration(base, [failed, Trial(cand, status=tune.OOM)])
+    assert tune._record_calibration(base, [failed, Trial(cand, status=tune.OOM)]) == []
     assert not path.exists()
 
 
@@ -283,11 +284,28 @@ def test_tune_says_when_its_record_replaces_an_unreadable_file(tmp_path, monkeyp
     base = pipeline.build(pipeline.Request(given=ANSWERS, plan_only=True, calibrate=False))
     (cand,), _ = tune.pick_candidates(base.plan, 1, variants=0)
     measured = Trial(cand, status="measured", tokens_per_second=4000.0, peak_bytes=400 << 20)
-    note = tune._record_calibration(base, [measured])
+    recorded, note = tune._record_calibration(base, [measured])
     assert note == (f"Calibration file {path} is unreadable (Expecting property name enclosed in double quotes: "
                     f"line 1 column 2 (char 1)); ignored. These trials' ratios replace it ({path})."), note
     assert json.loads(path.read_text())["machines"]["cpu:2"]["zero2/full"]["trials"] == 1
-    assert tune._record_calibration(base, [measured]) is None         # readable now: folded in, nothing to say
+    (recorded,) = tune._record_calibration(base, [measured])     # readable now: folded in, no unreadable note
+    assert recorded.startswith("Calibration recorded in ")
+
+
+def test_the_first_tune_says_it_recorded_calibration_and_for_which_model(tmp_path, monkeypatch):
+    """Later tunes showed a calibration note (the plan's); the first recorded the ratios silently (issue 29)."""
+    from wizard import tune
+    path = tmp_path / "calibration.json"
+    monkeypatch.setenv("WIZARD_CALIBRATION_FILE", str(path))
+    base = pipeline.build(pipeline.Request(given=ANSWERS, plan_only=True, calibrate=False))
+    (cand,), _ = tune.pick_candidates(base.plan, 1, variants=0)
+    measured = Trial(cand, status="measured", tokens_per_second=4000.0, peak_bytes=400 << 20)
+    assert not path.exists()
+    (note,) = tune._record_calibration(base, [measured])
+    assert note == (f"Calibration recorded in {path}: DeepSpeed ZeRO-2 measured against the model for --params 98K "
+                    "on this machine (cpu:2); later `wizard plan` and `wizard tune` runs for this machine apply these "
+                    "ratios and say so (`--no-calibration` shows the raw model)."), note
+    assert json.loads(path.read_text())["machines"]["cpu:2"]["zero2/full"]["model"] == "--params 98K"
 
 
 def test_a_rung_that_ran_out_of_memory_is_no_longer_a_fit_on_this_machine(tmp_path, monkeypatch):
@@ -306,7 +324,7 @@ def test_a_rung_that_ran_out_of_memory_is_no_longer_a_fit_on_this_machine(tmp_pa
     calibration.record(base.hardware, base.plan.topology, "full",
                        [{"rung": cand.rung_key, "speed_ratio": 1.0, "memory_ratio": 0.9}])   # an earlier fit
     oom = Trial(cand, status=tune.OOM, out_of="host", message="out of memory")
-    assert tune._record_calibration(base, [oom]) is None
+    assert [n[:21] for n in tune._record_calibration(base, [oom])] == ["Calibration recorded "]
     entry = json.loads(path.read_text())["machines"]["cpu:2"][f"{cand.rung_key}/full"]
     assert entry["trials"] == 2 and entry["speed_ratio"] == 1.0
     assert entry["memory_ratio"] == pytest.approx(capacity / predicted)      # the floor, not a mean with 0.9
@@ -337,3 +355,35 @@ def test_an_out_of_memory_floor_is_not_averaged_away_by_a_later_lower_ratio(tmp_
     assert entry["memory_ratio"] == 1.2 and entry["memory_floor"] == 1.2 and entry["trials"] == 2
     cal, _ = _plan()
     assert any("memory x1.20 at least: it ran out of memory in a trial" in n for n in cal.notes), cal.notes
+
+
+def test_a_failure_is_the_users_code_only_when_the_innermost_frame_is_theirs(tmp_path):
+    """tune stops after a trial that failed in the script's own code (every candidate runs it), not after an error
+    raised inside a library (another candidate's config may not meet it), nor out of memory (issue 29)."""
+    from wizard import tune
+    user = tmp_path / "train.py"
+    lib = "/usr/lib/python3/site-packages/transformers/trainer.py"
+    tail = ['[rank0]: Traceback (most recent call last):',
+            f'[rank0]:   File "{user}", line 183, in main',
+            '[rank0]:     trainer.train()',
+            f'[rank0]:   File "{lib}", line 1591, in train',
+            '[rank0]:     return inner_training_loop(',
+            f'[rank0]:   File "{user}", line 169, in on_step_begin',
+            '[rank0]:     raise RuntimeError("boom")',
+            '[rank0]: RuntimeError: boom at step 1',
+            '  2%|▎         | 1/40 [00:00<00:29,  1.33it/s]']
+    cl = {"kind": "python_exception", "log_tail": tail}
+    assert tune.user_code_error(cl) == "train.py:169: RuntimeError: boom at step 1"
+    assert tune.user_code_error({**cl, "log_tail": tail[:5] + ["[rank0]: ValueError: bad config"]}) is None
+    assert tune.user_code_error({**cl, "kind": "cuda_oom"}) is None
+    worker = f'[rank0]:   File "{tune.__file__.replace("wizard/tune.py", "launch/_probe.py")}", line 9, in hook'
+    assert tune.user_code_error({**cl, "log_tail": tail[:7] + [worker, "[rank0]: KeyError: 'x'"]}) is None
+
+
+def test_the_table_labels_cpu_processes_memory_per_process_not_per_gpu():
+    """Trials of CPU processes read "peak per GPU" (issue 29)."""
+    from wizard.frontends.report import tune_rows
+    from wizard.tune import TuneResult
+    rows = [trial("zero2", 0, 1000.0)]
+    assert tune_rows(TuneResult(rows, None, "", False, [], cpu=True))[0][3] == "peak per process"
+    assert tune_rows(TuneResult(rows, None, "", False, []))[0][3] == "peak per GPU"

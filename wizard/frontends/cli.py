@@ -229,7 +229,8 @@ def build_tune_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                                   "and record none from these trials")
     g = p.add_argument_group("trials")
     g.add_argument("--steps", type=int, default=tune.DEFAULT_STEPS, metavar="N",
-                   help="measured optimizer steps per candidate")
+                   help="measured optimizer steps per candidate; the script must run at least --warmup-steps + "
+                        "--steps + 1 optimizer steps (a step is timed up to the start of the next)")
     g.add_argument("--warmup-steps", type=int, default=tune.DEFAULT_WARMUP, metavar="N",
                    help="optimizer steps run before measuring")
     g.add_argument("--candidates", type=int, default=tune.DEFAULT_CANDIDATES, metavar="N",
@@ -336,7 +337,7 @@ def cmd_plan(ns: argparse.Namespace) -> int:
         print(json.dumps(doc, indent=2, sort_keys=True, default=str))
     else:
         report.print_plan(result)
-    return _nothing_fits_exit(result)
+    return _nothing_fits_exit(result, alternatives_shown=not getattr(ns, "json", False))
 
 
 def cmd_tune(ns: argparse.Namespace) -> int:
@@ -386,11 +387,12 @@ def script_answers_file(script: str) -> str | None:
     return None
 
 
-def _nothing_fits_exit(result) -> int:
+def _nothing_fits_exit(result, alternatives_shown: bool = False) -> int:
+    """`alternatives_shown`: the text plan printed its `Instead:` lines; the exit line does not repeat them."""
     if result.plan.choice is not None:
         return 0
     from wizard.frontends import report
-    print(f"wizard: {report.nothing_fits_message(result)}", file=sys.stderr)
+    print(f"wizard: {report.nothing_fits_message(result, alternatives_shown)}", file=sys.stderr)
     return EXIT_NOTHING_FITS
 
 
@@ -410,7 +412,7 @@ def cmd_non_interactive(ns: argparse.Namespace) -> int:
             print(json.dumps(to_json(result), indent=2, sort_keys=True, default=str))
         else:
             report.print_plan(result)
-        return _nothing_fits_exit(result)
+        return _nothing_fits_exit(result, alternatives_shown=not as_json)
     # The files are judged by the installed libraries from here on: a version outside the tested range is
     # named (one line, stderr) before the verdict, whatever it is.
     from wizard.frontends.env import note_untested_versions
@@ -555,6 +557,8 @@ def _quiet_optional_libraries() -> None:
     machine without a GPU; the wizard runs no kernel, and its stderr is one line per problem."""
     import logging
     logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
+    from launch._quiet import quiet_library_noise     # kernels' offline "Skipping publisher trust check" (ours)
+    quiet_library_noise()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

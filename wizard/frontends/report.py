@@ -110,9 +110,10 @@ def print_plan(result, file: TextIO | None = None) -> None:
     print(f"Hardware: {hardware_line(result.hardware)}", file=out)
     print(f"Model:    {model_line(result.model)}", file=out)
     topo = plan.topology
-    kind = "CPU processes" if topo.cpu else "GPU processes"
+    n, m = int(topo.world_size), int(topo.num_machines)
+    kind = f"{'CPU' if topo.cpu else 'GPU'} process{'es' if n != 1 else ''}"
     print(f"Budget:   {fmt_bytes(plan.usable_bytes)} usable per process of {fmt_bytes(plan.gpu_capacity_bytes)}; "
-          f"{topo.world_size} {kind} on {topo.num_machines} machine(s); precision {plan.precision}", file=out)
+          f"{n} {kind} on {m} machine{'s' if m != 1 else ''}; precision {plan.precision}", file=out)
     for note in plan.notes:
         print(f"Note:     {note}", file=out)
     print("", file=out)
@@ -195,18 +196,22 @@ def speed_lines(plan) -> list[str]:
     return lines
 
 
-def nothing_fits_message(result) -> str:
+def nothing_fits_message(result, alternatives_shown: bool = False) -> str:
+    """The exit-3 line. `alternatives_shown`: the text plan above it printed the `Instead:` lines, so the fitting
+    adapter alternatives are pointed at, not printed a second time."""
     from wizard.config import answers as answers_mod
     from wizard.planning.plan import explain_nothing_fits
     a = result.answers
     text = explain_nothing_fits(result.plan, result.hardware, result.model, answers_mod.training_options(a),
                                 answers_mod.strategy_options(a), answers_mod.topology(a, result.hardware))
     fitting = [alt.text for alt in result.plan.alternatives if alt.choice is not None]
+    listed = ("see the Instead: line" + ("s" if len(fitting) > 1 else "") + " above" if alternatives_shown
+              else "; ".join(fitting))
     if fitting and a.get("method") == "qlora":
         text += (" With --method lora (its 16-bit base is sharded while it loads, where QLoRA's 4-bit model is "
-                 "loaded whole onto every GPU first): " + "; ".join(fitting) + ".")
+                 f"loaded whole onto every GPU first): {listed}.")
     elif fitting:
-        text += " Fine-tuning with adapters instead (--method): " + "; ".join(fitting) + "."
+        text += f" Fine-tuning with adapters instead (--method): {listed}."
     return text
 
 
@@ -245,7 +250,20 @@ def print_written(result, dry_run: bool, file: TextIO | None = None, script: lis
     import shlex
     what = shlex.join(script) if script else "your_train.py [args]"
     # a line to paste into a shell: the config's path quoted as the script's is (a directory with a space)
-    print(f"Next: wizard launch --config-file {shlex.quote(str(result.yaml_path))} -- {what}", file=out)
+    config = shlex.quote(str(result.yaml_path))
+    machines = int(result.answers.get("num_machines") or 1)
+    if machines <= 1:
+        print(f"Next: wizard launch --config-file {config} -- {what}", file=out)
+        return
+    # every machine runs the same files with its own rank: the config holds the main machine's (0)
+    ip = result.answers.get("main_process_ip")
+    print(f"Next: on the main machine{f' ({ip})' if ip else ''}: wizard launch --config-file {config} -- {what}",
+          file=out)
+    others = ("on the second machine" if machines == 2 else
+              f"on each of the other {machines - 1} machines, K = 1..{machines - 1}")
+    rank = "1" if machines == 2 else "K"
+    print(f"      {others}, with the same files: wizard launch --config-file {config} --machine-rank {rank} -- {what}",
+          file=out)
 
 
 def print_adapter_snippet(result, file: TextIO | None = None) -> None:
@@ -272,8 +290,9 @@ def _pair(pred: str, meas: str) -> str:
 
 def tune_rows(result) -> list[list[str]]:
     """One row per candidate: its split (micro-batch x accumulation per process, gradient checkpointing), then
-    predicted / measured peak memory per GPU, step time, tokens/s, MFU."""
-    rows = [["candidate", "micro-batch x accum", "result", "peak per GPU", "step time", "tokens/s", "MFU"]]
+    predicted / measured peak memory per GPU (per process on CPU processes), step time, tokens/s, MFU."""
+    peak = "peak per process" if getattr(result, "cpu", False) else "peak per GPU"
+    rows = [["candidate", "micro-batch x accum", "result", peak, "step time", "tokens/s", "MFU"]]
     for t in result.trials:
         p = t.candidate.predicted
         mark = "=> " if result.winner is t else "   "

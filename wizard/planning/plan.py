@@ -714,8 +714,10 @@ def explain_nothing_fits(plan: Plan, hw, model, training: TrainingOptions, strat
     if fixes:
         lines.append("What would fit: " + "; ".join(f.text for f in fixes) + ".")
     else:
-        lines.append("No single change tried (more GPUs up to "
-                     f"{_MAX_MACHINES_TRIED} machines, a smaller micro-batch, gradient checkpointing, a shorter "
+        per = int(topology.processes_per_machine)
+        more = (f"more machines of {per} CPU process{'es' if per != 1 else ''}, up to {_MAX_MACHINES_TRIED}"
+                if topology.cpu else f"more GPUs, up to {_MAX_MACHINES_TRIED} machines")
+        lines.append(f"No single change tried ({more}; a smaller micro-batch, gradient checkpointing, a shorter "
                      "sequence, SDPA attention, 8-bit AdamW) makes a rung fit.")
     return " ".join(lines)
 

@@ -21,6 +21,26 @@ from wizard.units import fmt_bytes
 
 # --- Resolving the inputs ---------------------------------------------------------------------------
 
+class NoGpusError(InputError):
+    """GPU processes asked of a machine without GPUs. The field is the flag the user gave (--hardware, --assume) or,
+    for this machine, --use-cpu: it read "--hardware: no GPUs found" when no --hardware was given, and named no way
+    to CPU processes (`wizard tune` rewrites it: it refuses --assume)."""
+
+    def __init__(self, hw):
+        self.reason = hw.gpu_reason or "unknown reason"
+        source = str(getattr(hw, "source", "probe") or "probe")
+        if source.startswith("assume:"):
+            field, where = "--assume", f"{source[len('assume:'):]} has no GPUs"
+        elif source.startswith("file:"):
+            field, where = "--hardware", f"{source[len('file:'):]} lists no GPUs"
+        else:
+            field, where = "--use-cpu", f"no GPUs found on this machine ({self.reason})"
+        allowed = ("--use-cpu yes --num-processes N (CPU processes on this machine), a machine with GPUs, or "
+                   "--assume SPEC to plan another machine" if field == "--use-cpu" else
+                   "a machine with GPUs, or --use-cpu yes --num-processes N")
+        super().__init__(field, f"{where}, and GPU processes were asked for", allowed)
+
+
 def resolve_precision(precision: str, hw, cpu: bool) -> str:
     """'auto': fp32 for CPU processes, bf16 where every GPU supports it, else fp16."""
     _check_choice(precision, PRECISIONS, "--precision")
@@ -87,15 +107,16 @@ def _resolve(hw, model, training: TrainingOptions, strategy: StrategyOptions, to
                              "a probed machine, or --assume with ram=SIZE")
         capacity = ram // per_machine
         context = mem.CPU_PROCESS_OVERHEAD_BYTES
-        notes.append(f"These are {per_machine * machines} CPU processes (DeepSpeed's CPU accelerator over gloo): "
-                     f"each gets host RAM / {per_machine}, in {precision}; offload rungs are left out because "
-                     "the processes already live in host RAM.")
+        n = per_machine * machines
+        notes.append((f"These are {n} CPU processes" if n != 1 else "This is 1 CPU process") +
+                     f" (DeepSpeed's CPU accelerator over gloo): each gets host RAM / {per_machine}, in {precision}; "
+                     f"offload rungs are left out because the process{'es' if n != 1 else ''} already "
+                     f"live{'' if n != 1 else 's'} in host RAM.")
         if precision == "fp16":
             notes.append("fp16 on CPUs is poorly supported by torch and DeepSpeed's CPU accelerator; use fp32 or bf16.")
     else:
         if hw.num_gpus == 0:
-            raise InputError("--hardware", f"no GPUs found ({hw.gpu_reason or 'unknown reason'}) for GPU processes",
-                             "a machine with GPUs, --assume SPEC, or CPU processes")
+            raise NoGpusError(hw)
         if per_machine > hw.num_gpus:
             raise InputError("--num-processes", f"{per_machine} processes per machine but only {hw.num_gpus} GPUs",
                              f"1..{hw.num_gpus}")

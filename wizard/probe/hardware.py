@@ -286,6 +286,11 @@ def assume(spec: str) -> Hardware:
     head, *extras = spec.split(",")
     if not re.match(r"\s*\d+\s*[xX×]", head):
         raise InputError("assume", f"{spec.strip()!r} does not start with COUNTxGPU", ASSUME_FORMAT)
+    nodes = re.fullmatch(r"\s*(\d+)\s*[xX×]\s*(\d+\s*[xX×]\s*\S.*?)\s*", head)
+    if nodes:       # "2x8xH100": the machine count is an option, as accelerate's num_machines is its own answer
+        rest = ",".join([nodes.group(2).replace(" ", "")] + [e.strip() for e in extras] + [f"nodes={nodes.group(1)}"])
+        raise InputError("assume", f"{head.strip()!r}: machines are given as nodes=N, not as a second count",
+                         f"{rest} ({nodes.group(1)} machines of {nodes.group(2).replace(' ', '')})")
     groups = parse_gpu_groups(head, "assume")
     options = _assume_options(extras)
 
