@@ -10,24 +10,46 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-BACKENDS = ("single", "zero2", "zero3")
+# The rungs the bench measures (wizard.planning.rungs keys), one process each. v1: single, zero2, zero3;
+# v2 (issue 28) adds the offload rungs and FSDP2.
+BACKENDS = ("single", "zero2", "zero3", "zero2-offload-opt", "zero3-offload-all", "fsdp-reshard")
+METHODS = ("full", "lora", "qlora")
+# The adapters of the LoRA / QLoRA cases: the tune rows' (shared/gpu/2026-12-04), the wizard's defaults but
+# all-linear spelt out (peft's shorthand, what the user's train_real.py passed).
+LORA_ANSWERS = {"lora_rank": "16", "lora_alpha": "32", "lora_targets": "all-linear"}
+
+
+def is_deepspeed(backend: str) -> bool:
+    return backend.startswith("zero")
+
+
+def is_fsdp(backend: str) -> bool:
+    return backend.startswith("fsdp")
 
 
 @dataclass
 class CaseSpec:
     model: str
-    backend: str                      # single | zero2 | zero3 (one process each)
+    backend: str                      # a BACKENDS rung key (one process each)
     seq_len: int
     micro_batch: int
     gc: bool
-    role: str = "coverage"            # coverage | smallest-headroom | predicted-oom
+    role: str = "coverage"            # coverage | v2 | smallest-headroom | predicted-oom
     why: str = ""
+    method: str = "full"              # full | lora | qlora
 
     def key(self) -> tuple:
-        return (self.model, self.backend, self.seq_len, self.micro_batch, self.gc)
+        return (self.model, self.backend, self.seq_len, self.micro_batch, self.gc, self.method)
 
     def label(self) -> str:
-        return f"{self.model} {self.backend} s{self.seq_len} b{self.micro_batch} GC {'on' if self.gc else 'off'}"
+        method = "" if self.method == "full" else f" {self.method}"
+        return (f"{self.model}{method} {self.backend} s{self.seq_len} b{self.micro_batch} "
+                f"GC {'on' if self.gc else 'off'}")
+
+    @property
+    def kind(self) -> str:
+        """What a --quick dry run trains once: the method and the rung (a tiny model behaves alike in each)."""
+        return self.backend if self.method == "full" else f"{self.method} {self.backend}"
 
 
 @dataclass
@@ -41,6 +63,8 @@ class Prediction:
     breakdown: dict[str, int] = field(default_factory=dict)
     reason: str = ""
     offload: bool = False
+    step_seconds: float | None = None     # the rung's predicted optimizer step (speed.step_seconds), raw model
+    load_bytes: int = 0                   # per GPU while loading, where that is its own peak (QLoRA sharded)
 
     @property
     def ratio(self) -> float:
@@ -54,17 +78,25 @@ def rung_key(backend: str) -> str:
     return backend
 
 
-def given_for(model_dir: str, backend: str | None, seq_len: int, micro_batch: int, gc: bool | None) -> dict:
-    """The answers that force one configuration (None: let the wizard choose, as a user would)."""
+def given_for(model_dir: str, backend: str | None, seq_len: int, micro_batch: int, gc: bool | None,
+              method: str = "full", num_processes: int = 1) -> dict:
+    """The answers that force one configuration (None: let the wizard choose, as a user would). A rung's
+    answers are the rung table's own flags (wizard.planning.rungs: --backend/--zero-stage/--offload)."""
+    from wizard.planning.rungs import RUNGS
+    if method not in METHODS:
+        raise ValueError(f"method {method!r}: one of {', '.join(METHODS)}")
     given: dict[str, Any] = {"model": model_dir, "seq_len": seq_len, "micro_batch": micro_batch,
-                             "precision": "bf16", "attention": "sdpa", "num_processes": 1,
+                             "precision": "bf16", "attention": "sdpa", "num_processes": num_processes,
                              "gradient_checkpointing": "auto" if gc is None else ("on" if gc else "off")}
+    if method != "full":
+        given.update(method=method, **LORA_ANSWERS)
     if backend is None:
         given.update(backend="auto", zero_stage="auto", offload="auto")
-    elif backend == "single":
-        given["backend"] = "ddp"          # one process: the ladder's only rung is "single"
-    else:
-        given.update(backend="deepspeed", zero_stage=backend[-1], offload="none")
+        return given
+    spec = next(r for r in RUNGS if r.key == rung_key(backend))
+    given.update({k: v for k, v in spec.flags().items() if v is not None})
+    if spec.backend == "fsdp":           # the rung's resharding, else the files keep the plan's own choice's
+        given.update(fsdp_version="2", fsdp_reshard_after_forward="yes" if spec.fsdp_reshard else "no")
     return given
 
 
@@ -72,7 +104,9 @@ def prediction_from_rung(rung, plan) -> Prediction:
     return Prediction(rung=rung.key, fits=bool(rung.fits), per_gpu_bytes=int(rung.per_gpu_bytes),
                       usable_bytes=int(plan.usable_bytes), capacity_bytes=int(plan.gpu_capacity_bytes),
                       gc=bool(rung.gradient_checkpointing), breakdown=dict(rung.breakdown), reason=rung.reason,
-                      offload=rung.offload_optimizer != "none" or rung.offload_param != "none")
+                      offload=rung.offload_optimizer != "none" or rung.offload_param != "none",
+                      step_seconds=float(rung.speed.step_seconds) if rung.speed else None,
+                      load_bytes=int(rung.load_bytes or 0))
 
 
 class Planner:
@@ -83,21 +117,43 @@ class Planner:
         self.model_dirs = model_dirs
         self._cache: dict[tuple, Any] = {}
 
-    def build(self, model: str, backend: str | None, seq_len: int, micro_batch: int, gc: bool | None):
+    def build(self, model: str, backend: str | None, seq_len: int, micro_batch: int, gc: bool | None,
+              method: str = "full", num_processes: int = 1, hw=None):
         from wizard import pipeline
-        key = (model, backend, seq_len, micro_batch, gc)
+        key = (model, backend, seq_len, micro_batch, gc, method, num_processes, id(hw))
         if key not in self._cache:
-            given = given_for(self.model_dirs[model], backend, seq_len, micro_batch, gc)
-            self._cache[key] = pipeline.build(pipeline.Request(given=given), hw=self.hw)
+            given = given_for(self.model_dirs[model], backend, seq_len, micro_batch, gc, method, num_processes)
+            self._cache[key] = pipeline.build(pipeline.Request(given=given), hw=hw or self.hw)
         return self._cache[key]
+
+    def _build_spec(self, spec: CaseSpec):
+        return self.build(spec.model, spec.backend, spec.seq_len, spec.micro_batch, spec.gc, spec.method)
 
     def predict(self, spec: CaseSpec) -> Prediction:
         from wizard.planning.plan import rung_by_key
-        result = self.build(spec.model, spec.backend, spec.seq_len, spec.micro_batch, spec.gc)
+        result = self._build_spec(spec)
         rung = rung_by_key(result.plan, rung_key(spec.backend))
         if rung is None:
             raise RuntimeError(f"the plan for {spec.label()} has no {spec.backend} rung")
         return prediction_from_rung(rung, result.plan)
+
+    def forced_plan(self, spec: CaseSpec):
+        """(result, plan with the case's rung as its choice): what the files for that rung are written from."""
+        from wizard.planning.plan import rung_by_key
+        result = self._build_spec(spec)
+        return result, dataclasses.replace(result.plan, choice=rung_by_key(result.plan, rung_key(spec.backend)))
+
+    def adapter_setup(self, spec: CaseSpec) -> dict | None:
+        """What the wizard tells a LoRA / QLoRA user to pass for this rung (wizard.frontends.snippets): peft's
+        LoraConfig, transformers' BitsAndBytesConfig (dtypes by name) and whether to call peft's
+        prepare_model_for_kbit_training; train_one.py runs exactly that. None for a full fine-tune."""
+        if spec.method == "full":
+            return None
+        from wizard.frontends import snippets
+        result, plan = self.forced_plan(spec)
+        return {"lora": snippets.lora_config_kwargs(result.answers, result.model, plan),
+                "bnb": snippets.bnb_config_kwargs(result.answers, plan) if spec.method == "qlora" else None,
+                "kbit_prepared": bool(snippets.kbit_prepared(plan)) if spec.method == "qlora" else False}
 
     def recommend(self, model: str, seq_len: int, micro_batch: int) -> tuple[CaseSpec, Prediction] | None:
         """What the wizard chooses with everything on auto, as a forced CaseSpec; None if nothing fits."""
@@ -111,16 +167,18 @@ class Planner:
 
     def ds_config_text(self, spec: CaseSpec) -> str | None:
         """The ds_config.json the wizard writes for this rung (also for a rung it would not choose)."""
-        if spec.backend == "single":
+        if not is_deepspeed(spec.backend):
             return None
         from wizard.config import emit
-        from wizard.planning.plan import rung_by_key
-        result = self.build(spec.model, spec.backend, spec.seq_len, spec.micro_batch, spec.gc)
-        plan = dataclasses.replace(result.plan, choice=rung_by_key(result.plan, spec.backend))
+        result, plan = self.forced_plan(spec)
         return emit.render_json(emit.deepspeed_config(result.answers, plan, result.model))
 
-    def accelerate_yaml(self, spec: CaseSpec) -> str | None:
-        return self.build(spec.model, spec.backend, spec.seq_len, spec.micro_batch, spec.gc).yaml_text
+    def accelerate_yaml(self, spec: CaseSpec) -> str:
+        """The default_config.yaml the wizard writes for this rung (DeepSpeed's JSON beside it as ds_path)."""
+        from wizard.config import emit
+        result, plan = self.forced_plan(spec)
+        ds_path = result.ds_path if is_deepspeed(spec.backend) else None
+        return emit.render_yaml(emit.accelerate_config(result.answers, plan, ds_path, result.model))
 
     def params(self, model: str) -> int:
         return int(self.build(model, "single", 512, 1, False).model.params)
@@ -158,10 +216,11 @@ def pick_predicted_oom(candidates: Iterable[tuple[CaseSpec, Prediction]],
 def select_cases(cfg: dict, models: list[str],
                  predict: Callable[[CaseSpec], Prediction],
                  recommend: Callable[[str, int, int], tuple[CaseSpec, Prediction] | None]) -> Selection:
-    """Coverage cases from cases.json, plus the smallest-headroom and the predicted-OOM case.
+    """The v2 cases and the coverage cases from cases.json, plus the smallest-headroom and the predicted-OOM case.
 
-    Order: the two selected cases first (they matter most if time runs short), then the launch
-    case, then the rest of the coverage. A selected case equal to a coverage case takes its place.
+    Order (what runs if time runs short): the v2 cases first (the rungs no GPU has measured yet), then the two
+    selected cases, then the launch case, then the rest of the coverage (measured on 2026-12-04). A selected
+    case equal to a coverage case takes its place.
     """
     grid = cfg["grid"]
     notes: list[str] = []
@@ -205,8 +264,10 @@ def select_cases(cfg: dict, models: list[str],
     launch_key = spec_from_json(cfg["launch"]).key() if cfg.get("launch") else None
     coverage = [spec_from_json(c) for c in cfg["coverage"]]
     coverage.sort(key=lambda s: 0 if s.key() == launch_key else 1)
+    v2 = [dataclasses.replace(spec_from_json(c), role="v2") for c in cfg.get("v2", [])]
     chosen = {s.key() for s in selected}
-    cases = list(selected)
+    cases = [s for s in v2 if s.key() not in chosen] + list(selected)
+    chosen |= {s.key() for s in v2}
     for spec in coverage:
         if spec.key() in chosen:
             notes.append(f"coverage case {spec.label()} is also the {next(s.role for s in selected if s.key() == spec.key())} case")
@@ -217,9 +278,9 @@ def select_cases(cfg: dict, models: list[str],
 
 
 def spec_from_json(d: dict) -> CaseSpec:
-    return CaseSpec(model=d["model"], backend=d["backend"], seq_len=int(d["seq_len"]),
+    return CaseSpec(model=d["model"], backend=rung_key(d["backend"]), seq_len=int(d["seq_len"]),
                     micro_batch=int(d["micro_batch"]), gc=bool(d["gc"]), role=d.get("role", "coverage"),
-                    why=d.get("why", ""))
+                    why=d.get("why", ""), method=d.get("method", "full"))
 
 
 def write_models(shapes: dict[str, dict], root: Path) -> dict[str, str]:

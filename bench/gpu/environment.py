@@ -12,9 +12,11 @@ import subprocess
 import sys
 from typing import Any
 
-LIBRARIES = ("torch", "transformers", "accelerate", "deepspeed", "nvidia-ml-py", "psutil", "PyYAML")
+LIBRARIES = ("torch", "transformers", "accelerate", "deepspeed", "peft", "bitsandbytes", "nvidia-ml-py", "psutil",
+             "PyYAML")
 MODULES = {"torch": "torch", "transformers": "transformers", "accelerate": "accelerate", "deepspeed": "deepspeed",
-           "nvidia-ml-py": "pynvml", "psutil": "psutil", "PyYAML": "yaml"}
+           "peft": "peft", "bitsandbytes": "bitsandbytes", "nvidia-ml-py": "pynvml", "psutil": "psutil",
+           "PyYAML": "yaml"}
 
 
 def environment(dry_run: bool) -> dict[str, Any]:
@@ -46,9 +48,12 @@ def environment(dry_run: bool) -> dict[str, Any]:
         except (subprocess.TimeoutExpired, ValueError, IndexError) as exc:
             torch_cuda = {"error": f"{type(exc).__name__}: {exc}"}
     info["torch_cuda"] = torch_cuda
-    missing = [d for d in ("torch", "transformers", "accelerate") if not libs[d]["importable"]]
+    # DeepSpeed, peft and bitsandbytes run in a dry run too (DeepSpeed's CPU accelerator, bitsandbytes' CPU
+    # backend); NVML, CUDA and nvidia-smi only matter on the GPU.
+    missing = [d for d in ("torch", "transformers", "accelerate", "deepspeed", "peft", "bitsandbytes")
+               if not libs[d]["importable"]]
     if not dry_run:
-        missing += [d for d in ("deepspeed", "nvidia-ml-py") if not libs[d]["importable"]]
+        missing += [d for d in ("nvidia-ml-py",) if not libs[d]["importable"]]
         if libs["torch"]["importable"] and not (torch_cuda or {}).get("available"):
             missing.append("CUDA for torch (torch.cuda.is_available() is False)")
         if not info["nvidia_smi"]:
@@ -57,13 +62,18 @@ def environment(dry_run: bool) -> dict[str, Any]:
     return info
 
 
-def blocking(missing: list[str], what: str) -> list[str]:
+def blocking(missing: list[str], what: str, method: str = "full") -> list[str]:
     """Which of the missing things stop one measurement. Every training needs torch with CUDA,
-    transformers and accelerate; ZeRO cases need DeepSpeed; the launch comparison needs nvidia-smi.
+    transformers and accelerate; ZeRO cases need DeepSpeed; LoRA needs peft, QLoRA peft and bitsandbytes, the
+    QLoRA loading premise bitsandbytes; the launch comparison needs nvidia-smi.
     Without nvidia-ml-py a case still runs (its peak then lacks the CUDA context, and says so)."""
     needed = [m for m in missing if m in ("torch", "transformers", "accelerate") or m.startswith("CUDA")]
     if what.startswith("zero"):
         needed += [m for m in missing if m == "deepspeed"]
+    if method in ("lora", "qlora"):
+        needed += [m for m in missing if m == "peft"]
+    if method == "qlora" or what == "qlora-load":
+        needed += [m for m in missing if m == "bitsandbytes"]
     if what == "launch":
         needed += [m for m in missing if m == "nvidia-smi"]
     return needed

@@ -11,17 +11,31 @@
    (wizard.pipeline.build, answers forcing backend / stage / GC / sequence / micro-batch, hardware
    from the probe) and the measured peak of a few HF Trainer steps in a subprocess
    (bench/gpu/train_one.py: torch.cuda.max_memory_reserved + the non-torch memory NVML sees).
-3. Launcher: `wizard launch --headless` on one configuration while `nvidia-smi -lms 1000` samples
+   Every row has the predicted step time (the rung's speed, raw model) beside the measured one (the
+   median step after the first). v2 (issue 28) adds LoRA (bf16 base) and QLoRA (NF4) of an 8B model,
+   ZeRO-2 CPU optimizer offload, ZeRO-3 parameter + optimizer offload and FSDP2 on one process.
+3. QLoRA loading premise: two processes on the one GPU each from_pretrained an 8B model in NF4 under
+   accelerate's FSDP environment (cpu_ram_efficient_loading); what each holds on the GPU after loading
+   against the plan's per-GPU loading peak (qlora_load_check.py).
+4. `wizard tune` of a real-size model with a Trainer script (train_real.py), every trial complete
+   (tune_check.py).
+5. Launcher: `wizard launch --headless` on one configuration while `nvidia-smi -lms 1000` samples
    in parallel; metrics.jsonl (util, mem_used, power_w) compared with it, aligned by time.
-4. Results: a markdown table (prediction, measurement, error %, fit decision right or wrong) plus
+6. Results: a markdown table (prediction, measurement, error %, fit decision right or wrong) plus
    a JSON twin, rewritten after every step so that a run cut short still leaves its results.
 
 --dry-run-cpu does everything a CPU can: the probe (with WIZARD_FAKE_NVML=1xH200), predictions
 and case selection for an assumed 1xH200, tiny versions of the trainings on the CPU (measured
 peaks are null), and the launch + metrics comparison against the fake NVML instead of nvidia-smi.
---quick: 2 steps instead of 3, a shorter launch; in a dry run, one tiny training per backend.
+--quick: 2 steps instead of 3, a shorter tune and launch; in a dry run, one tiny training per kind
+(method and rung). QLoRA runs in a dry run too (bitsandbytes' CPU backend); FSDP does not (accelerate
+makes FSDP only on an accelerator): its case goes as far as the Trainer and says it is skipped on the CPU.
 
-Nothing is installed or downloaded; what is missing (torch, CUDA, DeepSpeed, nvidia-ml-py,
+Order, so that a run cut short by its budget loses the least: the v2 cases, the QLoRA loading premise,
+tune, the smallest-headroom and predicted-OOM cases, the launch case, the rest of the coverage (measured
+on 2026-12-04); the launch keeps its reserve throughout.
+
+Nothing is downloaded (run_on_device.sh installs the carried wheels of bench/gpu/wheels, offline); what is missing (torch, CUDA, DeepSpeed, nvidia-ml-py,
 nvidia-smi) is detected and reported, and the parts that need it are skipped with the reason.
 """
 
@@ -49,10 +63,22 @@ from bench.gpu.cases import Planner, select_cases, spec_from_json, write_models 
 from bench.gpu.common import DRY_RUN_ASSUME, DRY_RUN_FAKE_NVML, GiB  # noqa: E402
 from bench.gpu.environment import blocking, environment  # noqa: E402
 from bench.gpu.launch_check import run_launch  # noqa: E402
-from bench.gpu.memory_check import case_record, run_case  # noqa: E402
+from bench.gpu.memory_check import case_record, case_timeout, run_case  # noqa: E402
+from bench.gpu.qlora_load_check import run_qlora_load  # noqa: E402
+from bench.gpu.tune_check import run_tune  # noqa: E402
 from bench.gpu.probe_compare import compare_probe, load_hardware, nvml_direct, run_probe  # noqa: E402
 from bench.gpu.report import gib, summarize, write_report  # noqa: E402
-from bench.gpu.runner import Budget, Interrupted, Options, child_env, kill_current_child, on_signal  # noqa: E402
+from bench.gpu.runner import (  # noqa: E402
+    Budget,
+    Interrupted,
+    Options,
+    child_env,
+    keep_tail,
+    kill_current_child,
+    on_signal,
+    parse_result_line,
+    run_child,
+)
 from bench.gpu.smi import gpus_from_smi, smi_static  # noqa: E402
 
 # ============================================================================ main
@@ -68,9 +94,10 @@ def parse_args(argv=None) -> Options:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=None, help="markdown output (JSON twin beside it); default "
                    "bench/results/gpu-<date>.md, or a temp file for --dry-run-cpu")
-    p.add_argument("--quick", action="store_true", help="2 steps, a shorter launch; dry run: one training per backend")
+    p.add_argument("--quick", action="store_true", help="2 steps, a shorter tune and launch; dry run: one training per kind")
     p.add_argument("--dry-run-cpu", action="store_true", help="everything a CPU can do (see the module doc)")
-    p.add_argument("--budget-s", type=float, default=450.0, help="stop starting new work after this (default 450)")
+    p.add_argument("--budget-s", type=float, default=None, help="stop starting new work after this (default 450; "
+                   "dry run 900: its first offload case may JIT-build DeepSpeed's CPU Adam on a small CPU)")
     p.add_argument("--case-timeout-s", type=float, default=None, help="per configuration (default 120; 60 dry run)")
     p.add_argument("--assume", default=None, help=f"plan for this hardware instead of the probe's "
                    f"(dry run default: {DRY_RUN_ASSUME})")
@@ -78,11 +105,11 @@ def parse_args(argv=None) -> Options:
     dry = bool(a.dry_run_cpu)
     return Options(
         out_md=Path(a.out) if a.out else default_out(dry), quick=bool(a.quick), dry_run=dry,
-        budget_s=float(a.budget_s),
+        budget_s=float(a.budget_s if a.budget_s is not None else (900.0 if dry else 450.0)),
         case_timeout_s=float(a.case_timeout_s or (60.0 if dry else 120.0)),
-        launch_reserve_s=50.0 if a.quick else 75.0, min_case_s=20.0 if dry else 30.0,
+        launch_reserve_s=50.0 if a.quick else 60.0, min_case_s=20.0 if dry else 30.0,
         steps=2 if a.quick else 3, launch_seconds=(6.0 if dry else 12.0) if a.quick else 25.0,
-        assume=a.assume or (DRY_RUN_ASSUME if dry else None))
+        assume=a.assume or (DRY_RUN_ASSUME if dry else None), min_tune_s=30.0 if dry else 60.0)
 
 
 def main(argv=None) -> int:
@@ -97,7 +124,7 @@ def main(argv=None) -> int:
                                        "date": dt.datetime.now().isoformat(timespec="seconds"),
                                        "host": socket.gethostname(), "budget_s": opts.budget_s, "quick": opts.quick,
                                        "steps": opts.steps, "argv": sys.argv[1:]},
-                              "cases": [], "skipped": []}
+                              "cases": [], "skipped": [], "checkpoints": {}}
 
     def save() -> None:
         report["meta"]["elapsed_s"] = round(budget.elapsed(), 1)
@@ -161,37 +188,116 @@ def main(argv=None) -> int:
         missing = report["environment"]["missing"]
         nvml_index = next((g.get("nvml_index") for g in gpus if g.get("nvml_index") is not None), 0)
         launch_spec = spec_from_json(cfg["launch"])
-        trained_backends: set[str] = set()
-        for i, spec in enumerate(selection.cases):
-            left = budget.left() - opts.launch_reserve_s
-            why_skip = None
-            blockers = [] if opts.dry_run else blocking(missing, spec.backend)
-            if blockers:
-                why_skip = "missing " + ", ".join(blockers)
-            elif opts.dry_run and opts.quick and spec.backend in trained_backends:
-                why_skip = "--quick dry run: one tiny training per backend"
-            elif left < opts.min_case_s:
-                why_skip = f"time budget: {max(left, 0):.0f} s left before the launch reserve"
-            if why_skip:
-                report["cases"][i]["status"] = "skipped"
-                report["cases"][i]["run"] = {"status": "skipped", "error": why_skip}
-                report["cases"][i].update(decision="unknown", decision_why=why_skip)
+        trained_kinds: set[str] = set()
+        checkpoints: dict[str, str] = {}
+
+        def checkpoint_for(model: str, timeout: float) -> tuple[str | None, str | None]:
+            """The model saved once (random bf16 safetensors) for QLoRA's from_pretrained: (path, why not)."""
+            if model in checkpoints:
+                return checkpoints[model], None
+            path = work / "checkpoints" / model
+            cmd = [sys.executable, str(HERE / "train_one.py"), "--model-dir", model_dirs[model],
+                   "--make-checkpoint", str(path)] + (["--device", "cpu", "--tiny"] if opts.dry_run else [])
+            print(f"[measure] saving a random {model} checkpoint for QLoRA (timeout {timeout:.0f} s)", flush=True)
+            log = work / f"checkpoint-{model}.log"
+            child = run_child(cmd, child_env(), timeout, log_path=log)
+            keep_tail(log, results_dir / f"checkpoint-{model}-stderr.log", lines=40)
+            result = parse_result_line(child["lines"]) or {}
+            report["checkpoints"][model] = {k: result.get(k) for k in ("status", "error", "build_s", "save_s",
+                                                                       "checkpoint_bytes")}
+            report["checkpoints"][model]["wall_s"] = child["wall_s"]
+            if result.get("status") != "ok":
+                return None, f"its checkpoint could not be saved: {result.get('error') or 'timeout/crash'}"
+            checkpoints[model] = str(path)
+            return str(path), None
+
+        def run_cases(indices: list[int]) -> None:
+            for i in indices:
+                spec = selection.cases[i]
+                left = budget.left() - opts.launch_reserve_s
+                why_skip = None
+                blockers = blocking(missing, spec.backend, spec.method)
+                if blockers:
+                    why_skip = "missing " + ", ".join(blockers)
+                elif opts.dry_run and opts.quick and spec.kind in trained_kinds:
+                    why_skip = "--quick dry run: one tiny training per kind (method and rung)"
+                elif left < opts.min_case_s:
+                    why_skip = f"time budget: {max(left, 0):.0f} s left before the launch reserve"
+                checkpoint = None
+                if why_skip is None and spec.method == "qlora":
+                    checkpoint, why_skip = checkpoint_for(spec.model, min(opts.case_timeout_s, left))
+                    left = budget.left() - opts.launch_reserve_s
+                    if why_skip is None and left < opts.min_case_s:
+                        why_skip = f"time budget: {max(left, 0):.0f} s left before the launch reserve"
+                if why_skip:
+                    report["cases"][i]["status"] = "skipped"
+                    report["cases"][i]["run"] = {"status": "skipped", "error": why_skip}
+                    report["cases"][i].update(decision="unknown", decision_why=why_skip)
+                    save()
+                    continue
+                timeout = case_timeout(spec, opts.case_timeout_s, opts.dry_run, left)
+                print(f"[measure] case {i + 1}/{len(selection.cases)} {spec.role}: {spec.label()} "
+                      f"(timeout {timeout:.0f} s)", flush=True)
+                run = run_case(spec, i + 1, planner, opts, work, nvml_index, timeout, checkpoint)
+                trained_kinds.add(spec.kind)
+                report["cases"][i] = case_record(spec, preds[spec.key()], run, opts.dry_run)
+                c = report["cases"][i]
+                print(f"[measure]   -> {c['status']} measured {gib(c['measured_bytes'])} GiB predicted "
+                      f"{gib(c.get('predicted_bytes'))} GiB, step {c.get('measured_step_s')} s predicted "
+                      f"{c.get('predicted_step_s') and round(c['predicted_step_s'], 3)} s, decision "
+                      f"{c.get('decision')} ({run['wall_s']} s)", flush=True)
                 save()
-                continue
-            timeout = min(opts.case_timeout_s, left)
-            print(f"[measure] case {i + 1}/{len(selection.cases)} {spec.role}: {spec.label()} "
-                  f"(timeout {timeout:.0f} s)", flush=True)
-            run = run_case(spec, i + 1, planner, opts, work, nvml_index, timeout)
-            trained_backends.add(spec.backend)
-            report["cases"][i] = case_record(spec, preds[spec.key()], run, opts.dry_run)
-            c = report["cases"][i]
-            print(f"[measure]   -> {c['status']} measured {gib(c['measured_bytes'])} GiB predicted "
-                  f"{gib(c.get('predicted_bytes'))} GiB decision {c.get('decision')} ({run['wall_s']} s)", flush=True)
+
+        v2 = [i for i, c in enumerate(selection.cases) if c.role == "v2"]
+        run_cases(v2)
+
+        # 3. the QLoRA loading premise
+        load_cfg = cfg.get("qlora_load")
+        if load_cfg:
+            left = budget.left() - opts.launch_reserve_s
+            blockers = blocking(missing, "qlora-load")
+            if blockers:
+                report["qlora_load_skipped"] = "missing " + ", ".join(blockers)
+            elif left < opts.min_case_s:
+                report["qlora_load_skipped"] = f"time budget: {max(left, 0):.0f} s left before the launch reserve"
+            else:
+                checkpoint, why = checkpoint_for(load_cfg["model"], min(opts.case_timeout_s, left))
+                left = budget.left() - opts.launch_reserve_s
+                if why:
+                    report["qlora_load_skipped"] = why
+                elif left < opts.min_case_s:
+                    report["qlora_load_skipped"] = f"time budget: {max(left, 0):.0f} s left before the launch reserve"
+                else:
+                    print(f"[measure] QLoRA loading premise: {load_cfg['processes']} processes load "
+                          f"{load_cfg['model']} in NF4", flush=True)
+                    report["qlora_load"] = run_qlora_load(load_cfg, planner, opts, work, results_dir, checkpoint,
+                                                          nvml_index, timeout=min(opts.case_timeout_s, left))
+                    print(f"[measure]   -> {report['qlora_load']['verdict']}: {report['qlora_load']['verdict_why']}",
+                          flush=True)
+            save()
+        shutil.rmtree(work / "checkpoints", ignore_errors=True)      # 16 GB for an 8B model
+
+        # 4. wizard tune
+        tune_cfg = cfg.get("tune")
+        if tune_cfg:
+            left = budget.left() - opts.launch_reserve_s
+            blockers = blocking(missing, "tune")
+            if blockers:
+                report["tune_skipped"] = "missing " + ", ".join(blockers)
+            elif left < opts.min_tune_s:
+                report["tune_skipped"] = f"time budget: {max(left, 0):.0f} s left before the launch reserve"
+            else:
+                print(f"[measure] wizard tune: {tune_cfg['model']} (timeout {left:.0f} s)", flush=True)
+                report["tune"] = run_tune(tune_cfg, model_dirs, opts, work, results_dir, timeout=left)
+                print(f"[measure]   -> {report['tune']['verdict']}: {report['tune']['verdict_why']}", flush=True)
             save()
 
-        # 3. launch
+        # 5. the selected cases, then the launch case, then the rest of the coverage; the launch last
+        run_cases([i for i in range(len(selection.cases)) if i not in v2])
+
+        # 6. launch
         left = budget.left()
-        blockers = [] if opts.dry_run else blocking(missing, "launch")
+        blockers = blocking(missing, "launch")
         if blockers:
             report["launch_skipped"] = "missing " + ", ".join(blockers)
         elif left < 25:

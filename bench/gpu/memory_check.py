@@ -4,11 +4,14 @@ wizard's prediction, and whether the fit decision was right."""
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
+import statistics
 import sys
 from pathlib import Path
 from typing import Any
 
-from bench.gpu.cases import CaseSpec, Planner, Prediction
+from bench.gpu.cases import CaseSpec, Planner, Prediction, is_fsdp
 from bench.gpu.common import HERE
 from bench.gpu.runner import Options, child_env, free_port, keep_tail, parse_result_line, run_child
 
@@ -18,6 +21,32 @@ def error_pct(predicted: int | None, measured: int | None) -> float | None:
     if predicted is None or not measured:
         return None
     return (predicted - measured) / measured * 100.0
+
+
+def measured_step_seconds(step_times: list[float] | None) -> float | None:
+    """The median optimizer step after the first (the first holds the warm-up: cuBLAS autotuning, DeepSpeed's
+    and FSDP's lazy buffers, CPU Adam's first pass); None with fewer than two steps."""
+    if not step_times or len(step_times) < 2:
+        return None
+    return float(statistics.median(step_times[1:]))
+
+
+# A case whose ds_config has DeepSpeed's CPU Adam (the offload rungs) JIT-builds it on its first run where no
+# earlier run left it in ~/.cache/torch_extensions: about a minute on the GPU machine's 16 cores (estimate), a few
+# on a 2-core CI runner. Those cases get at least this long.
+OFFLOAD_TIMEOUT_S = {"gpu": 180.0, "dry_run": 300.0}
+
+
+def is_offload(backend: str) -> bool:
+    return backend.endswith(("offload-opt", "offload-all"))
+
+
+def case_timeout(spec: CaseSpec, case_timeout_s: float, dry_run: bool, left: float) -> float:
+    """The case's timeout: the per-case one, at least OFFLOAD_TIMEOUT_S for an offload rung, never past the budget."""
+    timeout = case_timeout_s
+    if is_offload(spec.backend):
+        timeout = max(timeout, OFFLOAD_TIMEOUT_S["dry_run" if dry_run else "gpu"])
+    return min(timeout, left)
 
 
 def decide(pred_fits: bool, status: str, measured: int | None, usable: int) -> tuple[str, str]:
@@ -46,14 +75,28 @@ def decide(pred_fits: bool, status: str, measured: int | None, usable: int) -> t
 
 
 def train_command(spec: CaseSpec, model_dir: str, steps: int, case_dir: Path, ds_config: Path | None,
-                  dry_run: bool, nvml_index: int | None) -> list[str]:
-    """bench/gpu/train_one.py for one case; a dry run trains a tiny model of the same kind on the CPU."""
+                  dry_run: bool, nvml_index: int | None, adapter_json: Path | None = None,
+                  checkpoint: str | None = None, accelerate_yaml: Path | None = None,
+                  port: int | None = None) -> list[str]:
+    """bench/gpu/train_one.py for one case; a dry run trains a tiny model of the same kind on the CPU.
+    FSDP runs under `accelerate launch` with the wizard's YAML (the environment the Trainer reads FSDP from)."""
     seq, mb = (32, min(spec.micro_batch, 2)) if dry_run else (spec.seq_len, spec.micro_batch)
-    cmd = [sys.executable, str(HERE / "train_one.py"), "--model-dir", model_dir, "--seq-len", str(seq),
-           "--micro-batch", str(mb), "--steps", str(steps), "--gc", "on" if spec.gc else "off",
-           "--output-dir", str(case_dir / "out")]
+    cmd = [sys.executable]
+    if accelerate_yaml is not None:
+        cmd += ["-m", "accelerate.commands.launch", "--config_file", str(accelerate_yaml), "--num_processes", "1"]
+        if port is not None:
+            cmd += ["--main_process_port", str(port)]
+    cmd += [str(HERE / "train_one.py"), "--model-dir", model_dir, "--seq-len", str(seq),
+            "--micro-batch", str(mb), "--steps", str(steps), "--gc", "on" if spec.gc else "off",
+            "--output-dir", str(case_dir / "out")]
     if ds_config is not None:
         cmd += ["--ds-config", str(ds_config)]
+    if accelerate_yaml is not None:
+        cmd += ["--expect-fsdp"]
+    if spec.method != "full":
+        cmd += ["--method", spec.method, "--adapter-json", str(adapter_json)]
+    if spec.method == "qlora":
+        cmd += ["--checkpoint", str(checkpoint)]
     if dry_run:
         cmd += ["--device", "cpu", "--tiny"]
     elif nvml_index is not None:
@@ -62,7 +105,7 @@ def train_command(spec: CaseSpec, model_dir: str, steps: int, case_dir: Path, ds
 
 
 def run_case(spec: CaseSpec, number: int, planner: Planner, opts: Options, work: Path,
-             nvml_index: int | None, timeout: float) -> dict[str, Any]:
+             nvml_index: int | None, timeout: float, checkpoint: str | None = None) -> dict[str, Any]:
     case_dir = work / f"case-{number}"
     case_dir.mkdir(parents=True, exist_ok=True)
     ds_text = planner.ds_config_text(spec)
@@ -70,10 +113,30 @@ def run_case(spec: CaseSpec, number: int, planner: Planner, opts: Options, work:
     if ds_text:
         ds_path = case_dir / "ds_config.json"
         ds_path.write_text(ds_text)
+    adapter_path = None
+    setup = planner.adapter_setup(spec)
+    if setup is not None:
+        adapter_path = case_dir / "adapters.json"
+        adapter_path.write_text(json.dumps(setup))
+    yaml_path = None
+    if is_fsdp(spec.backend):
+        yaml_path = case_dir / "default_config.yaml"
+        yaml_path.write_text(planner.accelerate_yaml(spec))
+    port = free_port()
     cmd = train_command(spec, planner.model_dirs[spec.model], opts.steps, case_dir, ds_path, opts.dry_run,
-                        nvml_index)
+                        nvml_index, adapter_path, checkpoint, yaml_path, port)
     env = child_env({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
-                     "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "OMP_NUM_THREADS": "4"})
+                     "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "4"})
+    if is_offload(spec.backend):
+        # The host step's threads are what the plan's offload speed turns on (OMP_NUM_THREADS as the probe read
+        # it in this environment; unset with one process = every core): the case runs in the same environment.
+        if "OMP_NUM_THREADS" in os.environ:
+            env["OMP_NUM_THREADS"] = os.environ["OMP_NUM_THREADS"]
+        else:
+            env.pop("OMP_NUM_THREADS")
+    if yaml_path is not None:             # accelerate launch sets the ranks itself
+        for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+            env.pop(key, None)
     child = run_child(cmd, env, timeout, log_path=case_dir / "stderr.log")
     keep_tail(case_dir / "stderr.log", opts.results_dir / f"case-{number}-stderr.log")
     result = parse_result_line(child["lines"])
@@ -83,6 +146,9 @@ def run_case(spec: CaseSpec, number: int, planner: Planner, opts: Options, work:
     elif result is None:
         tail = (case_dir / "stderr.log").read_text(errors="replace").strip().splitlines()[-8:]
         out.update(status="crash", error=f"exit {child['returncode']} without a result line", stderr_tail=tail)
+    elif result.get("status") == "unsupported":
+        out.update(status="skipped", child=result, error=f"{'on the CPU' if opts.dry_run else 'here'}: "
+                                                          f"{result.get('error')}")
     else:
         out.update(status=result.get("status", "error"), child=result)
         if result.get("status") == "error":
@@ -104,6 +170,9 @@ def case_record(spec: CaseSpec, pred: Prediction | None, run: dict | None, dry_r
             verdict, why = "unknown", "dry run: a tiny model on the CPU, nothing measured"
         rec.update(predicted_bytes=pred.per_gpu_bytes, predicted_fits=pred.fits,
                    error_pct=None if dry_run else error_pct(pred.per_gpu_bytes, measured if status == "ok" else None),
-                   decision=verdict, decision_why=why)
-    rec.update(status=status, measured_bytes=measured, run=run)
+                   decision=verdict, decision_why=why, predicted_step_s=pred.step_seconds)
+    step = None if dry_run or status != "ok" else measured_step_seconds(child.get("step_times_s"))
+    rec.update(status=status, measured_bytes=measured, measured_step_s=step,
+               step_error_pct=None if pred is None or pred.step_seconds is None else error_pct(pred.step_seconds, step),
+               run=run)
     return rec

@@ -11,6 +11,7 @@ from bench.gpu.common import GiB
 from bench.gpu.probe_compare import cc_text
 
 ERROR_TARGET_PCT = 10.0               # issue 6: predicted peak within +-10 % of the measured one
+STEP_TARGET_PCT = 15.0                # issue 28: predicted step time within +-15 % of the measured one
 
 
 def gib(n: int | None) -> str:
@@ -25,17 +26,25 @@ def summarize(cases: list[dict]) -> dict[str, Any]:
     decided = [c for c in cases if c.get("decision") in ("right", "wrong")]
     fitting = [c for c in cases if c.get("predicted_fits") and c.get("error_pct") is not None]
     within = [c for c in fitting if abs(c["error_pct"]) <= ERROR_TARGET_PCT]
+    timed = [c for c in cases if c.get("step_error_pct") is not None]
     measured = sum(1 for c in cases if c.get("status") == "oom" or
                    (c.get("status") == "ok" and c.get("measured_bytes") is not None))
     return {"cases": len(cases), "measured": measured,
             "decisions_right": sum(1 for c in decided if c["decision"] == "right"),
             "decisions_wrong": sum(1 for c in decided if c["decision"] == "wrong"),
             "fitting_with_error": len(fitting), "within_target": len(within),
-            "max_abs_error_pct": max((abs(c["error_pct"]) for c in fitting), default=None)}
+            "max_abs_error_pct": max((abs(c["error_pct"]) for c in fitting), default=None),
+            "timed": len(timed), "step_within_target": sum(abs(c["step_error_pct"]) <= STEP_TARGET_PCT for c in timed),
+            "max_abs_step_error_pct": max((abs(c["step_error_pct"]) for c in timed), default=None)}
+
+
+def secs(x: float | None) -> str:
+    return "—" if x is None else f"{x:.3f}"
 
 
 CASE_COLUMNS = ("#", "role", "configuration", "predicted GiB", "wizard: fits?", "% of usable", "measured GiB",
-                "error %", "outcome", "fit decision", "non-torch GiB", "NVML process peak GiB", "note")
+                "error %", "predicted step s", "measured step s", "step error %", "outcome", "fit decision",
+                "non-torch GiB", "NVML process peak GiB", "note")
 
 
 def render_markdown(report: dict) -> str:
@@ -54,8 +63,10 @@ def render_markdown(report: dict) -> str:
                  "torch.cuda.max_memory_reserved + the memory NVML shows for the process beyond torch's "
                  "reserved pool (CUDA context, NCCL buffers), taken at the end of the run. NVML process peak = "
                  "the highest per-process memory NVML showed, sampled every 20 ms (a cross-check). "
-                 "Error = (predicted - measured) / measured. "
-                 f"Target: every fit decision right, |error| <= {ERROR_TARGET_PCT:g}% where it fits.")
+                 "Step: the rung's predicted optimizer step (raw model) against the median measured step after "
+                 "the first. Error = (predicted - measured) / measured. "
+                 f"Target: every fit decision right, |error| <= {ERROR_TARGET_PCT:g}% where it fits, step time "
+                 f"within ±{STEP_TARGET_PCT:g}%.")
     lines += ["", "| " + " | ".join(CASE_COLUMNS) + " |", "|" + "---|" * len(CASE_COLUMNS)]
     for i, c in enumerate(report.get("cases") or [], 1):
         p = c.get("prediction") or {}
@@ -65,20 +76,30 @@ def render_markdown(report: dict) -> str:
         note = run.get("error") or c["case"].get("why") or ""
         cells = [str(i), c["case"]["role"], c["label"], gib(p.get("per_gpu_bytes")),
                  "—" if not p else ("yes" if p.get("fits") else "no"), "—" if ratio is None else f"{ratio:.1f}",
-                 gib(c.get("measured_bytes")), pct(c.get("error_pct")), c.get("status", "—"),
+                 gib(c.get("measured_bytes")), pct(c.get("error_pct")), secs(c.get("predicted_step_s")),
+                 secs(c.get("measured_step_s")), pct(c.get("step_error_pct")), c.get("status", "—"),
                  f"{c.get('decision', '—')}", gib(child.get("non_torch_bytes")), gib(child.get("max_process_used")),
                  note.replace("|", "/")[:160]]
         lines.append("| " + " | ".join(cells) + " |")
     s = report.get("summary") or {}
     if s:
         worst = "—" if s["max_abs_error_pct"] is None else f"{s['max_abs_error_pct']:.1f}%"
+        worst_step = "—" if s.get("max_abs_step_error_pct") is None else f"{s['max_abs_step_error_pct']:.1f}%"
         lines += ["", f"Summary: {s['measured']}/{s['cases']} measured; fit decisions right {s['decisions_right']}, "
                       f"wrong {s['decisions_wrong']}; within ±{ERROR_TARGET_PCT:g}%: {s['within_target']}/"
-                      f"{s['fitting_with_error']} fitting cases (max |error| {worst})."]
+                      f"{s['fitting_with_error']} fitting cases (max |error| {worst}); step time within "
+                      f"±{STEP_TARGET_PCT:g}%: {s.get('step_within_target', 0)}/{s.get('timed', 0)} "
+                      f"(max |error| {worst_step})."]
     for note in report.get("selection_notes") or []:
         lines.append(f"- {note}")
     for note in report.get("skipped") or []:
         lines.append(f"- skipped: {note}")
+
+    lines += render_qlora_load(report) + render_tune(report)
+    for model, ck in (report.get("checkpoints") or {}).items():
+        lines.append(f"- checkpoint {model} (random bf16 safetensors, for QLoRA): {ck.get('status')}, "
+                     f"{gib(ck.get('checkpoint_bytes'))} GiB, built {ck.get('build_s')} s, saved {ck.get('save_s')} s"
+                     + (f" ({ck['error']})" if ck.get("error") else ""))
 
     lines += ["", "## Probe vs pynvml vs nvidia-smi", ""]
     probe = report.get("probe") or {}
@@ -134,6 +155,49 @@ def render_markdown(report: dict) -> str:
             if d.get(key) is not None:
                 lines.append(f"| power vs {name} | ({cell(key, '%')}) | for information | — |")
     return "\n".join(lines) + "\n"
+
+
+def render_qlora_load(report: dict) -> list[str]:
+    lines = ["", "## QLoRA loading premise: every rank holds the whole 4-bit model while loading", ""]
+    q = report.get("qlora_load")
+    if not q:
+        return lines + ["not run" + (f": {report['qlora_load_skipped']}" if report.get("qlora_load_skipped") else "")]
+    p = q.get("prediction") or {}
+    lines.append(f"{q['processes']} processes on one GPU, each `from_pretrained({q['model']}, "
+                 f"quantization_config=BitsAndBytesConfig(NF4, quant storage {((q.get('setup') or {}).get('bnb') or {}).get('bnb_4bit_quant_storage')}))` "
+                 "under accelerate's FSDP environment with cpu_ram_efficient_loading. Predicted per GPU while loading "
+                 f"({p.get('rung')}, {q['processes']} GPUs): {gib(p.get('load_bytes'))} GiB, of which the 4-bit model "
+                 f"{gib(p.get('nf4_model_bytes'))} GiB (the rest: the CUDA context). "
+                 f"**Premise: {q.get('verdict')}** — {q.get('verdict_why')}.")
+    lines += ["", "| rank | status | FSDP env seen | load s | on the GPU GiB | on CPU GiB | on meta GiB | "
+                  "torch allocated GiB | error % (4-bit model vs allocated) | NVML process GiB |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
+    for i, r in enumerate(q.get("ranks") or []):
+        held = r.get("held_bytes") or {}
+        lines.append(f"| {i} | {r.get('status')}{': ' + str(r['error'])[:80] if r.get('error') else ''} | "
+                     f"{r.get('fsdp_enabled')} | {r.get('load_s')} | {gib(held.get('cuda'))} | {gib(held.get('cpu'))} | "
+                     f"{gib(held.get('meta'))} | {gib(r.get('memory_allocated_after_load'))} | {pct(r.get('error_pct'))} | "
+                     f"{gib(r.get('process_used_after_load'))} |")
+    return lines
+
+
+def render_tune(report: dict) -> list[str]:
+    lines = ["", "## wizard tune with a Trainer script", ""]
+    t = report.get("tune")
+    if not t:
+        return lines + ["not run" + (f": {report['tune_skipped']}" if report.get("tune_skipped") else "")]
+    s = t.get("settings") or {}
+    lines.append(f"`wizard tune` {t['model']} s{s.get('seq_len')} b{s.get('micro_batch')}, {s.get('candidates')} "
+                 f"candidates + {s.get('variants')} variant(s), {s.get('warmup')} warm-up + {s.get('steps')} steps each "
+                 f"(the script runs {s.get('script_steps')}), budget {s.get('budget_s')} s: exit {t.get('returncode')}, "
+                 f"{t.get('wall_s')} s, winner {t.get('winner')}. **{t.get('verdict')}** — {t.get('verdict_why')}.")
+    lines += ["", "| trial | rung | batch | status | predicted GiB | measured GiB | error % | predicted step s | "
+                  "measured step s | step error % |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in t.get("trials") or []:
+        lines.append(f"| {r['label']} | {r['rung']} | {r['batch']} | {r['status']} | {gib(r['predicted_bytes'])} | "
+                     f"{gib(r['measured_bytes'])} | {pct(r['error_pct'])} | {secs(r['predicted_step_s'])} | "
+                     f"{secs(r['measured_step_s'])} | {pct(r['step_error_pct'])} |")
+    return lines
 
 
 def write_report(report: dict, md_path: Path) -> None:

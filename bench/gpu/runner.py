@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 from bench.gpu.common import MARKER, REPO
 
-_current: dict[str, subprocess.Popen | None] = {"proc": None}
+_current: dict[str, Any] = {"proc": None, "group": []}
 
 
 class Interrupted(BaseException):
@@ -47,6 +47,8 @@ def kill_current_child() -> None:
     """End the child running now, if any: on the way out the driver leaves no process behind."""
     proc = _current.get("proc")
     if proc is not None:
+        kill_group(proc)
+    for proc in list(_current.get("group") or []):
         kill_group(proc)
 
 
@@ -81,6 +83,45 @@ def run_child(cmd: list[str], env: dict[str, str], timeout: float, log_path: Pat
                 "wall_s": round(time.monotonic() - t0, 1)}
     finally:
         if log:
+            log.close()
+
+
+def run_children(jobs: list[tuple[list[str], dict[str, str], Path]], timeout: float,
+                 grace: float = 5.0) -> list[dict[str, Any]]:
+    """Several children at once (the ranks of one job), each in its own session, one deadline for all; on
+    timeout or interruption every one that is left is ended. One dict per job, as run_child's."""
+    t0 = time.monotonic()
+    procs, logs, readers, lines = [], [], [], []
+    try:
+        for cmd, env, log_path in jobs:
+            log = open(log_path, "w")
+            logs.append(log)
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True, env=env, cwd=str(REPO),
+                                    start_new_session=True)
+            procs.append(proc)
+            _current["group"] = list(procs)
+            out: list[str] = []
+            lines.append(out)
+            reader = threading.Thread(target=lambda p=proc, o=out: o.extend(p.stdout), daemon=True)
+            reader.start()
+            readers.append(reader)
+        timed_out = [False] * len(procs)
+        for i, proc in enumerate(procs):
+            try:
+                proc.wait(timeout=max(timeout - (time.monotonic() - t0), 1))
+            except subprocess.TimeoutExpired:
+                timed_out[i] = True
+                kill_group(proc, grace)
+        for reader in readers:
+            reader.join(timeout=5)
+        return [{"returncode": p.returncode, "timed_out": timed_out[i], "lines": lines[i],
+                 "wall_s": round(time.monotonic() - t0, 1)} for i, p in enumerate(procs)]
+    finally:
+        for proc in procs:              # Interrupted, or a failed start: no rank outlives the measurement
+            if proc.poll() is None:
+                kill_group(proc, grace=2)
+        _current["group"] = []
+        for log in logs:
             log.close()
 
 
@@ -122,6 +163,7 @@ class Options:
     launch_seconds: float
     assume: str | None
     results_dir: Path = Path(".")
+    min_tune_s: float = 60.0              # tune starts only with this much left before the launch reserve
 
 
 class Budget:

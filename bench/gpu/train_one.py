@@ -15,7 +15,16 @@ The model is built where it would live anyway, so that building it costs seconds
 single GPU: fp32 on the GPU (what Trainer's AMP keeps, the planner's 4 B/param weights);
 ZeRO-2: bf16 on the GPU (DeepSpeed casts to bf16 anyway, then flattens into its partitions);
 ZeRO-3: under TrainingArguments' zero.Init (partitioned as it is built), which is why
-TrainingArguments is created before the model.
+TrainingArguments is created before the model. FSDP2 runs under `accelerate launch` with the wizard's
+default_config.yaml (measure.py starts it so), which exports the FSDP environment the Trainer reads.
+
+LoRA / QLoRA (--method, --adapter-json: what the wizard's snippet tells the user for that rung, i.e. peft's
+LoraConfig, transformers' BitsAndBytesConfig and whether to call prepare_model_for_kbit_training): LoRA builds
+the base in bf16 on the GPU (fp32 on a CPU); QLoRA loads a saved checkpoint (--checkpoint) through
+from_pretrained with the BitsAndBytesConfig, as from a hub model. Two more modes, no training:
+--make-checkpoint DIR saves the model (random weights, bf16) as safetensors; --load-only loads --checkpoint
+in NF4 and reports where its bytes are (the QLoRA loading premise; measure.py starts two of them at once
+under accelerate's FSDP environment).
 """
 
 from __future__ import annotations
@@ -35,7 +44,12 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
 
 MARKER = "GPU_BENCH_RESULT "
-EXIT_OK, EXIT_ERROR, EXIT_OOM = 0, 1, 3
+EXIT_OK, EXIT_ERROR, EXIT_OOM, EXIT_UNSUPPORTED = 0, 1, 3, 4
+
+
+class NotOnThisDevice(RuntimeError):
+    """The case cannot run as itself here (FSDP on a CPU: accelerate runs the FSDP YAML as plain DDP without an
+    accelerator): reported as 'unsupported', never trained as something else."""
 TINY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
         "num_key_value_heads": 4, "vocab_size": 128, "head_dim": 16, "tie_word_embeddings": False}
 
@@ -43,8 +57,8 @@ TINY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "nu
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model-dir", required=True, help="a directory with config.json")
-    p.add_argument("--seq-len", type=int, required=True)
-    p.add_argument("--micro-batch", type=int, required=True)
+    p.add_argument("--seq-len", type=int, default=512)
+    p.add_argument("--micro-batch", type=int, default=1)
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--gc", choices=("on", "off"), default="off", help="gradient checkpointing")
     p.add_argument("--ds-config", default=None, help="DeepSpeed JSON (ZeRO-2/3); without it: plain single GPU")
@@ -53,6 +67,12 @@ def parse_args(argv=None):
     p.add_argument("--nvml-index", type=int, default=None, help="NVML index of the GPU (default: CUDA device 0's)")
     p.add_argument("--max-seconds", type=float, default=None, help="stop training after this long (launch mode)")
     p.add_argument("--output-dir", default=None)
+    p.add_argument("--method", choices=("full", "lora", "qlora"), default="full")
+    p.add_argument("--adapter-json", default=None, help="LoRA/QLoRA: {lora, bnb, kbit_prepared} (cases.Planner)")
+    p.add_argument("--checkpoint", default=None, help="QLoRA / --load-only: a saved model to load quantised")
+    p.add_argument("--make-checkpoint", default=None, metavar="DIR", help="save the model (bf16) there and exit")
+    p.add_argument("--load-only", action="store_true", help="from_pretrained --checkpoint in NF4, report, exit")
+    p.add_argument("--expect-fsdp", action="store_true", help="stop (unsupported) unless the Trainer runs FSDP")
     return p.parse_args(argv)
 
 
@@ -89,6 +109,7 @@ class NvmlWatch:
         self.max_process_used = None
         self.pid_match = None
         self.samples = 0
+        self.allow_only_process = True      # False where two of ours share the GPU (--load-only)
         self._stop = threading.Event()
         self._thread = None
         if not enabled:
@@ -118,7 +139,7 @@ class NvmlWatch:
         mine = [p for p in procs if int(p.pid) == os.getpid()]
         if mine:
             self.pid_match = "pid"
-        elif len(procs) == 1:
+        elif len(procs) == 1 and self.allow_only_process:
             mine, self.pid_match = list(procs), "only-process"
         value = getattr(mine[0], "usedGpuMemory", None) if mine else None
         return int(value) if isinstance(value, int) else None
@@ -168,8 +189,9 @@ def load_config(model_dir: str, tiny: bool):
     return config
 
 
-def build_model(config, device: str, zero_stage: int | None):
-    """The model with random weights, created where training keeps it (see the module doc)."""
+def build_model(config, device: str, zero_stage: int | None, base_dtype: str | None = None):
+    """The model with random weights, created where training keeps it (see the module doc); a LoRA base
+    (base_dtype bf16) stays in bf16, frozen."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -179,7 +201,7 @@ def build_model(config, device: str, zero_stage: int | None):
     if zero_stage == 3:
         dtype = torch.bfloat16          # zero.Init (armed by TrainingArguments) partitions on the GPU
         return _from_config(config, dtype, kwargs)
-    dtype = torch.bfloat16 if zero_stage in (1, 2) else torch.float32
+    dtype = torch.bfloat16 if (zero_stage in (1, 2) or base_dtype == "bf16") else torch.float32
     with torch.device("cuda"):
         return _from_config(config, dtype, kwargs)
 
@@ -190,6 +212,48 @@ def _from_config(config, dtype, kwargs):
         return AutoModelForCausalLM.from_config(config, dtype=dtype, **kwargs)
     except TypeError:                   # transformers < 4.56 names it torch_dtype
         return AutoModelForCausalLM.from_config(config, torch_dtype=dtype, **kwargs)
+
+
+def read_adapter_setup(path: str | None) -> dict:
+    if not path:
+        raise ValueError("--method lora/qlora needs --adapter-json")
+    with open(path) as f:
+        return json.load(f)
+
+
+def bnb_config(setup: dict):
+    """transformers' BitsAndBytesConfig from the wizard's keyword arguments (dtypes by name)."""
+    import torch
+    from transformers import BitsAndBytesConfig
+    kwargs = {k: (getattr(torch, v) if k.endswith(("_dtype", "_storage")) and isinstance(v, str) else v)
+              for k, v in (setup.get("bnb") or {}).items()}
+    return BitsAndBytesConfig(**kwargs)
+
+
+def load_quantized(checkpoint: str, setup: dict, cuda: bool):
+    """from_pretrained in NF4, as from a hub model: bitsandbytes quantises while loading."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    if not checkpoint or not os.path.exists(os.path.join(checkpoint, "config.json")):
+        raise RuntimeError(f"QLoRA needs a saved checkpoint (--checkpoint {checkpoint!r} has no config.json)")
+    dtype = torch.bfloat16 if cuda else torch.float32
+    try:
+        return AutoModelForCausalLM.from_pretrained(checkpoint, quantization_config=bnb_config(setup), dtype=dtype,
+                                                    attn_implementation="sdpa")
+    except TypeError:                   # transformers < 4.56 names it torch_dtype
+        return AutoModelForCausalLM.from_pretrained(checkpoint, quantization_config=bnb_config(setup),
+                                                    torch_dtype=dtype, attn_implementation="sdpa")
+
+
+def with_adapters(model, setup: dict, gc: bool, quantized: bool):
+    """peft's adapters exactly as the wizard's snippet adds them."""
+    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+    if quantized and setup.get("kbit_prepared"):
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=gc)
+    model = get_peft_model(model, LoraConfig(**setup["lora"]))
+    if gc:
+        model.enable_input_require_grads()      # a frozen embedding's output needs a grad for checkpointing
+    return model
 
 
 def zero_stage_of(ds_config: str | None) -> int | None:
@@ -212,9 +276,18 @@ def describe_engine(trainer, model) -> dict:
         out["param_dtype"] = str(getattr(param, "dtype", None))
         out["partitioned"] = hasattr(param, "ds_numel")
     out["attn_implementation"] = getattr(model.config, "_attn_implementation", None)
+    state = getattr(getattr(trainer, "accelerator", None), "state", None)
+    out["distributed_type"] = str(getattr(state, "distributed_type", None))
+    out["fsdp_enabled"] = bool(getattr(trainer, "is_fsdp_enabled", False))
+    # FSDP2's fully_shard turns each wrapped module's class into FSDP<Class>
+    out["fsdp_modules"] = sum(1 for m in engine.modules() if type(m).__name__.startswith("FSDP")) \
+        if hasattr(engine, "modules") else 0
+    out["linear4bit_modules"] = sum(1 for m in model.modules() if type(m).__name__ == "Linear4bit")
     optimizer = getattr(trainer, "optimizer", None)
     optimizer = getattr(optimizer, "optimizer", optimizer)     # accelerate's AcceleratedOptimizer wrapper
     out["optimizer_class"] = type(optimizer).__name__
+    inner = getattr(optimizer, "optimizer", None)   # DeepSpeed's ZeRO optimizer wraps the one that steps
+    out["inner_optimizer_class"] = type(inner).__name__ if inner is not None else None
     return out
 
 
@@ -259,8 +332,17 @@ def run(args, result: dict, watch: NvmlWatch) -> int:
     result["optim"] = str(getattr(targs.optim, "value", targs.optim))
 
     result["phase"] = "build_model"
-    model = build_model(config, args.device, stage)
+    if args.method == "qlora":
+        model = with_adapters(load_quantized(args.checkpoint, read_adapter_setup(args.adapter_json), cuda),
+                              read_adapter_setup(args.adapter_json), args.gc == "on", quantized=True)
+    elif args.method == "lora":
+        model = with_adapters(build_model(config, args.device, stage, base_dtype="bf16"),
+                              read_adapter_setup(args.adapter_json), args.gc == "on", quantized=False)
+    else:
+        model = build_model(config, args.device, stage)
     result["params"] = int(sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters()))
+    result["trainable_params"] = int(sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters()
+                                         if p.requires_grad))
     vocab = config.vocab_size
 
     class RandomTokens(Dataset):
@@ -293,6 +375,10 @@ def run(args, result: dict, watch: NvmlWatch) -> int:
 
     result["phase"] = "trainer_init"
     trainer = Trainer(model=model, args=targs, train_dataset=RandomTokens(), callbacks=[Clock()])
+    if args.expect_fsdp and not getattr(trainer, "is_fsdp_enabled", False):
+        state = getattr(getattr(trainer.accelerator, "state", None), "distributed_type", None)
+        raise NotOnThisDevice(f"accelerate runs this FSDP config as {state} here (FSDP needs an accelerator: "
+                              "accelerate/state.py makes FSDP only of a MULTI_<accelerator> or GPU state)")
     result["phase"] = "train"
     out = trainer.train()
     result["phase"] = "done"
@@ -303,6 +389,91 @@ def run(args, result: dict, watch: NvmlWatch) -> int:
         result["step_time_median_s"] = ordered[len(ordered) // 2]
     result["train_loss"] = float(out.training_loss) if out.training_loss == out.training_loss else None
     result["engine"] = describe_engine(trainer, model)
+    return EXIT_OK
+
+
+def make_checkpoint(args, result: dict) -> int:
+    """The model with random weights saved in bf16 safetensors, as a hub checkpoint would be (QLoRA loads it)."""
+    import torch
+    result["phase"] = "build_model"
+    config = load_config(args.model_dir, args.tiny)
+    t0 = time.monotonic()
+    if args.device == "cuda":           # random init on the GPU: seconds for 8B, where the CPU takes minutes
+        with torch.device("cuda"):
+            model = _from_config(config, torch.bfloat16, {"attn_implementation": "sdpa"})
+    else:
+        model = _from_config(config, torch.bfloat16, {"attn_implementation": "sdpa"})
+    result["build_s"] = round(time.monotonic() - t0, 2)
+    result["phase"] = "save"
+    t0 = time.monotonic()
+    model.save_pretrained(args.make_checkpoint)
+    result["save_s"] = round(time.monotonic() - t0, 2)
+    result["checkpoint_bytes"] = sum(os.path.getsize(os.path.join(args.make_checkpoint, f))
+                                     for f in os.listdir(args.make_checkpoint))
+    result["params"] = int(sum(p.numel() for p in model.parameters()))
+    result["phase"] = "done"
+    return EXIT_OK
+
+
+def held_bytes(model) -> dict[str, int]:
+    """Bytes of the model's parameters and buffers by device type (cuda, cpu, meta)."""
+    out: dict[str, int] = {}
+    for t in list(model.parameters()) + list(model.buffers()):
+        kind = t.device.type
+        out[kind] = out.get(kind, 0) + t.numel() * t.element_size()
+    return out
+
+
+def is_fsdp_enabled_now() -> bool | None:
+    """transformers' own test for FSDP's RAM-efficient loading (env + process group), wherever this version keeps it."""
+    for where in ("transformers.distributed.fsdp", "transformers.integrations.fsdp", "transformers.modeling_utils"):
+        try:
+            module = __import__(where, fromlist=["is_fsdp_enabled"])
+            return bool(module.is_fsdp_enabled())
+        except (ImportError, AttributeError):
+            continue
+    return None
+
+
+def load_only(args, result: dict, watch: NvmlWatch) -> int:
+    """One rank of the QLoRA loading premise: from_pretrained in NF4 under accelerate's FSDP environment (the
+    parent exports ACCELERATE_USE_FSDP, FSDP_CPU_RAM_EFFICIENT_LOADING, RANK, LOCAL_RANK, WORLD_SIZE), then
+    where the model's bytes are and what this process holds on the GPU, while every rank still holds its own."""
+    import torch
+    import torch.distributed as dist
+    cuda = args.device == "cuda"
+    watch.allow_only_process = False
+    setup = read_adapter_setup(args.adapter_json)
+    result["phase"] = "init_process_group"
+    # gloo: the ranks share one GPU here, which NCCL refuses; loading exchanges nothing on the GPU.
+    dist.init_process_group("gloo")
+    result.update(rank=dist.get_rank(), world_size=dist.get_world_size(),
+                  local_rank=int(os.environ.get("LOCAL_RANK", "-1")), fsdp_enabled=is_fsdp_enabled_now())
+    import transformers
+    result["versions"] = {"torch": torch.__version__, "transformers": transformers.__version__}
+    try:
+        import bitsandbytes
+        result["versions"]["bitsandbytes"] = bitsandbytes.__version__
+    except ImportError as exc:
+        raise RuntimeError(f"bitsandbytes is not installed: {exc}") from exc
+    result["phase"] = "from_pretrained"
+    t0 = time.monotonic()
+    model = load_quantized(args.checkpoint, setup, cuda)
+    if cuda:
+        torch.cuda.synchronize()
+    result["load_s"] = round(time.monotonic() - t0, 2)
+    result["held_bytes"] = held_bytes(model)
+    result["params"] = int(sum(p.numel() for p in model.parameters()))
+    if cuda:
+        result["memory_allocated_after_load"] = int(torch.cuda.memory_allocated())
+    result["phase"] = "barrier"
+    dist.barrier()                      # every rank holds its model now: the GPU's use is the sum
+    if watch.nvml is not None:
+        result["process_used_after_load"] = watch.process_used()
+        result["device_used_after_load"] = watch.device_used()
+    dist.barrier()
+    dist.destroy_process_group()
+    result["phase"] = "done"
     return EXIT_OK
 
 
@@ -348,13 +519,23 @@ def main(argv=None) -> int:
     watch = NvmlWatch(args.nvml_index, enabled=args.device == "cuda")
     result: dict = {"status": "error", "phase": "start", "device": args.device, "seq_len": args.seq_len,
                     "micro_batch": args.micro_batch, "gc": args.gc, "ds_config": args.ds_config,
-                    "tiny": args.tiny, "steps": args.steps}
+                    "tiny": args.tiny, "steps": args.steps, "method": args.method,
+                    "mode": "make-checkpoint" if args.make_checkpoint else "load-only" if args.load_only else "train"}
     t0 = time.monotonic()
     code = EXIT_ERROR
     watch.start()
     try:
-        code = run(args, result, watch)
+        if args.make_checkpoint:
+            code = make_checkpoint(args, result)
+        elif args.load_only:
+            code = load_only(args, result, watch)
+        else:
+            code = run(args, result, watch)
         result["status"] = "ok"
+    except NotOnThisDevice as exc:
+        result["status"] = "unsupported"
+        result["error"] = str(exc)
+        code = EXIT_UNSUPPORTED
     except BaseException as exc:  # report everything, including KeyboardInterrupt from a timeout's SIGINT
         oom = is_oom(exc)
         result["status"] = "oom" if oom else "error"

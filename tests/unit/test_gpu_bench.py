@@ -4,6 +4,7 @@ No GPU here: the GPU figures come only from a run on a GPU machine (bench/gpu/RE
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import importlib.util
 import json
@@ -21,6 +22,7 @@ from bench.gpu.cases import (
     pick_smallest_headroom,
     rung_key,
     select_cases,
+    spec_from_json,
     write_models,
 )
 from bench.gpu.launch_check import align, load_metrics_jsonl, metric_diffs, metrics_verdict
@@ -159,12 +161,12 @@ def test_select_cases_orders_selected_first_and_merges_duplicates():
     roles = [c.role for c in sel.cases]
     assert roles[:2] == ["smallest-headroom", "predicted-oom"]
     # smallest headroom: 512 x 1 = 51.2 GiB is the largest that fits (1024 x 1 = 102.4 does not)
-    assert sel.cases[0].key() == ("a", "single", 512, 1, False)
+    assert sel.cases[0].key() == ("a", "single", 512, 1, False, "full")
     # the coverage case equal to it was merged, the launch case comes right after the selected ones
-    assert [c.key() for c in sel.cases[2:]] == [("a", "single", 1024, 2, False)]
+    assert [c.key() for c in sel.cases[2:]] == [("a", "single", 1024, 2, False, "full")]
     assert any("also the smallest-headroom" in n for n in sel.notes)
     # predicted OOM: the smallest prediction >= 1.05 x 110 GiB is 512 x 3 without GC (153.6 GiB)
-    assert sel.cases[1].key() == ("a", "single", 512, 3, False)
+    assert sel.cases[1].key() == ("a", "single", 512, 3, False, "full")
 
 
 # ----------------------------------------------------------------------------- selection (real planner)
@@ -206,12 +208,17 @@ def test_selection_from_the_planner_adapts_to_the_gpu(assume, model_dirs, cases_
                if not q.fits and 1.05 * q.capacity_bytes <= q.per_gpu_bytes < p.per_gpu_bytes]
     assert not smaller
 
+    from wizard.planning.rungs import RUNGS
     for c in sel.cases:                     # every ZeRO case gets the wizard's own DeepSpeed config
         text = planner.ds_config_text(c)
-        if c.backend == "single":
+        rung = next(r for r in RUNGS if r.key == c.backend)
+        if rung.backend != "deepspeed":
             assert text is None
         else:
-            assert json.loads(text)["zero_optimization"]["stage"] == int(c.backend[-1])
+            zero = json.loads(text)["zero_optimization"]
+            assert zero["stage"] == rung.zero_stage
+            assert zero.get("offload_optimizer", {}).get("device", "none") == rung.offload_optimizer
+            assert zero.get("offload_param", {}).get("device", "none") == rung.offload_param
 
 
 def test_given_for_forces_the_rung():
@@ -366,3 +373,200 @@ def test_markdown_table_has_one_row_per_case_and_a_cell_per_column():
     for line in table:
         assert line.count("|") == len(CASE_COLUMNS) + 1
     assert "+4.2" in table[0] and "time budget" in table[2]
+
+
+# ----------------------------------------------------------------------------- v2 (issue 28)
+
+from bench.gpu.cases import BACKENDS, is_deepspeed  # noqa: E402
+from bench.gpu.environment import blocking  # noqa: E402
+from bench.gpu.memory_check import OFFLOAD_TIMEOUT_S, case_timeout, measured_step_seconds  # noqa: E402
+from bench.gpu.qlora_load_check import (  # noqa: E402
+    device_share,
+    loading_verdict,
+    predict_loading,
+    two_gpu_hardware,
+)
+from bench.gpu.tune_check import parse_tune_json, trial_rows, tune_command, tune_settings, tune_verdict  # noqa: E402
+
+
+@pytest.mark.parametrize("backend,expected", [
+    ("zero2-offload-opt", {"backend": "deepspeed", "zero_stage": "2", "offload": "cpu"}),
+    ("zero3-offload-all", {"backend": "deepspeed", "zero_stage": "3", "offload": "cpu"}),
+    ("fsdp-reshard", {"backend": "fsdp", "fsdp_version": "2", "fsdp_reshard_after_forward": "yes"}),
+])
+def test_given_for_forces_the_v2_rungs(backend, expected):
+    g = given_for("/m", backend, 2048, 4, False)
+    assert {k: g.get(k) for k in expected} == expected
+
+
+def test_given_for_adapters_names_the_method_and_the_tune_rows_adapters():
+    g = given_for("/m", "single", 2048, 4, True, method="qlora")
+    assert (g["method"], g["lora_rank"], g["lora_alpha"], g["lora_targets"], g["backend"]) == \
+        ("qlora", "16", "32", "all-linear", "ddp")
+    assert "method" not in given_for("/m", "single", 2048, 4, True)
+    with pytest.raises(ValueError):
+        given_for("/m", "single", 2048, 4, True, method="dora")
+
+
+def test_v2_cases_run_first_and_say_what_they_are():
+    cfg = {"grid": {"seq_lens": [512], "micro_batches": [1, 2], "backends": ["single"]},
+           "oom_min_over_capacity": 1.05, "coverage": [], "launch": None,
+           "v2": [{"model": "a", "method": "qlora", "backend": "single", "seq_len": 512, "micro_batch": 1, "gc": True},
+                  {"model": "a", "backend": "fsdp-reshard", "seq_len": 512, "micro_batch": 1, "gc": False}]}
+    sel = select_cases(cfg, ["a"], lambda s: pred(s.micro_batch * 60, s.micro_batch == 1),
+                       lambda m, seq, mb: (spec(m, "single", seq, mb), pred(mb * 60, mb == 1)) if mb == 1 else None)
+    assert [c.role for c in sel.cases][:2] == ["v2", "v2"]
+    assert sel.cases[0].label() == "a qlora single s512 b1 GC on"
+    assert sel.cases[0].kind == "qlora single" and sel.cases[1].kind == "fsdp-reshard"
+    assert {c.role for c in sel.cases[2:]} == {"smallest-headroom", "predicted-oom"}
+
+
+def test_every_v2_case_is_predicted_by_its_own_rung_with_a_step_time(model_dirs, cases_cfg):
+    from wizard.probe import hardware
+    planner = Planner(hardware.assume("1xH200,ram=128G,cpus=16"), model_dirs)
+    cases = [spec_from_json(c) for c in cases_cfg["v2"]]
+    assert {c.backend for c in cases} == set(BACKENDS) - {"single", "zero2", "zero3"} | {"single"}
+    assert {c.method for c in cases} == {"full", "lora", "qlora"}
+    for c in cases:
+        p = planner.predict(c)
+        assert p.rung == c.backend and p.fits and p.step_seconds and p.step_seconds > 0, c.label()
+        if c.backend.endswith(("offload-opt", "offload-all")):
+            assert p.offload and p.breakdown
+    fsdp = next(c for c in cases if c.backend == "fsdp-reshard")
+    yaml_text = planner.accelerate_yaml(fsdp)
+    assert "distributed_type: FSDP" in yaml_text and "fsdp_version: 2" in yaml_text
+    assert "fsdp_reshard_after_forward: true" in yaml_text      # the forced rung's, not the plan's own choice's
+    assert planner.ds_config_text(fsdp) is None and is_deepspeed("zero3-offload-all")
+    qlora = next(c for c in cases if c.method == "qlora")
+    setup = planner.adapter_setup(qlora)        # what the wizard's snippet tells a single-GPU QLoRA user
+    assert setup["bnb"]["bnb_4bit_quant_type"] == "nf4" and setup["bnb"]["bnb_4bit_quant_storage"] == "uint8"
+    assert setup["kbit_prepared"] is True and setup["lora"]["r"] == 16
+    lora = next(c for c in cases if c.method == "lora")
+    assert planner.adapter_setup(lora)["bnb"] is None
+    assert planner.adapter_setup(fsdp) is None
+
+
+def test_the_loading_premise_is_predicted_for_two_gpus_like_the_one_found(model_dirs):
+    from wizard.probe import hardware
+    planner = Planner(hardware.assume("1xH200,ram=128G,cpus=16"), model_dirs)
+    hw2 = two_gpu_hardware(planner.hw, 2)
+    assert [g.index for g in hw2.gpus] == [0, 1] and hw2.gpus[1].name == planner.hw.gpus[0].name
+    p = predict_loading(planner, "llama-3.1-8b", 2, hw2)
+    assert p["rung"] == "fsdp-reshard" and p["load_bytes"] > p["nf4_model_bytes"] > 0
+    # NF4 packs two weights a byte: an 8B model's 4-bit weights plus its unquantised embeddings and head
+    assert 4 * GiB < p["nf4_model_bytes"] < 7 * GiB
+    # sharded QLoRA stores the 4-bit codes in the compute dtype and skips prepare_model_for_kbit_training
+    assert p["setup"]["bnb"]["bnb_4bit_quant_storage"] == "bfloat16" and p["setup"]["kbit_prepared"] is False
+
+
+def test_measured_step_is_the_median_after_the_warm_up_step():
+    assert measured_step_seconds([2.7, 0.58]) == pytest.approx(0.58)
+    assert measured_step_seconds([2.7, 0.6, 0.5, 0.7]) == pytest.approx(0.6)
+    assert measured_step_seconds([2.7]) is None and measured_step_seconds(None) is None
+
+
+def test_case_record_compares_step_times_and_the_summary_counts_them():
+    p = dataclasses.replace(pred(50, True), step_seconds=1.0)
+    rec = case_record(spec(), p, {"status": "ok", "wall_s": 1, "child": {"measured_peak_bytes": 50 * GiB,
+                                                                        "step_times_s": [3.0, 1.2, 1.25]}}, False)
+    assert rec["predicted_step_s"] == 1.0 and rec["measured_step_s"] == pytest.approx(1.225)
+    assert rec["step_error_pct"] == pytest.approx((1.0 - 1.225) / 1.225 * 100)
+    dry = case_record(spec(), p, {"status": "ok", "wall_s": 1, "child": {"step_times_s": [3.0, 1.2]}}, True)
+    assert dry["measured_step_s"] is None and dry["step_error_pct"] is None
+    s = summarize([rec, {**rec, "step_error_pct": 5.0}])
+    assert (s["timed"], s["step_within_target"]) == (2, 1)
+    assert s["max_abs_step_error_pct"] == pytest.approx(abs(rec["step_error_pct"]))
+
+
+def test_offload_cases_get_time_for_the_cpu_adam_build_within_the_budget():
+    off = spec(backend="zero2-offload-opt")
+    assert case_timeout(off, 120, False, 1000) == OFFLOAD_TIMEOUT_S["gpu"]
+    assert case_timeout(off, 60, True, 1000) == OFFLOAD_TIMEOUT_S["dry_run"]
+    assert case_timeout(off, 60, True, 90) == 90
+    assert case_timeout(spec(backend="zero2"), 120, False, 1000) == 120
+
+
+def test_what_each_v2_case_needs_installed():
+    missing = ["deepspeed", "peft", "bitsandbytes"]
+    assert blocking(missing, "single", "qlora") == ["peft", "bitsandbytes"]
+    assert blocking(missing, "single", "lora") == ["peft"]
+    assert blocking(missing, "zero3-offload-all") == ["deepspeed"]
+    assert blocking(missing, "qlora-load") == ["bitsandbytes"]
+    assert blocking(missing, "fsdp-reshard") == [] and blocking(missing, "tune") == []
+
+
+def test_v2_train_commands(tmp_path):
+    fsdp = train_command(spec(backend="fsdp-reshard"), "/m", 3, tmp_path, None, False, 0,
+                         accelerate_yaml=tmp_path / "c.yaml", port=1234)
+    assert fsdp[1:8] == ["-m", "accelerate.commands.launch", "--config_file", str(tmp_path / "c.yaml"),
+                         "--num_processes", "1", "--main_process_port"]
+    assert "--expect-fsdp" in fsdp
+    q = train_command(CaseSpec("m", "single", 512, 1, True, method="qlora"), "/m", 3, tmp_path, None, False, 0,
+                      adapter_json=tmp_path / "a.json", checkpoint="/ck")
+    joined = " ".join(q)
+    assert "--method qlora" in joined and f"--adapter-json {tmp_path / 'a.json'}" in joined
+    assert "--checkpoint /ck" in joined and "accelerate" not in joined
+    lora = train_command(CaseSpec("m", "single", 512, 1, True, method="lora"), "/m", 3, tmp_path, None, False, 0,
+                         adapter_json=tmp_path / "a.json")
+    assert "--checkpoint" not in lora and "--method" in lora
+
+
+@pytest.mark.parametrize("held,expected", [
+    ([{"cuda": 100}, {"cuda": 100}], "holds"),                       # every rank quantised onto its GPU
+    ([{"cuda": 100}, {"meta": 95, "cuda": 5}], "does not hold"),     # rank 1 stayed on meta
+    ([{"cuda": 100}, {"cuda": 50, "cpu": 50}], "unknown"),
+])
+def test_loading_verdict(held, expected):
+    ranks = [{"status": "ok", "held_bytes": h} for h in held]
+    verdict, why = loading_verdict(ranks, "cuda")
+    assert verdict == expected, why
+    assert loading_verdict([ranks[0], {"status": "oom"}], "cuda")[0] == "unknown"
+    assert loading_verdict([ranks[0], None], "cuda")[0] == "unknown"
+    assert device_share({}, "cuda") is None and device_share({"cpu": 3, "cuda": 1}, "cuda") == 0.25
+
+
+def test_tune_settings_keep_every_trial_complete():
+    cfg = json.loads((GPU_DIR / "cases.json").read_text())["tune"]
+    gpu = tune_settings(cfg, dry_run=False, quick=False)
+    assert gpu["script_steps"] > gpu["steps"] + gpu["warmup"]
+    quick = tune_settings(cfg, dry_run=False, quick=True)
+    assert quick["steps"] <= gpu["steps"] and quick["script_steps"] > quick["steps"] + quick["warmup"]
+    dry = tune_settings(cfg, dry_run=True, quick=True)
+    assert dry["seq_len"] < 128 and dry["variants"] == 0
+    with pytest.raises(ValueError, match="script_steps"):
+        tune_settings({**cfg, "script_steps": cfg["steps"] + cfg["warmup"]}, False, False)
+    cmd = tune_command(gpu, "/m", Path("/o"), Path("/r"), dry_run=False)
+    assert cmd[1:4] == ["-m", "wizard", "tune"] and "--no-calibration" in cmd and "--json" in cmd
+    script = cmd[cmd.index("--") + 1:]
+    assert script[0].endswith("bench/gpu/train_real.py") and script[-2:] == ["--steps", str(gpu["script_steps"])]
+    assert "--use-cpu" in tune_command(dry, "/m", Path("/o"), Path("/r"), dry_run=True)
+
+
+def test_tune_rows_and_verdict():
+    doc = parse_tune_json(["[tune] noise\n", '{"candidates": [\n',
+                           '{"label": "Single GPU", "rung": "single", "batch": "4 x 1, GC off", "status": "measured",'
+                           ' "predicted": {"per_gpu_bytes": 110, "step_seconds": 0.9},'
+                           ' "measured": {"peak_bytes": 100, "step_seconds": 1.0, "steps": 6}},\n',
+                           '{"label": "mb10", "rung": "single", "batch": "10 x 1", "status": "incomplete",'
+                           ' "predicted": {}, "measured": {}}], "winner": "Single GPU"}\n'])
+    rows = trial_rows(doc, dry_run=False)
+    assert rows[0]["error_pct"] == pytest.approx(10.0) and rows[0]["step_error_pct"] == pytest.approx(-10.0)
+    assert rows[1]["error_pct"] is None
+    assert tune_verdict(rows, 0)[0] == "incomplete" and "mb10: incomplete" in tune_verdict(rows, 0)[1]
+    assert tune_verdict(rows[:1], 0) == ("complete", "every trial completed (1 of 1)")
+    assert tune_verdict([], 2)[0] == "unknown" and parse_tune_json(["no json"]) is None
+    assert trial_rows(doc, dry_run=True)[0]["error_pct"] is None
+
+
+def test_the_report_has_the_loading_premise_and_tune_sections():
+    report = {"meta": {"mode": "GPU", "date": "d", "host": "h", "budget_s": 410, "elapsed_s": 1},
+              "environment": {"libraries": {}, "missing": []}, "cases": [], "summary": summarize([]),
+              "probe_comparison": [], "nvml": {"available": True}, "nvidia_smi": {"available": True},
+              "qlora_load": {"model": "llama-3.1-8b", "processes": 2, "verdict": "holds", "verdict_why": "w",
+                             "prediction": {"rung": "fsdp-reshard", "load_bytes": 6 * GiB, "nf4_model_bytes": 5 * GiB},
+                             "setup": {"bnb": {"bnb_4bit_quant_storage": "bfloat16"}},
+                             "ranks": [{"status": "ok", "held_bytes": {"cuda": 5 * GiB}, "error_pct": 2.0}] * 2},
+              "tune_skipped": "time budget: 12 s left before the launch reserve"}
+    md = render_markdown(report)
+    assert "**Premise: holds**" in md and "| 1 | ok | None | None | 5.0 |" in md
+    assert "## wizard tune with a Trainer script" in md and "not run: time budget" in md
