@@ -2,7 +2,7 @@
 on the GPU, with steps and a budget such that every trial completes (the 2026-12-04 session's first full tune
 stopped one step short of its script: the script's own --steps must exceed tune's warm-up + steps).
 
-    wizard tune --model <dir> --seq-len S --micro-batch B --gradient-checkpointing on|off --precision bf16
+    wizard tune --model <dir> --backend ddp --seq-len S --micro-batch B --gradient-checkpointing on|off --precision bf16
                 --attention sdpa --candidates N --variants V --steps K --warmup-steps W --budget T
                 --trial-timeout T1 --headless --json --no-calibration -- bench/gpu/train_real.py --config <dir> ...
 
@@ -60,6 +60,8 @@ def tune_command(s: dict, model_dir: str, out_dir: Path, runs_root: Path, dry_ru
            "--steps", str(s["steps"]), "--warmup-steps", str(s["warmup"]), "--budget", str(s["budget_s"]),
            "--trial-timeout", str(s["trial_timeout_s"]), "--output-dir", str(out_dir), "--runs-root", str(runs_root),
            "--headless", "--json", "--no-calibration"]
+    if s.get("backend"):               # as the 2026-12-04 tune rows (single GPU and its micro-batch variant)
+        cmd += ["--backend", str(s["backend"])]
     cmd += ["--use-cpu", "yes"] if dry_run else ["--precision", "bf16"]
     cmd += ["--", str(HERE / "train_real.py"), "--config", model_dir, "--seq-len", str(s["seq_len"]),
             "--batch-size", str(s["micro_batch"]), "--gc", gc, "--steps", str(s["script_steps"])]

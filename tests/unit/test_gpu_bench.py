@@ -537,6 +537,7 @@ def test_tune_settings_keep_every_trial_complete():
         tune_settings({**cfg, "script_steps": cfg["steps"] + cfg["warmup"]}, False, False)
     cmd = tune_command(gpu, "/m", Path("/o"), Path("/r"), dry_run=False)
     assert cmd[1:4] == ["-m", "wizard", "tune"] and "--no-calibration" in cmd and "--json" in cmd
+    assert cmd[cmd.index("--backend") + 1] == "ddp"
     script = cmd[cmd.index("--") + 1:]
     assert script[0].endswith("bench/gpu/train_real.py") and script[-2:] == ["--steps", str(gpu["script_steps"])]
     assert "--use-cpu" in tune_command(dry, "/m", Path("/o"), Path("/r"), dry_run=True)
