@@ -571,7 +571,7 @@ def within_noise(a: Trial, b: Trial) -> bool:
 def pick_winner(trials: list[Trial], limit_bytes: int | None, allow_batch_change: bool = False) -> Trial | None:
     """The highest measured tokens/s among the trials whose peak leaves the headroom and that train the
     user's global batch (any batch with `allow_batch_change`); a difference within the measured noise goes to
-    the simpler rung (earlier on the ladder), then the earlier candidate."""
+    the simpler rung (earlier on the ladder) among those whose peak leaves room, then the earlier candidate."""
     ok = [t for t in trials if t.status == "measured" and t.tokens_per_second]
     ok = [t for t in ok if limit_bytes is None or t.peak_bytes is None or t.peak_bytes <= limit_bytes]
     ok = [t for t in ok if allow_batch_change or t.candidate.global_batch_from is None]
@@ -579,7 +579,12 @@ def pick_winner(trials: list[Trial], limit_bytes: int | None, allow_batch_change
         return None
     best = max(ok, key=lambda t: t.tokens_per_second)
     ties = [t for t in ok if within_noise(t, best)]
-    return min(ties, key=lambda t: (t.candidate.order, trials.index(t)))
+    # as the plan's tie (planning.reasons.TIGHT_SPARE): a tied trial whose measured peak leaves room is preferred
+    # to one within the memory model's typical error of the limit
+    from wizard.planning.reasons import TIGHT_SPARE
+    roomy = [t for t in ties if limit_bytes is None or t.peak_bytes is None
+             or limit_bytes - t.peak_bytes >= TIGHT_SPARE * limit_bytes]
+    return min(roomy or ties, key=lambda t: (t.candidate.order, trials.index(t)))
 
 
 def _headroom_limit(plan, headroom: float) -> int | None:

@@ -588,3 +588,25 @@ def test_a_sequence_classifier_is_sized_with_its_labels_not_a_vocabulary(tmp_pat
 def test_the_task_follows_the_class_name(name, task):
     from wizard.sizing.model import task_of_class
     assert task_of_class(name) == task
+
+
+def test_inside_the_speed_tie_a_rung_with_room_wins_over_a_tight_one():
+    """4x RTX 4090, 7B, micro-batch 4: ZeRO-2 + offload and ZeRO-3 + offload tie (both ≈1.26k tok/s); the tie went
+    to ZeRO-2 + offload with 1008.7 MiB to spare over ZeRO-3 + offload with 9 GiB (issue 29: 686 vs 687 tok/s, 425 MiB
+    against 18.2 GiB then). Inside the tie, the rung that leaves room wins, and both reasons say so."""
+    from wizard import pipeline
+    from wizard.planning.reasons import TIGHT_SPARE, choose
+    result = pipeline.build(pipeline.Request(assume="4xRTX4090", plan_only=True,
+                                             given={"params": "7B", "micro_batch": 4}))
+    plan = result.plan
+    z2, z3 = rung_by_key(plan, "zero2-offload-opt"), rung_by_key(plan, "zero3-offload-opt")
+    assert z2.fits and z3.fits and abs(z2.tokens_per_second / z3.tokens_per_second - 1) < 0.03   # the premise: a tie
+    assert plan.usable_bytes - z2.per_gpu_bytes < TIGHT_SPARE * plan.usable_bytes                  # z2 is tight
+    assert plan.choice.key == "zero3-offload-opt", plan.choice.key
+    assert "the first offload rung within 3% of the fastest that leaves room (ZeRO-2 + CPU optimizer offload " \
+        "leaves less than 5% of the usable memory to spare" in plan.choice.reason, plan.choice.reason
+    assert "but with only 1008.7 MiB to spare; ZeRO-3 + CPU optimizer offload, as fast with room, wins the tie." \
+        in z2.reason, z2.reason
+    # without the usable memory (the old rule), the earlier rung; with room on both, the earlier rung still wins
+    assert choose(plan.rungs).key == "zero2-offload-opt"
+    assert choose(plan.rungs, plan.usable_bytes * 2).key == "zero2-offload-opt"

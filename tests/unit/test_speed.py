@@ -428,10 +428,13 @@ def test_qlora_70b_on_two_pcie_48gb_cards_takes_zero2_because_it_is_faster():
                                                   # ZeRO-2's replicated 4-bit base fits beside them
                                                   "lora_targets": "q_proj,v_proj"})).plan
     z2, z3 = rung_by_key(plan, "zero2"), rung_by_key(plan, "zero3")
-    assert z2.fits and z3.fits and plan.choice.key == "zero2"
+    assert z2.fits and z3.fits
     assert z2.tokens_per_second > z3.tokens_per_second * (1 + plan_mod.SPEED_TIE)
-    assert "the fastest rung that fits" in z2.reason
-    assert "more communication" not in z3.reason and "weights gathered for every layer" in z3.reason
+    assert "more communication" not in z3.reason and "ZeRO-3 gathers weights module by module" in z3.reason
+    # ZeRO-2 leaves 427 MiB of 43.2 GiB: inside the speed tie with FSDP2 (resharding), which leaves 14.9 GiB, the
+    # rung with room wins (issue 29); ZeRO-2 is still the faster DeepSpeed rung, and says why it lost
+    assert plan.choice.key == "fsdp-reshard", plan.choice.key
+    assert "but with only 427.2 MiB to spare" in z2.reason, z2.reason
 
 
 @pytest.mark.parametrize("spec, gbps", [("8xH100-80GB", 3200), ("8xH200-141GB", 3200), ("8xB200-180GB", 3200),

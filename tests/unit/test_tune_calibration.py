@@ -32,6 +32,15 @@ def test_a_difference_within_the_measured_noise_goes_to_the_simpler_rung():
     assert pick_winner(trials, None).candidate.label == "zero3"
 
 
+def test_inside_the_measured_tie_a_trial_that_leaves_room_wins():
+    """As the plan's tie: within the noise, a simpler rung whose measured peak is within 5 % of the limit loses to
+    one with room (issue 29); with room on both, the simpler rung still wins."""
+    trials = [trial("zero2", 0, 1000.0, peak=98), trial("zero3", 1, 1010.0, peak=60)]
+    assert pick_winner(trials, limit_bytes=100).candidate.label == "zero3"
+    trials = [trial("zero2", 0, 1000.0, peak=90), trial("zero3", 1, 1010.0, peak=60)]
+    assert pick_winner(trials, limit_bytes=100).candidate.label == "zero2"
+
+
 def test_oom_and_headroom_exclude_a_candidate():
     trials = [trial("zero2", 0, 2000.0, status="does not fit (measured)"), trial("zero3", 1, 900.0, peak=50),
               trial("offload", 2, 1500.0, peak=500)]

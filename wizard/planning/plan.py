@@ -31,6 +31,7 @@ from wizard.planning.evaluate import (  # noqa: F401
 )
 from wizard.planning.reasons import (  # noqa: F401
     choose, _fit_reason, _rung_class, _slower_because, _smaller_micro_batch, SPEED_TIE, _starved_threads,
+    passed_for_room,
     _threads_clause,
 )
 from wizard.planning.resolve import (  # noqa: F401
@@ -144,15 +145,16 @@ def _make_plan(hw, model, training: TrainingOptions, strategy: StrategyOptions, 
             rung.max_micro_batch = largest_micro_batch(spec, x, gc=False)
         if training.gradient_checkpointing != "off":
             rung.max_micro_batch_gc = largest_micro_batch(spec, x, gc=True)
-    choice = choose(rungs)
+    choice = choose(rungs, x.usable)
     if choice is not None:
         tie = any(r.fits and _rung_class(r) == _rung_class(choice) and r.tokens_per_second > choice.tokens_per_second
                   for r in rungs)
         forced = (strategy.offload if strategy.offload in ("cpu", "nvme")
                   and not any(_rung_class(r) < _rung_class(choice) for r in rungs) else None)
+        passed = passed_for_room(rungs, choice, x.usable)
         for rung, without_gc in evaluated:
             if rung.fits:
-                rung.reason = _fit_reason(rung, x, without_gc, choice, tie, forced)
+                rung.reason = _fit_reason(rung, x, without_gc, choice, tie, forced, passed)
     if choice is not None and choice.fits:
         longest = longest_seq_len(BY_KEY[choice.key], at[choice.key], choice.gradient_checkpointing
                                   or training.gradient_checkpointing != "off")

@@ -24,14 +24,41 @@ def _rung_class(rung: Rung) -> int:
 SPEED_TIE = 0.03
 
 
-def choose(rungs: list[Rung]) -> Rung | None:
-    """The fastest fitting rung of the cheapest class that has one; on a tie, the earlier rung."""
+# Inside the tie, a rung that leaves less than this share of the usable memory to spare is "tight": the memory
+# model's typical error is about this large (bench_memory_model: median |error| 5.5 % on the fit half, 3.1 %
+# held out), so such a rung may not fit when measured. A tied rung with room is preferred to it: 4x RTX 4090, 7B
+# gave the tie to ZeRO-2 + offload with 425 MiB to spare over ZeRO-3 + offload with 18 GiB (issue 29).
+TIGHT_SPARE = 0.05
+
+
+def tight(rung: Rung, usable: int | None) -> bool:
+    return usable is not None and usable - rung.per_gpu_bytes < TIGHT_SPARE * usable
+
+
+def _tied(rungs: list[Rung]) -> list[Rung]:
+    """The fitting rungs of the cheapest class that has one, within SPEED_TIE of its fastest, in ladder order."""
     for cls in (0, 1, 2):
         fitting = [r for r in rungs if r.fits and _rung_class(r) == cls]
         if fitting:
             best = max(r.tokens_per_second for r in fitting)
-            return next(r for r in fitting if r.tokens_per_second >= best * (1 - SPEED_TIE))
-    return None
+            return [r for r in fitting if r.tokens_per_second >= best * (1 - SPEED_TIE)]
+    return []
+
+
+def choose(rungs: list[Rung], usable: int | None = None) -> Rung | None:
+    """The fastest fitting rung of the cheapest class that has one; on a tie, the earlier rung that is not tight
+    (`usable`: the per-GPU memory the rungs fit in; None: the earlier rung)."""
+    tied = _tied(rungs)
+    roomy = [r for r in tied if not tight(r, usable)]
+    return (roomy or tied or [None])[0]
+
+
+def passed_for_room(rungs: list[Rung], choice: Rung | None, usable: int | None) -> list[Rung]:
+    """The tied rungs before the choice on the ladder that it was preferred to because they are tight."""
+    tied = _tied(rungs)
+    if choice is None or choice not in tied:
+        return []
+    return [r for r in tied[:tied.index(choice)] if tight(r, usable)]
 
 
 def _starved_threads(x: _Inputs) -> tuple[float, int] | None:
@@ -45,9 +72,10 @@ def _starved_threads(x: _Inputs) -> tuple[float, int] | None:
 
 
 def _fit_reason(rung: Rung, x: _Inputs, without_gc: int | None, choice: Rung, tie: bool = False,
-                forced_offload: str | None = None) -> str:
+                forced_offload: str | None = None, passed: list[Rung] | tuple = ()) -> str:
     """`forced_offload`: the --offload value when it left the ladder no rung of a cheaper class than the choice's,
-    so the plan cannot say that nothing cheaper fits (it did not try)."""
+    so the plan cannot say that nothing cheaper fits (it did not try). `passed`: the tied rungs before the choice
+    that it was preferred to for room (passed_for_room)."""
     used = f"{fmt_bytes(rung.per_gpu_bytes)} of {fmt_bytes(x.usable)} usable per {x.unit}"
     gc = ""
     if without_gc is not None:
@@ -58,15 +86,25 @@ def _fit_reason(rung: Rung, x: _Inputs, without_gc: int | None, choice: Rung, ti
     if rung is choice:
         spare = fmt_bytes(x.usable - rung.per_gpu_bytes)
         fastest = "the first rung that fits within 3% of the fastest" if tie else "the fastest rung that fits"
+        room = ""
+        if passed:
+            fastest = "the first rung within 3% of the fastest that leaves room"
+            room = (f" ({_names(passed)} {'leaves' if len(passed) == 1 else 'leave'} less than {TIGHT_SPARE:.0%} of "
+                    "the usable memory to spare, within the memory model's typical error)")
+        offload = (f"{fastest.replace(' rung', ' offload rung', 1)}" if passed else
+                   "the fastest offload rung that fits")
         why = (fastest if _rung_class(rung) == 0 else
                f"{fastest} of those --offload {forced_offload} allows" if forced_offload else
-               "no rung without offload fits, and it is the fastest offload rung that fits" if _rung_class(rung) == 1
-               else "nothing fits without NVMe")
+               f"no rung without offload fits, and it is {offload}" if _rung_class(rung) == 1
+               else "nothing fits without NVMe") + room
         return f"Fits with {spare} to spare ({used}){gc}; ≈{rate}; chosen: {why}{_threads_clause(rung, x)}."
     rel = speed_mod.relative(rung.speed, choice.speed)
     slower = rung.tokens_per_second < choice.tokens_per_second * (1 - SPEED_TIE)
     if _rung_class(rung) > _rung_class(choice) and not slower:
         return f"Fits ({used}){gc}, {rel} (≈{rate}), but no offload while a rung without it fits."
+    if not slower and rung in passed:
+        return (f"Fits ({used}){gc}, {rel} (≈{rate}), but with only {fmt_bytes(x.usable - rung.per_gpu_bytes)} to "
+                f"spare; {choice.name}, as fast with room, wins the tie.")
     if not slower:
         return f"Fits ({used}){gc}, {rel} (≈{rate}); the earlier rung ({choice.name}) wins the tie."
     because = _slower_because(rung, choice, x) + _measured_clause(rung, choice)
@@ -92,6 +130,11 @@ def _measured_clause(rung: Rung, choice: Rung) -> str:
     if theirs:
         return f" ({choice.name}'s speed scaled by a ratio `wizard tune` measured {theirs}; this rung's is the model's)"
     return ""
+
+
+def _names(rungs) -> str:
+    names = [r.name for r in rungs]
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
 
 
 def _threads_clause(rung: Rung, x: _Inputs) -> str:
