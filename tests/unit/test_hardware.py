@@ -674,3 +674,17 @@ if __name__ == "__main__":
         (SNAPSHOTS / f"{case}.json").write_text(doc)
         (SNAPSHOTS / f"{case}.txt").write_text(text)
         print(f"wrote {SNAPSHOTS / case}.json and .txt")
+
+
+def test_every_consumer_gpus_bf16_peak_is_the_fp32_accumulate_figure():
+    """One convention for `tensor16` (the one the speed model's efficiencies were fitted with): dense bf16/fp16 with
+    FP32 accumulate. On GeForce cards that rate is half the FP16-accumulate one and, in NVIDIA's whitepapers (GA102,
+    AD102, GB202), twice the non-tensor FP32 peak. The RTX 3090 and 3090 Ti read their FP32 figure (35.6, 40): a
+    3090 planned at half its tensor rate beside a 4090 at its full one (issue 29)."""
+    from wizard.probe.catalogue import CATALOGUE, performance
+    consumer = [spec for spec in CATALOGUE if spec.consumer]
+    assert {s.name for s in consumer} >= {"RTX5090-32GB", "RTX4090-24GB", "RTX4080-16GB", "RTX3090Ti-24GB",
+                                          "RTX3090-24GB"}
+    for spec in consumer:
+        perf = performance(spec)
+        assert perf.tensor16 == pytest.approx(2 * perf.fp32, rel=0.01), (spec.name, perf)

@@ -195,9 +195,11 @@ def match_device(nvml_name: str, memory_total: int | None = None) -> GpuSpec | N
 #
 # Dense (no structured sparsity) tensor-core peaks from NVIDIA's datasheets and architecture
 # whitepapers, in TFLOP/s: `tensor16` is bf16 (fp16 on Volta/Turing) with fp32 accumulation, which
-# is what PyTorch's 16-bit matmuls use; GeForce cards run fp32-accumulate at half their fp16-accumulate
-# rate, so their figure is the lower one of the whitepaper ("Peak FP16 Tensor TFLOPS with FP32
-# Accumulate"). `fp32` is the non-tensor fp32 peak (PyTorch does not use TF32 for matmuls unless asked).
+# is what PyTorch's 16-bit matmuls use, and the one convention the speed model's efficiencies were fitted
+# with (planning/speed.py); GeForce cards run fp32-accumulate at half their fp16-accumulate rate, so their
+# figure is the lower one of the whitepaper ("Peak FP16/BF16 Tensor TFLOPS with FP32 Accumulate"): RTX 5090
+# 209.5 (419 with fp16 accumulate), 4090 165.2 (330.3), 4080 97.5 (194.9), 3090 Ti 80 (160), 3090 71 (142).
+# Workstation and data-centre parts run both at the full rate. `fp32` is the non-tensor fp32 peak (PyTorch does not use TF32 for matmuls unless asked).
 # `hbm` is memory bandwidth in GB/s. `link` is the NCCL bus bandwidth (GB/s, nccl-tests' "busbw") an
 # all-reduce reaches between the GPUs of one server joined as `GpuSpec.nvlink` says: measured
 # orders of magnitude from public nccl-tests results (8x H100 NVSwitch ~ 360-480, 8x A100 ~ 230,
@@ -243,8 +245,10 @@ PERFORMANCE: dict[str, GpuPerf] = {
     "RTX5090-32GB": GpuPerf(209.5, 104.8, 1792, 5, None, "blackwell"),
     "RTX4090-24GB": GpuPerf(165.2, 82.6, 1008, 4, None, "ada"),
     "RTX4080-16GB": GpuPerf(97.5, 48.7, 717, 4, None, "ada"),
-    "RTX3090Ti-24GB": GpuPerf(40, 40, 1008, 4, None, "ampere"),
-    "RTX3090-24GB": GpuPerf(35.6, 35.6, 936, 4, None, "ampere"),
+    # GA102 whitepaper: 3090 Ti 80 / 3090 71 dense FP16/BF16 tensor TFLOPS with FP32 accumulate (160 / 142 with
+    # FP16 accumulate). They read 40 / 35.6, the cards' non-tensor FP32 (= dense TF32) figure: half the convention.
+    "RTX3090Ti-24GB": GpuPerf(80, 40, 1008, 4, None, "ampere"),
+    "RTX3090-24GB": GpuPerf(71, 35.6, 936, 4, None, "ampere"),
 }
 
 
