@@ -295,17 +295,79 @@ it includes the driver's reserve. A metric that fails still reads N/A.
 """
 
 LEFT = """
-## Left as they are
+## Named misses, and what was ruled out
 
-- **ZeRO-3 step time with one process** (held-out rows, -54 % and -59 %): both measured about 22 ms per decoder layer
-  per step more than the model (SHARDED_LAYER_OVERHEAD_S['zero3'] = 1.5 ms is a guess). The two rows agree, but they
-  are the held-out half and nothing in the fit half measures it; the next GPU session should profile it (and a
-  multi-process ZeRO-3 step) before a constant is chosen.
-- **Qwen2.5-0.5B at 4096 tokens** (-41 %, one 87 ms step): at this size the memory-bound work outside the matmuls
-  (norms, activations, the 152k-vocabulary cross-entropy) is a large share of the step; the model has no term for it.
-- **ZeRO-2 at one process** over-counts torch's allocated peak (+24 % tensors, +4.9 % whole-process): its estimator's
-  fp32 gradient partition exists only in the step, as in ZeRO-3; within the bounds, so not changed here.
-- The bench rows' step times are one step after one warm-up step each; the tune trials' are medians of 3-6.
+No constant was chosen for these: their mechanism is not established (below: what the code and the recorded data
+rule out, and what a GPU session must measure). The figures were checked by `bench/bench_zero3_overhead.py` and by
+reading DeepSpeed 0.19.8 (runtime/zero/stage3.py, partition_parameters.py, partitioned_param_coordinator.py).
+
+**ZeRO-3 with one process** (held-out, -59.0 % and -54.4 %). The model's step is 0.489 and 0.519 s; the gaps, 0.704
+s (Llama-2-7B: 32 layers, 291 parameter tensors, 3,584 tokens) and 0.619 s (Llama-3.2-3B: 28 layers, 254 tensors,
+8,192 tokens), are 22.0 and 22.1 ms per decoder layer (2.42 and 2.44 ms per parameter tensor), but 196 against 76 us
+per token and 0.10 against 0.19 ns per parameter: they follow the layer (or tensor) count, not the tokens, the width
+or the bytes. Each is one step (the second of two), and nothing else in the session runs ZeRO-3. Their first steps
+were only 0.17 and 0.03 s slower than the second, where every other row's first step was 0.46-2.1 s slower
+(allocator growth, kernel loading): consistent with a step bound by host work that hides a first step's GPU warm-up,
+not a proof of it. Ruled out, or too small:
+- the gathers: at partition world size 1 all_gather_coalesced returns _no_gather_coalesced, NoGatherHandle points
+  param.data at its partition (no copy), and its wait() synchronises the all-gather stream, which holds no work with
+  one process (the coordinator waits inside `with stream(allgather_stream)`): nothing to block on;
+- the sub-group optimizer step (step(): the norm 2 B, flattening and casting the bf16 gradient partition to fp32 10
+  B, unscale_and_clip_grads 8 B, torch's fused AdamW 28 B, the copy back to bf16 6 B: ~54 B per parameter against
+  the model's 30): +48 ms for the 7B, +23 ms for the 3B (7 % and 4 % of the gaps), and per parameter, not per layer;
+- the gradient path (the bucket copy, reduce_scatter_coalesced's div_ and its NCCL call at world size 1,
+  partition_grads' copy: 12-20 B per parameter, of which the model counts 4): about 25 ms for the 7B;
+- allocator cache flushes (stage3.py warns on torch's num_alloc_retries; the bench did not record it): the 7B ran at
+  127.5 of 140.4 GiB, but the 3B at 92.5 GiB, 48 GiB from the limit, with the same gap per layer;
+- ZeRO-3's Python hooks alone (fetch_sub_module / release_sub_module per module in forward and backward, a gradient
+  hook per tensor): `python bench/bench_zero3_overhead.py` measured their host time on this checkout's CPU
+  (DeepSpeed 0.19.8's CPU accelerator over gloo, torch 2.13, a Llama of width 64 so that kernels cost nothing; 4 and
+  32 layers, one thread, two runs of 10 steps, medians after 2 warm-up steps; CPU time of the main thread, since the
+  machine's 2 cores were shared): 11.1-12.1 ms of host time per decoder layer and step under ZeRO-3, 2.1-2.4 ms
+  under plain torch, 3.2-4.3 ms under ZeRO-2. ZeRO-3's hooks cost 8.9-9.7 ms per layer more than eager torch: about
+  40 % of 22 ms even if the GPU waited for all of it, and a host-bound 7B step would take 32 x 12 ms plus its head
+  and optimizer step, far under 1.19 s. The CUDA path adds stream, event and NCCL calls per tensor, and the H200's
+  host is another CPU, so this bounds the hooks from below; it does not give the figure.
+- Several processes: against their ZeRO-2 and FSDP siblings at the same tokens per step, the published ZeRO-3 rows
+  (bench_speed_model) are 0-7 ms per layer and micro-step slower: the chenyaofo gist's (8 x A800, Llama-7B) ran
+  12.93 against 12.01 s per step without checkpointing (4 micro-steps: 7.2 ms per layer), and no slower with it
+  (14.38 against 15.27 s, 13.53 against 13.65 s); HF's granite-7B blog (4 x A100) 10.59 against FSDP's 10.37 s (6.9
+  ms). A 22 ms per layer and micro-step term would move the five multi-GPU ZeRO-3 rows from +27..+55 % to +4..+31 %,
+  but they are over-predicted as much as the gist's ZeRO-2 rows (+28..+43 %), which it leaves alone, so that is no
+  evidence for it; and it would predict ZeRO-3 0.7 s per micro-step slower than ZeRO-2 where the gist measured them
+  equal with checkpointing. On the other side, BELLE's issue #402 (github.com/LianjiaTech/BELLE/issues/402:
+  BLOOM-560M and 1.1B, ZeRO-3 on 2 x TITAN RTX, DeepSpeed of 2023) ran the same 2.6 batches/s at sequence 512 and
+  1024 where ZeRO-1 halved: a step of fixed cost, about 16 ms per layer. Either the cost is specific to one process
+  or to the host, or it is not a per-layer constant with several processes; a constant chosen on these two held-out
+  rows would be applied to every ZeRO-3 plan on that guess. SHARDED_LAYER_OVERHEAD_S['zero3'] stays the 1.5 ms
+  GUESS.
+- What a GPU session must measure (about 3 minutes): `python bench/bench_zero3_overhead.py --device cuda --width
+  4096 --ffn 11008 --heads 32 --kv-heads 32 --vocab 32000 --seq 512 --micro-batch 7 --layers 8,16` (the 7B row's
+  shape at 8 and 16 layers, where plain torch's fp32 states still fit; plain torch, ZeRO-2 and ZeRO-3; wall and host
+  time per layer, and num_alloc_retries), and the same at --seq 1024 (does the per-layer cost stay with twice the
+  tokens?). If ZeRO-3's wall time per layer exceeds plain torch's by about its host time per layer beyond plain
+  torch's, it is the hooks, and the term is host time per layer and module (chosen there, checked on these two
+  rows); if by much more, the GPU waits on something else, and one step under torch.profiler names it. A two-process
+  ZeRO-3 run on two GPUs (the script runs one process today) says whether it applies with several processes.
+
+**Qwen2.5-0.5B, s512 x 8** (held-out, -40.8 %): one 87 ms step (the second of two) against 51 ms predicted (37 ms of
+matmuls and attention, 10 ms of fixed overhead, 4 ms of optimizer). Two candidates, which one step cannot tell
+apart: (a) a host-bound step: plain eager torch's host time, 2.1-2.4 ms per decoder layer on this checkout's CPU
+(above), is about 50-58 ms for 24 layers before the head, the loss and the optimizer, the order of the GPU's ~50 ms,
+and the model adds the two only through its 0.25 ms per layer; (b) memory-bound elementwise work outside the matmuls
+(norms, rotary, SiLU, residuals, the fp32 upcast of the 152k-vocabulary logits), which per FLOP is 1.7x the
+Qwen2.5-1.5B's (roughly 30 h + 10 f element-passes per token and layer over its matmul FLOPs: ~8e-4 at width 896,
+~5e-4 at 1536), where the width factor (HIDDEN_KNEE) charges 10 % between the two and the 1.5B rows at 8,192 tokens
+are within -0.9 % and -2.4 %. A term for either would be fitted on this one row. GPU: `python
+bench/bench_zero3_overhead.py --device cuda --modes plain --width 896 --ffn 4864 --heads 14 --kv-heads 2 --vocab
+151936 --seq 512 --micro-batch 8 --layers 6,24`: a wall time per layer near the host time per layer is (a).
+
+**ZeRO-2 at one process** over-counts torch's allocated peak (+24 % tensors, +4.9 % whole-process): its estimator's
+fp32 gradient partition exists only in the step, as in ZeRO-3; within the bounds, so not changed here.
+
+The bench rows' step times are one step after one warm-up step each; the tune trials' are medians of 3-6.
+
+
 """
 
 

@@ -215,7 +215,11 @@ def main(argv=None) -> int:
     results = []
     for mode in args.modes.split(","):
         for n in layers:
-            r = run_one(args, mode, n)
+            try:
+                r = run_one(args, mode, n)
+            except (RuntimeError, subprocess.TimeoutExpired) as exc:   # e.g. out of memory: the others still run
+                print(f"{mode:6s} {n:3d} layers: failed: {exc}", flush=True)
+                continue
             print(f"{mode:6s} {n:3d} layers: wall {1e3 * median_after_warmup(r['wall_s']):8.1f} ms, "
                   f"host {1e3 * median_after_warmup(r['host_s']):8.1f} ms", flush=True)
             results.append(r)

@@ -23,13 +23,16 @@ _spec.loader.exec_module(bench)
 
 MEMORY_PCT, STEP_PCT = bench.MEMORY_BOUND_PCT, bench.STEP_BOUND_PCT
 
-# Held-out step times the model misses, and why (bench/results/gpu-2026-12-04.md, "Left as they are").
+# Held-out step times the model misses, and why (bench/results/gpu-2026-12-04.md, "Named misses, and what was ruled
+# out"): no mechanism is established for them, so no constant was chosen on them.
 KNOWN_STEP_MISSES = {
-    # ~22 ms per decoder layer per step of ZeRO-3's per-module hooks with one process, in both rows; nothing in the
-    # fit half measures it, so no constant was chosen on it.
+    # 22 ms per decoder layer per step in both rows, not per token or byte. Ruled out: gathers (none at world size
+    # 1), the sub-group optimizer step and the gradient path (about a tenth), allocator flushes (the 3B had
+    # 48 GiB free); ZeRO-3's hooks measured on the CPU (bench/bench_zero3_overhead.py) cover a fraction, and the
+    # published multi-GPU ZeRO-3 rows show 0-7 ms per layer. A GPU run of that script decides.
     "llama-2-7b zero3 s512 b7 GC off",
     "llama-3.2-3b zero3 s2048 b4 GC off",
-    # A 0.5B model's 87 ms step: memory-bound work outside the matmuls the model has no term for.
+    # A 0.5B model's 87 ms step: a host-bound step or memory-bound work outside the matmuls; one step cannot tell.
     "qwen2.5-0.5b single s512 b8 GC off",
 }
 # Fit-half memory the model misses: torch's caching allocator held 9.2 GiB beyond the live tensors, which the
