@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 
-# logger name -> the start of the message dropped there (kernels 0.11-0.13, bitsandbytes 0.48-0.49)
+# logger name -> the start of the message dropped there (as in kernels 0.19.1, bitsandbytes 0.50.2)
 NOISE = {
     "kernels._internals.hf_hub": "Skipping publisher trust check for ",
     "bitsandbytes.backends.cpu.ops": "Failed to load CPU gemm_4bit_forward from kernels-community",
