@@ -105,6 +105,7 @@ class WizardState:
         self.entered: dict[str, Any] = {}         # values the user typed or chose, by question id
         self.changed = False                      # anything entered (quitting asks first)
         self.picked: str | None = None            # a rung the user picked on the plan screen
+        self.ladder_choice: str | None = None     # the rung the ladder itself chose (before any pick)
         self.pick_base: dict[str, Any] | None = None  # the strategy answers before the pick
         self.models: dict[tuple, ModelShape] = {}  # sized models, by model_key
         self.model: ModelShape | None = None
@@ -115,6 +116,7 @@ class WizardState:
         self.error_field: str | None = None       # the question id the error is about, when known
         self.sizing: SizingJob | None = None      # a model waiting to be sized
         self.written = False
+        self.script: list[str] | None = None       # the training script and its arguments measured (Measure)
         if hardware is not None:
             self.set_probed(hardware)
 
@@ -183,16 +185,18 @@ class WizardState:
 
     # ------------------------------------------------------------------ answers
 
-    def given(self) -> dict[str, Any]:
-        """What resolve() sees: flags and answers file, then what was typed here; None means unset."""
-        merged = {**self.request.given, **self.entered}
+    def given(self, entered: dict[str, Any] | None = None) -> dict[str, Any]:
+        """What resolve() sees: flags and answers file, then what was typed here (or `entered`); None means
+        unset."""
+        entered = self.entered if entered is None else entered
+        merged = {**self.request.given, **entered}
         # Typing a model here replaces a parameter count from the flags (and the other way round).
-        if self.entered.get("model") is not None:
+        if entered.get("model") is not None:
             merged.pop("params", None)
-        elif self.entered.get("params") is not None:
+        elif entered.get("params") is not None:
             merged.pop("model", None)
         merged = {k: v for k, v in merged.items() if v is not None}
-        if self.entered.get("method") == "full":
+        if entered.get("method") == "full":
             # Choosing full fine-tuning here drops the LoRA options given before (the pipeline refuses them
             # with full, as it should for flags: here the user has just said which method they want).
             from wizard.pipeline import ADAPTER_OPTIONS
@@ -256,6 +260,7 @@ class WizardState:
         """
         self.error = self.error_field = None
         self.full_answers = {}
+        self.ladder_choice = None
         if self.hardware is None:
             self.plan = None
             self.error = "the hardware is not known yet"
@@ -301,6 +306,7 @@ class WizardState:
             # forget the pick and give the strategy answers back.
             self._drop_pick()
             return self.replan()
+        self.ladder_choice = plan.choice.key if plan.choice is not None else None
         self.plan = self._apply_pick(plan)
         self.plan.alternatives = pipeline.alternatives(self.hardware, model, ladder, self.plan, cached_only=True)
         warm = pipeline.adapter_trainings_to_size(model, ladder, self.plan) if model.exact else []
@@ -338,15 +344,29 @@ class WizardState:
 
     def _ladder_answers(self, answers: dict[str, Any]) -> dict[str, Any]:
         """The answers the ladder is walked with: after a pick, the strategy from before it, so
-        the screen keeps showing every rung (the pick's own strategy would leave only its rung)."""
+        the screen keeps showing every rung (the pick's own strategy would leave only its rung).
+
+        That strategy is resolved as the plan before the pick resolved it, not copied from what was typed:
+        on CPU processes `backend: auto` becomes deepspeed (pipeline.route_cpu_processes), and a ladder
+        walked with the raw `auto` held a DDP rung that those processes cannot run (issue 29)."""
         if self.picked is None or self.pick_base is None:
             return answers
+        before_pick = dict(self.entered)
+        for qid, value in self.pick_base.items():
+            if value is None:
+                before_pick.pop(qid, None)
+            else:
+                before_pick[qid] = value
+        try:
+            base = pipeline.resolve_pre_plan(self.hardware, self.given(before_pick))
+        except InputError:
+            return answers          # the strategy before the pick no longer resolves: the pick's own ladder
         ladder = dict(answers)
         for qid in STRATEGY_IDS:
-            if self.pick_base.get(qid) is None:
+            if base.get(qid) is None:
                 ladder.pop(qid, None)
             else:
-                ladder[qid] = self.pick_base[qid]
+                ladder[qid] = base[qid]
         return ladder
 
     def _drop_pick(self) -> None:

@@ -20,8 +20,9 @@ class RungList(OptionList):
         super().__init__(id=id)
         self._signature: tuple | None = None
 
-    def show_plan(self, plan: Plan | None, picked: str | None) -> None:
-        """Rebuild the options when the plan changed; keep the highlight on the chosen rung."""
+    def show_plan(self, plan: Plan | None, picked: str | None, ladder_choice: str | None = None) -> None:
+        """Rebuild the options when the plan changed; keep the highlight on the chosen rung. `ladder_choice`: the
+        rung the ladder chose itself (WizardState.ladder_choice), marked as such when another was picked."""
         if plan is None:
             self._signature = None
             self.clear_options()
@@ -29,14 +30,14 @@ class RungList(OptionList):
         chosen = plan.choice.key if plan.choice is not None else None
         signature = (tuple((r.key, r.per_gpu_bytes, r.fits, r.reason, r.gradient_checkpointing, r.tokens_per_second)
                            for r in plan.rungs),
-                     chosen, picked, plan.gpu_capacity_bytes)
+                     chosen, picked, ladder_choice, plan.gpu_capacity_bytes)
         if signature == self._signature:
             return
         self._signature = signature
         highlighted = self.highlighted
         keep = self.get_option_at_index(highlighted).id if highlighted is not None and self.option_count else None
         self.clear_options()
-        ladder = next((r.key for r in plan.rungs if r.fits), None) if picked else None
+        ladder = ladder_choice if picked else None
         self.add_options([Option(RungRow(r, plan, chosen=r.key == chosen, picked=r.key == picked,
                                          ladder_choice=r.key == ladder and r.key != chosen), id=r.key)
                           for r in plan.rungs])
