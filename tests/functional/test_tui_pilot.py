@@ -764,7 +764,9 @@ async def test_a_global_batch_reaches_the_plan_screen_and_the_done_screens_train
         c, b = app.state.plan.choice, app.state.plan.batch
         assert b.applied and (c.micro_batch, c.grad_accum) == (b.micro_batch, b.grad_accum) and c.micro_batch > 1
         status = app.screen.status_text()
-        assert f"batch {c.micro_batch}x{c.grad_accum}" in status and "to train" in status
+        # the split and the time to train, on one 80-column line ("to train" is left out where it would not fit)
+        from wizard.units import fmt_duration
+        assert f"batch {c.micro_batch}x{c.grad_accum}" in status and fmt_duration(c.train_seconds) in status
         await reach(pilot, "DoneScreen")
         args = text_of(app.screen.query_one("#done-args"))
         assert f"per_device_train_batch_size={b.micro_batch}," in args

@@ -324,7 +324,8 @@ class WizardApp(App[Outcome]):
             lines.append(f"A CPU-only configuration: {result.plan.topology.world_size} CPU process(es), gloo, fp32.")
         if launching:
             return lines
-        accel, wiz = launch_commands(result.yaml_path, "your_train.py")
+        script = self.state.script or ["your_train.py"]      # the script measured, where Measure ran one
+        accel, wiz = launch_commands(result.yaml_path, script[0], script[1:])
         lines += [f"Next: {wiz}", f"  or: {accel}"]
         return lines
 

@@ -19,6 +19,7 @@ from textual.widgets import Button, Input, Label, Static
 from wizard.frontends.snippets import launch_commands, setup_snippet, uses_adapters, wizard_launch_argv
 from wizard.frontends.tui.screens.base import WizardScreen
 from wizard.frontends.tui.screens.review import syntax
+from wizard.frontends.tui.widgets.typed_input import TypedInput
 
 ARGS_TITLE = "[b]The same setup as TrainingArguments[/b] (HF Trainer, without accelerate's config)"
 ADAPTER_TITLE = ("[b]The same setup in Python[/b] (HF Trainer with peft's LoRA{}, without accelerate's config; "
@@ -40,11 +41,13 @@ class DoneScreen(WizardScreen):
         yield Static("[b]Launch now[/b] (leaves the wizard and opens the live launch view)", classes="section")
         with Horizontal(classes="launch-row"):
             yield Label("Training script", classes="q-label")
-            yield Input("", placeholder="(path of your script, e.g. examples/train.py)", id="launch-script",
-                        compact=True)
+            yield TypedInput(self.state.script[0] if self.state.script else "",
+                             placeholder="(path of your script, e.g. examples/train.py)", id="launch-script",
+                             compact=True)
         with Horizontal(classes="launch-row"):
             yield Label("Its arguments", classes="q-label")
-            yield Input("", placeholder="(optional: the script's own arguments)", id="launch-args", compact=True)
+            yield TypedInput(shlex.join(self.state.script[1:]) if self.state.script else "",
+                             placeholder="(optional: the script's own arguments)", id="launch-args", compact=True)
         yield Static("", id="launch-error")
         yield Button("Launch now", id="launch-now", compact=True)
 
@@ -92,7 +95,8 @@ class DoneScreen(WizardScreen):
         lines.append("Validated with accelerate, DeepSpeed and transformers"
                      + (f" ({len(warnings)} warning(s))" if warnings else "") + ".")
         self.query_one("#done-files", Static).update("\n".join(lines))
-        accel, wiz = launch_commands(result.yaml_path)
+        script = state.script or ["train.py"]     # the script measured on the Plan screen, where Measure ran one
+        accel, wiz = launch_commands(result.yaml_path, script[0], script[1:])
         self.query_one("#done-commands", Static).update(
             syntax(f"{accel}\n{wiz}", "bash", self.app, word_wrap=True))
         ds_path = result.ds_path if result.ds_text is not None else None

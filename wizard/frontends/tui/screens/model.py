@@ -46,6 +46,17 @@ def model_summary(model) -> str:
             f"{model.hidden_size}, vocab {model.vocab_size:,}")
 
 
+# Advanced questions (--plain leaves them at their recommendation) that the form shows beside the batch anyway:
+# the batch the user trains and how long the run is are where people look for them, not under "Advanced".
+IN_SIGHT = ("global_batch", "train_tokens")
+ADVANCED_TITLE = "Advanced: model shape, task, dataset and epochs, LoRA details, attention"
+
+
+def on_the_form(q) -> bool:
+    """Whether the question's field is on the form itself (else under the Advanced fold)."""
+    return not q.advanced or q.id in IN_SIGHT
+
+
 class ModelScreen(WizardScreen):
     STEP = 1
     AUTO_FOCUS = "#q-model"
@@ -58,11 +69,11 @@ class ModelScreen(WizardScreen):
         except OSError:
             cached = []
         for q in questions:
-            if not q.advanced:
+            if on_the_form(q):
                 yield self.make_field(q, suggestions=cached if q.id == "model" and cached else None)
-        with Collapsible(title="Advanced: model shape overrides, attention", collapsed=True, id="advanced"):
+        with Collapsible(title=ADVANCED_TITLE, collapsed=True, id="advanced"):
             for q in questions:
-                if q.advanced:
+                if not on_the_form(q):
                     yield self.make_field(q)
         yield Static("", id="model-summary")
         yield Static("", id="plan-line")

@@ -43,7 +43,17 @@ def budget_line(state) -> str:
     model = state.model
     model_text = f" · {fmt_count(model.params)} params" if model is not None else ""
     return (f"{where}{machines} · [b]{fmt_bytes(plan.usable_bytes)}[/b] usable per {unit} of "
-            f"{fmt_bytes(plan.gpu_capacity_bytes)} · {plan.precision}{model_text}")
+            f"{fmt_bytes(plan.gpu_capacity_bytes)} · {plan.precision}{model_text}{method_text(state.answers)}")
+
+
+def method_text(answers) -> str:
+    """' · LoRA r=16' / ' · QLoRA r=16 (4-bit base)' for the header: every figure below is for adapters then."""
+    method = answers.get("method", "full")
+    if method not in ("lora", "qlora"):
+        return ""
+    rank = answers.get("lora_rank")
+    name = "LoRA" if method == "lora" else "QLoRA"
+    return f" · [b]{name}[/b]" + (f" r={rank}" if rank else "") + (" (4-bit base)" if method == "qlora" else "")
 
 
 def alternatives_text(plan) -> Text:
@@ -78,6 +88,27 @@ def nothing_fits_text(error: str) -> Text:
     return text
 
 
+def measure_unavailable(state) -> str | None:
+    """Why Measure cannot run for this plan, in the screen's words, or None. Measure runs the user's script in
+    trials on this machine (wizard.tune probes it), so it measures only a plan for this machine's own GPUs or
+    CPU processes: not one for an assumed machine (--assume), a saved probe (--hardware) or a catalogue machine
+    chosen on the Hardware screen."""
+    from wizard.frontends.session import TARGET_OTHER
+    probed = state.probed
+    if probed is None:
+        return None
+    if state.target == TARGET_OTHER:
+        what = "another machine from the catalogue"
+    elif probed.source.startswith("assume:"):
+        what = f"an assumed machine ({probed.source[len('assume:'):]})"
+    elif probed.source.startswith("file:"):
+        what = "the machine of a saved probe"
+    else:
+        return None
+    return (f"Measure (m) is not offered: it runs your script in trials on this machine, and this plan is for "
+            f"{what}. Run the wizard on that machine to measure there")
+
+
 def max_micro_batch_text(rung) -> str:
     """'micro-batch up to 8 (24 with GC)': the largest that fits on this rung."""
     parts = []
@@ -88,6 +119,41 @@ def max_micro_batch_text(rung) -> str:
     if not parts:
         return ""
     return "micro-batch up to " + (f"{parts[0]} ({parts[1]})" if len(parts) == 2 else parts[0])
+
+
+STATUS_CELLS_AT_80 = 60     # the Plan status line's width on an 80-column screen (Back and Next take the rest)
+
+
+def choice_status_parts(plan) -> tuple[str, str, str, str]:
+    """The chosen rung for the one-line status: its name (+GC), speed, split (the --global-batch split, else the
+    largest micro-batch that fits) and time to train; "" where there is none."""
+    c = plan.choice
+    name = f"[b]{c.name}[/b]" + (" +GC" if c.gradient_checkpointing else "")
+    rate = f"≈{fmt_rate(c.speed.tokens_per_second)}" if c.speed is not None else ""
+    if plan.batch is not None and plan.batch.applied:
+        split = f"batch {c.micro_batch}x{c.grad_accum}"
+    else:
+        split = short_micro_batch_text(c)
+    time = fmt_duration(c.train_seconds) if c.train_seconds is not None else ""
+    return name, rate, split, time
+
+
+def fit_status(parts: tuple[str, str, str, str], width: int) -> str:
+    """name · speed · split · time to train, within `width` cells (an 80-column screen has 60): "to train" goes
+    first (the time stays), then the split, the time, the speed; the name stays (the status line cuts it with an
+    ellipsis if it must). Cut by the line itself, the time read "2h 53m to …"."""
+    from rich.text import Text
+    name, rate, split, time = parts
+    options = [(name, rate, split, f"{time} to train" if time else ""),
+               (name, rate, split, time),
+               (name, rate, f"{time} to train" if time else ""),
+               (name, rate, time),
+               (name, rate)]
+    for option in options:
+        text = " · ".join(p for p in option if p)
+        if Text.from_markup(text).cell_len <= width:
+            return text
+    return name
 
 
 def short_micro_batch_text(rung) -> str:
@@ -104,7 +170,7 @@ def short_micro_batch_text(rung) -> str:
 class PlanScreen(WizardScreen):
     STEP = 2
     # c: Compare machines (hidden from the footer, which stays the Plan screen's own; F1 and README name it)
-    BINDINGS = [Binding("m", "measure", "Measure", show=False), Binding("c", "compare", "Compare machines", show=False)]
+    BINDINGS = [Binding("m", "measure", "Measure"), Binding("c", "compare", "Compare machines", show=False)]
     BODY_SCROLLS = False        # the rung list scrolls by itself; summary and strategy stay in view
     AUTO_FOCUS = "#rungs"
 
@@ -121,6 +187,16 @@ class PlanScreen(WizardScreen):
         super().mounted()
         self.wizard.start_preload()
 
+    def measure_unavailable(self) -> str | None:
+        """Why Measure is not offered (it runs the user's script on this machine), or None."""
+        return measure_unavailable(self.state)
+
+    def check_action(self, action: str, parameters: tuple) -> bool | None:
+        # Measure is not offered (no key hint, `m` does nothing) where it cannot run; F1 on the ladder says why.
+        if action == "measure" and self.measure_unavailable():
+            return False
+        return super().check_action(action, parameters)
+
     def action_compare(self) -> None:
         """`wizard compare` from here: the same answers on the default machines; a chosen row is planned."""
         if self.state.model is None:
@@ -135,7 +211,7 @@ class PlanScreen(WizardScreen):
 
     def action_measure(self) -> None:
         """`wizard tune` from here: the measured winner becomes the picked rung."""
-        if self.state.plan is None or self.state.plan.choice is None:
+        if self.state.plan is None or self.state.plan.choice is None or self.measure_unavailable():
             return
         from wizard.frontends.tui.screens.measure import MeasureModal
 
@@ -155,11 +231,12 @@ class PlanScreen(WizardScreen):
 
     def sync(self) -> None:
         super().sync()
+        self.refresh_bindings()             # Measure's key hint follows the machine planned for
         state = self.state
         plan = state.plan
         self.query_one("#plan-summary", Static).update(budget_line(state))
         self.query_one("#plan-legend", Static).update(legend(plan) if plan is not None else "")
-        self.query_one(RungList).show_plan(plan, state.picked)
+        self.query_one(RungList).show_plan(plan, state.picked, state.ladder_choice)
         warning = self.query_one("#plan-warning", Static)
         if plan is not None and plan.choice is None:
             text = nothing_fits_text(state.error or "Nothing fits.")
@@ -187,17 +264,15 @@ class PlanScreen(WizardScreen):
         plan = state.plan
         if plan is None or plan.choice is None:
             return "[red]✗ Nothing fits · Escape: the inputs · Tab: the strategy[/red]"
-        c = plan.choice
-        text = f"[b]{c.name}[/b]" + (" +GC" if c.gradient_checkpointing else "")   # one 80-column line
-        if c.speed is not None:
-            text += f" · ≈{fmt_rate(c.speed.tokens_per_second)}"
-        if plan.batch is not None and plan.batch.applied:
-            # --global-batch: the split the figures and files use, and how long it takes (one 80-column line).
-            text += f" · batch {c.micro_batch}x{c.grad_accum}"
-            return text + (f" · {fmt_duration(c.train_seconds)} to train" if c.train_seconds is not None else "")
-        biggest = short_micro_batch_text(c)
-        text += f" · {biggest}" if biggest else ""
-        return text + (f" · {fmt_duration(c.train_seconds)} to train" if c.train_seconds is not None else "")
+        return fit_status(choice_status_parts(plan), self.status_width())
+
+    def status_width(self) -> int:
+        """The status line's cells: its laid-out width, or an 80-column screen's before the first layout."""
+        width = self.query_one("#status", Static).size.width
+        return width if width > 0 else STATUS_CELLS_AT_80
+
+    def on_resize(self, event) -> None:     # Textual also calls WizardScreen.on_resize (every class in the MRO)
+        self.call_after_refresh(self.sync_status)       # the status line's parts follow its width
 
     # ------------------------------------------------------------------ picking
 
@@ -275,5 +350,8 @@ class PlanScreen(WizardScreen):
                       "rung without offload fits (offload is the slow last resort). Gradient checkpointing (+GC) is "
                       "switched on where activations, not model states, are what does not fit."]
         lines += [f"[dim]• {in_words(n)}[/dim]" for n in plan.notes]
+        unavailable = self.measure_unavailable()
+        lines.append(f"[dim]{unavailable}.[/dim]" if unavailable else
+                     "[dim]m measures the best rungs with your training script, in short trials on this machine.[/dim]")
         lines.append("[dim]c compares machines: this plan's time and cost on other GPUs and counts.[/dim]")
         return rung.name, "\n".join(lines)
