@@ -8,6 +8,7 @@ import json
 import os
 import statistics
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,30 @@ OFFLOAD_TIMEOUT_S = {"gpu": 180.0, "dry_run": 300.0}
 
 def is_offload(backend: str) -> bool:
     return backend.endswith(("offload-opt", "offload-all"))
+
+
+def torch_extensions_root() -> Path:
+    """Where torch JIT-builds extensions (torch.utils.cpp_extension): $TORCH_EXTENSIONS_DIR, else
+    ~/.cache/torch_extensions (one folder per Python and CUDA version under it)."""
+    return Path(os.environ.get("TORCH_EXTENSIONS_DIR") or Path.home() / ".cache" / "torch_extensions")
+
+
+def remove_stale_build_locks(since: float, root: Path | None = None) -> list[str]:
+    """Remove the JIT build locks created since `since` (a case's start) under the extensions root.
+
+    torch's build takes a file lock (FileBaton) and deletes it when the build ends; a build that the case's
+    timeout killed leaves it, and every later build of that op, in the next case too, waits on it forever.
+    Called only after the bench killed a case, whose process group built nothing else."""
+    root = root or torch_extensions_root()
+    removed = []
+    for lock in list(root.glob("*/lock")) + list(root.glob("*/*/lock")):
+        try:
+            if lock.stat().st_mtime >= since:
+                lock.unlink()
+                removed.append(str(lock))
+        except OSError:
+            continue
+    return removed
 
 
 def case_timeout(spec: CaseSpec, case_timeout_s: float, dry_run: bool, left: float) -> float:
@@ -137,10 +162,15 @@ def run_case(spec: CaseSpec, number: int, planner: Planner, opts: Options, work:
     if yaml_path is not None:             # accelerate launch sets the ranks itself
         for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
             env.pop(key, None)
+    started = time.time()
     child = run_child(cmd, env, timeout, log_path=case_dir / "stderr.log")
     keep_tail(case_dir / "stderr.log", opts.results_dir / f"case-{number}-stderr.log")
     result = parse_result_line(child["lines"])
     out: dict[str, Any] = {"wall_s": child["wall_s"], "returncode": child["returncode"]}
+    if child["timed_out"] and is_offload(spec.backend):
+        removed = remove_stale_build_locks(started)
+        if removed:
+            out["removed_build_locks"] = removed
     if child["timed_out"] and result is None:
         out.update(status="timeout", error=f"no result within {timeout:.0f} s")
     elif result is None:

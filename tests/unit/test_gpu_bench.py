@@ -8,6 +8,7 @@ import dataclasses
 import datetime as dt
 import importlib.util
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -571,3 +572,16 @@ def test_the_report_has_the_loading_premise_and_tune_sections():
     md = render_markdown(report)
     assert "**Premise: holds**" in md and "| 1 | ok | None | None | 5.0 |" in md
     assert "## wizard tune with a Trainer script" in md and "not run: time budget" in md
+
+
+def test_a_killed_jit_build_leaves_no_lock_behind(tmp_path):
+    from bench.gpu.memory_check import remove_stale_build_locks
+    old = tmp_path / "py311_cpu" / "deepspeed_shm_comm" / "lock"
+    old.parent.mkdir(parents=True)
+    old.write_text("")
+    os.utime(old, (1000, 1000))             # a lock older than the case: someone else's build, kept
+    new = tmp_path / "cpu_adam" / "lock"    # TORCH_EXTENSIONS_DIR layout: no version folder
+    new.parent.mkdir()
+    new.write_text("")
+    assert remove_stale_build_locks(2000, tmp_path) == [str(new)]
+    assert old.exists() and not new.exists()
