@@ -7,11 +7,21 @@
   rule bind a port of their own (or pass `port_in_use`).
 - This machine's memlock limit (`ulimit -l`) reads as unlimited: DS-PIN-MEMORY-MEMLOCK would otherwise warn on
   every pinned CPU-offload config on a box with the usual 8 MiB; its tests pass `memlock_limit`.
+- DeepSpeed's JIT-built ops go to a folder of this environment's own (TORCH_EXTENSIONS_DIR under sys.prefix, unless
+  set): ~/.cache/torch_extensions is shared by every venv on the machine, and a suite with another DeepSpeed
+  (CI's oldest-versions run, a second checkout) rebuilding an op there under a running launch made it fail
+  ("deepspeed_shm_comm has no attribute 'vector_kernel_level'"). Set at import, before any test, so the
+  processes the tests launch inherit it.
 """
 
 from __future__ import annotations
 
+import os
+import sys
+
 import pytest
+
+os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(sys.prefix, "torch_extensions"))
 
 DEFAULT_PORT = 29500
 
