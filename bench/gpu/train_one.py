@@ -265,7 +265,7 @@ def zero_stage_of(ds_config: str | None) -> int | None:
 
 def describe_engine(trainer, model) -> dict:
     engine = getattr(trainer, "model_wrapped", model)
-    out = {"engine_class": type(engine).__name__}
+    out = {"engine_class": type(engine).__name__, "model_class": type(model).__name__}
     if hasattr(engine, "zero_optimization_stage"):
         try:
             out["zero_stage"] = int(engine.zero_optimization_stage())

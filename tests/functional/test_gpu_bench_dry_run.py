@@ -28,12 +28,12 @@ def _dry_run(tmp_path: Path, *extra: str, timeout: float = 600) -> tuple[subproc
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(900)      # the first offload case may JIT-build DeepSpeed's CPU Adam (minutes on 2 cores)
 def test_dry_run_quick_end_to_end(tmp_path):
-    r, report, md = _dry_run(tmp_path, "--quick")
+    r, report, md = _dry_run(tmp_path, "--quick", timeout=880)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     cases = report["cases"]
-    assert len(cases) >= 6
+    assert len(cases) >= 11
     roles = [c["case"]["role"] for c in cases]
     assert roles.count("smallest-headroom") == 1 and roles.count("predicted-oom") == 1
     oom = cases[roles.index("predicted-oom")]
@@ -41,22 +41,47 @@ def test_dry_run_quick_end_to_end(tmp_path):
     assert oom["predicted_bytes"] >= 1.05 * oom["prediction"]["capacity_bytes"]
     head = cases[roles.index("smallest-headroom")]
     assert head["predicted_fits"] and head["prediction"]["per_gpu_bytes"] <= head["prediction"]["usable_bytes"]
-    # one tiny CPU training per backend ran the real code path; nothing is "measured" on a CPU
+    # one tiny CPU training per kind (method and rung) ran the real code path; nothing is "measured" on a CPU
     ran = [c for c in cases if c["status"] == "ok"]
-    assert {c["case"]["backend"] for c in ran} == {"single", "zero2", "zero3"}
+    kinds = {(c["case"]["method"], c["case"]["backend"]) for c in ran}
+    assert kinds >= {("full", "single"), ("full", "zero2"), ("full", "zero3"), ("lora", "single"),
+                     ("qlora", "single"), ("full", "zero2-offload-opt"), ("full", "zero3-offload-all")}, kinds
+    for c in cases:                 # every row has the predicted step time beside the memory
+        assert c["predicted_step_s"] and c["predicted_step_s"] > 0, c["label"]
     for c in ran:
         child = c["run"]["child"]
         assert child["max_memory_reserved"] is None and child["steps_done"] == 2
         assert c["measured_bytes"] is None and c["error_pct"] is None and c["decision"] == "unknown"
-        engine = child["engine"]
-        if c["case"]["backend"] == "single":
+        assert c["measured_step_s"] is None and c["step_error_pct"] is None and len(child["step_times_s"]) == 2
+        engine, backend, method = child["engine"], c["case"]["backend"], c["case"]["method"]
+        if backend == "single":
             assert engine["engine_class"] != "DeepSpeedEngine"
         else:
             assert engine["engine_class"] == "DeepSpeedEngine"
-            assert engine["zero_stage"] == int(c["case"]["backend"][-1])
+            assert engine["zero_stage"] == int(backend[len("zero")])
+        if "offload" in backend:    # the wizard's ds_config hands the step to DeepSpeed's CPU Adam
+            assert engine["inner_optimizer_class"] == "DeepSpeedCPUAdam", engine
+        if method != "full":
+            assert engine["model_class"].startswith("PeftModel") and child["trainable_params"] < child["params"]
+        assert (engine["linear4bit_modules"] > 0) == (method == "qlora")   # bitsandbytes' CPU backend quantised it
+    fsdp = next(c for c in cases if c["case"]["backend"] == "fsdp-reshard")
+    # accelerate makes FSDP only on an accelerator: the case ran up to the Trainer and says so, nothing trained
+    assert fsdp["status"] == "skipped" and "on the CPU" in fsdp["run"]["error"], fsdp["run"]
+    assert fsdp["run"]["child"]["phase"] == "trainer_init" and "steps_done" not in fsdp["run"]["child"]
     for c in cases:
-        if c["status"] != "ok":
-            assert c["status"] == "skipped" and "--quick" in c["run"]["error"]
+        if c["status"] != "ok" and c is not fsdp:
+            assert c["status"] == "skipped" and "--quick" in c["run"]["error"], c["run"]
+    # the QLoRA checkpoint, and the loading premise: two ranks under accelerate's FSDP environment, no verdict
+    assert report["checkpoints"]["llama-3.1-8b"]["status"] == "ok"
+    q = report["qlora_load"]
+    assert [r["status"] for r in q["ranks"]] == ["ok", "ok"] and all(r["fsdp_enabled"] for r in q["ranks"])
+    assert all(r["held_bytes"].get("cpu") for r in q["ranks"]) and q["verdict"] == "unknown"
+    assert q["prediction"]["nf4_model_bytes"] > 0 and "dry run" in q["verdict_why"]
+    # wizard tune with the Trainer script: every trial completed, nothing compared on a CPU
+    t = report["tune"]
+    assert t["returncode"] == 0 and t["verdict"] == "complete", t
+    assert all(row["error_pct"] is None for row in t["trials"])
+    assert "## QLoRA loading premise" in md and "## wizard tune with a Trainer script" in md
     # the table: header + separator + one row per case, a cell per column
     rows = [line for line in md.splitlines() if line.startswith("| ") and line.count("|") ==
             len(CASE_COLUMNS) + 1]
@@ -78,7 +103,9 @@ def test_dry_run_quick_end_to_end(tmp_path):
 def test_dry_run_out_of_budget_skips_every_training_and_says_why(tmp_path):
     r, report, md = _dry_run(tmp_path, "--quick", "--budget-s", "1")
     assert r.returncode == 0, r.stderr[-2000:]
-    assert len(report["cases"]) >= 6
+    assert len(report["cases"]) >= 11
     assert all(c["status"] == "skipped" and "time budget" in c["run"]["error"] for c in report["cases"])
     assert "time budget" in report["launch_skipped"] and "launch" not in report
+    assert "time budget" in report["qlora_load_skipped"] and "time budget" in report["tune_skipped"]
+    assert not report["checkpoints"]
     assert "time budget" in md
