@@ -95,4 +95,9 @@ timeout -k 15 "$GLOBAL_TIMEOUT" "$PY" bench/gpu/measure.py --out "$OUT/gpu-$STAM
 rc=$?
 echo "== measure.py exit $rc ($( [ $rc -eq 124 ] && echo 'hit the hard timeout' || echo done ))"
 ls -la "$OUT" "$OUT/gpu-$STAMP-files" 2>/dev/null || true
+# The device tool brings back at most 8 files from $OUT: the raw files (one stderr tail per case, the launch's
+# metrics and nvidia-smi samples, the loading ranks', tune's) travel as one archive beside the .md, .json and log.
+if [ -d "$OUT/gpu-$STAMP-files" ]; then
+  tar -czf "$OUT/gpu-$STAMP-files.tar.gz" -C "$OUT" "gpu-$STAMP-files" && rm -rf "$OUT/gpu-$STAMP-files"
+fi
 exit $rc
