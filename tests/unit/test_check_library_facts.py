@@ -448,11 +448,23 @@ def test_unknown_top_level_key_silently_ignored():
     assert cfg["train_micro_batch_size"] == 4 and config.train_micro_batch_size_per_gpu == 8
 
 
-def test_known_top_level_keys_read_from_deepspeed_cover_the_fallback_list():
-    from wizard.check.rules.deepspeed_json import FALLBACK_TOP_LEVEL, known_top_level_keys
+def test_known_top_level_keys_read_from_deepspeed_agree_with_the_fallback_list():
+    """The fallback is DeepSpeed 0.19.8's keys: read from 0.19.8 they are exactly it (plus accelerate's own), an
+    older DeepSpeed reads a subset of them (0.19.0 lacks e.g. log_level, expert_parallel), a newer one a superset."""
+    from importlib.metadata import version
 
-    assert FALLBACK_TOP_LEVEL <= known_top_level_keys()
-    assert {"zero_optimization", "optimizer", "scheduler", "aio", "bf16"} <= known_top_level_keys()
+    from wizard.check.rules.deepspeed_json import (EXTRA_TOP_LEVEL, FALLBACK_DEEPSPEED, FALLBACK_TOP_LEVEL,
+                                                   known_top_level_keys)
+
+    keys = known_top_level_keys()
+    assert {"zero_optimization", "optimizer", "scheduler", "aio", "bf16"} <= keys
+    installed = tuple(int(part) for part in version("deepspeed").split("+")[0].split(".")[:3])
+    if installed == FALLBACK_DEEPSPEED:
+        assert keys == FALLBACK_TOP_LEVEL | EXTRA_TOP_LEVEL
+    elif installed < FALLBACK_DEEPSPEED:
+        assert keys - EXTRA_TOP_LEVEL < FALLBACK_TOP_LEVEL
+    else:
+        assert FALLBACK_TOP_LEVEL < keys
 
 
 def test_aio_detection_is_deepspeeds_answer():

@@ -48,6 +48,7 @@ ADAM_LIKE = ("adamw_torch", "adamw_torch_fused", "adamw_hf", "adamw", "adam", "a
 EXTRA_TOP_LEVEL = frozenset({"msamp"})
 
 # Known top-level keys of DeepSpeed 0.19.8 (used only if reading them from the installed library fails).
+FALLBACK_DEEPSPEED = (0, 19, 8)
 FALLBACK_TOP_LEVEL = frozenset("""
 activation_checkpointing aio amp autotuning bf16 bfloat16 checkpoint comet comms_logger communication_data_type
 compile compression_training csv_monitor curriculum_learning data_efficiency data_types dataloader_drop_last
