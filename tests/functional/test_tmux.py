@@ -10,6 +10,7 @@ Needs tmux (`apt-get install -y tmux`); without it the test is skipped and says 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -287,3 +288,90 @@ def test_plain_report_wraps_between_words_in_an_80_column_terminal(tmux, tmp_pat
     cut = [(a, b) for a, b in zip(lines, lines[1:]) if len(a) == tmux.width and a[-1:].isalnum() and b[:1].isalnum()]
     assert not cut, "cut inside a word:\n" + "\n".join(f"{a}\n{b}" for a, b in cut)
     tmux.keys("C-c")
+
+
+def _table_line(shown: str, *words: str) -> str | None:
+    """The terminal line that holds every one of `words` (a table row drawn on one line), or None."""
+    return next((line for line in shown.splitlines() if all(w in line for w in words)), None)
+
+
+def _start_measure(tmux: Tmux, tmp_path: Path, script: Path) -> None:
+    """`wizard` on the example answers (2 CPU processes here), Enter to the Plan screen, `m`, the script, Enter."""
+    answers = REPO / "examples" / "train.answers.yaml"
+    env = checkout_env(HF_HOME=str(tmp_path / "hf_home"), WIZARD_CACHE_DIR=str(tmp_path / "cache"),
+                       TERM="xterm-256color", OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1",
+                       TOKENIZERS_PARALLELISM="false", WIZARD_CALIBRATION_FILE=str(tmp_path / "calibration.json"))
+    # record: the command starts a second after the session, once tmux has sized the window (started at once, on a
+    # loaded box the app could read the 80x24 the window is created with, before tmux resizes it)
+    tmux.start(f"{WIZARD} --answers {_quote(str(answers))} --output-dir {_quote(str(tmp_path / 'out'))}", env,
+               cwd=str(tmp_path), record=tmp_path / "terminal.log")
+    tmux.wait_for("Planning for", timeout=120)
+    for step in ("2/6", "3/6"):
+        tmux.keys("Enter")
+        tmux.wait_for(step, timeout=120)
+    shown = tmux.wait_for("m Measure", timeout=120)          # the plan, with its key hints
+    assert re.search(r"\bm Measure\b", shown), shown
+    tmux.keys("m")
+    tmux.wait_for("Training script and its arguments")
+    tmux.type(f"{script} --steps 40")
+    tmux.keys("Enter")
+    tmux.wait_for("candidates; trials in", timeout=120)
+    tmux.type("m")                                           # a stray key while the trials run
+
+
+def _check_table(shown: str, width: int) -> None:
+    """The results table drawn whole in `width` columns: its header and every row on one line, no tune flag."""
+    assert _table_line(shown, "candidate", "result", "tokens/s") is not None, shown
+    for rung in ("DeepSpeed ZeRO-2 ", "DeepSpeed ZeRO-3 "):    # whatever its trial gave: one line
+        row = _table_line(shown, rung, "tok/s / ")            # the predicted / measured pair whole, not cut
+        assert row is not None and re.search(r"tok/s / (-|[\d.,]+k? tok/s)", row), f"{rung}'s row:\n{shown}"
+    assert "--allow-global-batch-change" not in shown and "--global-batch" not in shown, shown
+    assert all(len(line) <= width for line in shown.splitlines())
+    assert "Enter uses the winner" in shown, shown
+
+
+@pytest.mark.timeout(1200)         # two wizards' real trials at once; on a loaded 2-core box up to minutes each
+def test_measure_results_fit_the_terminal_at_120x40_and_80x24(tmp_path):
+    """Issue 29: the Measure modal with real trials (2 CPU processes, the tiny example model), in a 120x40 and an
+    80x24 terminal at once: the script field has a label and stays as typed while the trials run (a stray `m` made
+    it `hf_train.pym`); the results are a table of the columns that fit, each row on one line (it was a 231-column
+    table wrapped into a 74-column modal); ↑↓ shows a row's other figures; the notes name no `wizard tune` flag;
+    the winner becomes the plan and the exit text names the measured script instead of `your_train.py`."""
+    if TMUX is None:
+        pytest.skip("tmux is not installed (apt-get install -y tmux)")
+    script = REPO / "examples" / "train.py"
+    wide, narrow = Tmux(120, 40), Tmux(80, 24)
+    try:
+        for tmux, where in ((wide, tmp_path / "wide"), (narrow, tmp_path / "narrow")):
+            where.mkdir()
+            _start_measure(tmux, where, script)
+        shown = wide.wait_for("Enter uses the winner", timeout=900)
+        assert f"{script} --steps 40m" not in shown and f"{script} --steps 40" in shown, shown
+        _check_table(shown, 120)
+        assert _table_line(shown, "candidate", "result", "step time", "tokens/s"), shown   # more room at 120
+        wide.keys("Escape")
+
+        shown = narrow.wait_for("Enter uses the winner", timeout=900)
+        _check_table(shown, 80)
+        assert not _table_line(shown, "candidate", "step time"), shown      # at 80 columns: under the table
+        narrow.keys("Down")                                     # another row: its other figures under the table
+        time.sleep(1.0)
+        assert re.search(r"DeepSpeed ZeRO-3 \(predicted / measured\).*step time",
+                         narrow.screen().replace("\n", "")), narrow.screen()
+        narrow.keys("Enter")                                    # the winner is the plan's choice
+        narrow.wait_for("Your pick.")                          # the Plan screen shown again, with the winner
+        for step in ("4/6", "5/6"):
+            narrow.keys("Enter")
+            narrow.wait_for(step, timeout=120)
+        narrow.wait_for("✓ validated", timeout=180)
+        narrow.keys("Enter")
+        narrow.wait_for("6/6")
+        narrow.keys("Enter")
+        shown = narrow.wait_for("WIZARD_EXIT=")
+        assert "WIZARD_EXIT=0" in shown, shown
+        launch = f"-- {script} --steps 40"                      # wrapped by the terminal or between words
+        assert "your_train.py" not in shown, shown
+        assert launch in shown.replace("\n", "") or launch in " ".join(shown.split()), shown
+    finally:
+        wide.kill()
+        narrow.kill()

@@ -162,3 +162,55 @@ async def test_the_exit_text_and_done_screen_name_the_script_given_in_measure(tm
         await wait_until(pilot, lambda: app.return_value is not None)
     summary = "\n".join(app.return_value.summary)
     assert "-- my_train.py --epochs 1" in summary and "your_train.py" not in summary
+
+
+def measured(label: str, key: str, variant: str | None = None):
+    """A trial as wizard.tune returns it (figures of a 2-process CPU trial of the example model)."""
+    from wizard.tune import Trial
+    c = Candidate(label=label, rung_key=key, overrides={}, order=1, micro_batch=32 if variant else 4, grad_accum=1,
+                  gradient_checkpointing=False, variant=variant,
+                  predicted={"per_gpu_bytes": 540_000_000, "step_seconds": 0.03, "tokens_per_second": 8640,
+                             "mfu": 0.051})
+    return Trial(candidate=c, status="measured", step_seconds=0.156, tokens_per_second=1270,
+                 peak_bytes=468_000_000, peak_kind="rss", mfu=0.007)
+
+
+async def test_the_result_table_follows_the_terminals_width(tmp_path):
+    """The columns are chosen again when the terminal is resized (120x40 -> 80x24 -> 120x40), and ↑↓ shows the
+    highlighted row's other figures under the table."""
+    from textual.widgets import DataTable
+
+    from wizard.frontends.tui.screens.measure import MeasureModal
+    from wizard.tune import TuneResult
+    app = app_for(tmp_path, hardware.load_file(NO_GPU), params="125M")
+    async with app.run_test(size=(120, 40)) as pilot:
+        await reach(pilot, "PlanScreen")
+        modal = MeasureModal(app.state)
+        app.push_screen(modal)
+        await settle(pilot)
+        trials = [measured("DeepSpeed ZeRO-2", "zero2"), measured("DeepSpeed ZeRO-3", "zero3"),
+                  measured("DeepSpeed ZeRO-2, micro-batch 32 x 1, GC off", "zero2", variant="largest")]
+        modal.command = ["train.py", "--steps", "40"]
+        modal._done(TuneResult(trials=trials, winner=trials[0], run_dir=str(tmp_path), partial=False, notes=[],
+                               cpu=True), None)
+        await settle(pilot)
+        table = modal.query_one(DataTable)
+
+        def columns() -> list[str]:
+            return [str(c.label) for c in table.columns.values()]
+
+        assert columns() == ["candidate", "result", "step time", "tokens/s"]
+        await pilot.resize_terminal(80, 24)
+        await settle(pilot)
+        await pilot.pause(0.2)
+        assert columns() == ["candidate", "result", "tokens/s"]
+        await pilot.press("down")
+        detail = text_of(modal.query_one("#measure-detail"))
+        assert detail.startswith("DeepSpeed ZeRO-3 (predicted / measured):") and "step time 30 ms / 156 ms" in detail
+        await pilot.resize_terminal(120, 40)
+        await settle(pilot)
+        await pilot.pause(0.2)
+        assert columns() == ["candidate", "result", "step time", "tokens/s"]
+        await pilot.press("enter")                       # Enter uses the winner
+        await settle(pilot)
+        assert type(app.screen).__name__ == "PlanScreen" and app.state.script == ["train.py", "--steps", "40"]

@@ -86,6 +86,15 @@ def cut(text: str, cells: int) -> str:
     return text if len(text) <= cells else text[:cells - 1].rstrip() + "…"
 
 
+class MeasureBox(Vertical):
+    """The modal's frame: when its width changes (the terminal was resized), the table takes the columns that fit."""
+
+    def on_resize(self) -> None:
+        screen = self.screen
+        if isinstance(screen, MeasureModal) and screen.rows:
+            self.call_after_refresh(screen._show_table)
+
+
 class MeasureModal(ModalScreen[Any]):
     """Dismissed with the winner (a wizard.tune.Candidate: its rung, and a variant's split), or None."""
 
@@ -104,7 +113,7 @@ class MeasureModal(ModalScreen[Any]):
         self._columns: tuple = ()           # (the table's columns, the candidate column's width) as shown
 
     def compose(self) -> ComposeResult:
-        with Vertical(id="measure", classes="modal"):
+        with MeasureBox(id="measure", classes="modal"):
             yield Static("[b]Measure the best candidates with your training script[/b]", classes="modal-title")
             with Horizontal(id="measure-command-row"):
                 yield Label("Training script and its arguments", classes="q-label")
@@ -258,10 +267,6 @@ class MeasureModal(ModalScreen[Any]):
         event.stop()
         if not self.running and self.result is not None:
             self._finish()
-
-    def on_resize(self) -> None:
-        if self.rows:
-            self.call_after_refresh(self._show_table)
 
     # ------------------------------------------------------------------ closing
 
