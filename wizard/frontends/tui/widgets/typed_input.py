@@ -19,7 +19,8 @@ from textual.widgets import Input
 class TypedInput(Input):
     async def _on_key(self, event: events.Key) -> None:
         if not event.is_printable:
-            for binding in self._bindings.key_to_bindings.get(event.key, ()):
+            # key_to_bindings: Textual's BindingsMap (8.x); without it the key takes Textual's own way
+            for binding in getattr(self._bindings, "key_to_bindings", {}).get(event.key, ()):
                 if not binding.priority and await self.app.run_action(binding.action, self):
                     event.stop()
                     event.prevent_default()
