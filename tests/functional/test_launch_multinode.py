@@ -199,6 +199,22 @@ def job_state(cluster: LocalSlurm, job: str) -> str:
     return m.group(1) if m else "GONE"
 
 
+def run_sbatch(cluster: LocalSlurm, job_file: Path, workdir: Path, deadline_s: float) -> tuple[str, str, str]:
+    """Submit the emitted job script to the local cluster and wait for it to end: (job id, final state, output)."""
+    job_env = {**env(), **cluster.env, "WIZARD": f"{sys.executable} -m wizard"}
+    sub = subprocess.run(["sbatch", "--parsable", "--chdir", str(workdir), str(job_file)], capture_output=True,
+                         text=True, env=job_env, timeout=30)
+    assert sub.returncode == 0, sub.stderr
+    job = sub.stdout.strip().split(";")[0]
+    deadline = time.monotonic() + deadline_s
+    st = job_state(cluster, job)
+    while st in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING") and time.monotonic() < deadline:
+        time.sleep(2)
+        st = job_state(cluster, job)
+    out_file = workdir / f"wizard-train-{job}.out"
+    return job, st, out_file.read_text(errors="replace") if out_file.exists() else "(no job output)"
+
+
 @pytest.mark.timeout(1200)
 def test_sbatch_script_runs_a_two_node_four_rank_zero3_world_under_real_slurm(tmp_path, local_slurm):
     port = free_port()
@@ -211,18 +227,7 @@ def test_sbatch_script_runs_a_two_node_four_rank_zero3_world_under_real_slurm(tm
     text = job_file.read_text()
     assert "#SBATCH --nodes=2" in text and "#SBATCH --cpus-per-task=2" in text and "--gpus-per-node" not in text
     assert "#SBATCH --mem=5G" in text        # the plan's CPU ranks, their RSS and the launch's: the nodes have 6144M
-    job_env = {**env(), **local_slurm.env, "WIZARD": f"{sys.executable} -m wizard"}
-    sub = subprocess.run(["sbatch", "--parsable", "--chdir", str(tmp_path), str(job_file)], capture_output=True,
-                         text=True, env=job_env, timeout=30)
-    assert sub.returncode == 0, sub.stderr
-    job = sub.stdout.strip().split(";")[0]
-    deadline = time.monotonic() + 900
-    st = job_state(local_slurm, job)
-    while st in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING") and time.monotonic() < deadline:
-        time.sleep(2)
-        st = job_state(local_slurm, job)
-    out_file = tmp_path / f"wizard-train-{job}.out"
-    output = out_file.read_text(errors="replace") if out_file.exists() else "(no job output)"
+    job, st, output = run_sbatch(local_slurm, job_file, tmp_path, 900)
     assert st == "COMPLETED", f"job {job} ended {st}\n{output[-6000:]}\n{local_slurm.logs()}"
     assert f"main node: n1 (127.0.0.1:{port}), nodes: 2" in output
     ranks: dict[int, dict[str, str]] = {}

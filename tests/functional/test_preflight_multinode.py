@@ -25,7 +25,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.functional.test_launch_multinode import free_port, job_state, local_slurm  # noqa: F401 - the fixture
+from tests.functional.test_launch_multinode import free_port, local_slurm, run_sbatch  # noqa: F401 - the fixture
 from tests.launch_support import env
 
 REPO = Path(__file__).resolve().parents[2]
@@ -193,18 +193,7 @@ def test_emitted_sbatch_runs_the_preflight_first_then_trains(tmp_path, local_slu
                         "--slurm-gpus-per-node", "0", "--slurm-output", str(job_file), "--grace", "10", "--",
                         TRAIN, "--steps", "2"], capture_output=True, text=True, env=env(), cwd=tmp_path, timeout=300)
     assert r.returncode == 0, r.stderr
-    job_env = {**env(), **local_slurm.env, "WIZARD": f"{sys.executable} -m wizard"}
-    sub = subprocess.run(["sbatch", "--parsable", "--chdir", str(tmp_path), str(job_file)], capture_output=True,
-                         text=True, env=job_env, timeout=30)
-    assert sub.returncode == 0, sub.stderr
-    job = sub.stdout.strip().split(";")[0]
-    deadline = time.monotonic() + 800
-    st = job_state(local_slurm, job)
-    while st in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING") and time.monotonic() < deadline:
-        time.sleep(2)
-        st = job_state(local_slurm, job)
-    out_file = tmp_path / f"wizard-train-{job}.out"
-    output = out_file.read_text(errors="replace") if out_file.exists() else "(no job output)"
+    job, st, output = run_sbatch(local_slurm, job_file, tmp_path, 800)
     assert st == "COMPLETED", f"job {job} ended {st}\n{output[-6000:]}"
     assert output.count("[wizard] phase 1/2: preflight") == 2 and output.count("[wizard] phase 2/2: training") == 2
     assert "preflight: all clear on 2 nodes" in output and "all-reduce across nodes" in output
