@@ -341,14 +341,17 @@ not a proof of it. Ruled out, or too small:
   or to the host, or it is not a per-layer constant with several processes; a constant chosen on these two held-out
   rows would be applied to every ZeRO-3 plan on that guess. SHARDED_LAYER_OVERHEAD_S['zero3'] stays the 1.5 ms
   GUESS.
-- What a GPU session must measure (about 3 minutes): `python bench/bench_zero3_overhead.py --device cuda --width
-  4096 --ffn 11008 --heads 32 --kv-heads 32 --vocab 32000 --seq 512 --micro-batch 7 --layers 8,16` (the 7B row's
-  shape at 8 and 16 layers, where plain torch's fp32 states still fit; plain torch, ZeRO-2 and ZeRO-3; wall and host
-  time per layer, and num_alloc_retries), and the same at --seq 1024 (does the per-layer cost stay with twice the
-  tokens?). If ZeRO-3's wall time per layer exceeds plain torch's by about its host time per layer beyond plain
-  torch's, it is the hooks, and the term is host time per layer and module (chosen there, checked on these two
-  rows); if by much more, the GPU waits on something else, and one step under torch.profiler names it. A two-process
-  ZeRO-3 run on two GPUs (the script runs one process today) says whether it applies with several processes.
+- What a GPU session must measure: `bash bench/gpu/run_on_device.sh --diagnose` (at most 4.5 minutes; it runs
+  `bench/bench_zero3_overhead.py --preset gpu-misses --device cuda`): the 7B row's shape (width 4096, seq 512 x 7)
+  at 4 and 12 layers under ZeRO-3 and plain torch, then ZeRO-2, then ZeRO-3 at seq 1024 (does the per-layer cost
+  stay with twice the tokens?); for each, wall and host time per layer, num_alloc_retries, and one step under
+  torch.profiler reduced to the GPU's busy time, the host's time inside CUDA synchronisation calls and their count.
+  A ZeRO-3 step whose GPU idles while the host is not waiting is bound by the hooks: the term is then host time per
+  layer (chosen there, checked on these two rows). One whose host waits in syncs between short kernels is
+  serialised by them (partition_parameters.py's NoGatherHandle.wait synchronises the current stream; stage3.py
+  synchronises the oldest of more than two reduce events), and the term is the GPU's time plus the host's. A GPU
+  busy for most of the step puts the cost on the GPU, and the profile names its kernels. A two-process ZeRO-3 run on
+  two GPUs (the script runs one process) says whether it applies with several processes.
 
 **Qwen2.5-0.5B, s512 x 8** (held-out, -40.8 %): one 87 ms step (the second of two) against 51 ms predicted (37 ms of
 matmuls and attention, 10 ms of fixed overhead, 4 ms of optimizer). Two candidates, which one step cannot tell
@@ -358,9 +361,9 @@ and the model adds the two only through its 0.25 ms per layer; (b) memory-bound 
 (norms, rotary, SiLU, residuals, the fp32 upcast of the 152k-vocabulary logits), which per FLOP is 1.7x the
 Qwen2.5-1.5B's (roughly 30 h + 10 f element-passes per token and layer over its matmul FLOPs: ~8e-4 at width 896,
 ~5e-4 at 1536), where the width factor (HIDDEN_KNEE) charges 10 % between the two and the 1.5B rows at 8,192 tokens
-are within -0.9 % and -2.4 %. A term for either would be fitted on this one row. GPU: `python
-bench/bench_zero3_overhead.py --device cuda --modes plain --width 896 --ffn 4864 --heads 14 --kv-heads 2 --vocab
-151936 --seq 512 --micro-batch 8 --layers 6,24`: a wall time per layer near the host time per layer is (a).
+are within -0.9 % and -2.4 %. A term for either would be fitted on this one row. GPU: the same `--diagnose` call
+runs this row's shape at 6 and 24 layers under plain torch: a GPU idle for much of the step is (a), a GPU busy for
+it with the profile's time in elementwise kernels is (b).
 
 **ZeRO-2 at one process** over-counts torch's allocated peak (+24 % tensors, +4.9 % whole-process): its estimator's
 fp32 gradient partition exists only in the step, as in ZeRO-3; within the bounds, so not changed here.

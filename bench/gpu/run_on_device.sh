@@ -2,6 +2,7 @@
 # The one command a session hands to the device tool (issue 6):
 #
 #     bash bench/gpu/run_on_device.sh [--quick] [measure.py options...]
+#     bash bench/gpu/run_on_device.sh --diagnose     # the named misses' measurements (about 4.5 minutes)
 #
 # Installs nothing from the network: only the wheels of bench/gpu/wheels (prepare_wheels.sh), when carried. Says what is there (python, torch + CUDA, transformers,
 # accelerate, DeepSpeed, nvidia-ml-py, nvidia-smi), makes `wizard` importable (the checkout on
@@ -17,7 +18,9 @@ mkdir -p "$OUT"
 LOG="$OUT/run_on_device.log"
 # The whole device call must end within 8 minutes (issue 28): about 25 s go to installing the wheels and
 # listing what is there, so measure.py gets 445 s (--quick: 330 s) and starts nothing new after 410 (300).
+DIAGNOSE=0
 case " $* " in
+  *" --diagnose "*) DIAGNOSE=1; DEFAULT_TIMEOUT=255; DEFAULT_BUDGET=200 ;;
   *" --quick "*) DEFAULT_TIMEOUT=330; DEFAULT_BUDGET=300 ;;
   *) DEFAULT_TIMEOUT=445; DEFAULT_BUDGET=410 ;;
 esac
@@ -88,6 +91,17 @@ if ! "$PY" -c "import wizard.pipeline, launch.commands" 2>/dev/null; then
 fi
 if ! "$PY" -c "import wizard.pipeline, launch.commands"; then
   echo "BLOCKED: the wizard package does not import (see the error above; psutil/PyYAML missing?)"
+fi
+
+if [ "$DIAGNOSE" = 1 ]; then
+  # bench/results/gpu-2026-12-04.md's named misses: is one-process ZeRO-3's step, and the 0.5B model's, bound by
+  # the host? (bench/bench_zero3_overhead.py --preset gpu-misses: wall, host and profiled GPU-busy time per layer)
+  echo "== bench_zero3_overhead.py --preset gpu-misses (budget ${BUDGET} s, hard timeout ${GLOBAL_TIMEOUT} s)"
+  timeout -k 15 "$GLOBAL_TIMEOUT" "$PY" bench/bench_zero3_overhead.py --preset gpu-misses --device cuda \
+    --budget-s "$BUDGET" --md "$OUT/zero3-overhead-$STAMP.md" --json "$OUT/zero3-overhead-$STAMP.json"
+  rc=$?
+  echo "== bench_zero3_overhead.py exit $rc"
+  exit $rc
 fi
 
 echo "== measure.py (budget ${BUDGET} s, hard timeout ${GLOBAL_TIMEOUT} s)"
