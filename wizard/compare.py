@@ -357,10 +357,10 @@ def closest_miss(result: Result) -> tuple[float | None, str | None]:
     """(need / have, what it needs) of the rung closest to fitting: the sentence exit 3 starts with. A rung whose
     only miss is a missing --nvme-path counts only when nothing else comes close."""
     from wizard.config import answers as answers_mod
-    from wizard.planning.plan import _shortfall   # exit 3's own measure of a miss (see README, `wizard compare`)
+    from wizard.planning.plan import shortfall   # exit 3's own measure of a miss (see README, `wizard compare`)
     plan = result.plan
     strategy = answers_mod.strategy_options(result.answers)
-    misses = [(_shortfall(r, plan, result.hardware, strategy), r) for r in plan.rungs if not r.fits]
+    misses = [(shortfall(r, plan, result.hardware, strategy), r) for r in plan.rungs if not r.fits]
     if not misses:
         return None, None
     over = [m for m in misses if m[0][0] > 1.0] or misses

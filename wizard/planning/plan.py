@@ -509,7 +509,7 @@ def next_rung(plan: Plan, current_key: str) -> Rung | None:
     return rung_table.next_after(plan.rungs, current_key, lambda r: r.key, lambda r: r.fits)
 
 
-def _shortfall(rung: Rung, plan: Plan, hw, strategy: StrategyOptions) -> tuple[float, str]:
+def shortfall(rung: Rung, plan: Plan, hw, strategy: StrategyOptions) -> tuple[float, str]:
     """(need / have of the tightest constraint, a phrase saying it) for a rung that does not fit."""
     unit = "process" if plan.topology.cpu else "GPU"
     usable = max(plan.usable_bytes, 1)
@@ -691,7 +691,7 @@ def _host_ram_is_short(plan: Plan, hw, model, training: TrainingOptions, strateg
 def explain_nothing_fits(plan: Plan, hw, model, training: TrainingOptions, strategy: StrategyOptions,
                          topology: Topology) -> str:
     """For exit 3: how far the closest rung is from fitting, and what would fit (each one verified)."""
-    misses = [(_shortfall(r, plan, hw, strategy), r) for r in plan.rungs if not r.fits]
+    misses = [(shortfall(r, plan, hw, strategy), r) for r in plan.rungs if not r.fits]
     lines = []
     phrase = ""
     ram_text = _host_ram_is_short(plan, hw, model, training, strategy, topology)
