@@ -341,7 +341,7 @@ not a proof of it. Ruled out, or too small:
   or to the host, or it is not a per-layer constant with several processes; a constant chosen on these two held-out
   rows would be applied to every ZeRO-3 plan on that guess. SHARDED_LAYER_OVERHEAD_S['zero3'] stays the 1.5 ms
   GUESS.
-- What a GPU session must measure: `bash bench/gpu/run_on_device.sh --diagnose` (at most 4.5 minutes; it runs
+- What a GPU session must measure: `bash bench/gpu/run_on_device.sh --diagnose` (under 5 minutes; it runs
   `bench/bench_zero3_overhead.py --preset gpu-misses --device cuda`): the 7B row's shape (width 4096, seq 512 x 7)
   at 4 and 12 layers under ZeRO-3 and plain torch, then ZeRO-2, then ZeRO-3 at seq 1024 (does the per-layer cost
   stay with twice the tokens?); for each, wall and host time per layer, num_alloc_retries, and one step under

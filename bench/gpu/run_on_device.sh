@@ -2,7 +2,7 @@
 # The one command a session hands to the device tool (issue 6):
 #
 #     bash bench/gpu/run_on_device.sh [--quick] [measure.py options...]
-#     bash bench/gpu/run_on_device.sh --diagnose     # the named misses' measurements (about 4.5 minutes)
+#     bash bench/gpu/run_on_device.sh --diagnose     # the named misses' measurements (under 5 minutes)
 #
 # Installs nothing from the network: only the wheels of bench/gpu/wheels (prepare_wheels.sh), when carried. Says what is there (python, torch + CUDA, transformers,
 # accelerate, DeepSpeed, nvidia-ml-py, nvidia-smi), makes `wizard` importable (the checkout on

@@ -109,3 +109,22 @@ def test_dry_run_out_of_budget_skips_every_training_and_says_why(tmp_path):
     assert "time budget" in report["qlora_load_skipped"] and "time budget" in report["tune_skipped"]
     assert not report["checkpoints"]
     assert "time budget" in md
+
+
+def test_run_on_device_diagnose_writes_its_two_files_into_out_even_when_nothing_runs(tmp_path):
+    """`run_on_device.sh --diagnose` (the named misses' GPU call): the install step without wheels, then
+    bench_zero3_overhead's gpu-misses preset; with its budget spent before the first run it still leaves the .md and
+    .json in $OUT saying what was not run (a GPU session's call cut short keeps its files the same way)."""
+    import os
+    env = dict(os.environ, OUT=str(tmp_path), GPU_BENCH_BUDGET="-1", GPU_BENCH_WHEELS=str(tmp_path / "no-wheels"),
+               PYTHON=sys.executable)
+    r = subprocess.run(["bash", str(GPU_DIR / "run_on_device.sh"), "--diagnose"], capture_output=True, text=True,
+                       cwd=str(REPO), env=env, timeout=120)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "bench_zero3_overhead.py --preset gpu-misses" in r.stdout and "measure.py" not in r.stdout
+    md = list(tmp_path.glob("zero3-overhead-*.md"))
+    js = list(tmp_path.glob("zero3-overhead-*.json"))
+    assert len(md) == 1 and len(js) == 1, list(tmp_path.iterdir())
+    text = md[0].read_text()
+    assert "device cuda" in text and "zero3 with 4 layers (budget of -1 s spent)" in text
+    assert json.loads(js[0].read_text())["args"]["device"] == "cuda"
