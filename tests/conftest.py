@@ -17,11 +17,12 @@
 from __future__ import annotations
 
 import os
-import sys
 
 import pytest
 
-os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(sys.prefix, "torch_extensions"))
+from tests.build_ops import EXTENSIONS_DIR   # the folder `python -m tests.build_ops` fills before the suite
+
+os.environ.setdefault("TORCH_EXTENSIONS_DIR", EXTENSIONS_DIR)
 
 DEFAULT_PORT = 29500
 
