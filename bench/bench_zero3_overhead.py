@@ -244,9 +244,10 @@ def trace_figures(events: list[dict]) -> dict:
     """A chrome trace's events (torch.profiler) reduced to: GPU busy seconds (union of kernels, copies, sets on
     any stream), its span from the first to the last GPU event, the host's seconds inside synchronising runtime
     calls (cudaMemcpy/Async included: a device-to-host copy waits for the stream), their count by name, and the
-    kernels launched. Counts blocking-capable calls; whether each blocked is its duration's to say."""
-    gpu, syncs, kernels, launches = [], {}, 0, 0
-    sync_s = 0.0
+    kernels launched. Counts blocking-capable calls; whether each blocked is its duration's to say. The step's
+    last cudaDeviceSynchronize is the bench's own (it waits for the queued work to time the step): it is reported
+    apart, as final_sync_s, so that a GPU-bound step's tail is not read as the step's syncs."""
+    gpu, syncs, kernels, launches = [], [], 0, 0
     for e in events:
         if e.get("ph") != "X" or "dur" not in e:
             continue
@@ -256,13 +257,20 @@ def trace_figures(events: list[dict]) -> dict:
             kernels += cat == "kernel"
         elif cat in ("cuda_runtime", "cuda_driver"):
             if name in SYNC_CALLS:
-                syncs[name] = syncs.get(name, 0) + 1
-                sync_s += dur / 1e6
+                syncs.append((ts, name, dur))
             elif name.startswith(LAUNCH_PREFIXES):
                 launches += 1
-    span = (max(b for _, b in gpu) - min(a for a, _ in gpu)) / 1e6 if gpu else 0.0
-    return {"gpu_busy_s": union_seconds(gpu) if gpu else None, "gpu_span_s": span if gpu else None,
-            "sync_s": sync_s, "sync_calls": syncs, "kernels": kernels, "launches": launches}
+    device_syncs = [x for x in syncs if x[1] == "cudaDeviceSynchronize"]
+    final = max(device_syncs) if device_syncs else None
+    if final is not None:
+        syncs.remove(final)
+    counts: dict[str, int] = {}
+    for _, name, _ in syncs:
+        counts[name] = counts.get(name, 0) + 1
+    span = (max(b for _, b in gpu) - min(a for a, _ in gpu)) / 1e6 if gpu else None
+    return {"gpu_busy_s": union_seconds(gpu) if gpu else None, "gpu_span_s": span,
+            "sync_s": sum(d for *_, d in syncs) / 1e6, "sync_calls": counts,
+            "final_sync_s": final[2] / 1e6 if final else 0.0, "kernels": kernels, "launches": launches}
 
 
 # ============================================================================================

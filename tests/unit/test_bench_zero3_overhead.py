@@ -52,6 +52,8 @@ def _trace() -> list[dict]:
         x("cuda_runtime", "cudaStreamSynchronize", 1600.0, 2000.0),
         x("cuda_runtime", "cudaEventSynchronize", 4000.0, 900.0),
         x("cuda_runtime", "cudaEventRecord", 4950.0, 2.0),
+        x("cuda_runtime", "cudaDeviceSynchronize", 3000.0, 10.0),    # DeepSpeed's own: counted
+        x("cuda_runtime", "cudaDeviceSynchronize", 5100.0, 400.0),   # the bench's, ending the step: apart
         x("cpu_op", "aten::mm", 900.0, 50.0),
         {"ph": "i", "cat": "kernel", "name": "marker", "ts": 0.0},   # an instant: no duration, not GPU time
     ]
@@ -61,8 +63,8 @@ def test_the_trace_gives_gpu_busy_time_once_per_overlap_and_the_hosts_time_in_sy
     f = bench.trace_figures(_trace())
     assert abs(f["gpu_busy_s"] - (500 + 150 + 500) / 1e6) < 1e-12
     assert abs(f["gpu_span_s"] - (5500 - 1000) / 1e6) < 1e-12
-    assert abs(f["sync_s"] - 2900 / 1e6) < 1e-12
-    assert f["sync_calls"] == {"cudaStreamSynchronize": 1, "cudaEventSynchronize": 1}
+    assert abs(f["sync_s"] - 2910 / 1e6) < 1e-12 and abs(f["final_sync_s"] - 400 / 1e6) < 1e-12
+    assert f["sync_calls"] == {"cudaStreamSynchronize": 1, "cudaEventSynchronize": 1, "cudaDeviceSynchronize": 1}
     assert (f["kernels"], f["launches"]) == (3, 2)
 
 
