@@ -59,6 +59,8 @@ import time
 MARKER = "ZERO3_OVERHEAD_RESULT "
 WARMUP_STEPS = 2
 
+# The arguments that shape a run: forwarded to each child, recorded with its result, printed with a preset's group.
+SHAPE_FLAGS = ("width", "ffn", "heads", "kv_heads", "vocab", "seq", "micro_batch", "steps")
 LLAMA2_7B_ROW = {"width": 4096, "ffn": 11008, "heads": 32, "kv_heads": 32, "vocab": 32000, "seq": 512,
                  "micro_batch": 7}
 QWEN25_05B_ROW = {"width": 896, "ffn": 4864, "heads": 14, "kv_heads": 2, "vocab": 151936, "seq": 512,
@@ -185,7 +187,7 @@ def child(args, mode: str, layers: int) -> dict:
         walls.append(time.perf_counter() - w0)
     out = {"mode": mode, "layers": layers, "device": args.device, "wall_s": walls, "host_s": hosts,
            "tensors": sum(1 for _ in model.parameters()), "modules": sum(1 for _ in model.modules()),
-           "shape": {k: getattr(args, k) for k in ("width", "ffn", "heads", "kv_heads", "vocab", "seq", "micro_batch")},
+           "shape": {k: getattr(args, k) for k in SHAPE_FLAGS},
            "versions": {"torch": torch.__version__}}
     if profiling(args):
         out["profile"] = profiled_step(step, sync, cuda)
@@ -283,9 +285,6 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-SHAPE_FLAGS = ("width", "ffn", "heads", "kv_heads", "vocab", "seq", "micro_batch", "steps")
-
-
 def child_command(args, mode: str, layers: int) -> list[str]:
     """The child's command line, from the parsed arguments (a preset's shape included), not from sys.argv."""
     cmd = [sys.executable, os.path.abspath(__file__), "--device", args.device]
@@ -322,8 +321,8 @@ def verdict(wall: float, profile: dict | None) -> str:
     """What bounds the step, from the profiled step: the GPU's busy share and the host's time waiting in syncs."""
     if not profile or profile.get("gpu_busy_s") is None:
         return "–"
-    busy = profile["gpu_busy_s"] / max(profile.get("wall_s") or wall, 1e-9)
-    waiting = profile.get("sync_s", 0.0) / max(profile.get("wall_s") or wall, 1e-9)
+    step = max(profile.get("wall_s") or wall, 1e-9)
+    busy, waiting = profile["gpu_busy_s"] / step, profile.get("sync_s", 0.0) / step
     if busy >= 0.85:
         return f"GPU-bound (busy {busy:.0%})"
     if waiting >= 0.3:
@@ -370,8 +369,7 @@ def groups(args) -> list[tuple[str, argparse.Namespace, tuple[str, ...], tuple[i
         return [("", args, tuple(args.modes.split(",")), tuple(int(x) for x in args.layers.split(",")))]
     out = []
     for title, shape, modes, layers, steps in PRESETS[args.preset]:
-        run_args = dict(vars(args), **shape, steps=steps, timeout=min(args.timeout, 180))
-        out.append((title, argparse.Namespace(**run_args), modes, layers))
+        out.append((title, argparse.Namespace(**dict(vars(args), **shape, steps=steps)), modes, layers))
     return out
 
 
@@ -417,9 +415,9 @@ def main(argv=None) -> int:
                     skipped.append(f"{title or mode}: {mode} with {n} layers (budget of {args.budget_s:.0f} s spent)")
                     continue
                 run_args = group_args
-                if args.preset:     # a run started late may not outlive the budget by more than 50 s
+                if args.preset:     # at most 3 minutes a run, and none outlives the budget by more than 50 s
                     left = args.budget_s + 50 - (time.monotonic() - started)
-                    run_args = argparse.Namespace(**dict(vars(group_args), timeout=min(group_args.timeout, left)))
+                    run_args = argparse.Namespace(**dict(vars(group_args), timeout=min(group_args.timeout, 180, left)))
                 try:
                     r = run_one(run_args, mode, n)
                 except (RuntimeError, subprocess.TimeoutExpired) as exc:   # e.g. out of memory: the others still run
