@@ -60,6 +60,24 @@ class Tmux:
     def screen(self) -> str:
         return self.run("capture-pane", "-p", "-t", self.session)
 
+    def styled_screen(self) -> str:
+        """The screen with its colours and attributes (capture-pane -e): a focus change shows here, not in screen()."""
+        return self.run("capture-pane", "-e", "-p", "-t", self.session)
+
+    def wait_still(self, quiet: float = 1.0, timeout: float = 60.0) -> str:
+        """Wait until the styled screen has not changed for `quiet` seconds: the app has drawn what it does after
+        a screen appears (its first focus among it), so keys sent next go where a user's would."""
+        deadline = time.monotonic() + timeout
+        last, since = self.styled_screen(), time.monotonic()
+        while time.monotonic() - since < quiet:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the terminal kept changing for {timeout:.0f} s:\n{self.screen()}")
+            time.sleep(0.1)
+            now = self.styled_screen()
+            if now != last:
+                last, since = now, time.monotonic()
+        return last
+
     def keys(self, *keys: str) -> None:
         self.run("send-keys", "-t", self.session, *keys)
 
@@ -185,7 +203,9 @@ def test_launch_now_runs_the_script_through_wizard_launch(tmux, tmp_path, reques
     tmux.wait_for("✓ validated", timeout=120)
     tmux.keys("Enter")
     tmux.wait_for("6/6")
-    time.sleep(0.5)
+    # Finish takes the focus after the screen's first paint (AUTO_FOCUS): a Shift+Tab before that starts from no
+    # focus and lands one field short (on a loaded box, half a second was not always enough)
+    tmux.wait_still()
     for _ in range(4):                                  # Finish -> Back -> Launch now -> arguments -> script
         tmux.keys("BTab")
         time.sleep(0.2)
