@@ -629,9 +629,12 @@ async def test_launch_now_exits_with_the_wizard_launch_command(tmp_path):
     app = app_for(tmp_path, a100s(), model=QWEN_7B)
     async with app.run_test(size=(80, 24)) as pilot:
         await reach(pilot, "DoneScreen")
-        app.screen.query_one("#launch-script", Input).focus()
-        await pilot.press(*"missing.py", "enter")
+        assert app.focused.id == "next"
+        await pilot.press("l")                  # from Finish straight to the script field
+        assert app.focused.id == "launch-script"
+        await pilot.press(*"local/missing.py", "enter")     # in the field, `l` is typed
         await settle(pilot)
+        assert app.screen.query_one("#launch-script", Input).value == "local/missing.py"
         assert "is not a file" in text_of(app.screen.query_one("#launch-error"))
         app.screen.query_one("#launch-script", Input).value = str(script)
         app.screen.query_one("#launch-args", Input).value = "--epochs 1 --name 'a b'"

@@ -12,6 +12,7 @@ import sys
 from typing import Iterable
 
 from rich.markup import escape
+from textual.binding import Binding
 from textual.containers import Horizontal
 from textual.widget import Widget
 from textual.widgets import Button, Input, Label, Static
@@ -31,6 +32,9 @@ class DoneScreen(WizardScreen):
     NEXT_LABEL = "Finish"
     BODY_FOCUSABLE = True       # the launch commands and the snippet are read, and scrolled by keys
     AUTO_FOCUS = "#next"
+    # One key to the script field, wherever the focus is (but in a field, where `l` is typed): Shift+Tab four
+    # times from Finish is how far it is otherwise, and a count that depends on where the focus started.
+    BINDINGS = [Binding("l", "launch_field", "Launch now")]
 
     def compose_body(self) -> Iterable[Widget]:
         yield Static("", id="done-files")
@@ -57,7 +61,8 @@ class DoneScreen(WizardScreen):
         self.show_done()
 
     def screen_help(self) -> str:
-        return "Enter finishes. Tab to the script and its arguments, then Launch now, to start training."
+        return ("Enter finishes. l goes to the training script (Tab to its arguments), then Launch now, to start "
+                "training.")
 
     def sync(self) -> None:
         self.sync_status()
@@ -124,6 +129,9 @@ class DoneScreen(WizardScreen):
             self.launch()
         else:
             super().button_pressed(button_id)
+
+    def action_launch_field(self) -> None:
+        self.query_one("#launch-script", Input).focus()     # focus() scrolls it into view
 
     def launch(self) -> None:
         from wizard.frontends.tui.messages import Outcome
