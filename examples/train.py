@@ -111,9 +111,13 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     import tempfile
 
+    # A line before and after the imports (seconds of silence on a busy machine): the launch view shows where a
+    # rank is, and a stall timeout counts from the last line
+    say("importing torch and transformers")
     import torch
     from torch.utils.data import Dataset
     from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainerCallback, TrainingArguments
+    say("building the model and the Trainer")
 
     ds_config = os.environ.get("ACCELERATE_DEEPSPEED_CONFIG_FILE")
     use_deepspeed = os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true"

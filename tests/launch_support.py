@@ -10,14 +10,21 @@ from pathlib import Path
 import psutil
 
 REPO = Path(__file__).resolve().parents[1]
+NO_BITSANDBYTES = Path(__file__).resolve().parent / "no_bitsandbytes"   # its sitecustomize: why, there
 
 
 def env() -> dict[str, str]:
-    """The environment for a launched run: one thread per rank on 2 cores, offline, this checkout first."""
+    """The environment for a launched run: one thread per rank on 2 cores, offline, this checkout first, and no
+    bitsandbytes (nothing launched with it quantises; its import costs every rank a second)."""
     e = dict(os.environ)
-    e.update(OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
-             PYTHONPATH=str(REPO) + os.pathsep + e.get("PYTHONPATH", ""))
+    e.update(OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", PYTHONPATH=child_pythonpath())
     return e
+
+
+def child_pythonpath(first: str = str(REPO)) -> str:
+    """PYTHONPATH for a launched training that does not quantise: `first` (this checkout), then the folder whose
+    sitecustomize hides bitsandbytes, then the caller's own."""
+    return os.pathsep.join([first, str(NO_BITSANDBYTES), os.environ.get("PYTHONPATH", "")])
 
 
 def wait_for(pred, timeout: float, every: float = 0.2):

@@ -20,6 +20,7 @@ import builtins
 import pytest
 import yaml
 
+from tests.launch_support import child_pythonpath
 from tests.plans import make_plan
 from wizard.config import emit, vocab
 from wizard.planning.plan import Plan
@@ -467,7 +468,7 @@ def test_emitted_cpu_zero3_offload_config_trains_under_accelerate_launch(tmp_pat
     ds = emit.deepspeed_config(answers, plan, model)
     emit.write_files(emit.render_yaml(emit.accelerate_config(answers, plan, ds_path)), emit.render_json(ds),
                      str(tmp_path))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "PYTHONPATH": child_pythonpath()}
     env.pop("DS_ACCELERATOR", None)
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", yaml_path,
            str(repo / "examples" / "train.py"), "--steps", "2", "--output-dir", str(tmp_path / "run")]

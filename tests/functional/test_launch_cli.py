@@ -11,12 +11,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.launch_support import child_pythonpath
+
 REPO = Path(__file__).resolve().parents[2]
 
 
 def env() -> dict[str, str]:
     e = dict(os.environ)
-    e.update(OMP_NUM_THREADS="1", PYTHONPATH=str(REPO) + os.pathsep + e.get("PYTHONPATH", ""))
+    e.update(OMP_NUM_THREADS="1", PYTHONPATH=child_pythonpath())
     return e
 
 

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.launch_support import child_pythonpath
+
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
@@ -39,7 +41,7 @@ def tiny_llama_config(directory: Path) -> Path:
 def env(tmp_path: Path) -> dict:
     return dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
                 HF_HOME=str(tmp_path / "hf_home"), WIZARD_CACHE_DIR=str(tmp_path / "wizard_cache"),
-                PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+                PYTHONPATH=child_pythonpath())
 
 
 def printed_lora_config(stdout: str) -> dict:

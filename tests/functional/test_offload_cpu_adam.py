@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.launch_support import child_pythonpath
 from tests.plans import make_plan
 from wizard.config import emit
 from wizard.sizing.model import ModelShape
@@ -129,7 +130,7 @@ def launch(tmp_path: Path, yaml_path: Path, mode: str, steps: int) -> subprocess
     script = tmp_path / "train_offload.py"
     script.write_text(SCRIPT)
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
-               PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+               PYTHONPATH=child_pythonpath())
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(yaml_path),
            "--main_process_port", str(_free_port()), str(script), mode, str(steps), str(tmp_path / "out")]
     return subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=840)

@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.launch_support import child_pythonpath
+
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
@@ -36,7 +38,7 @@ def _free_port() -> int:
 def test_the_context_parallel_config_reaches_the_trainer_which_refuses_it_on_a_cpu(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
                HF_HOME=str(tmp_path / "hf_home"), WIZARD_CACHE_DIR=str(tmp_path / "wizard_cache"),
-               OUT_DIR=str(tmp_path / "run"), PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+               OUT_DIR=str(tmp_path / "run"), PYTHONPATH=child_pythonpath())
     out = tmp_path / "accelerate"
     wizard = subprocess.run(
         [sys.executable, "-m", "wizard", "--non-interactive", "--assume", "2xH100-80GB", "--params", "1B",
