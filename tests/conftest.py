@@ -12,6 +12,7 @@
   (CI's oldest-versions run, a second checkout) rebuilding an op there under a running launch made it fail
   ("deepspeed_shm_comm has no attribute 'vector_kernel_level'"). Set at import, before any test, so the
   processes the tests launch inherit it.
+- The files are collected longest first (tests/file_order.py), for the order pytest-xdist hands them out in.
 """
 
 from __future__ import annotations
@@ -21,10 +22,16 @@ import os
 import pytest
 
 from tests.build_ops import EXTENSIONS_DIR   # the folder `python -m tests.build_ops` fills before the suite
+from tests.file_order import longest_files_first
 
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", EXTENSIONS_DIR)
 
 DEFAULT_PORT = 29500
+
+
+def pytest_collection_modifyitems(config, items):
+    by_id = {item.nodeid: item for item in items}
+    items[:] = [by_id[n] for n in longest_files_first(list(by_id))]
 
 
 @pytest.fixture(autouse=True)

@@ -1,0 +1,79 @@
+"""The order in which pytest-xdist hands the test files to its workers: the longest first.
+
+`--dist loadfile` gives each worker whole files. By default xdist queues them by their number of tests, so the
+files of many quick unit tests went first and the few slow real-launch files last: a two-minute file started at
+the end ran alone while the other worker idled. Longest first (the classic rule for two machines) leaves only
+short files for the end. conftest.py sorts the collected files by `FILE_SECONDS` (xdist's own reordering is off:
+`--no-loadscope-reorder` in pyproject's addopts); a file not listed counts as 0 s and keeps its place among those.
+
+The figures are one suite run's junit times per file, summed (pytest --junitxml=J.xml, then
+`python -m tests.file_order J.xml` prints the table to paste here). Only the order matters: stale figures cost
+minutes of idle, never a result.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import Counter
+
+# seconds per file, one run of the whole suite on this 2-core box (2026-12-06), files over 10 s
+FILE_SECONDS = {
+    "tests/functional/test_tune.py": 442,
+    "tests/functional/test_launch_supervisor.py": 368,
+    "tests/functional/test_tmux.py": 301,
+    "tests/functional/test_cli.py": 281,
+    "tests/functional/test_tui_pilot.py": 193,
+    "tests/functional/test_gpu_bench_dry_run.py": 186,
+    "tests/functional/test_lora_training.py": 169,
+    "tests/functional/test_launch_cli.py": 149,
+    "tests/functional/test_exit_codes.py": 132,
+    "tests/functional/test_tui_snapshots.py": 129,
+    "tests/functional/test_check_cli.py": 100,
+    "tests/functional/test_launch_multinode.py": 99,
+    "tests/functional/test_preflight_multinode.py": 94,
+    "tests/functional/test_tui_typing.py": 91,
+    "tests/unit/test_check_golden.py": 90,
+    "tests/functional/test_tune_probe.py": 87,
+    "tests/functional/test_launch_trust.py": 72,
+    "tests/unit/test_model.py": 65,
+    "tests/functional/test_compare.py": 65,
+    "tests/functional/test_fuzz_cli.py": 61,
+    "tests/functional/test_prompts.py": 59,
+    "tests/unit/test_activation_measure.py": 54,
+    "tests/functional/test_tui_compare.py": 52,
+    "tests/functional/test_tui_forms.py": 51,
+    "tests/functional/test_preflight_cli.py": 46,
+    "tests/functional/test_set_write.py": 41,
+    "tests/functional/test_view.py": 36,
+    "tests/unit/test_gpu_bench.py": 36,
+    "tests/functional/test_tui_measure_screens.py": 35,
+    "tests/functional/test_tui_plan_fit.py": 33,
+}
+
+
+def file_of(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
+
+
+def longest_files_first(nodeids: list[str]) -> list[str]:
+    """`nodeids` reordered file by file, the longest files (FILE_SECONDS) first; a file's own tests, and files of
+    equal weight, keep their order."""
+    first_seen = {f: i for i, f in reversed(list(enumerate(file_of(n) for n in nodeids)))}
+    return sorted(nodeids, key=lambda n: (-FILE_SECONDS.get(file_of(n), 0), first_seen[file_of(n)]))
+
+
+def table_from_junit(path: str, at_least: float = 10.0) -> str:
+    """FILE_SECONDS' text from a junit file: each file's summed test times, files of at least `at_least` s."""
+    import xml.etree.ElementTree as ET
+
+    seconds: Counter[str] = Counter()
+    for case in ET.parse(path).iter("testcase"):
+        seconds[case.get("classname", "").replace(".", "/") + ".py"] += float(case.get("time") or 0)
+    rows = [f'    "{f}": {round(s)},' for f, s in seconds.most_common() if s >= at_least]
+    return "FILE_SECONDS = {\n" + "\n".join(rows) + "\n}"
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit("usage: python -m tests.file_order JUNIT.xml")
+    print(table_from_junit(sys.argv[1]))
