@@ -21,10 +21,10 @@ def env() -> dict[str, str]:
     return e
 
 
-def child_pythonpath(first: str = str(REPO)) -> str:
-    """PYTHONPATH for a launched training that does not quantise: `first` (this checkout), then the folder whose
+def child_pythonpath() -> str:
+    """PYTHONPATH for a launched training that does not quantise: this checkout, then the folder whose
     sitecustomize hides bitsandbytes, then the caller's own."""
-    return os.pathsep.join([first, str(NO_BITSANDBYTES), os.environ.get("PYTHONPATH", "")])
+    return os.pathsep.join([str(REPO), str(NO_BITSANDBYTES), os.environ.get("PYTHONPATH", "")])
 
 
 def wait_for(pred, timeout: float, every: float = 0.2):
