@@ -38,6 +38,7 @@ FILE_SECONDS = {
     "tests/functional/test_offload_cpu_adam.py": 33,
     "tests/functional/test_set_write.py": 31,
     "tests/functional/test_tui_compare.py": 30,
+    "tests/functional/test_preflight_fanout.py": 28,          # added by hand: its run beside a running suite
     "tests/functional/test_compare.py": 27,
     "tests/functional/test_preflight_cli.py": 26,
     "tests/unit/test_activation_measure.py": 25,

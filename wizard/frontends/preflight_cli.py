@@ -14,7 +14,9 @@ DESCRIPTION = (
     "wizard preflight: prove the machines of a config can train together before the GPU hours start. Run it on "
     "every node the way the launch gets there: `srun --ntasks-per-node=1 wizard preflight --config-file C` inside "
     "the SLURM allocation (the machine rank and the main node's address come from SLURM), or `wizard preflight "
-    "--machine-rank N` on each node by hand (accelerate's static rendezvous). Each node checks that it resolves and "
+    "--machine-rank N` on each node by hand (accelerate's static rendezvous). With DeepSpeed's pdsh or MPI launchers, "
+    "which start every node from the main one over ssh, run it on the main node: it starts the other hosts of the "
+    "hostfile the same way. Each node checks that it resolves and "
     "reaches main_process_ip:main_process_port (and the main node that it can bind it), its library versions, GPUs "
     "(count, model, memory, gpu_ids; driver and CUDA shown), host RAM, ulimit -l against what the offload pins, free "
     "disk and /dev/shm, the NCCL_*/GLOO_* interface settings and GPU P2P; then all nodes run a timed all-reduce "
@@ -42,6 +44,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allreduce-mb", type=float, default=None, metavar="MB",
                    help="all-reduce size (default: 256 MiB with NCCL, 16 MiB with gloo)")
     p.add_argument("--no-collective", action="store_true", help="skip the all-reduce (checks only)")
+    p.add_argument("--local-only", action="store_true",
+                   help="with DeepSpeed's pdsh or MPI launchers, which start every node from the main one over ssh, "
+                        "the main node starts the other hosts' preflight over ssh too ($WIZARD_SSH, else ssh "
+                        "without a password prompt); this checks the main node only and waits for the others to "
+                        "be started by hand")
     p.add_argument("--record", action="store_true",
                    help="main node: record the measured bandwidth between the nodes in the calibration, so "
                         "`wizard plan` uses the measured network")
@@ -90,6 +97,20 @@ def options_from(ns: argparse.Namespace):
                    collective=not ns.no_collective)
 
 
+def run_node(opts, progress, local_only: bool = False):
+    """This node's preflight; on the main node of a config whose DeepSpeed launcher starts every node from it
+    over ssh (pdsh, openmpi, mvapich, mpich), with the other hosts' started from here the same way."""
+    from wizard.preflight.run import preflight
+    if not local_only and not opts.machine_rank and opts.config_file and os.path.isfile(opts.config_file):
+        from wizard.fsutil import read_yaml_mapping
+        from wizard.preflight.fanout import SSH_LAUNCHERS, fan_out, main_starts_every_node
+        accel = read_yaml_mapping(opts.config_file) or {}
+        launcher = main_starts_every_node(accel)
+        if launcher in SSH_LAUNCHERS:
+            return fan_out(opts, accel, launcher, preflight, progress)
+    return preflight(opts, progress)
+
+
 def print_result(result, out: TextIO = sys.stdout) -> None:
     from wizard.preflight import checks
     if not result.main and result.reached_main:
@@ -127,11 +148,11 @@ def record_bandwidth(result) -> str | None:
 
 
 def cmd_preflight(ns: argparse.Namespace) -> int:
-    from wizard.preflight.run import preflight
     opts = options_from(ns)
     quiet = bool(ns.json)
-    result = preflight(opts, progress=(lambda s: None) if quiet else
-                       (lambda s: print(f"[preflight] {s}", file=sys.stderr, flush=True)))
+    result = run_node(opts, (lambda s: None) if quiet else
+                      (lambda s: print(f"[preflight] {s}", file=sys.stderr, flush=True)),
+                      local_only=bool(getattr(ns, "local_only", False)))
     recorded = record_bandwidth(result) if ns.record else None
     if ns.json:
         doc = result.to_json()
@@ -155,9 +176,26 @@ def launch_preflight(config_file: str | None, machine_rank: int | None, main_ip:
     ns = argparse.Namespace(config_file=config_file, machine_rank=machine_rank, main_process_ip=main_ip,
                             main_process_port=main_port, join_timeout=join_timeout,
                             check_timeout=20.0, collective_timeout=120.0, allreduce_mb=None, no_collective=False,
-                            json=False, record=False)
-    from wizard.preflight.run import preflight
-    result = preflight(options_from(ns), progress=lambda s: print(f"[preflight] {s}", file=out, flush=True))
+                            json=False, record=False, local_only=False)
+    opts = options_from(ns)
+    skipped = _skipped_for_slurm_launcher(opts.config_file, out)
+    if skipped:
+        return 0, skipped
+    result = run_node(opts, lambda s: print(f"[preflight] {s}", file=out, flush=True))
     print_result(result, out)
     out.flush()
     return result.exit_code, result.verdict.removeprefix("preflight: ")
+
+
+def _skipped_for_slurm_launcher(config_file: str | None, out: TextIO) -> str | None:
+    """DeepSpeed's `slurm` launcher starts every node with srun from the main one: there is no `wizard launch` on
+    the others to meet, and srun is the way there (the verdict to show, or None: this is not that launcher)."""
+    from wizard.fsutil import read_yaml_mapping
+    from wizard.preflight.fanout import main_starts_every_node
+    accel = (read_yaml_mapping(config_file) or {}) if config_file and os.path.isfile(config_file) else {}
+    if main_starts_every_node(accel) != "slurm":
+        return None
+    print("[preflight] skipped: DeepSpeed's slurm launcher starts every node with srun from here, so no other "
+          "node runs `wizard launch`. Run the preflight the same way first, inside the allocation: "
+          f"srun --ntasks-per-node=1 wizard preflight --config-file {config_file}", file=out, flush=True)
+    return "skipped (DeepSpeed's slurm launcher: run it with srun inside the allocation)"

@@ -255,8 +255,26 @@ def print_written(result, dry_run: bool, file: TextIO | None = None, script: lis
     if machines <= 1:
         print(f"Next: wizard launch --config-file {config} -- {what}", file=out)
         return
-    # every machine runs the same files with its own rank: the config holds the main machine's (0)
     ip = result.answers.get("main_process_ip")
+    from wizard.preflight.fanout import hostfile_path, main_starts_every_node
+    doc = result.accelerate_doc or {}
+    launcher = main_starts_every_node(doc)
+    if launcher == "slurm":
+        print(f"Next: inside the SLURM allocation, on its first node: wizard launch --config-file {config} -- {what}",
+              file=out)
+        print("      DeepSpeed's slurm launcher starts every machine from there with srun: launch nothing on the "
+              "others", file=out)
+        return
+    if launcher is not None:
+        # DeepSpeed's runner reaches the other hosts itself: a second launch there would start a second world
+        hostfile = shlex.quote(hostfile_path(doc))
+        print(f"Next: on the main machine{f' ({ip})' if ip else ''}, the first host of {hostfile}: wizard launch "
+              f"--config-file {config} -- {what}", file=out)
+        print(f"      DeepSpeed's {launcher} launcher starts the other machines of the hostfile from there over ssh: "
+              "launch nothing on them; they need passwordless ssh from the main machine, and the same files and "
+              "Python environment at the same paths", file=out)
+        return
+    # every machine runs the same files with its own rank: the config holds the main machine's (0)
     print(f"Next: on the main machine{f' ({ip})' if ip else ''}: wizard launch --config-file {config} -- {what}",
           file=out)
     others = ("on the second machine" if machines == 2 else

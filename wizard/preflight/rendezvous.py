@@ -18,7 +18,7 @@ import secrets
 import socket
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 BANNER = "wizard-preflight/1"
 BANNER_TIMEOUT_S = 3.0
@@ -129,11 +129,13 @@ class Server:
                 return
             self.clients[hello["rank"]] = (conn, reader, hello)
 
-    def wait_for(self, ranks: set[int], deadline: float) -> None:
+    def wait_for(self, ranks: set[int], deadline: float, lost: Callable[[], set[int]] | None = None) -> None:
+        """Until every rank of `ranks` joined, or the deadline; or until those missing are all `lost()`."""
         while time.monotonic() < deadline:
             with self.lock:
-                if ranks <= set(self.clients):
-                    return
+                missing = ranks - set(self.clients)
+            if not missing or (lost is not None and missing <= lost()):
+                return
             time.sleep(0.05)
 
     def joined(self) -> dict[int, dict[str, Any]]:

@@ -37,6 +37,8 @@ class Options:
     nbytes: int | None = None
     collective: bool = True
     python: str = sys.executable
+    # the ranks known to be gone before they joined (their ssh ended: fanout.py); the main node stops waiting
+    lost: Callable[[], set[int]] | None = None
 
 
 @dataclass
@@ -367,7 +369,7 @@ def _main_node(opts, exp, facts, backend, nbytes, progress) -> Result:
         rows.append(checks.reach_row(0, host, exp.main_ip, port, outcome))
         progress(f"node 0: waiting up to {opts.join_timeout:g} s for {exp.num_machines - 1} other node(s) at "
                  f"{exp.main_ip}:{port}")
-        server.wait_for(set(range(1, exp.num_machines)), time.monotonic() + opts.join_timeout)
+        server.wait_for(set(range(1, exp.num_machines)), time.monotonic() + opts.join_timeout, opts.lost)
         joined = server.joined()
         hosts = {0: host, **{r: str((h.get("facts") or {}).get("host") or "?") for r, h in joined.items()}}
         per_node = {0: facts, **{r: h.get("facts") or {} for r, h in joined.items()}}
