@@ -94,6 +94,35 @@ def test_launch_commands_quote_paths():
         "/py", "-m", "wizard", "launch", "--config-file", "/c.yaml", "--", "t.py", "-x"]
 
 
+def _ds(launcher):
+    return {"distributed_type": "DEEPSPEED", "num_machines": 2,
+            "deepspeed_config": {"deepspeed_multinode_launcher": launcher, "deepspeed_hostfile": "/job/my hosts"}}
+
+
+def test_the_done_screen_says_where_each_machine_launches():
+    """On several machines the Done screen said only the main machine's commands: a second machine running them as
+    they stand would be a second rank 0; with DeepSpeed's pdsh launcher, any launch there a second world."""
+    from types import SimpleNamespace
+
+    from wizard.frontends.tui.screens.done import commands_text
+
+    def result(doc, machines=2):
+        return SimpleNamespace(yaml_path="/a dir/c.yaml", accelerate_doc=doc,
+                               answers={"num_machines": machines, "main_process_ip": "10.0.0.1"})
+    accel, wiz = launch_commands("/a dir/c.yaml", "t.py", ["-x"])
+    assert commands_text(result({}, machines=1), ["t.py", "-x"]) == f"{accel}\n{wiz}"
+    assert commands_text(result({"distributed_type": "MULTI_GPU", "num_machines": 2}), ["t.py", "-x"]) == "\n".join([
+        "# on the main machine (10.0.0.1):", accel, wiz, "# on the second machine, with the same files:",
+        "wizard launch --config-file '/a dir/c.yaml' --machine-rank 1 -- t.py -x"])
+    assert commands_text(result(_ds("nossh")), ["t.py"]).count("--machine-rank 1") == 1
+    pdsh = commands_text(result(_ds("pdsh")), ["t.py", "-x"]).splitlines()
+    assert pdsh[:3] == ["# on the main machine (10.0.0.1), the first host of '/job/my hosts':", accel, wiz], pdsh
+    assert pdsh[3].startswith("# DeepSpeed's pdsh launcher starts the other machines of the hostfile from there over "
+                              "ssh: launch nothing on them") and len(pdsh) == 4 and "machine-rank" not in pdsh[3]
+    slurm = commands_text(result(_ds("slurm")), ["t.py", "-x"]).splitlines()
+    assert slurm[0] == "# inside the SLURM allocation, on its first node:" and "srun" in slurm[3], slurm
+
+
 @pytest.mark.parametrize("version", [PackageNotFoundError("transformers"), "dev", None, "5.2.0", "4.57.1"])
 def test_checkpointing_argument_from_the_installed_version_alone(monkeypatch, version):
     import importlib.metadata

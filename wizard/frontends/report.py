@@ -249,39 +249,13 @@ def print_written(result, dry_run: bool, file: TextIO | None = None, script: lis
     print_findings(warnings, file=out)
     import shlex
     what = shlex.join(script) if script else "your_train.py [args]"
-    # a line to paste into a shell: the config's path quoted as the script's is (a directory with a space)
-    config = shlex.quote(str(result.yaml_path))
-    machines = int(result.answers.get("num_machines") or 1)
-    if machines <= 1:
-        print(f"Next: wizard launch --config-file {config} -- {what}", file=out)
-        return
-    ip = result.answers.get("main_process_ip")
-    from wizard.preflight.fanout import hostfile_path, main_starts_every_node
-    doc = result.accelerate_doc or {}
-    launcher = main_starts_every_node(doc)
-    if launcher == "slurm":
-        print(f"Next: inside the SLURM allocation, on its first node: wizard launch --config-file {config} -- {what}",
-              file=out)
-        print("      DeepSpeed's slurm launcher starts every machine from there with srun: launch nothing on the "
-              "others", file=out)
-        return
-    if launcher is not None:
-        # DeepSpeed's runner reaches the other hosts itself: a second launch there would start a second world
-        hostfile = shlex.quote(hostfile_path(doc))
-        print(f"Next: on the main machine{f' ({ip})' if ip else ''}, the first host of {hostfile}: wizard launch "
-              f"--config-file {config} -- {what}", file=out)
-        print(f"      DeepSpeed's {launcher} launcher starts the other machines of the hostfile from there over ssh: "
-              "launch nothing on them; they need passwordless ssh from the main machine, and the same files and "
-              "Python environment at the same paths", file=out)
-        return
-    # every machine runs the same files with its own rank: the config holds the main machine's (0)
-    print(f"Next: on the main machine{f' ({ip})' if ip else ''}: wizard launch --config-file {config} -- {what}",
-          file=out)
-    others = ("on the second machine" if machines == 2 else
-              f"on each of the other {machines - 1} machines, K = 1..{machines - 1}")
-    rank = "1" if machines == 2 else "K"
-    print(f"      {others}, with the same files: wizard launch --config-file {config} --machine-rank {rank} -- {what}",
-          file=out)
+    from wizard.frontends.snippets import where_to_launch
+    steps = where_to_launch(result.accelerate_doc or {}, str(result.yaml_path), what,
+                            machines=int(result.answers.get("num_machines") or 1),
+                            main_ip=result.answers.get("main_process_ip"))
+    for i, (where, command) in enumerate(steps):
+        line = f"{where}: {command}" if where and command else where or command
+        print(f"{'Next: ' if i == 0 else '      '}{line}", file=out)
 
 
 def print_adapter_snippet(result, file: TextIO | None = None) -> None:

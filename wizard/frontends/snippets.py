@@ -36,6 +36,38 @@ def launch_commands(yaml_path: str, script: str = "train.py", args: list[str] | 
             f"wizard launch --config-file {cfg} -- {tail}")
 
 
+def where_to_launch(doc: dict[str, Any], yaml_path: str, what: str, machines: int = 1,
+                    main_ip: str | None = None) -> list[tuple[str, str | None]]:
+    """Where to run `wizard launch` with this config: (where, the command there or None) pairs, the main machine's
+    first (`what`: the script and its arguments as typed in a shell; one machine: no where). accelerate's launchers
+    (and DeepSpeed's `standard` and `nossh`) run a launch on every machine, each with its own rank; DeepSpeed's pdsh
+    and MPI launchers reach the other hosts of the hostfile over ssh, and its slurm launcher with srun, from the main
+    machine alone, where a second launch would start a second world."""
+    from wizard.preflight.fanout import hostfile_path, main_starts_every_node
+    # a line to paste into a shell: the config's path quoted as the script's is (a directory with a space)
+    config = shlex.quote(yaml_path)
+    launch = f"wizard launch --config-file {config} -- {what}"
+    if machines <= 1:
+        return [("", launch)]
+    main = f"on the main machine{f' ({main_ip})' if main_ip else ''}"
+    launcher = main_starts_every_node(doc)
+    if launcher == "slurm":
+        return [("inside the SLURM allocation, on its first node", launch),
+                ("DeepSpeed's slurm launcher starts every machine from there with srun: launch nothing on the "
+                 "others", None)]
+    if launcher is not None:
+        return [(f"{main}, the first host of {shlex.quote(hostfile_path(doc))}", launch),
+                (f"DeepSpeed's {launcher} launcher starts the other machines of the hostfile from there over ssh: "
+                 "launch nothing on them; they need passwordless ssh from the main machine, and the same files and "
+                 "Python environment at the same paths", None)]
+    # every machine runs the same files with its own rank: the config holds the main machine's (0)
+    others = ("on the second machine" if machines == 2 else
+              f"on each of the other {machines - 1} machines, K = 1..{machines - 1}")
+    rank = "1" if machines == 2 else "K"
+    return [(main, launch),
+            (f"{others}, with the same files", f"wizard launch --config-file {config} --machine-rank {rank} -- {what}")]
+
+
 def wizard_launch_argv(python: str, yaml_path: str, script: str, args: list[str]) -> list[str]:
     return [python, "-m", "wizard", "launch", "--config-file", yaml_path, "--", script, *args]
 

@@ -17,7 +17,8 @@ from textual.containers import Horizontal
 from textual.widget import Widget
 from textual.widgets import Button, Input, Label, Static
 
-from wizard.frontends.snippets import launch_commands, setup_snippet, uses_adapters, wizard_launch_argv
+from wizard.frontends.snippets import (launch_commands, setup_snippet, uses_adapters, where_to_launch,
+                                       wizard_launch_argv)
 from wizard.frontends.tui.screens.base import WizardScreen
 from wizard.frontends.tui.screens.review import syntax
 from wizard.frontends.tui.widgets.typed_input import TypedInput
@@ -26,6 +27,25 @@ ARGS_TITLE = "[b]The same setup as TrainingArguments[/b] (HF Trainer, without ac
 ADAPTER_TITLE = ("[b]The same setup in Python[/b] (HF Trainer with peft's LoRA{}, without accelerate's config; "
                  "needs {})")
 
+
+def commands_text(result, script: list[str]) -> str:
+    """The launch commands: on one machine, accelerate's and the wizard's; on several, where each runs, as the
+    CLI's Next lines say it (the other machines' own rank, or nothing to launch there with DeepSpeed's pdsh, MPI
+    and slurm launchers)."""
+    accel, wiz = launch_commands(result.yaml_path, script[0], script[1:])
+    machines = int(result.answers.get("num_machines") or 1)
+    if machines <= 1:
+        return f"{accel}\n{wiz}"
+    what = " ".join(shlex.quote(a) for a in script)
+    lines = []
+    for i, (where, command) in enumerate(where_to_launch(result.accelerate_doc or {}, str(result.yaml_path), what,
+                                                         machines, result.answers.get("main_process_ip"))):
+        lines.append(f"# {where}" + (":" if command else ""))
+        if i == 0:
+            lines.append(accel)
+        if command:
+            lines.append(command)
+    return "\n".join(lines)
 
 class DoneScreen(WizardScreen):
     STEP = 5
@@ -101,9 +121,8 @@ class DoneScreen(WizardScreen):
                      + (f" ({len(warnings)} warning(s))" if warnings else "") + ".")
         self.query_one("#done-files", Static).update("\n".join(lines))
         script = state.script or ["train.py"]     # the script measured on the Plan screen, where Measure ran one
-        accel, wiz = launch_commands(result.yaml_path, script[0], script[1:])
         self.query_one("#done-commands", Static).update(
-            syntax(f"{accel}\n{wiz}", "bash", self.app, word_wrap=True))
+            syntax(commands_text(result, script), "bash", self.app, word_wrap=True))
         ds_path = result.ds_path if result.ds_text is not None else None
         code = setup_snippet(result.answers, result.plan, result.model, ds_path)
         if uses_adapters(result.answers):
