@@ -243,3 +243,17 @@ def test_when_the_measured_memory_leaves_nothing_fitting_the_exit_3_message_says
     assert code == 3
     assert "The raw model would choose DeepSpeed ZeRO-2: the memory `wizard tune` measured" in err.getvalue()
     assert _cli(["plan", *FLAGS, "--no-calibration"])[0] == 0
+
+
+def test_the_omp_threads_note_gives_step_times_that_can_be_read():
+    """It said "takes ≈0s per step instead of ≈0s" for a 125M model (a planned duration's format, whole seconds,
+    for step times well under one)."""
+    from wizard.probe.hardware import assume
+    hw = assume("2xA100-80GB")
+    answers = {"params": "125M", "backend": "deepspeed", "zero_stage": "3", "offload": "cpu"}
+    plan = pipeline.plan_from_answers(hw, pipeline.size(answers), pipeline.resolve_pre_plan(hw, answers))
+    note = next(n for n in plan.notes if n.startswith("CPU offload: the host optimizer step"))
+    import re
+    after, before = (float(x) for x in re.search(r"≈([\d.e+-]+) s per optimizer step instead of ≈([\d.e+-]+) s",
+                                                  note).groups())
+    assert 0 < after < before, note

@@ -40,7 +40,7 @@ from wizard.planning.resolve import (  # noqa: F401
     _with_adapters,
 )
 from wizard.sizing import memory as mem
-from wizard.units import GiB, fmt_bytes, fmt_duration
+from wizard.units import GiB, fmt_bytes
 
 # --- Public API ---------------------------------------------------------------------------------------
 
@@ -309,7 +309,7 @@ def _omp_threads_note(rungs: list[Rung], choice: Rung | None, at: dict[str, _Inp
     return [f"CPU offload: the host optimizer step runs on OpenMP's threads, {threads:g} per process ({why}), of "
             f"the {cores} cores each of the {rx.per_machine} processes per machine could use. Run "
             f"`export OMP_NUM_THREADS={cores}` before `wizard launch` (or accelerate launch): {rung.name} then takes "
-            f"≈{fmt_duration(full.step_seconds)} per step instead of ≈{fmt_duration(rung.speed.step_seconds)} "
+            f"≈{full.step_seconds:.3g} s per optimizer step instead of ≈{rung.speed.step_seconds:.3g} s "
             f"(the host's memory bandwidth, not its cores, caps it beyond that)."]
 
 
