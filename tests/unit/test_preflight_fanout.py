@@ -133,3 +133,17 @@ def test_a_host_ssh_could_not_reach_is_named_with_ssh_s_words():
     assert fanout.ssh_rows(remotes, joined={1, 2}, launcher="pdsh") == []       # they met the main node: its rows
     for r in remotes:
         r.log.close()
+
+
+def test_rank_0_is_the_hostfiles_first_host_and_main_process_ip_names_it():
+    """DeepSpeed's runner makes the first host rank 0, listening at main_process_ip: a launch from another machine
+    (a login node), or a main_process_ip elsewhere, leaves the others waiting for nobody. 192.0.2.1 is TEST-NET-1:
+    never this machine."""
+    assert fanout.rank0_row(["127.0.0.1", "b"], "127.0.0.1", "c.yaml") is None
+    assert fanout.rank0_row(["localhost", "b"], None, "c.yaml") is None
+    row = fanout.rank0_row(["192.0.2.1", "localhost"], "192.0.2.1", "c.yaml")
+    assert row.status == "fail" and "this machine is not 192.0.2.1, the hostfile's first host" in row.detail
+    row = fanout.rank0_row(["127.0.0.1", "b"], "192.0.2.1", "c.yaml")
+    assert row.status == "fail" and "main_process_ip 192.0.2.1 is not 127.0.0.1" in row.detail and \
+        "main_process_ip: 127.0.0.1's address in c.yaml" == row.fix
+    assert fanout.rank0_row(["bad..name", "b"], None, "c.yaml") is None    # does not resolve (no DNS asked): not judged

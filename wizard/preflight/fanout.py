@@ -242,12 +242,49 @@ def plan_hosts(accel: dict[str, Any], config_file: str) -> tuple[list[str] | Non
     return hosts, None
 
 
+def is_this_machine(host: str) -> bool | None:
+    """Whether `host` names this machine: one of its addresses can be bound here (None: it does not resolve)."""
+    try:
+        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+    except (OSError, UnicodeError):
+        return None
+    for family, _, _, _, sockaddr in infos:
+        try:
+            with socket.socket(family, socket.SOCK_STREAM) as s:
+                s.bind((sockaddr[0], 0))
+            return True
+        except OSError:
+            continue
+    return False
+
+
+def rank0_row(hosts: list[str], main_ip: str | None, config_file: str) -> Row | None:
+    """DeepSpeed's runner makes the hostfile's first host rank 0, which listens at main_process_ip: this machine
+    (where the launch runs its rank 0 preflight) must be that host, and main_process_ip must name it too, else the
+    others wait at an address where nobody listens."""
+    here = socket.gethostname()
+    first = hosts[0]
+    if is_this_machine(first) is False:
+        return Row(0, here, "rank 0 host", FAIL,
+                   f"this machine is not {first}, the hostfile's first host, which DeepSpeed's runner makes rank 0",
+                   f"run the launch (and `wizard preflight`) on {first}, or put this machine first in the hostfile")
+    if main_ip and is_this_machine(main_ip) is False:
+        return Row(0, here, "rank 0 host", FAIL,
+                   f"main_process_ip {main_ip} is not {first}, the hostfile's first host: DeepSpeed's runner makes "
+                   f"{first} rank 0, which listens for the others at main_process_ip, so they would wait at "
+                   f"{main_ip} for nobody", f"main_process_ip: {first}'s address in {config_file}")
+    return None
+
+
 def fan_out(opts, accel: dict[str, Any], launcher: str, run: Callable, progress: Callable[[str], None]):
     """The main node's preflight for a launcher that starts every node from here: each other host of the hostfile
     runs its own over ssh while this one runs `run(opts)` (wizard.preflight.run.preflight) as rank 0."""
     from wizard.preflight import checks
     from wizard.preflight.run import expectation
     hosts, problem = plan_hosts(accel, opts.config_file)
+    if problem is None:
+        problem = rank0_row(hosts, opts.main_ip or str(accel.get("main_process_ip") or "") or None,
+                            opts.config_file)
     if problem is not None:
         exp = expectation(opts.config_file, opts.main_ip, opts.main_port)
         from wizard.preflight.run import Result
