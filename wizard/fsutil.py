@@ -608,10 +608,7 @@ def _fault_point(point: int | str) -> None:
     """`point`: the number of renames done, or "unlocked" (the set is written, the lock gone, handlers back)."""
     if os.environ.get(FAULT_ENV) == str(point):
         name = os.environ.get(FAULT_SIGNAL_ENV, "KILL").upper().removeprefix("SIG")
-        # raise(): to this very thread, so it is pending here before the next line. os.kill(getpid()) queues it for
-        # the whole process, where another thread may take it first; CI once saw run_plain, in-process under a
-        # loaded xdist worker, return 0 with no interrupt at all (the test wants 130). Not reproduced idle.
-        signal.raise_signal(getattr(signal, "SIG" + name))
+        os.kill(os.getpid(), getattr(signal, "SIG" + name))
 
 
 @dataclass
