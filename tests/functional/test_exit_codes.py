@@ -164,6 +164,18 @@ def test_check_stopped_inside_a_lazy_import_exits_130(old_dir, module, sig):
 
 # ---- --plain: the same truth after a write --------------------------------------------------------
 
+@pytest.fixture
+def sigint_as_in_a_terminal():
+    """SIGINT raising KeyboardInterrupt, as Python sets it up in a process started from a shell prompt. A process
+    started in the background by a non-interactive shell (`cmd &`, as a CI script may start the suite) inherits
+    SIGINT ignored, and Python leaves it ignored: this test's interrupt then never arrived (exit 0, not 130)."""
+    import signal
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+@pytest.mark.usefixtures("sigint_as_in_a_terminal")
 def test_plain_interrupted_just_after_the_write_says_the_files_were_written(tmp_path, old_dir, monkeypatch, capsys):
     from prompt_toolkit.input import create_pipe_input
     from prompt_toolkit.output import DummyOutput
