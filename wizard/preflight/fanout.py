@@ -39,6 +39,11 @@ class HostfileError(ValueError):
     pass
 
 
+def _ds_section(accel: dict[str, Any]) -> dict[str, Any]:
+    ds = accel.get("deepspeed_config")
+    return ds if isinstance(ds, dict) else {}
+
+
 def multinode_launcher(accel: dict[str, Any]) -> str | None:
     """The DeepSpeed runner's launcher of a config of several machines (accelerate's default pdsh when unset), or
     None where accelerate starts every machine itself (one machine, not DeepSpeed, or `standard`)."""
@@ -48,7 +53,7 @@ def multinode_launcher(accel: dict[str, Any]) -> str | None:
         return None
     if machines <= 1 or str(accel.get("distributed_type") or "").upper() != "DEEPSPEED":
         return None
-    ds = accel.get("deepspeed_config") if isinstance(accel.get("deepspeed_config"), dict) else {}
+    ds = _ds_section(accel)
     launcher = str(ds.get("deepspeed_multinode_launcher") or DEFAULT_LAUNCHER)
     return None if launcher == "standard" else launcher
 
@@ -61,7 +66,7 @@ def main_starts_every_node(accel: dict[str, Any]) -> str | None:
 
 
 def hostfile_path(accel: dict[str, Any]) -> str:
-    ds = accel.get("deepspeed_config") if isinstance(accel.get("deepspeed_config"), dict) else {}
+    ds = _ds_section(accel)
     return str(ds.get("deepspeed_hostfile") or "/job/hostfile")       # DeepSpeed's default
 
 
@@ -218,7 +223,7 @@ def plan_hosts(accel: dict[str, Any], config_file: str) -> tuple[list[str] | Non
     missing, malformed, or lists another number of hosts than num_machines)."""
     path = hostfile_path(accel)
     here = socket.gethostname()
-    ds = accel.get("deepspeed_config") if isinstance(accel.get("deepspeed_config"), dict) else {}
+    ds = _ds_section(accel)
     fix = (f"`deepspeed_hostfile` in {config_file}: a file of `HOST slots=N` lines, one per machine, the main "
            "machine first")
     try:
