@@ -318,7 +318,8 @@ def recorded_processes(st: dict[str, Any]) -> dict[int, float]:
     """Every process of the run whose start time was recorded: only these may ever be signalled. Entries that are
     not a process id with a start time are left out."""
     out: dict[int, float] = {}
-    for pid, ctime in (st.get("process_times") or {}).items() if isinstance(st.get("process_times"), dict) else ():
+    times = st.get("process_times")
+    for pid, ctime in times.items() if isinstance(times, dict) else ():
         try:
             out[runschema.pid_key(pid)] = runschema.epoch(ctime)
         except ValueError:

@@ -88,7 +88,8 @@ def test_a_stranger_that_claims_a_rank_with_copied_facts_is_refused_and_named(tm
     assert [(r["node"], r["status"]) for r in rows(doc, "joined")] == [(1, "fail")]
     refused = rows(doc, "refused")
     assert len(refused) == 1 and refused[0]["status"] == "fail" and "2 connections refused" in refused[0]["detail"]
-    assert "without the run's preflight secret" in refused[0]["detail"] and "WIZARD_PREFLIGHT_SECRET" in refused[0]["fix"]
+    assert "without the run's preflight secret" in refused[0]["detail"]
+    assert "WIZARD_PREFLIGHT_SECRET" in refused[0]["fix"]
 
 
 @pytest.mark.timeout(180)

@@ -204,13 +204,15 @@ class Server:
                                        "the nodes do not share one"})
             return False
         with self.lock:
-            if not 1 <= hello.rank < self.machines or hello.rank in self.clients:
-                if hello.rank in self.clients:
-                    self.duplicates.append(hello.rank)
-                why = (f"another node already joined as machine_rank {hello.rank}" if hello.rank in self.clients
-                       else f"machine_rank {hello.rank} is not one of 1-{self.machines - 1} in the main node's config")
-                self._tell(conn, {"abort": why})
+            if hello.rank == 0 or hello.rank in self.clients:       # the main node is 0
+                self.duplicates.append(hello.rank)
+                self._tell(conn, {"abort": f"another node already joined as machine_rank {hello.rank}"})
                 return False
+        if hello.rank >= self.machines:
+            self._refuse(addr, f"machine_rank {hello.rank} is not one of 1-{self.machines - 1}")
+            self._tell(conn, {"abort": f"machine_rank {hello.rank} is not one of 1-{self.machines - 1} in the main "
+                                       "node's config: the same config on every node"})
+            return False
         try:
             send(conn, {"welcome": proof(self.secret, "main", self.token, hello.nonce, hello.rank)})
             raw = reader.read(time.monotonic() + JOIN_MESSAGE_TIMEOUT_S)
