@@ -19,7 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.launch_support import env, kill_verified, run_processes, state, wait_for
+from tests.launch_support import SIGNAL_NOTER, env, kill_verified, run_processes, state, wait_for
 
 NOBODY = 65534
 
@@ -48,22 +48,11 @@ def as_nobody(code: str, *args: str) -> subprocess.CompletedProcess:
     pytest.skip("no Python interpreter uid 65534 may run")
 
 
-# A decoy: an unrelated process of the user's that says which signals reach it.
-DECOY = r"""
-import signal, sys, time
-def note(n, f):
-    print(signal.Signals(n).name, flush=True)
-for s in (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGINT):
-    signal.signal(s, note)
-print("ready", flush=True)
-while True:
-    time.sleep(0.05)
-"""
-
-
 class Decoy:
+    """An unrelated process of the user's that says which signals reach it."""
+
     def __init__(self) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-c", DECOY], stdout=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen([sys.executable, "-c", SIGNAL_NOTER], stdout=subprocess.PIPE, text=True)
         assert self.proc.stdout.readline().strip() == "ready"
         self.pid = self.proc.pid
         self.ctime = psutil.Process(self.pid).create_time()
