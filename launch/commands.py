@@ -660,7 +660,7 @@ def true_state(run_dir: Path) -> dict[str, Any]:
             detail += f" (recorded by {rec.lost_by})"
     elif rec.status == "failed":
         c = rec.classification
-        detail = f"{c.kind}: {c.summary}" if c else ""
+        detail = (f"{c.kind}: {c.summary}" if c.summary else c.kind) if c else ""
     elif rec.status == "stopped":
         # a trial `wizard tune` stopped at its time limit and a Ctrl-C both exit 130: the reason tells them apart
         detail = rec.stop_reason or "stopped on request (no reason recorded)"
