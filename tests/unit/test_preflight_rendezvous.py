@@ -171,13 +171,18 @@ def test_a_stranger_s_garbage_is_refused_and_counted(server):
     assert count == 1 and "not a node's hello" in refused[0].why and not server.joined()
 
 
-def test_the_facts_schema_follows_what_a_node_sends():
+@pytest.mark.parametrize("gpus", [None, "8xH100-80GB"])
+def test_the_facts_schema_follows_what_a_node_sends(monkeypatch, gpus):
+    import json
+
+    from wizard.preflight.node import gather
     versions = {f.name for f in fields(messages.Versions)}
     assert set(checks.PACKAGES) <= versions                  # every package the checks compare
-    from wizard.preflight.node import gather
-    import json
+    if gpus:
+        monkeypatch.setenv("WIZARD_FAKE_NVML", gpus)
     facts = json.loads(json.dumps(gather("127.0.0.1", [], 10), default=str))
     assert messages.check(messages.Facts, facts)[1] is None
+    assert not gpus or len(facts["gpus"]["gpus"]) == 8
     facts["limits"]["disk"]["/x"] = "lots"
     assert messages.check(messages.Facts, facts)[1] == "limits.disk['/x']: 'lots' is not a number of bytes"
     assert messages.check(messages.Facts, {"host": "h", "gpus": {"timeout": 5}})[1] is None   # a fact that hung
