@@ -53,6 +53,23 @@ def test_run_directories_and_a_new_runs_root_are_created_0700(tmp_path):
     assert stat.S_IMODE(os.stat(run_dir / LOCK_FILE).st_mode) == 0o600
 
 
+def test_a_given_run_dir_of_another_user_is_refused_and_an_empty_one_of_ours_made_private(tmp_path):
+    from wizard.errors import InputError
+    ours = tmp_path / "ours"
+    ours.mkdir()
+    os.chmod(ours, 0o775)
+    run_dir, fd = create_run_dir(ours)
+    os.close(fd)
+    assert stat.S_IMODE(os.stat(run_dir).st_mode) == 0o700
+    if os.geteuid() == 0:
+        theirs = tmp_path / "theirs"
+        theirs.mkdir()
+        os.chown(theirs, NOBODY, NOBODY)
+        with pytest.raises(InputError, match=f"belongs to uid {NOBODY}"):
+            create_run_dir(theirs)
+        assert list(theirs.iterdir()) == []              # nothing written there, not even a lock
+
+
 def test_appends_never_go_through_a_symlink_or_a_hard_link(tmp_path):
     """Finding 4: events.jsonl was opened for append following symlinks (`wizard attach` appended a JSON line to the
     linked ~/.bashrc). A link to another file of the user's is refused too, and nothing is written there."""
