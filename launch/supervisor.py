@@ -63,10 +63,10 @@ from launch.rundir import (
     rank_log_path,
     tail_lines,
 )
+from launch.trust import peer_problem
 from wizard.fsutil import read_json_object, read_yaml_mapping
 from wizard.paths import accelerate_default_config_file
 from wizard.probe.ports import free_port, port_in_use
-from launch.trust import peer_problem
 from wizard.units import fmt_clock, printable
 
 WORKER = str(Path(__file__).with_name("_worker.py"))
