@@ -9,7 +9,9 @@ Process picture (one attempt):
                       stdout+stderr ──abstract unix socket──> supervisor (one stream per rank)
 
 - Every process under the launcher is tracked by pid (psutil, refreshed every 0.5 s, plus each
-  rank's hello on the socket) and its (pid, create time) is sent to the reaper at once.
+  rank's hello on the socket) and its (pid, create time) is sent to the reaper at once. A connection
+  to the socket speaks for a rank only when the kernel's peer credentials say it is a process of
+  this user's under the launcher, saying its own pid (launch/trust.py); others are refused and said.
 - Stop = SIGTERM to the launcher and to every tracked process, `grace` seconds, SIGKILL to what is
   left. Used for `wizard stop`, ^C, a stall, and any process left behind after the launcher exits.
 - Restarts (whole group, new attempt number) are ours: accelerate gets --max_restarts 0.
