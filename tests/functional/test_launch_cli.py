@@ -229,6 +229,50 @@ def test_wizard_runs_says_what_a_succeeded_run_did_and_why_a_run_stopped(tmp_pat
     assert detail["d-ctrl-c"].endswith("SIGINT (Ctrl-C)") and detail["e-old"].endswith("no reason recorded)")
 
 
+@pytest.mark.timeout(120)
+def test_wizard_runs_lists_a_bad_run_directory_as_one_row_and_goes_on_writing_nothing(tmp_path):
+    """Issue 42 #4: run.json fields `runs` did not validate crashed it (TypeError in the sort of a mixed-type
+    started_at, OverflowError / ValueError on 1e308, Infinity and NaN, AttributeError on a classification that is
+    no object, TypeError on lost_cause 1e308 and stop_reason NaN), and one bad run.json stopped the whole listing.
+    #5: `runs` created an empty run.lock in an active run whose supervisor is gone. Now a bad run directory is one
+    row saying what is wrong, the listing goes on, and nothing under DIR changes."""
+    root = tmp_path / "wizard-runs"
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    _run_json(root / "a-good", status="succeeded", exit_code=0, started_at=1000.0, ended_at=1060.0)
+    _run_json(root / "b-dead", status="running", supervisor_pid=gone.pid, started_at=3000.0)
+    bad = {"c-mixed": ({"started_at": "2026-12-06"}, "started_at"), "d-huge": ({"started_at": 1e308}, "started_at"),
+           "e-inf": ({"ended_at": float("inf")}, "ended_at"), "f-nan": ({"started_at": float("nan")}, "started_at"),
+           "g-class": ({"status": "failed", "classification": "x"}, "classification"),
+           "h-cause": ({"status": "lost", "lost_cause": 1e308}, "lost_cause"),
+           "i-reason": ({"status": "stopped", "stop_reason": float("nan")}, "stop_reason"),
+           "j-pid": ({"supervisor_pid": -1}, "supervisor_pid")}
+    for name, (over, _field) in bad.items():
+        _run_json(root / name, **over)
+    (root / "k-garbage").mkdir()
+    (root / "k-garbage" / "run.json").write_text("{not json")
+    if os.geteuid() == 0:
+        _run_json(root / "l-theirs")
+        os.chown(root / "l-theirs", 65534, 65534)
+    def snapshot() -> dict:
+        return {p: (p.read_bytes() if p.is_file() else None, os.stat(p).st_mtime_ns) for p in root.rglob("*")}
+    before = snapshot()
+    r = wizard("runs", str(root), cwd=tmp_path)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    rows = {ln.split()[0]: ln for ln in r.stdout.splitlines()[1:]}
+    assert rows["a-good"].split()[1] == "succeeded" and rows["b-dead"].split()[1] == "lost"
+    for name, (_over, field) in bad.items():
+        assert rows[name].split()[1] == "unreadable" and f"{field}:" in rows[name], rows[name]
+    assert rows["k-garbage"].split()[1] == "unreadable" and "not JSON" in rows["k-garbage"]
+    if os.geteuid() == 0:
+        assert rows["l-theirs"].split()[1] == "unreadable" and "belongs to uid 65534" in rows["l-theirs"]
+    assert snapshot() == before
+    assert not (root / "b-dead" / "run.lock").exists()                    # no lock file made to find it free
+    j = wizard("runs", "--json", str(root), cwd=tmp_path)
+    listed = {x["id"]: x for x in json.loads(j.stdout)}
+    assert j.returncode == 0 and listed["d-huge"]["state"] == "unreadable" and listed["a-good"]["state"] == "succeeded"
+
+
 def test_import_is_light():
     code = ("import sys, launch.commands, launch.supervisor, launch.classify, launch.logs, launch.rundir\n"
             "bad = [m for m in ('torch', 'transformers', 'deepspeed', 'accelerate', 'textual') if m in sys.modules]\n"
