@@ -202,6 +202,9 @@ SHAPE_LIMITS = {
     "intermediate_size": 10_000_000, "n_inner": 10_000_000, "ffn_dim": 10_000_000,
     "num_attention_heads": 100_000, "n_head": 100_000, "num_key_value_heads": 100_000,
     "vocab_size": 100_000_000, "num_local_experts": 100_000, "num_experts": 100_000,
+    # transformers' PreTrainedConfig builds id2label / label2id with num_labels entries before any model exists
+    # (10^45 ended in MemoryError)
+    "num_labels": 1_000_000,
 }
 
 
