@@ -164,3 +164,15 @@ def test_a_huge_num_labels_is_refused_before_anything_is_built(tmp_path):
 def _cap_memory() -> None:
     import resource
     resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+
+
+# ---- found by the fuzz tier itself ---------------------------------------------------------------
+
+@pytest.mark.parametrize("architectures", [10 ** 45, "LlamaForCausalLM", [1, 2], {"a": 1}])
+def test_architectures_that_is_not_a_list_of_names_is_bad_input(architectures, tmp_path, capsys):
+    model = tmp_path / "model"
+    model.mkdir()
+    base = json.loads((Path(__file__).parents[1] / "fixtures" / "models" / "llama-tiny" / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**base, "architectures": architectures}))
+    code, _, err = run(["plan", "--model", str(model), "--assume", "1xH100-80GB"], capsys)
+    assert code == 2 and "architectures" in err and len(err.strip().splitlines()) == 1

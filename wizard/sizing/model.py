@@ -216,6 +216,11 @@ def _read_config_dict(config_path: Path) -> dict[str, Any]:
         raise InputError("model", f"{config_path} is not a JSON object", "a Hugging Face config.json")
     if not isinstance(data.get("model_type"), str) or not data["model_type"]:
         raise InputError("model", f"{config_path} has no model_type", "a Hugging Face config.json with model_type")
+    architectures = data.get("architectures")
+    if architectures is not None and not (isinstance(architectures, list)
+                                          and all(isinstance(a, str) for a in architectures)):
+        raise InputError("model", f"architectures in {config_path} is {str(architectures)[:40]!r}, not a list of "
+                                  "class names", 'a Hugging Face config.json ("architectures": ["LlamaForCausalLM"])')
     _check_shape_limits(data, config_path)
     return data
 
