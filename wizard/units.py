@@ -23,6 +23,19 @@ _BYTES_SUFFIX = {
 
 MAX_PARSED = 1e18   # counts and sizes: far above any real model or machine, far below float overflow
 
+# A machine's network to the others (Gb/s, all NICs together). Below 0.1 Gb/s (100 Mb/s) it is not a training
+# network: a step would take days, and a value near zero drives the step time to infinity and a speed to zero.
+# 100,000 is far above any machine's NICs (8 x 800 Gb/s is 6,400).
+NETWORK_GBPS_MIN = 0.1
+NETWORK_GBPS_MAX = 100_000
+NETWORK_GBPS_RANGE = "a number from 0.1 to 100000"
+
+
+def is_network_gbps(value: object) -> bool:
+    """True for a network speed the planner accepts (Gb/s per machine): a real number in the range above."""
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and NETWORK_GBPS_MIN <= value <= NETWORK_GBPS_MAX)
+
 
 def parse_count(text: str | int | float, field: str) -> int:
     """'7B' -> 7_000_000_000, '350M' -> 350_000_000, '1.5e9' -> 1_500_000_000. Positive only."""

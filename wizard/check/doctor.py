@@ -49,6 +49,7 @@ def read_input(path: str, field_name: str) -> str:
 
 def check_shape(data: Any, path: str, field_name: str) -> None:
     """Refuse nesting deeper than MAX_NESTING and integers longer than MAX_INT_DIGITS (exit 2)."""
+    too_long = 10 ** MAX_INT_DIGITS            # once: computed per integer it was most of the walk's time
     stack = [(data, 1)]
     while stack:
         node, depth = stack.pop()
@@ -58,7 +59,7 @@ def check_shape(data: Any, path: str, field_name: str) -> None:
             stack.extend((v, depth + 1) for v in node.values())
         elif isinstance(node, list):
             stack.extend((v, depth + 1) for v in node)
-        elif isinstance(node, int) and not isinstance(node, bool) and abs(node) >= 10 ** MAX_INT_DIGITS:
+        elif isinstance(node, int) and not isinstance(node, bool) and abs(node) >= too_long:
             raise InputError(field_name, f"{path} holds an integer of more than {MAX_INT_DIGITS} digits")
 
 
@@ -342,7 +343,27 @@ def run_rules(ctx, only: set[str] | None = None) -> list[Finding]:
     if ctx.planned is not None:         # scratch copies of the files about to be written: name the final paths
         for f in findings:
             f.file = ctx.planned.displays.get(f.file, f.file)
-    return sort_findings(_virtual_ds_keys(ctx, one_finding_per_problem(_once_each(findings))))
+    return sort_findings(_virtual_ds_keys(ctx, one_finding_per_problem(at_most_some_per_rule(_once_each(findings)))))
+
+
+def at_most_some_per_rule(findings: list[Finding]) -> list[Finding]:
+    """Past MAX_FINDINGS_PER_RULE findings of one rule and severity in one file, the rest become one finding
+    that counts them (a rule that bounds itself already yields at most that many and its own summary)."""
+    from wizard.check.rules.common import MAX_FINDINGS_PER_RULE, more_like_these
+
+    groups: dict[tuple[str, str, str], list[Finding]] = {}
+    for f in findings:
+        groups.setdefault((f.rule, f.file, f.severity), []).append(f)
+    out = []
+    for (rule_id, file, severity), group in groups.items():
+        if len(group) <= MAX_FINDINGS_PER_RULE + 1:
+            out.extend(group)
+            continue
+        rest = group[MAX_FINDINGS_PER_RULE:]
+        out.extend(group[:MAX_FINDINGS_PER_RULE])
+        out.append(more_like_these(severity, rule_id, file, [f.key or "(file)" for f in rest],
+                                   f"findings of {rule_id}", fix=rest[0].fix, when=rest[0].when))
+    return out
 
 
 def _once_each(findings: list[Finding]) -> list[Finding]:

@@ -71,7 +71,7 @@ from wizard.planning.plan import (
 from wizard.probe import catalogue
 from wizard.sizing.memory import CUDA_CONTEXT_BYTES
 from wizard.sizing.model import TASKS as MODEL_TASKS
-from wizard.units import fmt_bytes
+from wizard.units import NETWORK_GBPS_RANGE, fmt_bytes, is_network_gbps
 
 RDZV_BACKENDS = ("static", "c10d", "etcd", "etcd-v2")     # what torchrun accepts
 DEFAULT_PORT = 29500                                      # torchrun's and accelerate's default master port
@@ -105,8 +105,8 @@ def _check_host(value: str, ctx: Context, f: str) -> None:
 
 
 def _check_gbps(value: float, ctx: Context, f: str) -> None:
-    if not 0 < value <= 100_000:
-        raise InputError(f, f"{value:g} Gb/s is out of range", "Gb/s per machine, a number in (0, 100000]")
+    if not is_network_gbps(value):
+        raise InputError(f, f"{value:g} Gb/s is out of range", f"Gb/s per machine, {NETWORK_GBPS_RANGE}")
 
 
 def _inter_node_why(ctx: Context) -> str:
@@ -522,7 +522,7 @@ QUESTIONS: tuple[Question, ...] = (
     _q("inter_node_gbps", "Network between machines (Gb/s per machine)",
        "All of one machine's NICs to the others together, e.g. 3200 for 8 x 400 Gb/s; it sets the speed of "
        "every collective that crosses machines.", "float", "machines", metavar="GBPS", advanced=True,
-       when=_multi_node, check=_check_gbps, allowed="Gb/s per machine, a number in (0, 100000] such as 400 or 3200",
+       when=_multi_node, check=_check_gbps, allowed=f"Gb/s per machine, {NETWORK_GBPS_RANGE} such as 400 or 3200",
        why=_inter_node_why),
     _q("same_network", "All machines on the same local network?",
        "Nodes on one network rendezvous directly at the main address; across clouds or networks a "

@@ -569,6 +569,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     _forget_written()
     _forget_version_note()
     previous = _install_stop_signals()
+    encoding_errors = _print_any_string()
     code: int | None = None
     _ending.clear()
     try:
@@ -596,6 +597,37 @@ def main(argv: Sequence[str] | None = None) -> int:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             clear_stop()
+            _restore_encoding_errors(encoding_errors)
+
+
+_PRINTS_ANY_STRING = ("backslashreplace", "replace", "namereplace", "xmlcharrefreplace", "ignore")
+
+
+def _print_any_string() -> dict:
+    """Make stdout and stderr print any str: what the wizard prints quotes its inputs (a key, a value, a host
+    name), and a lone surrogate from a JSON escape (`"x\\ud800"`) or a character the terminal's encoding lacks
+    would otherwise end the command in a UnicodeEncodeError. Such a character is written as its backslash
+    escape, which is also valid inside the JSON that --json prints. Returns what to restore."""
+    before = {}
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        errors = getattr(stream, "errors", None)
+        # strict, or the C locale's surrogateescape (which prints only U+DC80..U+DCFF, the bytes it decoded)
+        if errors not in _PRINTS_ANY_STRING and hasattr(stream, "reconfigure"):
+            try:
+                stream.reconfigure(errors="backslashreplace")
+                before[name] = (stream, errors or "strict")
+            except (ValueError, OSError, AttributeError):   # a detached or closed stream: leave it
+                pass
+    return before
+
+
+def _restore_encoding_errors(before: dict) -> None:
+    for stream, errors in before.values():
+        try:
+            stream.reconfigure(errors=errors)
+        except (ValueError, OSError, AttributeError):
+            pass
 
 
 def _written() -> list[str]:

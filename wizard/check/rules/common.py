@@ -280,6 +280,19 @@ def finding(severity: str, rule_id: str, file: str | None, key: str | None, mess
                    fix=fix, when=when, fixable=fixable)
 
 
+# A file can repeat one problem thousands of times (200,000 unknown keys): past this many findings of one rule in
+# one file, the rest are one finding that counts them, so the report stays readable and the work stays linear.
+MAX_FINDINGS_PER_RULE = 20
+
+
+def more_like_these(severity: str, rule_id: str, file: str | None, keys: list, what: str,
+                    fix: str | None = None, when: str | None = None) -> Finding:
+    """One finding for the keys past MAX_FINDINGS_PER_RULE: how many, and the first few by name."""
+    names = ", ".join(repr(str(k)[:40]) for k in keys[:5]) + (", ..." if len(keys) > 5 else "")
+    return finding(severity, rule_id, file, None,
+                   f"{len(keys):,} more {what} besides the {MAX_FINDINGS_PER_RULE} listed: {names}", fix=fix, when=when)
+
+
 def walk(node: Any, prefix: str = "") -> Iterable[tuple[str, Any]]:
     """Every (dotted path, value) of leaves and branches of nested dicts."""
     if isinstance(node, dict):

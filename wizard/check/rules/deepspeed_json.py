@@ -27,7 +27,8 @@ import types
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator
 
-from wizard.check.rules.common import CheckContext, as_int, finding, fixer, older, rule, walk
+from wizard.check.rules.common import (MAX_FINDINGS_PER_RULE, CheckContext, as_int, finding, fixer, more_like_these,
+                                       older, rule, walk)
 
 FAMILY = "deepspeed"
 
@@ -136,7 +137,7 @@ KEY_INTRODUCED = {
 _PROBE = "__wizard_probe__"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)     # hashed by identity: the per-schema indexes below are cached on it
 class DsSchema:
     """What the installed DeepSpeed's config models accept, read from the models themselves.
 
@@ -282,7 +283,7 @@ def where_it_belongs(dotted: str, schema: DsSchema | None = None) -> list[str]:
     if schema is None:
         return []
     parent, _, leaf = dotted.rpartition(".")
-    elsewhere = sorted(p for p in _all_paths(schema) if p.rpartition(".")[2] == leaf and p != dotted)
+    elsewhere = [p for p in _paths_by_leaf(schema).get(leaf, ()) if p != dotted]
     if elsewhere:
         return elsewhere if len(elsewhere) <= 3 else []     # "enabled" is read in a dozen blocks: no hint
     model = schema.sections.get(parent) if parent else None
@@ -291,10 +292,16 @@ def where_it_belongs(dotted: str, schema: DsSchema | None = None) -> list[str]:
     return [f"{parent}.{c}" if parent else c for c in close]
 
 
-def _all_paths(schema: DsSchema) -> set[str]:
-    out = set(schema.top_level)
+@functools.lru_cache(maxsize=4)
+def _paths_by_leaf(schema: DsSchema) -> dict[str, list[str]]:
+    """Every key path the schema reads, by its last part (sorted): built once, so judging N unknown keys costs
+    N lookups, not N walks of every model (a file of 200,000 unknown keys took minutes)."""
+    paths = set(schema.top_level)
     for path, model in schema.sections.items():
-        out.update(f"{path}.{key}" for key in field_keys(model))
+        paths.update(f"{path}.{key}" for key in field_keys(model))
+    out: dict[str, list[str]] = {}
+    for path in sorted(paths):
+        out.setdefault(path.rpartition(".")[2], []).append(path)
     return out
 
 
@@ -1073,9 +1080,8 @@ def unknown_top_level(ctx: CheckContext) -> Iterable:
     schema = ds_schema()
     known = schema.top_level if schema is not None else known_top_level_keys()
     too_new = {status.missing for _, _, status in _too_new(ctx)}     # DS-KEY-NEEDS-NEWER-DEEPSPEED says it
-    for key in ctx.ds:
-        if key in known or key in too_new:
-            continue
+    unknown = [key for key in ctx.ds if key not in known and key not in too_new]
+    for key in unknown[:MAX_FINDINGS_PER_RULE]:
         if _is_comment(str(key)):
             yield finding("info", "DS-UNKNOWN-TOP-KEY", _file(ctx), str(key),
                           f"'{key}' reads as a comment (JSON has none); DeepSpeed ignores it")
@@ -1087,6 +1093,10 @@ def unknown_top_level(ctx: CheckContext) -> Iterable:
             f"ignores it (a misspelt key means the setting you wanted is not applied)"
             + (f"; DeepSpeed reads {' or '.join(repr(h) for h in hint)}" if hint else ""),
             fix=_move_or_respell(str(key), hint), when="launch")
+    if len(unknown) > MAX_FINDINGS_PER_RULE:
+        yield more_like_these("warning", "DS-UNKNOWN-TOP-KEY", _file(ctx), unknown[MAX_FINDINGS_PER_RULE:],
+                              "top-level keys DeepSpeed does not read (it silently ignores them)",
+                              fix="remove them, or fix their spelling", when="launch")
 
 
 def _move_or_respell(key: str, hint: list[str]) -> str:
