@@ -27,7 +27,7 @@ SCALE = float(os.environ.get("WIZARD_FUZZ_SCALE", "1"))
 VERBOSE = bool(os.environ.get("WIZARD_FUZZ_VERBOSE"))      # each case's exit, CPU and wall time (with -s)
 # cases per kind (flags: past its sweep of every float flag; model-sweep: values per key, at most 2)
 FUZZ_CASES = {"ds-config": 16, "accelerate-yaml": 16, "training-args": 10, "model-config": 12, "model-sweep": 2,
-              "flags": 40, "answers": 16, "prices": 12}
+              "flags": 40, "answers": 16, "prices": 12, "run-dir": 24}
 CPU_LIMIT_S = 20           # the slowest clean case uses a few seconds of CPU; 200,000 keys took minutes
 MEMORY_LIMIT = 2 << 30     # what a case may map beyond the server's own libraries
 OK_CODES = {0, 1, 2, 3}
@@ -52,7 +52,7 @@ def _materialise(case: Case, where: Path) -> None:
     for name, text in case.files.items():
         (where / name).write_text(text, encoding="utf-8", errors="surrogatepass")
     for folder, files in case.dirs.items():
-        (where / folder).mkdir()
+        (where / folder).mkdir(parents=True, mode=0o700)
         for name, text in files.items():
             (where / folder / name).write_text(text, encoding="utf-8", errors="surrogatepass")
 

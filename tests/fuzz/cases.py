@@ -292,7 +292,42 @@ def prices_cases(rng: random.Random, n: int) -> list[Case]:
     return cases
 
 
+# run.json as the supervisor writes it: a finished run, and one that says it is running though its supervisor is gone
+# (a pid above every kernel's pid_max: `runs` must tell its true state without writing anything)
+NO_SUCH_PID = 1 << 22
+FINISHED_RUN = {
+    "id": "20261206-101500-ab12", "status": "succeeded", "supervisor_pid": NO_SUCH_PID,
+    "supervisor_create_time": 1796000000.0, "run_dir": "RUN", "cwd": "/tmp", "script": "train.py",
+    "script_args": ["--epochs", "1"], "command": ["accelerate", "launch", "train.py"],
+    "config_file": "default_config.yaml", "ds_config": "ds_config.json", "launcher_pid": NO_SUCH_PID - 1,
+    "pids": {"0": NO_SUCH_PID - 2, "1": NO_SUCH_PID - 3}, "tracked_pids": [NO_SUCH_PID - 2],
+    "seen_pids": [NO_SUCH_PID - 2], "process_times": {str(NO_SUCH_PID - 2): 1796000001.0}, "attempt": 1,
+    "max_restarts": 0, "user_restarts": 0, "started_at": 1796000000.0, "attempt_started_at": 1796000000.5,
+    "ended_at": 1796000900.0, "exit_code": 0, "classification": {"kind": "ok", "summary": "finished",
+                                                                    "log_tail": ["done"]},
+    "stop_reason": None, "detached": False, "headless": True, "world_size": 2, "grace_s": 10.0,
+    "stall_timeout_s": 600.0, "main_process_port": 29500,
+    "progress": {"step": 10, "total": 10, "rate": 1.5, "eta_s": 0.0, "loss": 2.1, "learning_rate": 1e-4}}
+ACTIVE_RUN = {**FINISHED_RUN, "status": "running", "ended_at": None, "exit_code": None, "classification": None}
+
+
+def run_dir_cases(rng: random.Random, n: int) -> list[Case]:
+    """A runs root of three run directories, one of them with a mutated run.json; `wizard runs` lists them all."""
+    cases = []
+    for _ in range(n):
+        doc, done = mutate_doc(rng.choice((FINISHED_RUN, ACTIVE_RUN)), rng)
+        text, how = to_text(doc, rng)
+        events = '{"t": 1796000000.0, "kind": "start"}\n'
+        dirs = {"runs/a-good": {"run.json": json.dumps(FINISHED_RUN), "events.jsonl": events},
+                "runs/b-fuzzed": {"run.json": text, "events.jsonl": events},
+                "runs/c-active": {"run.json": json.dumps(ACTIVE_RUN)}}
+        argv = ["runs", "runs"] + (["--json"] if rng.random() < 0.3 else [])
+        cases.append(Case("run-dir", argv, dirs=dirs, what="; ".join(done + [how])))
+    return cases
+
+
 KINDS: dict[str, Callable[[random.Random, int], list[Case]]] = {
     "ds-config": ds_config_cases, "accelerate-yaml": accelerate_yaml_cases, "training-args": training_args_cases,
     "model-config": model_config_cases, "model-sweep": model_sweep_cases, "flags": flag_cases, "answers": answers_cases, "prices": prices_cases,
+    "run-dir": run_dir_cases,
 }
