@@ -7,9 +7,14 @@ Every rank prints one line saying which engine is really in use, e.g.
 
 so a log proves ZeRO-3 partitioning (a parameter's full size vs what this rank holds), FSDP or DDP.
 
+Checkpoints: --save-steps N saves a Trainer checkpoint (checkpoint-<step>/ under --output-dir) every N steps;
+`wizard launch --resume` continues such a run from its last complete one, on another rung or process count.
+
 Test hooks: --fail-on-rank R raises on rank R at step --fail-at-step; --hang-on-rank R sleeps
 forever on rank R at step --hang-at-step (with --hang-attempts N, only in `wizard launch`'s first N
-attempts: a transient hang that a restart gets past); --sleep S slows every step.
+attempts: a transient hang that a restart gets past); --sleep S slows every step; --die-in-save STEP kills every
+rank (SIGKILL) in the middle of the checkpoint save of step STEP: after the model and optimizer states are written,
+before the RNG states and trainer_state.json (a job killed during a save).
 
 On a CPU box: no bf16, and with DeepSpeed don't pass use_cpu=True (accelerate would then pick
 MULTI_CPU and skip DeepSpeed). Without DeepSpeed we do pass use_cpu so that a torchrun group
@@ -45,6 +50,10 @@ def parse_args(argv=None):
     p.add_argument("--sleep", type=float, default=0.0, help="seconds to sleep in every step")
     p.add_argument("--output-dir", default=None, help="default: a temporary directory")
     p.add_argument("--save", action="store_true", help="save the model at the end")
+    p.add_argument("--save-steps", type=int, default=0, help="save a checkpoint every N steps (0: none)")
+    p.add_argument("--save-total-limit", type=int, default=None, help="checkpoints kept (default: all)")
+    p.add_argument("--die-in-save", type=int, default=None, metavar="STEP",
+                   help="SIGKILL every rank in the middle of the checkpoint save of step STEP")
     return p.parse_args(argv)
 
 
@@ -93,6 +102,25 @@ def describe_engine(trainer, model) -> str:
     return f"engine=single model={ds_cls} world_size={world}"
 
 
+def die_in_save(trainer, step: int) -> None:
+    """SIGKILL this rank inside the save of checkpoint-STEP, between the optimizer states and the RNG states (the
+    Trainer writes trainer_state.json last): what a job killed during a save leaves. The Trainer's step after the
+    optimizer states is `_save_rng_state` (transformers 5); if it is gone, say so rather than save normally."""
+    import signal
+
+    original = getattr(trainer, "_save_rng_state", None)
+    if original is None:
+        raise RuntimeError("--die-in-save: this transformers has no Trainer._save_rng_state to interrupt")
+
+    def save_rng_state(output_dir, *a, **kw):
+        if trainer.state.global_step == step:
+            say(f"dying in the save of step {step} (--die-in-save)")
+            os.kill(os.getpid(), signal.SIGKILL)
+        return original(output_dir, *a, **kw)
+
+    trainer._save_rng_state = save_rng_state
+
+
 def leave_process_group() -> None:
     """Wait for every rank, then tear the group down before the interpreter exits.
 
@@ -132,7 +160,9 @@ def main(argv=None) -> int:
         per_device_train_batch_size=args.batch_size,
         learning_rate=args.lr,
         logging_steps=args.logging_steps,
-        save_strategy="no",
+        save_strategy="steps" if args.save_steps else "no",
+        save_steps=args.save_steps or 500,
+        save_total_limit=args.save_total_limit,
         report_to="none",
         disable_tqdm=False,
         dataloader_num_workers=0,
@@ -164,6 +194,12 @@ def main(argv=None) -> int:
             self.trainer_ref = trainer_ref
             self.described = False
 
+        def on_log(self, targs_, state, control, logs=None, **kw):
+            # the Trainer prints its log rounded to 4 digits; resumed runs are compared with uninterrupted ones
+            # to the last bit, so rank 0 prints the loss as Python holds it
+            if rank() == 0 and logs and "loss" in logs:
+                say(f"step={state.global_step} loss={float(logs['loss'])!r}")
+
         def on_step_begin(self, targs_, state, control, **kw):
             if not self.described:
                 self.described = True
@@ -182,6 +218,8 @@ def main(argv=None) -> int:
     ref = [None]
     trainer = Trainer(model=model, args=targs, train_dataset=Synthetic(), callbacks=[Hooks(ref)])
     ref[0] = trainer
+    if args.die_in_save is not None:
+        die_in_save(trainer, args.die_in_save)
     say(f"starting: world_size={targs.world_size} process_index={targs.process_index} "
         f"deepspeed={'yes' if targs.deepspeed else 'no'} steps={args.steps}")
     trainer.train()

@@ -75,40 +75,6 @@ def trial_done(environ=None) -> int | None:
     return min(steps) if steps and None not in steps else None
 
 
-class _AfterImport:
-    """A meta path finder that runs callback(module) right after `name` is first imported."""
-
-    def __init__(self) -> None:
-        self.callbacks: dict[str, object] = {}
-
-    def find_spec(self, name, path, target=None):
-        callback = self.callbacks.get(name)
-        if callback is None:
-            return None
-        spec = None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(name, path, target)
-            if spec is not None:
-                break
-        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
-            return spec
-        real_exec = spec.loader.exec_module
-
-        def exec_module(module):
-            real_exec(module)
-            self.callbacks.pop(name, None)
-            try:
-                callback(module)
-            except Exception as exc:  # the probe must never break the user's script
-                print(f"wizard tune probe: could not hook {name}: {type(exc).__name__}: {exc}",
-                      file=sys.stderr, flush=True)
-
-        spec.loader.exec_module = exec_module
-        return spec
-
-
 class Probe:
     def __init__(self, directory: str, warmup: int, measure: int, rank: int):
         self.directory = directory
@@ -315,18 +281,11 @@ def install() -> Probe | None:
     spec = os.environ.get(ENV)
     if not spec:
         return None
+    import _hooks                       # beside this file: the worker's sys.path[0] is launch/
     cfg = json.loads(spec)
     rank = int(os.environ.get("RANK", "0"))
     probe = Probe(cfg["dir"], int(cfg.get("warmup", 1)), int(cfg.get("measure", 3)), rank)
-    after = _AfterImport()
-    after.callbacks["torch"] = probe.hook_torch
-    patch = _patch_training_args(cfg["dir"], trial_overrides(), probe._write)
-    after.callbacks["transformers.training_args"] = patch
-    sys.meta_path.insert(0, after)
-    if "torch" in sys.modules:
-        after.callbacks.pop("torch")
-        probe.hook_torch(sys.modules["torch"])
-    if "transformers.training_args" in sys.modules:
-        after.callbacks.pop("transformers.training_args")
-        patch(sys.modules["transformers.training_args"])
+    _hooks.when_imported("torch", probe.hook_torch)
+    _hooks.when_imported("transformers.training_args",
+                         _patch_training_args(cfg["dir"], trial_overrides(), probe._write))
     return probe

@@ -11,6 +11,10 @@ node of a DeepSpeed pdsh launch, a supervisor gone), the script runs with the ou
 It also asks the kernel to SIGKILL this rank if its parent (torchrun's agent, or the simple
 launcher) dies: torchrun itself does not, and orphaned ranks keep GPUs busy.
 
+Before the script, two helpers hook the libraries when the script imports them (launch/_hooks.py): the tune
+probe (launch/_probe.py, only in a `wizard tune` trial) and launch/_checkpoints.py (rank 0 records where the
+training saves its checkpoints; `wizard launch --resume` resumes from the checkpoint it found).
+
 The script then runs exactly as `python SCRIPT ARGS` would run it (runpy, __main__, sys.argv,
 sys.path[0] = the script's directory).
 """
@@ -91,6 +95,8 @@ def main() -> None:
     if os.environ.get("WIZARD_PROBE"):    # a `wizard tune` trial: measure the steps (launch/_probe.py)
         import _probe                     # beside this file: sys.path[0] is still launch/ here
         _probe.install()
+    import _checkpoints                   # where checkpoints go (run dir), and `wizard launch --resume`
+    _checkpoints.install()
     script = sys.argv[1]
     sys.argv = sys.argv[1:]
     sys.path[0] = os.path.dirname(os.path.abspath(script))

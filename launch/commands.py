@@ -59,6 +59,12 @@ def add_launch_arguments(p: argparse.ArgumentParser) -> None:
                    help="GPUs each node asks for (default: the config's processes per node, 0 for a CPU config)")
     p.add_argument("--metrics-interval", type=float, default=1.0, help="GPU sampling period (default 1 s)")
     p.add_argument("--log-cap-mb", type=float, default=50.0, help="per-rank log size before rotation (default 50)")
+    p.add_argument("--resume", nargs="?", const="", default=None, metavar="FROM",
+                   help="continue a run from its last complete checkpoint, also on another rung or process count: "
+                        "FROM is a run directory, the training's output directory or a checkpoint (default: the "
+                        "latest run); a checkpoint cut short by a kill is set aside, a DeepSpeed one converted to "
+                        "DeepSpeed's universal format where the new layout needs it, and the Trainer resumes from "
+                        "it (a plain accelerate loop finds the path in $WIZARD_RESUME_FROM)")
     p.add_argument("--accelerate-arg", action="append", default=[], metavar="ARG",
                    help="extra argument for `accelerate launch` (repeatable)")
     pre = p.add_mutually_exclusive_group()
@@ -244,6 +250,19 @@ def make_spec(args, run_dir: Path, headless: bool) -> "Any":
         accelerate_args=list(args.accelerate_arg), cwd=os.getcwd())
 
 
+def prepare_resume(args, accel: dict[str, Any] | None) -> "Any":
+    """--resume: the checkpoint found, made loadable by this config's layout, and said (None without --resume)."""
+    if getattr(args, "resume", None) is None:
+        return None
+    from launch.resume import prepare
+    from launch.rundir import default_runs_root
+    runs_root = Path(args.runs_root).absolute() if args.runs_root else default_runs_root()
+    resume = prepare(args.resume or None, runs_root, accel)
+    for line in resume.lines:
+        print(f"[wizard] resume: {line}", flush=True)
+    return resume
+
+
 def cmd_launch(args) -> int:
     _validate(args)
     config_file = resolve_config_file(args.config_file)
@@ -257,6 +276,7 @@ def cmd_launch(args) -> int:
     code, preflight_verdict = run_preflight(args, config_file, accel)
     if code:
         return code
+    resume = prepare_resume(args, accel)
     from launch.rundir import create_run_dir
     interactive = sys.stdout.isatty() and sys.stdin.isatty()
     headless = bool(args.headless) or not interactive
@@ -266,6 +286,9 @@ def cmd_launch(args) -> int:
         from launch.rundir import EventLog
         EventLog(run_dir / "events.jsonl").emit("preflight", None, message=preflight_verdict)
     spec = make_spec(args, run_dir, headless=headless if not (args.detach or use_view) else False)
+    if resume is not None:
+        spec.env.update(resume.env())
+        spec.resume = resume.to_json()
     if args.detach:
         spec.headless = True              # its output goes to supervisor.log: plain lines
         spawn_background(spec, lock_fd)

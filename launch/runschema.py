@@ -89,6 +89,15 @@ class Progress:
 
 
 @dataclass(frozen=True)
+class Resumed:
+    """What `wizard launch --resume` found and did (launch/resume.py Resume.to_json)."""
+    checkpoint: str = spec(text, required=True)
+    universal: bool = spec(flag, False)
+    set_aside: tuple[str, ...] = spec(list_of(text, "paths"), factory=tuple)
+    said: tuple[str, ...] = spec(list_of(text, "lines"), factory=tuple)
+
+
+@dataclass(frozen=True)
 class TrialDone:
     steps: int = spec(count, required=True)
 
@@ -129,6 +138,7 @@ class RunRecord:
     main_process_port: int | None = spec(port)
     progress: Progress = spec(record(Progress), factory=Progress)
     trial_done: TrialDone | None = spec(record(TrialDone))
+    resume: Resumed | None = spec(record(Resumed))
     lost_at: float | None = spec(epoch)
     lost_recorded_at: float | None = spec(epoch)
     lost_cause: str | None = spec(text)

@@ -117,6 +117,8 @@ class LaunchSpec:
     jsonl_cap_bytes: int = JSONL_CAP_BYTES
     accelerate_args: list[str] = field(default_factory=list)
     cwd: str = ""
+    env: dict[str, str] = field(default_factory=dict)       # for every attempt's ranks (--resume's WIZARD_RESUME)
+    resume: dict[str, Any] | None = None    # what --resume found and did (run.json's "resume")
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -403,7 +405,7 @@ class Supervisor:
             "attempt_started_at": None, "ended_at": None, "exit_code": None, "classification": None,
             "detached": spec.detached, "headless": spec.headless, "world_size": world_size_of(self.accel),
             "grace_s": spec.grace, "stall_timeout_s": spec.stall_timeout,
-            "main_process_port": rendezvous_port(spec, self.accel),
+            "main_process_port": rendezvous_port(spec, self.accel), "resume": spec.resume,
             "progress": {"step": None, "total": None, "rate": None, "eta_s": None, "loss": None,
                          "learning_rate": None, "grad_norm": None, "epoch": None},
         })
@@ -693,6 +695,7 @@ class Supervisor:
         env = dict(os.environ)
         env[ENV_SOCKET] = address
         env["PYTHONUNBUFFERED"] = "1"
+        env.update(self.spec.env)
         env["WIZARD_RUN_DIR"] = str(self.run_dir)
         env["WIZARD_ATTEMPT"] = str(attempt)
         launcher_log = RotatingLog(launcher_log_path(self.run_dir, attempt), self.spec.log_cap_bytes)

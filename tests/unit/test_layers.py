@@ -1,5 +1,6 @@
 """The layers in README's layout section, enforced: every import in wizard/ and launch/, at module level or
-inside a function, points at the module's own layer or one above it (launch: base, probe and the rung table)."""
+inside a function, points at the module's own layer or one above it (launch: base, probe, checkpoint and the rung
+table)."""
 
 from __future__ import annotations
 
@@ -99,8 +100,8 @@ def upward_imports(root: Path = ROOT) -> list[str]:
 
 
 def test_the_layers_are_the_ones_design_names():
-    assert [layer.name for layer in LAYERS] == ["base", "probe", "sizing", "planning", "config", "check",
-                                                 "pipeline", "launch", "tune", "frontends"]
+    assert [layer.name for layer in LAYERS] == ["base", "probe", "checkpoint", "sizing", "planning", "config",
+                                                 "check", "pipeline", "launch", "tune", "frontends"]
 
 
 def test_no_import_runs_up_the_layers():

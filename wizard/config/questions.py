@@ -412,6 +412,11 @@ QUESTIONS: tuple[Question, ...] = (
        "Passes over --dataset-tokens; fractions are allowed.", "float", "training", advanced=True,
        when=lambda ctx: _a(ctx, "dataset_tokens") is not None, check=_check_epochs,
        allowed="a number > 0 such as 1, 3 or 0.5", why="Unset: one epoch."),
+    _q("save_total_limit", "Checkpoints kept (save_total_limit)",
+       "The Trainer's save_total_limit: the plan sizes the disk its checkpoints take (each one, and this many plus "
+       "the one being written, as the Trainer deletes the oldest only after the new one is saved).", "int",
+       "training", check=_positive, advanced=True,
+       why="Unset: the Trainer keeps every checkpoint; the plan sizes the last one and the one being written."),
     _q("method", "Fine-tuning method",
        "full trains every weight; lora trains small low-rank adapters beside a frozen base (a fraction of the "
        "memory for gradients and optimizer states); qlora also stores the frozen base in 4 bits (bitsandbytes "

@@ -17,7 +17,8 @@ from wizard import __version__
 from wizard.errors import (EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_NOTHING_FITS, EXIT_WRITTEN_BUT_FAILED,
                            InputError, WizardError, clear_stop, note_stop, stop_signal)
 
-SUBCOMMANDS = ("probe", "plan", "compare", "check", "launch", "attach", "stop", "runs", "tune", "env", "preflight")
+SUBCOMMANDS = ("probe", "plan", "compare", "check", "launch", "attach", "stop", "runs", "tune", "env", "preflight",
+               "checkpoint")
 
 
 class _DefaultsFormatter(argparse.HelpFormatter):
@@ -157,7 +158,8 @@ def build_parser(non_interactive: bool = False) -> argparse.ArgumentParser:
         p = _Parser(prog="wizard", description=(
             "Plan, configure, launch and watch multi-GPU Hugging Face training. Without a subcommand: the "
             "interactive wizard (a full-screen TUI; --plain for inline prompts; --non-interactive for scripts)."),
-            epilog="subcommands: probe, plan, compare, check, launch, attach, stop, runs, tune, env, preflight (wizard SUBCOMMAND --help). "
+            epilog="subcommands: probe, plan, compare, check, launch, attach, stop, runs, tune, env, preflight, "
+                   "checkpoint (wizard SUBCOMMAND --help). "
                    + UNDERSCORES)
     p.add_argument("--version", action="version", version=f"wizard {__version__}")
     mode = p.add_argument_group("mode")
@@ -183,6 +185,9 @@ def build_subparser(name: str) -> argparse.ArgumentParser:
     if name == "env":
         from wizard.frontends.env import build_parser as build_env_parser
         return build_env_parser(_Parser)
+    if name == "checkpoint":
+        from wizard.frontends.checkpoint_cli import build_parser as build_checkpoint_parser
+        return build_checkpoint_parser(_Parser(prog="wizard checkpoint"))
     p = _Parser(prog=f"wizard {name}")
     if name == "probe":
         p.description = "What this machine has: GPUs (NVML), interconnect, CPU, RAM, disk, library versions."

@@ -146,7 +146,25 @@ def print_plan(result, file: TextIO | None = None) -> None:
         print(f"Choice:   {plan.choice.name_with_gc}", file=out)
         for line in speed_lines(plan):
             print(f"          {line}", file=out)
+        for line in checkpoint_lines(plan):
+            print(f"          {line}", file=out)
     out.flush()
+
+
+def checkpoint_lines(plan) -> list[str]:
+    """The chosen rung's checkpoint on disk (plan.checkpoint): one checkpoint, the disk the kept ones take, per
+    machine, and what was assumed."""
+    c = getattr(plan, "checkpoint", None)
+    if c is None:
+        return []
+    parts = ", ".join(f"{k} {fmt_bytes(v)}" for k, v in c.parts.items() if v)
+    machines = int(plan.topology.num_machines)
+    lines = [f"Checkpoint: {fmt_bytes(c.bytes)} each ({parts}; {c.layout})",
+             f"Disk for checkpoints: {fmt_bytes(c.total_bytes)} ({c.keep} on disk at once and the final model, "
+             f"{fmt_bytes(c.export_bytes)})"
+             + (f"; the most on one machine {fmt_bytes(c.per_node_total_bytes)}" if machines > 1 else "")]
+    lines += [f"Assumed: {a}" for a in c.assumptions]
+    return lines
 
 
 def speed_lines(plan) -> list[str]:

@@ -40,6 +40,7 @@ from wizard.planning.resolve import (  # noqa: F401
     _with_adapters,
 )
 from wizard.sizing import memory as mem
+from wizard.sizing.checkpoint import checkpoint_size
 from wizard.units import GiB, fmt_bytes
 
 # --- Public API ---------------------------------------------------------------------------------------
@@ -178,7 +179,19 @@ def _make_plan(hw, model, training: TrainingOptions, strategy: StrategyOptions, 
     return Plan(rungs=rungs, choice=choice, gpu_capacity_bytes=x.capacity, usable_bytes=x.usable, amortised=amortised,
                 precision=x.precision, topology=topology, notes=notes, batch=batch, train_tokens=train_tokens,
                 adapters=x.adapters, method=method_json(training, x.params, x.adapters),
-                inter_node_gbps=x.machine.inter_node_gbps if x.machines > 1 else None, calibration=calibration)
+                inter_node_gbps=x.machine.inter_node_gbps if x.machines > 1 else None, calibration=calibration,
+                checkpoint=None if choice is None else checkpoint_of(choice, x, training))
+
+
+def checkpoint_of(rung: Rung, x: _Inputs, training: TrainingOptions, fsdp_state_dict_type: str = "SHARDED_STATE_DICT",
+                  gather_16bit: bool = True):
+    """The disk one checkpoint of `rung` takes (sizing.checkpoint), from the rung's properties, not its key."""
+    return checkpoint_size(
+        backend=rung.backend, zero_stage=rung.zero_stage, offload_optimizer=rung.offload_optimizer, params=x.params,
+        trainable_params=x.adapters.trainable_params if x.adapters is not None else x.params,
+        adapters=x.adapters is not None, precision=x.precision, optimizer=training.optimizer,
+        num_machines=x.machines, processes_per_machine=x.per_machine, save_total_limit=training.save_total_limit,
+        fsdp_state_dict_type=fsdp_state_dict_type, gather_16bit=gather_16bit)
 
 
 def _states_fit(rung: Rung, x: _Inputs) -> bool:

@@ -44,6 +44,7 @@ class TrainingOptions:
     train_tokens: int | None = None       # tokens the run will train on, for the time to train
     dataset_tokens: int | None = None     # with epochs: train_tokens = dataset_tokens x epochs
     epochs: float | None = None
+    save_total_limit: int | None = None   # checkpoints the Trainer keeps (None: every one); sizes plan.checkpoint
     method: str = "full"                  # full | lora | qlora
     lora_rank: int = 16
     lora_alpha: int | None = None         # None: 2 x rank
@@ -244,6 +245,7 @@ class Plan:
     # (what_would_fit, the alternatives) must use it too.
     calibration: Any = field(default=None, repr=False)
     calibrated_from: str | None = None    # the raw model's choice (key) when the calibration changed it
+    checkpoint: Any = None                # wizard.sizing.checkpoint.CheckpointSize of the choice (None: no choice)
 
     def to_json(self) -> dict[str, Any]:
         c = self.choice
@@ -276,6 +278,7 @@ class Plan:
                 "rungs": {r.key: dict(r.calibration) for r in self.rungs if r.calibration},
                 "changed_choice_from": self.calibrated_from},
             "notes": list(self.notes),
+            "checkpoint": None if self.checkpoint is None else self.checkpoint.to_json(),
             "rungs": [r.to_json() for r in self.rungs],
         }
 

@@ -17,6 +17,7 @@ from textual.containers import Horizontal
 from textual.widget import Widget
 from textual.widgets import Button, Input, Label, Static
 
+from wizard.frontends.report import checkpoint_lines
 from wizard.frontends.snippets import (launch_commands, setup_snippet, uses_adapters, where_to_launch,
                                        wizard_launch_argv)
 from wizard.frontends.tui.screens.base import WizardScreen
@@ -119,6 +120,7 @@ class DoneScreen(WizardScreen):
         warnings = [f for f in result.findings if f.severity == "warning"]
         lines.append("Validated with accelerate, DeepSpeed and transformers"
                      + (f" ({len(warnings)} warning(s))" if warnings else "") + ".")
+        lines += [f"[dim]{escape(line)}[/dim]" for line in checkpoint_lines(result.plan)]
         self.query_one("#done-files", Static).update("\n".join(lines))
         script = state.script or ["train.py"]     # the script measured on the Plan screen, where Measure ran one
         self.query_one("#done-commands", Static).update(
