@@ -176,6 +176,7 @@ def main(argv=None) -> int:
         vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=args.seq_len * 2,
     )
+    torch.manual_seed(1234)     # the same initial weights in every run (a resumed run is compared with another)
     model = LlamaForCausalLM(config)
 
     class Synthetic(Dataset):

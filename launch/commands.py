@@ -122,6 +122,8 @@ def register(subparsers, config_findings: Callable[[str], list] | None = None,
         description="wizard runs [DIR]: every run directory under DIR (default ./wizard-runs, searched "
                     f"{RUNS_DEPTH} levels deep, so a SLURM job's node-N runs are found too), newest first, with its "
                     "true state: a run whose run.json says running but whose supervisor is gone shows as lost. "
+                    "CHECKPOINT: the last complete checkpoint where its training saved (+N partial: saves cut short "
+                    "after it); `wizard launch --resume RUN_DIR` continues from it. "
                     "Reads only; `wizard stop RUN_DIR` ends what is left of a lost run.")
     add_runs_arguments(p)
     p.set_defaults(func=cmd_runs)
@@ -689,9 +691,10 @@ def true_state(run_dir: Path) -> dict[str, Any]:
         detail = rec.stop_reason or "stopped on request (no reason recorded)"
     elif rec.status == "succeeded":
         detail = _succeeded_detail(rec)
+    from launch.resume import last_checkpoint
     return {"run_dir": str(run_dir), "id": rec.id, "state": state, "status": rec.status, "attempt": rec.attempt,
             "exit_code": rec.exit_code, "started_at": rec.started_at, "ended_at": rec.ended_at, "script": rec.script,
-            "detail": printable(detail, 300)}
+            "detail": printable(detail, 300), **last_checkpoint(run_dir)}
 
 
 def _succeeded_detail(rec: RunRecord) -> str:
@@ -737,7 +740,7 @@ def cmd_runs(args) -> int:
     if not runs:
         print(f"no runs under {root}")
         return 0
-    rows = [("RUN", "STATE", "ATTEMPT", "EXIT", "STARTED", "DURATION", "DETAIL")]
+    rows = [("RUN", "STATE", "ATTEMPT", "EXIT", "STARTED", "DURATION", "CHECKPOINT", "DETAIL")]
     for r in runs:
         rel = os.path.relpath(r["run_dir"], root) if r["run_dir"] != str(root) else "."
         rows.append((printable(rel), r["state"], str(r.get("attempt") if r.get("attempt") is not None else "-"),
@@ -745,11 +748,19 @@ def cmd_runs(args) -> int:
                      _clock(r.get("started_at")),
                      _duration(r.get("started_at"), r.get("ended_at")) if r["state"] != "lost" or r.get("ended_at")
                      else "-",
-                     r.get("detail") or ""))
-    widths = [max(len(row[i]) for row in rows) for i in range(6)]
+                     _checkpoint_cell(r), r.get("detail") or ""))
+    widths = [max(len(row[i]) for row in rows) for i in range(7)]
     for row in rows:
-        print("  ".join(c.ljust(w) for c, w in zip(row[:6], widths)) + "  " + row[6])
+        print("  ".join(c.ljust(w) for c, w in zip(row[:7], widths)) + "  " + row[7])
     return 0
+
+
+def _checkpoint_cell(r: dict[str, Any]) -> str:
+    """The run's last complete checkpoint (its directory name), "+N partial" after it; "-" when none is known."""
+    last = r.get("last_checkpoint")
+    cell = printable(os.path.basename(last)) if last else "-"
+    partial = len(r.get("partial_checkpoints") or [])
+    return cell + (f"(+{partial}-partial)" if partial else "")
 
 
 # ------------------------------------------------------------------ module entry point

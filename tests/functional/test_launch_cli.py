@@ -189,7 +189,7 @@ def test_wizard_runs_lists_every_run_with_its_true_state(tmp_path):
     r = wizard("runs", str(root), cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
-    assert lines[0].split() == ["RUN", "STATE", "ATTEMPT", "EXIT", "STARTED", "DURATION", "DETAIL"]
+    assert lines[0].split() == ["RUN", "STATE", "ATTEMPT", "EXIT", "STARTED", "DURATION", "CHECKPOINT", "DETAIL"]
     rows = {ln.split()[0]: ln.split()[1] for ln in lines[1:]}
     assert rows == {"slurm-9/node-1": "stopped", "e-lost": "lost", "d-dead": "lost", "c-live": "running",
                     "b-failed": "failed", "a-ok": "succeeded"}, r.stdout

@@ -31,6 +31,7 @@ from typing import Any
 TRAINER_STATE = "trainer_state.json"
 PARTIAL_PREFIX = "partial-"           # a cut save set aside by `wizard launch --resume`
 _STEP_DIR = re.compile(r"^checkpoint[-_](\d+)$")
+_TRAINER_DIR = re.compile(r"^(?:partial-)?checkpoint-(\d+)(?:-\d+)?$")     # set aside by --resume: still partial
 _TAG = re.compile(r"^[\w.+-]{1,200}$")
 _ZERO3_MODEL = re.compile(r"^zero_pp_rank_(\d+)_mp_rank_(\d+)_model_states\.pt$")
 _OPTIM = re.compile(r"^(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt$")
@@ -358,9 +359,11 @@ def inspect(path: str | os.PathLike[str], deep: bool = True) -> Checkpoint:
     ck.bytes = sum(size for _, size in files)
     for rel, size in files:
         ck.parts[part_of(rel)] = ck.parts.get(part_of(rel), 0) + size
-    ck.step = _step_from_name(root.name)
+    named = _TRAINER_DIR.match(root.name)
+    ck.step = _step_from_name(root.name) if not named else int(named.group(1))
     state = read_json(root / TRAINER_STATE) if TRAINER_STATE in names else None
-    ck.trainer = state is not None or bool(ck.step is not None and root.name.startswith("checkpoint-"))
+    # training_args.bin: the Trainer's save_model writes it first, trainer_state.json last
+    ck.trainer = state is not None or bool(named) or "training_args.bin" in names
     if isinstance(state, dict) and isinstance(state.get("global_step"), int):
         ck.step = state["global_step"]
     ck.model_config = "config.json" in names
@@ -412,15 +415,17 @@ def inspect(path: str | os.PathLike[str], deep: bool = True) -> Checkpoint:
 
 
 def candidates(root: Path) -> list[Path]:
-    """The checkpoint directories directly under root (checkpoint-N, checkpoint_N), set-aside partial ones
-    excluded; root itself when it is one."""
+    """The checkpoint directories directly under root (checkpoint-N, checkpoint_N, and partial-checkpoint-N that a
+    resume set aside); root itself when it is one."""
     if not root.is_dir():
         return []
-    if _STEP_DIR.match(root.name) or (root / TRAINER_STATE).is_file() or (root / "latest").is_file():
+    if _STEP_DIR.match(root.name) or _TRAINER_DIR.match(root.name) or (root / TRAINER_STATE).is_file() \
+            or (root / "latest").is_file():
         return [root]
     out = []
     for child in sorted(root.iterdir()):
-        if child.is_dir() and not child.is_symlink() and _STEP_DIR.match(child.name):
+        if child.is_dir() and not child.is_symlink() and (_STEP_DIR.match(child.name) or
+                                                          _TRAINER_DIR.match(child.name)):
             out.append(child)
     if not out and (root / "checkpoints").is_dir():          # accelerate's automatic naming: project/checkpoints/
         return candidates(root / "checkpoints")
@@ -433,7 +438,7 @@ class Found:
     root: str
     checkpoints: list[Checkpoint]
     last_complete: Checkpoint | None
-    partial: list[Checkpoint]           # incomplete ones newer than the last complete one
+    partial: list[Checkpoint]           # incomplete ones newer than the last complete one (not yet set aside)
 
     def to_json(self) -> dict[str, Any]:
         return {"root": self.root, "checkpoints": [c.to_json() for c in self.checkpoints],
@@ -447,5 +452,6 @@ def find(root: str | os.PathLike[str], deep: bool = True) -> Found:
     found = [c for c in found if c.kind != "unknown" or c.trainer]
     found.sort(key=lambda c: (c.step if c.step is not None else -1, c.path))
     last = next((c for c in reversed(found) if c.complete), None)
-    after = [c for c in found if not c.complete and (last is None or (c.step or -1) > (last.step or -1))]
+    after = [c for c in found if not c.complete and not c.name.startswith(PARTIAL_PREFIX)
+             and (last is None or (c.step or -1) > (last.step or -1))]
     return Found(str(base), found, last, after)

@@ -113,7 +113,7 @@ def cmd_checkpoint(ns: argparse.Namespace) -> int:
     for ck in found.checkpoints:
         for line in describe(ck):
             print(line)
-    if len(found.checkpoints) > 1 or found.partial:
+    if len(found.checkpoints) > 1 or found.partial or not found.checkpoints[0].complete:
         last = found.last_complete
         print(f"last complete: {printable(last.name) if last else 'none'}"
               + (f"; partial after it: {', '.join(printable(c.name) for c in found.partial)}" if found.partial else ""))
