@@ -63,6 +63,9 @@ class AttemptOutcome:
     oom_killer_seen: bool | None = None   # dmesg: None when unreadable
     next_rung: str | None = None          # for CUDA OOM: the plan's next rung (name)
     suggested_command: str | None = None
+    # ... and `wizard launch --resume` of this run on the new files, or "CANNOT: why" where its checkpoints cannot
+    # be loaded there (launch/resume.py refusal_across)
+    resume_command: str | None = None
     training_finished_at: float | None = None   # first sight of the Trainer's end-of-training summary
 
 
@@ -77,6 +80,7 @@ class Classification:
     log_tail: list[str] = field(default_factory=list)
     next_rung: str | None = None
     suggested_command: str | None = None
+    resume_command: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -273,6 +277,16 @@ def next_rung_after(key: str | None, plan: dict[str, Any] | None = None) -> dict
     return _rung_from_key(following) if following else None
 
 
+def resume_command_for(run_dir: str, config_file: str | None, script: str, script_args: list[str]) -> str:
+    """`wizard launch --resume RUN_DIR ... -- SCRIPT ARGS`: this run continued on the files the next rung's command
+    writes (the same config path, so the wizard command is given that directory)."""
+    import shlex
+    parts = ["wizard", "launch", "--resume", run_dir]
+    if config_file:
+        parts += ["--config-file", config_file]
+    return shlex.join(parts + ["--", script, *script_args])
+
+
 def suggest_for_cuda_oom(plan: dict[str, Any] | None, accel_config: dict[str, Any] | None,
                          ds_config: dict[str, Any] | None) -> tuple[str | None, str | None]:
     """(next rung's name, the wizard command producing it) for a CUDA out-of-memory."""
@@ -370,10 +384,16 @@ def classify(o: AttemptOutcome) -> Classification | None:
     if kind == "shutdown_crash" and any(THREADS_AT_EXIT in line for line in first.log_tail):
         hint += ("; here a C++ thread was still running at exit, as gloo's are when the script never calls "
                  "torch.distributed.destroy_process_group(): call it at the end of the script")
+    resume = None
     if kind == "cuda_oom":
-        next_rung, cmd = o.next_rung, o.suggested_command
+        next_rung, cmd, resume = o.next_rung, o.suggested_command, o.resume_command
         hint += (f": the plan's next rung is {next_rung}: `{cmd}` (same model and training flags)"
                  if next_rung else ": lower --micro-batch or turn on --gradient-checkpointing")
+        if resume and resume.startswith("CANNOT: "):
+            hint += f"; this run's checkpoints cannot continue there: {resume[len('CANNOT: '):]}"
+            resume = None
+        elif resume:
+            hint += f"; then `{resume}` continues from this run's last complete checkpoint"
     others = sorted(r.rank for k, r in failing if r is not first)
     summary = {
         "python_exception": f"rank {first.rank} failed: {exc}",
@@ -392,7 +412,7 @@ def classify(o: AttemptOutcome) -> Classification | None:
         summary += f"; then rank{'s' if len(others) > 1 else ''} {', '.join(map(str, others))} stopped"
     return Classification(kind=kind, rank=first.rank, exit_code=first.exit_code, signal=signal_name(sig),
                           summary=summary, hint=hint, log_tail=first.log_tail[-TAIL_LINES:],
-                          next_rung=next_rung, suggested_command=cmd)
+                          next_rung=next_rung, suggested_command=cmd, resume_command=resume)
 
 
 def _classify_stall(o: AttemptOutcome) -> Classification:

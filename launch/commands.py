@@ -517,6 +517,8 @@ def _failure_text(rec: "RunRecord", lost: bool = True) -> list[str]:
     out = [f"failure ({printable(c.kind)}): {printable(c.summary, 400)}", f"hint: {printable(c.hint, 400)}"]
     if c.suggested_command:
         out.append(f"next rung: {printable(c.next_rung)}: {printable(c.suggested_command, 400)}")
+    if c.resume_command:
+        out.append(f"then resume: {printable(c.resume_command, 400)}")
     for ln in c.log_tail:
         out.append(f"  | {printable(ln, 400)}")
     return out

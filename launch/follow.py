@@ -408,6 +408,8 @@ def status_text(run: dict[str, Any], now: float | None = None) -> str:
             lines.append(f"hint: {c['hint']}")
         if c.get("suggested_command"):
             lines.append(f"try: {c['suggested_command']}")
+        if c.get("resume_command"):
+            lines.append(f"then: {c['resume_command']}")
     return "\n".join(lines)
 
 

@@ -171,3 +171,18 @@ def prepare(source: str | None, runs_root: Path, accel: dict[str, Any] | None) -
 def _last_beside(path: Path) -> str | None:
     found = layout.find(path.parent, deep=False)
     return found.last_complete.path if found.last_complete else None
+
+
+def refusal_across(accel: dict[str, Any] | None, ds_config: dict[str, Any] | None, rung: dict[str, Any]) -> str | None:
+    """Why this run's checkpoints could not be resumed on `rung` (the plan's next rung, as classify gives it), in
+    the words of wizard.checkpoint's own rule; None when they can."""
+    from wizard.checkpoint.convert import Target, resume_plan
+    from wizard.planning.rungs import strategy_from_files
+    s = strategy_from_files(accel, ds_config)
+    if s is None:
+        return None
+    kind = {"deepspeed": "deepspeed", "fsdp": "fsdp"}.get(s.backend, "model")
+    ck = layout.Checkpoint("this run's checkpoint", kind, zero_stage=s.zero_stage,
+                           fsdp="sharded" if kind == "fsdp" else None, resumable=True)
+    target = Target(str(rung.get("backend") or "single"), rung.get("zero_stage"), None)
+    return resume_plan(ck, target).refused

@@ -73,6 +73,7 @@ class Classification:
     signal: str | None = spec(text)
     next_rung: str | None = spec(text)
     suggested_command: str | None = spec(text)
+    resume_command: str | None = spec(text)
     log_tail: tuple[str, ...] = spec(list_of(text, "lines"), factory=tuple)
 
 

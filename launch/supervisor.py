@@ -664,6 +664,8 @@ class Supervisor:
         lines = [f"attempt {attempt} failed ({cl.kind}): {cl.summary}", f"hint: {cl.hint}"]
         if cl.suggested_command:
             lines.append(f"next rung: {cl.next_rung}: {cl.suggested_command}")
+        if cl.resume_command:
+            lines.append(f"then resume: {cl.resume_command}")
         if cl.log_tail:
             who = f"rank {cl.rank}" if cl.rank is not None else "the launcher"
             lines.append(f"last {len(cl.log_tail)} lines of {who}:")
@@ -1156,10 +1158,12 @@ class _Attempt:
         oom_seen = None
         if any(cls.decode_exit(r.exit_code)[1] == signal.SIGKILL for r in ranks) and not sup.stop_requested:
             oom_seen = cls.dmesg_oom_evidence(read_dmesg(), [r.pid for r in ranks if r.pid])
-        next_rung = cmd = None
+        next_rung = cmd = resume = None
         if any(r.cuda_oom_at for r in ranks):
             ds = read_json_object(Path(sup.ds_config_file)) if sup.ds_config_file else None
             next_rung, cmd = cls.suggest_for_cuda_oom(load_plan_near(sup.config_file), sup.accel, ds)
+            if cmd is not None:
+                cmd, resume = self._with_resume(cmd, ds)
         done = [c.markers.train_done_at for c in list(self.ranks.values()) + [self.launcher_capture]
                 if c is not None and c.markers.train_done_at is not None]
         o = cls.AttemptOutcome(
@@ -1167,8 +1171,29 @@ class _Attempt:
             launcher_exit=self.launcher_exit, ranks=ranks,
             stop_requested=sup.stop_requested or sup.restart_requested, stalled=self.stalled,
             stall_timeout_s=self.spec.stall_timeout, stall_now=self.stall_now, gpus_idle=self.gpus_idle,
-            launcher_tail=launcher_tail, oom_killer_seen=oom_seen, next_rung=next_rung, suggested_command=cmd)
+            launcher_tail=launcher_tail, oom_killer_seen=oom_seen, next_rung=next_rung, suggested_command=cmd,
+            resume_command=resume)
         return o, cls.classify(o)
+
+    def _with_resume(self, cmd: str, ds: dict[str, Any] | None) -> tuple[str, str | None]:
+        """The next rung's command writing over this run's config (its directory, unless that is accelerate's
+        default, where the command writes anyway), and the `--resume` of this run on it (None where the libraries
+        cannot load this run's checkpoints on that rung: launch/resume.py says why)."""
+        import shlex
+
+        from launch.resume import refusal_across
+        sup = self.sup
+        doc = load_plan_near(sup.config_file) or {}
+        rung = cls.next_rung_after(cls.current_rung_key(sup.accel, ds), doc.get("plan", doc))
+        refused = refusal_across(sup.accel, ds, rung) if rung is not None else None
+        if refused:
+            return cmd, "CANNOT: " + refused
+        config = sup.config_file
+        if config and os.path.abspath(config) != os.path.abspath(accelerate_default_config_file()):
+            cmd += " --output-dir " + shlex.quote(os.path.dirname(os.path.abspath(config)))
+        else:
+            config = None
+        return cmd, cls.resume_command_for(str(sup.run_dir), config, self.spec.script, list(self.spec.script_args))
 
 
 # ------------------------------------------------------------------ background entry point

@@ -344,6 +344,9 @@ class FailurePanel(TextPanel):
         if c.get("suggested_command"):
             t.append("\ntry: ", pal.bold)
             t.append(str(c["suggested_command"]), pal.accent)
+        if c.get("resume_command"):
+            t.append("\nthen: ", pal.bold)
+            t.append(str(c["resume_command"]), pal.accent)
         tail = c.get("log_tail") or []
         if tail:
             t.append(f"\n── last {len(tail)} lines of rank {c.get('rank', '?')} ──", pal.muted)

@@ -170,7 +170,9 @@ def test_zero2_on_two_ranks_continues_on_four_through_deepspeeds_universal_check
     from wizard.checkpoint import layout
     found = layout.find(ds.out)
     assert [(c.name, c.complete, c.world_size) for c in found.checkpoints] == [
-        ("checkpoint-2", True, 2), ("checkpoint-4", True, 2), ("checkpoint-6", True, 4), ("checkpoint-8", True, 4)]
+        ("checkpoint-2", True, 2), ("checkpoint-4", True, 2), ("checkpoint-6", True, 4),
+        ("partial-checkpoint-6", False, 2), ("checkpoint-8", True, 4)]
+    assert found.last_complete.name == "checkpoint-8" and found.partial == []
 
 
 def test_four_ranks_back_to_two_equals_the_four_rank_runs_own_steps(ds):
@@ -225,11 +227,13 @@ def test_the_export_loads_with_from_pretrained_and_its_weights_are_the_trained_m
 
 
 def test_the_plans_checkpoint_size_is_what_the_run_wrote(ds):
-    """plan.checkpoint for the same model and rung, against checkpoint-4's files (R: ZeRO-2, 2 ranks, fp32)."""
+    """plan.checkpoint for the same model (its config.json, saved in the checkpoint) and rung, against checkpoint-2's
+    files (R: ZeRO-2, 2 ranks, fp32)."""
     from wizard.checkpoint import layout
-    plan = json.loads(wizard_here("plan", *TINY, "--backend", "deepspeed", "--zero-stage", "2", "--num-processes",
-                                  "2", "--json", cwd=ds.root).stdout)["plan"]["checkpoint"]
-    real = layout.inspect(ds.out / "checkpoint-4")
+    plan = json.loads(wizard_here("plan", "--model", str(ds.out / "checkpoint-2"), "--seq-len", "32", "--backend",
+                                  "deepspeed", "--zero-stage", "2", "--num-processes", "2", "--json",
+                                  cwd=ds.root).stdout)["plan"]["checkpoint"]
+    real = layout.inspect(ds.out / "checkpoint-2")
     assert plan["parts"]["optimizer"] == pytest.approx(real.parts["optimizer"], rel=0.02), (plan, real.parts)
     assert plan["parts"]["weights"] == pytest.approx(real.parts["weights"], rel=0.02), (plan, real.parts)
     assert plan["bytes"] == pytest.approx(real.bytes, rel=0.10)

@@ -239,3 +239,23 @@ def test_the_stalled_rank_is_the_one_not_waiting_with_the_others():
     # without stacks: the rank silent longest, as before
     o.ranks[0].stack = o.ranks[1].stack = None
     assert c.classify(o).rank == 0
+
+
+def test_cuda_oom_names_the_resume_of_this_run_on_the_next_rung_or_why_it_cannot():
+    from launch.resume import refusal_across
+    cmd = c.resume_command_for("/runs/r 1", "/cfg/default_config.yaml", "train.py", ["--steps", "8"])
+    assert cmd == "wizard launch --resume '/runs/r 1' --config-file /cfg/default_config.yaml -- train.py --steps 8"
+    oom = [c.RankOutcome(rank=0, exit_code=1, cuda_oom_at=1.0, traceback_at=1.0)]
+    r = c.classify(c.AttemptOutcome(launcher_exit=1, next_rung="DeepSpeed ZeRO-3 + CPU optimizer offload",
+                                    suggested_command="wizard --non-interactive --zero-stage 3 --offload cpu",
+                                    resume_command=cmd, ranks=oom))
+    assert r.resume_command == cmd and f"then `{cmd}` continues from this run's last complete checkpoint" in r.hint
+    # ZeRO-2's next rung is ZeRO-3, where DeepSpeed cannot load ZeRO-2 checkpoints: the hint says so instead
+    why = refusal_across({"distributed_type": "DEEPSPEED"}, {"zero_optimization": {"stage": 2}},
+                         {"backend": "deepspeed", "zero_stage": 3})
+    assert why and "DeepSpeed cannot load" in why
+    assert refusal_across({"distributed_type": "DEEPSPEED"}, {"zero_optimization": {"stage": 3}},
+                          {"backend": "deepspeed", "zero_stage": 3, "offload_optimizer": "cpu"}) is None
+    r = c.classify(c.AttemptOutcome(launcher_exit=1, next_rung="DeepSpeed ZeRO-3", suggested_command="wizard ...",
+                                    resume_command="CANNOT: " + why, ranks=oom))
+    assert r.resume_command is None and "this run's checkpoints cannot continue there: DeepSpeed cannot" in r.hint
