@@ -14,7 +14,7 @@ from typing import Any
 
 from wizard.config import answers as answers_mod
 from wizard.errors import InputError
-from wizard.planning.plan import Plan
+from wizard.planning.plan import Plan, plan_checkpoint
 from wizard.probe import hardware as hardware_mod
 from wizard.probe.hardware import Hardware
 from wizard.sizing.adapters import adapters_cached, adapters_for, lora_options_for
@@ -392,6 +392,9 @@ def build(request: Request, hw: Hardware | None = None) -> Result:
         result.answers = resolve_details(hw, model, plan, answers, request.given, conflicts, ignored)
         if conflicts:
             raise conflicts[0]
+        a = result.answers
+        plan.checkpoint = plan_checkpoint(plan, model.params, a.get("optimizer") or "adamw", a.get("save_total_limit"),
+                                          a.get("fsdp_state_dict_type"), a.get("zero3_save_16bit_model") is not False)
     note = ignored_note(ignored)
     if note:
         plan.notes.append(note)

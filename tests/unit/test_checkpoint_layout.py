@@ -130,3 +130,12 @@ def test_a_directory_with_no_checkpoint_is_said_so(tmp_path):
     ck = layout.inspect(tmp_path)
     assert ck.kind == "unknown" and not ck.complete and "holds no checkpoint" in ck.problems[0]
     assert layout.find(tmp_path).checkpoints == []
+
+
+def test_an_output_directory_with_its_final_model_lists_its_checkpoints_not_itself(tmp_path):
+    deepspeed_checkpoint(tmp_path, step=2)
+    save_file({"w": torch.zeros(2)}, tmp_path / "model.safetensors")     # the Trainer's final save_model
+    (tmp_path / "config.json").write_text("{}")
+    assert [c.name for c in layout.find(tmp_path).checkpoints] == ["checkpoint-2"]
+    (tmp_path / "checkpoint-2").rename(tmp_path / "elsewhere")
+    assert [c.kind for c in layout.find(tmp_path).checkpoints] == ["model"]

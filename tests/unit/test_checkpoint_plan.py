@@ -152,3 +152,25 @@ except Exception as exc:
     assert record == {"kind": "trainer", "output_dir": str(tmp_path / "out"), "save_strategy": "steps",
                       "save_steps": 5, "save_total_limit": 2, "save_only_model": False,
                       "load_best_model_at_end": False}
+
+
+def test_the_printed_training_arguments_keep_the_checkpoints_the_plan_sized():
+    from wizard.frontends.snippets import training_arguments
+    from wizard.planning.plan_types import Plan, Rung, Topology
+    plan = Plan(rungs=[], choice=Rung("ddp", "DDP", "ddp"), gpu_capacity_bytes=1, usable_bytes=1, precision="bf16",
+                topology=Topology(1, 2))
+    assert training_arguments({"save_total_limit": 3}, plan, None)["save_total_limit"] == 3
+    assert "save_total_limit" not in training_arguments({}, plan, None)
+
+
+def test_the_details_answered_after_the_plan_refine_its_checkpoint_size():
+    """FSDP's state-dict type is a detail question (answered after the plan): FULL_STATE_DICT puts everything on
+    rank 0, so the pipeline sizes the checkpoint again with it."""
+    from wizard import pipeline
+
+    def sized(**given):
+        return pipeline.build(pipeline.Request(assume="2xA100-80GB", plan_only=True,
+                                               given={"params": "1B", "backend": "fsdp", **given})).plan.checkpoint
+    sharded, full = sized(), sized(fsdp_state_dict_type="FULL_STATE_DICT")
+    assert sharded.layout.startswith("FSDP sharded") and full.layout.startswith("FSDP full")
+    assert full.parts["weights"] > sharded.parts["weights"]

@@ -419,8 +419,7 @@ def candidates(root: Path) -> list[Path]:
     resume set aside); root itself when it is one."""
     if not root.is_dir():
         return []
-    if _STEP_DIR.match(root.name) or _TRAINER_DIR.match(root.name) or (root / TRAINER_STATE).is_file() \
-            or (root / "latest").is_file():
+    if _STEP_DIR.match(root.name) or _TRAINER_DIR.match(root.name) or (root / TRAINER_STATE).is_file():
         return [root]
     out = []
     for child in sorted(root.iterdir()):
@@ -428,8 +427,20 @@ def candidates(root: Path) -> list[Path]:
                                                           _TRAINER_DIR.match(child.name)):
             out.append(child)
     if not out and (root / "checkpoints").is_dir():          # accelerate's automatic naming: project/checkpoints/
-        return candidates(root / "checkpoints")
-    return out
+        out = candidates(root / "checkpoints")
+    # an output directory's own final model (save_model) beside its checkpoint-N is not one of them
+    return out or ([root] if _holds_one(root) else [])
+
+
+def _holds_one(root: Path) -> bool:
+    """root itself is a checkpoint (by the files its writer leaves; nothing is read)."""
+    try:
+        names = {p.name for p in root.iterdir()}
+    except OSError:
+        return False
+    return bool(names & {TRAINER_STATE, "latest", "adapter_config.json", "pytorch_model_fsdp_0", "pytorch_model_fsdp.bin"}
+                or any(_RANDOM_STATES.match(n) for n in names)
+                or ("config.json" in names and any(n.startswith("model") and n.endswith(".safetensors") for n in names)))
 
 
 @dataclass

@@ -94,6 +94,8 @@ def training_arguments(answers: dict[str, Any], plan, ds_path: str | None) -> di
     elif precision == "fp16":
         kwargs["fp16"] = True
     kwargs["optim"] = HF_OPTIM.get(answers.get("optimizer") or "adamw", "adamw_torch")
+    if answers.get("save_total_limit"):     # what plan.checkpoint sized the disk for
+        kwargs["save_total_limit"] = int(answers["save_total_limit"])
     gc = bool(choice.gradient_checkpointing)
     checkpointing = checkpointing_argument()
     if choice.backend == "deepspeed":

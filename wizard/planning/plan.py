@@ -176,22 +176,29 @@ def _make_plan(hw, model, training: TrainingOptions, strategy: StrategyOptions, 
     amortised = None
     if choice is not None and choice.fits and choice.speed is not None and choice.speed.bound == "offload":
         amortised = _amortised(BY_KEY[choice.key], at[choice.key], choice, global_batch)
-    return Plan(rungs=rungs, choice=choice, gpu_capacity_bytes=x.capacity, usable_bytes=x.usable, amortised=amortised,
-                precision=x.precision, topology=topology, notes=notes, batch=batch, train_tokens=train_tokens,
-                adapters=x.adapters, method=method_json(training, x.params, x.adapters),
-                inter_node_gbps=x.machine.inter_node_gbps if x.machines > 1 else None, calibration=calibration,
-                checkpoint=None if choice is None else checkpoint_of(choice, x, training))
+    plan = Plan(rungs=rungs, choice=choice, gpu_capacity_bytes=x.capacity, usable_bytes=x.usable,
+                amortised=amortised, precision=x.precision, topology=topology, notes=notes, batch=batch,
+                train_tokens=train_tokens, adapters=x.adapters, method=method_json(training, x.params, x.adapters),
+                inter_node_gbps=x.machine.inter_node_gbps if x.machines > 1 else None, calibration=calibration)
+    plan.checkpoint = plan_checkpoint(plan, x.params, training.optimizer, training.save_total_limit)
+    return plan
 
 
-def checkpoint_of(rung: Rung, x: _Inputs, training: TrainingOptions, fsdp_state_dict_type: str = "SHARDED_STATE_DICT",
-                  gather_16bit: bool = True):
-    """The disk one checkpoint of `rung` takes (sizing.checkpoint), from the rung's properties, not its key."""
+def plan_checkpoint(plan: Plan, params: int, optimizer: str, save_total_limit: int | None,
+                    fsdp_state_dict_type: str | None = None, gather_16bit: bool = True):
+    """The disk one checkpoint of the plan's choice takes (sizing.checkpoint), from the rung's properties (backend,
+    ZeRO stage, offload), never its key; the details answered after the plan (FSDP's state-dict type, ZeRO-3's
+    16-bit gather) refine it (the pipeline calls it again with them). None without a choice."""
+    c = plan.choice
+    if c is None:
+        return None
+    adapters = plan.method.get("name", "full") != "full"
     return checkpoint_size(
-        backend=rung.backend, zero_stage=rung.zero_stage, offload_optimizer=rung.offload_optimizer, params=x.params,
-        trainable_params=x.adapters.trainable_params if x.adapters is not None else x.params,
-        adapters=x.adapters is not None, precision=x.precision, optimizer=training.optimizer,
-        num_machines=x.machines, processes_per_machine=x.per_machine, save_total_limit=training.save_total_limit,
-        fsdp_state_dict_type=fsdp_state_dict_type, gather_16bit=gather_16bit)
+        backend=c.backend, zero_stage=c.zero_stage, offload_optimizer=c.offload_optimizer, params=params,
+        trainable_params=int(plan.method.get("trainable_params") or params), adapters=adapters,
+        precision=plan.precision, optimizer=optimizer, num_machines=plan.topology.num_machines,
+        processes_per_machine=plan.topology.processes_per_machine, save_total_limit=save_total_limit,
+        fsdp_state_dict_type=fsdp_state_dict_type or "SHARDED_STATE_DICT", gather_16bit=gather_16bit)
 
 
 def _states_fit(rung: Rung, x: _Inputs) -> bool:
