@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import time
 from pathlib import Path
 
@@ -112,3 +113,21 @@ def kill_verified(procs: dict[int, float | None]) -> None:
                 p.kill()
         except psutil.Error:
             pass
+
+
+def wizard_here(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """A command that launches nothing, run in this interpreter (its imports are paid once): its exit code,
+    stdout and stderr as subprocess.run gives them."""
+    import contextlib
+    import io
+
+    from wizard.frontends.cli import main
+    out, err = io.StringIO(), io.StringIO()
+    before = os.getcwd()
+    os.chdir(cwd)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main(list(args))
+    finally:
+        os.chdir(before)
+    return subprocess.CompletedProcess(["wizard", *args], code, out.getvalue(), err.getvalue())

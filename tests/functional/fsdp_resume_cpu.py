@@ -14,7 +14,8 @@ exactly these; here the accelerator's state is NO (accelerate turns a run into F
 tests/functional/fsdp_lora_cpu.py), so the loop calls them itself.
 
 Rank 0 prints `step=<n> loss=<float repr>` per step (the mean over all ranks), and `--fail-at-step S` makes every
-rank raise before step S (a run that stops after its checkpoints).
+rank raise before step S (a run that stops after its checkpoints). Rank 0 writes the model's config.json into the
+output directory at the start and the trained weights, whole, as trained.safetensors at the end.
 """
 
 from __future__ import annotations
@@ -53,6 +54,8 @@ def main(argv=None) -> int:
     model = fsdp2_prepare_model(accelerator, LlamaForCausalLM(config))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     rank, world = dist.get_rank(), dist.get_world_size()
+    if rank == 0:
+        config.save_pretrained(args.output_dir)       # from_pretrained's config for the export of a sharded save
     start = 0
     resume = os.environ.get("WIZARD_RESUME_FROM")
     if resume:
@@ -78,6 +81,12 @@ def main(argv=None) -> int:
             out = os.path.join(args.output_dir, f"checkpoint_{step}")
             save_fsdp_model(plugin, accelerator, model, out)
             save_fsdp_optimizer(plugin, accelerator, optimizer, model, out)
+    # the trained model's weights, whole, for the test to compare an export with (torch's own full state dict)
+    from safetensors.torch import save_file
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if rank == 0:
+        save_file({k: v.contiguous() for k, v in full.items()}, os.path.join(args.output_dir, "trained.safetensors"))
     dist.barrier()
     dist.destroy_process_group()
     return 0

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.launch_support import env
+from tests.launch_support import env, wizard_here
 
 REPO = Path(__file__).resolve().parents[2]
 TRAIN = str(REPO / "examples" / "train.py")
@@ -55,24 +55,6 @@ def wizard(*args: str, cwd: Path, timeout: float = 600) -> subprocess.CompletedP
     TIMES.append((" ".join(a for a in args[:1] + tuple(x for x in args if x.startswith("--resume") or
                                                             x.endswith(".yaml"))), time.monotonic() - t0))
     return r
-
-
-def wizard_here(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    """A command that launches nothing, run in this interpreter (its imports are paid once): its exit code,
-    stdout and stderr as subprocess.run gives them."""
-    import contextlib
-    import io
-
-    from wizard.frontends.cli import main
-    out, err = io.StringIO(), io.StringIO()
-    before = os.getcwd()
-    os.chdir(cwd)
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            code = main(list(args))
-    finally:
-        os.chdir(before)
-    return subprocess.CompletedProcess(["wizard", *args], code, out.getvalue(), err.getvalue())
 
 
 def write_config(out: Path, *flags: str) -> Path:
@@ -274,3 +256,24 @@ def test_fsdp2_on_two_ranks_continues_on_four_resharded_by_torch_distributed_che
     from wizard.checkpoint import layout
     ck = layout.inspect(fsdp.out / "checkpoint_4")
     assert (ck.kind, ck.fsdp, ck.world_size, ck.complete, ck.resumable) == ("fsdp", "sharded", 2, True, True)
+
+
+def test_an_fsdp_sharded_checkpoint_exports_to_a_model_from_pretrained_loads(fsdp, tmp_path):
+    """accelerate's merge_fsdp_weights on the 2-rank run's last checkpoint: from_pretrained (with the model's
+    config.json, which a sharded save lacks) loads it, and every weight equals the trained model's."""
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+    no_config = wizard_here("checkpoint", str(fsdp.out / "checkpoint_6"), "--export", str(tmp_path / "x"),
+                            cwd=tmp_path)
+    assert no_config.returncode == 2 and "wizard: --config: no config.json in" in no_config.stderr
+    assert no_config.stderr.count("\n") == 1 and not (tmp_path / "x").exists()
+    r = wizard_here("checkpoint", str(fsdp.out / "checkpoint_6"), "--export", str(tmp_path / "export"), "--config",
+                    str(fsdp.out), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "FSDP shards of 2 ranks merged by accelerate's merge_fsdp_weights" in r.stdout
+    mine = AutoModelForCausalLM.from_pretrained(tmp_path / "export").state_dict()
+    trained = load_file(fsdp.out / "trained.safetensors")
+    assert set(trained) <= set(mine)
+    for name, tensor in trained.items():
+        assert torch.equal(mine[name], tensor), name
