@@ -1,5 +1,5 @@
 """`wizard compare`: the machines side by side (wizard.compare), as a table or JSON; `--write MACHINE` writes one
-row's files through `wizard --non-interactive --assume MACHINE`'s own code (cli.cmd_non_interactive).
+row's files through `wizard --non-interactive --assume MACHINE`'s own code (non_interactive.cmd_non_interactive).
 """
 
 from __future__ import annotations
@@ -7,9 +7,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any, TextIO
+from typing import TextIO
 
 from wizard import compare as compare_mod
+from wizard.frontends.flags import UNDERSCORES, add_calibration_flag, add_question_flags, given, refuse_empty_values
 from wizard.units import fmt_duration
 
 DESCRIPTION = (
@@ -27,7 +28,6 @@ EPILOG = (
 
 
 def build_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    from wizard.frontends.cli import UNDERSCORES, _add_calibration_flag, _add_question_flags
     p.description = DESCRIPTION
     p.epilog = EPILOG + " " + UNDERSCORES
     g = p.add_argument_group("machines and prices")
@@ -50,8 +50,8 @@ def build_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     io.add_argument("--output-dir", metavar="D", default=argparse.SUPPRESS,
                     help="with --write: where the files go (default: accelerate's config dir)")
     io.add_argument("--dry-run", action="store_true", default=argparse.SUPPRESS, help="with --write: write nothing")
-    _add_question_flags(p)
-    _add_calibration_flag(p, help="plan every machine by the raw model, without the ratios `wizard tune` measured")
+    add_question_flags(p)
+    add_calibration_flag(p, help="plan every machine by the raw model, without the ratios `wizard tune` measured")
     p.set_defaults(func=cmd_compare)
     return p
 
@@ -59,8 +59,7 @@ def build_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
 def cmd_compare(ns: argparse.Namespace) -> int:
     from wizard.config.answers import values_from_namespace
     from wizard.errors import EXIT_NOTHING_FITS, InputError
-    from wizard.frontends.cli import _given, _refuse_empty_values
-    _refuse_empty_values(ns)
+    refuse_empty_values(ns)
     if ns.sort not in compare_mod.SORTS:
         raise InputError("sort", f"{ns.sort!r} is not a sort order", "|".join(compare_mod.SORTS))
     if ns.write is not None:
@@ -83,7 +82,7 @@ def cmd_compare(ns: argparse.Namespace) -> int:
     def command(m: compare_mod.Machine) -> str:
         return compare_mod.write_command(m, flags, answers_file)
 
-    result = compare_mod.compare(_given(ns), machines, prices, sort=ns.sort, calibrate=not ns.no_calibration,
+    result = compare_mod.compare(given(ns), machines, prices, sort=ns.sort, calibrate=not ns.no_calibration,
                                  command_for=command)
     if ns.json:
         print(json.dumps(result.to_json(), indent=2, sort_keys=True))
@@ -97,23 +96,18 @@ def cmd_compare(ns: argparse.Namespace) -> int:
 def write_machine(ns: argparse.Namespace) -> int:
     """`--write MACHINE`: `wizard --non-interactive --assume MACHINE` with the same options, through its code."""
     from wizard.errors import InputError
-    from wizard.frontends.cli import cmd_non_interactive
+    from wizard.frontends.non_interactive import cmd_non_interactive
     for flag, value in (("machines", ns.machines), ("max-gpus", ns.max_gpus), ("price", ns.price),
                         ("prices", ns.prices)):
         if value is not None:
             raise InputError(flag, f"--{flag} compares machines; --write writes one machine's files",
                              "--write MACHINE [--output-dir D] with the plan's options")
-    compare_mod.refuse_machine_answers(ns_given(ns))
+    compare_mod.refuse_machine_answers(given(ns))
     chosen = compare_mod.machine(ns.write) if ns.write.strip() else None
     if chosen is None:
         raise InputError("write", "is empty", compare_mod.MACHINE_FORMAT)
     ns.assume, ns.hardware = chosen.assume, None
     return cmd_non_interactive(ns)
-
-
-def ns_given(ns: argparse.Namespace) -> dict[str, Any]:
-    from wizard.frontends.cli import _given
-    return _given(ns)
 
 
 # ----------------------------------------------------------------------------- the table
