@@ -339,8 +339,57 @@ _ending: list[bool] = []        # non-empty once the command has returned or rai
 
 def _interrupt(signum, frame):
     note_stop(signum)
-    if not _ending:
-        raise KeyboardInterrupt(f"signal {signum}")
+    if _ending:
+        return
+    caller = frame_outside_finalisers(frame)
+    if caller is not frame:
+        # An exception raised in a __del__ is printed ("Exception ignored in: <function SetBase.__del__>", the
+        # regex package's, run by the garbage collector while a library loads) and dropped, and the command
+        # would go on: raise it in the frame the finaliser interrupted instead, as that frame goes on.
+        raise_when_it_goes_on(caller, KeyboardInterrupt(f"signal {signum}"))
+        return
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def frame_outside_finalisers(frame):
+    """`frame` itself, or, when it runs inside an object's __del__ (anywhere up its stack), where Python ignores
+    whatever is raised, the frame the outermost such finaliser interrupted (None: no Python frame). Weakref
+    callbacks are finalisers too but look like any function: they are not told apart."""
+    outside, f = frame, frame
+    while f is not None:
+        if f.f_code.co_name == "__del__":
+            outside = f.f_back
+        f = f.f_back
+    return outside
+
+
+def raise_when_it_goes_on(frame, exc: BaseException) -> None:
+    """Raise `exc` in `frame` at its next line (or in its caller's, should it return first), through a trace
+    function set for that moment only; the thread's own trace function (a debugger's, coverage's) is put back."""
+    if frame is None:
+        return
+    previous_global, previous_local = sys.gettrace(), frame.f_trace
+
+    def restore() -> None:
+        sys.settrace(previous_global)
+        target.f_trace = previous_local
+
+    def local(f, event, arg):
+        nonlocal target, previous_local
+        if event == "return" and f.f_back is not None:
+            restore()
+            target, previous_local = f.f_back, f.f_back.f_trace
+            sys.settrace(lambda *a: None)
+            target.f_trace, target.f_trace_lines = local, True
+            return None
+        if event in ("line", "opcode", "exception"):
+            restore()
+            raise exc
+        return local
+
+    target = frame
+    sys.settrace(lambda *a: None)          # local trace functions run only while a global one is set
+    frame.f_trace, frame.f_trace_lines = local, True
 
 
 def _record_only(signum, frame):
