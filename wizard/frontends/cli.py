@@ -260,6 +260,7 @@ def cmd_plan(ns: argparse.Namespace) -> int:
         print(json.dumps(doc, indent=2, sort_keys=True, default=str))
     else:
         report.print_plan(result)
+        report.print_script_settings(result)
     return nothing_fits_exit(result, alternatives_shown=not getattr(ns, "json", False))
 
 
