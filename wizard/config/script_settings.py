@@ -115,9 +115,11 @@ def script_settings(answers: dict[str, Any], plan) -> list[ScriptSetting]:
     if method in ("lora", "qlora"):
         adapters = "LoRA adapters on a 4-bit NF4 base" if method == "qlora" else "LoRA adapters"
         rank = answers.get("lora_rank") or 16
+        base = "from_pretrained(..., quantization_config=BitsAndBytesConfig(load_in_4bit=True, ...)), then " \
+            if method == "qlora" else ""
+        peft = f"{base}get_peft_model(model, LoraConfig(r={rank}, ...))"
         out.append(ScriptSetting(
-            "method", method, f"{adapters} (r={rank})", "peft's LoraConfig and get_peft_model (the snippet below)",
-            "peft's LoraConfig and get_peft_model before accelerator.prepare", True,
+            "method", method, f"{adapters} (r={rank})", peft, f"{peft} before accelerator.prepare", True,
             "the plan sizes the adapters' gradients and optimizer states, not the whole model's"))
     micro = int(answers.get("micro_batch") or 1)
     out.append(ScriptSetting(
