@@ -367,18 +367,20 @@ def frame_outside_finalisers(frame):
 def raise_when_it_goes_on(frame, exc: BaseException) -> None:
     """Raise `exc` in `frame` at its next line (or in its caller's, should it return first), through a trace
     function set for that moment only; the thread's own trace function (a debugger's, coverage's) is put back."""
-    if frame is None:
-        return
+    if frame is None or _raise_pending:
+        return                              # a second Ctrl-C before the first is raised: that one will do
     previous_global, previous_local = sys.gettrace(), frame.f_trace
 
     def restore() -> None:
         sys.settrace(previous_global)
         target.f_trace = previous_local
+        _raise_pending.clear()
 
     def local(f, event, arg):
         nonlocal target, previous_local
         if event == "return" and f.f_back is not None:
             restore()
+            _raise_pending.append(True)
             target, previous_local = f.f_back, f.f_back.f_trace
             sys.settrace(lambda *a: None)
             target.f_trace, target.f_trace_lines = local, True
@@ -389,8 +391,12 @@ def raise_when_it_goes_on(frame, exc: BaseException) -> None:
         return local
 
     target = frame
+    _raise_pending.append(True)
     sys.settrace(lambda *a: None)          # local trace functions run only while a global one is set
     frame.f_trace, frame.f_trace_lines = local, True
+
+
+_raise_pending: list[bool] = []           # non-empty while raise_when_it_goes_on waits for its frame
 
 
 def _record_only(signum, frame):
@@ -479,6 +485,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     previous = _install_stop_signals()
     code: int | None = None
     _ending.clear()
+    _raise_pending.clear()
     try:
         try:
             code, error = _main(args), None
