@@ -254,6 +254,9 @@ def cmd_launch(args) -> int:
         script, script_args = _script_and_args(args.command, must_exist=False)
         return emit_slurm(args, script, script_args, config_file, accel)
     script, script_args = _script_and_args(args.command)
+    plan_lines = script_plan_lines(config_file, script, script_args)
+    for line in plan_lines:
+        print(f"[wizard] {line}", file=sys.stderr, flush=True)
     code, preflight_verdict = run_preflight(args, config_file, accel)
     if code:
         return code
@@ -262,9 +265,13 @@ def cmd_launch(args) -> int:
     headless = bool(args.headless) or not interactive
     use_view = not headless and not args.detach
     run_dir, lock_fd = create_run_dir(args.run_dir, args.runs_root)     # locked before anything is written
-    if preflight_verdict:            # the run's first event: the live view and `attach` show the phase it passed
+    if preflight_verdict or plan_lines:   # the run's first events: the live view and `attach` show them
         from launch.rundir import EventLog
-        EventLog(run_dir / "events.jsonl").emit("preflight", None, message=preflight_verdict)
+        events = EventLog(run_dir / "events.jsonl")
+        for line in plan_lines:
+            events.emit("plan", None, message=line)
+        if preflight_verdict:
+            events.emit("preflight", None, message=preflight_verdict)
     spec = make_spec(args, run_dir, headless=headless if not (args.detach or use_view) else False)
     if args.detach:
         spec.headless = True              # its output goes to supervisor.log: plain lines
@@ -284,6 +291,14 @@ def cmd_launch(args) -> int:
         return run_view(run_dir, owned=True)
     from launch.supervisor import Supervisor
     return Supervisor(spec, lock_fd=lock_fd).run()
+
+
+def script_plan_lines(config_file: str | None, script: str, script_args: list[str]) -> list[str]:
+    """What the plan beside the config (wizard_plan.json) needs from the script that no written file carries, and
+    whether the script visibly does it (launch.script_check: gradient checkpointing)."""
+    from launch.script_check import checkpointing_lines
+    from launch.supervisor import load_plan_near
+    return checkpointing_lines(load_plan_near(config_file), script, script_args)
 
 
 def wants_preflight(args, accel: dict[str, Any] | None) -> bool:

@@ -405,7 +405,8 @@ def build(request: Request, hw: Hardware | None = None) -> Result:
 def plan_record(result: Result, given: dict[str, Any]) -> str:
     """What the launcher reads after a CUDA OOM to name the next rung and the command that makes it."""
     doc = {"plan": result.plan.to_json(), "model": result.model.to_json(),
-           "given": {k: v for k, v in given.items() if v is not None}}
+           "given": {k: v for k, v in given.items() if v is not None},
+           "script_settings": script_settings_json(result)}
     return json.dumps(doc, indent=2, sort_keys=True, default=str) + "\n"
 
 
@@ -433,4 +434,12 @@ def to_json(result: Result) -> dict[str, Any]:
         "answers": {k: v for k, v in result.answers.items()},
         "files": files,
         "findings": [f.__dict__ for f in result.findings],
+        "script_settings": script_settings_json(result),
     }
+
+
+def script_settings_json(result: Result) -> list[dict[str, Any]]:
+    """What the training script must set that no written file carries (config.script_settings): --json's and
+    wizard_plan.json's `script_settings`, read by `wizard launch`."""
+    from wizard.config.script_settings import settings_json
+    return settings_json(result.answers, result.plan)

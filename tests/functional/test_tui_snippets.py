@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from wizard import pipeline
+from wizard.config.script_settings import checkpointing_argument
 from wizard.frontends.snippets import (
-    checkpointing_argument,
     launch_commands,
     training_arguments,
     training_arguments_code,

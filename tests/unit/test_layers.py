@@ -118,3 +118,68 @@ def test_an_upward_import_inside_a_function_is_caught(tmp_path):
     target.write_text(target.read_text() + "\n\ndef _planted():\n    from wizard.pipeline import build\n    return build\n")
     bad = upward_imports(tmp_path)
     assert any("wizard/sizing/memory.py" in b and "wizard.pipeline" in b for b in bad), bad
+
+
+# --- import cycles among the front ends ---------------------------------------------------------------------------
+
+def runtime_imports(path: Path, root: Path = ROOT) -> list[tuple[int, str]]:
+    """imported_modules without the imports under `if TYPE_CHECKING:` (annotations only, never run)."""
+    tree = ast.parse(path.read_text(), str(path))
+    typing_only = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            typing_only |= {n.lineno for stmt in node.body for n in ast.walk(stmt) if hasattr(n, "lineno")}
+    return [(line, module) for line, module in imported_modules(path, root) if line not in typing_only]
+
+
+def import_cycles(package: str, root: Path = ROOT) -> list[list[str]]:
+    """The groups of modules of `package` (a repository path) that import each other round in a circle, at module
+    level or inside functions alike (Tarjan's strongly connected components of the import graph, largest first)."""
+    files = {str(p.relative_to(root)): p for p in sorted((root / package).rglob("*.py"))}
+    graph = {rel: sorted({t for _, m in runtime_imports(p, root) if (t := module_file(m, root)) in files and t != rel})
+             for rel, p in files.items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                cycles.append(sorted(group))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return sorted(cycles, key=len, reverse=True)
+
+
+def test_the_front_ends_import_no_module_that_imports_them_back():
+    """A helper two front ends share has one home both import (flags.py, non_interactive.py), never the other
+    front end's module: cli.py and compare_cli.py once imported each other's private helpers."""
+    assert import_cycles("wizard/frontends") == []
+
+
+def test_a_planted_import_cycle_among_the_front_ends_is_caught(tmp_path):
+    import shutil
+
+    shutil.copytree(ROOT / "wizard", tmp_path / "wizard")
+    target = tmp_path / "wizard" / "frontends" / "flags.py"
+    target.write_text(target.read_text() + "\n\ndef _planted():\n    from wizard.frontends.cli import main\n"
+                      "    return main\n")
+    cycles = import_cycles("wizard/frontends", tmp_path)
+    assert any({"wizard/frontends/cli.py", "wizard/frontends/flags.py"} <= set(c) for c in cycles), cycles

@@ -326,6 +326,8 @@ class WizardApp(App[Outcome]):
             return lines
         script = self.state.script or ["your_train.py"]      # the script measured, where Measure ran one
         accel, wiz = launch_commands(result.yaml_path, script[0], script[1:])
+        from wizard.frontends.report import script_settings_lines
+        lines += script_settings_lines(result)
         lines += [f"Next: {wiz}", f"  or: {accel}"]
         return lines
 
