@@ -11,6 +11,10 @@ UlyssesSPAttentionHF in place of SDPA, the Trainer wraps the data loader with Ul
 rank gets 1/sp_size of every sequence and `shift_labels`) and aggregates the loss over the SP group itself. The
 script only has to put `position_ids` in every batch (the adapter refuses a batch without them).
 
+Two things only a CPU needs (bench/results/ulysses-cpu.md): accelerate shards no data under DeepSpeed without a
+GPU, so the script gives each rank its own batches as accelerate would (`shard_like_a_gpu`); and the micro-batch is
+1 (the adapter leaves a larger one's shards non-contiguous on a CPU, and transformers' loss cannot view them).
+
 The data is read in order (`train_sampling_strategy="sequential"`), so step k sees the same samples whether the
 k-th batch comes from one process (sp_size 1) or from rank k % 2 of two (sp_size 2, where the adapter hands every
 rank's batch to the whole SP group in turn). The optimizer is plain SGD without gradient clipping: Adam and
@@ -41,7 +45,7 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--seq-len", type=int, default=64)
-    p.add_argument("--batch-size", type=int, default=2, help="per data loader (per rank)")
+    p.add_argument("--batch-size", type=int, default=1, help="per data loader (per rank); 1 under SP on a CPU")
     p.add_argument("--lr", type=float, default=0.5)
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--output-dir", default=None, help="default: a temporary directory")
