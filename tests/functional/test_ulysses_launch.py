@@ -10,7 +10,7 @@ logits) is the same math on half the rows, transformers sums the loss over the S
 DeepSpeed sums each rank's gradient share. What differs is the order of float reductions: a GEMM over 32 rows may
 block its dot products differently from one over 64, the loss and gradients are two partial sums added, where
 the reference makes one. Each such difference is ~1 ulp of fp32 (1.2e-7 relative); measured: at most 1 ulp of
-the loss (4.8e-7 at 4.8) over 6 steps, on both ZeRO stages. The test allows 1e-5 relative: 80 ulps, and ~100x
+the loss (4.8e-7 at 4.8) over 6 steps of ZeRO-2 and 4 of ZeRO-3. The test allows 1e-5 relative: 80 ulps, and ~100x
 below what a real fault moves (a gradient off by the SP factor 2 moves step 2's loss by 9e-4 relative and step
 4's by 4 %; the same batch given twice, as accelerate's CPU state gives it without examples/train_sp.py's
 sharding, moves step 2's by 10 %).
