@@ -176,11 +176,12 @@ MUTANTS = (
              'return not any(v is True for v in values)'),),
            ("tests/unit/test_check_near_misses.py::test_the_16bit_gather_given_as_a_string_counts_as_given",),
            'the string "true" for the 16-bit gather on save is treated as missing'),
-    Mutant("check-fix-keeps-legacy-gather-keys", "wizard/check/rules/deepspeed_json.py",
-           (('    for k in _GATHER_KEYS[1:]:\n        ctx.ds["zero_optimization"].pop(k, None)\n', ""),),
-           ("tests/unit/test_check_near_misses.py::"
-            "test_fix_replaces_a_legacy_gather_key_instead_of_adding_a_second_one",),
-           "--fix adds the 16-bit gather key and leaves the legacy ones (saying false) beside it"),
+    Mutant("check-fix-overrides-gather-false", "wizard/check/rules/deepspeed_json.py",
+           (("    if _gather_set_off(ctx):\n", "    if False:\n"),
+            ("    if not _zero3_missing_gather(ctx) or _gather_set_off(ctx):\n",
+             "    if not _zero3_missing_gather(ctx):\n")),
+           ("tests/unit/test_check_near_misses.py::test_fix_never_turns_a_gather_you_set_false_into_true",),
+           "--fix writes the 16-bit gather true over a false you set (issue 36)"),
     # ---- orphan cleanup (tests/functional/test_launch_trust.py, real processes, ~30 s each)
     Mutant("launch-reaper-disabled", "launch/_reaper.py",
            (("            pass\n    end(procs.values(), grace)\n", "            pass\n"),),

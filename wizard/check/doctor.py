@@ -20,6 +20,7 @@ from importlib import metadata
 from typing import Any
 
 from wizard.check.rules.common import relative_to_naming_file
+from wizard.config.vocab import DS_KEY_OF_YAML_KEY
 from wizard.findings import Finding, finding_column_line
 from wizard.errors import InputError
 from wizard.paths import accelerate_default_config_file
@@ -335,7 +336,7 @@ def run_rules(ctx, only: set[str] | None = None) -> list[Finding]:
                                         f"rule {r.id} could not run: {exc.__class__.__name__}: {_one_line(exc)}",
                                         fix="report this as a wizard bug"))
     scratch = ctx.cache.pop("scratch_dir", None)
-    if scratch:                       # the copy the libraries read (wizard/check/rules/libraries.yaml_on_disk)
+    if scratch:                       # the copy the libraries read (wizard/check/rules/yaml_verdicts.yaml_on_disk)
         import shutil
         shutil.rmtree(scratch, ignore_errors=True)
         ctx.cache.pop("acc_disk", None)
@@ -374,16 +375,8 @@ def one_finding_per_problem(findings: list[Finding]) -> list[Finding]:
 
 
 # DeepSpeed keys accelerate builds from an inline YAML -> the YAML key the user writes
-VIRTUAL_DS_KEYS = {
-    "gradient_accumulation_steps": "deepspeed_config.gradient_accumulation_steps",
-    "gradient_clipping": "deepspeed_config.gradient_clipping",
-    "zero_optimization.stage": "deepspeed_config.zero_stage",
-    "zero_optimization.offload_optimizer.device": "deepspeed_config.offload_optimizer_device",
-    "zero_optimization.offload_param.device": "deepspeed_config.offload_param_device",
-    "zero_optimization.stage3_gather_16bit_weights_on_model_save": "deepspeed_config.zero3_save_16bit_model",
-    "bf16.enabled": "mixed_precision",
-    "fp16.enabled": "mixed_precision",
-}
+VIRTUAL_DS_KEYS = {ds_key: f"deepspeed_config.{key}" for key, ds_key in DS_KEY_OF_YAML_KEY.items()} | {
+    "bf16.enabled": "mixed_precision", "fp16.enabled": "mixed_precision"}
 
 
 def _virtual_ds_keys(ctx, findings: list[Finding]) -> list[Finding]:

@@ -18,7 +18,8 @@ import functools
 from typing import Any, Iterable
 
 from wizard.check.rules.common import CheckContext, as_int, finding, fixer, rule
-from wizard.config.vocab import REJECTED_BESIDE_DS_FILE
+from wizard.check.rules.yaml_verdicts import launch_outcome, loader_error
+from wizard.config.vocab import DS_KEY_OF_YAML_KEY, REJECTED_BESIDE_DS_FILE
 from wizard.probe.ports import port_in_use     # the busy test `wizard launch` uses too
 
 FAMILY = "accelerate"
@@ -243,6 +244,14 @@ def keys_beside_ds_file(ctx: CheckContext) -> Iterable:
             f"the choice to you", fix=f"choose one: for {_words(mine)}, {_keep(mine, ctx.ds_path)} and remove "
             f"mixed_precision from the YAML; for {_words(theirs)}, remove mixed_precision: {mine} from the YAML",
             when="launch")
+    for key, mine, theirs in _ds_keys_contradicted(ctx):
+        said = f"says {theirs!r}" if theirs is not None else "does not set it (DeepSpeed's default applies)"
+        yield finding(
+            "error", "ACC-KEYS-BESIDE-DS-FILE", ctx.acc_path, f"deepspeed_config.{key}",
+            f"deepspeed_config.{key}: {mine!r} here, but {ctx.ds_path} {said} at {DS_KEY_OF_YAML_KEY[key]}: "
+            f"{raises}, and dropping the key would silently train without your {mine!r}; --fix leaves the choice "
+            f"to you", fix=f"choose one: put {mine!r} at {DS_KEY_OF_YAML_KEY[key]} in {ctx.ds_path}, or keep the "
+            f"JSON's; then remove {key} from the YAML", when="launch")
     bad = _keys_beside_ds_file(ctx)
     if not bad:
         return
@@ -257,11 +266,48 @@ def _keys_beside_ds_file(ctx: CheckContext) -> list[str]:
     """The keys DeepSpeedPlugin rejects beside deepspeed_config_file that can go without changing the training
     (a top-level mixed_precision the DeepSpeed config contradicts is _precision_conflict's)."""
     block = ctx.acc_get("deepspeed_config") or {}
-    bad = [f"deepspeed_config.{k}" for k in REJECTED_BESIDE_DS_FILE if k in block]
+    contradicted = {key for key, _, _ in _ds_keys_contradicted(ctx)}
+    bad = [f"deepspeed_config.{k}" for k in REJECTED_BESIDE_DS_FILE if k in block and k not in contradicted]
     # launch sets mp_from_config_flag for any non-None YAML mixed_precision, even 'no'
     if ctx.acc_get("mixed_precision") is not None and _precision_conflict(ctx) is None:
         bad.insert(0, "mixed_precision")
     return bad
+
+
+def _ds_keys_contradicted(ctx: CheckContext) -> list[tuple[str, Any, Any]]:
+    """(key, the YAML's value, the JSON's value or None when it has none) for each deepspeed_config key beside
+    the file whose value the JSON does not carry as well: removing it would change the training. A JSON that
+    leaves the key to the trainer ("auto") contradicts nothing: the YAML's value is never what fills it."""
+    block = ctx.acc_get("deepspeed_config")
+    if ctx.ds is None or not isinstance(block, dict):
+        return []
+    out = []
+    for key, ds_key in DS_KEY_OF_YAML_KEY.items():
+        if key not in block:
+            continue
+        missing = object()
+        theirs = ctx.ds_get(ds_key, missing)
+        if theirs == "auto" or (theirs is not missing and _same_setting(block[key], theirs)):
+            continue
+        out.append((key, block[key], None if theirs is missing else theirs))
+    return out
+
+
+def _same_setting(mine: Any, theirs: Any) -> bool:
+    """Whether two spellings mean one value: 2 and 2.0, true and "true", "CPU" and "cpu"."""
+    numbers = [_as_float(v) for v in (mine, theirs)]
+    if None not in numbers:
+        return numbers[0] == numbers[1]
+    return str(mine).strip().lower() == str(theirs).strip().lower()
+
+
+def _as_float(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        return None
 
 
 def _precision_conflict(ctx: CheckContext) -> tuple[str, str, str] | None:
@@ -392,8 +438,6 @@ def main_process_unset(ctx: CheckContext) -> Iterable:
     own launch checks (the namespace of _validate_launch_command), not guessed from distributed_type."""
     if ctx.acc is None or ctx.num_machines <= 1:
         return
-    from wizard.check.rules.libraries import launch_outcome
-
     args = getattr(launch_outcome(ctx), "args", None)
     if args is None:
         return              # the loader or launch's checks stop earlier: their own findings say why
@@ -629,8 +673,6 @@ def fsdp1_key_under_fsdp2(ctx: CheckContext) -> Iterable:
 
 
 def _launch_error(ctx: CheckContext) -> str | None:
-    from wizard.check.rules.libraries import launch_outcome
-
     return getattr(launch_outcome(ctx), "error", None)
 
 
@@ -717,8 +759,6 @@ def fp8_backend_missing(ctx: CheckContext) -> Iterable:
 def fp8_ao_ram_efficient_loading(ctx: CheckContext) -> Iterable:
     if _fp8_backend(ctx) != "ao" or ctx.distributed_type != "FSDP":
         return
-    from wizard.check.rules.libraries import launch_outcome
-
     outcome = launch_outcome(ctx)
     plugin = getattr(outcome, "plugin", None)
     if plugin is None or not getattr(plugin, "cpu_ram_efficient_loading", False):
@@ -739,24 +779,6 @@ def loader_rejects(ctx: CheckContext) -> Iterable:
                   f"accelerate's config loader raises: {error}",
                   fix="regenerate with `wizard` or `accelerate config`, or fix the value named above",
                   when="launch")
-
-
-def loader_error(ctx: CheckContext) -> str | None:
-    """The one-line error of accelerate's real loader on this YAML, None when it loads."""
-    if "loader_error" in ctx.cache:
-        return ctx.cache["loader_error"]
-    error = None
-    from wizard.check.rules.libraries import yaml_on_disk
-
-    path = yaml_on_disk(ctx)     # the text being checked, also when it is not written yet
-    if path:
-        from accelerate.commands.config.config_args import load_config_from_file
-        try:
-            load_config_from_file(path)
-        except Exception as exc:  # noqa: BLE001 - any loader failure is the finding
-            error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-    ctx.cache["loader_error"] = error
-    return error
 
 
 @rule("ACC-DS-CONFIG-FILE-MISSING", FAMILY, "deepspeed_config_file points at a missing file")
