@@ -14,13 +14,13 @@ from typing import Any
 
 from wizard.config import answers as answers_mod
 from wizard.errors import InputError
+from wizard.paths import PLAN_FILE
 from wizard.planning.plan import Plan
 from wizard.probe import hardware as hardware_mod
 from wizard.probe.hardware import Hardware
 from wizard.sizing.adapters import adapters_cached, adapters_for, lora_options_for
 from wizard.sizing.model import ModelShape
 
-PLAN_FILE = "wizard_plan.json"
 PRE_PLAN_STAGES = ("model", "training", "strategy", "machines")
 
 

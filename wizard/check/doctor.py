@@ -199,6 +199,15 @@ def load_training_args(path: str) -> tuple[dict[str, Any], list[str]]:
     return {k: v for k, v in data.items() if str(k) in fields}, ignored
 
 
+def read_plan_beside(config_file: str) -> dict[str, Any] | None:
+    """The wizard_plan.json the wizard wrote beside an accelerate config, None when there is none or it cannot be
+    read (the rules then judge the files alone)."""
+    from wizard.fsutil import read_json_object
+    from wizard.paths import plan_file_beside
+    path = plan_file_beside(config_file)
+    return read_json_object(path) if os.path.isfile(path) else None      # a FIFO there must not block
+
+
 def library_versions() -> dict[str, str | None]:
     out: dict[str, str | None] = {}
     for name in ("accelerate", "deepspeed", "transformers", "torch"):
@@ -255,6 +264,7 @@ def build_context(config_file: str | None = None, ds_config: str | None = None, 
         ctx.acc_path = acc_path
         ctx.acc_text = read_input(acc_path, "config-file")
         ctx.acc, ctx.acc_plain = parse_accelerate_yaml(ctx.acc_text, acc_path)
+        ctx.plan_beside = read_plan_beside(acc_path)
 
     if training_args is not None:
         ctx.ta_path = training_args

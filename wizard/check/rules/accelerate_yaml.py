@@ -85,16 +85,6 @@ def _launches_torchrun(ctx: CheckContext) -> bool:
     return ctx.distributed_type in ("MULTI_GPU", "FSDP", "DEEPSPEED", "MEGATRON_LM") or ctx.num_machines > 1
 
 
-def gpu_id_list(ctx: CheckContext) -> list[str] | None:
-    """The ids of `gpu_ids` when it names GPUs, None for 'all' or absent."""
-    value = ctx.acc_get("gpu_ids")
-    if value is None or (isinstance(value, str) and value.strip().lower() == "all"):
-        return None
-    if isinstance(value, list):
-        return [str(v) for v in value]
-    return [part.strip() for part in str(value).split(",") if part.strip()]
-
-
 # ----------------------------------------------------------------------------- rules
 
 
@@ -403,34 +393,6 @@ def ignored_by_launch(ctx: CheckContext) -> Iterable:
                 when="launch")
 
 
-@rule("ACC-NUM-PROCESSES-PER-NODE", FAMILY, "num_processes looks per-node on a multi-machine config")
-def num_processes_per_node(ctx: CheckContext) -> Iterable:
-    machines = ctx.num_machines
-    total = as_int(ctx.acc_get("num_processes"), None)
-    if machines <= 1 or total is None or total <= 0:
-        return
-    if total < machines or total % machines:
-        yield finding(
-            "error", "ACC-NUM-PROCESSES-PER-NODE", ctx.acc_path, "num_processes",
-            f"num_processes={total} over num_machines={machines}: num_processes is the TOTAL over all machines; "
-            f"torchrun gets nproc_per_node={total // machines} and the machines disagree on the world size",
-            fix=f"set num_processes to machines x GPUs per machine, e.g. {machines * max(1, total)}",
-            when="launch")
-        return
-    local_gpus = _local_gpus(ctx)
-    if local_gpus and total == local_gpus and total // machines < local_gpus:
-        yield finding(
-            "warning", "ACC-NUM-PROCESSES-PER-NODE", ctx.acc_path, "num_processes",
-            f"num_processes={total} equals the GPUs of one machine, but it is the total over {machines} machines: "
-            f"each machine will start only {total // machines} of its {local_gpus} GPUs",
-            fix=f"num_processes: {total * machines}", when="launch")
-
-
-def _local_gpus(ctx: CheckContext) -> int:
-    hw = ctx.hardware
-    return len(hw.gpus) if hw is not None else 0
-
-
 @rule("ACC-MAIN-PROCESS-UNSET", FAMILY, "several machines without the main machine's address (or port)")
 def main_process_unset(ctx: CheckContext) -> Iterable:
     """The wizard refuses to write this (emit: main_process_ip/port are required with more than one machine);
@@ -474,35 +436,6 @@ def main_process_unset(ctx: CheckContext) -> Iterable:
             f"machines, you need to specify the main process port.' before any process starts",
             fix=f"main_process_port: {DEFAULT_PORT} (free and open between the machines, the same on every one)",
             when="launch")
-
-
-@rule("ACC-NUM-PROCESSES-EXCEEDS-GPUS", FAMILY, "more processes per machine than GPUs present")
-def num_processes_exceeds_gpus(ctx: CheckContext) -> Iterable:
-    if ctx.acc is None or ctx.acc_get("use_cpu") is True:
-        return
-    gpus = _local_gpus(ctx)
-    if gpus == 0:
-        return          # no GPU seen here (CPU box, or planning for another machine without --assume)
-    per_node = max(1, ctx.num_processes // ctx.num_machines)
-    ids = gpu_id_list(ctx)
-    if ids is not None:
-        missing = [i for i in ids if not (i.isdigit() and int(i) < gpus)]
-        if missing:
-            yield finding(
-                "error", "ACC-NUM-PROCESSES-EXCEEDS-GPUS", ctx.acc_path, "gpu_ids",
-                f"gpu_ids names {', '.join(missing)} but this machine has GPUs 0-{gpus - 1}: CUDA_VISIBLE_DEVICES "
-                f"then hides the GPUs the processes expect",
-                fix=f"use ids between 0 and {gpus - 1}, or gpu_ids: all", when="launch")
-            return
-        available, what = len(ids), f"gpu_ids lists {len(ids)}"
-    else:
-        available, what = gpus, f"this machine has {gpus}"
-    if per_node > available:
-        yield finding(
-            "error", "ACC-NUM-PROCESSES-EXCEEDS-GPUS", ctx.acc_path, "num_processes",
-            f"{per_node} processes per machine but {what} GPU(s): two processes land on one GPU and NCCL "
-            f"fails at init ('Duplicate GPU detected') or they run out of memory",
-            fix=f"num_processes: {available * ctx.num_machines}", when="launch")
 
 
 @rule("ACC-PORT-IN-USE", FAMILY, "main process port already in use")

@@ -122,23 +122,6 @@ def distributed_type_contradicts(ctx: CheckContext) -> Iterable:
             fix="distributed_type: MULTI_GPU (or DEEPSPEED / FSDP), or num_processes: 1", when="launch")
 
 
-COUNT_KEYS = ("num_processes", "num_machines", "machine_rank", "main_process_port")
-
-
-@rule("ACC-COUNT-NOT-INTEGER", FAMILY, "num_processes / num_machines / machine_rank / port that is not a number")
-def count_not_integer(ctx: CheckContext) -> Iterable:
-    if ctx.acc is None or loader_error(ctx) is not None:
-        return
-    for key in COUNT_KEYS:
-        value = ctx.acc_get(key)
-        if value is None or as_int(value, None) is not None:
-            continue
-        yield finding(
-            "error", "ACC-COUNT-NOT-INTEGER", ctx.acc_path, key,
-            f"{key}: {value!r} is not a whole number: accelerate's loader and launch checks pass it through, and "
-            f"the launch fails when torchrun parses it", fix=f"write a whole number for {key}", when="launch")
-
-
 @rule("INT-STAGE-CONFLICT", FAMILY, "the files disagree about the ZeRO stage")
 def stage_conflict(ctx: CheckContext) -> Iterable:
     init = ctx.acc_get("deepspeed_config", "zero3_init_flag")
