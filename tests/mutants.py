@@ -157,7 +157,7 @@ MUTANTS = (
            (('"warning", "DS-ZERO3-NO-16BIT-SAVE"', '"error", "DS-ZERO3-NO-16BIT-SAVE"'),),
            ("tests/unit/test_check_rules.py::test_each_rule_reports_its_trigger_with_its_own_severity",),
            "a warning (ZeRO-3 without a 16-bit save) is raised as an error"),
-    Mutant("check-gpu-ids-off-by-one", "wizard/check/rules/accelerate_yaml.py",
+    Mutant("check-gpu-ids-off-by-one", "wizard/check/gpu_fit.py",
            (("(i.isdigit() and int(i) < gpus)]", "(i.isdigit() and int(i) <= gpus)]"),),
            ("tests/unit/test_check_near_misses.py::test_gpu_ids_must_name_gpus_below_the_count",),
            "gpu_ids naming GPU N on an N-GPU machine is accepted"),
