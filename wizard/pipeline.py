@@ -97,6 +97,20 @@ def resolve_pre_plan(hw: Hardware, given: dict[str, Any], conflicts: list | None
     return with_plan_details(route_cpu_processes(answers, given), given)
 
 
+def missing_for_files(hw: Hardware, answers: dict[str, Any]) -> InputError | None:
+    """The first FILES_ONLY answer the files need that is still missing from answers resolved with `plan_only`
+    (two machines and no main_process_ip), as resolve would have refused it; None when the files can be written."""
+    from wizard.config.questions import by_id
+    ctx = context(hw, None, None, answers)
+    for qid in FILES_ONLY:
+        q = by_id(qid)
+        if answers.get(qid) is None and q.ask_if(ctx):
+            reason = q.required(ctx)
+            if reason:
+                return InputError(q.field, f"a value is required {reason}", q.allowed_text(ctx))
+    return None
+
+
 # Details asked after the plan that its figures depend on: fsdp_version 1 changes FSDP's activation memory
 # (plan.TrainingOptions.reentrant_checkpoint_call). Checked by type here; resolve_details checks them in context.
 PLAN_DETAILS = ("fsdp_version",)

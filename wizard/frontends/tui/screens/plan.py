@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
+from rich.markup import escape
 from rich.text import Text
 from textual.binding import Binding
 from textual.containers import Grid
@@ -18,7 +19,8 @@ from textual.widget import Widget
 from textual.widgets import OptionList, Static
 
 from wizard.config.questions import for_stage
-from wizard.frontends.tui.screens.base import WizardScreen
+from wizard.frontends.tui.screens.base import WizardScreen, first_sentence
+from wizard.frontends.tui.screens.details import asked_on_details
 from wizard.frontends.tui.widgets.memory_bar import legend, short_name
 from wizard.frontends.tui.widgets.rung_list import RungList
 from wizard.frontends.tui.words import field_name, in_words
@@ -262,6 +264,9 @@ class PlanScreen(WizardScreen):
         if state.sizing is not None:
             return f"[dim]Sizing {state.sizing.model} ...[/dim]"
         plan = state.plan
+        if plan is None and self.fixed_on_details():
+            # an answer of the Details screen does not plan: say which, and that Next goes there to fix it
+            return f"[red]✗ {escape(first_sentence(state.error, 44))} · Next: fix it on Details[/red]"
         if plan is None or plan.choice is None:
             return "[red]✗ Nothing fits · Escape: the inputs · Tab: the strategy[/red]"
         return fit_status(choice_status_parts(plan), self.status_width())
@@ -305,10 +310,18 @@ class PlanScreen(WizardScreen):
     def busy(self) -> str | None:
         return self.sizing_busy()
 
+    def fixed_on_details(self) -> bool:
+        """No plan because of an answer the Details screen asks (machines, details): Next goes there, where the
+        field shows the error, instead of waiting here for a plan only that screen can fix."""
+        state = self.state
+        return state.plan is None and bool(state.error) and asked_on_details(state.error_field)
+
     def blocking_problem(self) -> str | None:
         problem = WizardScreen.blocking_problem(self)
         if problem:
             return problem
+        if self.fixed_on_details():
+            return None
         plan = self.state.plan
         if self.state.sizing is None and plan is not None and (plan.choice is None or not plan.choice.fits):
             return self.does_not_fit(plan.choice)
