@@ -566,13 +566,28 @@ async def test_question_mark_is_text_in_a_field_and_arrows_move_between_fields(t
 
 
 async def test_ctrl_q_without_changes_quits_at_once(tmp_path):
+    """Issue 36, item 11: Ctrl+Q exited 130, an interrupt's code. Quitting is the user's choice: exit 0, and the
+    line says nothing was written (Ctrl+C, the terminal's interrupt, keeps 130)."""
     app = app_for(tmp_path, a100s(), model=QWEN_7B)
     async with app.run_test(size=(80, 24)) as pilot:
         await reach(pilot, "PlanScreen")
         await pilot.press("ctrl+q")
         await wait_until(pilot, lambda: app.return_value is not None)
-    assert app.return_value.code == EXIT_INTERRUPTED
+    assert app.return_value.code == 0 and app.return_value.summary == ["Quit; nothing written."]
     assert not (tmp_path / "out").exists()
+
+
+async def test_quitting_from_the_quit_question_opened_by_ctrl_q_exits_0(tmp_path):
+    app = app_for(tmp_path, a100s())
+    async with app.run_test(size=(80, 24)) as pilot:
+        await reach(pilot, "ModelScreen")
+        await type_into(pilot, "seq_len", "4096")
+        await pilot.press("ctrl+q")
+        await settle(pilot)
+        assert screen_name(app) == "QuitModal"
+        await pilot.press("q")
+        await wait_until(pilot, lambda: app.return_value is not None)
+    assert app.return_value.code == 0 and not (tmp_path / "out").exists()
 
 
 async def test_ctrl_q_asks_when_something_changed(tmp_path):

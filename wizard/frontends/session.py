@@ -471,6 +471,26 @@ class WizardState:
         return writes
 
 
+def measure_unavailable(state: WizardState) -> str | None:
+    """Why Measure cannot run for this plan, in the TUI's words, or None: the TUI offers `m` and --plain its menu entry
+    only where it can. Measure runs the user's script in trials on this machine (wizard.tune probes it), so it
+    measures only a plan for this machine's own GPUs or CPU processes: not one for an assumed machine (--assume), a
+    saved probe (--hardware) or a catalogue machine chosen on the Hardware screen."""
+    probed = state.probed
+    if probed is None:
+        return None
+    if state.target == TARGET_OTHER:
+        what = "another machine from the catalogue"
+    elif probed.source.startswith("assume:"):
+        what = f"an assumed machine ({probed.source[len('assume:'):]})"
+    elif probed.source.startswith("file:"):
+        what = "the machine of a saved probe"
+    else:
+        return None
+    return (f"Measure (m) is not offered: it runs your script in trials on this machine, and this plan is for "
+            f"{what}. Run the wizard on that machine to measure there")
+
+
 @dataclass(frozen=True)
 class PlannedChange:
     """What Write would do to one file: the Review screen's Changes tab and --plain's summary."""

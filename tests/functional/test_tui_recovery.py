@@ -1,4 +1,7 @@
-"""Issue 36, item 4: several machines in the Textual wizard, driven by Pilot (helpers of test_tui_pilot.py).
+"""No dead end in the Textual wizard, driven by Pilot (helpers of test_tui_pilot.py): every value a screen demands can
+be typed on a screen, no state traps the user, and the status line says a problem whole.
+
+Issue 36, item 4: several machines.
 
 Typing 2 into "Machines (nodes)" on the Details screen put 1 back, said "main-process-ip: a value is required",
 hid the Precision section and showed no address field anywhere; back on the Plan screen the ladder was empty,
@@ -86,3 +89,25 @@ async def test_an_answer_of_the_details_screen_that_does_not_plan_is_fixed_there
         assert app.state.plan is not None and app.state.plan.topology.world_size == 24
         await _tab_after(pilot, "main_process_ip", "10.0.0.1")
         assert app.state.files_problem() is None
+
+
+async def test_the_status_line_says_a_problem_whole_at_80x24(tmp_path):
+    """Issue 36, item 11: at 80x24 the Model screen's status line showed "✗ model: models/nope is not in the local
+    Hugging Face cache…", cut mid-sentence. It says a complete part that fits, or points at the message under the
+    field, which has the whole of it."""
+    app = app_for(tmp_path, hw=a100s(), params="7B")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await reach(pilot, "ModelScreen")
+        await type_into(pilot, "model", str(tmp_path / "no-such-model-directory-anywhere"))
+        await pilot.press("enter")
+        await settle(pilot)
+        assert screen_name(app) == "ModelScreen"
+        status = _status(app).strip()
+        width = app.screen.query_one("#status", Static).size.width
+        assert status.startswith("✗ ") and len(status) <= width and not status.endswith("…"), status
+        assert "does not exist" in (field(app, "model").error or "")        # the whole message, under the field
+        await type_into(pilot, "model", "")                                   # back to the parameter count
+        await type_into(pilot, "micro_batch", "abc")
+        await pilot.press("enter")
+        await settle(pilot)
+        assert _status(app).strip() == "✗ micro-batch: 'abc' is not a whole number"
