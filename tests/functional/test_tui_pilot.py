@@ -577,19 +577,6 @@ async def test_ctrl_q_without_changes_quits_at_once(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-async def test_quitting_from_the_quit_question_opened_by_ctrl_q_exits_0(tmp_path):
-    app = app_for(tmp_path, a100s())
-    async with app.run_test(size=(80, 24)) as pilot:
-        await reach(pilot, "ModelScreen")
-        await type_into(pilot, "seq_len", "4096")
-        await pilot.press("ctrl+q")
-        await settle(pilot)
-        assert screen_name(app) == "QuitModal"
-        await pilot.press("q")
-        await wait_until(pilot, lambda: app.return_value is not None)
-    assert app.return_value.code == 0 and not (tmp_path / "out").exists()
-
-
 async def test_ctrl_q_asks_when_something_changed(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
@@ -709,17 +696,19 @@ async def test_back_from_done_shows_the_written_files_as_unchanged_and_keys_move
         await wait_until(pilot, lambda: screen_name(app) == "ReviewScreen")
 
 
-async def test_a_second_ctrl_c_quits_from_the_quit_dialog(tmp_path):
+@pytest.mark.parametrize("opened_by, answer, code", [("ctrl+c", "ctrl+c", EXIT_INTERRUPTED), ("ctrl+q", "q", 0)])
+async def test_the_quit_dialog_ends_with_the_code_of_the_key_that_opened_it(tmp_path, opened_by, answer, code):
+    """A second Ctrl+C quits from the dialog (an interrupt: 130); Quit by Ctrl+Q is a choice: 0 (issue 36)."""
     app = app_for(tmp_path, a100s())
     async with app.run_test(size=(80, 24)) as pilot:
         await reach(pilot, "ModelScreen")
         await type_into(pilot, "seq_len", "4096")
-        await pilot.press("ctrl+c")
+        await pilot.press(opened_by)
         await settle(pilot)
         assert screen_name(app) == "QuitModal"
-        await pilot.press("ctrl+c")
+        await pilot.press(answer)
         await wait_until(pilot, lambda: app.return_value is not None)
-    assert app.return_value.code == EXIT_INTERRUPTED
+    assert app.return_value.code == code and not (tmp_path / "out").exists()
 
 
 async def test_below_80x24_the_screen_says_it_is_too_small(tmp_path):
