@@ -70,11 +70,9 @@ async def test_two_machines_typed_on_details_are_planned_and_their_address_asked
 async def test_an_answer_of_the_details_screen_that_does_not_plan_is_fixed_there_not_a_dead_end(tmp_path):
     """16 processes over 2 machines, then 3 machines: the processes no longer divide and there is no plan. The Plan
     screen says why and that Next goes to Details (Enter too, on its empty ladder), where the field shows it."""
-    app = app_for(tmp_path, hw=a100s(), params="7B")
+    app = app_for(tmp_path, hw=a100s(), params="7B", num_machines=2, num_processes=16)
     async with app.run_test(size=(80, 24)) as pilot:
         await reach(pilot, "DetailsScreen")
-        await _tab_after(pilot, "num_machines", "2")
-        await _tab_after(pilot, "num_processes", "16")
         await _tab_after(pilot, "num_machines", "3")
         assert app.state.plan is None and app.state.error_field == "num_processes"
         assert field(app, "num_machines").control.value == "3"        # what was typed, not the last plan's 2
