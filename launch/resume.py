@@ -111,7 +111,7 @@ def set_aside(ck: layout.Checkpoint) -> str:
 
 def target_of(accel: dict[str, Any] | None) -> Any:
     """The layout the launch's config trains with, as wizard.checkpoint's Target."""
-    from launch.supervisor import ds_config_path, world_size_of
+    from launch.accel_config import ds_config_path, world_size_of
     from wizard.checkpoint.convert import Target
     from wizard.fsutil import read_json_object
     from wizard.planning.rungs import strategy_from_files

@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Callable
 
 from launch import classify as cls
+from launch.accel_config import ds_config_path, world_size_of
 from launch.logs import StreamCapture
 from launch.rundir import (
     CONTROL_FILE,
@@ -130,10 +131,6 @@ class LaunchSpec:
 
 
 # ------------------------------------------------------------------ configs and the command
-
-def ds_config_path(accel: dict[str, Any] | None) -> str | None:
-    return ((accel or {}).get("deepspeed_config") or {}).get("deepspeed_config_file") or None
-
 
 def yaml_only_flags(accel: dict[str, Any] | None) -> list[str]:
     """accelerate launch ignores these YAML keys (its CLI defaults win): pass them explicitly."""
@@ -219,13 +216,6 @@ def build_command(spec: LaunchSpec, accel: dict[str, Any] | None, config_file: s
     cmd += list(spec.accelerate_args)
     cmd += [WORKER, spec.script, *spec.script_args]
     return cmd
-
-
-def world_size_of(accel: dict[str, Any] | None) -> int | None:
-    try:
-        return int((accel or {}).get("num_processes")) if accel and accel.get("num_processes") else None
-    except (TypeError, ValueError):
-        return None
 
 
 PLAN_FILES = ("wizard_plan.json", "plan.json")
