@@ -103,3 +103,12 @@ def test_the_json_names_how_for_the_plans_trainer():
     assert "grad_accum" not in by_key          # an own loop under DeepSpeed: ds_config.json's concrete value
     assert script_settings(ANSWERS, Plan(rungs=[], choice=None, gpu_capacity_bytes=0, usable_bytes=0,
                                          precision="bf16", topology=Topology())) == []
+
+
+def test_the_checkpoints_kept_are_the_scripts_and_said_as_the_snippet_says():
+    """save_total_limit sizes plan.checkpoint's disk, and only the script's TrainingArguments carry it."""
+    plan = one_rung_plan(next(s for s in RUNGS if s.key == "zero2"))
+    assert "save_total_limit" not in {s.key for s in script_settings(ANSWERS, plan)}
+    (hf,) = [s for s in script_settings({**ANSWERS, "save_total_limit": 2}, plan) if s.key == "save_total_limit"]
+    assert hf.hf == "TrainingArguments(save_total_limit=2)" and not hf.fit
+    assert training_arguments({**ANSWERS, "save_total_limit": 2}, plan, "/out/ds_config.json")["save_total_limit"] == 2

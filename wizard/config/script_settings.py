@@ -59,7 +59,7 @@ class ScriptSetting:
     """One thing the training script must do for the plan to hold."""
 
     key: str                          # gradient_checkpointing | micro_batch | grad_accum | precision | optimizer
-                                      # | attention | seq_len | method
+                                      # | attention | seq_len | method | save_total_limit
     value: Any                        # the plan's value
     text: str                         # what it is, in words: "gradient checkpointing on"
     hf: str                           # how an HF Trainer script does it: "TrainingArguments(...=True)"
@@ -171,6 +171,14 @@ def script_settings(answers: dict[str, Any], plan) -> list[ScriptSetting]:
             f"TrainingArguments(gradient_accumulation_steps={accum})",
             f"Accelerator(gradient_accumulation_steps={accum})", False,
             "the global batch and the speed figures assume it"))
+    keep = answers.get("save_total_limit")
+    if keep:                                                        # plan.checkpoint's disk figure assumes it
+        out.append(ScriptSetting(
+            "save_total_limit", int(keep), f"at most {int(keep)} checkpoints kept",
+            f"TrainingArguments(save_total_limit={int(keep)})",
+            f"Accelerator(project_config=ProjectConfiguration(automatic_checkpoint_naming=True, "
+            f"total_limit={int(keep)}))", False,
+            "the plan's checkpoint disk figure assumes it; unset, every checkpoint stays on disk"))
     return out
 
 
