@@ -15,14 +15,16 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from launch import trust
 from launch._checkpoints import ENV_RESUME, RECORD_FILE
+from launch.runschema import SavesRecord
 from wizard.checkpoint import layout
 from wizard.errors import InputError
+from wizard.schema import build
 
 RECORD_MAX_BYTES = 1 << 16
 
@@ -48,9 +50,9 @@ def recorded_output(run_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
         return None
     try:
         body = json.loads(trust.read_private(Path(run_dir) / RECORD_FILE, RECORD_MAX_BYTES))
-    except (OSError, ValueError, RecursionError):
+        return asdict(build(SavesRecord, body))
+    except (OSError, ValueError, RecursionError):       # SchemaError is a ValueError
         return None
-    return body if isinstance(body, dict) and isinstance(body.get("output_dir"), str) else None
 
 
 def last_checkpoint(run_dir: str | os.PathLike[str]) -> dict[str, Any]:

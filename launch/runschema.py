@@ -99,6 +99,20 @@ class Resumed:
 
 
 @dataclass(frozen=True)
+class SavesRecord:
+    """checkpoints.json, beside run.json: where the run's training saves its checkpoints, as its rank 0 recorded it
+    (launch/_checkpoints.py). `wizard runs`' CHECKPOINT column and `--resume` read output_dir only through this."""
+    output_dir: str = spec(text, required=True)
+    kind: str | None = spec(one_of("trainer", "accelerate"))
+    last_saved: str | None = spec(text)         # accelerate's save_state: the directory it wrote last
+    save_strategy: str | None = spec(text)
+    save_steps: float | None = spec(any_number)
+    save_total_limit: int | None = spec(count)
+    save_only_model: bool = spec(flag, False)
+    load_best_model_at_end: bool = spec(flag, False)
+
+
+@dataclass(frozen=True)
 class TrialDone:
     steps: int = spec(count, required=True)
 

@@ -174,3 +174,19 @@ def test_the_details_answered_after_the_plan_refine_its_checkpoint_size():
     sharded, full = sized(), sized(fsdp_state_dict_type="FULL_STATE_DICT")
     assert sharded.layout.startswith("FSDP sharded") and full.layout.startswith("FSDP full")
     assert full.parts["weights"] > sharded.parts["weights"]
+
+
+def test_a_runs_checkpoints_record_is_read_through_its_schema(tmp_path):
+    """checkpoints.json is the run's data like run.json: one that does not pass launch.runschema.SavesRecord is no
+    record (wizard runs shows '-', --resume says the run recorded none), never a crash or a path from a wrong type."""
+    from launch._checkpoints import RECORD_FILE
+    from launch.resume import last_checkpoint, recorded_output
+    run = tmp_path / "run"
+    run.mkdir(mode=0o700)
+    good = {"kind": "trainer", "output_dir": str(tmp_path / "out"), "save_steps": 5, "save_total_limit": 2}
+    for body, ok in ((good, True), ({**good, "output_dir": 7}, False), ({**good, "save_total_limit": -1}, False),
+                     ({**good, "kind": "other"}, False), ([good], False)):
+        (run / RECORD_FILE).write_text(json.dumps(body))
+        assert (recorded_output(run) is not None) == ok, body
+    (run / RECORD_FILE).write_text(json.dumps({**good, "output_dir": 7}))
+    assert last_checkpoint(run) == {"checkpoint_dir": None, "last_checkpoint": None, "partial_checkpoints": []}
