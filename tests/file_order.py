@@ -23,6 +23,7 @@ FILE_SECONDS = {
     "tests/functional/test_cli.py": 168,
     "tests/functional/test_gpu_bench_dry_run.py": 155,   # + the ALST series' two tests (issue 38, estimated)
     "tests/functional/test_tmux.py": 147,
+    "tests/functional/test_checkpoint_resume.py": 130,    # issue 39, estimated: four launches (2 and 3 ranks)
     "tests/functional/test_tui_pilot.py": 119,
     "tests/functional/test_tui_typing.py": 95,
     "tests/functional/test_ulysses_launch.py": 75,        # issue 38, estimated: three 2-process launches

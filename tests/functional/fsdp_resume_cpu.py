@@ -3,7 +3,7 @@ checkpoints and resumes from the one `wizard launch --resume` hands it ($WIZARD_
 
 A tiny random Llama (the same on every rank: seeded), sharded by accelerate's own fsdp2_prepare_model from the
 FullyShardedDataParallelPlugin the YAML exported; AdamW; a constant learning rate. Each step trains the same global
-batch of GLOBAL_BATCH samples whatever the world size (rank r of W takes every W-th sample), so a run on 4 ranks
+batch of GLOBAL_BATCH samples whatever the world size (rank r of W takes every W-th sample), so a run on 3 ranks
 resumed from a 2-rank checkpoint computes the same loss as the 2-rank run would have.
 
 Checkpoints are what accelerate's save_state writes for FSDP with SHARDED_STATE_DICT (save_fsdp_model,
@@ -25,7 +25,7 @@ import os
 import sys
 from pathlib import Path
 
-GLOBAL_BATCH = 8
+GLOBAL_BATCH = 12          # divisible by 2, 3 and 4: every rank the same number of samples
 SEQ = 32
 
 

@@ -2,11 +2,13 @@
 39's evidence). Nothing is faked: `wizard launch` starts accelerate, torchrun and DeepSpeed over gloo; the
 checkpoints are the Trainer's and accelerate's own; the conversions are DeepSpeed's and accelerate's.
 
-DeepSpeed (examples/train.py, the HF Trainer, the configs the wizard writes; one module fixture, three launches):
+DeepSpeed (examples/train.py, the HF Trainer, the configs the wizard writes; one module fixture, two launches):
 - R: 2 ranks, ZeRO-2, 8 steps, a checkpoint every 2, killed (SIGKILL, every rank) in the middle of the save of step 6;
-- A: `wizard launch --resume R` on 4 ranks: checkpoint-6 is named partial and set aside, checkpoint-4 converted to
-  DeepSpeed's universal format and loaded with checkpoint.load_universal; it trains steps 5-8;
-- B: `wizard launch --resume A/checkpoint-6` back on 2 ranks: steps 7-8.
+- A: `wizard launch --resume R` on 3 ranks (uneven partitions): checkpoint-6 is named partial and set aside, checkpoint-4 converted to
+  DeepSpeed's universal format and loaded with checkpoint.load_universal; it trains steps 5-8, and its last
+  checkpoint (3 ranks) is the one exported.
+(4 -> 2 ranks is the same conversion the other way; measured equal to the bit at both library ends, it is not
+launched here: suite time.)
 Every rank of these runs trains the same batches (the Trainer on DeepSpeed's CPU accelerator sees one process per
 rank, so its data are not split), and a step's gradient is the mean of identical per-rank gradients on any world size:
 a resumed step's loss equals the uninterrupted run's. Measured: bit-identical on 0.19.0 and 0.19.8; the tolerance,
@@ -18,7 +20,7 @@ file names): the wizard refuses in one line before launching, and DeepSpeed's ow
 engine load of the same conversion.
 
 FSDP2 (tests/functional/fsdp_resume_cpu.py, a plain accelerate loop; the Trainer cannot run FSDP on a CPU): 2 ranks
-save torch.distributed.checkpoint shards, `wizard launch --resume` continues on 4; DCP reshards as accelerate loads.
+save torch.distributed.checkpoint shards, `wizard launch --resume` continues on 3; DCP reshards as accelerate loads.
 """
 
 from __future__ import annotations
@@ -82,13 +84,13 @@ class Runs:
 
 @pytest.fixture(scope="module")
 def ds(tmp_path_factory):
-    """R, A and B above, launched once for the module."""
+    """R and A above, launched once for the module."""
     t0 = time.monotonic()
     root = tmp_path_factory.mktemp("ds-resume")
     r = Runs()
     r.root = root
     r.z2n2 = write_config(root / "z2n2", "--backend", "deepspeed", "--zero-stage", "2", "--num-processes", "2")
-    r.z2n4 = write_config(root / "z2n4", "--backend", "deepspeed", "--zero-stage", "2", "--num-processes", "4")
+    r.z2n3 = write_config(root / "z2n3", "--backend", "deepspeed", "--zero-stage", "2", "--num-processes", "3")
     r.z3n4 = write_config(root / "z3n4", "--backend", "deepspeed", "--zero-stage", "3", "--num-processes", "4")
     r.out = root / "out"
     args = ["--steps", "8", "--save-steps", "2", "--output-dir", str(r.out)]
@@ -99,16 +101,11 @@ def ds(tmp_path_factory):
     r.runs_view = wizard_here("runs", str(root / "runs"), "--json", cwd=root)
     r.refused = wizard_here("launch", "--headless", "--config-file", str(r.z3n4), "--run-dir",
                             str(root / "runs" / "Z3"), "--resume", str(r.R_dir), "--", TRAIN, *args, cwd=root)
-    r.A = wizard("launch", "--headless", "--quiet-ranks", "--config-file", str(r.z2n4), "--run-dir",
+    r.A = wizard("launch", "--headless", "--quiet-ranks", "--config-file", str(r.z2n3), "--run-dir",
                  str(root / "runs" / "A"), "--resume", str(r.R_dir), "--", TRAIN, *args, cwd=root)
     r.A_dir = root / "runs" / "A"
-    r.out_b = root / "out-b"
-    r.B = wizard("launch", "--headless", "--quiet-ranks", "--config-file", str(r.z2n2), "--run-dir",
-                 str(root / "runs" / "B"), "--resume", str(r.out / "checkpoint-6"), "--", TRAIN, "--steps", "8",
-                 "--save-steps", "2", "--output-dir", str(r.out_b), cwd=root)
-    r.B_dir = root / "runs" / "B"
     r.seconds = time.monotonic() - t0
-    print(f"\n[ds fixture] three launches and the checks between them: {r.seconds:.0f} s; "
+    print(f"\n[ds fixture] two launches and the checks between them: {r.seconds:.0f} s; "
           + ", ".join(f"{what} {sec:.0f} s" for what, sec in TIMES))
     return r
 
@@ -139,30 +136,22 @@ def test_a_run_killed_in_a_save_names_the_partial_checkpoint_and_the_resume_take
     assert record["set_aside"] == [str(ds.out / "checkpoint-6")]
 
 
-def test_zero2_on_two_ranks_continues_on_four_through_deepspeeds_universal_checkpoint(ds):
+def test_zero2_on_two_ranks_continues_on_three_through_deepspeeds_universal_checkpoint(ds):
     assert ds.A.returncode == 0, ds.A.stdout[-4000:]
     assert "wrote DeepSpeed's universal checkpoint global_step4_universal" in ds.A.stdout
     assert (ds.out / "checkpoint-4" / "latest_universal").read_text().strip() == "global_step4_universal"
     log = (ds.A_dir / "logs" / "attempt-1" / "rank-0.log").read_text()
     assert f"resuming the Trainer from {ds.out / 'checkpoint-4'} (DeepSpeed universal checkpoint" in log
-    assert "engine=deepspeed zero_stage=2 partitioned=False numel=8192 world_size=4" in log
+    assert "engine=deepspeed zero_stage=2 partitioned=False numel=8192 world_size=3" in log
     uninterrupted, resumed = losses(ds.R_dir), losses(ds.A_dir)
     assert sorted(resumed) == [5, 6, 7, 8] and sorted(uninterrupted) == [1, 2, 3, 4, 5, 6], (resumed, uninterrupted)
     same_losses(resumed, uninterrupted, (5, 6))
     from wizard.checkpoint import layout
     found = layout.find(ds.out)
     assert [(c.name, c.complete, c.world_size) for c in found.checkpoints] == [
-        ("checkpoint-2", True, 2), ("checkpoint-4", True, 2), ("checkpoint-6", True, 4),
-        ("partial-checkpoint-6", False, 2), ("checkpoint-8", True, 4)]
+        ("checkpoint-2", True, 2), ("checkpoint-4", True, 2), ("checkpoint-6", True, 3),
+        ("partial-checkpoint-6", False, 2), ("checkpoint-8", True, 3)]
     assert found.last_complete.name == "checkpoint-8" and found.partial == []
-
-
-def test_four_ranks_back_to_two_equals_the_four_rank_runs_own_steps(ds):
-    assert ds.B.returncode == 0, ds.B.stdout[-4000:]
-    assert "DeepSpeed ZeRO-2, 4 ranks) -> 4 ranks -> 2 ranks: DeepSpeed's universal checkpoint" in ds.B.stdout
-    resumed = losses(ds.B_dir)
-    assert sorted(resumed) == [7, 8], resumed
-    same_losses(resumed, losses(ds.A_dir), (7, 8))
 
 
 def test_zero2_into_zero3_is_refused_in_one_line_as_deepspeed_itself_refuses_it(ds):
@@ -183,24 +172,24 @@ def test_zero2_into_zero3_is_refused_in_one_line_as_deepspeed_itself_refuses_it(
 
 
 def test_the_export_loads_with_from_pretrained_and_its_weights_are_the_trained_models(ds, tmp_path):
-    """B's last checkpoint (ZeRO-2, 2 ranks) exported by DeepSpeed's zero_to_fp32: from_pretrained loads it and every
+    """A's last checkpoint (ZeRO-2, 3 ranks) exported by DeepSpeed's zero_to_fp32: from_pretrained loads it and every
     weight equals the trained model the Trainer saved in that checkpoint (model.safetensors, the engine's module)."""
     import torch
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
     out = tmp_path / "export"
-    r = wizard_here("checkpoint", str(ds.out_b), "--export", str(out), cwd=tmp_path)
+    r = wizard_here("checkpoint", str(ds.out), "--export", str(out), cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "checkpoint-8: exported to" in r.stdout and "zero_to_fp32" in r.stdout
     model = AutoModelForCausalLM.from_pretrained(out)
-    trained = load_file(ds.out_b / "checkpoint-8" / "model.safetensors")
+    trained = load_file(ds.out / "checkpoint-8" / "model.safetensors")
     mine = model.state_dict()
     assert set(trained) <= set(mine)
     for name, tensor in trained.items():
         assert torch.equal(mine[name], tensor), name
     # bad input: one line, exit 2, nothing written
-    again = wizard_here("checkpoint", str(ds.out_b), "--export", str(out), cwd=tmp_path)
+    again = wizard_here("checkpoint", str(ds.out), "--export", str(out), cwd=tmp_path)
     assert again.returncode == 2 and again.stderr.count("\n") == 1 and "is not an empty directory" in again.stderr
     partial = wizard_here("checkpoint", str(ds.out / "partial-checkpoint-6"), "--export", str(tmp_path / "x"),
                           cwd=tmp_path)
@@ -232,12 +221,12 @@ def fsdp(tmp_path_factory):
     r.root = root
     flags = ["--backend", "fsdp", "--offload", "none", "--precision", "fp32", "--seq-len", "32"]
     r.n2 = write_config(root / "n2", "--assume", "2xA100-80GB", *flags)
-    r.n4 = write_config(root / "n4", "--assume", "4xA100-80GB", *flags)
+    r.n3 = write_config(root / "n3", "--assume", "3xA100-80GB", *flags)
     r.out = root / "out"
     r.R = wizard("launch", "--headless", "--quiet-ranks", "--config-file", str(r.n2), "--run-dir",
                  str(root / "runs" / "R"), "--", FSDP_LOOP, "--steps", "6", "--output-dir", str(r.out), cwd=root)
     r.R_dir = root / "runs" / "R"
-    r.A = wizard("launch", "--headless", "--quiet-ranks", "--config-file", str(r.n4), "--run-dir",
+    r.A = wizard("launch", "--headless", "--quiet-ranks", "--config-file", str(r.n3), "--run-dir",
                  str(root / "runs" / "A"), "--resume", str(r.out / "checkpoint_4"), "--", FSDP_LOOP, "--steps", "6",
                  "--output-dir", str(root / "out-a"), cwd=root)
     r.A_dir = root / "runs" / "A"
@@ -246,12 +235,12 @@ def fsdp(tmp_path_factory):
     return r
 
 
-def test_fsdp2_on_two_ranks_continues_on_four_resharded_by_torch_distributed_checkpoint(fsdp):
+def test_fsdp2_on_two_ranks_continues_on_three_resharded_by_torch_distributed_checkpoint(fsdp):
     assert fsdp.R.returncode == 0, fsdp.R.stdout[-4000:]
     assert fsdp.A.returncode == 0, fsdp.A.stdout[-4000:] + fsdp.A.stderr[-2000:]
     assert "torch.distributed.checkpoint reshards it as accelerate loads it" in fsdp.A.stdout
     log = (fsdp.A_dir / "logs" / "attempt-1" / "rank-0.log").read_text()
-    assert f"resumed from {fsdp.out / 'checkpoint_4'} at step 4 on 4 ranks" in log
+    assert f"resumed from {fsdp.out / 'checkpoint_4'} at step 4 on 3 ranks" in log
     same_losses(losses(fsdp.A_dir), losses(fsdp.R_dir), (5, 6))
     from wizard.checkpoint import layout
     ck = layout.inspect(fsdp.out / "checkpoint_4")
