@@ -177,7 +177,7 @@ OPTIONAL_INPUTS = {"model", "params", "hidden_size", "layers", "heads", "vocab_s
                    "main_process_ip", "deepspeed_moe_layer_cls_names", "deepspeed_exclusion_filter",
                    "deepspeed_inclusion_filter", "fsdp_transformer_layer_cls_to_wrap",
                    "global_batch", "train_tokens", "dataset_tokens", "epochs", "lora_alpha", "lora_targets",
-                   "inter_node_gbps"}
+                   "inter_node_gbps", "save_total_limit"}
 
 
 def test_every_question_has_a_default_or_is_conditional_or_optional():
