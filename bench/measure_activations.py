@@ -166,7 +166,7 @@ def _generic_regions(model):
     return out
 
 
-class _Tracker:
+class Tracker:
     """Follows every storage an operator outputs until it is freed; records alloc/free events by region."""
 
     def __init__(self, ignore: set[int]):
@@ -209,7 +209,7 @@ class _Tracker:
         return self.entries
 
 
-def _dispatch_mode(tracker: _Tracker):
+def dispatch_mode(tracker: Tracker):
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_flatten
@@ -237,7 +237,7 @@ def measure_model(model, shape: Shape) -> Measured:
 
     param_ptrs = {p.untyped_storage().data_ptr() for p in model.parameters()}
     result = Measured(shape)
-    tracker = _Tracker(param_ptrs)
+    tracker = Tracker(param_ptrs)
     state = {"region": "other", "forward": True}
     seen: set[int] = set()
     saved_refs = []
@@ -272,7 +272,7 @@ def measure_model(model, shape: Shape) -> Measured:
 
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(0, shape.vocab, (shape.batch, shape.seq), generator=g)
-    with _dispatch_mode(tracker):
+    with dispatch_mode(tracker):
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             out = model(input_ids=ids, labels=ids)
         loss = out.loss

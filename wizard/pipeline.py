@@ -98,8 +98,10 @@ def resolve_pre_plan(hw: Hardware, given: dict[str, Any], conflicts: list | None
 
 
 # Details asked after the plan that its figures depend on: fsdp_version 1 changes FSDP's activation memory
-# (plan.TrainingOptions.reentrant_checkpoint_call). Checked by type here; resolve_details checks them in context.
-PLAN_DETAILS = ("fsdp_version",)
+# (plan.TrainingOptions.reentrant_checkpoint_call); a context- or sequence-parallel size given is the ladder's
+# (plan.StrategyOptions.cp_size / sp_size: honoured, or refused with the reason). Checked by type here;
+# resolve_details checks them in context.
+PLAN_DETAILS = ("fsdp_version", "parallelism_config_cp_size", "parallelism_config_sp_size")
 
 
 def with_plan_details(answers: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
