@@ -57,9 +57,11 @@ class LossShape:
     hidden: int = 256
     vocab: int = 128_256                 # Llama-3's
     dtype: str = "bf16"
+    shard_bytes: int = seqmem.TILED_LOSS_SHARD_BYTES   # the tiled loss's shards: smaller here to get several
 
     def label(self) -> str:
-        return f"h{self.hidden} V{self.vocab} s{self.seq} b1 {self.dtype}"
+        shards = seqmem.tiled_loss_shards(self.seq, self.vocab, self.shard_bytes)
+        return f"h{self.hidden} V{self.vocab} s{self.seq} b1 {self.dtype} ({shards} tiled shard{'s' * (shards > 1)})"
 
 
 def _torch_dtype(name: str):
@@ -155,7 +157,7 @@ def measure_loss(shape: LossShape, kind: str) -> int:
                 # fused_logits_loss_fn sums each shard and divides by the unmasked tokens once
                 return _hf_loss(module(hidden), None, shape.vocab, shift_labels=shift_labels, num_items_in_batch=1)
 
-            shards = seqmem.tiled_loss_shards(shape.seq, shape.vocab)
+            shards = seqmem.tiled_loss_shards(shape.seq, shape.vocab, shape.shard_bytes)
             total = TiledFusedLogitsLoss.apply(loss_fn, head, x, shift, None, shards, [head.weight], "sum")
             loss = total / (shift != -100).sum()
         else:
@@ -173,12 +175,13 @@ def measure_loss(shape: LossShape, kind: str) -> int:
 def estimate_loss(shape: LossShape, kind: str) -> int:
     if kind == "full":
         return mem.logits_bytes(shape.seq, 1, shape.vocab, shape.dtype)
-    return seqmem.loss_bytes(kind, shape.seq, 1, shape.vocab, shape.hidden, shape.dtype)
+    return seqmem.loss_bytes(kind, shape.seq, 1, shape.vocab, shape.hidden, shape.dtype, shape.shard_bytes)
 
 
 def loss_grid() -> list[LossShape]:
-    """Two lengths 4x apart with Llama-3's vocabulary (and the tiled loss past one shard at the longer one)."""
-    return [LossShape(seq=512), LossShape(seq=2048)]
+    """Two lengths 4x apart with Llama-3's vocabulary; the longer with the tiled loss's shards at 256 MiB of fp32
+    logits (4 shards: ArcticTraining's 1 GiB would need 4x the tokens for as many, hours on this CPU)."""
+    return [LossShape(seq=512), LossShape(seq=2048, shard_bytes=256 << 20)]
 
 
 # --- TiledMLP ---------------------------------------------------------------------------------------------
@@ -346,6 +349,8 @@ def estimate_liger_layers(shape: Shape) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--loss", action="store_true", help="only the loss paths")
+    parser.add_argument("--kinds", default="full,liger,tiled", help="the losses measured (comma-separated)")
+    parser.add_argument("--seq", type=int, action="append", help="only these lengths of the loss grid")
     parser.add_argument("--tiled-mlp", action="store_true", help="only the TiledMLP step")
     parser.add_argument("--liger-layers", action="store_true", help="only the layers with Liger's norm and MLP")
     args = parser.parse_args(argv)
@@ -355,8 +360,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'case':<48} {'quantity':<26} {'measured':>14} {'estimated':>14} {'error':>8}")
     worst = 0.0
     if both or args.loss:
-        for shape in loss_grid():
-            for kind in ("full", "liger", "tiled"):
+        for shape in [s for s in loss_grid() if not args.seq or s.seq in args.seq]:
+            for kind in args.kinds.split(","):
                 t0 = time.perf_counter()
                 measured, estimated = measure_loss(shape, kind), estimate_loss(shape, kind)
                 err = error_pct(measured, estimated)

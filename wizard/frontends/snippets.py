@@ -340,7 +340,9 @@ model = AutoLigerKernelForCausalLM.from_pretrained(MODEL, dtype=torch.bfloat16)"
 
 def _loss_code(plan, hf: bool, tiled: bool, offload: bool, sp: int) -> str:
     """The loss step: DeepSpeed's tiled loss over the model's hidden states, the checkpoints kept on the CPU during
-    the forward, and the loss averaged over the Ulysses group by its tokens (what the HF Trainer does under SP)."""
+    the forward, and under Ulysses the loss as transformers' deepspeed_sp_compute_loss makes it: the value the mean
+    over the whole sequence, each rank backpropagating its own tokens' share (DeepSpeed sums the gradients over the
+    group)."""
     head = ("class LongSequenceTrainer(Trainer):\n    def compute_loss(self, model, inputs, return_outputs=False, "
             "num_items_in_batch=None):" if hf else "def training_loss(model, inputs):")
     body = ["# the labels shifted once over the whole sequence (under Ulysses the data-loader adapter did it)",
@@ -348,7 +350,14 @@ def _loss_code(plan, hf: bool, tiled: bool, offload: bool, sp: int) -> str:
             "if labels is None:",
             "    labels = torch.nn.functional.pad(inputs[\"labels\"], (0, 1), value=-100)[..., 1:]",
             "inputs.pop(\"labels\", None)",
-            "good = (labels != -100).sum()"]
+            "good = (labels != -100).sum()",
+            "tokens = good.float()             # the tokens the mean is over"]
+    if sp > 1:
+        body += ["from deepspeed.utils import groups",
+                 "group = groups._get_sequence_parallel_group()   # DeepSpeed's Ulysses group",
+                 "tokens = tokens.clone()",
+                 "torch.distributed.all_reduce(tokens, group=group)   # the whole sequence's",
+                 "# (ZeRO-3 before DeepSpeed 0.20.2 averages the group's gradients: multiply `local` by sp there)"]
     context = "torch.autograd.graph.save_on_cpu(pin_memory=True)" if offload else "contextlib.nullcontext()"
     body.append(f"with {context}:" + ("   # the checkpoints (use_reentrant=True) to host RAM" if offload else ""))
     if tiled:
@@ -357,23 +366,21 @@ def _loss_code(plan, hf: bool, tiled: bool, offload: bool, sp: int) -> str:
                  "    vocab = unwrapped.config.vocab_size",
                  "    shards = max(1, math.ceil(labels.numel() * vocab * 4 / 2**30))   # ~1 GiB of fp32 logits each",
                  "",
-                 "    def shard_loss(m, h, y):   # the shard's sum (num_items_in_batch=1)",
+                 "    def shard_loss(m, h, y):   # the shard's share of the mean: its backward runs in the forward",
                  "        return m.loss_function(logits=m.lm_head(h), labels=None, vocab_size=vocab, shift_labels=y,",
-                 "                               num_items_in_batch=1)",
+                 "                               num_items_in_batch=1) / tokens",
                  "",
-                 "    total = TiledFusedLogitsLoss.apply(shard_loss, unwrapped, hidden, labels, None, shards,",
+                 "    local = TiledFusedLogitsLoss.apply(shard_loss, unwrapped, hidden, labels, None, shards,",
                  "                                       [unwrapped.lm_head.weight], \"sum\")"]
     else:
         body += ["    out = model(**inputs, labels=labels, shift_labels=labels)",
-                 "    total = torch.where(good > 0, out.loss.float(), 0.0) * good"]
+                 "    local = torch.where(good > 0, out.loss.float(), 0.0) * good / tokens.clamp(min=1)"]
     if sp > 1:
-        body += ["from deepspeed.utils import groups",
-                 "group = groups._get_sequence_parallel_group()   # DeepSpeed's Ulysses group (the HF blog's lines)",
-                 "totals = torch.distributed.nn.functional.all_gather(total, group=group)",
-                 "goods = torch.distributed.nn.functional.all_gather(good, group=group)",
-                 "loss = sum(totals) / max(sum(goods), 1)"]
+        body += ["total = local.detach().clone()",
+                 "torch.distributed.all_reduce(total, group=group)",
+                 "loss = local + (total - local.detach())   # the whole mean; this rank's share backpropagates"]
     else:
-        body.append("loss = total / max(good, 1)")
+        body.append("loss = local")
     body.append("return (loss, None) if return_outputs else loss" if hf else "return loss")
     indent = "        " if hf else "    "
     imports = ["import contextlib", "import math"]

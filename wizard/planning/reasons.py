@@ -144,7 +144,7 @@ def _fit_reason(rung: Rung, x: _Inputs, without_gc: int | None, choice: Rung, ti
                f"no rung without offload fits, and it is {offload}" if _rung_class(rung) == 1
                else "nothing fits without NVMe") + room
         if tight_passed is not None:
-            why = (f"faster ({speed_mod.relative(rung.speed, tight_passed.speed)}) than {tight_passed.name}, the "
+            why = (f"{speed_mod.relative(rung.speed, tight_passed.speed)} than {tight_passed.name}, the "
                    f"fastest rung without offload, which leaves only "
                    f"{fmt_bytes(x.usable - tight_passed.per_gpu_bytes)} to spare, {_error_clause()}")
         return f"Fits with {spare} to spare ({used}){gc}; ≈{rate}; chosen: {why}{_threads_clause(rung, x)}."

@@ -73,9 +73,9 @@ def liger_chunk_tokens(tokens: int, vocab: int, hidden: int) -> int:
     return min(1 << max(0, (-(-tokens // inc) - 1).bit_length()), tokens)
 
 
-def tiled_loss_shards(tokens: int, vocab: int) -> int:
+def tiled_loss_shards(tokens: int, vocab: int, shard_bytes: int = TILED_LOSS_SHARD_BYTES) -> int:
     """TiledFusedLogitsLoss's shards for this many tokens: ceil(fp32 logits / 1 GiB), ArcticTraining's rule."""
-    return max(1, math.ceil(tokens * vocab * 4 / TILED_LOSS_SHARD_BYTES))
+    return max(1, math.ceil(tokens * vocab * 4 / shard_bytes))
 
 
 def tiled_mlp_shards(tokens: int, hidden: int) -> int:
@@ -84,7 +84,8 @@ def tiled_mlp_shards(tokens: int, hidden: int) -> int:
     return max(1, math.ceil(tokens / max(hidden, 1)))
 
 
-def loss_bytes(loss: str, seq_len: int, micro_batch: int, vocab: int, hidden: int, precision: str) -> int:
+def loss_bytes(loss: str, seq_len: int, micro_batch: int, vocab: int, hidden: int, precision: str,
+               shard_bytes: int = TILED_LOSS_SHARD_BYTES) -> int:
     """The loss path at its peak, per GPU, for `seq_len` tokens of this GPU (1/sp of the sequence under sequence
     parallelism). MEASURED on the CPU at two lengths, bench/measure_sequence_memory.py (Llama-3's vocabulary):
 
@@ -94,10 +95,11 @@ def loss_bytes(loss: str, seq_len: int, micro_batch: int, vocab: int, hidden: in
       with the layers' activations), one chunk of logits in the working dtype (liger_chunk_tokens x V x w, the
       chunk's gradient written over it) and an fp32 loss per token. Measured with a torch port of its algorithm
       (its Triton kernel does not run on the CPU).
-    - tiled: DeepSpeed's TiledFusedLogitsLoss around transformers' loss: one shard's full-logits peak (12 B per
-      element of tiled_loss_shards' shard), the gradient of the head's input (w x tokens x h, filled shard by
-      shard) and of its weight, which autograd accumulates shard by shard (the running sum and the shard's new
-      gradient: 2 x w x V x h at the accumulation).
+    - tiled: DeepSpeed's TiledFusedLogitsLoss around transformers' loss (each shard's backward runs inside the
+      forward): the gradient of the head's input (w x tokens x h, filled shard by shard) and one shard's full-logits
+      peak (12 B per element of tiled_loss_shards' shard), beside the head's weight gradient that the shards before
+      it accumulated (w x V x h; none for the first). The accumulation of a shard's weight gradient (the sum and
+      the new one, 2 x w x V x h) comes after its logits are gone.
     """
     tokens = seq_len * micro_batch
     if tokens <= 0 or vocab <= 0:
@@ -110,8 +112,11 @@ def loss_bytes(loss: str, seq_len: int, micro_batch: int, vocab: int, hidden: in
     if loss == "liger":
         return input_grad + head_grad + w * liger_chunk_tokens(tokens, vocab, hidden) * vocab + 4 * tokens
     if loss == "tiled":
-        shard = -(-tokens // tiled_loss_shards(tokens, vocab))
-        return input_grad + 2 * head_grad + mem.LOGITS_PEAK_BYTES_PER_ELEMENT * shard * vocab
+        shards = tiled_loss_shards(tokens, vocab, shard_bytes)
+        shard = -(-tokens // shards)
+        if shards == 1:
+            return input_grad + mem.LOGITS_PEAK_BYTES_PER_ELEMENT * shard * vocab
+        return input_grad + max(head_grad + mem.LOGITS_PEAK_BYTES_PER_ELEMENT * shard * vocab, 2 * head_grad)
     raise ValueError(f"unknown loss {loss!r}")
 
 
