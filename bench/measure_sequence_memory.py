@@ -200,7 +200,8 @@ def _patch_tiled_mlp():
         def mlp_forward(module, x_shard):
             return original(module, x_shard)
 
-        return TiledMLP.apply(mlp_forward, self, x, shards, None)
+        return TiledMLP.apply(mlp_forward, self, x, shards, [self.down_proj.weight, self.gate_proj.weight,
+                                                              self.up_proj.weight])
 
     modeling_llama.LlamaMLP.forward = tiled_mlp_forward
 

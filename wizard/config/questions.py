@@ -15,9 +15,9 @@ the parallelism sizes are judged by accelerate's own ParallelismConfig (wizard/c
 offered only on GPUs of compute capability 8.9+ with a backend where the files will run (wizard/config/fp8.py).
 
 Out of scope, never asked: SageMaker, TPU/XLA, Megatron-LM, non-NVIDIA accelerators, DeepSpeed with fp8 (the
-wizard's DeepSpeed configs keep precision in ds_config.json, where accelerate asks no mixed precision either),
-and the parallelism config's sequence-parallel (DeepSpeed ALST/Ulysses) sizes, which `accelerate config` does not
-ask.
+wizard's DeepSpeed configs keep precision in ds_config.json, where accelerate asks no mixed precision either).
+The parallelism config's sequence-parallel (DeepSpeed ALST/Ulysses) size, which `accelerate config` does not ask,
+is asked for DeepSpeed (detail_questions.py).
 
 The machinery (`Question`, `Context`, coercion, `_q`) is in question_base.py; the questions asked after the
 plan (stage "details") are in detail_questions.py. This module holds the pre-plan questions, the whole

@@ -666,3 +666,25 @@ def with_host_ram(hw, total: int):
     ram = _available_host_ram(hw) or total
     share = ram / (hw.ram_total or ram)
     return replace(hw, ram_total=total, ram_available=int(total * share))
+
+
+@dataclass
+class RungAt:
+    """One rung at given options outside any ladder (bench/bench_long_sequence.py compares it with published runs):
+    its per-GPU and host bytes, its speed, and the longest sequence it takes at micro-batch 1."""
+
+    per_gpu_bytes: int
+    cpu_bytes: int
+    breakdown: dict
+    speed: speed_mod.Speed
+    longest: int
+
+
+def rung_at(hw, model, training: TrainingOptions, strategy: StrategyOptions, topology: Topology, key: str,
+            code: CodeOptions = NO_CODE, gc: bool = True) -> RungAt:
+    """The rung `key` at exactly these options (its size, its loss, its code options, gradient checkpointing)."""
+    x = _resolve(hw, model, training, strategy, topology, [])
+    spec = BY_KEY[key]
+    est = _estimate(spec, x, gc, code)
+    return RungAt(est.per_gpu, est.cpu, est.breakdown, _speed(spec, x, x.batch, x.grad_accum, gc, code),
+                  longest_seq_len(spec, replace(x, batch=1), gc, code))
