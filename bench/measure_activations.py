@@ -231,8 +231,9 @@ def measure(shape: Shape) -> Measured:
     return measure_model(build_model(shape), shape)
 
 
-def measure_model(model, shape: Shape) -> Measured:
-    """measure() for a model already built (train mode, on CPU); `shape` gives seq, batch and vocab."""
+def measure_model(model, shape: Shape, inputs: dict | None = None) -> Measured:
+    """measure() for a model already built (train mode, on CPU); `shape` gives seq, batch and vocab. `inputs`: the
+    forward's keyword arguments instead of random ids as their own labels (a sequence-parallel shard)."""
     import torch
 
     param_ptrs = {p.untyped_storage().data_ptr() for p in model.parameters()}
@@ -274,7 +275,7 @@ def measure_model(model, shape: Shape) -> Measured:
     ids = torch.randint(0, shape.vocab, (shape.batch, shape.seq), generator=g)
     with dispatch_mode(tracker):
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            out = model(input_ids=ids, labels=ids)
+            out = model(**(inputs or {"input_ids": ids, "labels": ids}))
         loss = out.loss
         del out                            # the HF Trainer keeps only the loss until backward
         saved_refs.clear()

@@ -39,7 +39,7 @@ import argparse
 import math
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -211,22 +211,28 @@ def _patch_tiled_mlp():
 
 
 def tiled_mlp_grid() -> list[Shape]:
-    base = dict(hidden=256, heads=4, kv_heads=2, layers=2, vocab=2000, batch=1, gc=True)
-    return [Shape(seq=1024, **base), Shape(seq=4096, **base)]
+    """Two MLP widths at one hidden size (the shard's phase against the norm's), a wider hidden size with two
+    shards, and a longer sequence (more shards, the same per-token figure)."""
+    base = dict(heads=4, kv_heads=2, layers=2, vocab=2000, batch=1, gc=True)
+    return [Shape(seq=1024, hidden=256, intermediate=704, **base),
+            Shape(seq=1024, hidden=256, intermediate=1408, **base),
+            Shape(seq=1024, hidden=512, intermediate=704, **{**base, "heads": 8, "kv_heads": 4}),
+            Shape(seq=4096, hidden=256, intermediate=704, **base)]
 
 
-def measure_tiled_mlp(shape: Shape) -> tuple[int, int]:
-    """(layers' peak without TiledMLP, with it): bench/measure_activations.py's peak outside the loss path."""
+def measure_tiled_mlp(shape: Shape) -> tuple[int, int, int]:
+    """(layers' peak without TiledMLP, with it, with it and Liger's norms): bench/measure_activations.py's peak
+    outside the loss path."""
     plain = measure_model(build_model(shape), shape).layers_peak
     undo = _patch_tiled_mlp()
     try:
         tiled = measure_model(build_model(shape), shape).layers_peak
     finally:
         undo()
-    return plain, tiled
+    return plain, tiled, measure_tiled_mlp_liger(shape)
 
 
-def estimate_tiled_mlp(shape: Shape) -> tuple[int, int]:
+def estimate_tiled_mlp(shape: Shape) -> tuple[int, int, int]:
     from wizard.planning.resolve import layer_stack
     from wizard.sizing.model import ModelShape
 
@@ -234,14 +240,41 @@ def estimate_tiled_mlp(shape: Shape) -> tuple[int, int]:
                        heads=shape.heads, kv_heads=shape.kv, vocab_size=shape.vocab, intermediate_size=shape.ffn,
                        model_type="llama")
     stack = layer_stack(model)
+    liger = seqmem.stack_for_loss(stack, "liger", "llama")
     plain = sum(mem.stack_activation_parts(stack, shape.seq, shape.batch, True, True, shape.dtype))
     tiled = sum(seqmem.layer_parts(stack, shape.seq, shape.batch, True, True, shape.dtype, tiled_mlp=True))
-    return plain, tiled
+    tiled_liger = sum(seqmem.layer_parts(liger, shape.seq, shape.batch, True, True, shape.dtype, tiled_mlp=True))
+    return plain, tiled, tiled_liger
 
 
 # --- Liger's RMSNorm and SwiGLU (what use_liger_kernel=True also swaps in) ----------------------------------------
 
 ROWS = 64          # rows a port's backward computes at once: its temporaries stand for the kernels' registers
+
+
+def _patch_liger_norm_and_tiled_mlp():
+    """ALST's Llama as its paper ran it: Liger's RMSNorm (ported, _patch_liger_layers) with DeepSpeed's TiledMLP in
+    the MLP (Liger's SwiGLU off: 'all of Liger-Kernel's Llama features were enabled, except swiglu when TiledMLP was
+    used')."""
+    from transformers.models.llama import modeling_llama
+
+    mlp_forward = modeling_llama.LlamaMLP.forward
+    undo_liger = _patch_liger_layers()
+    modeling_llama.LlamaMLP.forward = mlp_forward        # HF's MLP again, then tiled
+    undo_tiled = _patch_tiled_mlp()
+
+    def undo():
+        undo_tiled()
+        undo_liger()
+    return undo
+
+
+def measure_tiled_mlp_liger(shape: Shape) -> int:
+    undo = _patch_liger_norm_and_tiled_mlp()
+    try:
+        return measure_model(build_model(shape), shape).layers_peak
+    finally:
+        undo()
 
 
 def _patch_liger_layers():
@@ -347,6 +380,78 @@ def estimate_liger_layers(shape: Shape) -> int:
     return sum(mem.stack_activation_parts(stack, shape.seq, shape.batch, True, shape.gc, shape.dtype))
 
 
+# --- Ulysses (DeepSpeed's UlyssesSPAttentionHF, 2 processes over gloo) ----------------------------------------
+
+SP = 2
+
+
+def ulysses_grid() -> list[Shape]:
+    """The Llama MLP (its backward the layer's largest phase: what Ulysses saves more), a narrow one (the
+    all-to-alls' buffers the largest), and one KV head that each rank replicates."""
+    base = dict(hidden=256, heads=4, layers=2, vocab=2000, batch=1, seq=2048, gc=True)
+    return [Shape(kv_heads=2, **base), Shape(kv_heads=2, intermediate=256, **base),
+            Shape(kv_heads=1, intermediate=256, **base)]
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _ulysses_rank(rank: int, port: int, shape: Shape, results) -> None:
+    """One rank of a 2-process step: the model with 'ulysses' attention around SDPA, fed its half of the sequence
+    as UlyssesSPDataLoaderAdapter shards it (input_ids, position_ids, shift_labels), under the live-storage
+    tracker."""
+    import os
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(SP),
+                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(SP))
+    import deepspeed
+    import torch
+    from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPAttentionHF
+
+    torch.set_num_threads(1)
+    deepspeed.init_distributed(dist_backend="gloo")
+    model = build_model(shape)
+    # It wraps the model's own "sdpa" entry of ALL_ATTENTION_FUNCTIONS (in this process only).
+    UlyssesSPAttentionHF.register_with_transformers(model, "sdpa", SP, shape.batch, seq_length_is_variable=True)
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, shape.vocab, (shape.batch, shape.seq), generator=g)
+    shift_labels = torch.nn.functional.pad(ids, (0, 1), value=-100)[:, 1:]
+    local = shape.seq // SP
+    part = slice(rank * local, (rank + 1) * local)
+    inputs = {"input_ids": ids[:, part], "position_ids": torch.arange(shape.seq)[None, part].expand(shape.batch, -1),
+              "labels": shift_labels[:, part], "shift_labels": shift_labels[:, part]}
+    results[rank] = measure_model(model, replace(shape, seq=local), inputs).layers_peak
+    torch.distributed.destroy_process_group()
+
+
+def measure_ulysses(shape: Shape) -> tuple[int, int]:
+    """(the layers' peak of rank 0 under Ulysses SP 2, the same model's peak on its local length alone)."""
+    import torch.multiprocessing as mp
+
+    with mp.Manager() as manager:
+        results = manager.dict()
+        mp.spawn(_ulysses_rank, args=(_free_port(), shape, results), nprocs=SP, join=True)
+        sp_peak = results[0]
+    alone = measure_model(build_model(shape), replace(shape, seq=shape.seq // SP)).layers_peak
+    return sp_peak, alone
+
+
+def estimate_ulysses(shape: Shape) -> tuple[int, int]:
+    from wizard.planning.resolve import layer_stack
+    from wizard.sizing.model import ModelShape
+
+    model = ModelShape(params=1, largest_layer_params=1, hidden_size=shape.hidden, layers=shape.layers,
+                       heads=shape.heads, kv_heads=shape.kv, vocab_size=shape.vocab, intermediate_size=shape.ffn,
+                       model_type="llama")
+    stack = layer_stack(model)
+    local = shape.seq // SP
+    return (sum(seqmem.layer_parts(stack, local, shape.batch, True, True, shape.dtype, sp=SP)),
+            sum(mem.stack_activation_parts(stack, local, shape.batch, True, True, shape.dtype)))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--loss", action="store_true", help="only the loss paths")
@@ -354,8 +459,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seq", type=int, action="append", help="only these lengths of the loss grid")
     parser.add_argument("--tiled-mlp", action="store_true", help="only the TiledMLP step")
     parser.add_argument("--liger-layers", action="store_true", help="only the layers with Liger's norm and MLP")
+    parser.add_argument("--ulysses", action="store_true", help="only the 2-process Ulysses step")
     args = parser.parse_args(argv)
-    both = not (args.loss or args.tiled_mlp or args.liger_layers)
+    both = not (args.loss or args.tiled_mlp or args.liger_layers or args.ulysses)
     import torch
     torch.set_num_threads(2)
     print(f"{'case':<48} {'quantity':<26} {'measured':>14} {'estimated':>14} {'error':>8}")
@@ -372,7 +478,8 @@ def main(argv: list[str] | None = None) -> int:
     if both or args.tiled_mlp:
         for shape in tiled_mlp_grid():
             measured, estimated = measure_tiled_mlp(shape), estimate_tiled_mlp(shape)
-            for what, m, e in zip(("layers' peak (plain)", "layers' peak (TiledMLP)"), measured, estimated):
+            whats = ("layers' peak (plain)", "layers' peak (TiledMLP)", "... (TiledMLP, Liger norms)")
+            for what, m, e in zip(whats, measured, estimated):
                 err = error_pct(m, e)
                 worst = max(worst, abs(err))
                 print(f"{shape.label():<48} {what:<26} {m:>14,} {e:>14,} {err:>+7.1f}%")
@@ -383,6 +490,13 @@ def main(argv: list[str] | None = None) -> int:
             worst = max(worst, abs(err))
             what = "layers' peak (Liger)" if shape.gc else "layers saved (Liger)"
             print(f"{shape.label():<48} {what:<26} {m:>14,} {e:>14,} {err:>+7.1f}%")
+    if both or args.ulysses:
+        for shape in ulysses_grid():
+            measured, estimated = measure_ulysses(shape), estimate_ulysses(shape)
+            for what, m, e in zip((f"layers' peak (SP {SP})", "... (local length alone)"), measured, estimated):
+                err = error_pct(m, e)
+                worst = max(worst, abs(err))
+                print(f"{shape.label():<48} {what:<26} {m:>14,} {e:>14,} {err:>+7.1f}%")
     print(f"worst |error|: {worst:.1f}%")
     return 0
 

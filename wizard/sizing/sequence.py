@@ -184,17 +184,43 @@ def ulysses_all_to_all_bytes(tokens: int, hidden: int, heads: int, kv_heads: int
 
 # --- The layers with ALST's options -------------------------------------------------------------------------
 
+# TiledMLP's backward, MEASURED on the CPU (bench/measure_sequence_memory.py --tiled-mlp, the live storages at the
+# layers' peak of a tiny Llama, bf16, non-reentrant checkpointing; h 256/512, f 704/1408, 2 and 4 shards):
+# - at the MLP's shard: the layer output's gradient and TiledMLP's x_grad (w x h per token each), the shard's
+#   output (w x h per shard token), and per shard token the HF MLP's four saved f-tensors (gate, up, act(gate),
+#   their product: Liger's SwiGLU is off under TiledMLP, as ALST runs it) and two gradients of that size;
+# - at the second norm's backward (HF's fp32 RMSNorm): the gradient coming in (w x h) and six fp32 h-sized
+#   tensors (its saved fp32 input and the backward's temporaries), while its bf16 tensors are freed. With the
+#   MLP no longer the layer's largest phase this one is, as soon as a shard is a small part of the sequence.
+TILED_MLP_SHARD_GRADIENTS = 2
+NORM_BACKWARD_FP32_TENSORS = 6
+
+
+def tiled_mlp_phase_bytes(tokens: int, hidden: int, ffn: int, precision: str, profile: mem.LayerProfile | None,
+                          experts: int = 1) -> int:
+    """Bytes per token that a layer with TiledMLP holds, in its backward, beyond its saved tensors without the MLP's
+    (the constants above; tiled_mlp_shards' shards). Liger's norms (not fp32) have no norm phase above the MLP's."""
+    p = profile or mem.GATED_PROFILE
+    w = mem.working_bytes(precision)
+    shard_fraction = 1 / tiled_mlp_shards(tokens, hidden)
+    shard_ffn = (mem.GATED_PROFILE.ffn_tensors if p.gated_mlp else p.ffn_tensors) + TILED_MLP_SHARD_GRADIENTS
+    mlp = (2 + shard_fraction) * w * hidden + shard_ffn * ffn * w * experts * shard_fraction
+    norm = 0
+    if p.rms_norm_fp32:
+        norm = w * hidden + NORM_BACKWARD_FP32_TENSORS * 4 * hidden - mem.norm_bytes_per_token(hidden, precision, p)
+    return math.ceil(max(mlp, norm))
+
+
 def layer_parts(stack: mem.LayerStack, seq_len: int, micro_batch: int, flash: bool, gradient_checkpointing: bool,
                 precision: str, tiled_mlp: bool = False, sp: int = 1, checkpoint_offload: bool = False
                 ) -> tuple[int, int]:
     """memory.stack_activation_parts (kept until backward, recomputed layer) for `seq_len` tokens of this GPU, with:
 
     - tiled_mlp: DeepSpeed's TiledMLP in each decoder layer's MLP. It runs the MLP shard by shard without grad in
-      the forward and saves only its input (the norm's output, already counted), then in backward re-runs each
-      shard with grad: the layer saves profile.ffn_tensors f-sized tensors less per token, and the MLP's backward
-      holds the input's gradient (w x h per token, x_grad) and one shard's intermediates and their gradients
-      ((ffn_tensors + backward_ffn_tensors) x f x w for tiled_mlp_shards' shard). MEASURED with the real TiledMLP
-      on the CPU (bench/measure_sequence_memory.py --tiled-mlp).
+      the forward and saves only its input (the norm's output, already counted), so the layer saves
+      profile.ffn_tensors f-sized tensors less per token; its backward re-runs each shard with grad, and the layer's
+      backward then peaks at the larger of tiled_mlp_phase_bytes' two phases (the MLP's shard, the second norm's
+      backward) instead of memory.py's MLP phase.
     - sp > 1: Ulysses (ulysses_extra_saved_per_token, and the all-to-alls' transient buffers in the recomputed
       layer, ulysses_all_to_all_bytes); `seq_len` is already the local 1/sp.
     - checkpoint_offload: ALST's activation-checkpoint offload (its patch of torch.utils.checkpoint moves each
@@ -209,23 +235,23 @@ def layer_parts(stack: mem.LayerStack, seq_len: int, micro_batch: int, flash: bo
     p = stack.profile or mem.GATED_PROFILE
     extra = tokens * ulysses_extra_saved_per_token(stack.hidden, stack.heads, stack.kv_heads, stack.head_dim, sp,
                                                    precision)
+    mlp_backward = int(p.backward_ffn_tensors * stack.ffn * w) * tokens
     if tiled_mlp and not stack.ssm_state:
         f = stack.expert_ffn or stack.ffn if stack.experts_per_token else stack.ffn
         experts = max(stack.experts_per_token, 1)
         saved_mlp = int(p.ffn_tensors * f * w) * experts * tokens            # what the plain MLP keeps
-        shard = -(-tokens // tiled_mlp_shards(tokens, stack.hidden))
-        mlp_phase_plain = int(p.backward_ffn_tensors * f * w) * experts * tokens
-        mlp_phase_tiled = w * stack.hidden * tokens + int((p.ffn_tensors + p.backward_ffn_tensors) * f * w) \
-            * experts * shard
+        plain_backward = tokens * mem.backward_working_bytes_per_token(
+            seq_len, stack.hidden, stack.heads, f, flash, precision, p, stack.experts_per_token)
+        tiled_phase = tokens * tiled_mlp_phase_bytes(tokens, stack.hidden, f, precision, p, experts)
         if gradient_checkpointing:
-            recomputed += mlp_phase_tiled - mlp_phase_plain - saved_mlp
+            recomputed += tiled_phase - plain_backward - saved_mlp
         else:
             kept -= saved_mlp * stack.layers
-            recomputed += max(0, mlp_phase_tiled - mlp_phase_plain)
+            recomputed += max(0, tiled_phase - plain_backward)
+        mlp_backward = tiled_phase
     # The all-to-alls' buffers live while the attention runs (forward, recomputation, its backward), when the MLP's
     # saved tensors and backward are not yet or no longer there: they count where they exceed the MLP's backward.
     a2a = ulysses_all_to_all_bytes(tokens, stack.hidden, stack.heads, stack.kv_heads, stack.head_dim, sp, precision)
-    mlp_backward = int(p.backward_ffn_tensors * stack.ffn * w) * tokens
     if gradient_checkpointing:
         recomputed += extra + max(0, a2a - mlp_backward)
         if checkpoint_offload:
