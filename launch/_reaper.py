@@ -118,13 +118,13 @@ def record_lost(run_dir: str, ending: list[int], gone_at: float, until: float) -
     """run.json and events.jsonl say `lost`, with when and why, naming the processes being ended.
     Retried until `until` (monotonic): the supervisor may not be reaped as dead yet. None when
     nothing was written (the run had ended, run.json is not valid, or a client recorded it first)."""
-    from launch.rundir import ACTIVE_STATUSES, mark_lost_if_dead, read_state
+    from launch.rundir import checked_record, mark_lost_if_dead
     cause = None
     while True:
-        st = read_state(run_dir)
-        if st is None or st.get("status") not in ACTIVE_STATUSES:
+        rec, _problem = checked_record(run_dir)     # run.json's one schema, in a run directory of ours alone
+        if rec is None or not rec.active:
             return None
-        cause = cause or cause_of_death(st.get("supervisor_pid"))
+        cause = cause or cause_of_death(rec.supervisor_pid)
         lost = mark_lost_if_dead(run_dir, cause=cause, by="reaper", lost_at=gone_at,
                                  ending=lambda _st: list(ending))
         if lost is not None or time.monotonic() >= until:

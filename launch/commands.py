@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any, Callable, TextIO
 
 from launch.rundir import DEFAULT_STALL_TIMEOUT_S, TERMINAL_STATUSES
+from launch.runschema import RunRecord
+from wizard.units import printable
 
 DEFAULT_PREFLIGHT_JOIN_S = 60.0     # nodes of one job start within seconds of each other; a minute is generous
 
@@ -93,10 +95,11 @@ def add_runs_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print a JSON list, one object per run")
 
 
-def register(subparsers, config_findings: Callable[[str], list] | None = None,
+def register(subparsers, config_findings: Callable[..., list] | None = None,
              preflight: Callable[..., int] | None = None) -> None:
-    """`config_findings(path)`: the front end's check of an accelerate config (the wizard passes `wizard check`),
-    run before accelerate starts; launch itself knows no rules. `preflight(config_file, machine_rank, main_ip,
+    """`config_findings(path, here=True)`: the front end's check of an accelerate config (the wizard passes `wizard
+    check`, against this machine's probe when `here`), run before accelerate starts: its errors stop the launch,
+    whatever else it returns is shown; launch itself knows no rules. `preflight(config_file, machine_rank, main_ip,
     main_port, join_timeout)`: the front end's `wizard preflight` for this node, (0 to go on, its verdict) (the wizard passes
     frontends.preflight_cli.launch_preflight)."""
     p = subparsers.add_parser("launch", help="run accelerate launch under a supervisor (restarts, stalls, live view)",
@@ -183,19 +186,22 @@ def resolve_config_file(config_file: str | None) -> str | None:
 
 
 def check_config(config_file: str | None, main_process_ip: str | None = None,
-                 config_findings: Callable[[str], list] | None = None) -> dict[str, Any] | None:
+                 config_findings: Callable[..., list] | None = None, here: bool = True,
+                 notes: list[str] | None = None) -> dict[str, Any] | None:
     """Load and check the config before accelerate starts: a config `config_findings` (the wizard's: `wizard
     check`) finds an error in (or cannot read) is exit 2 with that one-line finding, not an accelerate traceback
-    in a log.
+    in a log. The other findings it returns (a GPU config on a machine without GPUs) are printed on stderr and
+    added to `notes`, for the run's events.
 
     `main_process_ip`: the address this launch passes to accelerate (--main-process-ip, or the first node's,
     which an emitted SLURM script finds at run time); the config is checked as launched with it, so a
-    multi-machine config that leaves the address to the launch is not refused for lacking it."""
+    multi-machine config that leaves the address to the launch is not refused for lacking it. `here`: the config
+    runs on this machine (not for an sbatch script written for other nodes), so it is checked against it."""
     if config_file is None:
         return None
     from wizard.errors import InputError
     with _as_launched(config_file, main_process_ip) as checked:
-        findings = config_findings(checked) if config_findings else []   # InputError if unreadable
+        findings = config_findings(checked, here=here) if config_findings else []   # InputError if unreadable
     for f in findings:
         if f.file != config_file and f.file and os.path.basename(f.file) == os.path.basename(checked):
             f.file = config_file
@@ -204,7 +210,14 @@ def check_config(config_file: str | None, main_process_ip: str | None = None,
         f = errors[0]
         where = f"{f.file}: {f.rule}" + (f" {f.key}" if f.key else "")
         more = f" (+{len(errors) - 1} more: wizard check --config-file {config_file})" if len(errors) > 1 else ""
-        raise InputError("--config-file", f"{where}: {f.message}{more}", "a config `wizard check` passes")
+        fix = f" (fix: {f.fix})" if f.fix else ""
+        raise InputError("--config-file", f"{where}: {f.message}{fix}{more}", "a config `wizard check` passes")
+    for f in findings:
+        line = f"{f.severity} {f.rule}" + (f" {f.key}" if f.key else "") + f": {f.message}" + \
+            (f" (fix: {f.fix})" if f.fix else "")
+        print(f"[wizard] {line}", file=sys.stderr, flush=True)
+        if notes is not None:
+            notes.append(line)
     from wizard.fsutil import read_yaml_mapping
     return read_yaml_mapping(config_file)
 
@@ -247,11 +260,16 @@ def cmd_launch(args) -> int:
     config_file = resolve_config_file(args.config_file)
     # An emitted SLURM script passes the first node's address at run time; 127.0.0.1 stands in for it here.
     launched_ip = args.main_process_ip or ("127.0.0.1" if args.emit_slurm is not None else None)
-    accel = check_config(config_file, launched_ip, getattr(args, "config_findings", None))
+    notes: list[str] = []
+    accel = check_config(config_file, launched_ip, getattr(args, "config_findings", None),
+                         here=args.emit_slurm is None, notes=notes)
     if args.emit_slurm is not None:      # the script lives where the job runs, maybe not here
         script, script_args = _script_and_args(args.command, must_exist=False)
         return emit_slurm(args, script, script_args, config_file, accel)
     script, script_args = _script_and_args(args.command)
+    plan_lines = script_plan_lines(config_file, script, script_args)
+    for line in plan_lines:
+        print(f"[wizard] {line}", file=sys.stderr, flush=True)
     code, preflight_verdict = run_preflight(args, config_file, accel)
     if code:
         return code
@@ -260,9 +278,15 @@ def cmd_launch(args) -> int:
     headless = bool(args.headless) or not interactive
     use_view = not headless and not args.detach
     run_dir, lock_fd = create_run_dir(args.run_dir, args.runs_root)     # locked before anything is written
-    if preflight_verdict:            # the run's first event: the live view and `attach` show the phase it passed
+    if preflight_verdict or plan_lines or notes:   # the run's first events: the live view and `attach` show them
         from launch.rundir import EventLog
-        EventLog(run_dir / "events.jsonl").emit("preflight", None, message=preflight_verdict)
+        events = EventLog(run_dir / "events.jsonl")
+        for line in plan_lines:
+            events.emit("plan", None, message=line)
+        for note in notes:
+            events.emit("check", None, message=note)
+        if preflight_verdict:
+            events.emit("preflight", None, message=preflight_verdict)
     spec = make_spec(args, run_dir, headless=headless if not (args.detach or use_view) else False)
     if args.detach:
         spec.headless = True              # its output goes to supervisor.log: plain lines
@@ -282,6 +306,14 @@ def cmd_launch(args) -> int:
         return run_view(run_dir, owned=True)
     from launch.supervisor import Supervisor
     return Supervisor(spec, lock_fd=lock_fd).run()
+
+
+def script_plan_lines(config_file: str | None, script: str, script_args: list[str]) -> list[str]:
+    """What the plan beside the config (wizard_plan.json) needs from the script that no written file carries, and
+    whether the script visibly does it (launch.script_check: gradient checkpointing)."""
+    from launch.script_check import checkpointing_lines
+    from launch.supervisor import load_plan_near
+    return checkpointing_lines(load_plan_near(config_file), script, script_args)
 
 
 def wants_preflight(args, accel: dict[str, Any] | None) -> bool:
@@ -327,7 +359,8 @@ def start_supervisor(spec, lock_fd: int, *mode: str, extra_env: dict[str, str] |
     "--daemon" or "--parent PID". The run directory's lock goes with it (the fd is inherited); ours is closed."""
     run_dir = Path(spec.run_dir)
     (run_dir / "spec.json").write_text(json.dumps(spec.to_json(), indent=1))
-    log = open(run_dir / "supervisor.log", "ab")
+    from launch.trust import open_append
+    log = open_append(run_dir / "supervisor.log")
     try:
         return subprocess.Popen([sys.executable, "-m", "launch.supervisor", str(run_dir), *mode,
                                  "--lock-fd", str(lock_fd)],
@@ -399,41 +432,46 @@ def emit_slurm(args, script: str, script_args: list[str], config_file: str | Non
 # ------------------------------------------------------------------ stop
 
 def cmd_stop(args) -> int:
-    from launch.rundir import load_state, mark_lost_if_dead, resolve_run_dir, supervisor_alive
+    from launch.rundir import load_record, mark_lost_if_dead, resolve_run_dir, supervisor_alive
     run_dir = resolve_run_dir(args.run_dir)
-    state = load_state(run_dir)            # garbage: exit 2, and run.json is left as it is
-    status = state.get("status")
-    if status in TERMINAL_STATUSES:
-        print(f"{run_dir}: already {status} (exit code {state.get('exit_code')})")
+    rec = load_record(run_dir)             # someone else's, or garbage: exit 2, and run.json is left as it is
+    if rec.status in TERMINAL_STATUSES:
+        print(f"{run_dir}: already {rec.status} (exit code {rec.exit_code})")
         return 0
-    if not supervisor_alive(state):
+    if not supervisor_alive(rec.raw, run_dir):
         lost = mark_lost_if_dead(run_dir, by="wizard stop")
         if lost is None:
-            state = load_state(run_dir)
-            print(f"{run_dir}: supervisor not running; run is {state.get('status')}")
+            rec = load_record(run_dir)
+            if rec.active:
+                # the run's lock is held, but not by the process run.json names (not yours, or another process
+                # now): nothing is signalled on the word of run.json alone
+                print(f"{run_dir}: the run's lock is held, but process {rec.supervisor_pid} is not its supervisor "
+                      "(not yours, or not holding the lock): nothing signalled", file=sys.stderr)
+                return 1
+            print(f"{run_dir}: supervisor not running; run is {rec.status}")
             return 0
         n = len(lost.get("lost_cleaned") or [])
         print(f"{run_dir}: supervisor not running; ended {n} leftover processes; marked lost")
         return 0
     req = "kill" if args.kill else "stop"
     from launch.follow import send_control
-    sent = send_control(run_dir, req, run=state, sender="cli")
-    grace = float(state.get("grace_s") or 30.0)
+    sent = send_control(run_dir, req, run=rec.raw, sender="cli")
+    grace = rec.grace_s if rec.grace_s is not None else 30.0
     print(f"{run_dir}: {sent.message} (grace {grace:g} s)")
     if args.no_wait:
         return 0
     timeout = args.timeout if args.timeout is not None else grace + 15.0
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        state = load_state(run_dir)
-        if state.get("status") in TERMINAL_STATUSES and not supervisor_alive(state):
-            print(f"{run_dir}: {state.get('status')} (exit code {state.get('exit_code')})")
+        rec = load_record(run_dir)
+        if rec.status in TERMINAL_STATUSES and not supervisor_alive(rec.raw, run_dir):
+            print(f"{run_dir}: {rec.status} (exit code {rec.exit_code})")
             return 0
-        if state.get("status") not in TERMINAL_STATUSES and mark_lost_if_dead(run_dir, by="wizard stop") is not None:
+        if rec.status not in TERMINAL_STATUSES and mark_lost_if_dead(run_dir, by="wizard stop") is not None:
             print(f"{run_dir}: lost (the supervisor died while stopping)")
             return 0
         time.sleep(0.2)
-    print(f"{run_dir}: still {state.get('status')} after {timeout:g} s; try `wizard stop --kill {run_dir}`",
+    print(f"{run_dir}: still {rec.status} after {timeout:g} s; try `wizard stop --kill {run_dir}`",
           file=sys.stderr)
     return 1
 
@@ -441,14 +479,14 @@ def cmd_stop(args) -> int:
 # ------------------------------------------------------------------ attach
 
 def cmd_attach(args) -> int:
-    from launch.rundir import load_state, resolve_run_dir
+    from launch.rundir import load_record, resolve_run_dir
     from wizard.errors import InputError
     if args.lines < 0:
         raise InputError("--lines", f"{args.lines}", "0 or more")
     if not _finite(args.status_interval) or args.status_interval <= 0:
         raise InputError("--status-interval", f"{args.status_interval}", "a finite number of seconds > 0")
     run_dir = resolve_run_dir(args.run_dir)
-    load_state(run_dir)                    # garbage: exit 2 with one line
+    load_record(run_dir)                   # someone else's, or garbage: exit 2 with one line
     interactive = sys.stdout.isatty() and sys.stdin.isatty()
     if interactive and not args.headless and not args.no_follow:
         from launch.view import run_view
@@ -457,38 +495,46 @@ def cmd_attach(args) -> int:
                       status_interval=args.status_interval)
 
 
-def _status_text(state: dict[str, Any]) -> str:
-    p = state.get("progress") or {}
-    from launch.rundir import attempts_allowed
-    bits = [f"status {state.get('status')}", f"attempt {state.get('attempt')}/{attempts_allowed(state)}"]
-    if p.get("total"):
-        bits.append(f"step {p.get('step')}/{p.get('total')}")
-    if isinstance(p.get("loss"), (int, float)):
-        bits.append(f"loss {p['loss']:.4g}")
-    if isinstance(p.get("rate"), (int, float)):
-        bits.append(f"{p['rate']:.2f} it/s")
-    if state.get("status") in TERMINAL_STATUSES:
-        bits.append(f"exit code {state.get('exit_code')}")
-    if state.get("status") == "lost":
-        cleaned = state.get("lost_cleaned") or []
-        bits.append(f"supervisor {state.get('supervisor_pid')} gone; ended {len(cleaned)} leftover processes")
-        if state.get("lost_by"):
-            bits.append(f"recorded by {state['lost_by']} at {time.strftime('%H:%M:%S', time.localtime(state.get('lost_at') or 0))}")
+def _status_text(rec: "RunRecord") -> str:
+    p = rec.progress
+    bits = [f"status {rec.status}", f"attempt {rec.attempt}/{rec.attempts_allowed()}"]
+    if p.total:
+        bits.append(f"step {p.step}/{p.total}")
+    if p.loss is not None:
+        bits.append(f"loss {p.loss:.4g}")
+    if p.rate is not None:
+        bits.append(f"{p.rate:.2f} it/s")
+    if rec.status in TERMINAL_STATUSES:
+        bits.append(f"exit code {rec.exit_code}")
+    if rec.status == "lost":
+        bits.append(f"supervisor {rec.supervisor_pid} gone; ended {len(rec.lost_cleaned)} leftover processes")
+        if rec.lost_by:
+            bits.append(f"recorded by {printable(rec.lost_by)} at {_clock(rec.lost_at, '%H:%M:%S')}")
     return " | ".join(bits)
 
 
-def _failure_text(state: dict[str, Any]) -> list[str]:
-    c = state.get("classification")
-    if state.get("status") == "lost" and state.get("lost_cause"):
-        return [f"lost: {state['lost_cause']}"] + (_failure_text({**state, "status": None}) if c else [])
+def _failure_text(rec: "RunRecord", lost: bool = True) -> list[str]:
+    c = rec.classification
+    if lost and rec.status == "lost" and rec.lost_cause:
+        return [f"lost: {printable(rec.lost_cause, 400)}"] + (_failure_text(rec, lost=False) if c else [])
     if not c:
         return []
-    out = [f"failure ({c.get('kind')}): {c.get('summary')}", f"hint: {c.get('hint')}"]
-    if c.get("suggested_command"):
-        out.append(f"next rung: {c.get('next_rung')}: {c['suggested_command']}")
-    for ln in c.get("log_tail") or []:
-        out.append(f"  | {ln}")
+    out = [f"failure ({printable(c.kind)}): {printable(c.summary, 400)}", f"hint: {printable(c.hint, 400)}"]
+    if c.suggested_command:
+        out.append(f"next rung: {printable(c.next_rung)}: {printable(c.suggested_command, 400)}")
+    for ln in c.log_tail:
+        out.append(f"  | {printable(ln, 400)}")
     return out
+
+
+def _record_now(run_dir: Path, last: "RunRecord | None") -> "RunRecord | None":
+    """run.json as it is now, checked; the last good one while it is torn or not valid."""
+    from launch.rundir import read_state
+    from launch.runschema import RunJsonError, parse
+    try:
+        return parse(read_state(run_dir))
+    except RunJsonError:
+        return last
 
 
 class _Tail:
@@ -531,8 +577,8 @@ class _Tail:
 def follow_run(run_dir: Path, out: TextIO, follow: bool = True, lines: int = 20,
                status_interval: float = 30.0, poll: float = 0.3) -> int:
     """Headless attach: the last lines of every rank, then new lines and status lines until the end."""
-    from launch.rundir import attempt_dir, mark_lost_if_dead, read_state
-    state = read_state(run_dir) or {}
+    from launch.rundir import attempt_dir, load_record, mark_lost_if_dead
+    rec = load_record(run_dir)
 
     def w(text: str) -> None:
         try:
@@ -541,18 +587,19 @@ def follow_run(run_dir: Path, out: TextIO, follow: bool = True, lines: int = 20,
         except (OSError, ValueError):
             pass
 
-    w(f"[wizard] run {run_dir}: {_status_text(state)}")
+    w(f"[wizard] run {run_dir}: {_status_text(rec)}")
     tails: dict[Path, _Tail] = {}
     attempt = None
     last_status = time.monotonic()
-    last_seen_status = state.get("status")
+    last_seen_status = rec.status
     first = True
     try:
         while True:
             # a supervisor that died without an end is found here, not left "running" forever
-            state = mark_lost_if_dead(run_dir, by="wizard attach") or read_state(run_dir) or state
-            if state.get("attempt") != attempt and state.get("attempt"):
-                attempt = state["attempt"]
+            mark_lost_if_dead(run_dir, by="wizard attach")
+            rec = _record_now(run_dir, rec)
+            if rec.attempt != attempt and rec.attempt:
+                attempt = rec.attempt
                 tails = {}
                 if not first:
                     w(f"[wizard] attempt {attempt}")
@@ -569,15 +616,14 @@ def follow_run(run_dir: Path, out: TextIO, follow: bool = True, lines: int = 20,
                 for ln in t.read():
                     w(ln)
             first = False
-            status = state.get("status")
-            if status != last_seen_status or time.monotonic() - last_status >= status_interval:
-                last_seen_status = status
+            if rec.status != last_seen_status or time.monotonic() - last_status >= status_interval:
+                last_seen_status = rec.status
                 last_status = time.monotonic()
-                w(f"[wizard] {_status_text(state)}")
-            if status in TERMINAL_STATUSES or not follow:
-                for ln in _failure_text(state):
+                w(f"[wizard] {_status_text(rec)}")
+            if rec.status in TERMINAL_STATUSES or not follow:
+                for ln in _failure_text(rec):
                     w(f"[wizard] {ln}")
-                w(f"[wizard] {_status_text(state)}")
+                w(f"[wizard] {_status_text(rec)}")
                 return 0
             time.sleep(poll)
     except KeyboardInterrupt:
@@ -610,83 +656,76 @@ def find_run_dirs(root: Path, depth: int = RUNS_DEPTH) -> list[Path]:
 
 
 def true_state(run_dir: Path) -> dict[str, Any]:
-    """What a run really is, without changing anything: run.json's status, except that an active run
-    whose supervisor is gone (pid and start time) and whose lock is free is `lost`."""
-    import json as _json
-
-    from launch.rundir import ACTIVE_STATUSES, state_problem, supervisor_alive, try_lock
-    try:
-        st = _json.loads((run_dir / "run.json").read_text())
-    except (OSError, ValueError):
-        st = None
-    problem = state_problem(st)
-    if problem:
-        return {"run_dir": str(run_dir), "state": "unreadable", "detail": f"run.json: {problem}"}
-    status = st["status"]
-    state, detail = status, ""
-    if status in ACTIVE_STATUSES:
+    """What a run really is, without changing anything (nothing is written, not even a lock file): run.json's
+    status, except that an active run whose supervisor is gone (pid and start time) and whose lock is free is
+    `lost`. A run directory that is not this user's, or whose run.json does not pass the schema, is one entry
+    saying what is wrong with it (state "unreadable")."""
+    from launch.rundir import checked_record, lock_is_free, supervisor_alive
+    rec, problem = checked_record(run_dir)
+    if rec is None:
+        return {"run_dir": str(run_dir), "id": run_dir.name, "state": "unreadable", "status": None, "attempt": None,
+                "exit_code": None, "started_at": None, "ended_at": None, "script": None,
+                "detail": printable(problem, 300)}
+    state, detail = rec.status, ""
+    if rec.active:
         state = "running"
-        if not supervisor_alive(st):
-            fd = try_lock(run_dir)
-            if fd is not None:
-                os.close(fd)
-                state = "lost"
-                detail = (f"supervisor {st.get('supervisor_pid')} is gone and nothing recorded it; "
-                          f"`wizard stop {run_dir}` ends what is left")
-        elif status != "running":
-            detail = status
+        if not supervisor_alive(rec.raw) and lock_is_free(run_dir):
+            state = "lost"
+            detail = (f"supervisor {rec.supervisor_pid} is gone and nothing recorded it; "
+                      f"`wizard stop {run_dir}` ends what is left")
+        elif rec.status != "running":
+            detail = rec.status
         if state == "running":
-            p = st.get("progress") or {}
+            p = rec.progress
             bits = [detail] if detail else []
-            if p.get("total"):
-                bits.append(f"step {p.get('step')}/{p.get('total')}")
-            if isinstance(p.get("loss"), (int, float)):
-                bits.append(f"loss {p['loss']:.4g}")
-            bits.append(f"supervisor pid {st.get('supervisor_pid')}")
+            if p.total:
+                bits.append(f"step {p.step}/{p.total}")
+            if p.loss is not None:
+                bits.append(f"loss {p.loss:.4g}")
+            bits.append(f"supervisor pid {rec.supervisor_pid}")
             detail = ", ".join(bits)
-    elif status == "lost":
-        detail = st.get("lost_cause") or f"supervisor {st.get('supervisor_pid')} is gone"
-        if st.get("lost_by"):
-            detail += f" (recorded by {st['lost_by']})"
-    elif status == "failed":
-        c = st.get("classification") or {}
-        detail = f"{c.get('kind')}: {c.get('summary')}" if c else ""
-    elif status == "stopped":
+    elif rec.status == "lost":
+        detail = rec.lost_cause or f"supervisor {rec.supervisor_pid} is gone"
+        if rec.lost_by:
+            detail += f" (recorded by {rec.lost_by})"
+    elif rec.status == "failed":
+        c = rec.classification
+        detail = (f"{c.kind}: {c.summary}" if c.summary else c.kind) if c else ""
+    elif rec.status == "stopped":
         # a trial `wizard tune` stopped at its time limit and a Ctrl-C both exit 130: the reason tells them apart
-        detail = st.get("stop_reason") or "stopped on request (no reason recorded)"
-    elif status == "succeeded":
-        detail = _succeeded_detail(st)
-    return {"run_dir": str(run_dir), "id": st.get("id"), "state": state, "status": status,
-            "attempt": st.get("attempt"), "exit_code": st.get("exit_code"), "started_at": st.get("started_at"),
-            "ended_at": st.get("ended_at"), "script": st.get("script"), "detail": detail}
+        detail = rec.stop_reason or "stopped on request (no reason recorded)"
+    elif rec.status == "succeeded":
+        detail = _succeeded_detail(rec)
+    return {"run_dir": str(run_dir), "id": rec.id, "state": state, "status": rec.status, "attempt": rec.attempt,
+            "exit_code": rec.exit_code, "started_at": rec.started_at, "ended_at": rec.ended_at, "script": rec.script,
+            "detail": printable(detail, 300)}
 
 
-def _succeeded_detail(st: dict[str, Any]) -> str:
+def _succeeded_detail(rec: RunRecord) -> str:
     """What a run that ended well did: a `wizard tune` trial's steps, else its last progress (step, loss) and its
     attempts (DETAIL was empty for every succeeded run)."""
-    done = st.get("trial_done") or {}
-    if isinstance(done, dict) and isinstance(done.get("steps"), int):
-        return f"tune trial: the probe ended it after {done['steps']} optimizer steps (warm-up + measured)"
-    p = st.get("progress") or {}
+    if rec.trial_done is not None:
+        return f"tune trial: the probe ended it after {rec.trial_done.steps} optimizer steps (warm-up + measured)"
+    p = rec.progress
     bits = []
-    if isinstance(p.get("step"), int):
-        bits.append(f"step {p['step']}" + (f"/{p['total']}" if isinstance(p.get("total"), int) else ""))
-    if isinstance(p.get("loss"), (int, float)):
-        bits.append(f"loss {p['loss']:.4g}")
-    attempt = st.get("attempt")
-    if isinstance(attempt, int) and attempt > 1:
-        bits.append(f"after {attempt} attempts")
+    if p.step is not None:
+        bits.append(f"step {p.step}" + (f"/{p.total}" if p.total is not None else ""))
+    if p.loss is not None:
+        bits.append(f"loss {p.loss:.4g}")
+    if rec.attempt > 1:
+        bits.append(f"after {rec.attempt} attempts")
     return ", ".join(["finished"] + bits) if bits else "finished (exit 0)"
 
 
-def _clock(t: Any) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if isinstance(t, (int, float)) else "-"
+def _clock(t: float | None, fmt: str = "%Y-%m-%d %H:%M:%S") -> str:
+    """A time the schema checked (finite, before the year 10000), or '-'."""
+    return time.strftime(fmt, time.localtime(t)) if t is not None else "-"
 
 
-def _duration(a: Any, b: Any) -> str:
-    if not isinstance(a, (int, float)):
+def _duration(a: float | None, b: float | None) -> str:
+    if a is None:
         return "-"
-    s = int(max(0, (b if isinstance(b, (int, float)) else time.time()) - a))
+    s = int(max(0, (b if b is not None else time.time()) - a))
     h, rem = divmod(s, 3600)
     return f"{h}:{rem // 60:02d}:{rem % 60:02d}"
 
@@ -698,7 +737,7 @@ def cmd_runs(args) -> int:
     if not root.is_dir():
         raise InputError("DIR", f"{root} is not a directory", "a runs root such as ./wizard-runs")
     runs = [true_state(d) for d in find_run_dirs(root)]
-    runs.sort(key=lambda r: r.get("started_at") or 0, reverse=True)
+    runs.sort(key=lambda r: r["started_at"] or 0.0, reverse=True)     # the schema made every start a float or None
     if args.json:
         print(json.dumps(runs, indent=1))
         return 0
@@ -708,7 +747,7 @@ def cmd_runs(args) -> int:
     rows = [("RUN", "STATE", "ATTEMPT", "EXIT", "STARTED", "DURATION", "DETAIL")]
     for r in runs:
         rel = os.path.relpath(r["run_dir"], root) if r["run_dir"] != str(root) else "."
-        rows.append((rel, r["state"], str(r.get("attempt") if r.get("attempt") is not None else "-"),
+        rows.append((printable(rel), r["state"], str(r.get("attempt") if r.get("attempt") is not None else "-"),
                      str(r.get("exit_code") if r.get("exit_code") is not None else "-"),
                      _clock(r.get("started_at")),
                      _duration(r.get("started_at"), r.get("ended_at")) if r["state"] != "lost" or r.get("ended_at")

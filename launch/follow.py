@@ -14,7 +14,9 @@ Control requests (the view never kills workers itself; the supervisor owns teard
      as a doorbell: SIGTERM = stop (graceful: SIGTERM to the group, grace period, SIGKILL),
      SIGUSR1 = restart (tear down, new attempt), SIGUSR2 = kill (skip the grace period).
   A pid is signalled only when run.json recorded its start time and the process with that pid
-  still has it: never a process that merely reuses the pid, never one whose start is unknown.
+  still has it, and it is the run's supervisor (this user's, holding the run's lock file open:
+  launch/trust.py): never a process that merely reuses the pid or whose pid and start time were
+  copied into run.json, never one whose start is unknown.
   The supervisor handles each request id once (a signal whose control.json id it has already
   handled, or with no control.json, means the signal's own request), so a request is never acted
   on twice, and polling control.json alone is enough where a signal cannot be sent.
@@ -33,7 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from launch.rundir import ACTIVE_STATUSES, CONTROL_FILE, TERMINAL_STATUSES, process_alive, read_state
+from launch.rundir import ACTIVE_STATUSES, CONTROL_FILE, TERMINAL_STATUSES, read_state, supervisor_process
+from launch.trust import run_dir_problem
 from wizard.fsutil import replace_file
 from wizard.units import fmt_clock
 
@@ -307,7 +310,8 @@ def as_number(v: Any) -> float | None:
 def event_line(ev: dict[str, Any]) -> str | None:
     """The supervisor's notable events as lines in the log pane (train logs and progress are not)."""
     kind = ev.get("type")
-    if kind not in ("preflight", "failure", "restart", "stall", "stop", "exit", "lost", "port"):
+    if kind not in ("plan", "check", "preflight", "failure", "restart", "stall", "stop", "exit", "lost", "port",
+                    "refused"):
         return None
     text = ev.get("message") or ev.get("summary") or ev.get("reason")
     rank = f" rank {ev['rank']}" if ev.get("rank") is not None else ""
@@ -427,6 +431,9 @@ def send_control(run_dir: str | os.PathLike[str], request: str,
     if request not in CONTROL_REQUESTS:
         raise ValueError(f"control request must be one of {sorted(CONTROL_REQUESTS)}, not {request!r}")
     run_dir = Path(run_dir)
+    untrusted = run_dir_problem(run_dir)
+    if untrusted:              # someone else's, or writable by others: neither written nor signalled
+        return ControlResult(request, False, False, f"could not send {request}: {untrusted}")
     run = read_state(run_dir) if run is None else run
     if run is None:
         return ControlResult(request, False, False, f"no run.json in {run_dir}")
@@ -443,14 +450,15 @@ def send_control(run_dir: str | os.PathLike[str], request: str,
     except OSError:
         pass
     pid = _as_int(run.get("supervisor_pid"))
-    ctime = as_number(run.get("supervisor_create_time"))
     signalled = False
-    if request in CONTROL_SIGNALS and pid and pid > 1 and pid != os.getpid() and ctime is not None \
-            and process_alive(pid, ctime):
+    # only the run's own supervisor: its recorded pid and start time, this user's, holding the run's lock
+    supervisor = supervisor_process(run, run_dir) if request in CONTROL_SIGNALS else None
+    if supervisor is not None:
+        import psutil
         try:
-            os.kill(pid, CONTROL_SIGNALS[request])
+            supervisor.send_signal(CONTROL_SIGNALS[request])      # psutil checks the start time again first
             signalled = True
-        except OSError:
+        except psutil.Error:
             pass
     if signalled:
         msg = f"{request} requested ({signal.Signals(CONTROL_SIGNALS[request]).name} to supervisor {pid})"

@@ -29,6 +29,10 @@ Bounded size:
   files by offset must reopen it when its size drops below the offset or its inode changes.
 
 Default runs root: ./wizard-runs under the current directory.
+
+Run directories are created 0700, and every file inside is opened without following symlinks (launch/trust.py);
+clients act only on a run directory that is the user's own (trust.check_run_dir) and on a run.json that passes the
+schema (launch/runschema.py).
 """
 
 from __future__ import annotations
@@ -41,18 +45,17 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from wizard.fsutil import read_json_object, replace_file
+from launch import runschema, trust
+from launch.runschema import ACTIVE_STATUSES, STATUSES, TERMINAL_STATUSES, RunRecord  # noqa: F401 - re-exported
+from wizard.fsutil import replace_file
 
 RUNS_ROOT_NAME = "wizard-runs"
 LATEST = "latest"
 LOG_CAP_BYTES = 50 * 1024 * 1024
 JSONL_CAP_BYTES = 10 * 1024 * 1024
-ACTIVE_STATUSES = ("starting", "running", "stopping", "restarting")
-# "lost": the supervisor died without writing an end (SIGKILL, OOM); its reaper (or else a client) recorded it
-TERMINAL_STATUSES = ("succeeded", "failed", "stopped", "lost")
+RUN_JSON_MAX_BYTES = 64 << 20     # seen_pids of a long run with restarts stays far below
 LOCK_FILE = "run.lock"
 LOST_EXIT_CODE = 137
-STATUSES = ACTIVE_STATUSES + TERMINAL_STATUSES
 
 # Stall detection is on unless --stall-timeout 0: no output from any rank (and, where NVML exists, idle
 # GPUs) for this long, counted from the attempt's start, so a hang before or in the first step is found
@@ -100,13 +103,32 @@ def try_lock(run_dir: Path) -> int | None:
     whole run (the fd is passed to it), so a second launch into the directory is refused and a
     client may only declare a run lost when the lock is free."""
     import fcntl
-    fd = os.open(run_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    fd = trust.open_private(Path(run_dir) / LOCK_FILE, os.O_RDWR | os.O_CREAT)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         os.close(fd)
         return None
     return fd
+
+
+def lock_is_free(run_dir: Path) -> bool:
+    """Whether nobody holds the run's lock (its supervisor holds it for the whole run), found without writing: no
+    lock file means nobody can hold one; an existing one is tried with a shared lock and let go at once."""
+    import fcntl
+    try:
+        fd = trust.open_private(Path(run_dir) / LOCK_FILE, os.O_RDONLY)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False            # not a plain file of ours: nothing to conclude from it
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)            # closing lets the shared lock go
 
 
 def create_run_dir(run_dir: str | os.PathLike[str] | None = None,
@@ -127,16 +149,25 @@ def create_run_dir(run_dir: str | os.PathLike[str] | None = None,
         base = Path(root).absolute() if root else default_runs_root()
         path = base / new_run_id()
     try:
-        path.mkdir(parents=True, exist_ok=True)
+        if not path.parent.exists():        # a runs root of ours: nobody else lists the runs either
+            path.parent.mkdir(parents=True, exist_ok=True, mode=trust.PRIVATE_DIR_MODE)
+        path.mkdir(exist_ok=True, mode=trust.PRIVATE_DIR_MODE)
     except OSError as exc:
         raise InputError("--run-dir", f"cannot create {path}: {exc.strerror}", "a writable directory") from None
-    fd = try_lock(path)
+    try:
+        st = os.stat(path)
+        if st.st_uid != os.geteuid():       # never a directory someone else owns (and may write into)
+            raise InputError("--run-dir", str(trust.dir_problem(st, str(path))), "a new or empty directory of your own")
+        fd = try_lock(path)
+    except OSError as exc:
+        raise InputError("--run-dir", f"{path}: {exc}", "a new or empty directory of your own") from None
     if fd is None:
         raise InputError("--run-dir", f"{path} is in use by another launch", "a new or empty directory")
     if any(p.name != LOCK_FILE for p in path.iterdir()):
         os.close(fd)
         raise InputError("--run-dir", f"{path} exists and is not empty", "a new or empty directory")
-    (path / "logs").mkdir(exist_ok=True)
+    os.chmod(path, trust.PRIVATE_DIR_MODE)      # an empty directory given with --run-dir too: its logs are private
+    (path / "logs").mkdir(exist_ok=True, mode=trust.PRIVATE_DIR_MODE)
     point_latest(path.parent, path)
     return path, fd
 
@@ -204,8 +235,13 @@ class RunState:
 
 
 def read_state(run_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
-    """run.json as a dict; None while there is none (or it is not a JSON object)."""
-    return read_json_object(Path(run_dir) / "run.json")
+    """run.json as a dict; None while there is none, or it is not a JSON object, not a plain file of this user's,
+    or a symlink (read without following it). Its values are not checked: `load_record` / `state_problem` do."""
+    try:
+        body = json.loads(trust.read_private(Path(run_dir) / "run.json", RUN_JSON_MAX_BYTES))
+    except (OSError, ValueError, RecursionError):
+        return None
+    return body if isinstance(body, dict) else None
 
 
 def attempts_allowed(st: dict[str, Any]) -> int:
@@ -216,92 +252,88 @@ def attempts_allowed(st: dict[str, Any]) -> int:
     return 1 + count(st.get("max_restarts")) + count(st.get("user_restarts"))
 
 
-def _is_num(v: Any) -> bool:
-    import math
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def _is_pid(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and v > 0
-
-
 def state_problem(st: Any) -> str | None:
-    """What is wrong with a run.json body (None when it is a run.json the supervisor could have
-    written). Clients act on these fields (signal pids, show a status), so they are checked first."""
-    if not isinstance(st, dict):
-        return "not a JSON object"
-    if st.get("status") not in STATUSES:
-        return f"status {st.get('status')!r} is not one of {', '.join(STATUSES)}"
-    if not _is_pid(st.get("supervisor_pid")):
-        return f"supervisor_pid {st.get('supervisor_pid')!r} is not a process id"
-    if not _is_num(st.get("supervisor_create_time")):
-        return f"supervisor_create_time {st.get('supervisor_create_time')!r} is not a start time"
-    if st.get("launcher_pid") is not None and not _is_pid(st.get("launcher_pid")):
-        return f"launcher_pid {st.get('launcher_pid')!r} is not a process id"
-    for key in ("tracked_pids", "seen_pids"):
-        v = st.get(key, [])
-        if not isinstance(v, list) or not all(_is_pid(p) for p in v):
-            return f"{key} must be a list of process ids"
-    pids = st.get("pids", {})
-    if not isinstance(pids, dict) or not all(_is_pid(p) for p in pids.values()):
-        return "pids must map ranks to process ids"
-    times = st.get("process_times", {})
-    if not isinstance(times, dict) or not all(str(k).isdigit() and _is_num(v) for k, v in times.items()):
-        return "process_times must map process ids to start times"
-    for key in ("attempt", "max_restarts"):
-        v = st.get(key, 0)
-        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-            return f"{key} {v!r} is not a count"
-    if st.get("progress") is not None and not isinstance(st.get("progress"), dict):
-        return "progress is not an object"
-    return None
+    """What is wrong with a run.json body (None when it is a run.json the supervisor could have written): the
+    schema's one line. Clients act on these fields (signal pids, show a status), so they are checked first."""
+    return runschema.problem(st)
+
+
+def checked_record(run_dir: str | os.PathLike[str]) -> tuple[RunRecord | None, str]:
+    """(run.json as a RunRecord, "") for a run directory of this user's whose run.json passes the schema, else
+    (None, one line saying what is wrong: whose directory it is, a symlink, not JSON, which field)."""
+    path = Path(run_dir) / "run.json"
+    problem = trust.run_dir_problem(run_dir)
+    if problem:
+        return None, problem
+    try:
+        body = json.loads(trust.read_private(path, RUN_JSON_MAX_BYTES))
+    except OSError as exc:             # Untrusted (someone else's file, a symlink) says it in its own words
+        return None, f"{path}: {exc}" if isinstance(exc, trust.Untrusted) else \
+            f"cannot read {path}: {exc.strerror or exc}"
+    except (ValueError, RecursionError):
+        return None, f"{path} is not JSON"
+    try:
+        return runschema.parse(body), ""
+    except runschema.RunJsonError as exc:
+        return None, f"{path}: {exc}"
+
+
+def load_record(run_dir: str | os.PathLike[str]) -> RunRecord:
+    """run.json of a run directory of this user's, checked against the schema: InputError (exit 2, one line) when
+    the directory is someone else's or writable by others, or run.json is missing, a symlink, not JSON or not a
+    valid run state. Nothing is ever written over a run.json that fails this."""
+    from wizard.errors import InputError
+    rec, problem = checked_record(run_dir)
+    if rec is None:
+        raise InputError("RUN_DIR", f"{problem}; not acted on", "a run directory of your own holding a run.json "
+                         "written by wizard launch")
+    return rec
 
 
 def load_state(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
-    """run.json, validated: InputError (exit 2, one line) when it is missing or not a valid run state.
-    Nothing is ever written over a run.json that fails this."""
-    from wizard.errors import InputError
-    path = Path(run_dir) / "run.json"
+    """load_record's run.json as the dict it was read as (checked the same way)."""
+    return load_record(run_dir).raw
+
+
+def supervisor_alive(st: dict[str, Any], run_dir: str | os.PathLike[str] | None = None) -> bool:
+    """The run's supervisor runs: its pid has the start time run.json recorded. Given the run directory, also that
+    the process is this user's and holds the run's lock file open (the supervisor's, not a process whose pid and
+    start time someone copied into run.json): only then may it be signalled."""
+    if run_dir is None:
+        return process_alive(st.get("supervisor_pid"), st.get("supervisor_create_time"))
+    return supervisor_process(st, run_dir) is not None
+
+
+def supervisor_process(st: dict[str, Any], run_dir: str | os.PathLike[str]):
+    """The run's supervisor as a psutil.Process, verified (see supervisor_alive); None when it is not there."""
     try:
-        body = json.loads(path.read_text())
-    except OSError as exc:
-        raise InputError("RUN_DIR", f"cannot read {path}: {exc.strerror}", "a run directory holding run.json") from None
-    except ValueError:
-        raise InputError("RUN_DIR", f"{path} is not JSON", "a run.json written by wizard launch") from None
-    problem = state_problem(body)
-    if problem:
-        raise InputError("RUN_DIR", f"{path}: {problem}", "a run.json written by wizard launch")
-    return body
-
-
-def supervisor_alive(st: dict[str, Any]) -> bool:
-    return process_alive(st.get("supervisor_pid"), st.get("supervisor_create_time"))
+        rec = runschema.parse(st)
+    except runschema.RunJsonError:
+        return None
+    return trust.process_of_run(rec.supervisor_pid, rec.supervisor_create_time, run_dir, supervisor=True,
+                                lock_file=LOCK_FILE)
 
 
 def recorded_processes(st: dict[str, Any]) -> dict[int, float]:
-    """Every process of the run whose start time was recorded: only these may ever be signalled."""
+    """Every process of the run whose start time was recorded: only these may ever be signalled. Entries that are
+    not a process id with a start time are left out."""
     out: dict[int, float] = {}
-    for pid, ctime in (st.get("process_times") or {}).items():
+    times = st.get("process_times")
+    for pid, ctime in times.items() if isinstance(times, dict) else ():
         try:
-            out[int(pid)] = float(ctime)
-        except (TypeError, ValueError):
+            out[runschema.pid_key(pid)] = runschema.epoch(ctime)
+        except ValueError:
             continue
     return out
 
 
-def end_recorded_processes(st: dict[str, Any], grace: float = 3.0) -> list[int]:
-    """SIGTERM, then after `grace` s SIGKILL, every recorded process that still runs as the same
-    process (pid and start time); returns the pids it signalled. A pid that now belongs to another
-    process, or that has no recorded start time, is never signalled."""
+def end_recorded_processes(st: dict[str, Any], run_dir: str | os.PathLike[str], grace: float = 3.0) -> list[int]:
+    """SIGTERM, then after `grace` s SIGKILL, every recorded process that is still the run's (pid and start time,
+    this user's, WIZARD_RUN_DIR naming this run directory: trust.process_of_run); returns the pids it signalled. A
+    pid that now belongs to another process, to another user, or to no process of this run is never signalled."""
     import psutil
-    procs = []
-    for pid, ctime in recorded_processes(st).items():
-        if pid in (os.getpid(), 1) or not process_alive(pid, ctime):
-            continue
-        try:
-            procs.append(psutil.Process(pid))
-        except psutil.Error:
-            continue
+    procs = [p for p in (trust.process_of_run(pid, ctime, run_dir) for pid, ctime in recorded_processes(st).items())
+             if p is not None]
     for p in procs:
         try:
             p.terminate()
@@ -328,8 +360,10 @@ def mark_lost_if_dead(run_dir: str | os.PathLike[str], grace: float = 3.0, *, ca
     `ending`: instead of ending the processes here, a function that names those its caller is
     ending (the reaper records `lost` first and ends them after, so the record does not wait for them)."""
     run_dir = Path(run_dir)
+    if trust.run_dir_problem(run_dir):      # someone else's, or others may write it: never acted on
+        return None
     st = read_state(run_dir)
-    if st is None or state_problem(st) or st.get("status") not in ACTIVE_STATUSES or supervisor_alive(st):
+    if st is None or state_problem(st) or st.get("status") not in ACTIVE_STATUSES or supervisor_alive(st, run_dir):
         return None
     try:
         fd = try_lock(run_dir)
@@ -339,9 +373,9 @@ def mark_lost_if_dead(run_dir: str | os.PathLike[str], grace: float = 3.0, *, ca
         return None
     try:
         st = read_state(run_dir)            # re-read under the lock: it may have just ended
-        if st is None or state_problem(st) or st.get("status") not in ACTIVE_STATUSES or supervisor_alive(st):
+        if st is None or state_problem(st) or st.get("status") not in ACTIVE_STATUSES or supervisor_alive(st, run_dir):
             return None
-        cleaned = ending(st) if ending is not None else end_recorded_processes(st, grace)
+        cleaned = ending(st) if ending is not None else end_recorded_processes(st, run_dir, grace)
         now = time.time()
         cause = cause or (f"the supervisor (pid {st.get('supervisor_pid')}) is gone without recording an end")
         st.update(status="lost", ended_at=lost_at or now, exit_code=LOST_EXIT_CODE, tracked_pids=[],
@@ -383,14 +417,14 @@ class BoundedJsonl:
         with self._lock:
             if self._size + len(line) > self.cap:
                 self._keep_newest(self.keep_bytes - len(line))
-            with open(self.path, "ab") as f:
+            with trust.open_append(self.path) as f:     # never through a symlink planted in the run directory
                 f.write(line)
             self._size += len(line)
 
     def _keep_newest(self, budget: int) -> None:
         budget = max(0, budget)
         try:
-            with open(self.path, "rb") as f:
+            with os.fdopen(trust.open_private(self.path, os.O_RDONLY), "rb") as f:
                 f.seek(0, os.SEEK_END)
                 start = max(0, f.tell() - budget - 1)
                 f.seek(start)
@@ -441,7 +475,7 @@ class RotatingLog:
         self.path = Path(path)
         self.cap = int(cap_bytes)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._f = open(self.path, "ab", buffering=0)
+        self._f = trust.open_append(self.path)
         self._size = self._f.tell()
         self.rotations = 0
 
@@ -456,7 +490,7 @@ class RotatingLog:
     def _rotate(self) -> None:
         self._f.close()
         os.replace(self.path, self.path.with_name(self.path.name + ".1"))
-        self._f = open(self.path, "ab", buffering=0)
+        self._f = trust.open_append(self.path)
         self._size = 0
         self.rotations += 1
 

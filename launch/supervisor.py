@@ -9,7 +9,9 @@ Process picture (one attempt):
                       stdout+stderr ──abstract unix socket──> supervisor (one stream per rank)
 
 - Every process under the launcher is tracked by pid (psutil, refreshed every 0.5 s, plus each
-  rank's hello on the socket) and its (pid, create time) is sent to the reaper at once.
+  rank's hello on the socket) and its (pid, create time) is sent to the reaper at once. A connection
+  to the socket speaks for a rank only when the kernel's peer credentials say it is a process of
+  this user's under the launcher, saying its own pid (launch/trust.py); others are refused and said.
 - Stop = SIGTERM to the launcher and to every tracked process, `grace` seconds, SIGKILL to what is
   left. Used for `wizard stop`, ^C, a stall, and any process left behind after the launcher exits.
 - Restarts (whole group, new attempt number) are ours: accelerate gets --max_restarts 0.
@@ -63,10 +65,11 @@ from launch.rundir import (
     rank_log_path,
     tail_lines,
 )
+from launch.trust import peer_problem
 from wizard.fsutil import read_json_object, read_yaml_mapping
 from wizard.paths import accelerate_default_config_file
 from wizard.probe.ports import free_port, port_in_use
-from wizard.units import fmt_clock
+from wizard.units import fmt_clock, printable
 
 WORKER = str(Path(__file__).with_name("_worker.py"))
 ENV_SOCKET = "WIZARD_LAUNCH_SOCKET"
@@ -75,6 +78,8 @@ STATE_FLUSH_EVERY_S = 0.5
 DRAIN_AFTER_EXIT_S = 2.0
 STALL_EXIT_CODE = 124
 STOPPED_EXIT_CODE = 130
+MAX_REFUSALS_SHOWN = 5          # refused socket connections said per attempt (a flood must not flood the output)
+MAX_RANK = 1 << 20
 # who sent a control.json request (launch/follow.py send_control's `sender`), as run.json's stop_reason says it
 CONTROL_SENDERS = {"cli": "`wizard stop`", "view": "the live view", "tune": "`wizard tune`"}
 GPU_IDLE_UTIL = 5
@@ -856,7 +861,9 @@ class _Attempt:
         self._last_scan = 0.0
         self._last_status = time.monotonic()
         self._pending: dict[socket.socket, bytes] = {}
+        self._peer_pid: dict[socket.socket, int | None] = {}
         self._conn_rank: dict[socket.socket, int] = {}
+        self.refused = 0
         self.sel = selectors.DefaultSelector()
         self.progress_rank: int | None = None
 
@@ -910,9 +917,29 @@ class _Attempt:
                 return
             except OSError:
                 return
+            # the abstract socket's name is visible to every user (/proc/net/unix) and it has no permissions of
+            # its own: the kernel's word on who connected decides, never what the peer says
+            pid, why = peer_problem(conn, self.proc.pid if self.proc else None)
+            if why:
+                self._refuse(conn, pid, why)
+                continue
             conn.setblocking(False)
             self._pending[conn] = b""
+            self._peer_pid[conn] = pid
             self.sel.register(conn, selectors.EVENT_READ, "rank")
+
+    def _refuse(self, conn: socket.socket, pid: int | None, why: str) -> None:
+        """Close a connection that may not speak for a rank; say so (the first few per attempt: a flood of them
+        must not flood the run's output and events)."""
+        try:
+            conn.close()
+        except OSError:
+            pass
+        self.refused += 1
+        if self.refused <= MAX_REFUSALS_SHOWN:
+            text = f"refused a connection to the run's socket from pid {pid if pid is not None else '?'}: {why}"
+            self.record.emit("refused", self.number, pid=pid, message=text)
+            self.sup.say(text)
 
     def _rank_capture(self, rank: int, pid: int) -> StreamCapture:
         cap = self.ranks.get(rank)
@@ -950,6 +977,12 @@ class _Attempt:
                     rank, pid = int(head[1]), int(head[2])
                 except ValueError:
                     pass
+            peer = self._peer_pid.pop(conn, None)
+            if pid != peer or not 0 <= rank < MAX_RANK:
+                self._drop(conn)
+                self._refuse(conn, peer, f"it said {printable(buf[:nl].decode(errors='replace'), 80)!r}, not "
+                                         f"WIZARD-RANK <rank> {peer} (its own pid)")
+                return
             self._conn_rank[conn] = rank
             cap = self._rank_capture(rank, pid)
             cap.feed(buf[nl + 1:])
@@ -967,6 +1000,7 @@ class _Attempt:
         except (KeyError, ValueError):
             pass
         self._pending.pop(conn, None)
+        self._peer_pid.pop(conn, None)
         self._conn_rank.pop(conn, None)
         conn.close()
 

@@ -40,6 +40,14 @@ def _no_user_calibration(tmp_path_factory, monkeypatch):
 
 
 @pytest.fixture(autouse=True)
+def _no_user_preflight_key(tmp_path_factory, monkeypatch):
+    """The preflight's key file in a place of the test's own (the nodes a test starts on this box share it, as a
+    shared home's nodes do), never the user's ~/.config/wizard/preflight.key; no secret from the environment."""
+    monkeypatch.setenv("WIZARD_PREFLIGHT_KEY_FILE", str(tmp_path_factory.mktemp("preflight-key") / "preflight.key"))
+    monkeypatch.delenv("WIZARD_PREFLIGHT_SECRET", raising=False)
+
+
+@pytest.fixture(autouse=True)
 def _default_port_is_free(monkeypatch):
     from wizard.check.rules import accelerate_yaml
 

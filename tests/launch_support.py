@@ -13,6 +13,20 @@ REPO = Path(__file__).resolve().parents[1]
 NO_BITSANDBYTES = Path(__file__).resolve().parent / "no_bitsandbytes"   # its sitecustomize: why, there
 
 
+# A process that says which signals reach it ("ready" first, then the name of each SIGTERM, SIGUSR1, SIGUSR2 or
+# SIGINT it gets, on a line of its own): a test's decoy, a pid that must be left alone
+SIGNAL_NOTER = r"""
+import signal, sys, time
+def note(n, f):
+    print(signal.Signals(n).name, flush=True)
+for s in (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGINT):
+    signal.signal(s, note)
+print("ready", flush=True)
+while True:
+    time.sleep(0.05)
+"""
+
+
 def env() -> dict[str, str]:
     """The environment for a launched run: one thread per rank on 2 cores, offline, this checkout first, and no
     bitsandbytes (nothing launched with it quantises; its import costs every rank a second)."""

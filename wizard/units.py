@@ -1,4 +1,5 @@
-"""Parsing and formatting of sizes and counts: '7B', '80GB', '512G', '1.5e9'."""
+"""Parsing and formatting of sizes and counts: '7B', '80GB', '512G', '1.5e9'; and text from elsewhere made safe
+to print (`printable`)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,19 @@ _BYTES_SUFFIX = {
 
 
 MAX_PARSED = 1e18   # counts and sizes: far above any real model or machine, far below float overflow
+
+# A machine's network to the others (Gb/s, all NICs together). Below 0.1 Gb/s (100 Mb/s) it is not a training
+# network: a step would take days, and a value near zero drives the step time to infinity and a speed to zero.
+# 100,000 is far above any machine's NICs (8 x 800 Gb/s is 6,400).
+NETWORK_GBPS_MIN = 0.1
+NETWORK_GBPS_MAX = 100_000
+NETWORK_GBPS_RANGE = "a number from 0.1 to 100000"
+
+
+def is_network_gbps(value: object) -> bool:
+    """True for a network speed the planner accepts (Gb/s per machine): a real number in the range above."""
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and NETWORK_GBPS_MIN <= value <= NETWORK_GBPS_MAX)
 
 
 def parse_count(text: str | int | float, field: str) -> int:
@@ -125,3 +139,19 @@ def fmt_clock(seconds: float | None, *, unknown: str = "--:--", pad_minutes: boo
     if h:
         return f"{h}:{m:02d}:{s:02d}"
     return f"{m:02d}:{s:02d}" if pad_minutes else f"{m}:{s:02d}"
+
+
+# C0 and C1 control characters, DEL, the line and paragraph separators, the bidirectional overrides (which make
+# text read in another order than it is), and lone surrogates (which no terminal encoding can print)
+_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+
+
+def printable(value: object, limit: int = 200) -> str:
+    """Text that came from elsewhere (a peer over the network, a file someone else may have written), made safe to
+    put on a terminal line: control characters as \\xNN escapes (so no escape sequence reaches the terminal and no
+    newline starts a forged line), lone surrogates as \\uDXXX, and at most `limit` characters."""
+    text = value if isinstance(value, str) else str(value)
+    if len(text) > limit:
+        text = text[:limit] + f"... ({len(text)} characters)"
+    return _UNPRINTABLE.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100
+                            else f"\\u{ord(m.group()):04x}", text)

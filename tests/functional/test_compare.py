@@ -155,6 +155,30 @@ def test_write_needs_the_address_of_a_multi_machine_row(tmp_path):
     assert not (tmp_path / "o").exists() or not any((tmp_path / "o").iterdir())
 
 
+def test_the_footers_suggestion_to_add_write_to_the_command_works(tmp_path, capsys):
+    """Issue 36: the footer says "add --write MACHINE to this command"; on a command with --machines and prices that
+    once exited 2 (--machines refused beside --write). The command as printed, plus --write and a machine of its
+    table, writes that machine's files, the same as the row's own `wizard --non-interactive` line."""
+    command = ["compare", "--params", "7B", "--machines", "1xH100-80GB,2x8xH100-80GB,2xA100-80GB",
+               "--price", "H100-80GB=2.5", "--sort", "cost"]
+    assert main(command) == 0
+    text = capsys.readouterr().out
+    footer = text[text.index("Write a machine's files"):].splitlines()
+    assert "add --write MACHINE to this command; with --main-process-ip ADDRESS for a machine of several nodes" \
+        in footer[0]
+    rows = dict(line.strip().split(": ", 1) for line in footer[1:] if line.strip())
+    assert "2xA100-80GB" in rows
+    suggested, direct = tmp_path / "suggested", tmp_path / "direct"
+    assert main([*command, "--write", "2xA100-80GB", "--output-dir", str(suggested)]) == 0
+    row = rows["2xA100-80GB"].split()
+    assert row[:2] == ["wizard", "--non-interactive"]
+    assert main([*row[1:], "--output-dir", str(direct)]) == 0
+    capsys.readouterr()
+    assert _files(suggested) == _files(direct) and "default_config.yaml" in _files(suggested)
+    several = [*command, "--write", "2x8xH100-80GB", "--main-process-ip", "10.0.0.1", "--dry-run"]
+    assert main(several) == 0, capsys.readouterr().err
+
+
 def test_prices_file_and_its_age(tmp_path):
     old = tmp_path / "old.yaml"
     old.write_text("date: 2026-01-05\ncurrency: EUR\nprices:\n  8xA100-80GB: 1.5\n  H100: 2.25\n")
@@ -193,7 +217,7 @@ def _bad(tmp_path: Path) -> list[tuple[list[str], str]]:
         (["--max-gpus", "8", "--machines", "8xH100"], "max-gpus"),
         (["--num-processes", "4"], "num-processes"),
         (["--write", "8xZ100"], "machines"),
-        (["--write", "8xH100", "--machines", "8xH100"], "machines"),
+        (["--write", "8xA100-80GB", "--machines", "8xH100"], "write"),
         (["--output-dir", str(tmp_path / "o")], "output-dir"),
         (["--prices", str(tmp_path / "missing.yaml")], "prices"),
         (["--prices", str(undated)], "prices"),

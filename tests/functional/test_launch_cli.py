@@ -229,6 +229,50 @@ def test_wizard_runs_says_what_a_succeeded_run_did_and_why_a_run_stopped(tmp_pat
     assert detail["d-ctrl-c"].endswith("SIGINT (Ctrl-C)") and detail["e-old"].endswith("no reason recorded)")
 
 
+@pytest.mark.timeout(120)
+def test_wizard_runs_lists_a_bad_run_directory_as_one_row_and_goes_on_writing_nothing(tmp_path):
+    """Issue 42 #4: run.json fields `runs` did not validate crashed it (TypeError in the sort of a mixed-type
+    started_at, OverflowError / ValueError on 1e308, Infinity and NaN, AttributeError on a classification that is
+    no object, TypeError on lost_cause 1e308 and stop_reason NaN), and one bad run.json stopped the whole listing.
+    #5: `runs` created an empty run.lock in an active run whose supervisor is gone. Now a bad run directory is one
+    row saying what is wrong, the listing goes on, and nothing under DIR changes."""
+    root = tmp_path / "wizard-runs"
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    _run_json(root / "a-good", status="succeeded", exit_code=0, started_at=1000.0, ended_at=1060.0)
+    _run_json(root / "b-dead", status="running", supervisor_pid=gone.pid, started_at=3000.0)
+    bad = {"c-mixed": ({"started_at": "2026-12-06"}, "started_at"), "d-huge": ({"started_at": 1e308}, "started_at"),
+           "e-inf": ({"ended_at": float("inf")}, "ended_at"), "f-nan": ({"started_at": float("nan")}, "started_at"),
+           "g-class": ({"status": "failed", "classification": "x"}, "classification"),
+           "h-cause": ({"status": "lost", "lost_cause": 1e308}, "lost_cause"),
+           "i-reason": ({"status": "stopped", "stop_reason": float("nan")}, "stop_reason"),
+           "j-pid": ({"supervisor_pid": -1}, "supervisor_pid")}
+    for name, (over, _field) in bad.items():
+        _run_json(root / name, **over)
+    (root / "k-garbage").mkdir()
+    (root / "k-garbage" / "run.json").write_text("{not json")
+    if os.geteuid() == 0:
+        _run_json(root / "l-theirs")
+        os.chown(root / "l-theirs", 65534, 65534)
+    def snapshot() -> dict:
+        return {p: (p.read_bytes() if p.is_file() else None, os.stat(p).st_mtime_ns) for p in root.rglob("*")}
+    before = snapshot()
+    r = wizard("runs", str(root), cwd=tmp_path)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    rows = {ln.split()[0]: ln for ln in r.stdout.splitlines()[1:]}
+    assert rows["a-good"].split()[1] == "succeeded" and rows["b-dead"].split()[1] == "lost"
+    for name, (_over, field) in bad.items():
+        assert rows[name].split()[1] == "unreadable" and f"{field}:" in rows[name], rows[name]
+    assert rows["k-garbage"].split()[1] == "unreadable" and "not JSON" in rows["k-garbage"]
+    if os.geteuid() == 0:
+        assert rows["l-theirs"].split()[1] == "unreadable" and "belongs to uid 65534" in rows["l-theirs"]
+    assert snapshot() == before
+    assert not (root / "b-dead" / "run.lock").exists()                    # no lock file made to find it free
+    j = wizard("runs", "--json", str(root), cwd=tmp_path)
+    listed = {x["id"]: x for x in json.loads(j.stdout)}
+    assert j.returncode == 0 and listed["d-huge"]["state"] == "unreadable" and listed["a-good"]["state"] == "succeeded"
+
+
 def test_import_is_light():
     code = ("import sys, launch.commands, launch.supervisor, launch.classify, launch.logs, launch.rundir\n"
             "bad = [m for m in ('torch', 'transformers', 'deepspeed', 'accelerate', 'textual') if m in sys.modules]\n"
@@ -271,3 +315,45 @@ def test_single_process_simple_launcher_is_rank0_and_exit_code_passes_through(tm
     ev = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()]
     assert [e["loss"] for e in ev if e["type"] == "train_log"] == [2.5]
     assert (run_dir / "logs" / "attempt-1" / "rank-0.log").read_text().startswith("hello from the only rank")
+
+
+def _ddp_config(path: Path, processes: int) -> Path:
+    path.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_GPU\nnum_machines: 1\n"
+                    f"num_processes: {processes}\nmachine_rank: 0\nmixed_precision: 'no'\nuse_cpu: false\n"
+                    "gpu_ids: all\nmain_process_port: 0\n")
+    return path
+
+
+@pytest.mark.timeout(240)
+def test_a_process_count_torchrun_cannot_use_stops_the_launch_with_exit_2_and_the_finding(tmp_path):
+    """Issue 36, item 2: `num_processes: 0` passed check and the launch showed torchrun's AssertionError traceback.
+    Launch's own check stops it first, as README promises: exit 2, the finding on one line, no run directory."""
+    processes = 0                                   # -2 and the other counts: tests/unit/test_check_machines.py
+    cfg = _ddp_config(tmp_path / "c.yaml", processes)
+    (tmp_path / "s.py").write_text("print('never')\n")
+    r = wizard("launch", "--headless", "--config-file", str(cfg), "--", "s.py", cwd=tmp_path, timeout=220)
+    assert r.returncode == 2, r.stdout + r.stderr
+    [line] = [x for x in r.stderr.splitlines() if "ACC-COUNT-OUT-OF-RANGE num_processes" in x]
+    assert f"num_processes: {processes}" in line and "1 or more" in line
+    assert "Traceback" not in r.stderr + r.stdout and not (tmp_path / "wizard-runs").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_gpu_config_launched_on_a_machine_without_gpus_says_so_before_it_starts(tmp_path):
+    """Issue 36, item 8: a config for GPUs launched where there is none started its ranks on the CPU with no word.
+    Launch checks the config against this machine (preflight's GPU decision): the run still starts (the suite's
+    own trainings run such configs on CPU processes over gloo), with a warning on stderr and in the run's events,
+    which the live view and `attach` show."""
+    cfg = _ddp_config(tmp_path / "c.yaml", 2)
+    (tmp_path / "s.py").write_text("print('ran', flush=True)\n")
+    run_dir = tmp_path / "run"
+    r = subprocess.run([sys.executable, "-m", "wizard", "launch", "--headless", "--config-file", str(cfg),
+                        "--run-dir", str(run_dir), "--", "s.py"], capture_output=True, text=True, cwd=tmp_path,
+                       env={**env(), "WIZARD_FAKE_NVML": "none"}, timeout=280)
+    assert r.returncode == 0, r.stdout + r.stderr
+    [line] = [x for x in r.stderr.splitlines() if "ACC-NUM-PROCESSES-EXCEEDS-GPUS" in x]
+    assert line.startswith("[wizard] warning") and "no GPU" in line and "on the CPU over gloo" in line
+    assert "[rank0] ran" in r.stdout and "[rank1] ran" in r.stdout
+    events = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()]
+    assert [e["message"] for e in events if e["type"] == "check"] == [line.removeprefix("[wizard] ")]

@@ -16,7 +16,17 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.launch_support import alive, env, kill_verified, run_pids, run_processes, start_time, state, wait_for
+from tests.launch_support import (
+    SIGNAL_NOTER,
+    alive,
+    env,
+    kill_verified,
+    run_pids,
+    run_processes,
+    start_time,
+    state,
+    wait_for,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -166,16 +176,7 @@ def test_garbage_run_json_is_exit_2_and_never_overwritten(tmp_path, body):
 
 # ------------------------------------------------------------------ stop never signals a foreign pid
 
-DUMMY = r"""
-import signal, sys, time
-def note(n, f):
-    print(signal.Signals(n).name, flush=True)
-for s in (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGINT):
-    signal.signal(s, note)
-print("ready", flush=True)
-while True:
-    time.sleep(0.05)
-"""
+DUMMY = SIGNAL_NOTER
 
 
 @pytest.mark.timeout(120)

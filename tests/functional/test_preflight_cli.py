@@ -16,6 +16,7 @@ import pytest
 
 from tests.launch_support import env
 from wizard.preflight import rendezvous, run
+from wizard.preflight.secret import Secret
 from wizard.probe.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -78,11 +79,13 @@ def test_a_silent_listener_is_told_apart_from_the_main_node_within_seconds():
 
 def test_the_main_nodes_rendezvous_answers_and_collects_a_node():
     port = free_port()
-    server = rendezvous.Server(port)
+    shared = Secret(b"0123456789abcdef-the-run", "test")
+    server = rendezvous.Server(port, shared, machines=2)
     try:
         sock, reader, outcome = rendezvous.probe_connect("127.0.0.1", port, time.monotonic() + 10)
         assert outcome["kind"] == "ok"
-        rendezvous.send(sock, {"rank": 1, "facts": {"host": "n2"}})
+        assert rendezvous.join(sock, reader, outcome["token"], 1, shared, time.monotonic() + 10) == (True, "")
+        rendezvous.send(sock, {"facts": {"host": "n2"}})
         server.wait_for({1}, time.monotonic() + 10)
         assert server.joined()[1]["facts"] == {"host": "n2"}
         done = threading.Thread(target=server.finish, args=({"exit_code": 0}, time.monotonic() + 10))

@@ -95,9 +95,12 @@ def write_metrics(run_dir: Path, spec: str, n: int = 70, monkeypatch=None) -> No
     api.close()
 
 
+RUN_NAME = "run-20260101-000000-abc123"
+
+
 def make_run(tmp_path: Path, kind: str = "running", supervisor_pid: int | None = None,
              ranks: int = 8) -> Path:
-    d = tmp_path / "run-20260101-000000-abc123"
+    d = tmp_path / RUN_NAME
     (d / "logs" / "attempt-1").mkdir(parents=True)
     run = {
         "id": "20260101-000000-abc123", "command": ["accelerate", "launch", "--config_file",
@@ -170,8 +173,16 @@ def frozen_app(run_dir: Path, owned: bool = True, follow_interval: float = 0.5):
 
 # ---------------------------------------------------------------- a dummy supervisor
 
-DUMMY_SUPERVISOR = r"""
-import signal, sys, time
+# A stand-in holds the run's lock as the supervisor does for the whole run: that is how a client tells the run's
+# supervisor from a process whose pid and start time are in run.json (launch/trust.py)
+HOLD_THE_LOCK = r"""
+import fcntl, os, sys
+os.makedirs(os.path.dirname(sys.argv[1]), exist_ok=True)
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o600)
+fcntl.flock(fd, fcntl.LOCK_EX)
+"""
+DUMMY_SUPERVISOR = HOLD_THE_LOCK + r"""
+import signal, time
 def note(n, f):
     print(signal.Signals(n).name, flush=True)
 for s in (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2):
@@ -183,9 +194,11 @@ while True:
 
 
 @pytest.fixture
-def supervisor():
-    """A live process standing in for the supervisor: it prints every control signal it gets."""
-    proc = subprocess.Popen([sys.executable, "-c", DUMMY_SUPERVISOR], stdout=subprocess.PIPE, text=True)
+def supervisor(tmp_path):
+    """A live process standing in for the supervisor of make_run's run: it holds the run's lock and prints every
+    control signal it gets."""
+    proc = subprocess.Popen([sys.executable, "-c", DUMMY_SUPERVISOR, str(tmp_path / RUN_NAME / "run.lock")],
+                            stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "ready"
     yield proc
     proc.kill()
@@ -349,6 +362,26 @@ def test_send_control_leaves_a_finished_run_alone(tmp_path, supervisor):
     assert not (d / CONTROL_FILE).exists()
 
 
+def test_send_control_signals_no_process_that_is_not_the_runs_supervisor(tmp_path, decoy_of_the_user):
+    """Issue 37 finding 3: a process of the user's whose pid and real start time were copied into run.json as the
+    supervisor's is not signalled (it does not hold the run's lock); the request still goes to control.json."""
+    d = make_run(tmp_path, supervisor_pid=decoy_of_the_user.pid)
+    for request in ("stop", "kill", "restart"):
+        r = send_control(d, request)
+        assert r.written and not r.signalled, r.message
+    assert signals_received(decoy_of_the_user, wait=0.5) == []
+
+
+@pytest.fixture
+def decoy_of_the_user():
+    proc = subprocess.Popen([sys.executable, "-c", DUMMY_SUPERVISOR.replace(HOLD_THE_LOCK, "")],
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    yield proc
+    proc.kill()
+    proc.wait(timeout=10)
+
+
 def test_send_control_checks_the_supervisor_is_the_same_process(tmp_path, supervisor):
     import psutil
     d = make_run(tmp_path, supervisor_pid=supervisor.pid)
@@ -493,7 +526,10 @@ async def test_s_stops_with_a_countdown_and_a_second_s_kills(tmp_path, superviso
 
 
 async def test_s_really_terminates_a_plain_process(tmp_path):
-    sleeper = subprocess.Popen(["sleep", "60"])
+    sleeper = subprocess.Popen([sys.executable, "-c", HOLD_THE_LOCK + "import time\nprint('ready', flush=True)\n"
+                                "time.sleep(60)", str(tmp_path / RUN_NAME / "run.lock")], stdout=subprocess.PIPE,
+                               text=True)
+    assert sleeper.stdout.readline().strip() == "ready"
     try:
         d = make_run(tmp_path, supervisor_pid=sleeper.pid)
         app = frozen_app(d)
@@ -710,7 +746,8 @@ async def test_a_supervisor_that_dies_shows_lost_within_5_s(tmp_path):
     and what of the run was left (a tracked worker, verified by its start time) is ended."""
     import psutil
     sup = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
-    worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
+    worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True,
+                              env={**os.environ, "WIZARD_RUN_DIR": str(tmp_path / RUN_NAME)})    # the run's
     try:
         d = make_run(tmp_path, supervisor_pid=sup.pid)
         update_run(d, tracked_pids=[worker.pid],

@@ -203,14 +203,14 @@ def _valid_state(**over):
 
 @pytest.mark.parametrize("body,needle", [
     ("not json", "is not JSON"), ("[1]", "not a JSON object"),
-    (json.dumps(_valid_state(status="weird")), "status 'weird'"),
+    (json.dumps(_valid_state(status="weird")), "status: 'weird'"),
     (json.dumps(_valid_state(tracked_pids=["abc"])), "tracked_pids"),
     (json.dumps(_valid_state(supervisor_create_time=None)), "supervisor_create_time"),
     (json.dumps(_valid_state(supervisor_pid="12")), "supervisor_pid"),
     (json.dumps(_valid_state(process_times={"12": "soon"})), "process_times"),
     # pid 0 is no process: os.kill(0, sig) would signal the caller's whole process group
     (json.dumps(_valid_state(supervisor_pid=0)), "supervisor_pid"),
-    (json.dumps(_valid_state(pids={"0": 0})), "pids must map"),
+    (json.dumps(_valid_state(pids={"0": 0})), "pids['0']: 0 is not a process id"),
     (json.dumps(_valid_state(tracked_pids=[0])), "tracked_pids"),
 ], ids=["not-json", "not-object", "status", "tracked-not-int", "no-create-time", "pid-as-text", "process-times",
         "supervisor-pid-0", "rank-pid-0", "tracked-pid-0"])    # ids without this process's pid (pytest-xdist)
@@ -233,22 +233,44 @@ def test_attempts_allowed_counts_user_restarts():
     assert attempts_allowed({"max_restarts": 2, "user_restarts": 0}) == 3
 
 
-def _sleeper(session=False):
-    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=session)
+def _sleeper(session=False, run_dir=None):
+    """A process; with run_dir, one of that run's (the supervisor sets WIZARD_RUN_DIR for the launcher and every
+    rank inherits it)."""
+    env = dict(os.environ, WIZARD_RUN_DIR=str(run_dir)) if run_dir else None
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=session,
+                            env=env)
 
 
 def test_end_recorded_processes_never_signals_a_reused_pid(tmp_path):
     """A pid recorded with another start time is some other process now: it must survive."""
     import psutil
-    ours, foreign = _sleeper(), _sleeper()
+    ours, foreign = _sleeper(run_dir=tmp_path), _sleeper(run_dir=tmp_path)
     try:
         st = {"process_times": {str(ours.pid): psutil.Process(ours.pid).create_time(),
                                 str(foreign.pid): psutil.Process(foreign.pid).create_time() - 50}}
-        assert end_recorded_processes(st, grace=5) == [ours.pid]
+        assert end_recorded_processes(st, tmp_path, grace=5) == [ours.pid]
         ours.wait(10)                 # ended (psutil reaped it, so its code is not ours to see)
         assert foreign.poll() is None
     finally:
         for p in (ours, foreign):
+            p.kill()
+            p.wait()
+
+
+def test_end_recorded_processes_signals_only_the_runs_own_processes(tmp_path):
+    """Issue 37: a pid and its real start time copied into run.json name a process of the user's that is not the
+    run's (it does not carry this run directory in WIZARD_RUN_DIR, or carries another run's): never signalled."""
+    import psutil
+    other_run = tmp_path / "other"
+    other_run.mkdir()
+    ours, unrelated, elsewhere = _sleeper(run_dir=tmp_path), _sleeper(), _sleeper(run_dir=other_run)
+    try:
+        st = {"process_times": {str(p.pid): psutil.Process(p.pid).create_time() for p in (ours, unrelated, elsewhere)}}
+        assert end_recorded_processes(st, tmp_path, grace=5) == [ours.pid]
+        ours.wait(10)
+        assert unrelated.poll() is None and elsewhere.poll() is None
+    finally:
+        for p in (ours, unrelated, elsewhere):
             p.kill()
             p.wait()
 
@@ -258,12 +280,13 @@ def test_end_recorded_processes_sigkills_what_ignores_sigterm_after_the_grace(tm
 
     import psutil
     stubborn = subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, "
-                                 "signal.SIG_IGN); print(flush=True); time.sleep(60)"], stdout=subprocess.PIPE)
+                                 "signal.SIG_IGN); print(flush=True); time.sleep(60)"], stdout=subprocess.PIPE,
+                                env=dict(os.environ, WIZARD_RUN_DIR=str(tmp_path)))
     try:
         stubborn.stdout.readline()
         st = {"process_times": {str(stubborn.pid): psutil.Process(stubborn.pid).create_time()}}
         t0 = time.monotonic()
-        assert end_recorded_processes(st, grace=0.5) == [stubborn.pid]
+        assert end_recorded_processes(st, tmp_path, grace=0.5) == [stubborn.pid]
         assert time.monotonic() - t0 >= 0.5
         assert stubborn.wait(timeout=5) == -9
     finally:
@@ -275,7 +298,7 @@ def test_mark_lost_ends_leftovers_writes_lost_and_an_event(tmp_path):
     import psutil
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    ours, foreign = _sleeper(session=True), _sleeper()
+    ours, foreign = _sleeper(session=True, run_dir=tmp_path), _sleeper(run_dir=tmp_path)
     try:
         st = _valid_state(supervisor_pid=dead.pid, supervisor_create_time=1.0,
                           tracked_pids=[ours.pid, foreign.pid],
@@ -297,8 +320,12 @@ def test_mark_lost_ends_leftovers_writes_lost_and_an_event(tmp_path):
 
 
 def test_mark_lost_leaves_a_live_or_locked_or_garbage_run_alone(tmp_path):
-    (tmp_path / "run.json").write_text(json.dumps(_valid_state()))        # we are the live supervisor
-    assert mark_lost_if_dead(tmp_path) is None and read_state(tmp_path)["status"] == "running"
+    (tmp_path / "run.json").write_text(json.dumps(_valid_state()))        # we are the live supervisor: we hold
+    fd = try_lock(tmp_path)                                               # the run's lock, as one does
+    try:
+        assert mark_lost_if_dead(tmp_path) is None and read_state(tmp_path)["status"] == "running"
+    finally:
+        os.close(fd)
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     (tmp_path / "run.json").write_text(json.dumps(_valid_state(supervisor_pid=dead.pid)))

@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import pytest
 
+from wizard.config import script_settings
 from wizard.frontends import snippets
 from wizard.planning.plan import StrategyOptions, Topology, TrainingOptions, make_plan
 from wizard.probe import hardware
@@ -60,7 +61,7 @@ def test_the_code_options_print_lines_that_compile_and_turn_on_what_they_need():
     from transformers import TrainingArguments
 
     kwargs = snippets.training_arguments({}, p, None)
-    name = snippets.checkpointing_argument() + "_kwargs"
+    name = script_settings.checkpointing_argument() + "_kwargs"
     assert kwargs[name] == {"use_reentrant": True}
     TrainingArguments(output_dir="out", use_cpu=True, **{name: kwargs[name]})
 

@@ -10,6 +10,7 @@ import pytest
 
 from wizard.preflight import fanout
 from wizard.preflight.fanout import HostfileError, active_hosts, parse_hostfile
+from wizard.preflight.secret import Secret
 
 
 def _accel(launcher=None, machines=2, kind="DEEPSPEED", **ds):
@@ -82,8 +83,9 @@ def test_the_command_each_host_runs(tmp_path):
                                    join_timeout=75, check_timeout=20, collective_timeout=120, nbytes=None,
                                    collective=True, python="/opt/py env/bin/python", cwd="/work/a dir",
                                    ssh=["ssh", "-o", "BatchMode=yes"])
-    assert argv[:4] == ["ssh", "-o", "BatchMode=yes", "node-b"] and len(argv) == 5
-    remote = shlex.split(argv[4])          # the remote shell's words
+    # "--": a host is never one of ssh's options (issue 37: a hostfile host "-oProxyCommand=...")
+    assert argv[:5] == ["ssh", "-o", "BatchMode=yes", "--", "node-b"] and len(argv) == 6
+    remote = shlex.split(argv[5])          # the remote shell's words
     assert remote[:4] == ["cd", "/work/a dir", "&&", "exec"]
     assert remote[4:8] == ["/opt/py env/bin/python", "-m", "wizard", "preflight"]
     words = remote[8:]
@@ -92,10 +94,25 @@ def test_the_command_each_host_runs(tmp_path):
     assert words[words.index("--main-process-ip") + 1] == "10.0.0.1"
     assert words[words.index("--main-process-port") + 1] == "29600"
     assert "--no-collective" not in words and "--allreduce-mb" not in words
+    assert words[-1] == "--secret-stdin"   # the secret itself goes down ssh's stdin, never on a command line
     quiet = fanout.remote_preflight("n", 2, config_file="c.yaml", main_ip="h", main_port=1, join_timeout=1,
                                     check_timeout=1, collective_timeout=1, nbytes=8 << 20, collective=False,
                                     ssh=["ssh"])
     assert "--no-collective" in quiet[-1] and "--allreduce-mb 8" in quiet[-1]
+
+
+@pytest.mark.parametrize("host", ["-oProxyCommand=touch${IFS}/tmp/x", "-F/tmp/evil", "a;b", "a b\x1b[31m"])
+def test_a_hostfile_host_that_ssh_would_read_as_an_option_is_a_finding_before_any_ssh(tmp_path, host):
+    """Issue 37: a host name starting with "-" reached ssh in option position. It is refused with the hostfile's
+    other errors (one row, nothing started), and ssh's argv puts "--" before the host anyway."""
+    with pytest.raises(HostfileError, match="line 2"):
+        parse_hostfile(f"node-a slots=1\n{host} slots=1\n")
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text(f"node-a slots=1\n{host} slots=1\n")
+    hosts, row = fanout.plan_hosts(_accel(deepspeed_hostfile=str(hostfile)), "cfg.yaml")
+    assert hosts is None and row.check == "hostfile" and "\x1b" not in row.detail and "\n" not in row.detail
+    assert parse_hostfile("node-1 slots=8\n10.0.0.2 slots=8\nfe80::1%eth0 slots=8\n") == \
+        {"node-1": 8, "10.0.0.2": 8, "fe80::1%eth0": 8}
 
 
 def test_the_ssh_command_is_wizard_ssh_with_pdshs_options():
@@ -123,7 +140,7 @@ def test_a_host_ssh_could_not_reach_is_named_with_ssh_s_words():
     found = ("print('1 node-c  GPUs  FAIL  2 GPUs, the plan needs 8'); print('preflight: 1 finding'); "
              "raise SystemExit(1)")
     remotes = fanout.start_remotes({1: ("node-b", [sys.executable, "-c", refused]),
-                                    2: ("node-c", [sys.executable, "-c", found])})
+                                    2: ("node-c", [sys.executable, "-c", found])}, Secret(b"s" * 16, "test"))
     for r in remotes:
         r.proc.wait(30)
     rows = fanout.ssh_rows(remotes, joined=set(), launcher="pdsh")

@@ -20,6 +20,7 @@ from importlib import metadata
 from typing import Any
 
 from wizard.check.rules.common import relative_to_naming_file
+from wizard.config.vocab import DS_KEY_OF_YAML_KEY
 from wizard.findings import Finding, finding_column_line
 from wizard.errors import InputError
 from wizard.paths import accelerate_default_config_file
@@ -49,6 +50,7 @@ def read_input(path: str, field_name: str) -> str:
 
 def check_shape(data: Any, path: str, field_name: str) -> None:
     """Refuse nesting deeper than MAX_NESTING and integers longer than MAX_INT_DIGITS (exit 2)."""
+    too_long = 10 ** MAX_INT_DIGITS            # once: computed per integer it was most of the walk's time
     stack = [(data, 1)]
     while stack:
         node, depth = stack.pop()
@@ -58,7 +60,7 @@ def check_shape(data: Any, path: str, field_name: str) -> None:
             stack.extend((v, depth + 1) for v in node.values())
         elif isinstance(node, list):
             stack.extend((v, depth + 1) for v in node)
-        elif isinstance(node, int) and not isinstance(node, bool) and abs(node) >= 10 ** MAX_INT_DIGITS:
+        elif isinstance(node, int) and not isinstance(node, bool) and abs(node) >= too_long:
             raise InputError(field_name, f"{path} holds an integer of more than {MAX_INT_DIGITS} digits")
 
 
@@ -198,6 +200,15 @@ def load_training_args(path: str) -> tuple[dict[str, Any], list[str]]:
     return {k: v for k, v in data.items() if str(k) in fields}, ignored
 
 
+def read_plan_beside(config_file: str) -> dict[str, Any] | None:
+    """The wizard_plan.json the wizard wrote beside an accelerate config, None when there is none or it cannot be
+    read (the rules then judge the files alone)."""
+    from wizard.fsutil import read_json_object
+    from wizard.paths import plan_file_beside
+    path = plan_file_beside(config_file)
+    return read_json_object(path) if os.path.isfile(path) else None      # a FIFO there must not block
+
+
 def library_versions() -> dict[str, str | None]:
     out: dict[str, str | None] = {}
     for name in ("accelerate", "deepspeed", "transformers", "torch"):
@@ -254,6 +265,7 @@ def build_context(config_file: str | None = None, ds_config: str | None = None, 
         ctx.acc_path = acc_path
         ctx.acc_text = read_input(acc_path, "config-file")
         ctx.acc, ctx.acc_plain = parse_accelerate_yaml(ctx.acc_text, acc_path)
+        ctx.plan_beside = read_plan_beside(acc_path)
 
     if training_args is not None:
         ctx.ta_path = training_args
@@ -335,14 +347,34 @@ def run_rules(ctx, only: set[str] | None = None) -> list[Finding]:
                                         f"rule {r.id} could not run: {exc.__class__.__name__}: {_one_line(exc)}",
                                         fix="report this as a wizard bug"))
     scratch = ctx.cache.pop("scratch_dir", None)
-    if scratch:                       # the copy the libraries read (wizard/check/rules/libraries.yaml_on_disk)
+    if scratch:                       # the copy the libraries read (wizard/check/rules/yaml_verdicts.yaml_on_disk)
         import shutil
         shutil.rmtree(scratch, ignore_errors=True)
         ctx.cache.pop("acc_disk", None)
     if ctx.planned is not None:         # scratch copies of the files about to be written: name the final paths
         for f in findings:
             f.file = ctx.planned.displays.get(f.file, f.file)
-    return sort_findings(_virtual_ds_keys(ctx, one_finding_per_problem(_once_each(findings))))
+    return sort_findings(_virtual_ds_keys(ctx, one_finding_per_problem(at_most_some_per_rule(_once_each(findings)))))
+
+
+def at_most_some_per_rule(findings: list[Finding]) -> list[Finding]:
+    """Past MAX_FINDINGS_PER_RULE findings of one rule and severity in one file, the rest become one finding
+    that counts them (a rule that bounds itself already yields at most that many and its own summary)."""
+    from wizard.check.rules.common import MAX_FINDINGS_PER_RULE, more_like_these
+
+    groups: dict[tuple[str, str, str], list[Finding]] = {}
+    for f in findings:
+        groups.setdefault((f.rule, f.file, f.severity), []).append(f)
+    out = []
+    for (rule_id, file, severity), group in groups.items():
+        if len(group) <= MAX_FINDINGS_PER_RULE + 1:
+            out.extend(group)
+            continue
+        rest = group[MAX_FINDINGS_PER_RULE:]
+        out.extend(group[:MAX_FINDINGS_PER_RULE])
+        out.append(more_like_these(severity, rule_id, file, [f.key or "(file)" for f in rest],
+                                   f"findings of {rule_id}", fix=rest[0].fix, when=rest[0].when))
+    return out
 
 
 def _once_each(findings: list[Finding]) -> list[Finding]:
@@ -374,16 +406,8 @@ def one_finding_per_problem(findings: list[Finding]) -> list[Finding]:
 
 
 # DeepSpeed keys accelerate builds from an inline YAML -> the YAML key the user writes
-VIRTUAL_DS_KEYS = {
-    "gradient_accumulation_steps": "deepspeed_config.gradient_accumulation_steps",
-    "gradient_clipping": "deepspeed_config.gradient_clipping",
-    "zero_optimization.stage": "deepspeed_config.zero_stage",
-    "zero_optimization.offload_optimizer.device": "deepspeed_config.offload_optimizer_device",
-    "zero_optimization.offload_param.device": "deepspeed_config.offload_param_device",
-    "zero_optimization.stage3_gather_16bit_weights_on_model_save": "deepspeed_config.zero3_save_16bit_model",
-    "bf16.enabled": "mixed_precision",
-    "fp16.enabled": "mixed_precision",
-}
+VIRTUAL_DS_KEYS = {ds_key: f"deepspeed_config.{key}" for key, ds_key in DS_KEY_OF_YAML_KEY.items()} | {
+    "bf16.enabled": "mixed_precision", "fp16.enabled": "mixed_precision"}
 
 
 def _virtual_ds_keys(ctx, findings: list[Finding]) -> list[Finding]:

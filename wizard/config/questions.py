@@ -72,7 +72,7 @@ from wizard.planning.plan import (
 from wizard.probe import catalogue
 from wizard.sizing.memory import CUDA_CONTEXT_BYTES
 from wizard.sizing.model import TASKS as MODEL_TASKS
-from wizard.units import fmt_bytes
+from wizard.units import NETWORK_GBPS_RANGE, fmt_bytes, is_network_gbps
 
 RDZV_BACKENDS = ("static", "c10d", "etcd", "etcd-v2")     # what torchrun accepts
 DEFAULT_PORT = 29500                                      # torchrun's and accelerate's default master port
@@ -106,8 +106,8 @@ def _check_host(value: str, ctx: Context, f: str) -> None:
 
 
 def _check_gbps(value: float, ctx: Context, f: str) -> None:
-    if not 0 < value <= 100_000:
-        raise InputError(f, f"{value:g} Gb/s is out of range", "Gb/s per machine, a number in (0, 100000]")
+    if not is_network_gbps(value):
+        raise InputError(f, f"{value:g} Gb/s is out of range", f"Gb/s per machine, {NETWORK_GBPS_RANGE}")
 
 
 def _inter_node_why(ctx: Context) -> str:
@@ -121,6 +121,13 @@ def _inter_node_why(ctx: Context) -> str:
 def _check_port(value: int, ctx: Context, f: str) -> None:
     if not 0 <= value <= 65535:
         raise InputError(f, f"{value} is not a port", "0 (any free port) or 1..65535")
+
+
+def _port_asked(ctx: Context) -> bool:
+    """Asked for several machines; on one, taken when given: accelerate launch reads the config's
+    main_process_port for one machine's torchrun too (utils/launch.py prepare_multi_gpu_env and
+    prepare_deepspeed_cmd_env set master_port from it), so two jobs on one machine can each have theirs."""
+    return _multi_node(ctx) or ctx.given.get("main_process_port") is not None
 
 
 def _check_machine_rank(value: int, ctx: Context, f: str) -> None:
@@ -532,13 +539,13 @@ QUESTIONS: tuple[Question, ...] = (
        allowed="an IPv4/IPv6 address or a host name such as 10.0.0.1 or node01"),
     _q("main_process_port", "Main process port",
        "The rendezvous port on the main machine; it must be free and open between nodes. 0 picks a free one.",
-       "int", "machines", metavar="PORT", when=_multi_node, default=DEFAULT_PORT, check=_check_port,
+       "int", "machines", metavar="PORT", when=_port_asked, default=DEFAULT_PORT, check=_check_port,
        allowed="0 (any free port) or 1..65535",
        why="29500 is torchrun's default; pick another when two jobs share a machine."),
     _q("inter_node_gbps", "Network between machines (Gb/s per machine)",
        "All of one machine's NICs to the others together, e.g. 3200 for 8 x 400 Gb/s; it sets the speed of "
        "every collective that crosses machines.", "float", "machines", metavar="GBPS", advanced=True,
-       when=_multi_node, check=_check_gbps, allowed="Gb/s per machine, a number in (0, 100000] such as 400 or 3200",
+       when=_multi_node, check=_check_gbps, allowed=f"Gb/s per machine, {NETWORK_GBPS_RANGE} such as 400 or 3200",
        why=_inter_node_why),
     _q("same_network", "All machines on the same local network?",
        "Nodes on one network rendezvous directly at the main address; across clouds or networks a "

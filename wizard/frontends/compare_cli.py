@@ -1,5 +1,5 @@
 """`wizard compare`: the machines side by side (wizard.compare), as a table or JSON; `--write MACHINE` writes one
-row's files through `wizard --non-interactive --assume MACHINE`'s own code (cli.cmd_non_interactive).
+row's files through `wizard --non-interactive --assume MACHINE`'s own code (non_interactive.cmd_non_interactive).
 """
 
 from __future__ import annotations
@@ -7,9 +7,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any, TextIO
+from typing import TextIO
 
 from wizard import compare as compare_mod
+from wizard.frontends.flags import UNDERSCORES, add_calibration_flag, add_question_flags, given, refuse_empty_values
 from wizard.units import fmt_duration
 
 DESCRIPTION = (
@@ -27,7 +28,6 @@ EPILOG = (
 
 
 def build_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    from wizard.frontends.cli import UNDERSCORES, _add_calibration_flag, _add_question_flags
     p.description = DESCRIPTION
     p.epilog = EPILOG + " " + UNDERSCORES
     g = p.add_argument_group("machines and prices")
@@ -50,8 +50,8 @@ def build_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     io.add_argument("--output-dir", metavar="D", default=argparse.SUPPRESS,
                     help="with --write: where the files go (default: accelerate's config dir)")
     io.add_argument("--dry-run", action="store_true", default=argparse.SUPPRESS, help="with --write: write nothing")
-    _add_question_flags(p)
-    _add_calibration_flag(p, help="plan every machine by the raw model, without the ratios `wizard tune` measured")
+    add_question_flags(p)
+    add_calibration_flag(p, help="plan every machine by the raw model, without the ratios `wizard tune` measured")
     p.set_defaults(func=cmd_compare)
     return p
 
@@ -59,15 +59,36 @@ def build_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
 def cmd_compare(ns: argparse.Namespace) -> int:
     from wizard.config.answers import values_from_namespace
     from wizard.errors import EXIT_NOTHING_FITS, InputError
-    from wizard.frontends.cli import _given, _refuse_empty_values
-    _refuse_empty_values(ns)
+    refuse_empty_values(ns)
     if ns.sort not in compare_mod.SORTS:
         raise InputError("sort", f"{ns.sort!r} is not a sort order", "|".join(compare_mod.SORTS))
+    machines, prices = compared_machines(ns)
     if ns.write is not None:
-        return write_machine(ns)
+        return write_machine(ns, machines)
     if getattr(ns, "output_dir", None) is not None or getattr(ns, "dry_run", False):
         raise InputError("output-dir", "--output-dir and --dry-run go with --write MACHINE (compare writes nothing)",
                          "--write MACHINE --output-dir D")
+    flags = values_from_namespace(ns)
+    answers_file = getattr(ns, "answers", None)
+
+    def command(m: compare_mod.Machine) -> str:
+        return compare_mod.write_command(m, flags, answers_file)
+
+    result = compare_mod.compare(given(ns), machines, prices, sort=ns.sort, calibrate=not ns.no_calibration,
+                                 command_for=command)
+    if ns.json:
+        print(json.dumps(result.to_json(), indent=2, sort_keys=True))
+    else:
+        print_comparison(result, address_given=flags.get("main_process_ip") is not None)
+    for w in result.warnings:
+        print(f"wizard: warning: {w}", file=sys.stderr)
+    return 0 if any(r.fits for r in result.rows) else EXIT_NOTHING_FITS
+
+
+def compared_machines(ns: argparse.Namespace) -> tuple[list[compare_mod.Machine], compare_mod.Prices]:
+    """The machines and prices the comparison flags name, checked the same with or without --write (the table's
+    footer tells the user to add --write MACHINE to the command that printed it)."""
+    from wizard.errors import InputError
     max_gpus = compare_mod.check_max_gpus(ns.max_gpus)
     if ns.machines is not None:
         if max_gpus is not None:
@@ -76,44 +97,23 @@ def cmd_compare(ns: argparse.Namespace) -> int:
         machines = compare_mod.parse_machines(ns.machines)
     else:
         machines = compare_mod.default_machines(max_gpus)
-    prices = compare_mod.prices_from(ns.price, ns.prices)
-    flags = values_from_namespace(ns)
-    answers_file = getattr(ns, "answers", None)
-
-    def command(m: compare_mod.Machine) -> str:
-        return compare_mod.write_command(m, flags, answers_file)
-
-    result = compare_mod.compare(_given(ns), machines, prices, sort=ns.sort, calibrate=not ns.no_calibration,
-                                 command_for=command)
-    if ns.json:
-        print(json.dumps(result.to_json(), indent=2, sort_keys=True))
-    else:
-        print_comparison(result)
-    for w in result.warnings:
-        print(f"wizard: warning: {w}", file=sys.stderr)
-    return 0 if any(r.fits for r in result.rows) else EXIT_NOTHING_FITS
+    return machines, compare_mod.prices_from(ns.price, ns.prices)
 
 
-def write_machine(ns: argparse.Namespace) -> int:
-    """`--write MACHINE`: `wizard --non-interactive --assume MACHINE` with the same options, through its code."""
+def write_machine(ns: argparse.Namespace, compared: list[compare_mod.Machine]) -> int:
+    """`--write MACHINE`: `wizard --non-interactive --assume MACHINE` with the same options, through its code. With
+    --machines the machine is one of them; prices and the sort change no file."""
     from wizard.errors import InputError
-    from wizard.frontends.cli import cmd_non_interactive
-    for flag, value in (("machines", ns.machines), ("max-gpus", ns.max_gpus), ("price", ns.price),
-                        ("prices", ns.prices)):
-        if value is not None:
-            raise InputError(flag, f"--{flag} compares machines; --write writes one machine's files",
-                             "--write MACHINE [--output-dir D] with the plan's options")
-    compare_mod.refuse_machine_answers(ns_given(ns))
+    from wizard.frontends.non_interactive import cmd_non_interactive
+    compare_mod.refuse_machine_answers(given(ns))
     chosen = compare_mod.machine(ns.write) if ns.write.strip() else None
     if chosen is None:
         raise InputError("write", "is empty", compare_mod.MACHINE_FORMAT)
+    if ns.machines is not None and chosen.key not in {m.key for m in compared}:
+        raise InputError("write", f"{ns.write} is not one of --machines ({', '.join(m.label for m in compared)})",
+                         "a machine of --machines, or --write without --machines")
     ns.assume, ns.hardware = chosen.assume, None
     return cmd_non_interactive(ns)
-
-
-def ns_given(ns: argparse.Namespace) -> dict[str, Any]:
-    from wizard.frontends.cli import _given
-    return _given(ns)
 
 
 # ----------------------------------------------------------------------------- the table
@@ -164,7 +164,7 @@ def header_lines(c: compare_mod.Comparison) -> list[str]:
             compare_mod.CAVEAT]
 
 
-def print_comparison(c: compare_mod.Comparison, file: TextIO | None = None) -> None:
+def print_comparison(c: compare_mod.Comparison, file: TextIO | None = None, address_given: bool = False) -> None:
     out = file or sys.stdout
     for line in header_lines(c):
         print(line, file=out)
@@ -188,6 +188,8 @@ def print_comparison(c: compare_mod.Comparison, file: TextIO | None = None) -> N
             print(f"  {r.machine.label}: {r.error or r.shortfall}", file=out)
     fitting = [r for r in c.rows if r.write_command]
     if fitting:
-        print("Write a machine's files (or add --write MACHINE to this command):", file=out)
+        several = "" if address_given or all(r.machine.nodes == 1 for r in fitting) else \
+            "; with --main-process-ip ADDRESS for a machine of several nodes"
+        print(f"Write a machine's files (or add --write MACHINE to this command{several}):", file=out)
         for r in fitting:
             print(f"  {r.machine.label}: {r.write_command}", file=out)

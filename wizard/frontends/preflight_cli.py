@@ -10,6 +10,8 @@ import os
 import sys
 from typing import TextIO
 
+from wizard.units import printable
+
 DESCRIPTION = (
     "wizard preflight: prove the machines of a config can train together before the GPU hours start. Run it on "
     "every node the way the launch gets there: `srun --ntasks-per-node=1 wizard preflight --config-file C` inside "
@@ -49,6 +51,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "the main node starts the other hosts' preflight over ssh too ($WIZARD_SSH, else ssh "
                         "without a password prompt); this checks the main node only and waits for the others to "
                         "be started by hand")
+    p.add_argument("--secret-stdin", action="store_true",
+                   help="read the nodes' shared secret from one line of stdin (how the main node hands it to the "
+                        "hosts it starts over ssh) instead of $WIZARD_PREFLIGHT_SECRET or the key file "
+                        "~/.config/wizard/preflight.key; README's 'Security' says how nodes share it")
     p.add_argument("--record", action="store_true",
                    help="main node: record the measured bandwidth between the nodes in the calibration, so "
                         "`wizard plan` uses the measured network")
@@ -94,7 +100,15 @@ def options_from(ns: argparse.Namespace):
                    join_timeout=ns.join_timeout, check_timeout=ns.check_timeout,
                    collective_timeout=ns.collective_timeout,
                    nbytes=int(ns.allreduce_mb * (1 << 20)) if ns.allreduce_mb else None,
-                   collective=not ns.no_collective)
+                   collective=not ns.no_collective,
+                   secret=secret_from_stdin() if getattr(ns, "secret_stdin", False) else None)
+
+
+def secret_from_stdin():
+    """The secret the main node sent down ssh's stdin (one line)."""
+    from wizard.preflight.secret import MAX_CHARS, from_text
+    line = sys.stdin.buffer.readline(MAX_CHARS + 2).decode("utf-8", "surrogateescape")
+    return from_text(line, "the main node's (over ssh)", "--secret-stdin")
 
 
 def run_node(opts, progress, local_only: bool = False):
@@ -119,7 +133,7 @@ def print_result(result, out: TextIO = sys.stdout) -> None:
               file=out)
         for line in checks.render_table(own) if own else []:
             print(line, file=out)
-        print(result.verdict, file=out)
+        print(printable(result.verdict, 400), file=out)          # the main node's words
         return
     for line in checks.render_table(result.rows):
         print(line, file=out)

@@ -6,26 +6,7 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
-
-def checkpointing_argument() -> str:
-    """TrainingArguments' name for gradient checkpointing in the installed transformers:
-    `activation_checkpointing` where it exists (`gradient_checkpointing` is its deprecated alias
-    there), else `gradient_checkpointing`. Reads the dataclass only when transformers is already
-    imported (validation did it), never importing it here."""
-    import sys
-    module = sys.modules.get("transformers.training_args")
-    if module is not None:
-        fields = getattr(module.TrainingArguments, "__dataclass_fields__", {})
-        return "activation_checkpointing" if "activation_checkpointing" in fields else "gradient_checkpointing"
-    try:
-        from importlib.metadata import version
-        major = int(version("transformers").split(".")[0])
-    except (ImportError, ValueError, AttributeError):   # not installed (PackageNotFoundError), a version
-        return "gradient_checkpointing"                 # like "dev", metadata without a Version (None.split)
-    return "activation_checkpointing" if major >= 5 else "gradient_checkpointing"
-
-
-HF_OPTIM = {"adamw": "adamw_torch", "adamw-8bit": "adamw_bnb_8bit", "sgd": "sgd", "adafactor": "adafactor"}
+from wizard.config import script_settings
 
 
 def launch_commands(yaml_path: str, script: str = "train.py", args: list[str] | None = None) -> tuple[str, str]:
@@ -93,16 +74,16 @@ def training_arguments(answers: dict[str, Any], plan, ds_path: str | None) -> di
         kwargs["bf16"] = True
     elif precision == "fp16":
         kwargs["fp16"] = True
-    kwargs["optim"] = HF_OPTIM.get(answers.get("optimizer") or "adamw", "adamw_torch")
+    kwargs["optim"] = script_settings.HF_OPTIM.get(answers.get("optimizer") or "adamw", "adamw_torch")
     if getattr(plan, "loss", "full") == "liger" and (answers.get("trainer") or "hf") == "hf":
         kwargs["use_liger_kernel"] = True
         if choice.tiled_mlp:
             kwargs["liger_kernel_config"] = {"swiglu": False}     # TiledMLP patches the MLP (script_code)
     if choice.checkpoint_offload:
         # reentrant checkpointing saves each layer's input through autograd, where save_on_cpu moves it (script_code)
-        kwargs[checkpointing_argument() + "_kwargs"] = {"use_reentrant": True}
+        kwargs[script_settings.checkpointing_argument() + "_kwargs"] = {"use_reentrant": True}
     gc = bool(choice.gradient_checkpointing)
-    checkpointing = checkpointing_argument()
+    checkpointing = script_settings.checkpointing_argument()
     if choice.backend == "deepspeed":
         kwargs[checkpointing] = gc
         kwargs["deepspeed"] = ds_path
@@ -388,7 +369,7 @@ def _loss_code(plan, hf: bool, tiled: bool, offload: bool, sp: int) -> str:
         imports.append("from deepspeed.runtime.sequence_parallel.ulysses_sp import TiledFusedLogitsLoss")
     text = "\n".join(imports) + "\n\n" + head + "\n" + "\n".join(indent + b if b else "" for b in body)
     if offload:
-        text += (f"\n# and in the TrainingArguments: {checkpointing_argument()}_kwargs={{\"use_reentrant\": True}}"
+        text += (f"\n# and in the TrainingArguments: {script_settings.checkpointing_argument()}_kwargs={{\"use_reentrant\": True}}"
                  if hf else "\n# and model.gradient_checkpointing_enable(gradient_checkpointing_kwargs="
                             "{\"use_reentrant\": True})")
     if hf:

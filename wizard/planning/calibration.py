@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from wizard.units import is_network_gbps
+
 FORMAT = 1
 STALE_DAYS = 90
 FILE = "calibration.json"
@@ -326,6 +328,8 @@ def network_for(key: str, path: Path | None = None, now: float | None = None) ->
     if not isinstance(entry, dict):
         return None
     gbps = _ratio(entry.get("gbps"))
+    if not is_network_gbps(gbps):   # a hand-edited or corrupt file: the class default, not a zero speed
+        return None
     now = time.time() if now is None else now
     try:
         updated, machines = float(entry.get("updated", 0)), int(entry.get("machines", 0))

@@ -17,7 +17,7 @@ from wizard.planning.ladder import _check_choice
 from wizard.planning.evaluate import _Inputs
 from wizard.sizing import memory as mem
 from wizard.sizing import sequence as seqmem
-from wizard.units import fmt_bytes
+from wizard.units import NETWORK_GBPS_RANGE, fmt_bytes, is_network_gbps
 
 
 # --- Resolving the inputs ---------------------------------------------------------------------------
@@ -173,9 +173,9 @@ def _resolve(hw, model, training: TrainingOptions, strategy: StrategyOptions, to
     layer_params, root_params = mem.layer_and_root_params(model.params, model.hidden_size, model.layers,
                                                           model.vocab_size, model.tied_embeddings)
     network = topology.inter_node_gbps
-    if network is not None and (isinstance(network, bool) or not isinstance(network, (int, float))
-                                or not 0 < network <= 100_000):
-        raise InputError("--inter-node-gbps", f"{network!r} is not a network speed", "Gb/s per machine, e.g. 400")
+    if network is not None and not is_network_gbps(network):
+        raise InputError("--inter-node-gbps", f"{network!r} is not a network speed",
+                         f"Gb/s per machine, {NETWORK_GBPS_RANGE}, e.g. 400")
     machine = speed_mod.machine_from_hardware(hw, precision, per_machine, cpu, network,
                                               network_source=topology.inter_node_source)
     notes.extend(machine.assumptions)

@@ -33,6 +33,7 @@ Sources:
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -755,7 +756,11 @@ def fmt_rate(tokens_per_second: float) -> str:
 
 def relative(speed: Speed, reference: Speed) -> str:
     """'3.1x slower' / '1.4x faster' / 'as fast' of `speed` against `reference`."""
+    if not (speed.tokens_per_second > 0 and reference.tokens_per_second > 0):   # also NaN: no ratio to state
+        return "not comparable"
     ratio = reference.tokens_per_second / speed.tokens_per_second
+    if not math.isfinite(ratio):
+        return "not comparable"
     if 0.97 <= ratio <= 1.03:
         return "about as fast"
     digits = 2 if max(ratio, 1 / ratio) < 1.1 else 1

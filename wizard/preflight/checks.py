@@ -13,7 +13,8 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from wizard.units import fmt_bytes
+from wizard.check.gpu_fit import gpu_fit
+from wizard.units import fmt_bytes, printable
 
 OK, INFO, WARN, FAIL = "ok", "info", "warn", "fail"
 
@@ -128,6 +129,10 @@ def reach_row(node: int, host: str, ip: str, port: int, outcome: dict[str, Any])
         return Row(node, host, "reach main port", FAIL, f"{where} refused the connection{waited}: the main node "
                    "is not listening there (not started, another address, or it could not bind the port)",
                    "start every node within the join timeout, and check main_process_ip is the main node's address")
+    if kind == "version":
+        return Row(node, host, "reach main port", FAIL,
+                   f"{where} answered with another wizard version's preflight ({outcome.get('detail')})",
+                   "install the same wizard version on every node (one environment)")
     if kind == "self":
         return Row(node, host, "reach main port", FAIL,
                    f"{where} is not this (main) node: its rendezvous answered with another node's token",
@@ -154,6 +159,32 @@ def joined_rows(expected: int, joined: dict[int, str], duplicates: list[int], wa
                             f"start `wizard preflight --machine-rank {rank}` on that node within --join-timeout, "
                             "and look at its own table: it names what it could not reach"))
     return rows
+
+
+SECRET_FIX = ("give every node the same preflight secret: the same $WIZARD_PREFLIGHT_SECRET (of 16 or more "
+              "characters) in each node's environment, or the same key file (~/.config/wizard/preflight.key: a "
+              "shared home has one for all; else copy it to each node). The sbatch script of `wizard launch "
+              "--emit-slurm` and the ssh fan-out hand one to every node themselves")
+
+
+def secret_row(node: int, host: str, why: str, source: str) -> Row:
+    """On a node: the handshake with the main node failed (either side could not prove the run's secret)."""
+    return Row(node, host, "preflight secret", FAIL, f"{why} (this node's secret: {source})", SECRET_FIX)
+
+
+def refused_row(main_host: str, refused: list[tuple[str, str]], count: int, everyone: bool, source: str) -> Row:
+    """On the main node: the connections refused at the rendezvous (no proof of the run's secret, a message that is
+    not the preflight's, too many at once). With every node joined it is a warning (someone else reached the port);
+    with a node missing it is likely that node, with another secret."""
+    shown = "; ".join(f"from {addr}: {why}" for addr, why in refused[:3])
+    more = f" (+{count - 3} more)" if count > 3 else ""
+    detail = (f"{count} connection{'s' if count != 1 else ''} refused, never taken for a node: {shown}{more}; the main "
+              f"node's secret: {source}")
+    if everyone:
+        return Row(0, main_host, "refused", WARN, detail,
+                   "every node joined: these came from elsewhere (anyone who reaches the port can connect; they were "
+                   "refused). Keep main_process_port behind a firewall to the cluster's own network")
+    return Row(0, main_host, "refused", FAIL, detail, "if one is a node of this run: " + SECRET_FIX)
 
 
 # ----------------------------------------------------------------------------- versions
@@ -216,31 +247,25 @@ def gpu_rows(node: int, host: str, exp: Expectation, facts: dict[str, Any]) -> l
         return [Row(node, host, "GPUs", FAIL, f"NVML did not answer within {g['timeout']:g} s (a hung driver)",
                     "check the GPUs with nvidia-smi; a driver that hangs NVML hangs training too")]
     gpus = g.get("gpus") or []
-    if not exp.uses_gpus:
+    # the one decision of `wizard check` and `wizard launch` too (check/gpu_fit.py)
+    ids = [str(i) for i in exp.gpu_ids] if exp.gpu_ids is not None else None
+    fit = gpu_fit(exp.processes_per_node, exp.num_machines, exp.uses_gpus, len(gpus), ids, place="node")
+    if fit.verdict == "cpu":
         return [Row(node, host, "GPUs", INFO, f"CPU processes: none needed ({len(gpus)} present)")]
     driver = f"driver {g.get('driver') or '?'}, CUDA {g.get('cuda') or '?'} (driver's)"
-    if not gpus:
-        # accelerate runs a GPU config's processes on the CPU (DDP over gloo) where torch finds no CUDA device: the
-        # run starts, far slower than planned. Nodes that differ (some with GPUs) fail in gpus_agree_rows.
-        return [Row(node, host, "GPUs", WARN, f"no GPU: {g.get('reason') or 'NVML found none'}; the config asks for "
-                    f"{exp.processes_per_node} GPU process{'es' if exp.processes_per_node != 1 else ''} per node, so "
-                    "accelerate would run them on the CPU over gloo",
-                    "run on GPU nodes (SLURM: --gpus-per-node), install the NVIDIA driver, or make a CPU config "
-                    "(`wizard --use-cpu yes`)")]
-    ids = exp.gpu_ids if exp.gpu_ids is not None else list(range(len(gpus)))
-    missing = [i for i in ids if i >= len(gpus)]
-    if missing:
-        return [Row(node, host, "GPUs", FAIL, f"gpu_ids {','.join(map(str, ids))} but this node has "
-                    f"{len(gpus)} GPU{'s' if len(gpus) != 1 else ''} (0-{len(gpus) - 1}); {driver}",
-                    f"gpu_ids: all, or ids below {len(gpus)}")]
-    used = [gpus[i] for i in ids]
+    if fit.verdict == "no-gpu":
+        # the run starts, far slower than planned: a warning. Nodes that differ (some with GPUs) fail in
+        # gpus_agree_rows.
+        return [Row(node, host, "GPUs", WARN, f"no GPU: {g.get('reason') or 'NVML found none'}; {fit.problem}",
+                    fit.fix)]
+    if fit.verdict == "bad-ids":
+        return [Row(node, host, "GPUs", FAIL, f"{fit.problem}; {driver}", fit.fix)]
+    used = [gpus[int(i)] for i in ids] if ids is not None else gpus
     names = sorted({u["name"] for u in used})
     smallest = min(u["memory_total"] for u in used)
     text = f"{len(used)} x {' + '.join(names)} ({fmt_bytes(smallest)}); {driver}"
-    if len(used) < exp.processes_per_node:
-        return [Row(node, host, "GPUs", FAIL, f"{text}: the config runs {exp.processes_per_node} processes per "
-                    "node, one per GPU", f"a node with {exp.processes_per_node} GPUs, or num_processes "
-                    f"{len(used) * exp.num_machines} for {exp.num_machines} machines of {len(used)}")]
+    if fit.verdict == "too-few":
+        return [Row(node, host, "GPUs", FAIL, f"{text}: {fit.problem}", fit.fix)]
     if exp.per_gpu_bytes and smallest < exp.per_gpu_bytes:
         return [Row(node, host, "GPUs", FAIL, f"{text}: the plan needs {fmt_bytes(exp.per_gpu_bytes)} per GPU",
                     "plan for these GPUs (`wizard` on this node) or run on the GPUs the plan was made for")]
@@ -615,19 +640,21 @@ MARK = {OK: "ok", INFO: "--", WARN: "WARN", FAIL: "FAIL"}
 def render_table(rows: list[Row], width: int = 120) -> list[str]:
     """One row per check per node: node, check, status, what was found; the fix on the line below a finding."""
     import textwrap
+    # every cell may hold what another node sent (its host name, versions, paths, NCCL's words): escaped, so no
+    # control character or newline from the network reaches the terminal or starts a line of its own
+    cells = [(printable(f"{r.node} {r.host}", 80), printable(r.check, 60), r.status, printable(r.detail, 2000),
+              printable(r.fix, 2000) if r.fix else None) for r in rows]
     head = ("node", "check", "", "result")
-    cw = [max([len(head[0])] + [len(f"{r.node} {r.host}") for r in rows]),
-          max([len(head[1])] + [len(r.check) for r in rows]), 4]
+    cw = [max([len(head[0])] + [len(c[0]) for c in cells]), max([len(head[1])] + [len(c[1]) for c in cells]), 4]
     indent = cw[0] + cw[1] + cw[2] + 6
     wrap = max(40, width - indent)
     out = [f"{head[0]:<{cw[0]}}  {head[1]:<{cw[1]}}  {head[2]:<{cw[2]}}  {head[3]}"]
-    for r in rows:
-        lines = textwrap.wrap(r.detail, wrap) or [""]
-        out.append(f"{f'{r.node} {r.host}':<{cw[0]}}  {r.check:<{cw[1]}}  {MARK[r.status]:<{cw[2]}}  {lines[0]}")
+    for who, check, status, detail, fix in cells:
+        lines = textwrap.wrap(detail, wrap) or [""]
+        out.append(f"{who:<{cw[0]}}  {check:<{cw[1]}}  {MARK[status]:<{cw[2]}}  {lines[0]}")
         out += [" " * indent + line for line in lines[1:]]
-        if r.fix and r.status in (WARN, FAIL):
-            fix = textwrap.wrap("fix: " + r.fix, wrap)
-            out += [" " * indent + line for line in fix]
+        if fix and status in (WARN, FAIL):
+            out += [" " * indent + line for line in textwrap.wrap("fix: " + fix, wrap)]
     return out
 
 
@@ -636,6 +663,7 @@ def render_versions(per_node: dict[int, dict[str, Any]]) -> list[str]:
     names, table, differ = version_table(per_node)
     if not differ:
         return []
+    table = {n: {p: printable(v, 60) for p, v in row.items()} for n, row in table.items()}    # another node's words
     nodes = sorted(table)
     w = max(len(n) for n in names) + 2
     cols = [max(len(f"node {n}"), *(len(table[n][p]) for p in names)) + 2 for n in nodes]

@@ -27,12 +27,16 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from wizard.preflight.checks import FAIL, Row
+from wizard.preflight.secret import Secret
+from wizard.units import printable
 
 SSH_LAUNCHERS = ("pdsh", "openmpi", "mvapich", "mpich")     # DeepSpeed's runners that reach each host over ssh
 SSH_ENV = "WIZARD_SSH"              # the ssh command, split like a shell would ("ssh -p 2222 -i ~/.ssh/k")
 SSH_DEFAULT = "ssh -o BatchMode=yes -o ConnectTimeout=10"   # no password prompt: pdsh runs ssh the same way
 DEFAULT_LAUNCHER = "pdsh"           # accelerate's when the config names none (prepare_deepspeed_cmd_env)
 _HOST_LINE = re.compile(r"^(\S+)\s+slots=(\d+)")             # DeepSpeed's hostfile line: "worker-0 slots=8"
+# a host name or address as ssh takes it: never one that starts with "-" (ssh would read an option: -oProxyCommand=)
+_HOST_NAME = re.compile(r"^[A-Za-z0-9_\[][A-Za-z0-9_.:%\-\[\]]*$")
 
 
 class HostfileError(ValueError):
@@ -80,7 +84,10 @@ def parse_hostfile(text: str) -> dict[str, int]:
             continue
         m = _HOST_LINE.match(line)
         if not m:
-            raise HostfileError(f"line {number} is {line!r}, not `HOST slots=N`")
+            raise HostfileError(f"line {number} is {printable(line, 80)!r}, not `HOST slots=N`")
+        if not _HOST_NAME.match(m.group(1)):
+            raise HostfileError(f"line {number} names {printable(m.group(1), 60)!r}, which is not a host name or "
+                                "address (letters, digits, '.', '-', '_', ':'; not starting with '-')")
         if m.group(1) in hosts:
             raise HostfileError(f"line {number} names {m.group(1)} a second time")
         hosts[m.group(1)] = int(m.group(2))
@@ -143,8 +150,10 @@ def remote_preflight(host: str, rank: int, *, config_file: str, main_ip: str, ma
         argv += ["--allreduce-mb", f"{nbytes / (1 << 20):g}"]
     if not collective:
         argv.append("--no-collective")
+    argv.append("--secret-stdin")           # the run's secret comes over ssh's stdin (start_remotes), never argv
     remote = f"cd {shlex.quote(cwd or os.getcwd())} && exec {shlex.join(argv)}"
-    return [*(ssh if ssh is not None else ssh_command()), host, remote]
+    # "--": whatever the hostfile says, the host is never read as one of ssh's options
+    return [*(ssh if ssh is not None else ssh_command()), "--", host, remote]
 
 
 @dataclass
@@ -175,12 +184,20 @@ class Remote:
                 self.proc.wait()
 
 
-def start_remotes(argvs: dict[int, tuple[str, list[str]]]) -> list[Remote]:
+def start_remotes(argvs: dict[int, tuple[str, list[str]]], secret: Secret) -> list[Remote]:
+    """Start each host's preflight; the run's secret goes down ssh's stdin (one line, then EOF): ssh carries it
+    encrypted, and no command line (which `ps` shows every user, here and there) ever holds it."""
     remotes = []
     for rank, (host, argv) in sorted(argvs.items()):
         log = tempfile.TemporaryFile()
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)
+        try:
+            assert proc.stdin is not None
+            proc.stdin.write(secret.key + b"\n")
+            proc.stdin.close()
+        except OSError:                # ssh ended at once (a host it cannot reach): its row says why
+            pass
         remotes.append(Remote(rank, host, proc, log))
     return remotes
 
@@ -300,6 +317,8 @@ def fan_out(opts, accel: dict[str, Any], launcher: str, run: Callable, progress:
         port = opts.main_port or int(accel.get("main_process_port") or 29500)
     except (TypeError, ValueError):
         port = 29500                    # accelerate's default; the preflight's own port row judges the config
+    from wizard.preflight.secret import resolve
+    opts.secret = opts.secret or resolve()
     ssh = ssh_command()
     argvs = {rank: (host, remote_preflight(host, rank, config_file=opts.config_file, main_ip=main_ip, main_port=port,
                                            join_timeout=opts.join_timeout + 15, check_timeout=opts.check_timeout,
@@ -308,7 +327,7 @@ def fan_out(opts, accel: dict[str, Any], launcher: str, run: Callable, progress:
              for rank, host in enumerate(hosts) if rank > 0}
     progress(f"node 0: DeepSpeed's {launcher} launcher starts the other hosts from here; starting their preflight "
              f"over ssh ({', '.join(h for h, _ in argvs.values())})")
-    remotes = start_remotes(argvs)
+    remotes = start_remotes(argvs, opts.secret)
     opts.main_ip, opts.main_port = main_ip, port
     opts.lost = lambda: {r.rank for r in remotes if r.exited() not in (None, 0)}
     try:
@@ -324,7 +343,7 @@ def fan_out(opts, accel: dict[str, Any], launcher: str, run: Callable, progress:
         if r.rank not in joined:
             progress(f"node {r.rank} ({r.host}), started over ssh, said:")
             for line in r.output().splitlines()[-40:]:
-                progress(f"  {line}")
+                progress(f"  {printable(line, 400)}")
     extra = ssh_rows(remotes, joined, launcher)
     explained = {row.node for row in extra}
     hosts_of = {r.rank: r.host for r in remotes}

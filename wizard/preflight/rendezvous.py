@@ -1,12 +1,22 @@
 """The nodes meet at main_process_ip:main_process_port, where torch's store will listen: the main node serves there,
 the others connect, and each connection proves what the real rendezvous needs (the port can be bound on the main
-node; every node resolves and reaches it; what answers there is the main node, not another program).
+node; every node resolves and reaches it; what answers there is the main node, not another program) and that both
+ends are the run's (they hold its secret: secret.py).
 
-JSON lines over TCP, nothing imported beyond the standard library. The server speaks first (a banner with its
-token), so a client that reaches a program that accepts and stays silent, or says something else, knows within
-BANNER_TIMEOUT_S that it is not the main node's rendezvous. Every wait has a deadline. At the end the clients close
-first (the server waits for their EOF), so the connections' TIME_WAIT is on the clients' side and the main node's
-port is free for torch's store the moment the launch starts it.
+JSON lines over TCP, nothing imported beyond the standard library. The server speaks first (a banner with a fresh
+nonce), so a client that reaches a program that accepts and stays silent, or says something else, knows within
+BANNER_TIMEOUT_S that it is not the main node's rendezvous. Then:
+
+    main -> node   {"banner": "wizard-preflight/2", "token": NONCE_MAIN}
+    node -> main   {"rank": R, "nonce": NONCE_NODE, "proof": HMAC(secret, node|NONCE_MAIN|NONCE_NODE|R)}
+    main -> node   {"welcome": HMAC(secret, main|NONCE_MAIN|NONCE_NODE|R)}   or {"abort": why}
+    node -> main   {"facts": {...}, "reach": {...}}                        (only once the main node proved itself)
+
+and the preflight's own messages (run.py). Nobody who lacks the secret joins, nor learns the facts; the secret never
+crosses the wire. Everything read is bounded (MAX_LINE_BYTES a line, read in linear time; MAX_GREETING connections
+being greeted at once, each within AUTH_TIMEOUT_S) and checked against messages.py before use. Every wait has a
+deadline. At the end the clients close first (the server waits for their EOF), so the connections' TIME_WAIT is on
+the clients' side and the main node's port is free for torch's store the moment the launch starts it.
 """
 
 from __future__ import annotations
@@ -14,15 +24,25 @@ from __future__ import annotations
 import errno
 import json
 import os
-import secrets
 import socket
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any, Callable
 
-BANNER = "wizard-preflight/1"
+from wizard.preflight import messages
+from wizard.preflight.secret import Secret, nonce, proof, verify
+
+PROTOCOL = "wizard-preflight/"
+BANNER = PROTOCOL + "2"
 BANNER_TIMEOUT_S = 3.0
+AUTH_TIMEOUT_S = 10.0           # a connection proves the secret within this, or is closed
+JOIN_MESSAGE_TIMEOUT_S = 30.0   # a proven node sends its facts within this
 RETRY_S = 0.5
+MAX_LINE_BYTES = 1 << 20        # a node's facts are a few KiB; nothing the preflight sends comes near
+MAX_GREETING = 32               # connections being greeted at once (each holds a thread and up to a line)...
+MAX_GREETING_PER_ADDRESS = 4    # ...and from one address: a flood from one host cannot take every slot
+MAX_REFUSALS_KEPT = 20
 
 
 def send(sock: socket.socket, msg: dict[str, Any]) -> None:
@@ -30,14 +50,24 @@ def send(sock: socket.socket, msg: dict[str, Any]) -> None:
 
 
 class LineReader:
-    def __init__(self, sock: socket.socket):
+    """JSON lines from a socket, at most MAX_LINE_BYTES each, in linear time (each byte is looked at once)."""
+
+    def __init__(self, sock: socket.socket, limit: int = MAX_LINE_BYTES):
         self.sock = sock
-        self.buf = b""
+        self.buf = bytearray()
+        self.scanned = 0            # bytes of buf already known to hold no newline
+        self.limit = limit
 
     def read(self, deadline: float) -> dict[str, Any] | None:
         """The next JSON line before the (monotonic) deadline; None on EOF or timeout; ValueError on a line that
-        is not JSON."""
-        while b"\n" not in self.buf:
+        is not a JSON object, or longer than the limit."""
+        while True:
+            nl = self.buf.find(b"\n", self.scanned)
+            if nl >= 0:
+                break
+            self.scanned = len(self.buf)
+            if len(self.buf) > self.limit:
+                raise ValueError(f"a line longer than {self.limit} bytes")
             left = deadline - time.monotonic()
             if left <= 0:
                 return None
@@ -51,10 +81,15 @@ class LineReader:
             if not chunk:
                 return None
             self.buf += chunk
-            if len(self.buf) > 64 << 20:
-                raise ValueError("line too long")
-        line, _, self.buf = self.buf.partition(b"\n")
-        msg = json.loads(line.decode("utf-8", "replace"))
+        line = bytes(self.buf[:nl])
+        del self.buf[:nl + 1]
+        self.scanned = 0
+        if nl > self.limit:
+            raise ValueError(f"a line longer than {self.limit} bytes")
+        try:
+            msg = json.loads(line.decode("utf-8", "replace"))
+        except RecursionError:
+            raise ValueError("nested too deeply") from None
         if not isinstance(msg, dict):
             raise ValueError("not an object")
         return msg
@@ -78,11 +113,20 @@ def port_holder(port: int) -> str | None:
     return None
 
 
-class Server:
-    """The main node's side. `Server(port)` raises OSError (EADDRINUSE) when the port is taken."""
+@dataclass
+class Refusal:
+    address: str
+    why: str
 
-    def __init__(self, port: int, host: str = ""):
-        self.token = secrets.token_hex(8)
+
+class Server:
+    """The main node's side. `Server(port, secret)` raises OSError (EADDRINUSE) when the port is taken. Only nodes
+    that prove the secret join (machine ranks 1 to `machines` - 1); the others are refused and counted."""
+
+    def __init__(self, port: int, secret: Secret, machines: int = messages.MAX_RANK, host: str = ""):
+        self.token = nonce()
+        self.secret = secret
+        self.machines = machines
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         # as torch's TCPStore does: a port in TIME_WAIT from an earlier run is free, a listener is not
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -95,6 +139,9 @@ class Server:
         self.port = port
         self.clients: dict[int, tuple[socket.socket, LineReader, dict[str, Any]]] = {}
         self.duplicates: list[int] = []
+        self.refused: list[Refusal] = []
+        self.refused_count = 0
+        self.greeting: dict[str, int] = {}      # address -> connections being greeted from it
         self.lock = threading.Lock()
         self.closed = False
         self.thread = threading.Thread(target=self._accept, daemon=True)
@@ -104,30 +151,92 @@ class Server:
         self.sock.settimeout(0.5)
         while not self.closed:
             try:
-                conn, _ = self.sock.accept()
+                conn, addr = self.sock.accept()
             except (socket.timeout, TimeoutError):
                 continue
             except OSError:
                 return
-            threading.Thread(target=self._greet, args=(conn,), daemon=True).start()
+            where = str(addr[0]) if isinstance(addr, tuple) else "?"
+            with self.lock:
+                busy = (sum(self.greeting.values()) >= MAX_GREETING
+                        or self.greeting.get(where, 0) >= MAX_GREETING_PER_ADDRESS)
+                if not busy:
+                    self.greeting[where] = self.greeting.get(where, 0) + 1
+            if busy:                    # a flood: each connection would hold a thread and a buffer
+                self._refuse(addr, "too many connections at once")
+                conn.close()
+                continue
+            threading.Thread(target=self._greet, args=(conn, where), daemon=True).start()
 
-    def _greet(self, conn: socket.socket) -> None:
+    def _refuse(self, addr: Any, why: str) -> None:
+        with self.lock:
+            self.refused_count += 1
+            if len(self.refused) < MAX_REFUSALS_KEPT:
+                self.refused.append(Refusal(str(addr[0]) if isinstance(addr, tuple) else str(addr), why))
+
+    def _greet(self, conn: socket.socket, where: str) -> None:
+        try:
+            joined = self._handshake(conn, where)
+        finally:
+            with self.lock:
+                self.greeting[where] -= 1
+        if not joined:
+            conn.close()
+
+    def _handshake(self, conn: socket.socket, addr: str) -> bool:
+        """The main node's half of the handshake (the module docstring); True when the node joined."""
+        reader = LineReader(conn)
         try:
             send(conn, {"banner": BANNER, "token": self.token})
-            reader = LineReader(conn)
-            hello = reader.read(time.monotonic() + 30)
-        except (OSError, ValueError):
-            hello = None
-        if not hello or not isinstance(hello.get("rank"), int):
-            conn.close()               # the main node's own reach test, or a stranger
-            return
+            raw = reader.read(time.monotonic() + AUTH_TIMEOUT_S)
+        except (OSError, ValueError) as exc:
+            self._refuse(addr, f"its first message is not valid ({exc})")
+            return False
+        if raw is None:
+            return False               # the main node's own reach test, or a port scan: nothing said, nothing to tell
+        hello, problem = messages.check(messages.Hello, raw)
+        if hello is None:
+            self._refuse(addr, f"its first message is not a node's hello ({problem})")
+            return False
+        if not verify(self.secret, hello.proof, "node", self.token, hello.nonce, hello.rank):
+            self._refuse(addr, f"it claimed machine_rank {hello.rank} without the run's preflight secret")
+            self._tell(conn, {"abort": "the main node did not accept this node's proof of the preflight secret: "
+                                       "the nodes do not share one"})
+            return False
         with self.lock:
-            if hello["rank"] in self.clients or hello["rank"] == 0:
-                self.duplicates.append(hello["rank"])
-                send(conn, {"abort": f"another node already joined as machine_rank {hello['rank']}"})
-                conn.close()
-                return
-            self.clients[hello["rank"]] = (conn, reader, hello)
+            if hello.rank == 0 or hello.rank in self.clients:       # the main node is 0
+                self.duplicates.append(hello.rank)
+                self._tell(conn, {"abort": f"another node already joined as machine_rank {hello.rank}"})
+                return False
+        if hello.rank >= self.machines:
+            self._refuse(addr, f"machine_rank {hello.rank} is not one of 1-{self.machines - 1}")
+            self._tell(conn, {"abort": f"machine_rank {hello.rank} is not one of 1-{self.machines - 1} in the main "
+                                       "node's config: the same config on every node"})
+            return False
+        try:
+            send(conn, {"welcome": proof(self.secret, "main", self.token, hello.nonce, hello.rank)})
+            raw = reader.read(time.monotonic() + JOIN_MESSAGE_TIMEOUT_S)
+        except (OSError, ValueError) as exc:
+            raw = {"invalid": str(exc)}
+        if raw is None:
+            return False
+        joining, problem = messages.check(messages.Joining, raw)
+        entry = ({"rank": hello.rank, **raw} if joining is not None else
+                 {"rank": hello.rank, "reach": {"kind": "ok"}, "facts": {"host": "?", "failed": {"invalid": problem}}})
+        with self.lock:
+            if hello.rank in self.clients:
+                self.duplicates.append(hello.rank)
+                self._tell(conn, {"abort": f"another node already joined as machine_rank {hello.rank}"})
+                return False
+            self.clients[hello.rank] = (conn, reader, entry)
+        return True
+
+    @staticmethod
+    def _tell(conn: socket.socket, msg: dict[str, Any]) -> None:
+        try:
+            send(conn, msg)
+        except OSError:
+            pass
 
     def wait_for(self, ranks: set[int], deadline: float, lost: Callable[[], set[int]] | None = None) -> None:
         """Until every rank of `ranks` joined, or the deadline; or until those missing are all `lost()`."""
@@ -142,6 +251,10 @@ class Server:
         with self.lock:
             return {r: h for r, (_, _, h) in self.clients.items()}
 
+    def refusals(self) -> tuple[list[Refusal], int]:
+        with self.lock:
+            return list(self.refused), self.refused_count
+
     def broadcast(self, msg: dict[str, Any]) -> None:
         with self.lock:
             conns = list(self.clients.items())
@@ -151,8 +264,9 @@ class Server:
             except OSError:
                 pass
 
-    def collect(self, key: str, deadline: float) -> dict[int, Any]:
-        """Each client's next message's `key` (clients read in parallel, all by the same deadline)."""
+    def collect(self, key: str, deadline: float, schema: type | None = None) -> dict[int, Any]:
+        """Each client's next message's `key` (clients read in parallel, all by the same deadline); with a schema,
+        a value that does not pass it is {"error": what is wrong with it}."""
         out: dict[int, Any] = {}
         with self.lock:
             conns = list(self.clients.items())
@@ -160,10 +274,17 @@ class Server:
         def one(rank: int, reader: LineReader) -> None:
             try:
                 msg = reader.read(deadline)
-            except ValueError:
-                msg = None
-            if msg is not None and key in msg:
-                out[rank] = msg[key]
+            except ValueError as exc:
+                out[rank] = {"error": f"its message is not valid ({exc})"}
+                return
+            if msg is None or key not in msg:
+                return
+            value = msg[key]
+            if schema is not None:
+                _, problem = messages.check(schema, value)
+                if problem:
+                    value = {"error": f"its {key} result is not valid ({problem})"}
+            out[rank] = value
         threads = [threading.Thread(target=one, args=(r, rd), daemon=True) for r, (_, rd, _) in conns]
         for t in threads:
             t.start()
@@ -206,9 +327,9 @@ class Server:
 def probe_connect(ip: str, port: int, deadline: float, expect_token: str | None = None
                   ) -> tuple[socket.socket | None, LineReader | None, dict[str, Any]]:
     """Connect to ip:port, retrying a refused or unreachable connection until the deadline (the main node may
-    start later), and read the banner. (socket, reader, outcome): outcome["kind"] is "ok", "refused", "timeout",
-    "unreachable", "foreign" (something else answers) or "self" (the main node's own test reached another node's
-    rendezvous)."""
+    start later), and read the banner. (socket, reader, outcome): outcome["kind"] is "ok" (outcome["token"]: the
+    banner's nonce, for `join`), "refused", "timeout", "unreachable", "foreign" (something else answers), "version"
+    (another wizard's preflight protocol) or "self" (the main node's own test reached another node's rendezvous)."""
     start = time.monotonic()
     last: dict[str, Any] = {"kind": "timeout", "detail": "no answer"}
     while True:
@@ -235,7 +356,12 @@ def probe_connect(ip: str, port: int, deadline: float, expect_token: str | None 
             banner = reader.read(time.monotonic() + BANNER_TIMEOUT_S)
         except (ValueError, UnicodeDecodeError):
             banner = {"garbage": True}
-        if not banner or banner.get("banner") != BANNER:
+        said = banner.get("banner") if banner else None
+        if isinstance(said, str) and said.startswith(PROTOCOL) and said != BANNER:
+            sock.close()
+            return None, None, {"kind": "version", "detail": f"it speaks {said[:40]}, this node {BANNER}",
+                                "seconds": time.monotonic() - start}
+        if not banner or said != BANNER or not isinstance(banner.get("token"), str):
             sock.close()
             what = ("it accepted the connection and said nothing for "
                     f"{BANNER_TIMEOUT_S:g} s" if not banner else "it answered with something else")
@@ -243,4 +369,28 @@ def probe_connect(ip: str, port: int, deadline: float, expect_token: str | None 
         if expect_token is not None and banner.get("token") != expect_token:
             sock.close()
             return None, None, {"kind": "self", "seconds": time.monotonic() - start}
-        return sock, reader, {"kind": "ok", "seconds": time.monotonic() - start, "pid": os.getpid()}
+        return sock, reader, {"kind": "ok", "seconds": time.monotonic() - start, "pid": os.getpid(),
+                              "token": banner["token"]}
+
+
+def join(sock: socket.socket, reader: LineReader, token: str, rank: int, secret: Secret,
+         deadline: float) -> tuple[bool, str]:
+    """A node's half of the handshake, after the banner (its `token`): prove the secret, and check that the main
+    node proves it back. (True, "") when both did; else (False, why), and nothing of this node was sent."""
+    mine = nonce()
+    try:
+        send(sock, {"rank": rank, "nonce": mine, "proof": proof(secret, "node", token, mine, rank)})
+        raw = reader.read(deadline)
+    except (OSError, ValueError) as exc:
+        return False, f"the main node's answer is not valid ({exc})"
+    if raw is None:
+        return False, "the main node closed the connection without an answer"
+    answer, problem = messages.check(messages.FromMain, raw)
+    if answer is None:
+        return False, f"the main node's answer is not valid ({problem})"
+    if answer.abort:
+        return False, answer.abort
+    if not verify(secret, answer.welcome, "main", token, mine, rank):
+        return False, ("what answers there did not prove the run's preflight secret (another run's preflight, or a "
+                       "program posing as the main node): this node's facts were not sent")
+    return True, ""

@@ -14,15 +14,17 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from wizard.check.gpu_fit import uses_gpus as config_uses_gpus
+from wizard.paths import plan_file_beside
 from wizard.preflight import checks
 from wizard.preflight.checks import FAIL, Expectation, Row
+from wizard.preflight.secret import Secret
 
 DEFAULT_JOIN_TIMEOUT_S = 60.0
 DEFAULT_CHECK_TIMEOUT_S = 20.0
 DEFAULT_COLLECTIVE_TIMEOUT_S = 120.0
 CPU_ALLREDUCE_BYTES = 16 << 20          # gloo over TCP: enough to be bandwidth- rather than latency-bound
 GPU_ALLREDUCE_BYTES = 256 << 20         # nccl-tests reach their plateau bus bandwidth from ~128-256 MiB
-PLAN_FILE = "wizard_plan.json"
 
 
 @dataclass
@@ -39,6 +41,8 @@ class Options:
     python: str = sys.executable
     # the ranks known to be gone before they joined (their ssh ended: fanout.py); the main node stops waiting
     lost: Callable[[], set[int]] | None = None
+    # what the run's nodes prove to each other (secret.py); None: $WIZARD_PREFLIGHT_SECRET, else the key file
+    secret: Secret | None = None
 
 
 @dataclass
@@ -76,7 +80,7 @@ def read_plan(config_file: str | None) -> dict[str, Any] | None:
     if not config_file:
         return None
     try:
-        return read_json_object(os.path.join(os.path.dirname(os.path.abspath(config_file)), PLAN_FILE))
+        return read_json_object(plan_file_beside(config_file))
     except Exception:            # a plan that cannot be read leaves the expectations to the config alone
         return None
 
@@ -129,12 +133,9 @@ def expectation(config_file: str | None, main_ip: str | None = None, main_port: 
     machines = _int(accel.get("num_machines")) or 1
     total = _int(accel.get("num_processes")) or 1
     per_node = max(1, total // machines)
-    uses_gpus = not (str(accel.get("use_cpu", False)).lower() in ("true", "1", "yes")
-                     or str(accel.get("distributed_type", "NO")).upper() in ("MULTI_CPU", "XLA", "TPU"))
     plan = read_plan(config_file)
     p = (plan or {}).get("plan") or {}
-    if p.get("cpu_only"):
-        uses_gpus = False           # a DeepSpeed CPU-accelerator config keeps use_cpu: false (launch/slurm.py)
+    uses_gpus = config_uses_gpus(accel, plan)
     choice = p.get("choice") or {}
     ds = _ds_config(accel, config_file)
     zero = ds.get("zero_optimization") or {}
@@ -282,6 +283,9 @@ def local_rows(rank: int, exp: Expectation, facts: dict[str, Any]) -> list[Row]:
     host = str(facts.get("host") or "?")
     if facts.get("failed"):
         f = facts["failed"]
+        if "invalid" in f:          # set by the main node (rendezvous.Server) for a node's message it cannot use
+            return [Row(rank, host, "node facts", FAIL, f"node {rank} sent facts the main node cannot use: "
+                        f"{f['invalid']}", "run the same wizard version on every node (one environment)")]
         return [Row(rank, host, "node probe", FAIL, f"the node's probe {'hung' if 'timeout' in f else 'failed'}: "
                     f"{f.get('timeout') or f.get('error')}", "run `python -m wizard.preflight.node` on the node")]
     rows = []
@@ -326,6 +330,9 @@ def preflight(opts: Options, progress: Callable[[str], None] = lambda s: None) -
                          "--main-process-ip ADDRESS (under SLURM it is found from the allocation)")
     if exp.main_port is None:
         exp.main_port = 29500                          # accelerate's default when the config leaves it
+    if exp.num_machines > 1 and opts.secret is None:
+        from wizard.preflight.secret import resolve
+        opts.secret = resolve()                        # before any work: a missing or unsafe one is exit 2
     progress(f"node {rank}: gathering this node's facts")
     facts = node_facts(opts, exp)
     backend = checks.backend_for(exp, {rank: facts})        # the main node decides for all, from every node's
@@ -350,12 +357,12 @@ def _single(opts, exp, facts, backend, nbytes, progress) -> Result:
 
 
 def _main_node(opts, exp, facts, backend, nbytes, progress) -> Result:
-    from wizard.preflight import rendezvous
+    from wizard.preflight import messages, rendezvous
     host = str(facts.get("host") or "?")
     port = int(exp.main_port)
     rows: list[Row] = []
     try:
-        server = rendezvous.Server(port)
+        server = rendezvous.Server(port, opts.secret, exp.num_machines)
     except OSError as exc:
         holder = rendezvous.port_holder(port) or (exc.strerror or str(exc))
         rows = local_rows(0, exp, facts) + [checks.port_free_row(0, host, port, holder)]
@@ -374,6 +381,10 @@ def _main_node(opts, exp, facts, backend, nbytes, progress) -> Result:
         hosts = {0: host, **{r: str((h.get("facts") or {}).get("host") or "?") for r, h in joined.items()}}
         per_node = {0: facts, **{r: h.get("facts") or {} for r, h in joined.items()}}
         rows += checks.joined_rows(exp.num_machines, hosts, sorted(set(server.duplicates)), opts.join_timeout, host)
+        refused, how_many = server.refusals()
+        if how_many:
+            rows.append(checks.refused_row(host, [(r.address, r.why) for r in refused], how_many,
+                                           everyone=len(joined) == exp.num_machines - 1, source=opts.secret.source))
         for r, h in sorted(joined.items()):
             rows.append(checks.reach_row(r, hosts[r], exp.main_ip, port, h.get("reach") or {"kind": "ok"}))
         everyone = len(joined) == exp.num_machines - 1 and not server.duplicates
@@ -387,7 +398,7 @@ def _main_node(opts, exp, facts, backend, nbytes, progress) -> Result:
             server.broadcast({"go": {"port": cport, "backend": backend, "nbytes": nbytes}})
             progress(f"node 0: timed {backend} all-reduce across {exp.num_machines} nodes")
             collectives[0] = run_collective(opts, exp, 0, exp.main_ip, cport, backend, nbytes)
-            got = server.collect("collective", time.monotonic() + opts.collective_timeout + 45)
+            got = server.collect("collective", time.monotonic() + opts.collective_timeout + 45, messages.Collective)
             for r in joined:
                 collectives[r] = got.get(r) or {"error": "node sent no result"}
         else:
@@ -414,33 +425,54 @@ def _other_node(opts, exp, rank, facts, backend, nbytes, progress) -> Result:
         rows = own + [checks.reach_row(rank, host, exp.main_ip, port, outcome)]
         return _finish(rank, False, rows, exp, {rank: facts}, {}, backend)
     try:
-        rendezvous.send(sock, {"rank": rank, "facts": facts, "reach": outcome})
-        msg = reader.read(time.monotonic() + opts.join_timeout + 30)
+        token = outcome.pop("token")            # the main node's nonce: no part of what this node reports
+        ok, why = rendezvous.join(sock, reader, token, rank, opts.secret, time.monotonic() + rendezvous.AUTH_TIMEOUT_S)
+        if not ok:
+            rows = own + [checks.reach_row(rank, host, exp.main_ip, port, outcome),
+                          checks.secret_row(rank, host, why, opts.secret.source)]
+            return _finish(rank, False, rows, exp, {rank: facts}, {}, backend)
+        rendezvous.send(sock, {"facts": facts, "reach": outcome})
+        msg, bad = _from_main(reader, time.monotonic() + opts.join_timeout + 30)
         collective = None
-        if msg and "go" in msg:
-            go = msg["go"]
-            backend = str(go["backend"])
-            progress(f"node {rank}: timed {go['backend']} all-reduce across {exp.num_machines} nodes")
-            collective = run_collective(opts, exp, rank, exp.main_ip, int(go["port"]), go["backend"],
-                                        int(go["nbytes"]))
+        if msg and msg.go:
+            go = msg.go
+            backend = go.backend
+            progress(f"node {rank}: timed {go.backend} all-reduce across {exp.num_machines} nodes")
+            collective = run_collective(opts, exp, rank, exp.main_ip, go.port, go.backend, go.nbytes)
             rendezvous.send(sock, {"collective": collective})
-            msg = reader.read(time.monotonic() + 30)
-        elif msg and "skip" in msg:              # no collective (a node missing or failing): the verdict comes next
-            msg = reader.read(time.monotonic() + 30)
+            msg, bad = _from_main(reader, time.monotonic() + 30)
+        elif msg and msg.skip is not None:       # no collective (a node missing or failing): the verdict comes next
+            msg, bad = _from_main(reader, time.monotonic() + 30)
         rows = node_rows(rank, exp, facts, collective, backend)
-        if msg and "abort" in msg:
-            rows.append(Row(rank, host, "joined", FAIL, msg["abort"], "give each node its own --machine-rank"))
+        if msg and msg.abort:
+            rows.append(Row(rank, host, "joined", FAIL, msg.abort, "give each node its own --machine-rank"))
+        if bad:
+            rows.append(Row(rank, host, "main node", FAIL, bad, "the same wizard version on every node"))
         result = _finish(rank, False, rows, exp, {rank: facts}, {rank: collective or {}}, backend, reached=True)
-        if msg and "exit_code" in msg:           # the main node's verdict over every node decides
-            result.exit_code = max(result.exit_code, int(msg["exit_code"]))
-            result.verdict = str(msg.get("verdict") or result.verdict)
-        elif not msg:
+        if msg and msg.exit_code is not None:    # the main node's verdict over every node decides
+            result.exit_code = max(result.exit_code, msg.exit_code)
+            result.verdict = msg.verdict or result.verdict
+        elif not msg and not bad:
             result.rows.append(Row(rank, host, "verdict", FAIL, "the main node sent no verdict",
                                    "look at the main node's output"))
             result.exit_code = 1
         return result
     finally:
         sock.close()
+
+
+def _from_main(reader, deadline: float):
+    """The main node's next message, checked (messages.FromMain): (it, None), (None, None) on EOF or timeout, or
+    (None, what is wrong with it)."""
+    from wizard.preflight import messages
+    try:
+        raw = reader.read(deadline)
+    except ValueError as exc:
+        return None, f"the main node sent a message that is not valid ({exc})"
+    if raw is None:
+        return None, None
+    msg, problem = messages.check(messages.FromMain, raw)
+    return msg, (f"the main node sent a message that is not valid ({problem})" if problem else None)
 
 
 # ----------------------------------------------------------------------------- SLURM

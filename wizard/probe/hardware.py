@@ -24,7 +24,7 @@ from typing import Any
 from wizard.errors import InputError
 from wizard.fsutil import nearest_existing
 from wizard.paths import accelerate_config_dir
-from wizard.units import GiB, fmt_bytes, parse_bytes
+from wizard.units import NETWORK_GBPS_RANGE, GiB, fmt_bytes, is_network_gbps, parse_bytes
 
 ASSUME_FORMAT = ("COUNTxGPU[,ram=SIZE][,cpus=N][,disk=SIZE][,nodes=N][,nvlink=yes|no][,net=GBPS], "
                  "e.g. 8xH100-80GB or 4xA100-40GB,ram=512G")
@@ -127,14 +127,14 @@ def _check(value: Any, kind: str, where: str) -> Any:
         "libs": isinstance(value, dict) and all(isinstance(v, str) or v is None for v in value.values()),
         "env": isinstance(value, dict) and all(isinstance(v, str) for v in value.values()),
         "strs": isinstance(value, list) and all(isinstance(v, str) for v in value),
-        "gbps": isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value <= 100_000,
+        "gbps": is_network_gbps(value),
     }[kind]
     if not ok:
         wanted = {"int": "an integer", "int>=0": "a non-negative integer", "int>0": "a positive integer",
                   "str": "a string", "bool": "true or false", "cc": "[major, minor]",
                   "matrix": "a list of lists of strings", "libs": "an object of version strings or null",
                   "env": "an object of strings", "strs": "a list of strings",
-                  "gbps": "Gb/s, a number in (0, 100000]"}[kind]
+                  "gbps": f"Gb/s, {NETWORK_GBPS_RANGE}"}[kind]
         raise _bad(f"{where} must be {wanted}, got {value!r:.60}")
     if kind == "cc":
         return (int(value[0]), int(value[1]))
@@ -248,7 +248,7 @@ def _assume_options(extras: list[str]) -> dict[str, Any]:
     return options
 
 
-GBPS_ALLOWED = "Gb/s of network per machine, such as 400G, 3200G or 3.2T (up to 100T)"
+GBPS_ALLOWED = "Gb/s of network per machine, such as 400G, 3200G or 3.2T (from 0.1G up to 100T)"
 
 
 def parse_gbps(value: Any, field_name: str) -> float:
@@ -258,7 +258,7 @@ def parse_gbps(value: Any, field_name: str) -> float:
     if not m:
         raise InputError(field_name, f"net={value!r} is not a network speed", GBPS_ALLOWED)
     gbps = float(m.group(1)) * (1000 if (m.group(2) or "g").startswith("t") else 1)
-    if not 0 < gbps <= 100_000:
+    if not is_network_gbps(gbps):
         raise InputError(field_name, f"net={value!r} is out of range", GBPS_ALLOWED)
     return gbps
 

@@ -202,6 +202,9 @@ SHAPE_LIMITS = {
     "intermediate_size": 10_000_000, "n_inner": 10_000_000, "ffn_dim": 10_000_000,
     "num_attention_heads": 100_000, "n_head": 100_000, "num_key_value_heads": 100_000,
     "vocab_size": 100_000_000, "num_local_experts": 100_000, "num_experts": 100_000,
+    # transformers' PreTrainedConfig builds id2label / label2id with num_labels entries before any model exists
+    # (10^45 ended in MemoryError)
+    "num_labels": 1_000_000,
 }
 
 
@@ -213,6 +216,11 @@ def _read_config_dict(config_path: Path) -> dict[str, Any]:
         raise InputError("model", f"{config_path} is not a JSON object", "a Hugging Face config.json")
     if not isinstance(data.get("model_type"), str) or not data["model_type"]:
         raise InputError("model", f"{config_path} has no model_type", "a Hugging Face config.json with model_type")
+    architectures = data.get("architectures")
+    if architectures is not None and not (isinstance(architectures, list)
+                                          and all(isinstance(a, str) for a in architectures)):
+        raise InputError("model", f"architectures in {config_path} is {str(architectures)[:40]!r}, not a list of "
+                                  "class names", 'a Hugging Face config.json ("architectures": ["LlamaForCausalLM"])')
     _check_shape_limits(data, config_path)
     return data
 

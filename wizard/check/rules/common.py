@@ -102,6 +102,8 @@ class CheckContext:
     memlock_limit: Callable[[], int | None] | None = None
     # files the wizard is about to write, with the plan they were written for (check/rules/planned.py)
     planned: "PlannedFiles | None" = None
+    # the wizard_plan.json the wizard wrote beside the YAML, when there is one (what it planned the files for)
+    plan_beside: dict[str, Any] | None = None
     # cached results shared between rules
     cache: dict[str, Any] = field(default_factory=dict)
 
@@ -278,6 +280,19 @@ def finding(severity: str, rule_id: str, file: str | None, key: str | None, mess
             fix: str | None = None, when: str | None = None, fixable: bool = False) -> Finding:
     return Finding(severity=severity, rule=rule_id, file=file or "<none>", key=key, message=message,
                    fix=fix, when=when, fixable=fixable)
+
+
+# A file can repeat one problem thousands of times (200,000 unknown keys): past this many findings of one rule in
+# one file, the rest are one finding that counts them, so the report stays readable and the work stays linear.
+MAX_FINDINGS_PER_RULE = 20
+
+
+def more_like_these(severity: str, rule_id: str, file: str | None, keys: list, what: str,
+                    fix: str | None = None, when: str | None = None) -> Finding:
+    """One finding for the keys past MAX_FINDINGS_PER_RULE: how many, and the first few by name."""
+    names = ", ".join(repr(str(k)[:40]) for k in keys[:5]) + (", ..." if len(keys) > 5 else "")
+    return finding(severity, rule_id, file, None,
+                   f"{len(keys):,} more {what} besides the {MAX_FINDINGS_PER_RULE} listed: {names}", fix=fix, when=when)
 
 
 def walk(node: Any, prefix: str = "") -> Iterable[tuple[str, Any]]:
