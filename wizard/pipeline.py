@@ -354,7 +354,8 @@ def validate(result: Result) -> None:
         result.findings = check_before_write(result, yaml_tmp, ds_tmp)
 
 
-TRAINING_MACHINE_ONLY = ("METHOD-BNB-MISSING", "METHOD-BNB-OLD")
+# judged on the libraries installed where the wizard runs, which the training machine may not share
+TRAINING_MACHINE_ONLY = ("METHOD-BNB-MISSING", "METHOD-BNB-OLD", "ACC-SP-ZERO12-GRADIENTS")
 
 
 def lora_options_from_answers(answers: dict[str, Any]) -> Any:

@@ -152,6 +152,7 @@ SEVERITY = {
     "ACC-UNKNOWN-NESTED-KEY": "warning", "ACC-UNQUOTED-NO": "error", "DS-AIO-IN-ZERO": "error",
     "ACC-FP8-UNSUPPORTED-GPU": "error", "ACC-FP8-BACKEND-MISSING": "warning",
     "ACC-SP-NEEDS-DEEPSPEED": "error", "ACC-SP-PROCESSES": "error", "ACC-SP-HEADS": "error",
+    "ACC-SP-ZERO12-GRADIENTS": "error",
     "ACC-FP8-AO-RAM-EFFICIENT-LOADING": "error", "TRN-PRECISION-OVERRIDES-FP8": "warning",
     "DS-AUTO-IN-SUBCONFIG": "error", "DS-AUTO-UNFILLED": "error", "DS-BF16-UNSUPPORTED": "error",
     "DS-DUPLICATE-KEY": "error", "DS-FLOAT-BUCKET": "error", "DS-LIBRARY-REJECTS": "error",

@@ -256,3 +256,28 @@ def test_the_8xv100_70b_lora_case_takes_the_faster_offload_rung_and_says_why():
     assert p.choice.offloads and p.choice.tokens_per_second > cp4.tokens_per_second * (1 + reasons.SPEED_TIE)
     assert "within the memory model's measured error" in p.choice.reason and cp4.name in p.choice.reason
     assert "with offload, is faster and has room" in cp4.reason
+
+
+# --- transformers 5.17-5.24: ZeRO-1/2 Ulysses gradients sp times too large ------------------------------------------
+
+@pytest.mark.parametrize("stage, sp, version, wrong", [
+    (2, 4, "5.17.0", True), (1, 2, "5.24.1", True), (2, 4, "5.25.0", False), (3, 4, "5.17.0", False),
+    (2, 1, "5.17.0", False), (2, 4, None, False), (2, 4, "not-a-version", False),
+])
+def test_ulysses_gradients_too_large_only_on_zero12_below_5_25(stage, sp, version, wrong):
+    assert seqmem.ulysses_gradients_too_large(stage, sp, version) is wrong
+
+
+def test_a_zero2_ulysses_plan_warns_where_the_machines_transformers_scales_its_gradients():
+    def planned(version, zero_stage="auto"):
+        hw = replace(hardware.assume("8xH100-80GB"), libraries={"transformers": version})
+        training = TrainingOptions(seq_len=8192)
+        return make_plan(hw, LLAMA31_8B, training, StrategyOptions(sp_size=4, zero_stage=zero_stage), Topology(1, 8))
+
+    old = planned("5.17.0")
+    assert old.choice.key == "zero2-sp4"
+    [note] = [n for n in old.notes if "times too large" in n]
+    assert "transformers 5.17.0" in note and "ZeRO-2" in note and "transformers>=5.25" in note and "ZeRO-3" in note
+    assert not any("times too large" in n for n in planned("5.25.0").notes)
+    zero3 = planned("5.17.0", zero_stage="3")
+    assert zero3.choice.zero_stage == 3 and not any("times too large" in n for n in zero3.notes)

@@ -177,6 +177,7 @@ def _make_plan(hw, model, training: TrainingOptions, strategy: StrategyOptions, 
     notes.extend(_omp_threads_note(rungs, choice, at))
     notes.extend(_logits_note(rungs, choice, at, hw, model, training))
     notes.extend(_network_note(rungs, choice, at))
+    notes.extend(split_mod.ulysses_gradients_note(choice, hw))
     if x.nvme_path and x.nvme_free is None and any(BY_KEY[k].uses_nvme for k in keys):
         notes.append(f"Free space at the NVMe path {x.nvme_path} is unknown, so the NVMe rung's disk need is not "
                      "checked.")

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
+from wizard import versions
 from wizard.errors import InputError
 from wizard.planning import rungs as rung_table
 from wizard.planning.evaluate import _estimate, _evaluate, _Inputs, CodeOptions, CODE_STEPS, NO_CODE
@@ -76,6 +77,25 @@ def _sp_keys(strategy: StrategyOptions, training: TrainingOptions, x: _Inputs, s
     out = [k for k in keys if size is None or BY_KEY[k].sp_size == size]
     # a group wider than a machine only where the machines' GPUs fill it (DeepSpeed's groups are consecutive ranks)
     return [k for k in out if _within_machine(BY_KEY[k], x) or BY_KEY[k].sp_size % x.per_machine == 0]
+
+
+def transformers_version(hw) -> str | None:
+    """The training machine's transformers: a probe's record of it (wizard probe --json, --hardware), else this
+    machine's package metadata (imports nothing)."""
+    libraries = getattr(hw, "libraries", None) or {}
+    return libraries["transformers"] if "transformers" in libraries else versions.installed_version("transformers")
+
+
+def ulysses_gradients_note(choice: Rung | None, hw) -> list[str]:
+    """The note for a chosen Ulysses rung on ZeRO-1/2 where transformers scales its gradients by sp
+    (sequence.ulysses_gradients_too_large)."""
+    if choice is None or choice.sp_size <= 1:
+        return []
+    version = transformers_version(hw)
+    if not seqmem.ulysses_gradients_too_large(choice.zero_stage, choice.sp_size, version):
+        return []
+    problem, fix = seqmem.ulysses_gradients_text(choice.zero_stage, choice.sp_size, version)
+    return [f"Warning: {problem}. Fix: {fix}."]
 
 
 # --- A size the user asked for ----------------------------------------------------------------------------------

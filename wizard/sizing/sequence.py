@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+from wizard import versions
 from wizard.sizing import memory as mem
 
 # How the loss is computed: the full logits (transformers' ForCausalLMLoss), Liger Kernel's fused linear
@@ -180,6 +181,29 @@ def ulysses_all_to_all_bytes(tokens: int, hidden: int, heads: int, kv_heads: int
     hd = head_dim or hidden // max(heads, 1)
     kv_width = ulysses_kv_heads_per_rank(kv_heads or heads, sp) * sp * hd
     return 2 * w * tokens * (heads * hd + 2 * kv_width)
+
+
+# transformers 5.17-5.24 under DeepSpeed ZeRO-1 or 2 with Ulysses: the gradients come out sp times too large (MEASURED
+# at the oldest end, bench/results/ulysses-cpu.md item 7: the SP run's losses are the 1-process run's at sp times the
+# learning rate); transformers 5.25 fixed it, and ZeRO-3 is right at both ends.
+ULYSSES_ZERO12_FIXED_IN = "5.25"
+
+
+def ulysses_gradients_too_large(zero_stage: int | None, sp: int, transformers_version: str | None) -> bool:
+    """Whether this transformers (its version string; None: not installed or unknown) gives a Ulysses run on ZeRO
+    `zero_stage` gradients sp times too large. An unreadable version is not judged."""
+    if sp <= 1 or zero_stage not in (1, 2) or not transformers_version:
+        return False
+    have = versions.release(transformers_version)
+    return have is not None and have < versions.release(ULYSSES_ZERO12_FIXED_IN)
+
+
+def ulysses_gradients_text(zero_stage: int, sp: int, transformers_version: str) -> tuple[str, str]:
+    """(what goes wrong, the fix) for ulysses_gradients_too_large: one wording for the plan's note and wizard check."""
+    return (f"transformers {transformers_version} with DeepSpeed ZeRO-{zero_stage} and Ulysses SP {sp} makes the "
+            f"gradients {sp} times too large (the run trains as at {sp}x the learning rate; fixed in transformers "
+            f"{ULYSSES_ZERO12_FIXED_IN}, ZeRO-3 is unaffected)",
+            f"pip install 'transformers>={ULYSSES_ZERO12_FIXED_IN}' on the training machine, or DeepSpeed ZeRO-3")
 
 
 # --- The layers with ALST's options -------------------------------------------------------------------------

@@ -12,7 +12,9 @@ Facts (accelerate 1.13-1.16, DeepSpeed 0.19.0-0.19.8, read from their code):
   data-parallel world, the processes / sp;
 - Ulysses is registered only in `_prepare_deepspeed`: under another distributed type the sequence is never split;
 - `UlyssesSPAttentionHF` raises "Attention head count H is not divisible by SP size" and refuses KV heads that
-  neither divide sp nor are divided by it.
+  neither divide sp nor are divided by it;
+- transformers 5.17-5.24 with ZeRO-1/2 gives the Ulysses run gradients sp times too large (measured,
+  wizard.sizing.sequence.ulysses_gradients_too_large); nothing raises.
 """
 
 from __future__ import annotations
@@ -89,3 +91,18 @@ def sp_heads(ctx: CheckContext) -> Iterable:
         "UlyssesSPAttentionHF needs the heads divisible by sp and the key/value heads dividing it or divisible by it, "
         "and raises at prepare", fix="one of " + ", ".join(str(s) for s in allowed if s > 1) if len(allowed) > 1
         else "sp_size 1: no Ulysses for this model", when="prepare")
+
+
+@rule("ACC-SP-ZERO12-GRADIENTS", FAMILY, "Ulysses on ZeRO-1/2 with a transformers that scales its gradients by sp")
+def sp_zero12_gradients(ctx: CheckContext) -> Iterable:
+    sp = _sp(ctx)
+    if sp <= 1 or ctx.distributed_type != "DEEPSPEED":
+        return
+    from wizard.sizing.sequence import ulysses_gradients_text, ulysses_gradients_too_large
+
+    stage, version = ctx.zero_stage(), ctx.versions.get("transformers")
+    if not ulysses_gradients_too_large(stage, sp, version):
+        return
+    problem, fix = ulysses_gradients_text(stage, sp, version)
+    yield finding("error", "ACC-SP-ZERO12-GRADIENTS", ctx.acc_path, f"{SECTION}.parallelism_config_sp_size",
+                  f"{problem}: the run does not fail, it trains wrong", fix=fix, when="step 0")
