@@ -139,7 +139,7 @@ MUTANTS = (
            (("    if est.per_gpu > x.usable:\n", "    if est.per_gpu > x.capacity:\n"),),
            ("tests/unit/test_plan.py::test_a_rung_fits_only_within_the_capacity_less_the_headroom",),
            "a rung fits when its estimate is within the whole GPU, headroom ignored"),
-    Mutant("plan-batch-search-ignores-headroom", "wizard/planning/plan.py",
+    Mutant("plan-batch-search-ignores-headroom", "wizard/planning/fit.py",
            (("    return est.per_gpu <= x.usable and est.load <= x.usable\n",
              "    return est.per_gpu <= x.capacity and est.load <= x.usable\n"),),
            ("tests/unit/test_plan.py::test_a_rung_fits_only_within_the_capacity_less_the_headroom",),
