@@ -13,7 +13,7 @@ from dataclasses import fields
 import pytest
 
 from wizard.errors import InputError
-from wizard.preflight import checks, messages, rendezvous, secret
+from wizard.preflight import checks, messages, rendezvous, report, secret
 from wizard.preflight.secret import Secret
 from wizard.probe.ports import free_port
 
@@ -189,16 +189,21 @@ def test_the_facts_schema_follows_what_a_node_sends(monkeypatch, gpus):
 
 
 def test_a_collective_result_is_checked_before_its_figures_are_read():
-    ok = {"scopes": {"node": {"ranks": 1}, "across": {"ranks": 2, "bytes": 16 << 20, "iterations": 5,
-                                                      "seconds": 0.01, "busbw_gbps": 13.4}}}
+    run = {"bytes": 16 << 20, "samples": 7, "seconds": 0.01, "busbw_gbps": 13.4, "low_gbps": 12.0,
+           "high_gbps": 14.0, "check": "ok"}
+    ok = {"scopes": {"node": {"ranks": 1}, "across": {"ranks": 2, "ops": {"all_reduce": [run]}}},
+          "ring": [{"k": 1, "to": 1, "from": 1, "bytes": 4 << 20, "gbps": 9.5}], "xids": [[0, 79]]}
     assert messages.check(messages.Collective, ok)[1] is None
-    assert messages.check(messages.Collective, {"scopes": {"across": {"ranks": 2}}})[1] == \
-        "scopes['across'].bytes: missing"
+    assert messages.check(messages.Collective, {"scopes": {"across": {"ranks": 2, "ops": {"all_reduce": [{}]}}}})[1] \
+        == "scopes['across'].ops['all_reduce'][0].bytes: missing"
+    assert messages.check(messages.Collective, {"ring": [{"k": 1, "to": 1, "from": -1, "bytes": 1, "gbps": 1}]})[1] \
+        == "ring[0].from: -1 is not a machine rank (0-65536)"
+    assert "xids[0]" in messages.check(messages.Collective, {"xids": [[0]]})[1]
 
 
 def test_the_table_escapes_what_a_node_said():
     row = checks.Row(1, "n2\x1b[2J\nFAKE  versions  ok", "versions", checks.FAIL, "x\ry\x9b", "fix\x1b")
-    lines = checks.render_table([row])
+    lines = report.render_table([row])
     assert len(lines) == 3 and not any(c in "".join(lines) for c in "\x1b\r\n\x9b")
 
 
