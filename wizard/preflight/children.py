@@ -6,8 +6,8 @@ fan-out), and the promise that none outlives the preflight, however it ends:
 - when the preflight ends early (an exception, Ctrl-C, or SIGTERM / SIGHUP, which the CLI turns into
   KeyboardInterrupt), the `finally` of the call that waits for the child kills it the same way;
 - when the preflight is killed outright (SIGKILL, the OOM killer), the kernel does it: every child starts through
-  a tiny shim that sets PR_SET_PDEATHSIG (SIGKILL when the thread that started it dies) before it execs, and the
-  ranks the collective spawns set it for themselves (die_with_parent).
+  a tiny shim that sets PR_SET_PDEATHSIG (SIGKILL when the thread that started it dies) before it execs; the
+  collective starts the node's other ranks the same way (collective.start_ranks), so the chain holds to them.
 
 No torch here; the standard library only.
 """
@@ -23,9 +23,8 @@ import tempfile
 import threading
 from typing import Any, Callable
 
-PR_SET_PDEATHSIG = 1
-# Set between fork and exec by a separate interpreter, not preexec_fn (unsafe with the preflight's threads). A
-# parent gone before the prctl took is caught by the ppid check.
+# prctl(PR_SET_PDEATHSIG = 1, SIGKILL = 9), set between fork and exec by a separate interpreter, not preexec_fn
+# (unsafe with the preflight's threads). A parent gone before the prctl took is caught by the ppid check.
 SHIM = ("import ctypes,os,sys\n"
         "ctypes.CDLL(None).prctl(1, 9, 0, 0, 0)\n"
         "if os.getppid() != int(sys.argv[1]): os._exit(137)\n"
@@ -33,17 +32,6 @@ SHIM = ("import ctypes,os,sys\n"
 
 _live: dict[int, subprocess.Popen] = {}
 _lock = threading.Lock()
-
-
-def die_with_parent(parent: int) -> None:
-    """In a child: SIGKILL when `parent` dies (and at once when it is already gone)."""
-    import ctypes
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except (OSError, AttributeError):    # not Linux: the session kill still ends it with a deadline
-        pass
-    if os.getppid() != parent:
-        os._exit(137)
 
 
 def spawn(argv: list[str], **popen: Any) -> subprocess.Popen:

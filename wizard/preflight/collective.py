@@ -2,7 +2,8 @@
 `python -m wizard.preflight.collective ...` on each node, run by `wizard preflight` (which kills it, with every
 process it started, past its deadline or when the preflight stops). The only part of preflight that imports torch.
 
-The node starts its `--local` processes (global rank = node x local + local rank, as torchrun numbers them), all
+The node starts its `--local` processes (global rank = node x local + local rank, as torchrun numbers them; local
+rank 0 starts the others through children.spawn, so none outlives it), all
 nodes' processes form one world at tcp://ADDR:PORT with the backend the training will use (NCCL on GPUs, gloo on
 CPU processes), and in each scope:
 - within the node: the node's own processes (NVLink / PCIe / shared memory between GPUs; loopback for gloo);
@@ -24,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import time
 from datetime import timedelta
@@ -188,14 +190,7 @@ def ring_pass(dist, torch, group, ranks_of_nodes: list[int], me: int, nbytes: in
 # ----------------------------------------------------------------------------- one rank
 
 
-def _die_with_parent(parent: int) -> None:
-    from wizard.preflight.children import die_with_parent
-    die_with_parent(parent)
-
-
 def worker(local: int, a: argparse.Namespace) -> None:
-    if a.local > 1:
-        _die_with_parent(a.parent)                   # a spawned rank ends when the collective's process does
     import torch
     import torch.distributed as dist
     nodes, per = a.nodes, a.local
@@ -254,32 +249,56 @@ def _xid_watch():
         return None
 
 
+def start_ranks(argv: list[str], local: int) -> list:
+    """The node's other local ranks, each `python -m wizard.preflight.collective ARGV --local-rank i` started
+    through children.spawn: killed by the kernel the moment this process dies, from their first instruction (a
+    rank that outlived a killed preflight would hold its GPU)."""
+    from wizard.preflight import children
+    return [children.spawn([sys.executable, "-m", "wizard.preflight.collective", *argv, "--local-rank", str(i)],
+                           stdout=subprocess.DEVNULL) for i in range(1, local)]
+
+
+def end_ranks(ranks: list, wait_s: float) -> None:
+    """The other ranks end by themselves once the collectives are done; what is still running after `wait_s` (a
+    rank stuck after an error) is killed."""
+    from wizard.preflight import children
+    deadline = time.monotonic() + wait_s
+    for p in ranks:
+        try:
+            p.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+        children.end(p)
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     p = argparse.ArgumentParser(prog="python -m wizard.preflight.collective")
     p.add_argument("--addr", required=True)
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--nodes", type=int, required=True)
     p.add_argument("--node", type=int, required=True)
     p.add_argument("--local", type=int, default=1)
+    p.add_argument("--local-rank", type=int, default=0, help="(the node's other ranks, started by local rank 0)")
     p.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
     p.add_argument("--nbytes", type=int, default=measure.CPU_BYTES)
     p.add_argument("--samples", type=int, default=0, help="timed samples per size (0: the backend's default)")
     p.add_argument("--timeout", type=float, default=60.0)
     p.add_argument("--gpu-ids", default="")
     a = p.parse_args(argv)
-    a.parent = os.getpid()
+    ranks = start_ranks(argv, a.local) if a.local_rank == 0 and a.local > 1 else []
+    code = 0
     try:
-        if a.local > 1:
-            import torch.multiprocessing as mp
-            mp.spawn(worker, args=(a,), nprocs=a.local, join=True)
-        else:
-            worker(0, a)
+        worker(a.local_rank, a)
     except Exception as exc:
-        emit({"result": {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"}})
-        sys.stdout.flush()
-        os._exit(1)
+        code = 1
+        if a.local_rank == 0:
+            emit({"result": {"error": f"{type(exc).__name__}: "
+                                      f"{str(exc).splitlines()[0][:300] if str(exc) else ''}"}})
+    finally:
+        end_ranks(ranks, 30.0 if code == 0 else 0.0)
     sys.stdout.flush()
-    os._exit(0)
+    os._exit(code)
 
 
 if __name__ == "__main__":

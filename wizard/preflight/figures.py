@@ -36,6 +36,10 @@ def collective_rows(node: int, host: str, exp: Expectation, result: dict[str, An
         return []
     if result.get("cancelled"):
         return [Row(node, host, STOP_CHECK, INFO, f"stopped: {result['cancelled']}")]
+    if result.get("ended"):
+        return [Row(node, host, STOP_CHECK, FAIL, "this node's preflight ended during the collectives (it was "
+                    "stopped, or its connection to the main node broke)", "look at this node's own output, and start "
+                    "it again")]
     if result.get("timeout"):
         return [Row(node, host, f"{STOP_CHECK} ({backend})", FAIL,
                     f"the {backend} collectives did not finish within {result['timeout']:g} s: a collective that "

@@ -12,6 +12,7 @@ says "stop" and each kills its collective child, instead of waiting out a collec
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from typing import Any, Callable
@@ -141,12 +142,15 @@ def _collectives(opts, exp: Expectation, server, backend: str, ranks: list[int],
     mine = threading.Thread(target=own, daemon=True)
     mine.start()
     stop: dict[str, Any] = {}
+    failures: list[int] = []
     deadline = [time.monotonic() + opts.collective_timeout + 45]
 
     def heard(rank: int, value: Any) -> None:
-        failed = isinstance(value, dict) and (value.get("error") or value.get("timeout"))
-        if failed and not stop:
-            stop.update(rank=rank, text=f"node {rank}'s collectives failed first")
+        if not (isinstance(value, dict) and (value.get("error") or value.get("timeout"))):
+            return
+        failures.append(rank)
+        if not stop:
+            stop.update(text=f"node {rank}'s collectives failed")
             progress(f"node 0: node {rank}'s collectives failed: stopping the others'")
             server.broadcast({"stop": stop["text"]})
             cancel.set()
@@ -156,17 +160,30 @@ def _collectives(opts, exp: Expectation, server, backend: str, ranks: list[int],
     finally:
         cancel.set()
         mine.join(30)
-    out: dict[int, dict[str, Any]] = {}
-    for rank in [0, *ranks]:
-        value = got.get(rank) or {"error": "the node sent no result"}
-        if stop and rank != stop["rank"]:
-            if value.get("error") or value.get("timeout"):        # after the first: its consequence
-                value = {"cancelled": f"{stop['text']}; then this node's: "
-                                      f"{value.get('error') or 'timed out'}"}
+    out = {rank: got.get(rank) or {"error": "the node sent no result"} for rank in [0, *ranks]}
+    if failures:
+        first = first_failure(failures, out)
+        why = f"node {first}'s collectives failed first"
+        for rank, value in out.items():
+            if rank == first:
+                continue
+            if value.get("error") or value.get("timeout"):     # after the first: its consequence
+                out[rank] = {"cancelled": f"{why}; then this node's: {value.get('error') or 'timed out'}"}
             elif value.get("cancelled"):
-                value = {"cancelled": stop["text"]}
-        out[rank] = value
+                out[rank] = {"cancelled": why}
     return out
+
+
+def first_failure(failures: list[int], results: dict[int, dict[str, Any]]) -> int:
+    """The failure the others follow from: a node whose preflight ended (its connection closed) before one whose
+    collective saw its peer go ("closed by peer", "reset"); else the first to arrive."""
+    def symptom(rank: int) -> int:
+        value = results[rank]
+        if value.get("ended"):
+            return 0
+        text = str(value.get("error") or "").lower()
+        return 2 if any(w in text for w in ("by peer", "connection closed", "connection reset", "broken pipe")) else 1
+    return min(failures, key=lambda r: (symptom(r), failures.index(r)))
 
 
 def other_node(opts, exp: Expectation, rank: int, facts: dict[str, Any],
@@ -200,7 +217,10 @@ def other_node(opts, exp: Expectation, rank: int, facts: dict[str, Any],
         if msg and msg.go:
             backend = msg.go.backend
             collective = _run_until_stopped(opts, exp, rank, msg.go, inbox, progress)
-            rendezvous.send(sock, {"collective": collective})
+            try:
+                rendezvous.send(sock, {"collective": collective})
+            except OSError:                      # the main node is gone: the row below says so
+                pass
             msg, bad = inbox.next(time.monotonic() + opts.collective_timeout + 45 + VERDICT_WAIT_S,
                                   lambda m: m.exit_code is not None or bool(m.abort))
         elif msg and msg.skip is not None:       # no collective (a finding, or a node missing): the verdict comes next
@@ -208,6 +228,10 @@ def other_node(opts, exp: Expectation, rank: int, facts: dict[str, Any],
             msg, bad = inbox.next(time.monotonic() + VERDICT_WAIT_S, lambda m: m.exit_code is not None or bool(m.abort))
         return _node_result(rank, host, exp, facts, collective, backend, msg, bad, own, outcome)
     finally:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)     # sends our end (the main node waits for it) and wakes the reader
+        except OSError:
+            pass
         sock.close()
 
 
@@ -223,11 +247,13 @@ def _run_until_stopped(opts, exp: Expectation, rank: int, go, inbox, progress) -
     try:
         while t.is_alive():
             msg, bad = inbox.next(time.monotonic() + 0.2, lambda m: bool(m.stop))
-            if msg is not None and stopped is None:
-                stopped = msg.stop
-                progress(f"node {rank}: the main node stops the collectives ({msg.stop})")
+            why = msg.stop if msg is not None else bad or ("the main node's preflight ended (its connection closed)"
+                                                             if inbox.ended else None)
+            if why and stopped is None:
+                stopped = why
+                progress(f"node {rank}: the collectives stop: {why}")
                 cancel.set()
-            t.join(0.01)
+            t.join(0.01 if why is None else 1.0)
     finally:
         cancel.set()
         t.join()

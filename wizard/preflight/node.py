@@ -149,13 +149,15 @@ def gpu_health(cuda_index_of: dict[int, int]) -> list[dict[str, Any]]:
         api.close()
 
 
+KMSG = "/dev/kmsg"
 KMSG_MAX_RECORDS = 200_000
 
 
-def kernel_xids(path: str = "/dev/kmsg") -> dict[str, Any]:
+def kernel_xids(path: str | None = None) -> dict[str, Any]:
     """The NVIDIA driver's XID lines in the kernel log since boot (health.parse_xids reads them); {"unreadable":
     why} where this user may not read it (kernel.dmesg_restrict, a container)."""
     from wizard.preflight.health import parse_xids
+    path = path or KMSG
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:

@@ -62,6 +62,7 @@ class Inbox:
     def __init__(self, reader: "LineReader"):
         self.reader = reader
         self.queue: queue.Queue = queue.Queue()
+        self.ended = False          # the main node's end closed (or the connection broke)
         threading.Thread(target=self._pump, daemon=True).start()
 
     def _pump(self) -> None:
@@ -73,6 +74,7 @@ class Inbox:
                 return
             if raw is None:
                 if self.reader.eof:
+                    self.ended = True
                     self.queue.put((None, None))
                     return
                 continue
@@ -372,7 +374,8 @@ class Server:
             if rank not in waiting:
                 continue
             if msg is None:
-                value: Any = {"error": "the node's preflight ended (its connection closed) before it sent its result"}
+                value: Any = {"error": "the node's preflight ended (its connection closed) before it sent its result",
+                              "ended": True}
             elif "invalid" in msg and key not in msg:
                 value = {"error": f"its message is not valid ({msg['invalid']})"}
             elif key not in msg:

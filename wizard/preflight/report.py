@@ -117,8 +117,8 @@ def hostlist(hosts: list[str]) -> str:
 
 def who(rows: list[Row]) -> str:
     """The nodes of a finding: "node 3 (n4)", "12 nodes: n[1-12]" (by node number where their host names do not
-    tell them apart: several nodes on one machine)."""
-    nodes = sorted({(r.node, r.host) for r in rows})
+    tell them apart: several nodes on one machine). Host names are another node's words: escaped."""
+    nodes = sorted({(r.node, printable(r.host, 60)) for r in rows})
     if len(nodes) == 1:
         return f"node {nodes[0][0]} ({nodes[0][1]})"
     known = [h for _, h in nodes if h != "?"]
@@ -190,7 +190,7 @@ def versions_lines(per_node: dict[int, dict[str, Any]], hosts: dict[int, str]) -
         by: dict[str, list[int]] = {}
         for node, row in table.items():
             by.setdefault(row[p], []).append(node)
-        parts = [f"{printable(v, 60)} on " + (f"node {ns[0]} ({hosts.get(ns[0], '?')})" if len(ns) == 1 else
+        parts = [f"{printable(v, 60)} on " + (f"node {ns[0]} ({printable(hosts.get(ns[0], '?'), 60)})" if len(ns) == 1 else
                                               f"{len(ns)} nodes")
                  for v, ns in sorted(by.items(), key=lambda kv: -len(kv[1]))]
         out.append(f"  {p}: " + "; ".join(parts))
@@ -241,7 +241,7 @@ def screen(rows: list[Row], *, nodes: int, hosts: dict[int, str], per_node: dict
     out += measured_lines(collective, backend)
     excluded = to_exclude(rows, [h for h in hosts.values()])
     if excluded:
-        names = hostlist(excluded)
+        names = hostlist([printable(h, 60) for h in excluded])
         out += _wrapped("", f"to run without the nodes named above: --exclude={names} (srun, sbatch), or drain "
                         f"them: scontrol update nodename={names} state=drain reason=\"wizard preflight\"", 2)
     out.append(verdict_line)
@@ -252,7 +252,7 @@ def node_screen(rank: int, host: str, rows: list[Row], verdict_line: str, reache
     """A node other than the main one: its own findings and the cause (the main node sent both), the verdict, every
     line labelled with the node (srun and the sbatch log mix the nodes' lines)."""
     tag = f"[node {rank} {printable(host, 40)}] "
-    out = [f"preflight on node {rank} ({host}): " + ("checked and reported to the main node, which prints the table "
+    out = [f"preflight on node {rank} ({printable(host, 60)}): " + ("checked and reported to the main node, which prints the table "
                                                     "for every node" if reached else
                                                     "the main node was not reached; this node's own findings")]
     for g in groups(rows):
