@@ -167,17 +167,21 @@ def _wrapped(head: str, text: str, indent: int, width: int = WIDTH) -> list[str]
     return textwrap.wrap(head + text, width, subsequent_indent=" " * indent, break_on_hyphens=False) or [head]
 
 
-def group_lines(g: Group, check_width: int = 22) -> list[str]:
+def group_lines(g: Group, check_width: int = 22, width: int = WIDTH) -> list[str]:
     first = g.rows[0]
     many = len({r.node for r in g.rows}) > 1
     text = f"{who(g.rows)}: " + (f"(as on node {first.node}) " if many else "") + printable(first.detail, 600)
     head = f"{MARK[g.status]:<4}  {printable(g.check, 40):<{check_width}} "
     indent = len(head)
-    out = _wrapped(head, text, indent)
+    out = _wrapped(head, text, indent, width)
     if g.fix:
         fix = printable(first.fix if not many else re.sub(r"--exclude=\S+", "--exclude=HOSTS", g.fix), 600)
-        out += _wrapped(" " * indent, "fix: " + fix, indent)
+        out += _wrapped(" " * indent, "fix: " + fix, indent, width)
     return out
+
+
+def check_width(found: list[Group]) -> int:
+    return max([len(g.check) for g in found[:SCREEN_GROUPS]] + [10]) + 1
 
 
 def versions_lines(per_node: dict[int, dict[str, Any]], hosts: dict[int, str]) -> list[str]:
@@ -228,9 +232,8 @@ def screen(rows: list[Row], *, nodes: int, hosts: dict[int, str], per_node: dict
     out = [f"preflight: {nodes} node{'s' if nodes != 1 else ''}, {backend}; findings first"
            + (f", the full table in {table_file}" if table_file else "")]
     found = groups(rows)
-    width = max([len(g.check) for g in found[:SCREEN_GROUPS]] + [10]) + 1
     for g in found[:SCREEN_GROUPS]:
-        out += group_lines(g, width)
+        out += group_lines(g, check_width(found))
     if len(found) > SCREEN_GROUPS:
         rest = found[SCREEN_GROUPS:]
         out.append(f"... and {len(rest)} more finding{'s' if len(rest) != 1 else ''} "
@@ -255,8 +258,9 @@ def node_screen(rank: int, host: str, rows: list[Row], verdict_line: str, reache
     out = [f"preflight on node {rank} ({printable(host, 60)}): " + ("checked and reported to the main node, which prints the table "
                                                     "for every node" if reached else
                                                     "the main node was not reached; this node's own findings")]
-    for g in groups(rows):
-        out += group_lines(g)
+    found = groups(rows)
+    for g in found:
+        out += group_lines(g, check_width(found), WIDTH - len(tag))
     out.append(printable(verdict_line, 400))
     return [tag + line for line in out]
 
