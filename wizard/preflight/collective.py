@@ -215,6 +215,10 @@ def worker(local: int, a: argparse.Namespace) -> None:
     scopes = {}
     if per > 1:
         scopes["node"] = time_scope(dist, torch, node_groups[a.node], per, local, a.nbytes, samples, device)
+    elif a.selftest and nodes == 1:
+        # one process alone (the GPU bench on a machine of one GPU: NCCL takes one rank per GPU): every
+        # operation's code path and data check on the device, no bandwidth to speak of
+        scopes["node"] = {**time_scope(dist, torch, None, 1, 0, a.nbytes, samples, device), "ranks": 1}
     else:
         scopes["node"] = {"ranks": 1}
     if local == 0 and nodes > 1:
@@ -285,6 +289,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--samples", type=int, default=0, help="timed samples per size (0: the backend's default)")
     p.add_argument("--timeout", type=float, default=60.0)
     p.add_argument("--gpu-ids", default="")
+    p.add_argument("--selftest", action="store_true",
+                   help="with one process in all: run every operation and its data check anyway (the GPU bench)")
     a = p.parse_args(argv)
     ranks = start_ranks(argv, a.local) if a.local_rank == 0 and a.local > 1 else []
     code = 0
