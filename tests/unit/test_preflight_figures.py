@@ -118,3 +118,24 @@ def test_a_stopped_collective_is_its_causes_consequence_and_an_ended_node_is_the
     assert stopped.status == INFO and stopped.detail == "stopped: node 3's collectives failed first"
     (ended,) = figures.collective_rows(3, "n4", exp(), {"error": "closed", "ended": True}, "gloo")
     assert ended.status == FAIL and "ended during the collectives" in ended.detail
+
+
+def test_record_keeps_the_median_with_its_spread_and_nothing_under_a_failing_verdict(tmp_path, monkeypatch):
+    import json
+
+    from wizard.frontends.preflight_cli import record_bandwidth
+    from wizard.preflight import run
+    from wizard.preflight.checks import Row
+    cal = tmp_path / "calibration.json"
+    monkeypatch.setenv("WIZARD_CALIBRATION_FILE", str(cal))
+    e = exp(num_machines=2)
+    collectives = {0: {"scopes": {"across": scope()}}, 1: {"scopes": {"across": scope()}}}
+    facts = {0: {"host": "n1"}, 1: {"host": "n2"}}
+    clear = run.finish(0, True, [Row(0, "n1", "versions", "ok", "same")], e, facts, collectives, "gloo")
+    said = record_bandwidth(clear)
+    assert said.startswith("recorded 8.00 Gb/s (median of 7: 7.00-9.00) between 2 machines of")
+    (entry,) = json.loads(cal.read_text())["network"].values()
+    assert entry["gbps"] == 8.0 and entry["spread"] == {"low": 7.0, "high": 9.0, "samples": 7, "bytes": 16 << 20}
+    cal.unlink()
+    failing = run.finish(0, True, [Row(1, "n2", "versions", "fail", "differs", "pin")], e, facts, collectives, "gloo")
+    assert record_bandwidth(failing) is None and not cal.exists()

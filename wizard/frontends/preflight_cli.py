@@ -222,9 +222,8 @@ def record_bandwidth(result) -> str | None:
                                            result.expectation.num_machines, result.backend,
                                            spread={"low": round(spread.low, 4), "high": round(spread.high, 4),
                                                    "samples": spread.samples, "bytes": a["bytes"]})
-    return (f"recorded {spread.text()} (the median of {spread.samples} samples) between "
-            f"{result.expectation.num_machines} machines of {key} in {path}: `wizard plan` on this machine now uses "
-            "it for the network")
+    return (f"recorded {spread.text()} between {result.expectation.num_machines} machines of {key} in {path}: "
+            "`wizard plan` on this machine now uses the median for the network")
 
 
 def cmd_preflight(ns: argparse.Namespace) -> int:
