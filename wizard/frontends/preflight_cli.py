@@ -181,7 +181,8 @@ def print_result(result, out: TextIO = sys.stdout, report_file: str | None = Non
     else:
         lines = report.screen(result.rows, nodes=result.expectation.num_machines, hosts=result.hosts,
                               per_node=result.facts, collective=result.collectives.get(0), backend=result.backend,
-                              verdict_line=result.verdict, table_file=report_file)
+                              verdict_line=result.verdict, table_file=report_file,
+                              tag=report.label(0, result.hosts.get(0, "?")))
     for line in lines:
         print(line, file=out)
 

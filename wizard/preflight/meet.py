@@ -38,6 +38,7 @@ class FatalWatch:
         self.rows: dict[int, list[Row]] = {}
         self.since: float | None = None
         self.what: str | None = None
+        self.judged: frozenset[int] | None = None          # the nodes the last judgement saw
 
     def node_rows(self, rank: int, entry: dict[str, Any]) -> list[Row]:
         if rank not in self.rows:
@@ -49,7 +50,8 @@ class FatalWatch:
         return self.rows[rank]
 
     def deadline(self, joined: dict[int, dict[str, Any]], base: float) -> float:
-        if self.since is None:
+        if self.since is None and frozenset(joined) != self.judged:
+            self.judged = frozenset(joined)
             rows = list(self.own)
             for rank, entry in joined.items():
                 rows += self.node_rows(rank, entry)

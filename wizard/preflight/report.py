@@ -201,7 +201,7 @@ def versions_lines(per_node: dict[int, dict[str, Any]], hosts: dict[int, str]) -
     return ["versions that differ between nodes:"] + out if out else []
 
 
-def measured_lines(result: dict[str, Any] | None, backend: str) -> list[str]:
+def measured_lines(result: dict[str, Any] | None, backend: str, width: int = WIDTH) -> list[str]:
     """What was measured, in a line per scope: every operation at its largest size, all-reduce with its spread."""
     out = []
     for scope, words in (("across", "across nodes"), ("node", "within node 0")):
@@ -220,20 +220,22 @@ def measured_lines(result: dict[str, Any] | None, backend: str) -> list[str]:
             top = measure.headline(result, scope)
             size = f", {top['bytes'] >> 20} MiB" if top and top["bytes"] >= 1 << 20 else ""
             out += _wrapped(f"measured {words} ({backend}, {s['ranks']} ranks{size}, bus bandwidth): ", "; ".join(parts),
-                            4)
+                            4, width)
     return out
 
 
 def screen(rows: list[Row], *, nodes: int, hosts: dict[int, str], per_node: dict[int, dict[str, Any]],
-           collective: dict[str, Any] | None, backend: str, verdict_line: str, table_file: str | None) -> list[str]:
+           collective: dict[str, Any] | None, backend: str, verdict_line: str, table_file: str | None,
+           tag: str = "") -> list[str]:
     """The main node's screen: each finding once, by cause, with its hosts and fix; the versions that differ; what
     was measured; who to exclude; the verdict. At most SCREEN_GROUPS findings: the rest are counted (the file has
-    everything)."""
+    everything). `tag` starts every line (the node's label: srun and an sbatch log mix the nodes' lines)."""
+    width = WIDTH - len(tag)
     out = [f"preflight: {nodes} node{'s' if nodes != 1 else ''}, {backend}; findings first"
            + (f", the full table in {table_file}" if table_file else "")]
     found = groups(rows)
     for g in found[:SCREEN_GROUPS]:
-        out += group_lines(g, check_width(found))
+        out += group_lines(g, check_width(found), width)
     if len(found) > SCREEN_GROUPS:
         rest = found[SCREEN_GROUPS:]
         out.append(f"... and {len(rest)} more finding{'s' if len(rest) != 1 else ''} "
@@ -241,20 +243,25 @@ def screen(rows: list[Row], *, nodes: int, hosts: dict[int, str], per_node: dict
     if not found:
         out.append("no finding: every check passed on every node")
     out += versions_lines(per_node, hosts)
-    out += measured_lines(collective, backend)
+    out += measured_lines(collective, backend, width)
     excluded = to_exclude(rows, [h for h in hosts.values()])
     if excluded:
         names = hostlist([printable(h, 60) for h in excluded])
         out += _wrapped("", f"to run without the nodes named above: --exclude={names} (srun, sbatch), or drain "
-                        f"them: scontrol update nodename={names} state=drain reason=\"wizard preflight\"", 2)
+                        f"them: scontrol update nodename={names} state=drain reason=\"wizard preflight\"", 2, width)
     out.append(verdict_line)
-    return out
+    return [tag + line for line in out]
+
+
+def label(rank: int, host: str) -> str:
+    """What starts each line a node prints at the end (srun and an sbatch log mix the nodes' lines)."""
+    return f"[node {rank} {printable(host, 40)}] "
 
 
 def node_screen(rank: int, host: str, rows: list[Row], verdict_line: str, reached: bool) -> list[str]:
     """A node other than the main one: its own findings and the cause (the main node sent both), the verdict, every
     line labelled with the node (srun and the sbatch log mix the nodes' lines)."""
-    tag = f"[node {rank} {printable(host, 40)}] "
+    tag = label(rank, host)
     out = [f"preflight on node {rank} ({printable(host, 60)}): " + ("checked and reported to the main node, which prints the table "
                                                     "for every node" if reached else
                                                     "the main node was not reached; this node's own findings")]
