@@ -300,7 +300,8 @@ def test_launch_stops_before_training_when_the_preflight_finds_a_blocked_port(tm
             if p.poll() is None:
                 p.kill()
     # a bound against a hang, not a speed target: two wizard starts and the preflight's children take ~15 s here
-    assert time.monotonic() - start < 60
+    # alone and 80 s beside a loaded box's other tests; a hang is the 120 s communicate above
+    assert time.monotonic() - start < 110
     assert [p.returncode for p in procs] == [1, 1], outs
     assert "phase 1/2: preflight" in outs[0] and "phase 2/2" not in outs[0] + outs[1]
     assert "main port free" in outs[0] and f"port {port} is taken on the main node" in outs[0]
