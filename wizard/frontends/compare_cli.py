@@ -10,6 +10,7 @@ import sys
 from typing import TextIO
 
 from wizard import compare as compare_mod
+from wizard.config import sky_task
 from wizard.frontends.flags import UNDERSCORES, add_calibration_flag, add_question_flags, given, refuse_empty_values
 from wizard.units import fmt_duration
 
@@ -50,6 +51,11 @@ def build_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     io.add_argument("--output-dir", metavar="D", default=argparse.SUPPRESS,
                     help="with --write: where the files go (default: accelerate's config dir)")
     io.add_argument("--dry-run", action="store_true", default=argparse.SUPPRESS, help="with --write: write nothing")
+    io.add_argument("--sky-task", metavar="NAME", default=None,
+                    help=f"with --write MACHINE -- SCRIPT: the SkyPilot task's file name in the output dir "
+                         f"(default: {sky_task.TASK_NAME})")
+    io.add_argument("command", nargs=argparse.REMAINDER,
+                    help="with --write: -- SCRIPT [ARGS...] also writes a SkyPilot task that runs it on MACHINE")
     add_question_flags(p)
     add_calibration_flag(p, help="plan every machine by the raw model, without the ratios `wizard tune` measured")
     p.set_defaults(func=cmd_compare)
@@ -68,7 +74,10 @@ def cmd_compare(ns: argparse.Namespace) -> int:
     if getattr(ns, "output_dir", None) is not None or getattr(ns, "dry_run", False):
         raise InputError("output-dir", "--output-dir and --dry-run go with --write MACHINE (compare writes nothing)",
                          "--write MACHINE --output-dir D")
-    flags = values_from_namespace(ns)
+    if script_command(ns) or ns.sky_task is not None:
+        raise InputError("write", "-- SCRIPT and --sky-task go with --write MACHINE (the task runs that machine's "
+                         "files)", "--write MACHINE --output-dir D -- SCRIPT [ARGS...]")
+    flags = {**values_from_namespace(ns), **batch_flag(ns, machines)}
     answers_file = getattr(ns, "answers", None)
 
     def command(m: compare_mod.Machine) -> str:
@@ -112,8 +121,31 @@ def write_machine(ns: argparse.Namespace, compared: list[compare_mod.Machine]) -
     if ns.machines is not None and chosen.key not in {m.key for m in compared}:
         raise InputError("write", f"{ns.write} is not one of --machines ({', '.join(m.label for m in compared)})",
                          "a machine of --machines, or --write without --machines")
+    for qid, value in batch_flag(ns, compared).items():
+        setattr(ns, qid, value)            # the global batch the comparison's rows train
+    from wizard.frontends import sky_write
+    task = sky_write.prepare(ns, chosen) if script_command(ns) else None
+    if task is None and ns.sky_task is not None:
+        raise InputError("sky-task", "names the SkyPilot task that -- SCRIPT [ARGS...] makes",
+                         "--write MACHINE --sky-task NAME -- SCRIPT [ARGS...]")
     ns.assume, ns.hardware = chosen.assume, None
-    return cmd_non_interactive(ns)
+    code = cmd_non_interactive(ns)
+    if code == 0 and task is not None:
+        sky_write.write(ns, task)
+    return code
+
+
+def script_command(ns: argparse.Namespace) -> list[str]:
+    """-- SCRIPT [ARGS...] after compare's own flags (argparse's REMAINDER keeps the "--")."""
+    words = list(getattr(ns, "command", None) or [])
+    return words[1:] if words[:1] == ["--"] else words
+
+
+def batch_flag(ns: argparse.Namespace, machines: list[compare_mod.Machine]) -> dict[str, int]:
+    """{"global_batch": N} when the comparison chose the global batch (the user gave none): the rows' write
+    commands and --write plan with it, so the files are the row's."""
+    batch, from_user = compare_mod.equal_global_batch(given(ns), machines)
+    return {} if from_user or batch is None else {"global_batch": batch}
 
 
 # ----------------------------------------------------------------------------- the table
