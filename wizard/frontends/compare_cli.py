@@ -150,7 +150,19 @@ def batch_flag(ns: argparse.Namespace, machines: list[compare_mod.Machine]) -> d
 
 # ----------------------------------------------------------------------------- the table
 
-COLUMNS = ("", "machine", "plan", "micro x acc", "GC", "tokens/s", "step", "time", "cost")
+COLUMNS = ("", "machine", "plan", "micro x acc", "GC", "GPU mem", "host RAM", "tokens/s", "step", "time", "cost")
+RIGHT = {5, 6, 7, 8, 9, 10}
+
+
+def _gib(n: int | None) -> str:
+    return "-" if not n else f"{n / 2**30:.0f}"
+
+
+def memory_cells(r: compare_mod.Row) -> tuple[str, str]:
+    """GPU memory the row's rung needs / each GPU has (GiB), and the host RAM per machine the plan assumed."""
+    from wizard.units import fmt_bytes
+    gpu = f"{_gib(r.per_gpu_bytes)}/{_gib(r.gpu_memory_bytes)} GiB" if r.gpu_memory_bytes else "-"
+    return gpu, fmt_bytes(r.host_ram_bytes) if r.host_ram_bytes else "-"
 
 
 def _money(x: float | None, currency: str) -> str:
@@ -164,13 +176,14 @@ def row_cells(r: compare_mod.Row, currency: str = "") -> tuple[str, ...]:
     from wizard.planning.speed import fmt_rate
     mark = ("F" if r.fastest else "") + ("C" if r.cheapest else "")
     if r.error:
-        return (mark, r.machine.label, "cannot plan", "", "", "", "", "", "")
+        return (mark, r.machine.label, "cannot plan", "", "", "", "", "", "", "", "")
+    gpu, host = memory_cells(r)
     if not r.fits:
         by = f" by {(r.short_by - 1) * 100:.0f}%" if r.short_by and r.short_by > 1 else ""
-        return (mark, r.machine.label, f"does not fit{by}", "", "", "", "", "", "")
+        return (mark, r.machine.label, f"does not fit{by}", "", "", gpu, host, "", "", "", "")
     plan = r.rung + (" (measured)" if r.measured else "")
     return (mark, r.machine.label, plan, f"{r.micro_batch} x {r.grad_accum}",
-            "on" if r.gradient_checkpointing else "off",
+            "on" if r.gradient_checkpointing else "off", gpu, host,
             fmt_rate(r.tokens_per_second or 0).replace(" tok/s", ""),
             f"{r.step_seconds:.2f}s" if r.step_seconds is not None else "-",
             fmt_duration(r.train_seconds) if r.train_seconds else "-",
@@ -180,10 +193,9 @@ def row_cells(r: compare_mod.Row, currency: str = "") -> tuple[str, ...]:
 def table_lines(c: compare_mod.Comparison) -> list[str]:
     cells = [COLUMNS] + [row_cells(r, c.currency) for r in c.rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(COLUMNS))]
-    right = {5, 6, 7, 8}
     out = []
     for row in cells:
-        parts = [cell.rjust(w) if i in right else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths))]
+        parts = [cell.rjust(w) if i in RIGHT else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths))]
         out.append("  ".join(parts).rstrip())
     return out
 
@@ -192,8 +204,14 @@ def header_lines(c: compare_mod.Comparison) -> list[str]:
     method = {"full": "full fine-tuning", "lora": "LoRA", "qlora": "QLoRA"}.get(c.method, c.method)
     tokens = f"{c.train_tokens:,} tokens" if c.tokens_given else \
         f"1B tokens ({compare_mod.DEFAULT_TRAIN_TOKENS:,}; --train-tokens gives the run's)"
-    return [f"Model: {c.model}, {method}. Time and cost to train {tokens}; sorted by {c.sort}.",
-            compare_mod.CAVEAT]
+    lines = [f"Model: {c.model}, {method}. Time and cost to train {tokens}; sorted by {c.sort}."]
+    if c.global_batch:
+        why = "--global-batch" if c.global_batch_given else \
+            "micro-batch x accumulation x the least common multiple of the machines' GPU counts; --global-batch N"
+        lines.append(f"Every machine trains the same global batch: {c.global_batch} sequences per optimizer step "
+                     f"({why}). GPU mem: the plan's need / each GPU's; host RAM: per machine, as assumed "
+                     "(--machines ...,ram=SIZE sets it).")
+    return lines + [compare_mod.CAVEAT]
 
 
 def print_comparison(c: compare_mod.Comparison, file: TextIO | None = None, address_given: bool = False) -> None:
@@ -213,6 +231,15 @@ def print_comparison(c: compare_mod.Comparison, file: TextIO | None = None, addr
         legend.append("no cost without prices (--price MACHINE=PRICE per GPU-hour, or --prices FILE)")
     if legend:
         print("; ".join(legend) + ".", file=out)
+    if c.prices_label:
+        print(c.prices_label, file=out)
+    offers = [r for r in c.rows if r.offer is not None and (r.cheapest or r.fastest)]
+    for r in offers:
+        o = r.offer
+        price = o.spot_price if r.offer_spot else o.price
+        print(f"  {r.machine.label}: {o.where()}, {price:.2f} USD per instance-hour"
+              f"{' (spot)' if r.offer_spot else ''} x {r.machine.nodes} (catalogue of {o.date.isoformat()})",
+              file=out)
     misses = [r for r in c.rows if not r.fits]
     if misses:
         print("Does not fit (the rung closest to fitting):", file=out)

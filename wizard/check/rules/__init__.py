@@ -15,5 +15,6 @@ from wizard.check.rules import (  # noqa: F401
     libraries,
     methods,
     planned,
+    sky_task,
 )
 from wizard.check.rules.common import FIXERS, RULES, CheckContext, Rule  # noqa: F401
