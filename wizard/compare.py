@@ -320,12 +320,13 @@ class Row:
     cost: float | None = None
     short_by: float | None = None     # does not fit: need / have of the closest rung's tightest constraint
     shortfall: str | None = None      # ... in words (the same phrase as exit 3's)
+    shortfall_rung: str | None = None     # ... that rung's name (the shortfall's first words)
     error: str | None = None          # this machine could not be planned with these answers: why
     measured: str | None = None       # the choice's speed is `wizard tune`'s measurement: trials and date
     fastest: bool = False
     cheapest: bool = False
     write_command: str | None = None  # the command that writes this row's files (fitting rows)
-    global_batch: int | None = None   # sequences per optimizer step: micro-batch x accumulation x GPUs
+    global_batch: int | None = None   # sequences per optimizer step (the plan's)
     per_gpu_bytes: int | None = None  # the chosen rung's (a miss: the closest rung's) memory per GPU
     gpu_memory_bytes: int | None = None   # each GPU's memory (the smallest)
     host_ram_bytes: int | None = None     # host RAM per machine the plan assumed (--assume ...,ram=SIZE)
@@ -349,6 +350,7 @@ class Row:
                 "tokens_per_second": _round(self.tokens_per_second, 1), "step_seconds": _round(self.step_seconds, 4),
                 "train_seconds": _round(self.train_seconds, 1), "price_per_gpu_hour": self.price_per_gpu_hour,
                 "cost": _round(self.cost, 2), "short_by": _round(self.short_by, 3), "shortfall": self.shortfall,
+                "shortfall_rung": self.shortfall_rung,
                 "error": self.error, "measured": self.measured, "fastest": self.fastest, "cheapest": self.cheapest,
                 "write_command": self.write_command, "global_batch": self.global_batch,
                 "per_gpu_bytes": self.per_gpu_bytes, "gpu_memory_bytes": self.gpu_memory_bytes,
@@ -419,10 +421,13 @@ def plan_row(m: Machine, given: dict[str, Any], price: float | None, calibrate: 
     row.gpu_memory_bytes = result.hardware.min_gpu_memory or None
     row.host_ram_bytes = result.hardware.ram_total or None
     if c is None:
-        row.short_by, row.shortfall, row.per_gpu_bytes = closest_miss(result)
+        row.short_by, row.shortfall, row.per_gpu_bytes, row.shortfall_rung = closest_miss(result)
         return row
     row.per_gpu_bytes, row.host_ram_need_bytes = c.per_gpu_bytes, c.cpu_bytes
-    row.global_batch = (c.micro_batch or 1) * (c.grad_accum or 1) * m.gpus
+    # sequences per optimizer step: the plan's split of it (a context-parallel rung shares each sequence among
+    # cp GPUs), else micro-batch x accumulation x GPUs
+    row.global_batch = plan.batch.global_batch if plan.batch is not None else \
+        (c.micro_batch or 1) * (c.grad_accum or 1) * m.gpus
     speed = c.speed
     row.fits, row.rung_key, row.rung = True, c.key, c.name
     row.micro_batch, row.grad_accum, row.gradient_checkpointing = c.micro_batch, c.grad_accum, c.gradient_checkpointing
@@ -435,16 +440,16 @@ def plan_row(m: Machine, given: dict[str, Any], price: float | None, calibrate: 
     return row
 
 
-def closest_miss(result: Result) -> tuple[float | None, str | None, int | None]:
-    """(need / have, what it needs, its bytes per GPU) of the rung closest to fitting: the rung and the measure
-    exit 3 names (wizard.planning.plan.closest_shortfall, the one both call)."""
+def closest_miss(result: Result) -> tuple[float | None, str | None, int | None, str | None]:
+    """(need / have, what it needs, its bytes per GPU, its name) of the rung closest to fitting: the rung and the
+    measure exit 3 names (wizard.planning.plan.closest_shortfall, the one both call)."""
     from wizard.config import answers as answers_mod
     from wizard.planning.plan import closest_shortfall
     closest = closest_shortfall(result.plan, result.hardware, answers_mod.strategy_options(result.answers))
     if closest is None:
-        return None, None, None
+        return None, None, None, None
     ratio, phrase, rung = closest
-    return ratio, f"{rung.name} {phrase}", rung.per_gpu_bytes
+    return ratio, f"{rung.name} {phrase}", rung.per_gpu_bytes, rung.name
 
 
 def train_tokens_of(result: Result) -> int | None:

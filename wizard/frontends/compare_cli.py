@@ -122,7 +122,7 @@ def write_machine(ns: argparse.Namespace, compared: list[compare_mod.Machine]) -
         raise InputError("write", f"{ns.write} is not one of --machines ({', '.join(m.label for m in compared)})",
                          "a machine of --machines, or --write without --machines")
     for qid, value in batch_flag(ns, compared).items():
-        setattr(ns, qid, value)            # the global batch the comparison's rows train
+        setattr(ns, qid, str(value))       # the global batch the comparison's rows train, as the flag gives it
     from wizard.frontends import sky_write
     task = sky_write.prepare(ns, chosen) if script_command(ns) else None
     if task is None and ns.sky_task is not None:
