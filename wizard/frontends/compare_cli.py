@@ -124,7 +124,7 @@ def write_machine(ns: argparse.Namespace, compared: list[compare_mod.Machine]) -
     for qid, value in batch_flag(ns, compared).items():
         setattr(ns, qid, str(value))       # the global batch the comparison's rows train, as the flag gives it
     from wizard.frontends import sky_write
-    task = sky_write.prepare(ns, chosen) if script_command(ns) else None
+    task = sky_write.prepare(ns, chosen, script_command(ns)) if script_command(ns) else None
     if task is None and ns.sky_task is not None:
         raise InputError("sky-task", "names the SkyPilot task that -- SCRIPT [ARGS...] makes",
                          "--write MACHINE --sky-task NAME -- SCRIPT [ARGS...]")

@@ -43,10 +43,9 @@ def _inside(path: str, root: str) -> bool:
     return os.path.commonpath([os.path.realpath(path), os.path.realpath(root)]) == os.path.realpath(root)
 
 
-def prepare(ns: argparse.Namespace, chosen: compare_mod.Machine) -> Prepared:
-    """Check the task can carry what it needs and set the answers the task's config set needs (exit 2 otherwise)."""
-    from wizard.frontends.compare_cli import script_command
-    words = script_command(ns)
+def prepare(ns: argparse.Namespace, chosen: compare_mod.Machine, words: list[str]) -> Prepared:
+    """Check the task can carry `words` (SCRIPT ARGS) and what it needs, and set the answers the task's config set
+    needs (exit 2 otherwise)."""
     script, args = words[0], words[1:]
     workdir = os.getcwd()
     if not os.path.isfile(script):
