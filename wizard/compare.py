@@ -546,6 +546,14 @@ def mark_best(rows: list[Row]) -> None:
         min(priced, key=lambda r: (_cents(r.cost), r.train_seconds)).cheapest = True
 
 
+def fmt_cost(cost: float | None, currency: str = "") -> str:
+    """A cost as the table and the TUI show it: to the cent, always, so rows sorted by cost read in order (219.02 after
+    218.97: whole units showed both as "219", the cheaper seemingly after the dearer)."""
+    if cost is None:
+        return "-"
+    return f"{cost:,.2f} {currency}" if currency else f"${cost:,.2f}"
+
+
 def _cents(cost: float) -> float:
     """Costs equal to the cent are a tie (the faster machine first): linear scaling gives 1 and 16 GPUs the same
     cost up to rounding noise."""

@@ -169,11 +169,17 @@ def test_prices_from_skypilots_catalogues_name_the_cheapest_offer(tmp_path):
 
 def test_costs_of_a_hundred_or_more_sort_by_their_value():
     """8xV100 at 219.02 sorted among rows shown as "219": by value, not by what the table prints."""
-    rows = [compare_mod.Row(machine=compare_mod.machine(m), fits=True, train_seconds=t, cost=c)
+    rows = [compare_mod.Row(machine=compare_mod.machine(m), fits=True, train_seconds=t, cost=c, rung="ZeRO-2",
+                            micro_batch=1, grad_accum=1, tokens_per_second=1e4, step_seconds=1.0)
             for m, t, c in (("8xA100-80GB", 100.0, 219.31), ("8xV100-32GB", 300.0, 219.02),
                             ("4xH100-80GB", 200.0, 219.4), ("1xH100-80GB", 900.0, 99.99))]
-    order = [r.machine.label for r in compare_mod.sorted_rows(rows, "cost")]
-    assert order == ["1xH100-80GB", "8xV100-32GB", "8xA100-80GB", "4xH100-80GB"]
+    ordered = compare_mod.sorted_rows(rows, "cost")
+    assert [r.machine.label for r in ordered] == ["1xH100-80GB", "8xV100-32GB", "8xA100-80GB", "4xH100-80GB"]
+    # and the table shows them so: to the cent (whole units read "219, 219, 219", the cheapest seemingly last)
+    from wizard.frontends.compare_cli import row_cells
+    shown = [row_cells(r, "USD")[-1] for r in ordered]
+    assert shown == ["99.99 USD", "219.02 USD", "219.31 USD", "219.40 USD"]
+    assert compare_mod.fmt_cost(1234.5) == "$1,234.50"
     compare_mod.mark_best(rows)
     assert [r.machine.label for r in rows if r.cheapest] == ["1xH100-80GB"]
 

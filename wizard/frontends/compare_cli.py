@@ -165,13 +165,6 @@ def memory_cells(r: compare_mod.Row) -> tuple[str, str]:
     return gpu, fmt_bytes(r.host_ram_bytes) if r.host_ram_bytes else "-"
 
 
-def _money(x: float | None, currency: str) -> str:
-    if x is None:
-        return "-"
-    text = f"{x:,.0f}" if x >= 100 else f"{x:,.2f}"
-    return f"{text} {currency}".strip() if currency else f"${text}"
-
-
 def row_cells(r: compare_mod.Row, currency: str = "") -> tuple[str, ...]:
     from wizard.planning.speed import fmt_rate
     mark = ("F" if r.fastest else "") + ("C" if r.cheapest else "")
@@ -187,7 +180,7 @@ def row_cells(r: compare_mod.Row, currency: str = "") -> tuple[str, ...]:
             fmt_rate(r.tokens_per_second or 0).replace(" tok/s", ""),
             f"{r.step_seconds:.2f}s" if r.step_seconds is not None else "-",
             fmt_duration(r.train_seconds) if r.train_seconds else "-",
-            _money(r.cost, currency))
+            compare_mod.fmt_cost(r.cost, currency))
 
 
 def table_lines(c: compare_mod.Comparison) -> list[str]:
