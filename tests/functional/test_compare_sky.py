@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from tests.launch_support import env as launch_env
+from tests.launch_support import outputs_of
 from tests.skypilot import parse_tasks
 from wizard import compare as compare_mod
 from wizard.config import sky_task
@@ -184,6 +185,19 @@ def test_costs_of_a_hundred_or_more_sort_by_their_value():
     assert [r.machine.label for r in rows if r.cheapest] == ["1xH100-80GB"]
 
 
+def test_each_row_shows_its_memory_per_gpu_and_the_host_ram_it_assumed(capsys):
+    """ram= sets a machine's host RAM; the row (table and JSON) says what it assumed, beside the GPU memory."""
+    flags = ["--params", "1B", "--hidden-size", "2048", "--layers", "16", "--vocab-size", "32000"]
+    assert main(["compare", *flags, "--machines", "1xL4-24GB,ram=96G,1xL4-24GB", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    ram = [r["host_ram_bytes"] for r in doc["rows"]]
+    assert sorted(ram) == sorted([96 * 2**30, compare_mod.hardware_mod.assume("1xL4-24GB").ram_total])
+    assert all(0 < r["per_gpu_bytes"] <= r["gpu_memory_bytes"] for r in doc["rows"])
+    assert main(["compare", *flags, "--machines", "1xL4-24GB,ram=96G"]) == 0
+    table = capsys.readouterr().out
+    assert "GPU mem" in table and "host RAM" in table and "96.0 GiB" in table and "/22 GiB" in table
+
+
 def test_the_default_machines_include_the_cards_people_rent():
     labels = {m.label for m in compare_mod.default_machines()}
     for card in ("L40S-48GB", "RTX4090-24GB", "L4-24GB", "A10G-24GB", "H100-PCIe-80GB"):
@@ -261,12 +275,7 @@ def test_the_tasks_run_trains_two_nodes_here_with_skypilots_variables(tmp_path):
                  PATH=f"{Path(sys.executable).parent}{os.pathsep}{e.get('PATH', '')}")
         procs.append(subprocess.Popen(["bash", "-c", task["run"]], cwd=home / "sky_workdir", env=e,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    try:
-        outs = [p.communicate(timeout=800)[0] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
+    outs = outputs_of(procs, 800)
     print(f"two-node run: {time.monotonic() - started:.1f} s")
     assert [p.returncode for p in procs] == [0, 0], "\n".join(o[-4000:] for o in outs)
     assert "phase 1/2: preflight" in outs[0] and "phase 2/2: training" in outs[0]

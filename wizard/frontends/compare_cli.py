@@ -24,7 +24,11 @@ EPILOG = (
     "1, 2, 4 and 8 of each data-centre GPU class of the catalogue and 2 x 8 of the one with the most memory "
     "(--max-gpus bounds it). Prices are yours (the wizard ships none): --price 8xA100-80GB=1.8,H100-80GB=2.5 or "
     "--prices FILE, a YAML file with `date: YYYY-MM-DD` and `prices: {MACHINE or GPU: per GPU-hour}` (a date more "
-    f"than {compare_mod.STALE_PRICE_DAYS} days old is warned about). Exit codes: 0 done, 2 bad input, 3 nothing fits "
+    f"than {compare_mod.STALE_PRICE_DAYS} days old is warned about, one after today refused), or --prices skypilot "
+    "(or skypilot-spot): the cheapest offer in the price catalogues SkyPilot has downloaded (~/.sky/catalogs). "
+    "Every row trains one global batch (--global-batch, else micro-batch x accumulation x the least common multiple "
+    "of the GPU counts). --write MACHINE -- SCRIPT ARGS also writes a SkyPilot task (sky.yaml) that rents MACHINE and "
+    "runs `wizard launch` there: `sky launch -c NAME D/sky.yaml`. Exit codes: 0 done, 2 bad input, 3 nothing fits "
     "on any machine.")
 
 
@@ -40,7 +44,8 @@ def build_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g.add_argument("--price", metavar="LIST", default=None,
                    help="price per GPU-hour by machine or GPU, e.g. 8xA100-80GB=1.8,H100-80GB=2.5")
     g.add_argument("--prices", metavar="FILE", default=None,
-                   help="YAML prices file with a `date:` (--price entries win over it)")
+                   help="YAML prices file with a `date:`, or skypilot / skypilot-spot for SkyPilot's downloaded "
+                        "catalogues (--price entries win over it)")
     g.add_argument("--sort", metavar="time|cost", default="time", help="order of the rows")
     io = p.add_argument_group("input and output")
     io.add_argument("--answers", metavar="FILE", default=argparse.SUPPRESS,

@@ -116,7 +116,8 @@ def write(ns: argparse.Namespace, p: Prepared) -> str | None:
     from wizard.fsutil import read_json_object, read_yaml_mapping, replace_file
     from wizard.pipeline import PLAN_FILE
     if getattr(ns, "dry_run", False):
-        print(f"A SkyPilot task would be written to {os.path.join(p.output_dir, p.name)}.")
+        print(f"A SkyPilot task would be written to {os.path.join(p.output_dir, p.name)}.",
+              file=sys.stderr if getattr(ns, "json", False) else sys.stdout)
         return None
     accel = read_yaml_mapping(os.path.join(p.output_dir, "default_config.yaml")) or {}
     plan = read_json_object(os.path.join(p.output_dir, PLAN_FILE))
@@ -133,8 +134,8 @@ def write(ns: argparse.Namespace, p: Prepared) -> str | None:
         name="wizard-" + "".join(c if c.isalnum() else "-" for c in p.machine.key.lower()))
     path = os.path.join(p.output_dir, p.name)
     replace_file(path, sky_task.render(inputs), mode=0o600)     # no .bak: it would keep an old secret
+    out = sys.stderr if getattr(ns, "json", False) else sys.stdout      # --json keeps stdout one JSON document
     print(f"SkyPilot task: {path}\nNext: sky launch -c NAME {os.path.relpath(path)}   (SkyPilot picks the cheapest "
           f"offer of {' or '.join(inputs.accelerators)} x {per_node} on {nodes} node{'s' if nodes != 1 else ''}, "
-          "syncs this directory, installs the pinned libraries, and starts `wizard launch` on every node)",
-          file=sys.stdout)
+          "syncs this directory, installs the pinned libraries, and starts `wizard launch` on every node)", file=out)
     return path
