@@ -298,6 +298,10 @@ def stale_prices_warning(prices: Prices, today: dt.date | None = None) -> str | 
     age = (today - prices.date).days
     if age <= STALE_PRICE_DAYS:
         return None
+    if prices.catalogue is not None:
+        old = sorted(cloud for cloud, d in prices.catalogue.files.items() if (today - d).days > STALE_PRICE_DAYS)
+        return (f"SkyPilot's catalogues of {', '.join(old)} in {prices.source} are dated up to {age} days ago (more "
+                f"than {STALE_PRICE_DAYS}): GPU prices change weekly; `sky show-gpus` with network refreshes them")
     return (f"the prices in {prices.source} are dated {prices.date.isoformat()}, {age} days ago (more than "
             f"{STALE_PRICE_DAYS}): GPU prices change weekly; update the file")
 
