@@ -21,8 +21,9 @@ DESCRIPTION = (
 
 EPILOG = (
     "Each row is `wizard plan --assume MACHINE` with the same options. Without --machines: "
-    "1, 2, 4 and 8 of each data-centre GPU class of the catalogue and 2 x 8 of the one with the most memory "
-    "(--max-gpus bounds it). Prices are yours (the wizard ships none): --price 8xA100-80GB=1.8,H100-80GB=2.5 or "
+    "1, 2, 4 and 8 of each data-centre GPU class of the catalogue and of the PCIe cards GPU clouds rent (H100 PCIe, "
+    "L40S, A10G, L4, RTX 4090), and 2 x 8 of the NVLink class with the most memory (--max-gpus bounds it). Prices "
+    "are yours (the wizard ships none): --price 8xA100-80GB=1.8,H100-80GB=2.5 or "
     "--prices FILE, a YAML file with `date: YYYY-MM-DD` and `prices: {MACHINE or GPU: per GPU-hour}` (a date more "
     f"than {compare_mod.STALE_PRICE_DAYS} days old is warned about, one after today refused), or --prices skypilot "
     "(or skypilot-spot): the cheapest offer in the price catalogues SkyPilot has downloaded (~/.sky/catalogs). "
