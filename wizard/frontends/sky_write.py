@@ -83,7 +83,12 @@ def pins(given_method: str | None, optimizer: str | None) -> list[str]:
     the node takes its own CUDA build of that version), and bitsandbytes where the plan quantises."""
     from packaging.requirements import Requirement
     names: list[str] = []
-    for text in metadata.requires("wizard") or []:
+    try:
+        requires = metadata.requires("wizard") or []
+    except metadata.PackageNotFoundError:     # run from a checkout, not installed: the tested libraries and the rest
+        from wizard.versions import TESTED
+        requires = [v.name for v in TESTED if not v.optional] + ["pyyaml", "packaging", "psutil", "questionary"]
+    for text in requires:
         req = Requirement(text)
         if req.marker is None:
             names.append(req.name)
