@@ -129,3 +129,19 @@ def test_accelerate_opens_a_relative_deepspeed_config_against_the_launch_directo
     monkeypatch.chdir(cfg)
     with pytest.raises(ValueError, match="existing deepspeed config"):
         DeepSpeedPlugin()
+
+
+def test_setup_pins_the_libraries_installed_here(monkeypatch):
+    from importlib import metadata
+
+    from wizard.frontends import sky_write
+    pins = sky_write.pins(None, None)
+    assert f"accelerate=={metadata.version('accelerate')}" in pins
+    assert f"torch=={metadata.version('torch').split('+')[0]}" in pins and not any("+" in p for p in pins)
+    assert not any(p.startswith("bitsandbytes") for p in pins)
+    assert any(p.startswith("bitsandbytes") for p in sky_write.pins("qlora", None))
+
+    def not_installed(name):
+        raise metadata.PackageNotFoundError(name)
+    monkeypatch.setattr(sky_write.metadata, "requires", not_installed)
+    assert f"deepspeed=={metadata.version('deepspeed')}" in sky_write.pins(None, None)
