@@ -278,7 +278,7 @@ MUTANTS = (
            (("            text = after_progress_bar(text)\n", "            pass\n"),),
            ("tests/unit/test_launch_logs.py::test_a_traceback_glued_to_a_progress_bar_is_still_a_traceback",),
            "a rank's traceback that starts on its last tqdm bar's line is not seen: the crash is 'unknown'"),
-    Mutant("slurm-mem-is-the-bare-plan-figure", "launch/slurm.py",
+    Mutant("slurm-mem-is-the-bare-plan-figure", "wizard/host_memory.py",
            (("max(1, math.ceil(plan_gib + margin + rss))", "max(1, math.ceil(plan_gib))"),),
            ("tests/functional/test_launch_cli.py::"
             "test_emit_slurm_asks_for_the_plans_host_ram_plus_the_processes_rss_and_says_how",),
