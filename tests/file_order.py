@@ -21,10 +21,11 @@ FILE_SECONDS = {
     "tests/functional/test_launch_supervisor.py": 199,
     "tests/functional/test_tune.py": 183,
     "tests/functional/test_cli.py": 168,
+    "tests/functional/test_gpu_bench_dry_run.py": 155,   # + the ALST series' two tests (issue 38, estimated)
     "tests/functional/test_tmux.py": 147,
-    "tests/functional/test_gpu_bench_dry_run.py": 122,
     "tests/functional/test_tui_pilot.py": 119,
     "tests/functional/test_tui_typing.py": 95,
+    "tests/functional/test_ulysses_launch.py": 75,        # issue 38, estimated: three 2-process launches
     "tests/functional/test_exit_codes.py": 74,
     "tests/functional/test_tui_snapshots.py": 73,
     "tests/functional/test_check_cli.py": 71,

@@ -14,13 +14,13 @@ from typing import Any
 
 from wizard.config import answers as answers_mod
 from wizard.errors import InputError
+from wizard.paths import PLAN_FILE
 from wizard.planning.plan import Plan
 from wizard.probe import hardware as hardware_mod
 from wizard.probe.hardware import Hardware
 from wizard.sizing.adapters import adapters_cached, adapters_for, lora_options_for
 from wizard.sizing.model import ModelShape
 
-PLAN_FILE = "wizard_plan.json"
 PRE_PLAN_STAGES = ("model", "training", "strategy", "machines")
 
 
@@ -100,6 +100,20 @@ def resolve_pre_plan(hw: Hardware, given: dict[str, Any], conflicts: list | None
     answers = answers_mod.resolve(PRE_PLAN_STAGES, context(hw, None, None, {}), given, conflicts=conflicts,
                                   waive=FILES_ONLY if plan_only else (), ignored=ignored)
     return with_plan_details(route_cpu_processes(answers, given), given)
+
+
+def missing_for_files(hw: Hardware, answers: dict[str, Any]) -> InputError | None:
+    """The first FILES_ONLY answer the files need that is still missing from answers resolved with `plan_only`
+    (two machines and no main_process_ip), as resolve would have refused it; None when the files can be written."""
+    from wizard.config.questions import by_id
+    ctx = context(hw, None, None, answers)
+    for qid in FILES_ONLY:
+        q = by_id(qid)
+        if answers.get(qid) is None and q.ask_if(ctx):
+            reason = q.required(ctx)
+            if reason:
+                return InputError(q.field, f"a value is required {reason}", q.allowed_text(ctx))
+    return None
 
 
 # Details asked after the plan that its figures depend on: fsdp_version 1 changes FSDP's activation memory

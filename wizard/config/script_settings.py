@@ -29,18 +29,29 @@ CHECKPOINTING_NAMES = ("gradient_checkpointing", "activation_checkpointing")   #
 def checkpointing_argument() -> str:
     """TrainingArguments' name for gradient checkpointing in the installed transformers:
     `activation_checkpointing` where it exists (`gradient_checkpointing` is its deprecated alias
-    there), else `gradient_checkpointing`. Reads the dataclass only when transformers is already
-    imported (validation did it), never importing it here."""
+    there), else `gradient_checkpointing`. Reads the dataclass when transformers is already imported
+    (validation did it), else the field in its training_args.py source, never importing it here: the
+    major version does not tell (5.17 has only gradient_checkpointing, 5.25 both)."""
     module = sys.modules.get("transformers.training_args")
     if module is not None:
         fields = getattr(module.TrainingArguments, "__dataclass_fields__", {})
         return "activation_checkpointing" if "activation_checkpointing" in fields else "gradient_checkpointing"
+    return "activation_checkpointing" if _source_declares("activation_checkpointing") else "gradient_checkpointing"
+
+
+def _source_declares(field_name: str) -> bool:
+    """Whether the installed transformers' TrainingArguments declares `field_name` (a `name: type` line of
+    training_args.py), found without importing transformers (find_spec of a top-level package imports nothing)."""
+    import importlib.util
+    import re
+    from pathlib import Path
+
     try:
-        from importlib.metadata import version
-        major = int(version("transformers").split(".")[0])
-    except (ImportError, ValueError, AttributeError):   # not installed (PackageNotFoundError), a version
-        return "gradient_checkpointing"                 # like "dev", metadata without a Version (None.split)
-    return "activation_checkpointing" if major >= 5 else "gradient_checkpointing"
+        spec = importlib.util.find_spec("transformers")
+        text = (Path(spec.origin).parent / "training_args.py").read_text(encoding="utf-8", errors="replace")
+    except (ImportError, ValueError, AttributeError, TypeError, OSError):   # not installed, a namespace package
+        return False
+    return re.search(rf"^\s+{re.escape(field_name)}\s*:", text, re.M) is not None
 
 
 @dataclass(frozen=True)

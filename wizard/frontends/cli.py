@@ -222,10 +222,25 @@ def _registered_subparser(name: str) -> argparse.ArgumentParser:
     return sub.choices[name]
 
 
-def launch_config_findings(path: str) -> list:
-    """What `wizard launch` checks before accelerate starts: `wizard check` on the config alone."""
+# The warnings `wizard launch` shows before it starts: the config against this machine (a GPU config where there is
+# no GPU runs every process on the CPU, for minutes before anything shows).
+LAUNCH_WARNINGS = ("ACC-NUM-PROCESSES-EXCEEDS-GPUS",)
+
+
+def launch_config_findings(path: str, here: bool = True) -> list:
+    """What `wizard launch` checks before accelerate starts: `wizard check` on the config alone and, when it runs
+    `here`, against this machine's probe (as `wizard preflight` checks each node). Its errors and the
+    LAUNCH_WARNINGS."""
     from wizard.check.doctor import run_check
-    return run_check(config_file=path, use_default_config=False)
+    hw = None
+    if here:
+        from wizard.probe import hardware
+        try:
+            hw = hardware.probe()
+        except Exception:  # noqa: BLE001 - a probe that fails checks the files alone, as before
+            hw = None
+    findings = run_check(config_file=path, use_default_config=False, hardware=hw)
+    return [f for f in findings if f.severity == "error" or f.rule in LAUNCH_WARNINGS]
 
 
 # ----------------------------------------------------------------------------- commands

@@ -13,6 +13,7 @@ from wizard.check.rules import (  # noqa: F401
     hardware_plan,
     integration,
     libraries,
+    machines,
     methods,
     planned,
     sky_task,

@@ -105,6 +105,8 @@ class CheckContext:
     sky: dict[str, Any] | None = None
     # files the wizard is about to write, with the plan they were written for (check/rules/planned.py)
     planned: "PlannedFiles | None" = None
+    # the wizard_plan.json the wizard wrote beside the YAML, when there is one (what it planned the files for)
+    plan_beside: dict[str, Any] | None = None
     # cached results shared between rules
     cache: dict[str, Any] = field(default_factory=dict)
 
