@@ -4,6 +4,7 @@ wizard/sizing/memory.py's activation and logits formulas.
     python bench/measure_activations.py            # the default grid (about 3 minutes on 2 cores)
     python bench/measure_activations.py --quick    # a few shapes
     python bench/measure_activations.py --logits   # the loss path at two sequence lengths, Llama-3's vocabulary
+    python bench/measure_activations.py --fused-loss   # the same with DeepSpeed's TiledFusedLogitsLoss (ALST)
 
 Two instruments, both on CPU, both exact for what they see:
 
@@ -39,6 +40,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.gpu.alst import fused_causal_lm_loss  # noqa: E402  DeepSpeed's TiledFusedLogitsLoss, as ALST uses it
 from wizard.sizing import memory as mem  # noqa: E402
 
 # --- Measurement ------------------------------------------------------------------------------------
@@ -60,6 +62,7 @@ class Shape:
     attention_dropout: float = 0.0
     model_type: str = "llama"            # llama (gated MLP) | gpt2 (tanh-GELU MLP) | mixtral (MoE, gated)
     experts: int = 4                     # mixtral only: experts per layer, 2 routed per token
+    fused_shards: int = 0                # > 0: the loss by DeepSpeed's TiledFusedLogitsLoss in this many shards
 
     @property
     def ffn(self) -> int:
@@ -76,8 +79,14 @@ class Shape:
     def label(self) -> str:
         gqa = f"/kv{self.kv}" if self.kv != self.heads else ""
         drop = f" drop{self.attention_dropout:g}" if self.attention_dropout else ""
+        fused = f" fused/{self.fused_shards}" if self.fused_shards else ""
         return (f"{self.model_type} h{self.hidden} a{self.heads}{gqa} f{self.ffn} L{self.layers} V{self.vocab} "
-                f"s{self.seq} b{self.batch} {self.dtype} {self.attn}{drop}{' gc' if self.gc else ''}")
+                f"s{self.seq} b{self.batch} {self.dtype} {self.attn}{drop}{' gc' if self.gc else ''}{fused}")
+
+    @property
+    def chunk_tokens(self) -> int:
+        """Tokens per shard of the fused loss (TiledFusedLogitsLoss: torch.chunk of the b*s flattened tokens)."""
+        return -(-self.seq * self.batch // self.fused_shards) if self.fused_shards else self.seq * self.batch
 
 
 @dataclass
@@ -274,9 +283,19 @@ def measure_model(model, shape: Shape) -> Measured:
     ids = torch.randint(0, shape.vocab, (shape.batch, shape.seq), generator=g)
     with _dispatch_mode(tracker):
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            out = model(input_ids=ids, labels=ids)
-        loss = out.loss
-        del out                            # the HF Trainer keeps only the loss until backward
+            if shape.fused_shards:
+                hidden = model.model(input_ids=ids).last_hidden_state
+            else:
+                out = model(input_ids=ids, labels=ids)
+        if shape.fused_shards:
+            # Outside the hooks: pack() keeps what it sees alive until the forward ends, and the fused loss runs
+            # each shard's backward inside its forward, freeing that shard's saved tensors at once.
+            state["region"] = tracker.region = "loss"     # all the fused loss allocates, x's gradient first
+            loss = fused_causal_lm_loss(model, hidden, ids, shape.fused_shards)
+            del hidden
+        else:
+            loss = out.loss
+            del out                            # the HF Trainer keeps only the loss until backward
         saved_refs.clear()
         state["forward"] = False
         live = tracker.live_entries()
@@ -390,6 +409,24 @@ def logits_grid() -> list[Shape]:
     long-context run has it (and fp32 once: the upcast is a no-op there, the peak the same 12 B)."""
     base = dict(hidden=256, heads=4, kv_heads=2, layers=2, vocab=128_256, batch=1, gc=True)
     return [Shape(seq=512, **base), Shape(seq=2048, **base), Shape(seq=512, dtype="fp32", **base)]
+
+
+def fused_loss_grid() -> list[Shape]:
+    """The fused loss (issue 38): DeepSpeed's TiledFusedLogitsLoss at two sequence lengths 4x apart, from one shard
+    (the whole sequence's logits, as without it) down to 64 tokens a shard, bf16 with checkpointing as a long run
+    has it. A 32k vocabulary keeps the full-logits runs within this box's memory; the loss path is linear in V
+    (--logits holds 12 B per s*b*V element at Llama-3's 128k)."""
+    base = dict(hidden=256, heads=4, kv_heads=2, layers=2, vocab=32_000, batch=1, gc=True)
+    return [Shape(seq=512, fused_shards=n, **base) for n in (1, 2, 8)] + \
+        [Shape(seq=2048, fused_shards=n, **base) for n in (2, 8, 32)]
+
+
+def fused_loss_fit(shape: Shape) -> int:
+    """The fused loss's peak as measured (bench/results/fused-loss.md): 12 B per element of one shard's logits
+    (each shard runs transformers' own loss, whose per-element peak is memory.logits_bytes' 12 B) plus the
+    gradient of the LM head's input, kept whole for backward (b*s*h in the hidden states' dtype)."""
+    return (12 * shape.chunk_tokens * shape.vocab
+            + mem.working_bytes(shape.dtype) * shape.batch * shape.seq * shape.hidden)
 
 
 def default_grid(quick: bool = False) -> list[Shape]:
@@ -509,9 +546,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--detail", action="store_true", help="print every saved tensor kind")
     parser.add_argument("--logits", action="store_true", help="only the loss path at two sequence lengths")
+    parser.add_argument("--fused-loss", action="store_true",
+                        help="the loss path through DeepSpeed's TiledFusedLogitsLoss, shards of 64 tokens to all")
     args = parser.parse_args(argv)
     import torch
     torch.set_num_threads(2)
+    if args.fused_loss:
+        return fused_loss_main()
     print(f"{'shape':<72} {'quantity':<24} {'measured':>12} {'estimated':>12} {'error':>8}")
     worst = 0.0
     for shape in (logits_grid() if args.logits else default_grid(args.quick)):
@@ -529,6 +570,25 @@ def main(argv: list[str] | None = None) -> int:
             print(f"    peaks: all {m.backward_peak:,} loss {m.loss_peak:,} rest {m.layers_peak:,}  "
                   f"({time.perf_counter() - t0:.1f} s)")
     print(f"worst |error|: {worst:.1f}%")
+    return 0
+
+
+def fused_loss_main() -> int:
+    """The fused grid: each shape's loss-path peak against fused_loss_fit, beside the full logits' figure
+    (memory.logits_bytes) and the plan's Liger figure (memory.chunked_loss_bytes, Liger's own chunk)."""
+    print(f"{'shape':<72} {'chunk':>6} {'measured':>12} {'fit':>12} {'error':>7} {'full logits':>12} "
+          f"{'Liger (plan)':>12}")
+    worst = 0.0
+    for shape in fused_loss_grid():
+        m = measure(shape)
+        fit = fused_loss_fit(shape)
+        err = error_pct(m.loss_peak, fit)
+        worst = max(worst, abs(err))
+        full = mem.logits_bytes(shape.seq, shape.batch, shape.vocab, shape.dtype)
+        liger = mem.chunked_loss_bytes(shape.seq, shape.batch, shape.vocab, shape.hidden, shape.dtype)
+        print(f"{shape.label():<72} {shape.chunk_tokens:>6} {m.loss_peak:>12,} {fit:>12,} {err:>+6.2f}% "
+              f"{full:>12,} {liger:>12,}", flush=True)
+    print(f"worst |error|: {worst:.2f}%")
     return 0
 
 

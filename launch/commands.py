@@ -95,12 +95,13 @@ def add_runs_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print a JSON list, one object per run")
 
 
-def register(subparsers, config_findings: Callable[[str], list] | None = None,
+def register(subparsers, config_findings: Callable[..., list] | None = None,
              preflight: Callable[..., int] | None = None) -> None:
-    """`config_findings(path)`: the front end's check of an accelerate config (the wizard passes `wizard check`),
-    run before accelerate starts; launch itself knows no rules. `preflight(config_file, machine_rank, main_ip,
-    main_port, join_timeout, script_args=)`: the front end's `wizard preflight` for this node (the training's arguments
-    say where it saves checkpoints), (0 to go on, its verdict) (the wizard passes
+    """`config_findings(path, here=True)`: the front end's check of an accelerate config (the wizard passes `wizard
+    check`, against this machine's probe when `here`), run before accelerate starts: its errors stop the launch,
+    whatever else it returns is shown; launch itself knows no rules. `preflight(config_file, machine_rank, main_ip,
+    main_port, join_timeout, script_args=)`: the front end's `wizard preflight` for this node (the training's
+    arguments say where it saves checkpoints), (0 to go on, its verdict) (the wizard passes
     frontends.preflight_cli.launch_preflight)."""
     p = subparsers.add_parser("launch", help="run accelerate launch under a supervisor (restarts, stalls, live view)",
                               description="wizard launch [OPTIONS] -- SCRIPT [ARGS...]")
@@ -186,19 +187,22 @@ def resolve_config_file(config_file: str | None) -> str | None:
 
 
 def check_config(config_file: str | None, main_process_ip: str | None = None,
-                 config_findings: Callable[[str], list] | None = None) -> dict[str, Any] | None:
+                 config_findings: Callable[..., list] | None = None, here: bool = True,
+                 notes: list[str] | None = None) -> dict[str, Any] | None:
     """Load and check the config before accelerate starts: a config `config_findings` (the wizard's: `wizard
     check`) finds an error in (or cannot read) is exit 2 with that one-line finding, not an accelerate traceback
-    in a log.
+    in a log. The other findings it returns (a GPU config on a machine without GPUs) are printed on stderr and
+    added to `notes`, for the run's events.
 
     `main_process_ip`: the address this launch passes to accelerate (--main-process-ip, or the first node's,
     which an emitted SLURM script finds at run time); the config is checked as launched with it, so a
-    multi-machine config that leaves the address to the launch is not refused for lacking it."""
+    multi-machine config that leaves the address to the launch is not refused for lacking it. `here`: the config
+    runs on this machine (not for an sbatch script written for other nodes), so it is checked against it."""
     if config_file is None:
         return None
     from wizard.errors import InputError
     with _as_launched(config_file, main_process_ip) as checked:
-        findings = config_findings(checked) if config_findings else []   # InputError if unreadable
+        findings = config_findings(checked, here=here) if config_findings else []   # InputError if unreadable
     for f in findings:
         if f.file != config_file and f.file and os.path.basename(f.file) == os.path.basename(checked):
             f.file = config_file
@@ -207,7 +211,14 @@ def check_config(config_file: str | None, main_process_ip: str | None = None,
         f = errors[0]
         where = f"{f.file}: {f.rule}" + (f" {f.key}" if f.key else "")
         more = f" (+{len(errors) - 1} more: wizard check --config-file {config_file})" if len(errors) > 1 else ""
-        raise InputError("--config-file", f"{where}: {f.message}{more}", "a config `wizard check` passes")
+        fix = f" (fix: {f.fix})" if f.fix else ""
+        raise InputError("--config-file", f"{where}: {f.message}{fix}{more}", "a config `wizard check` passes")
+    for f in findings:
+        line = f"{f.severity} {f.rule}" + (f" {f.key}" if f.key else "") + f": {f.message}" + \
+            (f" (fix: {f.fix})" if f.fix else "")
+        print(f"[wizard] {line}", file=sys.stderr, flush=True)
+        if notes is not None:
+            notes.append(line)
     from wizard.fsutil import read_yaml_mapping
     return read_yaml_mapping(config_file)
 
@@ -250,11 +261,16 @@ def cmd_launch(args) -> int:
     config_file = resolve_config_file(args.config_file)
     # An emitted SLURM script passes the first node's address at run time; 127.0.0.1 stands in for it here.
     launched_ip = args.main_process_ip or ("127.0.0.1" if args.emit_slurm is not None else None)
-    accel = check_config(config_file, launched_ip, getattr(args, "config_findings", None))
+    notes: list[str] = []
+    accel = check_config(config_file, launched_ip, getattr(args, "config_findings", None),
+                         here=args.emit_slurm is None, notes=notes)
     if args.emit_slurm is not None:      # the script lives where the job runs, maybe not here
         script, script_args = _script_and_args(args.command, must_exist=False)
         return emit_slurm(args, script, script_args, config_file, accel)
     script, script_args = _script_and_args(args.command)
+    plan_lines = script_plan_lines(config_file, script, script_args)
+    for line in plan_lines:
+        print(f"[wizard] {line}", file=sys.stderr, flush=True)
     code, preflight_verdict = run_preflight(args, config_file, accel)
     if code:
         return code
@@ -263,9 +279,15 @@ def cmd_launch(args) -> int:
     headless = bool(args.headless) or not interactive
     use_view = not headless and not args.detach
     run_dir, lock_fd = create_run_dir(args.run_dir, args.runs_root)     # locked before anything is written
-    if preflight_verdict:            # the run's first event: the live view and `attach` show the phase it passed
+    if preflight_verdict or plan_lines or notes:   # the run's first events: the live view and `attach` show them
         from launch.rundir import EventLog
-        EventLog(run_dir / "events.jsonl").emit("preflight", None, message=preflight_verdict)
+        events = EventLog(run_dir / "events.jsonl")
+        for line in plan_lines:
+            events.emit("plan", None, message=line)
+        for note in notes:
+            events.emit("check", None, message=note)
+        if preflight_verdict:
+            events.emit("preflight", None, message=preflight_verdict)
     spec = make_spec(args, run_dir, headless=headless if not (args.detach or use_view) else False)
     if args.detach:
         spec.headless = True              # its output goes to supervisor.log: plain lines
@@ -285,6 +307,14 @@ def cmd_launch(args) -> int:
         return run_view(run_dir, owned=True)
     from launch.supervisor import Supervisor
     return Supervisor(spec, lock_fd=lock_fd).run()
+
+
+def script_plan_lines(config_file: str | None, script: str, script_args: list[str]) -> list[str]:
+    """What the plan beside the config (wizard_plan.json) needs from the script that no written file carries, and
+    whether the script visibly does it (launch.script_check: gradient checkpointing)."""
+    from launch.script_check import checkpointing_lines
+    from launch.supervisor import load_plan_near
+    return checkpointing_lines(load_plan_near(config_file), script, script_args)
 
 
 def wants_preflight(args, accel: dict[str, Any] | None) -> bool:

@@ -310,7 +310,8 @@ def as_number(v: Any) -> float | None:
 def event_line(ev: dict[str, Any]) -> str | None:
     """The supervisor's notable events as lines in the log pane (train logs and progress are not)."""
     kind = ev.get("type")
-    if kind not in ("preflight", "failure", "restart", "stall", "stop", "exit", "lost", "port"):
+    if kind not in ("plan", "check", "preflight", "failure", "restart", "stall", "stop", "exit", "lost", "port",
+                    "refused"):
         return None
     text = ev.get("message") or ev.get("summary") or ev.get("reason")
     rank = f" rank {ev['rank']}" if ev.get("rank") is not None else ""

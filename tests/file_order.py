@@ -21,10 +21,11 @@ FILE_SECONDS = {
     "tests/functional/test_launch_supervisor.py": 199,
     "tests/functional/test_tune.py": 183,
     "tests/functional/test_cli.py": 168,
+    "tests/functional/test_gpu_bench_dry_run.py": 155,   # + the ALST series' two tests (issue 38, estimated)
     "tests/functional/test_tmux.py": 147,
-    "tests/functional/test_gpu_bench_dry_run.py": 122,
     "tests/functional/test_tui_pilot.py": 119,
     "tests/functional/test_tui_typing.py": 95,
+    "tests/functional/test_ulysses_launch.py": 75,        # issue 38, estimated: three 2-process launches
     "tests/functional/test_exit_codes.py": 74,
     "tests/functional/test_tui_snapshots.py": 73,
     "tests/functional/test_check_cli.py": 71,
@@ -41,6 +42,7 @@ FILE_SECONDS = {
     "tests/functional/test_preflight_fanout.py": 28,          # added by hand: its run beside a running suite
     "tests/functional/test_preflight_trust.py": 27,           # added by hand (issue 37), alone on this box
     "tests/functional/test_trust_boundaries.py": 25,          # added by hand (issue 37), alone on this box
+    "tests/functional/test_compare_sky.py": 120,             # added by hand (issue 40), beside other helpers' runs
     "tests/functional/test_compare.py": 27,
     "tests/functional/test_preflight_cli.py": 26,
     "tests/unit/test_activation_measure.py": 25,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 
 ACCELERATE_CONFIG_FILE = "default_config.yaml"
+PLAN_FILE = "wizard_plan.json"          # the plan the wizard writes beside the accelerate config
 
 
 def hf_home() -> str:
@@ -26,3 +27,8 @@ def accelerate_config_dir() -> str:
 def accelerate_default_config_file() -> str:
     """The config `accelerate launch` uses silently when no --config_file is given."""
     return os.path.join(accelerate_config_dir(), ACCELERATE_CONFIG_FILE)
+
+
+def plan_file_beside(config_file: str) -> str:
+    """Where the wizard keeps the plan of the accelerate config at `config_file`: in the same directory."""
+    return os.path.join(os.path.dirname(os.path.abspath(config_file)), PLAN_FILE)

@@ -14,13 +14,13 @@ from typing import Any
 
 from wizard.config import answers as answers_mod
 from wizard.errors import InputError
+from wizard.paths import PLAN_FILE
 from wizard.planning.plan import Plan
 from wizard.probe import hardware as hardware_mod
 from wizard.probe.hardware import Hardware
 from wizard.sizing.adapters import adapters_cached, adapters_for, lora_options_for
 from wizard.sizing.model import ModelShape
 
-PLAN_FILE = "wizard_plan.json"
 PRE_PLAN_STAGES = ("model", "training", "strategy", "machines")
 
 
@@ -43,6 +43,10 @@ class Request:
     # `wizard compare`: an assumed machine of the kind `wizard tune` measured (same GPUs, same count) uses those
     # ratios too; `plan --assume` keeps the raw model (a plan for another machine is not this one's measurement).
     calibrate_assumed: bool = False
+    # How the YAML names ds_config.json (None: by its absolute path). A config set a task carries to other machines
+    # names it relative to the directory the launch runs in, as accelerate resolves it (`wizard compare --write
+    # MACHINE -- SCRIPT`: the task's workdir).
+    ds_config_ref: str | None = None
 
 
 @dataclass
@@ -61,6 +65,7 @@ class Result:
     findings: list = field(default_factory=list)
     writes: list = field(default_factory=list)
     notes: list[str] = field(default_factory=list)    # what the files alone don't tell the user
+    ds_config_ref: str | None = None                  # Request.ds_config_ref
 
     @property
     def errors(self) -> list:
@@ -95,6 +100,20 @@ def resolve_pre_plan(hw: Hardware, given: dict[str, Any], conflicts: list | None
     answers = answers_mod.resolve(PRE_PLAN_STAGES, context(hw, None, None, {}), given, conflicts=conflicts,
                                   waive=FILES_ONLY if plan_only else (), ignored=ignored)
     return with_plan_details(route_cpu_processes(answers, given), given)
+
+
+def missing_for_files(hw: Hardware, answers: dict[str, Any]) -> InputError | None:
+    """The first FILES_ONLY answer the files need that is still missing from answers resolved with `plan_only`
+    (two machines and no main_process_ip), as resolve would have refused it; None when the files can be written."""
+    from wizard.config.questions import by_id
+    ctx = context(hw, None, None, answers)
+    for qid in FILES_ONLY:
+        q = by_id(qid)
+        if answers.get(qid) is None and q.ask_if(ctx):
+            reason = q.required(ctx)
+            if reason:
+                return InputError(q.field, f"a value is required {reason}", q.allowed_text(ctx))
+    return None
 
 
 # Details asked after the plan that its figures depend on: fsdp_version 1 changes FSDP's activation memory
@@ -314,6 +333,8 @@ def render(result: Result) -> None:
     result.ds_doc = emit.deepspeed_config(result.answers, result.plan, result.model)
     ds_path = result.ds_path if result.ds_doc is not None else None
     result.accelerate_doc = emit.accelerate_config(result.answers, result.plan, ds_path, result.model)
+    if ds_path is not None and result.ds_config_ref:
+        result.accelerate_doc["deepspeed_config"]["deepspeed_config_file"] = result.ds_config_ref
     result.yaml_text = emit.render_yaml(result.accelerate_doc)
     result.ds_text = None if result.ds_doc is None else emit.render_json(result.ds_doc)
     result.notes = list(emit.notes(result.answers, result.plan))
@@ -387,7 +408,7 @@ def build(request: Request, hw: Hardware | None = None) -> Result:
     answers = apply_split(answers, plan)
     result = Result(hardware=hw, model=model, plan=plan, answers=answers, output_dir=output_dir,
                     yaml_path=os.path.join(output_dir, "default_config.yaml"),
-                    ds_path=os.path.join(output_dir, "ds_config.json"))
+                    ds_path=os.path.join(output_dir, "ds_config.json"), ds_config_ref=request.ds_config_ref)
     if plan.choice is not None:
         result.answers = resolve_details(hw, model, plan, answers, request.given, conflicts, ignored)
         if conflicts:
@@ -405,7 +426,8 @@ def build(request: Request, hw: Hardware | None = None) -> Result:
 def plan_record(result: Result, given: dict[str, Any]) -> str:
     """What the launcher reads after a CUDA OOM to name the next rung and the command that makes it."""
     doc = {"plan": result.plan.to_json(), "model": result.model.to_json(),
-           "given": {k: v for k, v in given.items() if v is not None}}
+           "given": {k: v for k, v in given.items() if v is not None},
+           "script_settings": script_settings_json(result)}
     return json.dumps(doc, indent=2, sort_keys=True, default=str) + "\n"
 
 
@@ -433,4 +455,12 @@ def to_json(result: Result) -> dict[str, Any]:
         "answers": {k: v for k, v in result.answers.items()},
         "files": files,
         "findings": [f.__dict__ for f in result.findings],
+        "script_settings": script_settings_json(result),
     }
+
+
+def script_settings_json(result: Result) -> list[dict[str, Any]]:
+    """What the training script must set that no written file carries (config.script_settings): --json's and
+    wizard_plan.json's `script_settings`, read by `wizard launch`."""
+    from wizard.config.script_settings import settings_json
+    return settings_json(result.answers, result.plan)

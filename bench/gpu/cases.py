@@ -34,22 +34,27 @@ class CaseSpec:
     seq_len: int
     micro_batch: int
     gc: bool
-    role: str = "coverage"            # coverage | v2 | smallest-headroom | predicted-oom
+    role: str = "coverage"            # coverage | v2 | smallest-headroom | predicted-oom | alst
     why: str = ""
     method: str = "full"              # full | lora | qlora
+    alst: str = ""                    # ALST series (measure.py --alst): "none" or techniques joined by "+" (alst.py)
 
     def key(self) -> tuple:
-        return (self.model, self.backend, self.seq_len, self.micro_batch, self.gc, self.method)
+        key = (self.model, self.backend, self.seq_len, self.micro_batch, self.gc, self.method)
+        return key + (self.alst,) if self.alst else key
 
     def label(self) -> str:
         method = "" if self.method == "full" else f" {self.method}"
+        alst = f" ALST {self.alst}" if self.alst else ""
         return (f"{self.model}{method} {self.backend} s{self.seq_len} b{self.micro_batch} "
-                f"GC {'on' if self.gc else 'off'}")
+                f"GC {'on' if self.gc else 'off'}{alst}")
 
     @property
     def kind(self) -> str:
-        """What a --quick dry run trains once: the method and the rung (a tiny model behaves alike in each)."""
-        return self.backend if self.method == "full" else f"{self.method} {self.backend}"
+        """What a --quick dry run trains once: the method, the rung and the ALST techniques (a tiny model behaves
+        alike in each)."""
+        kind = self.backend if self.method == "full" else f"{self.method} {self.backend}"
+        return f"{kind} alst:{self.alst}" if self.alst else kind
 
 
 @dataclass
@@ -280,7 +285,19 @@ def select_cases(cfg: dict, models: list[str],
 def spec_from_json(d: dict) -> CaseSpec:
     return CaseSpec(model=d["model"], backend=rung_key(d["backend"]), seq_len=int(d["seq_len"]),
                     micro_batch=int(d["micro_batch"]), gc=bool(d["gc"]), role=d.get("role", "coverage"),
-                    why=d.get("why", ""), method=d.get("method", "full"))
+                    why=d.get("why", ""), method=d.get("method", "full"), alst=d.get("alst", ""))
+
+
+def alst_cases(cfg: dict) -> list[CaseSpec]:
+    """cases.json's ALST series (measure.py --alst), in order: the baseline first, then one technique added at a time.
+    Each is predicted by its rung as the plan sizes it today (full logits, untiled MLP, checkpoints on the GPU)."""
+    from bench.gpu import alst
+    cases = [dataclasses.replace(spec_from_json(c), role="alst") for c in cfg.get("alst", [])]
+    for spec in cases:
+        alst.parse("" if spec.alst == "none" else spec.alst)      # a typo in cases.json fails here, not on the GPU
+        if not spec.alst:
+            raise ValueError(f"ALST case {spec.label()}: 'alst' is 'none' or techniques joined by '+'")
+    return cases
 
 
 def write_models(shapes: dict[str, dict], root: Path) -> dict[str, str]:

@@ -62,13 +62,13 @@ def environment(dry_run: bool) -> dict[str, Any]:
     return info
 
 
-def blocking(missing: list[str], what: str, method: str = "full") -> list[str]:
+def blocking(missing: list[str], what: str, method: str = "full", alst: str = "") -> list[str]:
     """Which of the missing things stop one measurement. Every training needs torch with CUDA,
-    transformers and accelerate; ZeRO cases need DeepSpeed; LoRA needs peft, QLoRA peft and bitsandbytes, the
-    QLoRA loading premise bitsandbytes; the launch comparison needs nvidia-smi.
-    Without nvidia-ml-py a case still runs (its peak then lacks the CUDA context, and says so)."""
+    transformers and accelerate; ZeRO cases and ALST's techniques (DeepSpeed's code) need DeepSpeed; LoRA needs
+    peft, QLoRA peft and bitsandbytes, the QLoRA loading premise bitsandbytes; the launch comparison needs
+    nvidia-smi. Without nvidia-ml-py a case still runs (its peak then lacks the CUDA context, and says so)."""
     needed = [m for m in missing if m in ("torch", "transformers", "accelerate") or m.startswith("CUDA")]
-    if what.startswith("zero"):
+    if what.startswith("zero") or alst not in ("", "none"):
         needed += [m for m in missing if m == "deepspeed"]
     if method in ("lora", "qlora"):
         needed += [m for m in missing if m == "peft"]

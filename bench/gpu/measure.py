@@ -24,6 +24,10 @@
 6. Results: a markdown table (prediction, measurement, error %, fit decision right or wrong) plus
    a JSON twin, rewritten after every step so that a run cut short still leaves its results.
 
+--alst: only the ALST series of cases.json (issue 38: one GPU, a long sequence, ALST's single-GPU techniques added one
+at a time: DeepSpeed's tiled fused loss, tiled MLP, checkpoint offload to CPU; bench/gpu/alst.py), nothing else: no
+grid selection, loading premise, tune or launch. Its own device call (run_on_device.sh --alst, under 4 minutes).
+
 --dry-run-cpu does everything a CPU can: the probe (with WIZARD_FAKE_NVML=1xH200), predictions
 and case selection for an assumed 1xH200, tiny versions of the trainings on the CPU (measured
 peaks are null), and the launch + metrics comparison against the fake NVML instead of nvidia-smi.
@@ -59,7 +63,7 @@ REPO = HERE.parent.parent
 if str(REPO) not in sys.path:        # run from a checkout without `pip install -e .`; also finds bench.gpu
     sys.path.insert(0, str(REPO))
 
-from bench.gpu.cases import Planner, select_cases, spec_from_json, write_models  # noqa: E402
+from bench.gpu.cases import Planner, Selection, alst_cases, select_cases, spec_from_json, write_models  # noqa: E402
 from bench.gpu.common import DRY_RUN_ASSUME, DRY_RUN_FAKE_NVML, GiB  # noqa: E402
 from bench.gpu.environment import blocking, environment  # noqa: E402
 from bench.gpu.launch_check import run_launch  # noqa: E402
@@ -101,15 +105,17 @@ def parse_args(argv=None) -> Options:
     p.add_argument("--case-timeout-s", type=float, default=None, help="per configuration (default 120; 60 dry run)")
     p.add_argument("--assume", default=None, help=f"plan for this hardware instead of the probe's "
                    f"(dry run default: {DRY_RUN_ASSUME})")
+    p.add_argument("--alst", action="store_true", help="only the ALST series of cases.json (see the module doc)")
     a = p.parse_args(argv)
     dry = bool(a.dry_run_cpu)
+    alst = bool(a.alst)
     return Options(
         out_md=Path(a.out) if a.out else default_out(dry), quick=bool(a.quick), dry_run=dry,
         budget_s=float(a.budget_s if a.budget_s is not None else (900.0 if dry else 450.0)),
         case_timeout_s=float(a.case_timeout_s or (60.0 if dry else 120.0)),
-        launch_reserve_s=50.0 if a.quick else 60.0, min_case_s=20.0 if dry else 30.0,
+        launch_reserve_s=0.0 if alst else 50.0 if a.quick else 60.0, min_case_s=20.0 if dry else 30.0,
         steps=2 if a.quick else 3, launch_seconds=(6.0 if dry else 12.0) if a.quick else 25.0,
-        assume=a.assume or (DRY_RUN_ASSUME if dry else None), min_tune_s=30.0 if dry else 60.0)
+        assume=a.assume or (DRY_RUN_ASSUME if dry else None), min_tune_s=30.0 if dry else 60.0, alst=alst)
 
 
 def main(argv=None) -> int:
@@ -123,7 +129,7 @@ def main(argv=None) -> int:
     report: dict[str, Any] = {"meta": {"mode": "dry run on the CPU" if opts.dry_run else "GPU",
                                        "date": dt.datetime.now().isoformat(timespec="seconds"),
                                        "host": socket.gethostname(), "budget_s": opts.budget_s, "quick": opts.quick,
-                                       "steps": opts.steps, "argv": sys.argv[1:]},
+                                       "steps": opts.steps, "argv": sys.argv[1:], "alst": opts.alst},
                               "cases": [], "skipped": [], "checkpoints": {}}
 
     def save() -> None:
@@ -173,7 +179,10 @@ def main(argv=None) -> int:
         model_dirs = write_models(shapes, work / "models")
         planner = Planner(hw, model_dirs)
         t0 = time.monotonic()
-        selection = select_cases(cfg, list(model_dirs), planner.predict, planner.recommend)
+        if opts.alst:
+            selection = Selection(alst_cases(cfg), [], [], ["--alst: the ALST series only"])
+        else:
+            selection = select_cases(cfg, list(model_dirs), planner.predict, planner.recommend)
         report["selection_notes"] = selection.notes
         report["meta"]["selection_s"] = round(time.monotonic() - t0, 1)
         report["meta"]["params"] = {m: planner.params(m) for m in model_dirs}
@@ -216,7 +225,7 @@ def main(argv=None) -> int:
                 spec = selection.cases[i]
                 left = budget.left() - opts.launch_reserve_s
                 why_skip = None
-                blockers = blocking(missing, spec.backend, spec.method)
+                blockers = blocking(missing, spec.backend, spec.method, spec.alst)
                 if blockers:
                     why_skip = "missing " + ", ".join(blockers)
                 elif opts.dry_run and opts.quick and spec.kind in trained_kinds:
@@ -252,7 +261,7 @@ def main(argv=None) -> int:
         run_cases(v2)
 
         # 3. the QLoRA loading premise
-        load_cfg = cfg.get("qlora_load")
+        load_cfg = None if opts.alst else cfg.get("qlora_load")
         if load_cfg:
             left = budget.left() - opts.launch_reserve_s
             blockers = blocking(missing, "qlora-load")
@@ -278,7 +287,7 @@ def main(argv=None) -> int:
         shutil.rmtree(work / "checkpoints", ignore_errors=True)      # 16 GB for an 8B model
 
         # 4. wizard tune
-        tune_cfg = cfg.get("tune")
+        tune_cfg = None if opts.alst else cfg.get("tune")
         if tune_cfg:
             left = budget.left() - opts.launch_reserve_s
             blockers = blocking(missing, "tune")
@@ -298,7 +307,9 @@ def main(argv=None) -> int:
         # 6. launch
         left = budget.left()
         blockers = blocking(missing, "launch")
-        if blockers:
+        if opts.alst:
+            report["launch_skipped"] = "--alst: the ALST series only"
+        elif blockers:
             report["launch_skipped"] = "missing " + ", ".join(blockers)
         elif left < 25:
             report["launch_skipped"] = f"time budget: {left:.0f} s left"

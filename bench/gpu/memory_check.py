@@ -122,6 +122,8 @@ def train_command(spec: CaseSpec, model_dir: str, steps: int, case_dir: Path, ds
         cmd += ["--method", spec.method, "--adapter-json", str(adapter_json)]
     if spec.method == "qlora":
         cmd += ["--checkpoint", str(checkpoint)]
+    if spec.alst:
+        cmd += ["--alst", spec.alst]
     if dry_run:
         cmd += ["--device", "cpu", "--tiny"]
     elif nvml_index is not None:

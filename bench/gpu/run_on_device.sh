@@ -5,6 +5,7 @@
 #     bash bench/gpu/run_on_device.sh --diagnose     # the named misses' measurements (under 5 minutes)
 #     bash bench/gpu/run_on_device.sh --preflight    # the preflight on the GPU: NVML health against nvidia-smi,
 #                                                    # the NCCL collectives, `wizard preflight` (under 4 minutes)
+#     bash bench/gpu/run_on_device.sh --alst         # ALST's single-GPU techniques, one at a time (under 5 minutes)
 #
 # Installs nothing from the network: only the wheels of bench/gpu/wheels (prepare_wheels.sh), when carried. Says what is there (python, torch + CUDA, transformers,
 # accelerate, DeepSpeed, nvidia-ml-py, nvidia-smi), makes `wizard` importable (the checkout on
@@ -22,9 +23,11 @@ LOG="$OUT/run_on_device.log"
 # listing what is there, so measure.py gets 445 s (--quick: 330 s) and starts nothing new after 410 (300).
 DIAGNOSE=0
 PREFLIGHT=0
+NAME=gpu
 case " $* " in
   *" --diagnose "*) DIAGNOSE=1; DEFAULT_TIMEOUT=255; DEFAULT_BUDGET=200 ;;
   *" --preflight "*) PREFLIGHT=1; DEFAULT_TIMEOUT=200; DEFAULT_BUDGET=150 ;;
+  *" --alst "*) NAME=gpu-alst; DEFAULT_TIMEOUT=255; DEFAULT_BUDGET=200 ;;
   *" --quick "*) DEFAULT_TIMEOUT=330; DEFAULT_BUDGET=300 ;;
   *) DEFAULT_TIMEOUT=445; DEFAULT_BUDGET=410 ;;
 esac
@@ -43,7 +46,7 @@ if [ -z "$PY" ]; then
 fi
 if [ -z "$PY" ]; then
   echo "BLOCKED: no python3 on this machine"
-  printf '# GPU ground truth: blocked\n\nNo python3 on the device machine.\n' > "$OUT/gpu-$STAMP.md"
+  printf '# GPU ground truth: blocked\n\nNo python3 on the device machine.\n' > "$OUT/$NAME-$STAMP.md"
   exit 2
 fi
 echo "python: $PY ($("$PY" --version 2>&1))"
@@ -119,13 +122,13 @@ if [ "$PREFLIGHT" = 1 ]; then
 fi
 
 echo "== measure.py (budget ${BUDGET} s, hard timeout ${GLOBAL_TIMEOUT} s)"
-timeout -k 15 "$GLOBAL_TIMEOUT" "$PY" bench/gpu/measure.py --out "$OUT/gpu-$STAMP.md" --budget-s "$BUDGET" "$@"
+timeout -k 15 "$GLOBAL_TIMEOUT" "$PY" bench/gpu/measure.py --out "$OUT/$NAME-$STAMP.md" --budget-s "$BUDGET" "$@"
 rc=$?
 echo "== measure.py exit $rc ($( [ $rc -eq 124 ] && echo 'hit the hard timeout' || echo done ))"
-ls -la "$OUT" "$OUT/gpu-$STAMP-files" 2>/dev/null || true
+ls -la "$OUT" "$OUT/$NAME-$STAMP-files" 2>/dev/null || true
 # The device tool brings back at most 8 files from $OUT: the raw files (one stderr tail per case, the launch's
 # metrics and nvidia-smi samples, the loading ranks', tune's) travel as one archive beside the .md, .json and log.
-if [ -d "$OUT/gpu-$STAMP-files" ]; then
-  tar -czf "$OUT/gpu-$STAMP-files.tar.gz" -C "$OUT" "gpu-$STAMP-files" && rm -rf "$OUT/gpu-$STAMP-files"
+if [ -d "$OUT/$NAME-$STAMP-files" ]; then
+  tar -czf "$OUT/$NAME-$STAMP-files.tar.gz" -C "$OUT" "$NAME-$STAMP-files" && rm -rf "$OUT/$NAME-$STAMP-files"
 fi
 exit $rc

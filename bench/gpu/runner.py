@@ -164,6 +164,7 @@ class Options:
     assume: str | None
     results_dir: Path = Path(".")
     min_tune_s: float = 60.0              # tune starts only with this much left before the launch reserve
+    alst: bool = False                    # --alst: only cases.json's ALST series (no grid, premise, tune or launch)
 
 
 class Budget:

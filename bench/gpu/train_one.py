@@ -25,6 +25,10 @@ from_pretrained with the BitsAndBytesConfig, as from a hub model. Two more modes
 --make-checkpoint DIR saves the model (random weights, bf16) as safetensors; --load-only loads --checkpoint
 in NF4 and reports where its bytes are (the QLoRA loading premise; measure.py starts two of them at once
 under accelerate's FSDP environment).
+
+--alst TECHNIQUES (measure.py --alst, issue 38): ALST's single-GPU techniques on top, by DeepSpeed's own code
+(bench/gpu/alst.py: the tiled fused loss, the tiled MLP, the checkpointed inputs offloaded to CPU), "+"-joined, or
+"none" for the series' baseline; gradient checkpointing is then non-reentrant (what the offload hooks into).
 """
 
 from __future__ import annotations
@@ -73,6 +77,7 @@ def parse_args(argv=None):
     p.add_argument("--make-checkpoint", default=None, metavar="DIR", help="save the model (bf16) there and exit")
     p.add_argument("--load-only", action="store_true", help="from_pretrained --checkpoint in NF4, report, exit")
     p.add_argument("--expect-fsdp", action="store_true", help="stop (unsupported) unless the Trainer runs FSDP")
+    p.add_argument("--alst", default=None, help="ALST techniques joined by '+' (bench/gpu/alst.py), or 'none'")
     return p.parse_args(argv)
 
 
@@ -294,6 +299,7 @@ def describe_engine(trainer, model) -> dict:
 def run(args, result: dict, watch: NvmlWatch) -> int:
     import tempfile
 
+    techniques = alst_techniques(args, args.device == "cuda")     # what cannot run here stops before the imports
     result["phase"] = "import"
     import torch
     import transformers
@@ -325,6 +331,7 @@ def run(args, result: dict, watch: NvmlWatch) -> int:
         dataloader_num_workers=0,
         bf16=cuda,
         gradient_checkpointing=args.gc == "on",
+        gradient_checkpointing_kwargs={"use_reentrant": False} if args.alst is not None and args.gc == "on" else None,
         deepspeed=args.ds_config,
         use_cpu=not cuda and not args.ds_config,
         seed=1234,
@@ -373,8 +380,19 @@ def run(args, result: dict, watch: NvmlWatch) -> int:
             if args.max_seconds and time.monotonic() - self.start > args.max_seconds:
                 control.should_training_stop = True
 
+    trainer_cls = Trainer
+    if args.alst is not None:
+        from bench.gpu import alst
+        result["alst"] = {"techniques": list(techniques), "fused_loss_shards": alst.fused_loss_shards(
+            args.micro_batch * args.seq_len, vocab) if "fused-loss" in techniques else None,
+            "tiled_mlp_shards": alst.tiled_mlp_shards(args.seq_len, config.hidden_size)
+            if "tiled-mlp" in techniques else None}
+        if "tiled-mlp" in techniques:
+            result["alst"]["tiled_mlps"] = alst.tile_mlps(model)
+        trainer_cls = alst.trainer_class(techniques)
+
     result["phase"] = "trainer_init"
-    trainer = Trainer(model=model, args=targs, train_dataset=RandomTokens(), callbacks=[Clock()])
+    trainer = trainer_cls(model=model, args=targs, train_dataset=RandomTokens(), callbacks=[Clock()])
     if args.expect_fsdp and not getattr(trainer, "is_fsdp_enabled", False):
         state = getattr(getattr(trainer.accelerator, "state", None), "distributed_type", None)
         raise NotOnThisDevice(f"accelerate runs this FSDP config as {state} here (FSDP needs an accelerator: "
@@ -389,7 +407,26 @@ def run(args, result: dict, watch: NvmlWatch) -> int:
         result["step_time_median_s"] = ordered[len(ordered) // 2]
     result["train_loss"] = float(out.training_loss) if out.training_loss == out.training_loss else None
     result["engine"] = describe_engine(trainer, model)
+    if getattr(trainer, "alst_offload_stats", None) is not None:
+        result["alst"]["offload_stats"] = trainer.alst_offload_stats
     return EXIT_OK
+
+
+def alst_techniques(args, cuda: bool) -> tuple[str, ...]:
+    """--alst's techniques; what cannot run as itself here is said before anything is built."""
+    if args.alst is None:
+        return ()
+    root = os.path.dirname(os.path.dirname(_HERE))      # bench.gpu.alst, from the checkout (bench/gpu/../..)
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    from bench.gpu import alst
+    techniques = alst.parse("" if args.alst == "none" else args.alst)
+    if "ckpt-offload" in techniques:
+        if args.gc != "on":
+            raise ValueError("--alst ckpt-offload offloads what gradient checkpointing keeps: it needs --gc on")
+        if not cuda:
+            raise NotOnThisDevice("the checkpoint offload moves device memory to the host: on a CPU there is none")
+    return techniques
 
 
 def make_checkpoint(args, result: dict) -> int:

@@ -46,14 +46,19 @@ def test_rows_agree_with_plan_assume(case, capsys):
     assert code == 0
     rows = {r["machine"]: r for r in doc["rows"]}
     assert list(rows) != [] and set(rows) == set(machines.split(","))
+    # issue 40: every row trains one global batch (the GPU counts' least common multiple, 16 here)
+    assert doc["global_batch"] == 16 and not doc["global_batch_given"]
+    assert {r["global_batch"] for r in doc["rows"] if r["fits"]} == {16}
     for label, row in rows.items():
         assume = compare_mod.machine(label).assume
-        plan_code, plan = cli_json(["plan", *flags, "--assume", assume, "--json"], capsys)
+        plan_code, plan = cli_json(["plan", *flags, "--assume", assume, "--global-batch", "16", "--json"], capsys)
         choice = plan["plan"]["choice"]
         assert row["fits"] == (choice is not None) == (plan_code == 0), label
+        assert row["gpu_memory_bytes"] == plan["plan"]["gpu_capacity_bytes"] and row["host_ram_bytes"] > 0, label
         if choice is None:
             assert row["shortfall"] and row["short_by"] >= 1.0, label
             continue
+        assert row["per_gpu_bytes"] == choice["per_gpu_bytes"], label
         assert (row["rung"], row["micro_batch"], row["grad_accum"], row["gradient_checkpointing"]) == \
             (choice["key"], choice["micro_batch"], choice["grad_accum"], choice["gradient_checkpointing"]), label
         assert row["tokens_per_second"] == pytest.approx(choice["speed"]["tokens_per_second"], rel=1e-3), label
@@ -136,7 +141,9 @@ def test_write_is_non_interactive_assume_and_the_libraries_accept_it(tmp_path):
     a, b = tmp_path / "compare", tmp_path / "direct"
     out = run(["compare", *flags, "--write", "2x8xH100-80GB", "--output-dir", str(a)])
     assert out.returncode == 0, out.stderr
-    direct = run(["--non-interactive", *flags, "--assume", "8xH100-80GB,nodes=2", "--output-dir", str(b)])
+    # the comparison's global batch (16 for the default machines: issue 40) is the row's --global-batch
+    direct = run(["--non-interactive", *flags, "--assume", "8xH100-80GB,nodes=2", "--global-batch", "16",
+                  "--output-dir", str(b)])
     assert direct.returncode == 0, direct.stderr
     assert (a / "ds_config.json").is_file() and (a / "default_config.yaml").is_file()
     assert _files(a) == _files(b)
@@ -153,6 +160,30 @@ def test_write_needs_the_address_of_a_multi_machine_row(tmp_path):
     assert out.returncode == 2
     assert "main-process-ip" in out.stderr and "Traceback" not in out.stderr
     assert not (tmp_path / "o").exists() or not any((tmp_path / "o").iterdir())
+
+
+def test_the_footers_suggestion_to_add_write_to_the_command_works(tmp_path, capsys):
+    """Issue 36: the footer says "add --write MACHINE to this command"; on a command with --machines and prices that
+    once exited 2 (--machines refused beside --write). The command as printed, plus --write and a machine of its
+    table, writes that machine's files, the same as the row's own `wizard --non-interactive` line."""
+    command = ["compare", "--params", "7B", "--machines", "1xH100-80GB,2x8xH100-80GB,2xA100-80GB",
+               "--price", "H100-80GB=2.5", "--sort", "cost"]
+    assert main(command) == 0
+    text = capsys.readouterr().out
+    footer = text[text.index("Write a machine's files"):].splitlines()
+    assert "add --write MACHINE to this command; with --main-process-ip ADDRESS for a machine of several nodes" \
+        in footer[0]
+    rows = dict(line.strip().split(": ", 1) for line in footer[1:] if line.strip())
+    assert "2xA100-80GB" in rows
+    suggested, direct = tmp_path / "suggested", tmp_path / "direct"
+    assert main([*command, "--write", "2xA100-80GB", "--output-dir", str(suggested)]) == 0
+    row = rows["2xA100-80GB"].split()
+    assert row[:2] == ["wizard", "--non-interactive"]
+    assert main([*row[1:], "--output-dir", str(direct)]) == 0
+    capsys.readouterr()
+    assert _files(suggested) == _files(direct) and "default_config.yaml" in _files(suggested)
+    several = [*command, "--write", "2x8xH100-80GB", "--main-process-ip", "10.0.0.1", "--dry-run"]
+    assert main(several) == 0, capsys.readouterr().err
 
 
 def test_prices_file_and_its_age(tmp_path):
@@ -193,7 +224,7 @@ def _bad(tmp_path: Path) -> list[tuple[list[str], str]]:
         (["--max-gpus", "8", "--machines", "8xH100"], "max-gpus"),
         (["--num-processes", "4"], "num-processes"),
         (["--write", "8xZ100"], "machines"),
-        (["--write", "8xH100", "--machines", "8xH100"], "machines"),
+        (["--write", "8xA100-80GB", "--machines", "8xH100"], "write"),
         (["--output-dir", str(tmp_path / "o")], "output-dir"),
         (["--prices", str(tmp_path / "missing.yaml")], "prices"),
         (["--prices", str(undated)], "prices"),
@@ -246,8 +277,10 @@ def test_measured_machines_are_marked_and_planned_with_the_measurement(capsys):
 
 
 def test_compare_imports_no_heavy_library():
-    """A comparison of a --params model over the default set, like `wizard plan`, imports no torch & co."""
-    code = ("import sys, runpy\nsys.argv = ['wizard', 'compare', '--params', '7B', '--max-gpus', '8', '--json']\n"
+    """A comparison of a --params model over the default set, like `wizard plan`, imports no torch & co. Up to 4
+    GPUs: on 8 L4s a 7B picks context parallelism, whose sizes accelerate's own ParallelismConfig judges as the
+    plan is made (wizard/config/parallelism.py), importing torch there as `wizard plan` does."""
+    code = ("import sys, runpy\nsys.argv = ['wizard', 'compare', '--params', '7B', '--max-gpus', '4', '--json']\n"
             "try:\n    runpy.run_module('wizard', run_name='__main__')\nexcept SystemExit:\n    pass\n"
             "sys.stdout.flush()\nsys.stderr.write('\\nHEAVY=' + ','.join(m for m in ('torch', 'transformers', "
             "'deepspeed', 'peft', 'textual') if m in sys.modules))\n")

@@ -16,6 +16,8 @@ import yaml
 
 from wizard.frontends import cli
 
+ROOT = Path(__file__).resolve().parents[2]
+
 ASSUME = "2xA100-80GB"
 NEW = ["--params", "125M", "--assume", ASSUME, "--backend", "deepspeed", "--zero-stage", "3"]
 OLD = ["--params", "125M", "--assume", ASSUME, "--backend", "deepspeed", "--zero-stage", "2"]
@@ -219,3 +221,34 @@ def test_a_rollback_that_cannot_finish_is_exit_4_naming_the_new_files(tmp_path, 
     assert line.startswith(f"wizard: cannot write {out}: the write failed and putting the previous files back "
                            "failed too (Operation not permitted): default_config.yaml holds the new content")
     assert stage(out) == 3              # the YAML names the staged JSON, which is kept
+
+
+def test_an_interrupt_that_lands_in_a_finaliser_ends_the_command_without_an_ignored_exception(tmp_path):
+    """Issue 36 item 11: Ctrl-C once landed in the regex package's SetBase.__del__ (run by the garbage collector
+    while a library loaded): Python printed "Exception ignored in: <function SetBase.__del__> ... KeyboardInterrupt"
+    and dropped the interrupt, so the command went on. Made certain here: a finaliser that runs while the plan is
+    built raises SIGINT itself; the interrupt must end the command at once, with the one line and exit 130."""
+    code = textwrap.dedent(f"""
+        import signal, sys
+        import wizard.pipeline
+        from wizard.frontends.cli import main
+        class Finalised:
+            def __del__(self):
+                signal.raise_signal(signal.SIGINT)       # the handler runs here, inside the finaliser
+                self.info = None
+        build = wizard.pipeline.build
+        def build_after_a_finaliser(*args, **kwargs):
+            Finalised()                                  # created and collected at once: its __del__ runs now
+            print("went on after the interrupt", file=sys.stderr)
+            return build(*args, **kwargs)
+        wizard.pipeline.build = build_after_a_finaliser
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        sys.exit(main(["--non-interactive", "--params", "1B", "--assume", "1xA100-80GB",
+                       "--output-dir", {str(tmp_path / "out")!r}]))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert "Exception ignored" not in out.stderr, out.stderr
+    assert "went on" not in out.stderr, out.stderr
+    assert out.returncode == 130 and out.stderr.strip() == "wizard: interrupted; nothing written", out.stderr
+    assert not (tmp_path / "out").exists()

@@ -5,6 +5,7 @@ tests/unit/test_gpu_bench.py."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -115,7 +116,6 @@ def test_run_on_device_diagnose_writes_its_two_files_into_out_even_when_nothing_
     """`run_on_device.sh --diagnose` (the named misses' GPU call): the install step without wheels, then
     bench_zero3_overhead's gpu-misses preset; with its budget spent before the first run it still leaves the .md and
     .json in $OUT saying what was not run (a GPU session's call cut short keeps its files the same way)."""
-    import os
     env = dict(os.environ, OUT=str(tmp_path), GPU_BENCH_BUDGET="-1", GPU_BENCH_WHEELS=str(tmp_path / "no-wheels"),
                PYTHON=sys.executable)
     r = subprocess.run(["bash", str(GPU_DIR / "run_on_device.sh"), "--diagnose"], capture_output=True, text=True,
@@ -145,3 +145,47 @@ def test_the_preflights_gpu_check_runs_its_three_parts_on_the_cpu(tmp_path):
     assert all(run["check"] == "ok" for op in runs.values() for run in op)
     assert report["preflight"]["rc"] == 0 and report["preflight"]["doc"]["exit_code"] == 0
     assert "| 0 | ecc_enabled | True |" in (tmp_path / "pf.md").read_text()
+
+
+# ----------------------------------------------------------------------------- the ALST series (issue 38)
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_alst_dry_run_lists_only_the_series_and_skips_the_rest_with_the_reason(tmp_path):
+    """`measure.py --alst` (its own device call): the four ALST cases and nothing else; with no budget every case
+    says why it did not run, and the grid, the loading premise, tune and the launch are not part of it."""
+    r, report, md = _dry_run(tmp_path, "--alst", "--budget-s", "1")
+    assert r.returncode == 0, r.stderr[-2000:]
+    cases = report["cases"]
+    assert [c["case"]["alst"] for c in cases] == ["none", "fused-loss", "fused-loss+tiled-mlp",
+                                                  "fused-loss+tiled-mlp+ckpt-offload"]
+    assert all(c["case"]["role"] == "alst" and c["status"] == "skipped" and "time budget" in c["run"]["error"]
+               for c in cases)
+    assert report["launch_skipped"] == "--alst: the ALST series only" and "launch" not in report
+    assert "qlora_load" not in report and "tune" not in report and report["meta"]["alst"] is True
+    assert "ALST fused-loss+tiled-mlp" in md
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("techniques", ["fused-loss+tiled-mlp", "fused-loss+tiled-mlp+ckpt-offload"])
+def test_train_one_runs_alsts_techniques_on_the_cpu_and_refuses_the_offload_there(tmp_path, techniques):
+    """The dry run's training of an ALST case: DeepSpeed's fused loss and tiled MLP train a tiny model on the CPU;
+    the checkpoint offload has no device memory to free here and says so (status unsupported, nothing trained)."""
+    model = tmp_path / "m"
+    model.mkdir()
+    shapes = json.loads((GPU_DIR / "models.json").read_text())
+    (model / "config.json").write_text(json.dumps(shapes["llama-3.2-3b"]))
+    r = subprocess.run([sys.executable, str(GPU_DIR / "train_one.py"), "--model-dir", str(model), "--device", "cpu",
+                        "--tiny", "--seq-len", "32", "--steps", "2", "--gc", "on", "--alst", techniques,
+                        "--output-dir", str(tmp_path / "out")],
+                       capture_output=True, text=True, cwd=str(REPO), timeout=280,
+                       env={**os.environ, "PYTHONPATH": str(REPO)})
+    line = next(x for x in r.stdout.splitlines() if x.startswith("GPU_BENCH_RESULT "))
+    result = json.loads(line.split(" ", 1)[1])
+    if techniques.endswith("ckpt-offload"):
+        assert r.returncode == 4 and result["status"] == "unsupported" and "on a CPU there is none" in result["error"]
+        return
+    assert r.returncode == 0 and result["status"] == "ok", result
+    assert result["steps_done"] == 2 and result["alst"]["techniques"] == ["fused-loss", "tiled-mlp"]
+    assert result["alst"]["tiled_mlps"] == 2 and result["alst"]["fused_loss_shards"] == 1

@@ -315,3 +315,45 @@ def test_single_process_simple_launcher_is_rank0_and_exit_code_passes_through(tm
     ev = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()]
     assert [e["loss"] for e in ev if e["type"] == "train_log"] == [2.5]
     assert (run_dir / "logs" / "attempt-1" / "rank-0.log").read_text().startswith("hello from the only rank")
+
+
+def _ddp_config(path: Path, processes: int) -> Path:
+    path.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_GPU\nnum_machines: 1\n"
+                    f"num_processes: {processes}\nmachine_rank: 0\nmixed_precision: 'no'\nuse_cpu: false\n"
+                    "gpu_ids: all\nmain_process_port: 0\n")
+    return path
+
+
+@pytest.mark.timeout(240)
+def test_a_process_count_torchrun_cannot_use_stops_the_launch_with_exit_2_and_the_finding(tmp_path):
+    """Issue 36, item 2: `num_processes: 0` passed check and the launch showed torchrun's AssertionError traceback.
+    Launch's own check stops it first, as README promises: exit 2, the finding on one line, no run directory."""
+    processes = 0                                   # -2 and the other counts: tests/unit/test_check_machines.py
+    cfg = _ddp_config(tmp_path / "c.yaml", processes)
+    (tmp_path / "s.py").write_text("print('never')\n")
+    r = wizard("launch", "--headless", "--config-file", str(cfg), "--", "s.py", cwd=tmp_path, timeout=220)
+    assert r.returncode == 2, r.stdout + r.stderr
+    [line] = [x for x in r.stderr.splitlines() if "ACC-COUNT-OUT-OF-RANGE num_processes" in x]
+    assert f"num_processes: {processes}" in line and "1 or more" in line
+    assert "Traceback" not in r.stderr + r.stdout and not (tmp_path / "wizard-runs").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_gpu_config_launched_on_a_machine_without_gpus_says_so_before_it_starts(tmp_path):
+    """Issue 36, item 8: a config for GPUs launched where there is none started its ranks on the CPU with no word.
+    Launch checks the config against this machine (preflight's GPU decision): the run still starts (the suite's
+    own trainings run such configs on CPU processes over gloo), with a warning on stderr and in the run's events,
+    which the live view and `attach` show."""
+    cfg = _ddp_config(tmp_path / "c.yaml", 2)
+    (tmp_path / "s.py").write_text("print('ran', flush=True)\n")
+    run_dir = tmp_path / "run"
+    r = subprocess.run([sys.executable, "-m", "wizard", "launch", "--headless", "--config-file", str(cfg),
+                        "--run-dir", str(run_dir), "--", "s.py"], capture_output=True, text=True, cwd=tmp_path,
+                       env={**env(), "WIZARD_FAKE_NVML": "none"}, timeout=280)
+    assert r.returncode == 0, r.stdout + r.stderr
+    [line] = [x for x in r.stderr.splitlines() if "ACC-NUM-PROCESSES-EXCEEDS-GPUS" in x]
+    assert line.startswith("[wizard] warning") and "no GPU" in line and "on the CPU over gloo" in line
+    assert "[rank0] ran" in r.stdout and "[rank1] ran" in r.stdout
+    events = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()]
+    assert [e["message"] for e in events if e["type"] == "check"] == [line.removeprefix("[wizard] ")]

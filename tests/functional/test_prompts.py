@@ -115,10 +115,11 @@ def test_no_gpu_plan_for_a_catalogue_machine(tmp_path):
 def test_invalid_entries_are_refused_at_the_prompt(tmp_path):
     out = tmp_path / "out"
     model = str(MODELS / "qwen2.5-7b")
+    # a refused entry is asked again as the question was first asked (its default), never with the refused text
     keys = (BACKSPACE * len(model) + str(MODELS / "no-config") + ENTER     # no config.json: refused
-            + BACKSPACE * len(str(MODELS / "no-config")) + model + ENTER   # the real one
+            + ENTER                                                        # asked again with the model given
             + BACKSPACE * 4 + "abc" + ENTER                                # seq_len: letters refused
-            + BACKSPACE * 3 + "4096" + ENTER
+            + BACKSPACE * 4 + "4096" + ENTER
             + BACKSPACE + "0" + ENTER                                      # micro-batch 0 refused
             + BACKSPACE + "2" + ENTER
             + ENTER * 80)
@@ -210,7 +211,7 @@ def test_plain_asks_before_writing_and_yes_skips_it(tmp_path, capsys):
     with create_pipe_input() as pipe:
         pipe.send_text(ENTER * prompts_until_write(request) + "n")   # every default, then "Write these files?" no
         code = run_plain(request, input=pipe, output=DummyOutput())
-    assert code == EXIT_INTERRUPTED and not (out / "default_config.yaml").exists()
+    assert code == 0 and not (out / "default_config.yaml").exists()        # a choice, not an interrupt (issue 36)
     printed = capsys.readouterr().out
     assert "default_config.yaml: new file" in printed and "Sizing" in printed
     with create_pipe_input() as pipe:
@@ -220,8 +221,9 @@ def test_plain_asks_before_writing_and_yes_skips_it(tmp_path, capsys):
     capsys.readouterr()
     with create_pipe_input() as pipe:                  # the same answers again: nothing would change
         pipe.send_text(ENTER * prompts_until_write(request) + "n")
-        assert run_plain(request, input=pipe, output=DummyOutput()) == EXIT_INTERRUPTED
+        assert run_plain(request, input=pipe, output=DummyOutput()) == 0
     printed = capsys.readouterr().out
+    assert "Quit; nothing written." in printed
     assert f"{out / 'default_config.yaml'}: unchanged" in printed and "new file" not in printed
 
 
@@ -307,3 +309,20 @@ def test_plain_asks_fsdp2s_parallelism_config_and_fp8_and_writes_what_non_intera
     assert written["parallelism_config"]["parallelism_config_dp_shard_size"] == 4
     assert written["fp8_config"]["backend"] == "AO"
     assert written["fsdp_config"]["fsdp_cpu_ram_efficient_loading"] is False
+
+
+@pytest.mark.parametrize("source, offered", [("assume", False), ("file", False), ("probe", True)])
+def test_measure_is_offered_only_for_a_plan_of_this_machine(source, offered):
+    """Issue 36, item 11: --plain offered Measure for an assumed machine, then refused it ("Measuring runs trials
+    on this machine"). The menu follows the TUI's own test (session.measure_unavailable)."""
+    import dataclasses
+
+    from wizard.frontends.prompts import next_actions
+    from wizard.frontends.session import WizardState
+    hw = hardware.assume("8xA100-80GB")
+    if source != "assume":
+        hw = dataclasses.replace(hw, source="probe" if source == "probe" else "file:probe.json")
+    state = WizardState(Request(given={"params": "7B"}), hardware=hw)
+    state.replan()
+    assert state.plan is not None and state.plan.choice is not None
+    assert ("measure" in [value for value, _ in next_actions(state)]) == offered

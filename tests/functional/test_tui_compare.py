@@ -54,11 +54,13 @@ async def test_choosing_a_row_plans_for_that_machine():
         assert type(app.screen).__name__ == "PlanScreen"
         state = app.state
         assert state.hardware.source == "assume:8xB200-180GB"
-        # two machines need the main machine's address (the Model screen's field), as they do everywhere
-        assert state.plan is None and state.error_field == "main_process_ip"
+        # two machines are planned at once (as `wizard plan` plans them without an address); the files need the
+        # main machine's address, which the Details screen asks
+        assert state.plan is not None and state.plan.topology.num_machines == 2
+        assert "main-process-ip" in str(state.files_problem())
         app.answer("main_process_ip", "10.0.0.1")
         await settle(pilot)
-        assert state.plan is not None and state.plan.topology.num_machines == 2
+        assert state.files_problem() is None
         assert state.plan.topology.world_size == 16
         assert state.plan.choice is not None and state.plan.choice.key == rows[target].rung_key
         # and back to one machine with another row

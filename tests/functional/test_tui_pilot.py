@@ -566,12 +566,14 @@ async def test_question_mark_is_text_in_a_field_and_arrows_move_between_fields(t
 
 
 async def test_ctrl_q_without_changes_quits_at_once(tmp_path):
+    """Issue 36, item 11: Ctrl+Q exited 130, an interrupt's code. Quitting is the user's choice: exit 0, and the
+    line says nothing was written (Ctrl+C, the terminal's interrupt, keeps 130)."""
     app = app_for(tmp_path, a100s(), model=QWEN_7B)
     async with app.run_test(size=(80, 24)) as pilot:
         await reach(pilot, "PlanScreen")
         await pilot.press("ctrl+q")
         await wait_until(pilot, lambda: app.return_value is not None)
-    assert app.return_value.code == EXIT_INTERRUPTED
+    assert app.return_value.code == 0 and app.return_value.summary == ["Quit; nothing written."]
     assert not (tmp_path / "out").exists()
 
 
@@ -694,17 +696,19 @@ async def test_back_from_done_shows_the_written_files_as_unchanged_and_keys_move
         await wait_until(pilot, lambda: screen_name(app) == "ReviewScreen")
 
 
-async def test_a_second_ctrl_c_quits_from_the_quit_dialog(tmp_path):
+@pytest.mark.parametrize("opened_by, answer, code", [("ctrl+c", "ctrl+c", EXIT_INTERRUPTED), ("ctrl+q", "q", 0)])
+async def test_the_quit_dialog_ends_with_the_code_of_the_key_that_opened_it(tmp_path, opened_by, answer, code):
+    """A second Ctrl+C quits from the dialog (an interrupt: 130); Quit by Ctrl+Q is a choice: 0 (issue 36)."""
     app = app_for(tmp_path, a100s())
     async with app.run_test(size=(80, 24)) as pilot:
         await reach(pilot, "ModelScreen")
         await type_into(pilot, "seq_len", "4096")
-        await pilot.press("ctrl+c")
+        await pilot.press(opened_by)
         await settle(pilot)
         assert screen_name(app) == "QuitModal"
-        await pilot.press("ctrl+c")
+        await pilot.press(answer)
         await wait_until(pilot, lambda: app.return_value is not None)
-    assert app.return_value.code == EXIT_INTERRUPTED
+    assert app.return_value.code == code and not (tmp_path / "out").exists()
 
 
 async def test_below_80x24_the_screen_says_it_is_too_small(tmp_path):

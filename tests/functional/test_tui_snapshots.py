@@ -62,8 +62,8 @@ def _deterministic(monkeypatch, tmp_path_factory):
     # The Done screen's TrainingArguments name gradient checkpointing as the installed transformers does (5.25:
     # activation_checkpointing, 5.17: gradient_checkpointing; test_tui_snippets pins that): the SVGs show 5.25's,
     # so that one suite's snapshots hold at both ends of the supported range.
-    from wizard.frontends import snippets
-    monkeypatch.setattr(snippets, "checkpointing_argument", lambda: "activation_checkpointing")
+    from wizard.config import script_settings
+    monkeypatch.setattr(script_settings, "checkpointing_argument", lambda: "activation_checkpointing")
     with open(OUTPUT_LOCK, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)          # released when the file closes, also if the run dies
         shutil.rmtree(OUTPUT_DIR, ignore_errors=True)

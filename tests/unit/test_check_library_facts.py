@@ -157,6 +157,25 @@ def test_the_rejected_keys_are_accelerates_own_list():
     assert theirs == set(REJECTED_BESIDE_DS_FILE)
 
 
+def test_each_rejected_deepspeed_key_lands_where_the_check_compares_it_with_the_json():
+    """DS_KEY_OF_YAML_KEY (the JSON key --fix compares a rejected YAML key with before dropping it) is where
+    accelerate's DeepSpeedPlugin puts that key's value in the config it builds without a file."""
+    from accelerate.utils import DeepSpeedPlugin
+
+    from wizard.config.vocab import DS_KEY_OF_YAML_KEY, REJECTED_BESIDE_DS_FILE
+
+    assert set(DS_KEY_OF_YAML_KEY) == set(REJECTED_BESIDE_DS_FILE) - {"mixed_precision"}
+    values = {"gradient_accumulation_steps": 3, "gradient_clipping": 0.7, "zero_stage": 3,
+              "offload_optimizer_device": "nvme", "offload_param_device": "nvme", "offload_optimizer_nvme_path": "/a",
+              "offload_param_nvme_path": "/b", "zero3_save_16bit_model": True}
+    built = DeepSpeedPlugin(**values).deepspeed_config
+    for key, ds_key in DS_KEY_OF_YAML_KEY.items():
+        node = built
+        for part in ds_key.split("."):
+            node = node[part]
+        assert node == values[key], (key, ds_key, node)
+
+
 @pytest.mark.parametrize("key", ["gradient_accumulation_steps", "gradient_clipping", "zero_stage",
                                  "offload_optimizer_device", "offload_param_device", "offload_param_nvme_path",
                                  "offload_optimizer_nvme_path", "zero3_save_16bit_model", "mixed_precision"])

@@ -81,23 +81,46 @@ def test_the_16bit_gather_given_as_a_string_counts_as_given(tmp_path, key, value
     assert ("DS-ZERO3-NO-16BIT-SAVE" in rules(findings)) == reported
 
 
-@pytest.mark.parametrize("legacy", ["gather_16bit_weights_on_model_save", "stage3_gather_fp16_weights_on_model_save",
-                                    "gather_fp16_weights_on_model_save"])
-def test_fix_replaces_a_legacy_gather_key_instead_of_adding_a_second_one(tmp_path, legacy):
-    """`--fix` writes the one current key; a legacy key left beside it says the opposite (false) and DeepSpeed's
-    config refuses the two spellings together or takes the old one."""
+@pytest.mark.parametrize("key", ["stage3_gather_16bit_weights_on_model_save", "gather_16bit_weights_on_model_save",
+                                 "stage3_gather_fp16_weights_on_model_save", "gather_fp16_weights_on_model_save"])
+@pytest.mark.parametrize("value", [False, "false"])
+def test_fix_never_turns_a_gather_you_set_false_into_true(tmp_path, key, value):
+    """Issue 36, item 6: `--fix` turned an explicit `"stage3_gather_16bit_weights_on_model_save": false` into true.
+    People set it false on purpose (the gather on rank 0 can exhaust host RAM for a very large model); README says
+    --fix never overrides a value you set. The finding stays, as a note naming the key you set, and is not fixable."""
     from wizard.check.doctor import apply_fixes, build_context, run_rules
     from wizard.probe.hardware import assume
 
     def edit(doc):
-        doc["zero_optimization"][legacy] = False
-    case, findings = variant("DS-ZERO3-NO-16BIT-SAVE", tmp_path, ds_config__json=edit)
-    assert "DS-ZERO3-NO-16BIT-SAVE" in rules(findings)
+        doc["zero_optimization"].pop("stage3_gather_16bit_weights_on_model_save", None)
+        doc["zero_optimization"][key] = value
+    case, _ = variant("DS-ZERO3-NO-16BIT-SAVE", tmp_path, ds_config__json=edit)
+    before = (case / "ds_config.json").read_text()
     ctx = build_context(config_file=str(case / "default_config.yaml"), ds_config=str(case / "ds_config.json"),
                         training_args=str(case / "training_args.json"), hardware=assume("4xA100-80GB"),
                         versions={}, use_default_config=False, port_in_use=lambda port: False)
-    fixed = apply_fixes(ctx, run_rules(ctx))
-    assert fixed.written == [str(case / "ds_config.json")]
+    findings = run_rules(ctx)
+    [f] = [f for f in findings if f.rule == "DS-ZERO3-NO-16BIT-SAVE"]
+    assert (f.severity, f.key, f.fixable) == ("info", f"zero_optimization.{key}", False)
+    assert "zero_to_fp32.py" in f.fix
+    fixed = apply_fixes(ctx, findings)
+    assert fixed.written == [] and (case / "ds_config.json").read_text() == before
+
+
+def test_fix_adds_the_gather_where_no_key_says_anything(tmp_path):
+    """Without any gather key (DeepSpeed's default: off, and nobody chose it), --fix writes the one current key."""
+    from wizard.check.doctor import apply_fixes, build_context, run_rules
+    from wizard.probe.hardware import assume
+
+    def edit(doc):
+        doc["zero_optimization"].pop("stage3_gather_16bit_weights_on_model_save", None)
+    case, _ = variant("DS-ZERO3-NO-16BIT-SAVE", tmp_path, ds_config__json=edit)
+    ctx = build_context(config_file=str(case / "default_config.yaml"), ds_config=str(case / "ds_config.json"),
+                        training_args=str(case / "training_args.json"), hardware=assume("4xA100-80GB"),
+                        versions={}, use_default_config=False, port_in_use=lambda port: False)
+    findings = run_rules(ctx)
+    assert [(f.severity, f.fixable) for f in findings if f.rule == "DS-ZERO3-NO-16BIT-SAVE"] == [("warning", True)]
+    assert apply_fixes(ctx, findings).written == [str(case / "ds_config.json")]
     zero = json.loads((case / "ds_config.json").read_text())["zero_optimization"]
     gather = {k: v for k, v in zero.items() if "gather" in k and "weights_on_model_save" in k}
     assert gather == {"stage3_gather_16bit_weights_on_model_save": True}

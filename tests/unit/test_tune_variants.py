@@ -91,7 +91,8 @@ def test_a_variant_is_predicted_by_the_plan_at_its_split(tmp_path):
 
 
 def test_the_winners_files_snippet_and_the_trials_settings_agree(tmp_path):
-    from wizard.frontends.snippets import checkpointing_argument, training_arguments
+    from wizard.config.script_settings import checkpointing_argument
+    from wizard.frontends.snippets import training_arguments
     req, base = _gpu(tmp_path, micro_batch=1, grad_accum=8, backend="deepspeed", zero_stage="2")
     _, gc_variant = pick_candidates(base.plan, 1)[0][1:]
     mb, accum = gc_variant.micro_batch, gc_variant.grad_accum

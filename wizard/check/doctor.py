@@ -20,6 +20,7 @@ from importlib import metadata
 from typing import Any
 
 from wizard.check.rules.common import relative_to_naming_file
+from wizard.config.vocab import DS_KEY_OF_YAML_KEY
 from wizard.findings import Finding, finding_column_line
 from wizard.errors import InputError
 from wizard.paths import accelerate_default_config_file
@@ -199,6 +200,15 @@ def load_training_args(path: str) -> tuple[dict[str, Any], list[str]]:
     return {k: v for k, v in data.items() if str(k) in fields}, ignored
 
 
+def read_plan_beside(config_file: str) -> dict[str, Any] | None:
+    """The wizard_plan.json the wizard wrote beside an accelerate config, None when there is none or it cannot be
+    read (the rules then judge the files alone)."""
+    from wizard.fsutil import read_json_object
+    from wizard.paths import plan_file_beside
+    path = plan_file_beside(config_file)
+    return read_json_object(path) if os.path.isfile(path) else None      # a FIFO there must not block
+
+
 def library_versions() -> dict[str, str | None]:
     out: dict[str, str | None] = {}
     for name in ("accelerate", "deepspeed", "transformers", "torch"):
@@ -230,7 +240,7 @@ def _one_line(exc: BaseException) -> str:
 def build_context(config_file: str | None = None, ds_config: str | None = None, training_args: str | None = None,
                   model: str | None = None, hardware: Any = None, trainer: str = "hf", seq_len: int = 2048,
                   versions: dict[str, str | None] | None = None, use_default_config: bool = True,
-                  port_in_use=None, method: Any = None, memlock_limit=None):
+                  port_in_use=None, method: Any = None, memlock_limit=None, sky_task: str | None = None):
     """Read every input. InputError (exit 2) for anything unreadable; problems inside readable files are
     left for the rules. `port_in_use` (port -> bool) and `memlock_limit` (() -> bytes, None for unlimited) stand
     for the live machine; None probes this one.
@@ -255,12 +265,15 @@ def build_context(config_file: str | None = None, ds_config: str | None = None, 
         ctx.acc_path = acc_path
         ctx.acc_text = read_input(acc_path, "config-file")
         ctx.acc, ctx.acc_plain = parse_accelerate_yaml(ctx.acc_text, acc_path)
+        ctx.plan_beside = read_plan_beside(acc_path)
 
     if training_args is not None:
         ctx.ta_path = training_args
         ctx.ta, ctx.ta_ignored = load_training_args(training_args)
 
     _load_ds(ctx, ds_config)
+    if sky_task is not None:
+        ctx.sky_path, ctx.sky = sky_task, load_sky_task(sky_task)
 
     if model is not None:
         from wizard.sizing.model import size_model
@@ -268,6 +281,22 @@ def build_context(config_file: str | None = None, ds_config: str | None = None, 
         ctx.model = size_model(model)
         ctx.module_classes = model_module_classes(model)
     return ctx
+
+
+def load_sky_task(path: str) -> dict[str, Any]:
+    """A SkyPilot task YAML (one mapping, SkyPilot's own loader is yaml.safe_load too), for the task rules."""
+    from wizard.fsutil import YamlExpansionError, yaml_load, yaml_load_errors
+    text = read_input(path, "sky-task")
+    try:
+        data = yaml_load(text)
+    except YamlExpansionError as exc:
+        raise InputError("sky-task", f"{path} is refused: {exc}") from None
+    except (RecursionError, ValueError, *yaml_load_errors()) as exc:
+        raise InputError("sky-task", f"{path} is not valid YAML ({_one_line(exc)})") from None
+    if not isinstance(data, dict):
+        raise InputError("sky-task", f"{path} is not a SkyPilot task (a YAML mapping with resources, num_nodes, run)")
+    check_shape(data, path, "sky-task")
+    return data
 
 
 def _load_ds(ctx, ds_config: str | None) -> None:
@@ -336,7 +365,7 @@ def run_rules(ctx, only: set[str] | None = None) -> list[Finding]:
                                         f"rule {r.id} could not run: {exc.__class__.__name__}: {_one_line(exc)}",
                                         fix="report this as a wizard bug"))
     scratch = ctx.cache.pop("scratch_dir", None)
-    if scratch:                       # the copy the libraries read (wizard/check/rules/libraries.yaml_on_disk)
+    if scratch:                       # the copy the libraries read (wizard/check/rules/yaml_verdicts.yaml_on_disk)
         import shutil
         shutil.rmtree(scratch, ignore_errors=True)
         ctx.cache.pop("acc_disk", None)
@@ -395,16 +424,8 @@ def one_finding_per_problem(findings: list[Finding]) -> list[Finding]:
 
 
 # DeepSpeed keys accelerate builds from an inline YAML -> the YAML key the user writes
-VIRTUAL_DS_KEYS = {
-    "gradient_accumulation_steps": "deepspeed_config.gradient_accumulation_steps",
-    "gradient_clipping": "deepspeed_config.gradient_clipping",
-    "zero_optimization.stage": "deepspeed_config.zero_stage",
-    "zero_optimization.offload_optimizer.device": "deepspeed_config.offload_optimizer_device",
-    "zero_optimization.offload_param.device": "deepspeed_config.offload_param_device",
-    "zero_optimization.stage3_gather_16bit_weights_on_model_save": "deepspeed_config.zero3_save_16bit_model",
-    "bf16.enabled": "mixed_precision",
-    "fp16.enabled": "mixed_precision",
-}
+VIRTUAL_DS_KEYS = {ds_key: f"deepspeed_config.{key}" for key, ds_key in DS_KEY_OF_YAML_KEY.items()} | {
+    "bf16.enabled": "mixed_precision", "fp16.enabled": "mixed_precision"}
 
 
 def _virtual_ds_keys(ctx, findings: list[Finding]) -> list[Finding]:

@@ -158,6 +158,10 @@ def accelerate_config(answers: dict, plan, ds_config_path: str | None, model=Non
     if num_machines > 1:
         doc["main_process_ip"] = str(main_ip)
         doc["main_process_port"] = main_port
+    elif multi and answers.get("main_process_port") is not None:
+        # One machine: `accelerate config` does not ask the port, but `accelerate launch` passes the config's to
+        # torchrun as master_port here too (questions._port_asked); only a port the user gave is written.
+        doc["main_process_port"] = int(answers["main_process_port"])
 
     gpu_ids_asked = dtype in ("NO", "MULTI_GPU") and not use_cpu
     if gpu_ids_asked:
@@ -541,6 +545,9 @@ def notes(answers: dict, plan) -> list[str]:
                        "a GPU, so an \"auto\" value would be filled wrongly; DeepSpeed derives it.")
     out.extend(_offload_optimizer_notes(answers, rung))
     out.extend(_fp8_and_parallelism_notes(answers, rung, plan.topology.world_size))
+    if answers.get("main_process_port") is not None and distributed_type(plan, use_cpu) == "NO":
+        out.append(f"--main-process-port {answers['main_process_port']} is not written: a single process "
+                   "(distributed_type NO) meets no other on any port.")
     return out
 
 

@@ -122,6 +122,13 @@ def _check_port(value: int, ctx: Context, f: str) -> None:
         raise InputError(f, f"{value} is not a port", "0 (any free port) or 1..65535")
 
 
+def _port_asked(ctx: Context) -> bool:
+    """Asked for several machines; on one, taken when given: accelerate launch reads the config's
+    main_process_port for one machine's torchrun too (utils/launch.py prepare_multi_gpu_env and
+    prepare_deepspeed_cmd_env set master_port from it), so two jobs on one machine can each have theirs."""
+    return _multi_node(ctx) or ctx.given.get("main_process_port") is not None
+
+
 def _check_machine_rank(value: int, ctx: Context, f: str) -> None:
     n = _num_machines(ctx)
     if not 0 <= value < n:
@@ -516,7 +523,7 @@ QUESTIONS: tuple[Question, ...] = (
        allowed="an IPv4/IPv6 address or a host name such as 10.0.0.1 or node01"),
     _q("main_process_port", "Main process port",
        "The rendezvous port on the main machine; it must be free and open between nodes. 0 picks a free one.",
-       "int", "machines", metavar="PORT", when=_multi_node, default=DEFAULT_PORT, check=_check_port,
+       "int", "machines", metavar="PORT", when=_port_asked, default=DEFAULT_PORT, check=_check_port,
        allowed="0 (any free port) or 1..65535",
        why="29500 is torchrun's default; pick another when two jobs share a machine."),
     _q("inter_node_gbps", "Network between machines (Gb/s per machine)",

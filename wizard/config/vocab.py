@@ -36,3 +36,16 @@ PARALLELISM_CP_COMM_STRATEGIES = ("allgather", "alltoall")   # TorchContextParal
 REJECTED_BESIDE_DS_FILE = ("gradient_accumulation_steps", "gradient_clipping", "zero_stage",
                            "offload_optimizer_device", "offload_param_device", "offload_param_nvme_path",
                            "offload_optimizer_nvme_path", "zero3_save_16bit_model", "mixed_precision")
+# Where the DeepSpeed config accelerate builds from an inline `deepspeed_config` block puts each of those keys
+# (DeepSpeedPlugin.__post_init__; tests/unit/test_check_library_facts.py builds the plugin to hold it to that):
+# the JSON key that says the same thing when a deepspeed_config_file is used instead.
+DS_KEY_OF_YAML_KEY = {
+    "gradient_accumulation_steps": "gradient_accumulation_steps",
+    "gradient_clipping": "gradient_clipping",
+    "zero_stage": "zero_optimization.stage",
+    "offload_optimizer_device": "zero_optimization.offload_optimizer.device",
+    "offload_param_device": "zero_optimization.offload_param.device",
+    "offload_optimizer_nvme_path": "zero_optimization.offload_optimizer.nvme_path",
+    "offload_param_nvme_path": "zero_optimization.offload_param.nvme_path",
+    "zero3_save_16bit_model": "zero_optimization.stage3_gather_16bit_weights_on_model_save",
+}

@@ -11,11 +11,14 @@ import argparse
 import json
 import os
 import sys
-from typing import Any, Sequence
+from typing import Sequence
 
 from wizard import __version__
 from wizard.errors import (EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_NOTHING_FITS, EXIT_WRITTEN_BUT_FAILED,
                            InputError, WizardError, clear_stop, note_stop, stop_signal)
+from wizard.frontends.flags import (UNDERSCORES, add_calibration_flag, add_common_flags, add_hardware_flags,
+                                    add_question_flags, refuse_empty_values, request)
+from wizard.frontends.non_interactive import cmd_non_interactive, nothing_fits_exit
 
 SUBCOMMANDS = ("probe", "plan", "compare", "check", "launch", "attach", "stop", "runs", "tune", "env", "preflight")
 
@@ -86,53 +89,6 @@ def dashed_spelling(args: list[str], options: dict[str, argparse.Action]) -> lis
     return out
 
 
-def _add_question_flags(parser: argparse.ArgumentParser) -> None:
-    from wizard.config.answers import cli_arguments
-    groups: dict[str, argparse._ArgumentGroup] = {}
-    for flag, kwargs in cli_arguments():
-        title = kwargs.pop("group", None) or "options"
-        group = groups.get(title) or parser.add_argument_group(title)
-        groups[title] = group
-        kwargs["help"] = f"{kwargs['help']} (default: {help_default(kwargs['dest'])})"
-        group.add_argument(flag, default=argparse.SUPPRESS, **kwargs)
-
-
-def help_default(qid: str) -> str:
-    """The default a question's flag has, as --help shows it: the value where it is fixed, else what
-    it is computed from (the plan's and the hardware's defaults are shown by `wizard plan`)."""
-    from wizard.config.questions import Context, by_id
-    from wizard.frontends.session import format_value
-    q = by_id(qid)
-    if q.help_default:
-        return q.help_default
-    if not q.fixed_default:
-        return "from the hardware and the plan"
-    value = q.default(Context(hardware=None))
-    if value is None:
-        return "unset"
-    return format_value(q, value).replace("%", "%%")
-
-
-def _add_common_flags(parser: argparse.ArgumentParser, *, json_help: str) -> None:
-    g = parser.add_argument_group("input and output")
-    g.add_argument("--answers", metavar="FILE", default=argparse.SUPPRESS,
-                   help="YAML/JSON answers keyed by question id (flags win over the file)")
-    _add_hardware_flags(g)
-    g.add_argument("--output-dir", metavar="D", default=argparse.SUPPRESS,
-                   help="where default_config.yaml and ds_config.json go (default: accelerate's config dir)")
-    g.add_argument("--dry-run", action="store_true", default=argparse.SUPPRESS, help="write nothing")
-    g.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help=json_help)
-
-
-def _add_hardware_flags(g) -> None:
-    g.add_argument("--hardware", metavar="FILE", default=argparse.SUPPRESS,
-                   help="replay a saved `wizard probe --json` instead of probing this machine")
-    g.add_argument("--assume", metavar="SPEC", default=argparse.SUPPRESS,
-                   help="plan for another machine, e.g. 8xH100-80GB, 4xA100-40GB,ram=512G, 2xRTX4090")
-
-
-UNDERSCORES = "Every flag also takes accelerate's underscore spelling (--num_processes = --num-processes)."
-
 NON_INTERACTIVE_DESCRIPTION = (
     "wizard --non-interactive: never prompts. Every answer comes from the flags, then --answers FILE, then the "
     "recommended default shown after each flag; the files are validated by accelerate, DeepSpeed and "
@@ -169,8 +125,8 @@ def build_parser(non_interactive: bool = False) -> argparse.ArgumentParser:
                       help="--plain: write the files without asking \"Write these files?\" at the end (the "
                            "questions still need a terminal; a script gives its answers with --non-interactive "
                            "--answers FILE)")
-    _add_common_flags(p, json_help="print the machine-readable result")
-    _add_question_flags(p)
+    add_common_flags(p, json_help="print the machine-readable result")
+    add_question_flags(p)
     return p
 
 
@@ -187,7 +143,7 @@ def build_subparser(name: str) -> argparse.ArgumentParser:
     if name == "probe":
         p.description = "What this machine has: GPUs (NVML), interconnect, CPU, RAM, disk, library versions."
         g = p.add_argument_group("input and output")
-        _add_hardware_flags(g)
+        add_hardware_flags(g)
         g.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON")
         g.add_argument("--output-dir", metavar="D", default=argparse.SUPPRESS,
                        help="directory whose free disk is reported (default: accelerate's config dir)")
@@ -198,9 +154,9 @@ def build_subparser(name: str) -> argparse.ArgumentParser:
     if name == "plan":
         p.description = "The memory ladder and the choice, with every rung's per-GPU arithmetic. Writes nothing."
         p.epilog = UNDERSCORES
-        _add_common_flags(p, json_help="print the machine-readable plan")
-        _add_question_flags(p)
-        _add_calibration_flag(p)
+        add_common_flags(p, json_help="print the machine-readable plan")
+        add_question_flags(p)
+        add_calibration_flag(p)
         p.set_defaults(func=cmd_plan)
         return p
     if name == "tune":
@@ -211,21 +167,15 @@ def build_subparser(name: str) -> argparse.ArgumentParser:
     raise ValueError(name)
 
 
-def _add_calibration_flag(p: argparse.ArgumentParser,
-                          help: str = "show the raw model, without the ratios `wizard tune` measured on this "
-                                      "machine") -> None:
-    p.add_argument("--no-calibration", action="store_true", default=False, help=help)
-
-
 def build_tune_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     from wizard import tune
     p.description = ("wizard tune [OPTIONS] -- SCRIPT [ARGS...]: run the plan's best candidates with your own script "
                      "for a few optimizer steps each (bounded trials under the launch supervisor), show predicted "
                      "against measured, write the measured winner and calibrate later plans on this machine.")
     p.epilog = UNDERSCORES
-    _add_common_flags(p, json_help="print the whole table as JSON")
-    _add_question_flags(p)
-    _add_calibration_flag(p, help="pick the candidates by the raw model, without this machine's earlier ratios, "
+    add_common_flags(p, json_help="print the whole table as JSON")
+    add_question_flags(p)
+    add_calibration_flag(p, help="pick the candidates by the raw model, without this machine's earlier ratios, "
                                   "and record none from these trials")
     g = p.add_argument_group("trials")
     g.add_argument("--steps", type=int, default=tune.DEFAULT_STEPS, metavar="N",
@@ -272,44 +222,32 @@ def _registered_subparser(name: str) -> argparse.ArgumentParser:
     return sub.choices[name]
 
 
-def launch_config_findings(path: str) -> list:
-    """What `wizard launch` checks before accelerate starts: `wizard check` on the config alone."""
+# The warnings `wizard launch` shows before it starts: the config against this machine (a GPU config where there is
+# no GPU runs every process on the CPU, for minutes before anything shows).
+LAUNCH_WARNINGS = ("ACC-NUM-PROCESSES-EXCEEDS-GPUS",)
+
+
+def launch_config_findings(path: str, here: bool = True) -> list:
+    """What `wizard launch` checks before accelerate starts: `wizard check` on the config alone and, when it runs
+    `here`, against this machine's probe (as `wizard preflight` checks each node). Its errors and the
+    LAUNCH_WARNINGS."""
     from wizard.check.doctor import run_check
-    return run_check(config_file=path, use_default_config=False)
-
-
-def _given(ns: argparse.Namespace) -> dict[str, Any]:
-    """Question answers: the answers file first, flags over it."""
-    from wizard.config.answers import load_answers_file, merge_given, values_from_namespace
-    from_file = load_answers_file(ns.answers) if getattr(ns, "answers", None) else {}
-    return merge_given(values_from_namespace(ns), from_file)
-
-
-_NOT_EMPTY = {"answers": "a YAML or JSON answers file", "hardware": "a file written by `wizard probe --json`",
-              "assume": "a machine such as 8xH100-80GB", "output_dir": "a directory (omit the flag for the default)"}
-
-
-def _refuse_empty_values(ns: argparse.Namespace) -> None:
-    """`--assume ""` must not quietly probe this machine, nor `--output-dir ""` write to the default dir."""
-    for dest, allowed in _NOT_EMPTY.items():
-        value = getattr(ns, dest, None)
-        if value is not None and not str(value).strip():
-            raise InputError(dest.replace("_", "-"), "is empty", allowed)
-
-
-def _request(ns: argparse.Namespace):
-    from wizard.pipeline import Request
-    _refuse_empty_values(ns)
-    return Request(given=_given(ns), hardware_file=getattr(ns, "hardware", None), assume=getattr(ns, "assume", None),
-                   output_dir=getattr(ns, "output_dir", None), dry_run=bool(getattr(ns, "dry_run", False)),
-                   calibrate=not getattr(ns, "no_calibration", False))
+    hw = None
+    if here:
+        from wizard.probe import hardware
+        try:
+            hw = hardware.probe()
+        except Exception:  # noqa: BLE001 - a probe that fails checks the files alone, as before
+            hw = None
+    findings = run_check(config_file=path, use_default_config=False, hardware=hw)
+    return [f for f in findings if f.severity == "error" or f.rule in LAUNCH_WARNINGS]
 
 
 # ----------------------------------------------------------------------------- commands
 
 def cmd_probe(ns: argparse.Namespace) -> int:
     from wizard.probe import hardware
-    _refuse_empty_values(ns)
+    refuse_empty_values(ns)
     from wizard.pipeline import default_output_dir, load_hardware
     hw = load_hardware(getattr(ns, "hardware", None), getattr(ns, "assume", None),
                        getattr(ns, "output_dir", None) or default_output_dir(), getattr(ns, "nvme_path", None))
@@ -328,7 +266,7 @@ def cmd_plan(ns: argparse.Namespace) -> int:
 
     from wizard.frontends import report
     from wizard.pipeline import build
-    req = replace(_request(ns), plan_only=True)
+    req = replace(request(ns), plan_only=True)
     result = build(req)
     if getattr(ns, "json", False):
         from wizard.pipeline import to_json
@@ -337,7 +275,8 @@ def cmd_plan(ns: argparse.Namespace) -> int:
         print(json.dumps(doc, indent=2, sort_keys=True, default=str))
     else:
         report.print_plan(result)
-    return _nothing_fits_exit(result, alternatives_shown=not getattr(ns, "json", False))
+        report.print_script_settings(result)
+    return nothing_fits_exit(result, alternatives_shown=not getattr(ns, "json", False))
 
 
 def cmd_tune(ns: argparse.Namespace) -> int:
@@ -352,7 +291,7 @@ def cmd_tune(ns: argparse.Namespace) -> int:
     if beside and not (getattr(ns, "answers", None) or getattr(ns, "model", None) or getattr(ns, "params", None)):
         ns.answers = beside      # the script's own answers (its model, its processes): tune needs a model like plan
         print(f"wizard: answers from {beside} (beside the script)", file=sys.stderr)
-    req = _request(ns)
+    req = request(ns)
     if not req.dry_run:
         from wizard.fsutil import check_writable_dir
         from wizard.pipeline import default_output_dir
@@ -387,71 +326,6 @@ def script_answers_file(script: str) -> str | None:
     return None
 
 
-def _nothing_fits_exit(result, alternatives_shown: bool = False) -> int:
-    """`alternatives_shown`: the text plan printed its `Instead:` lines; the exit line does not repeat them."""
-    if result.plan.choice is not None:
-        return 0
-    from wizard.frontends import report
-    print(f"wizard: {report.nothing_fits_message(result, alternatives_shown)}", file=sys.stderr)
-    return EXIT_NOTHING_FITS
-
-
-def cmd_non_interactive(ns: argparse.Namespace) -> int:
-    from wizard.frontends import report
-    from wizard.pipeline import build, to_json, validate, write
-    req = _request(ns)
-    _preload_validation_in_background()
-    if not req.dry_run:
-        from wizard.fsutil import check_writable_dir
-        from wizard.pipeline import default_output_dir
-        check_writable_dir(os.path.abspath(os.path.expanduser(req.output_dir or default_output_dir())))
-    result = build(req)
-    as_json = bool(getattr(ns, "json", False))
-    if result.plan.choice is None:
-        if as_json:
-            print(json.dumps(to_json(result), indent=2, sort_keys=True, default=str))
-        else:
-            report.print_plan(result)
-        return _nothing_fits_exit(result, alternatives_shown=not as_json)
-    # The files are judged by the installed libraries from here on: a version outside the tested range is
-    # named (one line, stderr) before the verdict, whatever it is.
-    from wizard.frontends.env import note_untested_versions
-    note_untested_versions()
-    validate(result)
-    if result.errors:
-        if as_json:
-            print(json.dumps(to_json(result), indent=2, sort_keys=True, default=str))
-        report.print_findings(result.findings, file=sys.stderr)
-        print("wizard: the generated configuration failed validation; nothing was written", file=sys.stderr)
-        return 1
-    if not req.dry_run:
-        write(result, req.given)
-    if as_json:
-        doc = to_json(result)
-        if req.dry_run:
-            doc["files"] = {"accelerate_config": None, "deepspeed_config": None}
-        print(json.dumps(doc, indent=2, sort_keys=True, default=str))
-    else:
-        report.print_plan(result)
-        report.print_written(result, dry_run=req.dry_run)
-        report.print_adapter_snippet(result)
-    return 0
-
-
-def _preload_validation_in_background() -> None:
-    """Importing accelerate/DeepSpeed/transformers takes seconds: overlap it with probing and sizing."""
-    import threading
-
-    def preload():
-        try:
-            from wizard.config.validate import preload as load
-            load()
-        except Exception:  # a library's import can raise anything; validation imports it again and reports it
-            pass
-
-    threading.Thread(target=preload, name="wizard-preload", daemon=True).start()
-
-
 def cmd_interactive(ns: argparse.Namespace) -> int:
     plain = ns.plain or os.environ.get("TERM") == "dumb"
     if not (sys.stdin.isatty() and sys.stdout.isatty()):
@@ -462,7 +336,7 @@ def cmd_interactive(ns: argparse.Namespace) -> int:
               "answers by name: `wizard --non-interactive --answers FILE` (or the same options as flags); "
               "over SSH, connect with `ssh -t`", file=sys.stderr)
         return EXIT_BAD_INPUT
-    req = _request(ns)
+    req = request(ns)
     if plain:
         from wizard.frontends.prompts import run_plain
         return run_plain(req, yes=bool(getattr(ns, "yes", False)))
@@ -481,8 +355,63 @@ _ending: list[bool] = []        # non-empty once the command has returned or rai
 
 def _interrupt(signum, frame):
     note_stop(signum)
-    if not _ending:
-        raise KeyboardInterrupt(f"signal {signum}")
+    if _ending:
+        return
+    caller = frame_outside_finalisers(frame)
+    if caller is not frame:
+        # An exception raised in a __del__ is printed ("Exception ignored in: <function SetBase.__del__>", the
+        # regex package's, run by the garbage collector while a library loads) and dropped, and the command
+        # would go on: raise it in the frame the finaliser interrupted instead, as that frame goes on.
+        raise_when_it_goes_on(caller, KeyboardInterrupt(f"signal {signum}"))
+        return
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def frame_outside_finalisers(frame):
+    """`frame` itself, or, when it runs inside an object's __del__ (anywhere up its stack), where Python ignores
+    whatever is raised, the frame the outermost such finaliser interrupted (None: no Python frame). Weakref
+    callbacks are finalisers too but look like any function: they are not told apart."""
+    outside, f = frame, frame
+    while f is not None:
+        if f.f_code.co_name == "__del__":
+            outside = f.f_back
+        f = f.f_back
+    return outside
+
+
+def raise_when_it_goes_on(frame, exc: BaseException) -> None:
+    """Raise `exc` in `frame` at its next line (or in its caller's, should it return first), through a trace
+    function set for that moment only; the thread's own trace function (a debugger's, coverage's) is put back."""
+    if frame is None or _raise_pending:
+        return                              # a second Ctrl-C before the first is raised: that one will do
+    previous_global, previous_local = sys.gettrace(), frame.f_trace
+
+    def restore() -> None:
+        sys.settrace(previous_global)
+        target.f_trace = previous_local
+        _raise_pending.clear()
+
+    def local(f, event, arg):
+        nonlocal target, previous_local
+        if event == "return" and f.f_back is not None:
+            restore()
+            _raise_pending.append(True)
+            target, previous_local = f.f_back, f.f_back.f_trace
+            sys.settrace(lambda *a: None)
+            target.f_trace, target.f_trace_lines = local, True
+            return None
+        if event in ("line", "opcode", "exception"):
+            restore()
+            raise exc
+        return local
+
+    target = frame
+    _raise_pending.append(True)
+    sys.settrace(lambda *a: None)          # local trace functions run only while a global one is set
+    frame.f_trace, frame.f_trace_lines = local, True
+
+
+_raise_pending: list[bool] = []           # non-empty while raise_when_it_goes_on waits for its frame
 
 
 def _record_only(signum, frame):
@@ -572,6 +501,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     encoding_errors = _print_any_string()
     code: int | None = None
     _ending.clear()
+    _raise_pending.clear()
     try:
         try:
             code, error = _main(args), None

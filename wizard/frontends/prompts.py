@@ -1,7 +1,7 @@
 """`wizard --plain` (and TERM=dumb): the wizard's questions inline with questionary, one after another.
 
-The same question table, defaults and validation as the TUI and the flags (Question.parse runs as
-questionary's validator), the same state and pipeline (wizard.frontends.session.WizardState, which imports
+The same question table, defaults and validation as the TUI and the flags (Question.parse runs on each answer;
+a refused one gets its whole message and the question again), the same state and pipeline (wizard.frontends.session.WizardState, which imports
 no UI): hardware -> model and training -> the plan (printed by wizard.frontends.report) -> use it, or change
 the strategy (defaulting to the plan's choice) or any one answer by name and plan again ->
 machines and details -> validation -> "Write these files?" (--yes skips it) -> atomic writes.
@@ -10,7 +10,7 @@ the sequence short. Every slow step (probe, sizing, validation) prints a line fi
 during it are dropped rather than taken as answers to questions the user has not seen.
 
 Ctrl+C anywhere: "Cancelled; nothing written.", exit 130 (prompts use unsafe_ask, so Ctrl+C is
-never mistaken for an answer).
+never mistaken for an answer). Choosing to quit, or not to write: "Quit; nothing written.", exit 0.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ from wizard import pipeline
 from wizard.config.questions import Question, for_stage
 from wizard.errors import EXIT_INTERRUPTED, EXIT_NOTHING_FITS, InputError
 
-CANCELLED = "Cancelled; nothing written."
+CANCELLED = "Cancelled; nothing written."        # Ctrl+C: exit 130
+QUIT = "Quit; nothing written."                 # the user chose not to write (Quit, "Write these files?" no): exit 0
 
 
 class _Prompter:
@@ -47,16 +48,6 @@ class _Prompter:
         print(text, file=self.out)
         self.out.flush()
 
-    def validator(self, q: Question, extra=None):
-        def validate(raw: str) -> bool | str:
-            try:
-                value = q.parse(raw, self.state.context_for(q.id))
-                if extra is not None:
-                    extra(value)
-            except InputError as e:
-                return str(e)
-            return True
-        return validate
 
     def drop_typeahead(self) -> None:
         """Keys typed during a slow step would answer questions not yet shown: drop them (a real terminal only)."""
@@ -88,9 +79,20 @@ class _Prompter:
             default = next((c for c in choices if c.value == current), None)
             value = questionary.select(message, choices=choices, default=default, **self._kw()).unsafe_ask()
             return q.parse(value, ctx)
-        raw = questionary.text(message, default=format_value(q, current), validate=self.validator(q, extra),
-                               validate_while_typing=False, **self._kw()).unsafe_ask()
-        return q.parse(raw, self.state.context_for(q.id))
+        # Checked after Enter, not by a validator inside the prompt: prompt_toolkit shows a validator's message on one
+        # line, cut at the terminal's width, and anything printed meanwhile (sizing a model) scrolls the prompt away,
+        # leaving the rejected text in it, unseen, for the next entry to be appended to. A rejected value gets its
+        # whole message, wrapped, and the question again as it was first asked.
+        while True:
+            raw = questionary.text(message, default=format_value(q, current), **self._kw()).unsafe_ask()
+            try:
+                value = q.parse(raw, self.state.context_for(q.id))
+                if extra is not None:
+                    extra(value)
+            except InputError as e:
+                self.say(f"  ✗ {e}")
+                continue
+            return value
 
     def ask_stage(self, stages: tuple[str, ...], skip: tuple[str, ...] = (),
                   defaults: dict[str, Any] | None = None) -> None:
@@ -114,8 +116,11 @@ class _Prompter:
         """The model question's validation also sizes it: a path without config.json is refused
         at the prompt, with the same message as everywhere else."""
         if value and ("model", value) not in self.state.models:
-            self.say(f"\nSizing {value} from its config (no weights) ...")
-            self.state.models[("model", value)] = _size(value)
+            self.say(f"Sizing {value} from its config (no weights) ...")
+            try:
+                self.state.models[("model", value)] = _size(value)
+            finally:
+                self.drop_typeahead()
 
     def replan(self) -> None:
         import time
@@ -236,10 +241,23 @@ def _measure(p: _Prompter) -> None:
         state.use_measured(result.winner.candidate)
 
 
+def next_actions(state) -> list[tuple[str, str]]:
+    """(value, label) of the "Next" menu after the plan. Measure only where it can run: for a plan of this machine
+    (session.measure_unavailable, the TUI's own test), never offered and then refused."""
+    from wizard.frontends.session import measure_unavailable
+    choice = state.plan.choice if state.plan is not None else None
+    actions = [("use", f"Use {choice.name}")] if choice is not None else []
+    actions += [("strategy", "Change the strategy (backend, ZeRO stage, offload, ...)"),
+                ("one", "Change one answer and plan again")]
+    if choice is not None and not measure_unavailable(state):
+        actions.append(("measure", "Measure the best candidates with your training script (wizard tune)"))
+    return actions + [("quit", "Quit without writing")]
+
+
 def run_plain(request: pipeline.Request, *, input=None, output=None, out: TextIO | None = None,
               yes: bool = False) -> int:
-    """Ask, plan, ask the details, validate, confirm (unless `yes`), write. Returns the exit code
-    (130 on Ctrl+C or when the writing is declined)."""
+    """Ask, plan, ask the details, validate, confirm (unless `yes`), write. Returns the exit code (130 on Ctrl+C;
+    0 when the user quits or declines the writing, as the TUI's Quit key; 3 quitting where nothing fits)."""
     from wizard.fsutil import written_files
     already = len(written_files())
     try:
@@ -289,18 +307,13 @@ def _run(request: pipeline.Request, input, output, out: TextIO | None, yes: bool
         choice = state.plan.choice
         if choice is None:
             p.say(f"wizard: {state.error}")
-        options = ([questionary.Choice(f"Use {choice.name}", value="use")] if choice is not None else []) + [
-            questionary.Choice("Change the strategy (backend, ZeRO stage, offload, ...)", value="strategy"),
-            questionary.Choice("Change one answer and plan again", value="one"),
-            *([questionary.Choice("Measure the best candidates with your training script (wizard tune)",
-                                  value="measure")] if choice is not None else []),
-            questionary.Choice("Quit without writing", value="quit")]
+        options = [questionary.Choice(label, value=value) for value, label in next_actions(state)]
         action = questionary.select("Next", choices=options, default=options[0], **p._kw()).unsafe_ask()
         if action == "use":
             break
         if action == "quit":
-            p.say(CANCELLED)
-            return EXIT_NOTHING_FITS if choice is None else EXIT_INTERRUPTED
+            p.say(QUIT)
+            return EXIT_NOTHING_FITS if choice is None else 0
         if action == "measure":
             _measure(p)
         elif action == "strategy":
@@ -324,8 +337,8 @@ def _run(request: pipeline.Request, input, output, out: TextIO | None, yes: bool
         for line in _change_lines(result):
             p.say(line)
         if not yes and not questionary.confirm("Write these files?", default=True, **p._kw()).unsafe_ask():
-            p.say(CANCELLED)
-            return EXIT_INTERRUPTED
+            p.say(QUIT)
+            return 0
         state.write(result)
     report.print_written(result, dry_run=request.dry_run, file=p.out)
     if not request.dry_run:

@@ -227,6 +227,7 @@ def print_written(result, dry_run: bool, file: TextIO | None = None, script: lis
     if dry_run:
         print(f"Dry run: nothing written. Would write {result.yaml_path}"
               + (f" and {result.ds_path}" if result.ds_text is not None else ""), file=out)
+        print_script_settings(result, file=out)
         return
     for w in result.writes:
         if not w.changed:
@@ -247,6 +248,7 @@ def print_written(result, dry_run: bool, file: TextIO | None = None, script: lis
     print("Validated with accelerate, DeepSpeed and transformers: "
           + ("OK" if not warnings else f"OK with {len(warnings)} warning(s)"), file=out)
     print_findings(warnings, file=out)
+    print_script_settings(result, file=out)
     import shlex
     what = shlex.join(script) if script else "your_train.py [args]"
     from wizard.frontends.snippets import where_to_launch
@@ -256,6 +258,24 @@ def print_written(result, dry_run: bool, file: TextIO | None = None, script: lis
     for i, (where, command) in enumerate(steps):
         line = f"{where}: {command}" if where and command else where or command
         print(f"{'Next: ' if i == 0 else '      '}{line}", file=out)
+
+
+def script_settings_lines(result) -> list[str]:
+    """What the training script must set for the plan to hold and no written file carries (gradient checkpointing
+    first): config.script_settings, the list every face prints."""
+    from wizard.config.script_settings import SETTINGS_TITLE, script_settings
+    if result.plan.choice is None:
+        return []
+    trainer = str(result.answers.get("trainer") or "hf")
+    settings = script_settings(result.answers, result.plan)
+    return [SETTINGS_TITLE] + [f"  - {s.line(trainer)}" for s in settings] if settings else []
+
+
+def print_script_settings(result, file: TextIO | None = None) -> None:
+    out = wrapping(file)
+    for line in script_settings_lines(result):
+        print(line, file=out)
+    out.flush()
 
 
 def print_adapter_snippet(result, file: TextIO | None = None) -> None:

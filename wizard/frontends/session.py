@@ -236,6 +236,9 @@ class WizardState:
         parameter count, which it replaces."""
         order = _ORDER.get(qid, len(_ORDER))
         source = self.full_answers or self.answers
+        if self.error:
+            # the inputs do not plan: the answers are the last plan's; what was typed since (3 machines) counts
+            source = {**source, **self.entered}
         answers = {k: v for k, v in source.items() if _ORDER.get(k, -1) < order}
         given = self.given()
         if qid == "model":
@@ -243,7 +246,10 @@ class WizardState:
         return Context(hardware=self.hardware, model=self.model, plan=self.plan, answers=answers, given=given)
 
     def value_of(self, qid: str) -> Any:
-        """The current answer shown for a question (entered, else the default), or None when not asked."""
+        """The current answer shown for a question (entered, else the default), or None when not asked. While the
+        inputs do not plan (self.error), what was typed is shown, not the answer of the last plan that worked."""
+        if self.error and qid in self.entered:
+            return self.entered[qid]
         source = self.full_answers if self.full_answers else self.answers
         return source.get(qid)
 
@@ -267,8 +273,10 @@ class WizardState:
             return None
         given = self.given()
         try:
-            # With the PLAN_DETAILS (fsdp_version): a change on the Details screen re-plans.
-            answers = pipeline.resolve_pre_plan(self.hardware, given)
+            # With the PLAN_DETAILS (fsdp_version): a change on the Details screen re-plans. Planning needs no
+            # main_process_ip (FILES_ONLY): two machines are planned at once, and the Details screen, which shows
+            # the address field then, asks for it before the files (files_problem).
+            answers = pipeline.resolve_pre_plan(self.hardware, given, plan_only=True)
         except InputError as e:
             self._fail(e)
             return None
@@ -340,7 +348,7 @@ class WizardState:
         self.plan = None
         self.full_answers = {}
         self.error = str(e)
-        self.error_field = field or _question_for_field(e.field)
+        self.error_field = field or question_for_field(e.field)
 
     def _ladder_answers(self, answers: dict[str, Any]) -> dict[str, Any]:
         """The answers the ladder is walked with: after a pick, the strategy from before it, so
@@ -432,8 +440,14 @@ class WizardState:
 
     @property
     def ready(self) -> bool:
-        """A plan with a choice and every answer valid: the files can be rendered."""
+        """A plan with a choice and every answer valid: the details can be asked."""
         return self.plan is not None and self.plan.choice is not None and bool(self.full_answers)
+
+    def files_problem(self) -> InputError | None:
+        """What the files still need that planning did not (main_process_ip for several machines), or None."""
+        if not self.ready:
+            return None
+        return pipeline.missing_for_files(self.hardware, self.full_answers)
 
     # ------------------------------------------------------------------ files
 
@@ -441,6 +455,9 @@ class WizardState:
         """The documents for the current answers (nothing written, nothing validated yet)."""
         if not self.ready:
             raise RuntimeError(self.error or "no plan yet")
+        missing = self.files_problem()
+        if missing is not None:
+            raise RuntimeError(str(missing))
         result = pipeline.Result(hardware=self.hardware, model=self.model, plan=self.plan,
                                  answers=dict(self.full_answers), output_dir=self.output_dir,
                                  yaml_path=os.path.join(self.output_dir, "default_config.yaml"),
@@ -452,6 +469,26 @@ class WizardState:
         writes = pipeline.write(result, self.given())
         self.written = True
         return writes
+
+
+def measure_unavailable(state: WizardState) -> str | None:
+    """Why Measure cannot run for this plan, in the TUI's words, or None: the TUI offers `m` and --plain its menu entry
+    only where it can. Measure runs the user's script in trials on this machine (wizard.tune probes it), so it
+    measures only a plan for this machine's own GPUs or CPU processes: not one for an assumed machine (--assume), a
+    saved probe (--hardware) or a catalogue machine chosen on the Hardware screen."""
+    probed = state.probed
+    if probed is None:
+        return None
+    if state.target == TARGET_OTHER:
+        what = "another machine from the catalogue"
+    elif probed.source.startswith("assume:"):
+        what = f"an assumed machine ({probed.source[len('assume:'):]})"
+    elif probed.source.startswith("file:"):
+        what = "the machine of a saved probe"
+    else:
+        return None
+    return (f"Measure (m) is not offered: it runs your script in trials on this machine, and this plan is for "
+            f"{what}. Run the wizard on that machine to measure there")
 
 
 @dataclass(frozen=True)
@@ -485,7 +522,7 @@ def _spec_value(key: str, value: int) -> str:
     return str(value)
 
 
-def _question_for_field(field: str | None) -> str | None:
+def question_for_field(field: str | None) -> str | None:
     """The question id an InputError's field names ('--seq-len', 'seq-len' or 'seq_len')."""
     if not field:
         return None

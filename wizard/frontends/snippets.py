@@ -6,26 +6,7 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
-
-def checkpointing_argument() -> str:
-    """TrainingArguments' name for gradient checkpointing in the installed transformers:
-    `activation_checkpointing` where it exists (`gradient_checkpointing` is its deprecated alias
-    there), else `gradient_checkpointing`. Reads the dataclass only when transformers is already
-    imported (validation did it), never importing it here."""
-    import sys
-    module = sys.modules.get("transformers.training_args")
-    if module is not None:
-        fields = getattr(module.TrainingArguments, "__dataclass_fields__", {})
-        return "activation_checkpointing" if "activation_checkpointing" in fields else "gradient_checkpointing"
-    try:
-        from importlib.metadata import version
-        major = int(version("transformers").split(".")[0])
-    except (ImportError, ValueError, AttributeError):   # not installed (PackageNotFoundError), a version
-        return "gradient_checkpointing"                 # like "dev", metadata without a Version (None.split)
-    return "activation_checkpointing" if major >= 5 else "gradient_checkpointing"
-
-
-HF_OPTIM = {"adamw": "adamw_torch", "adamw-8bit": "adamw_bnb_8bit", "sgd": "sgd", "adafactor": "adafactor"}
+from wizard.config import script_settings
 
 
 def launch_commands(yaml_path: str, script: str = "train.py", args: list[str] | None = None) -> tuple[str, str]:
@@ -93,9 +74,9 @@ def training_arguments(answers: dict[str, Any], plan, ds_path: str | None) -> di
         kwargs["bf16"] = True
     elif precision == "fp16":
         kwargs["fp16"] = True
-    kwargs["optim"] = HF_OPTIM.get(answers.get("optimizer") or "adamw", "adamw_torch")
+    kwargs["optim"] = script_settings.HF_OPTIM.get(answers.get("optimizer") or "adamw", "adamw_torch")
     gc = bool(choice.gradient_checkpointing)
-    checkpointing = checkpointing_argument()
+    checkpointing = script_settings.checkpointing_argument()
     if choice.backend == "deepspeed":
         kwargs[checkpointing] = gc
         kwargs["deepspeed"] = ds_path

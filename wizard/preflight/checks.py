@@ -13,7 +13,8 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from wizard.units import fmt_bytes
+from wizard.check.gpu_fit import gpu_fit
+from wizard.units import fmt_bytes, printable
 
 OK, INFO, WARN, FAIL = "ok", "info", "warn", "fail"
 
@@ -281,31 +282,25 @@ def gpu_rows(node: int, host: str, exp: Expectation, facts: dict[str, Any]) -> l
         return [Row(node, host, "GPUs", FAIL, f"NVML did not answer within {g['timeout']:g} s (a hung driver)",
                     "check the GPUs with nvidia-smi; a driver that hangs NVML hangs training too")]
     gpus = g.get("gpus") or []
-    if not exp.uses_gpus:
+    # the one decision of `wizard check` and `wizard launch` too (check/gpu_fit.py)
+    ids = [str(i) for i in exp.gpu_ids] if exp.gpu_ids is not None else None
+    fit = gpu_fit(exp.processes_per_node, exp.num_machines, exp.uses_gpus, len(gpus), ids, place="node")
+    if fit.verdict == "cpu":
         return [Row(node, host, "GPUs", INFO, f"CPU processes: none needed ({len(gpus)} present)")]
     driver = f"driver {g.get('driver') or '?'}, CUDA {g.get('cuda') or '?'} (driver's)"
-    if not gpus:
-        # accelerate runs a GPU config's processes on the CPU (DDP over gloo) where torch finds no CUDA device: the
-        # run starts, far slower than planned. Nodes that differ (some with GPUs) fail in gpus_agree_rows.
-        return [Row(node, host, "GPUs", WARN, f"no GPU: {g.get('reason') or 'NVML found none'}; the config asks for "
-                    f"{exp.processes_per_node} GPU process{'es' if exp.processes_per_node != 1 else ''} per node, so "
-                    "accelerate would run them on the CPU over gloo",
-                    "run on GPU nodes (SLURM: --gpus-per-node), install the NVIDIA driver, or make a CPU config "
-                    "(`wizard --use-cpu yes`)")]
-    ids = exp.gpu_ids if exp.gpu_ids is not None else list(range(len(gpus)))
-    missing = [i for i in ids if i >= len(gpus)]
-    if missing:
-        return [Row(node, host, "GPUs", FAIL, f"gpu_ids {','.join(map(str, ids))} but this node has "
-                    f"{len(gpus)} GPU{'s' if len(gpus) != 1 else ''} (0-{len(gpus) - 1}); {driver}",
-                    f"gpu_ids: all, or ids below {len(gpus)}")]
-    used = [gpus[i] for i in ids]
+    if fit.verdict == "no-gpu":
+        # the run starts, far slower than planned: a warning. Nodes that differ (some with GPUs) fail in
+        # gpus_agree_rows.
+        return [Row(node, host, "GPUs", WARN, f"no GPU: {g.get('reason') or 'NVML found none'}; {fit.problem}",
+                    fit.fix)]
+    if fit.verdict == "bad-ids":
+        return [Row(node, host, "GPUs", FAIL, f"{fit.problem}; {driver}", fit.fix)]
+    used = [gpus[int(i)] for i in ids] if ids is not None else gpus
     names = sorted({u["name"] for u in used})
     smallest = min(u["memory_total"] for u in used)
     text = f"{len(used)} x {' + '.join(names)} ({fmt_bytes(smallest)}); {driver}"
-    if len(used) < exp.processes_per_node:
-        return [Row(node, host, "GPUs", FAIL, f"{text}: the config runs {exp.processes_per_node} processes per "
-                    "node, one per GPU", f"a node with {exp.processes_per_node} GPUs, or num_processes "
-                    f"{len(used) * exp.num_machines} for {exp.num_machines} machines of {len(used)}")]
+    if fit.verdict == "too-few":
+        return [Row(node, host, "GPUs", FAIL, f"{text}: {fit.problem}", fit.fix)]
     if exp.per_gpu_bytes and smallest < exp.per_gpu_bytes:
         return [Row(node, host, "GPUs", FAIL, f"{text}: the plan needs {fmt_bytes(exp.per_gpu_bytes)} per GPU",
                     "plan for these GPUs (`wizard` on this node) or run on the GPUs the plan was made for")]

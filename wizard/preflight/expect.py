@@ -9,9 +9,9 @@ import os
 import re
 from typing import Any
 
+from wizard.check.gpu_fit import uses_gpus as config_uses_gpus
+from wizard.paths import plan_file_beside
 from wizard.preflight.checks import Expectation
-
-PLAN_FILE = "wizard_plan.json"
 
 
 def _int(v: Any) -> int | None:
@@ -26,7 +26,7 @@ def read_plan(config_file: str | None) -> dict[str, Any] | None:
     if not config_file:
         return None
     try:
-        return read_json_object(os.path.join(os.path.dirname(os.path.abspath(config_file)), PLAN_FILE))
+        return read_json_object(plan_file_beside(config_file))
     except Exception:            # a plan that cannot be read leaves the expectations to the config alone
         return None
 
@@ -105,12 +105,9 @@ def expectation(config_file: str | None, main_ip: str | None = None, main_port: 
     machines = _int(accel.get("num_machines")) or 1
     total = _int(accel.get("num_processes")) or 1
     per_node = max(1, total // machines)
-    uses_gpus = not (str(accel.get("use_cpu", False)).lower() in ("true", "1", "yes")
-                     or str(accel.get("distributed_type", "NO")).upper() in ("MULTI_CPU", "XLA", "TPU"))
     plan = read_plan(config_file)
     p = (plan or {}).get("plan") or {}
-    if p.get("cpu_only"):
-        uses_gpus = False           # a DeepSpeed CPU-accelerator config keeps use_cpu: false (launch/slurm.py)
+    uses_gpus = config_uses_gpus(accel, plan)
     choice = p.get("choice") or {}
     ds = _ds_config(accel, config_file)
     zero = ds.get("zero_optimization") or {}

@@ -13,7 +13,9 @@ from wizard.check.rules import (  # noqa: F401
     hardware_plan,
     integration,
     libraries,
+    machines,
     methods,
     planned,
+    sky_task,
 )
 from wizard.check.rules.common import FIXERS, RULES, CheckContext, Rule  # noqa: F401

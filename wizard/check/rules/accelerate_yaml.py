@@ -18,7 +18,8 @@ import functools
 from typing import Any, Iterable
 
 from wizard.check.rules.common import CheckContext, as_int, finding, fixer, rule
-from wizard.config.vocab import REJECTED_BESIDE_DS_FILE
+from wizard.check.rules.yaml_verdicts import launch_outcome, loader_error
+from wizard.config.vocab import DS_KEY_OF_YAML_KEY, REJECTED_BESIDE_DS_FILE
 from wizard.probe.ports import port_in_use     # the busy test `wizard launch` uses too
 
 FAMILY = "accelerate"
@@ -82,16 +83,6 @@ def _launches_torchrun(ctx: CheckContext) -> bool:
     if ctx.acc_get("use_cpu") is True:
         return False
     return ctx.distributed_type in ("MULTI_GPU", "FSDP", "DEEPSPEED", "MEGATRON_LM") or ctx.num_machines > 1
-
-
-def gpu_id_list(ctx: CheckContext) -> list[str] | None:
-    """The ids of `gpu_ids` when it names GPUs, None for 'all' or absent."""
-    value = ctx.acc_get("gpu_ids")
-    if value is None or (isinstance(value, str) and value.strip().lower() == "all"):
-        return None
-    if isinstance(value, list):
-        return [str(v) for v in value]
-    return [part.strip() for part in str(value).split(",") if part.strip()]
 
 
 # ----------------------------------------------------------------------------- rules
@@ -243,6 +234,14 @@ def keys_beside_ds_file(ctx: CheckContext) -> Iterable:
             f"the choice to you", fix=f"choose one: for {_words(mine)}, {_keep(mine, ctx.ds_path)} and remove "
             f"mixed_precision from the YAML; for {_words(theirs)}, remove mixed_precision: {mine} from the YAML",
             when="launch")
+    for key, mine, theirs in _ds_keys_contradicted(ctx):
+        said = f"says {theirs!r}" if theirs is not None else "does not set it (DeepSpeed's default applies)"
+        yield finding(
+            "error", "ACC-KEYS-BESIDE-DS-FILE", ctx.acc_path, f"deepspeed_config.{key}",
+            f"deepspeed_config.{key}: {mine!r} here, but {ctx.ds_path} {said} at {DS_KEY_OF_YAML_KEY[key]}: "
+            f"{raises}, and dropping the key would silently train without your {mine!r}; --fix leaves the choice "
+            f"to you", fix=f"choose one: put {mine!r} at {DS_KEY_OF_YAML_KEY[key]} in {ctx.ds_path}, or keep the "
+            f"JSON's; then remove {key} from the YAML", when="launch")
     bad = _keys_beside_ds_file(ctx)
     if not bad:
         return
@@ -257,11 +256,48 @@ def _keys_beside_ds_file(ctx: CheckContext) -> list[str]:
     """The keys DeepSpeedPlugin rejects beside deepspeed_config_file that can go without changing the training
     (a top-level mixed_precision the DeepSpeed config contradicts is _precision_conflict's)."""
     block = ctx.acc_get("deepspeed_config") or {}
-    bad = [f"deepspeed_config.{k}" for k in REJECTED_BESIDE_DS_FILE if k in block]
+    contradicted = {key for key, _, _ in _ds_keys_contradicted(ctx)}
+    bad = [f"deepspeed_config.{k}" for k in REJECTED_BESIDE_DS_FILE if k in block and k not in contradicted]
     # launch sets mp_from_config_flag for any non-None YAML mixed_precision, even 'no'
     if ctx.acc_get("mixed_precision") is not None and _precision_conflict(ctx) is None:
         bad.insert(0, "mixed_precision")
     return bad
+
+
+def _ds_keys_contradicted(ctx: CheckContext) -> list[tuple[str, Any, Any]]:
+    """(key, the YAML's value, the JSON's value or None when it has none) for each deepspeed_config key beside
+    the file whose value the JSON does not carry as well: removing it would change the training. A JSON that
+    leaves the key to the trainer ("auto") contradicts nothing: the YAML's value is never what fills it."""
+    block = ctx.acc_get("deepspeed_config")
+    if ctx.ds is None or not isinstance(block, dict):
+        return []
+    out = []
+    for key, ds_key in DS_KEY_OF_YAML_KEY.items():
+        if key not in block:
+            continue
+        missing = object()
+        theirs = ctx.ds_get(ds_key, missing)
+        if theirs == "auto" or (theirs is not missing and _same_setting(block[key], theirs)):
+            continue
+        out.append((key, block[key], None if theirs is missing else theirs))
+    return out
+
+
+def _same_setting(mine: Any, theirs: Any) -> bool:
+    """Whether two spellings mean one value: 2 and 2.0, true and "true", "CPU" and "cpu"."""
+    numbers = [_as_float(v) for v in (mine, theirs)]
+    if None not in numbers:
+        return numbers[0] == numbers[1]
+    return str(mine).strip().lower() == str(theirs).strip().lower()
+
+
+def _as_float(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        return None
 
 
 def _precision_conflict(ctx: CheckContext) -> tuple[str, str, str] | None:
@@ -357,34 +393,6 @@ def ignored_by_launch(ctx: CheckContext) -> Iterable:
                 when="launch")
 
 
-@rule("ACC-NUM-PROCESSES-PER-NODE", FAMILY, "num_processes looks per-node on a multi-machine config")
-def num_processes_per_node(ctx: CheckContext) -> Iterable:
-    machines = ctx.num_machines
-    total = as_int(ctx.acc_get("num_processes"), None)
-    if machines <= 1 or total is None or total <= 0:
-        return
-    if total < machines or total % machines:
-        yield finding(
-            "error", "ACC-NUM-PROCESSES-PER-NODE", ctx.acc_path, "num_processes",
-            f"num_processes={total} over num_machines={machines}: num_processes is the TOTAL over all machines; "
-            f"torchrun gets nproc_per_node={total // machines} and the machines disagree on the world size",
-            fix=f"set num_processes to machines x GPUs per machine, e.g. {machines * max(1, total)}",
-            when="launch")
-        return
-    local_gpus = _local_gpus(ctx)
-    if local_gpus and total == local_gpus and total // machines < local_gpus:
-        yield finding(
-            "warning", "ACC-NUM-PROCESSES-PER-NODE", ctx.acc_path, "num_processes",
-            f"num_processes={total} equals the GPUs of one machine, but it is the total over {machines} machines: "
-            f"each machine will start only {total // machines} of its {local_gpus} GPUs",
-            fix=f"num_processes: {total * machines}", when="launch")
-
-
-def _local_gpus(ctx: CheckContext) -> int:
-    hw = ctx.hardware
-    return len(hw.gpus) if hw is not None else 0
-
-
 @rule("ACC-MAIN-PROCESS-UNSET", FAMILY, "several machines without the main machine's address (or port)")
 def main_process_unset(ctx: CheckContext) -> Iterable:
     """The wizard refuses to write this (emit: main_process_ip/port are required with more than one machine);
@@ -392,8 +400,6 @@ def main_process_unset(ctx: CheckContext) -> Iterable:
     own launch checks (the namespace of _validate_launch_command), not guessed from distributed_type."""
     if ctx.acc is None or ctx.num_machines <= 1:
         return
-    from wizard.check.rules.libraries import launch_outcome
-
     args = getattr(launch_outcome(ctx), "args", None)
     if args is None:
         return              # the loader or launch's checks stop earlier: their own findings say why
@@ -430,35 +436,6 @@ def main_process_unset(ctx: CheckContext) -> Iterable:
             f"machines, you need to specify the main process port.' before any process starts",
             fix=f"main_process_port: {DEFAULT_PORT} (free and open between the machines, the same on every one)",
             when="launch")
-
-
-@rule("ACC-NUM-PROCESSES-EXCEEDS-GPUS", FAMILY, "more processes per machine than GPUs present")
-def num_processes_exceeds_gpus(ctx: CheckContext) -> Iterable:
-    if ctx.acc is None or ctx.acc_get("use_cpu") is True:
-        return
-    gpus = _local_gpus(ctx)
-    if gpus == 0:
-        return          # no GPU seen here (CPU box, or planning for another machine without --assume)
-    per_node = max(1, ctx.num_processes // ctx.num_machines)
-    ids = gpu_id_list(ctx)
-    if ids is not None:
-        missing = [i for i in ids if not (i.isdigit() and int(i) < gpus)]
-        if missing:
-            yield finding(
-                "error", "ACC-NUM-PROCESSES-EXCEEDS-GPUS", ctx.acc_path, "gpu_ids",
-                f"gpu_ids names {', '.join(missing)} but this machine has GPUs 0-{gpus - 1}: CUDA_VISIBLE_DEVICES "
-                f"then hides the GPUs the processes expect",
-                fix=f"use ids between 0 and {gpus - 1}, or gpu_ids: all", when="launch")
-            return
-        available, what = len(ids), f"gpu_ids lists {len(ids)}"
-    else:
-        available, what = gpus, f"this machine has {gpus}"
-    if per_node > available:
-        yield finding(
-            "error", "ACC-NUM-PROCESSES-EXCEEDS-GPUS", ctx.acc_path, "num_processes",
-            f"{per_node} processes per machine but {what} GPU(s): two processes land on one GPU and NCCL "
-            f"fails at init ('Duplicate GPU detected') or they run out of memory",
-            fix=f"num_processes: {available * ctx.num_machines}", when="launch")
 
 
 @rule("ACC-PORT-IN-USE", FAMILY, "main process port already in use")
@@ -629,8 +606,6 @@ def fsdp1_key_under_fsdp2(ctx: CheckContext) -> Iterable:
 
 
 def _launch_error(ctx: CheckContext) -> str | None:
-    from wizard.check.rules.libraries import launch_outcome
-
     return getattr(launch_outcome(ctx), "error", None)
 
 
@@ -717,8 +692,6 @@ def fp8_backend_missing(ctx: CheckContext) -> Iterable:
 def fp8_ao_ram_efficient_loading(ctx: CheckContext) -> Iterable:
     if _fp8_backend(ctx) != "ao" or ctx.distributed_type != "FSDP":
         return
-    from wizard.check.rules.libraries import launch_outcome
-
     outcome = launch_outcome(ctx)
     plugin = getattr(outcome, "plugin", None)
     if plugin is None or not getattr(plugin, "cpu_ram_efficient_loading", False):
@@ -739,24 +712,6 @@ def loader_rejects(ctx: CheckContext) -> Iterable:
                   f"accelerate's config loader raises: {error}",
                   fix="regenerate with `wizard` or `accelerate config`, or fix the value named above",
                   when="launch")
-
-
-def loader_error(ctx: CheckContext) -> str | None:
-    """The one-line error of accelerate's real loader on this YAML, None when it loads."""
-    if "loader_error" in ctx.cache:
-        return ctx.cache["loader_error"]
-    error = None
-    from wizard.check.rules.libraries import yaml_on_disk
-
-    path = yaml_on_disk(ctx)     # the text being checked, also when it is not written yet
-    if path:
-        from accelerate.commands.config.config_args import load_config_from_file
-        try:
-            load_config_from_file(path)
-        except Exception as exc:  # noqa: BLE001 - any loader failure is the finding
-            error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-    ctx.cache["loader_error"] = error
-    return error
 
 
 @rule("ACC-DS-CONFIG-FILE-MISSING", FAMILY, "deepspeed_config_file points at a missing file")

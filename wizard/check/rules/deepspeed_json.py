@@ -566,14 +566,6 @@ def _get(cfg: dict[str, Any], dotted: str) -> Any:
     return node
 
 
-def _set(cfg: dict[str, Any], dotted: str, value: Any) -> None:
-    keys = dotted.split(".")
-    node = cfg
-    for key in keys[:-1]:
-        node = node.setdefault(key, {})
-    node[keys[-1]] = value
-
-
 # ----------------------------------------------------------------------------- rules
 
 
@@ -654,7 +646,9 @@ def _auto_is_the_default(dotted: str) -> str | None:
     return model.__name__ if model.model_fields[name].default == "auto" else None
 
 
-@rule("DS-TRAINER-MISMATCH", FAMILY, "explicit ds_config values that disagree with TrainingArguments", fixable=True)
+# Not fixable: each side is a value someone set (the TrainingArguments' one, or their default, against a ds_config
+# number), and README promises --fix never overrides a value you set: the finding names both, the user chooses.
+@rule("DS-TRAINER-MISMATCH", FAMILY, "explicit ds_config values that disagree with TrainingArguments")
 def trainer_mismatch(ctx: CheckContext) -> Iterable:
     if not _applies(ctx) or ctx.ta is None or not ctx.hf_trainer:
         return
@@ -667,18 +661,8 @@ def trainer_mismatch(ctx: CheckContext) -> Iterable:
             f"ds {m.ds_key}={m.ds_value!r} but TrainingArguments {m.hf_key}={m.hf_value!r}: transformers raises "
             f"'Please correct the following DeepSpeed config values that mismatch TrainingArguments values' "
             f"(all mismatches are listed here at once)",
-            fix=f'set "{m.ds_key}": "auto" (the Trainer then uses {m.hf_value!r}) or change the TrainingArguments',
-            when=when, fixable=True)
-
-
-@fixer("DS-TRAINER-MISMATCH")
-def fix_trainer_mismatch(ctx: CheckContext, findings: list) -> list[str]:
-    changed = []
-    for f in findings:
-        old = _get(ctx.ds, f.key)
-        _set(ctx.ds, f.key, "auto")
-        changed.append(f'{f.key}: {old!r} -> "auto" (the HF Trainer fills it from TrainingArguments)')
-    return changed
+            fix=f'choose one: set "{m.ds_key}": "auto" (the Trainer then uses {m.hf_value!r}), or '
+                f'{m.hf_key}={m.ds_value!r} in the TrainingArguments (--fix leaves the choice to you)', when=when)
 
 
 @rule("DS-FLOAT-BUCKET", FAMILY, "fractional float for an integer bucket/threshold", fixable=True)
@@ -740,18 +724,27 @@ def fix_odd_allgather(ctx: CheckContext, findings: list) -> list[str]:
 @rule("DS-AIO-IN-ZERO", FAMILY, "aio nested inside zero_optimization", fixable=True)
 def aio_in_zero(ctx: CheckContext) -> Iterable:
     if _applies(ctx) and isinstance(ctx.ds_get("zero_optimization"), dict) and "aio" in ctx.ds["zero_optimization"]:
+        two = _aio_blocks_differ(ctx)     # moving one over the other would drop settings you wrote
         yield finding(
             "error", "DS-AIO-IN-ZERO", _file(ctx), "zero_optimization.aio",
             "aio is inside zero_optimization (as in an old HF docs example): DeepSpeedZeroConfig raises "
-            "'Extra inputs are not permitted' at prepare", fix="move the aio block to the top level",
-            when="prepare", fixable=True)
+            "'Extra inputs are not permitted' at prepare" + (", and a top-level aio block with other values is "
+                                                            "there too; --fix leaves the choice to you" if two else ""),
+            fix="keep one aio block, at the top level" if two else "move the aio block to the top level",
+            when="prepare", fixable=not two)
+
+
+def _aio_blocks_differ(ctx: CheckContext) -> bool:
+    return "aio" in ctx.ds and ctx.ds["aio"] != ctx.ds["zero_optimization"]["aio"]
 
 
 @fixer("DS-AIO-IN-ZERO")
 def fix_aio_in_zero(ctx: CheckContext, findings: list) -> list[str]:
+    if _aio_blocks_differ(ctx):
+        return []
     block = ctx.ds["zero_optimization"].pop("aio")
     if "aio" in ctx.ds:
-        return [f"removed zero_optimization.aio (a top-level aio already exists): {block!r}"]
+        return ["removed zero_optimization.aio (the same block is at the top level)"]
     ctx.ds["aio"] = block
     return ["moved zero_optimization.aio to the top level"]
 
@@ -845,11 +838,20 @@ def nvme_no_aio(ctx: CheckContext) -> Iterable:
 def zero3_no_16bit_save(ctx: CheckContext) -> Iterable:
     if not _zero3_missing_gather(ctx):
         return
+    consequence = ("save_model writes placeholder weights (transformers warns and saves a DeepSpeed checkpoint; "
+                   "accelerate's get_state_dict raises), so the saved model is unusable until zero_to_fp32.py is run")
+    if _gather_set_off(ctx):
+        # DeepSpeed's default is off too, so a key that says false is a choice: for a very large model the gather
+        # on rank 0 can exhaust host RAM. A note, and --fix leaves it (README: it never overrides a value you set).
+        yield finding(
+            "info", "DS-ZERO3-NO-16BIT-SAVE", _file(ctx), _gather_key_set(ctx),
+            f"ZeRO-3 with the 16-bit gather on save turned off here: {consequence}",
+            fix="after training, run zero_to_fp32.py in the checkpoint directory (or set it true where rank 0's "
+                "host RAM holds the 16-bit model; --fix leaves your false alone)", when="save")
+        return
     yield finding(
         "warning", "DS-ZERO3-NO-16BIT-SAVE", _file(ctx), "zero_optimization.stage3_gather_16bit_weights_on_model_save",
-        "ZeRO-3 without stage3_gather_16bit_weights_on_model_save: save_model writes placeholder weights "
-        "(transformers warns and saves a DeepSpeed checkpoint; accelerate's get_state_dict raises), so the saved "
-        "model is unusable until zero_to_fp32.py is run",
+        f"ZeRO-3 without stage3_gather_16bit_weights_on_model_save: {consequence}",
         fix='"stage3_gather_16bit_weights_on_model_save": true (costs time and host RAM at each save)',
         when="save", fixable=True)
 
@@ -858,22 +860,35 @@ _GATHER_KEYS = ("stage3_gather_16bit_weights_on_model_save", "gather_16bit_weigh
                 "stage3_gather_fp16_weights_on_model_save", "gather_fp16_weights_on_model_save")
 
 
+def _gather_values(ctx: CheckContext) -> list[Any]:
+    """The 16-bit gather on save as the config writes it, under each of its names that is there."""
+    zero = ctx.ds_get("zero_optimization")
+    return [zero[k] for k in _GATHER_KEYS if k in zero] if isinstance(zero, dict) else []
+
+
 def _zero3_missing_gather(ctx: CheckContext) -> bool:
     if not _applies(ctx) or ctx.zero_stage() != 3:
         return False
-    zero = ctx.ds_get("zero_optimization") or {}
-    values = [zero.get(k) for k in _GATHER_KEYS if k in zero]
+    values = _gather_values(ctx)
     if any(v == "auto" for v in values):
         return False            # DS-AUTO-IN-SUBCONFIG reports it
     return not any(v is True or str(v).lower() == "true" for v in values)
 
 
+def _gather_set_off(ctx: CheckContext) -> bool:
+    """The gather is off because the config says so (a key is there), not by DeepSpeed's default."""
+    return bool(_gather_values(ctx))
+
+
+def _gather_key_set(ctx: CheckContext) -> str:
+    zero = ctx.ds_get("zero_optimization") or {}
+    return "zero_optimization." + next(k for k in _GATHER_KEYS if k in zero)
+
+
 @fixer("DS-ZERO3-NO-16BIT-SAVE")
 def fix_zero3_gather(ctx: CheckContext, findings: list) -> list[str]:
-    if not _zero3_missing_gather(ctx):
-        return []
-    for k in _GATHER_KEYS[1:]:
-        ctx.ds["zero_optimization"].pop(k, None)
+    if not _zero3_missing_gather(ctx) or _gather_set_off(ctx):
+        return []              # a false you wrote is yours: never turned into true
     ctx.ds["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] = True
     return ["zero_optimization.stage3_gather_16bit_weights_on_model_save -> true"]
 

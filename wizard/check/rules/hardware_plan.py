@@ -149,7 +149,10 @@ def plan_memory(ctx: CheckContext) -> Iterable:
     free = capacity - need
     if free >= LOW_FREE_FRACTION * capacity:
         return
-    better = _cheapest_fit(ctx, hw, model, training, topology, StrategyOptions, backend, key)
+    adapters = _adapters(model, training)
+    better = (_checkpointing_fits(ctx, hw, model, training, topology, StrategyOptions(backend=backend, zero_stage=stage),
+                                  key, adapters)
+              or _cheapest_fit(ctx, hw, model, training, topology, StrategyOptions, backend, key, adapters))
     from wizard.units import fmt_bytes
 
     unit = "process (host RAM)" if cpu else "GPU"
@@ -165,22 +168,60 @@ def plan_memory(ctx: CheckContext) -> Iterable:
             f"{rung.name} needs about {fmt_bytes(need)} per {unit} for {ctx.model_id} while loading (bitsandbytes "
             f"quantises the whole model onto every GPU before it is sharded; training then needs "
             f"{fmt_bytes(rung.per_gpu_bytes)}), but the {unit} has {fmt_bytes(capacity)}: CUDA out of memory while "
-            f"loading. {better}",
+            f"loading.",
             fix=better, when="prepare")
     elif free < 0:
         yield finding(
             "error", "PLAN-EXCEEDS-GPU", file, where,
-            f"{rung.name}{gc} needs about {fmt_bytes(rung.per_gpu_bytes)} per {unit} for {ctx.model_id} at "
-            f"seq {training.seq_len} x micro-batch {training.micro_batch}, but the {unit} has "
-            f"{fmt_bytes(capacity)}: CUDA out of memory at step 0 (or while loading). {better}",
+            f"{rung.name}{gc or _without_checkpointing(training)} needs about {fmt_bytes(rung.per_gpu_bytes)} per "
+            f"{unit} for {ctx.model_id} at seq {training.seq_len} x micro-batch {training.micro_batch}, but the "
+            f"{unit} has {fmt_bytes(capacity)}: CUDA out of memory at step 0 (or while loading).",
             fix=better, when="step 0")
     else:
         yield finding(
             "warning", "PLAN-LOW-HEADROOM", file, where,
-            f"{rung.name}{gc} needs about {fmt_bytes(need)} of {fmt_bytes(capacity)} per {unit}"
-            f"{' while loading' if loading else ''}: "
-            f"under 5 % left for fragmentation and spikes, a late OOM is likely. {better}",
+            f"{rung.name}{gc or _without_checkpointing(training)} needs about {fmt_bytes(need)} of "
+            f"{fmt_bytes(capacity)} per {unit}{' while loading' if loading else ''}: "
+            f"under 5 % left for fragmentation and spikes, a late OOM is likely.",
             fix=better, when="step 0")
+
+
+def _without_checkpointing(training) -> str:
+    return " without gradient checkpointing" if training.gradient_checkpointing == "off" else ""
+
+
+def checkpointing_switch(ctx: CheckContext) -> str:
+    """Where these files' run turns gradient checkpointing on: FSDP's own in the YAML (with the Trainer's it would
+    gather twice, TRN-FSDP-AC-WITH-GC), else the training arguments' key (the spelling the file uses, else the
+    installed transformers' name), or the model's method in an own loop."""
+    if ctx.uses_fsdp:
+        return "fsdp_activation_checkpointing: true in fsdp_config"
+    if not ctx.hf_trainer:
+        return "model.gradient_checkpointing_enable() in your loop"
+    from wizard.config.script_settings import checkpointing_argument
+    given = [k for k in ("activation_checkpointing", "gradient_checkpointing") if ctx.ta and k in ctx.ta]
+    return f"{given[0] if given else checkpointing_argument()}: true in the training arguments"
+
+
+def _checkpointing_fits(ctx, hw, model, training, topology, strategy, key: str, adapters) -> str | None:
+    """The cheapest change, first: the configured rung with gradient checkpointing on, where the files turn it off
+    and it then fits (no other strategy, no other batch)."""
+    from dataclasses import replace
+
+    from wizard.errors import InputError
+    from wizard.planning.plan import make_plan, rung_by_key
+    if training.gradient_checkpointing != "off":
+        return None
+    try:
+        plan = make_plan(hw, model, replace(training, gradient_checkpointing="on"), strategy, topology,
+                         adapters=adapters)
+    except InputError:
+        return None
+    rung = rung_by_key(plan, key)
+    if rung is None or not rung.fits:
+        return None
+    return (f"Turn gradient checkpointing on ({checkpointing_switch(ctx)}): {rung.name} then needs about "
+            f"{_gib(rung.per_gpu_bytes)} per GPU at the same micro-batch, and fits.")
 
 
 def _where(ctx: CheckContext) -> tuple[str | None, str]:
@@ -189,22 +230,32 @@ def _where(ctx: CheckContext) -> tuple[str | None, str]:
     return ctx.acc_path, "distributed_type"
 
 
-def _cheapest_fit(ctx, hw, model, training, topology, StrategyOptions, backend: str, key: str) -> str:
+def _cheapest_fit(ctx, hw, model, training, topology, StrategyOptions, backend: str, key: str, adapters) -> str:
+    """The plan's own choice for these inputs, gradient checkpointing left to it as `wizard plan` leaves it (auto:
+    on at the first rung where activations, not model states, are what does not fit)."""
+    from dataclasses import replace
+
     from wizard.errors import InputError
     from wizard.planning.plan import make_plan
 
+    was_off = training.gradient_checkpointing == "off"
+    training = replace(training, gradient_checkpointing="auto") if was_off else training
     ladders: list[Any] = [StrategyOptions(backend="fsdp")] if backend == "fsdp" else []
     ladders.append(StrategyOptions())
     for strategy in ladders:
         try:
-            plan = make_plan(hw, model, training, strategy, topology, adapters=_adapters(model, training))
+            plan = make_plan(hw, model, training, strategy, topology, adapters=adapters)
         except InputError:
             continue
         if plan.choice is not None and plan.choice.key != key:
             gc = " with gradient checkpointing" if plan.choice.gradient_checkpointing else ""
+            switch = ""
+            if was_off and plan.choice.gradient_checkpointing and plan.choice.backend != "fsdp":
+                switch = " and turn gradient checkpointing on in the training arguments"
             return f"{plan.choice.name}{gc} fits (about {_gib(plan.choice.per_gpu_bytes)} per GPU): use it " \
-                   f"(wizard writes it)."
-    return "No rung of the ladder fits this model here: more GPUs, a shorter sequence or a smaller micro-batch."
+                   f"(wizard writes it){switch}."
+    smaller = " or a smaller micro-batch" if training.micro_batch > 1 else ""
+    return f"No rung of the ladder fits this model here: more GPUs or a shorter sequence{smaller}."
 
 
 def _gib(n: int) -> str:

@@ -13,12 +13,12 @@ import contextlib
 import copy
 import dataclasses
 import os
-import tempfile
 import typing
 import warnings
 from typing import Any, Iterable
 
-from wizard.check.rules.common import CheckContext, as_int, finding, relative_to_naming_file, rule
+from wizard.check.rules.common import CheckContext, as_int, finding, rule
+from wizard.check.rules.yaml_verdicts import launch_outcome, loader_error
 
 FAMILY = "library"
 LIBRARY_RULES = frozenset({"ACC-LAUNCH-REJECTS", "DS-LIBRARY-REJECTS", "TRN-LIBRARY-REJECTS"})
@@ -36,76 +36,6 @@ DS_MODEL_PREFIX = {
     "DeepSpeedMonitorConfig": "",
     "DeepSpeedAIOConfig": "aio",
 }
-
-
-# ----------------------------------------------------------------------------- the YAML on disk
-
-
-def yaml_on_disk(ctx: CheckContext) -> str | None:
-    """A path whose content is exactly ctx.acc_text: the user's file, or a scratch copy for text not yet
-    written (the wizard's pre-write check). A scratch copy gets the ds_config next to it when the YAML names
-    a file that does not exist yet."""
-    if ctx.acc_text is None:
-        return None
-    if "acc_disk" in ctx.cache:
-        return ctx.cache["acc_disk"]
-    path = ctx.acc_path
-    try:
-        with open(path or "", encoding="utf-8") as f:
-            same = f.read() == ctx.acc_text
-    except (OSError, UnicodeDecodeError):
-        same = False
-    ref = ctx.acc_get("deepspeed_config", "deepspeed_config_file")
-    # check reads a relative deepspeed_config_file from the launch directory, else beside the YAML
-    # (relative_to_naming_file); the libraries get that same file, by absolute path
-    resolved = None
-    if isinstance(ref, str) and ref:
-        resolved = relative_to_naming_file(ref, ctx.acc_path)
-    moved = isinstance(ref, str) and ref and resolved and os.path.abspath(resolved) != os.path.abspath(ref)
-    # Text not yet written (the wizard's pre-write check) names the final ds_config path, where an older
-    # (even unreadable) file may still lie: the libraries must read the JSON being written, not that one.
-    missing = isinstance(ref, str) and ref and ctx.ds_text is not None and \
-        (not os.path.exists(ref) or (not same and not _holds(ref, ctx.ds_text)))
-    if not same or moved:
-        scratch = tempfile.mkdtemp(prefix="wizard-check-")
-        ctx.cache["scratch_dir"] = scratch
-        text = ctx.acc_text
-        if moved and os.path.exists(resolved):
-            text = text.replace(ref, os.path.abspath(resolved))
-        elif missing:
-            ds_copy = os.path.join(scratch, "ds_config.json")
-            with open(ds_copy, "w", encoding="utf-8") as f:
-                f.write(ctx.ds_text)
-            # re-rendered, not a text replace: yaml escapes a non-ASCII path
-            from wizard.config.emit import yaml_naming
-            text = yaml_naming(text, ds_copy)
-        path = os.path.join(scratch, "default_config.yaml")
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(text)
-    ctx.cache["acc_disk"] = path
-    return path
-
-
-def _holds(path: str, text: str) -> bool:
-    """True when the file at `path` is exactly `text` (unreadable or different: False)."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            return f.read() == text
-    except (OSError, UnicodeDecodeError):
-        return False
-
-
-def launch_outcome(ctx: CheckContext):
-    """accelerate launch + the script's plugin on the YAML (validate.accelerate_launch), cached."""
-    if ctx.acc is None:
-        return None
-    if "launch" not in ctx.cache:
-        from wizard.config.validate import accelerate_launch
-
-        path = yaml_on_disk(ctx)
-        ctx.cache["launch"] = accelerate_launch(path, planned_gpus=ctx.acc_get("use_cpu") is not True) \
-            if path else None
-    return ctx.cache["launch"]
 
 
 def _mixed_precision_for(ctx: CheckContext, env: dict[str, str]) -> str:
@@ -140,8 +70,6 @@ def accelerate_built_ds(ctx: CheckContext) -> dict[str, Any] | None:
 
 @rule("ACC-LAUNCH-REJECTS", FAMILY, "accelerate launch or the script's DeepSpeed/FSDP plugin rejects the YAML")
 def launch_rejects(ctx: CheckContext) -> Iterable:
-    from wizard.check.rules.accelerate_yaml import loader_error
-
     if ctx.acc is None or loader_error(ctx) is not None or ctx.ds_missing_ref:
         return                  # ACC-LOADER-REJECTS / ACC-UNKNOWN-KEY / ACC-DS-CONFIG-FILE-MISSING say it
     outcome = launch_outcome(ctx)
@@ -161,8 +89,6 @@ def launch_rejects(ctx: CheckContext) -> Iterable:
 
 @rule("ACC-DISTRIBUTED-TYPE-CONTRADICTS", FAMILY, "distributed_type contradicts the rest of the YAML")
 def distributed_type_contradicts(ctx: CheckContext) -> Iterable:
-    from wizard.check.rules.accelerate_yaml import loader_error
-
     if ctx.acc is None or loader_error(ctx) is not None:
         return
     outcome = launch_outcome(ctx)
@@ -194,25 +120,6 @@ def distributed_type_contradicts(ctx: CheckContext) -> Iterable:
             f"distributed_type {shown} with num_processes {ctx.num_processes}: accelerate launch picks its "
             f"single-process launcher, so one process starts, not {ctx.num_processes}",
             fix="distributed_type: MULTI_GPU (or DEEPSPEED / FSDP), or num_processes: 1", when="launch")
-
-
-COUNT_KEYS = ("num_processes", "num_machines", "machine_rank", "main_process_port")
-
-
-@rule("ACC-COUNT-NOT-INTEGER", FAMILY, "num_processes / num_machines / machine_rank / port that is not a number")
-def count_not_integer(ctx: CheckContext) -> Iterable:
-    from wizard.check.rules.accelerate_yaml import loader_error
-
-    if ctx.acc is None or loader_error(ctx) is not None:
-        return
-    for key in COUNT_KEYS:
-        value = ctx.acc_get(key)
-        if value is None or as_int(value, None) is not None:
-            continue
-        yield finding(
-            "error", "ACC-COUNT-NOT-INTEGER", ctx.acc_path, key,
-            f"{key}: {value!r} is not a whole number: accelerate's loader and launch checks pass it through, and "
-            f"the launch fails when torchrun parses it", fix=f"write a whole number for {key}", when="launch")
 
 
 @rule("INT-STAGE-CONFLICT", FAMILY, "the files disagree about the ZeRO stage")

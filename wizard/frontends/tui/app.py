@@ -1,7 +1,8 @@
 """The wizard's Textual app: screens in order, the shared state, and the threads that do slow work.
 
 `make_app(request, hardware=...)` is the one way to build it, for `wizard` and for the tests.
-The app returns an Outcome from `run()`: written (0), cancelled (130), or a launch to exec into.
+The app returns an Outcome from `run()`: written (0), quit with Ctrl+Q (0, nothing written), cancelled by Ctrl+C or a
+signal (130), or a launch to exec into.
 
 Slow work never runs on the event loop: probing the hardware, sizing a model from its config
 (imports transformers) and validating the files (imports accelerate, DeepSpeed, transformers)
@@ -60,12 +61,21 @@ def _exit_after(seconds: float) -> None:
 
 
 
+def quit_outcome(chosen: bool) -> Outcome:
+    """Leaving before anything was written: by the Quit key (a choice: exit 0) or by Ctrl+C (an interrupt: 130)."""
+    if chosen:
+        return Outcome(0, summary=["Quit; nothing written."])
+    return Outcome(EXIT_INTERRUPTED, summary=["Cancelled; nothing written."])
+
+
 class WizardApp(App[Outcome]):
     CSS_PATH = "wizard.tcss"
     TITLE = "wizard"
     BINDINGS = [
-        Binding("ctrl+q", "request_quit", "Quit", priority=True),
-        Binding("ctrl+c", "request_quit", "Quit", show=False, priority=True),
+        # Ctrl+Q is the Quit key: a choice, exit 0 ("Quit; nothing written."); Ctrl+C is the terminal's interrupt,
+        # exit 130 as for a signal (README, exit codes)
+        Binding("ctrl+q", "request_quit(True)", "Quit", priority=True),
+        Binding("ctrl+c", "request_quit(False)", "Quit", show=False, priority=True),
     ]
 
     def __init__(self, request: pipeline.Request, *, hardware: Hardware | None = None,
@@ -78,6 +88,7 @@ class WizardApp(App[Outcome]):
         self._sizing_timer = None
         self._validation_token = 0
         self._quitting = False
+        self._quit_chosen = True
         self._stopping = False
         self.written_result: pipeline.Result | None = None
         self.writes: list = []
@@ -249,25 +260,27 @@ class WizardApp(App[Outcome]):
 
     # ------------------------------------------------------------------ quitting
 
-    def action_request_quit(self) -> None:
+    def action_request_quit(self, chosen: bool = True) -> None:
+        """Ctrl+Q (`chosen`: the user's choice to stop, exit 0) or Ctrl+C (an interrupt, exit 130); once something
+        was typed, "Quit the wizard?" asks first, and the key that opened it decides the code."""
         from wizard.frontends.tui.screens.modals import QuitModal
         if self._quitting:
             # ctrl+c / ctrl+q again while "Quit the wizard?" is open: that is the answer.
-            self.exit(Outcome(EXIT_INTERRUPTED, summary=["Cancelled; nothing written."]))
+            self.exit(quit_outcome(self._quit_chosen))
             return
         if self.state.written:
             self.exit(Outcome(0, summary=self.summary_lines()))
             return
         if not self.state.changed:
-            self.exit(Outcome(EXIT_INTERRUPTED, summary=["Cancelled; nothing written."]))
+            self.exit(quit_outcome(chosen))
             return
 
         def decided(quit_now: bool | None) -> None:
             self._quitting = False
             if quit_now:
-                self.exit(Outcome(EXIT_INTERRUPTED, summary=["Cancelled; nothing written."]))
+                self.exit(quit_outcome(chosen))
 
-        self._quitting = True
+        self._quitting, self._quit_chosen = True, chosen
         self.push_screen(QuitModal("You changed some answers. Nothing has been written yet; quitting "
                                    "leaves every existing file as it is."), decided)
 
@@ -326,6 +339,8 @@ class WizardApp(App[Outcome]):
             return lines
         script = self.state.script or ["your_train.py"]      # the script measured, where Measure ran one
         accel, wiz = launch_commands(result.yaml_path, script[0], script[1:])
+        from wizard.frontends.report import script_settings_lines
+        lines += script_settings_lines(result)
         lines += [f"Next: {wiz}", f"  or: {accel}"]
         return lines
 

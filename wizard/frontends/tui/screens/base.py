@@ -42,6 +42,28 @@ def first_sentence(text: str, limit: int = 56) -> str:
     return head if len(head) <= limit else head[:limit - 1].rstrip() + "…"
 
 
+STATUS_CELLS_AT_80 = 60     # the status line's width on an 80-column screen (Back and Next take the rest)
+
+
+def status_problem(problem: str, width: int, shown_in_full: bool) -> str:
+    """A problem on the one-line status, never cut mid-sentence: the whole text when it fits in `width` cells (after
+    "✗ "), else its first complete part that does (without the "(allowed: ...)" aside, its first sentence, the part
+    before a ";" or a trailing parenthesis); else, when the screen shows it in full under its field, a pointer
+    there. Only a problem shown nowhere else is cut (with "…")."""
+    room = max(width - 2, 10)
+    parts = [problem, problem.split(" (allowed:")[0]]
+    parts += [parts[-1].split(". ")[0], parts[-1].split("; ")[0]]
+    parts.append(parts[-1].split(" (")[0])
+    fitting = next((p.rstrip(" .;,") for p in parts if len(p.rstrip(" .;,")) <= room), None)
+    if fitting:
+        return fitting
+    if shown_in_full:
+        name = problem.split(":")[0] if ":" in problem[:40] else "this field"
+        pointer = f"{name}: the message under the field says what to change"
+        return pointer if len(pointer) <= room else "the message under the field says what to change"
+    return first_sentence(problem, room)
+
+
 def too_small_text(width: int, height: int) -> str:
     return (f"The terminal is {width}×{height}; the wizard needs at least {MIN_WIDTH}×{MIN_HEIGHT}. "
             "Enlarge the window, or use `wizard --plain`.")
@@ -216,8 +238,14 @@ class WizardScreen(Screen):
     def status_text(self) -> str:
         state = self.state
         if state.error and not self.error_is_inline():
-            return f"[red]✗ {escape(first_sentence(state.error))}[/red]"
+            return f"[red]✗ {escape(status_problem(state.error, self.status_width(), False))}[/red]"
         return ""
+
+    def status_width(self) -> int:
+        """The status line's cells: its laid-out width, or an 80-column screen's before the first layout."""
+        found = self.query("#status")
+        width = found.first(Static).size.width if found else 0
+        return width if width > 0 else STATUS_CELLS_AT_80
 
     def error_is_inline(self) -> bool:
         f = self.field(self.state.error_field) if self.state.error_field else None
@@ -361,7 +389,8 @@ class WizardScreen(Screen):
             return
         problem = self.blocking_problem()
         if problem:
-            self.set_status(f"[red]✗ {problem}[/red]")
+            inline = any(f.display and f.error == problem for f in self.fields())
+            self.set_status(f"[red]✗ {escape(status_problem(problem, self.status_width(), inline))}[/red]")
             self.app.bell()
             return
         busy = self.busy()

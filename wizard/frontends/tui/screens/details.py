@@ -30,6 +30,15 @@ GROUP_TITLES = {
 GROUP_ORDER = ("machines", "precision", "deepspeed", "fsdp", "parallelism", "multinode", "processes", "compile")
 
 
+def asked_on_details(qid: str | None) -> bool:
+    """Whether the question is one of this screen's (the machines and the details): where its error is fixed."""
+    from wizard.config.questions import by_id
+    try:
+        return qid is not None and by_id(qid).stage in ("machines", "details")
+    except KeyError:
+        return False
+
+
 def group_questions(group: str):
     if group == "machines":
         return for_stage("machines")
@@ -75,7 +84,18 @@ class DetailsScreen(WizardScreen):
         self._seen = True
 
     def blocking_problem(self) -> str | None:
-        return self.plan_needed_problem("there is no plan: go back to the Plan screen")
+        problem = self.plan_needed_problem("there is no plan: go back to the Plan screen")
+        if problem:
+            return problem
+        missing = self.state.files_problem()        # planned without it; the files need it (main_process_ip)
+        if missing is None:
+            return None
+        from wizard.frontends.session import question_for_field
+        f = self.field(question_for_field(missing.field) or "")
+        if f is not None and f.display:
+            f.set_error(str(missing))
+            f.control.focus()
+        return str(missing)
 
     def result_pending(self) -> str | None:
         return self.sizing_busy()

@@ -1,4 +1,5 @@
-"""Screen 6, Done: where the files are, how to launch, the matching TrainingArguments, and "launch now".
+"""Screen 6, Done: where the files are, how to launch, what the script must set (config.script_settings), the
+matching TrainingArguments, and "launch now".
 
 Launch now exits the wizard and execs `python -m wizard launch --config-file ... -- SCRIPT ARGS`
 (run_tui does the exec once the terminal is restored), which opens the launch view.
@@ -17,6 +18,7 @@ from textual.containers import Horizontal
 from textual.widget import Widget
 from textual.widgets import Button, Input, Label, Static
 
+from wizard.frontends.report import script_settings_lines
 from wizard.frontends.snippets import (launch_commands, setup_snippet, uses_adapters, where_to_launch,
                                        wizard_launch_argv)
 from wizard.frontends.tui.screens.base import WizardScreen
@@ -24,6 +26,7 @@ from wizard.frontends.tui.screens.review import syntax
 from wizard.frontends.tui.widgets.typed_input import TypedInput
 
 ARGS_TITLE = "[b]The same setup as TrainingArguments[/b] (HF Trainer, without accelerate's config)"
+SETTINGS_SECTION = "[b]Your script must set[/b] (no written file carries these; the plan depends on them)"
 ADAPTER_TITLE = ("[b]The same setup in Python[/b] (HF Trainer with peft's LoRA{}, without accelerate's config; "
                  "needs {})")
 
@@ -60,6 +63,8 @@ class DoneScreen(WizardScreen):
         yield Static("", id="done-files")
         yield Static("[b]Launch[/b]", classes="section")
         yield Static("", id="done-commands")
+        yield Static(SETTINGS_SECTION, classes="section", id="done-settings-title")
+        yield Static("", id="done-settings")
         yield Static(ARGS_TITLE, classes="section", id="done-args-title")
         yield Static("", id="done-args")
         yield Static("[b]Launch now[/b] (leaves the wizard and opens the live launch view)", classes="section")
@@ -123,6 +128,10 @@ class DoneScreen(WizardScreen):
         script = state.script or ["train.py"]     # the script measured on the Plan screen, where Measure ran one
         self.query_one("#done-commands", Static).update(
             syntax(commands_text(result, script), "bash", self.app, word_wrap=True))
+        settings = script_settings_lines(result)[1:]        # the section title says the first line
+        self.query_one("#done-settings-title", Static).display = bool(settings)
+        self.query_one("#done-settings", Static).display = bool(settings)
+        self.query_one("#done-settings", Static).update(escape("\n".join(line.strip() for line in settings)))
         ds_path = result.ds_path if result.ds_text is not None else None
         code = setup_snippet(result.answers, result.plan, result.model, ds_path)
         if uses_adapters(result.answers):

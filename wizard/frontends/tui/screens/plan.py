@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
+from rich.markup import escape
 from rich.text import Text
 from textual.binding import Binding
 from textual.containers import Grid
@@ -18,7 +19,9 @@ from textual.widget import Widget
 from textual.widgets import OptionList, Static
 
 from wizard.config.questions import for_stage
-from wizard.frontends.tui.screens.base import WizardScreen
+from wizard.frontends.tui.screens.base import WizardScreen, first_sentence
+from wizard.frontends.tui.screens.details import asked_on_details
+from wizard.frontends.session import measure_unavailable
 from wizard.frontends.tui.widgets.memory_bar import legend, short_name
 from wizard.frontends.tui.widgets.rung_list import RungList
 from wizard.frontends.tui.words import field_name, in_words
@@ -88,27 +91,6 @@ def nothing_fits_text(error: str) -> Text:
     return text
 
 
-def measure_unavailable(state) -> str | None:
-    """Why Measure cannot run for this plan, in the screen's words, or None. Measure runs the user's script in
-    trials on this machine (wizard.tune probes it), so it measures only a plan for this machine's own GPUs or
-    CPU processes: not one for an assumed machine (--assume), a saved probe (--hardware) or a catalogue machine
-    chosen on the Hardware screen."""
-    from wizard.frontends.session import TARGET_OTHER
-    probed = state.probed
-    if probed is None:
-        return None
-    if state.target == TARGET_OTHER:
-        what = "another machine from the catalogue"
-    elif probed.source.startswith("assume:"):
-        what = f"an assumed machine ({probed.source[len('assume:'):]})"
-    elif probed.source.startswith("file:"):
-        what = "the machine of a saved probe"
-    else:
-        return None
-    return (f"Measure (m) is not offered: it runs your script in trials on this machine, and this plan is for "
-            f"{what}. Run the wizard on that machine to measure there")
-
-
 def max_micro_batch_text(rung) -> str:
     """'micro-batch up to 8 (24 with GC)': the largest that fits on this rung."""
     parts = []
@@ -121,7 +103,6 @@ def max_micro_batch_text(rung) -> str:
     return "micro-batch up to " + (f"{parts[0]} ({parts[1]})" if len(parts) == 2 else parts[0])
 
 
-STATUS_CELLS_AT_80 = 60     # the Plan status line's width on an 80-column screen (Back and Next take the rest)
 
 
 def choice_status_parts(plan) -> tuple[str, str, str, str]:
@@ -262,14 +243,12 @@ class PlanScreen(WizardScreen):
         if state.sizing is not None:
             return f"[dim]Sizing {state.sizing.model} ...[/dim]"
         plan = state.plan
+        if plan is None and self.fixed_on_details():
+            # an answer of the Details screen does not plan: say which, and that Next goes there to fix it
+            return f"[red]✗ {escape(first_sentence(state.error, 44))} · Next: fix it on Details[/red]"
         if plan is None or plan.choice is None:
             return "[red]✗ Nothing fits · Escape: the inputs · Tab: the strategy[/red]"
         return fit_status(choice_status_parts(plan), self.status_width())
-
-    def status_width(self) -> int:
-        """The status line's cells: its laid-out width, or an 80-column screen's before the first layout."""
-        width = self.query_one("#status", Static).size.width
-        return width if width > 0 else STATUS_CELLS_AT_80
 
     def on_resize(self, event) -> None:     # Textual also calls WizardScreen.on_resize (every class in the MRO)
         self.call_after_refresh(self.sync_status)       # the status line's parts follow its width
@@ -305,10 +284,18 @@ class PlanScreen(WizardScreen):
     def busy(self) -> str | None:
         return self.sizing_busy()
 
+    def fixed_on_details(self) -> bool:
+        """No plan because of an answer the Details screen asks (machines, details): Next goes there, where the
+        field shows the error, instead of waiting here for a plan only that screen can fix."""
+        state = self.state
+        return state.plan is None and bool(state.error) and asked_on_details(state.error_field)
+
     def blocking_problem(self) -> str | None:
         problem = WizardScreen.blocking_problem(self)
         if problem:
             return problem
+        if self.fixed_on_details():
+            return None
         plan = self.state.plan
         if self.state.sizing is None and plan is not None and (plan.choice is None or not plan.choice.fits):
             return self.does_not_fit(plan.choice)

@@ -46,6 +46,12 @@ class RungList(OptionList):
         if target is not None:
             self.highlighted = keys.index(target)
 
+    def check_action(self, action: str, parameters: tuple) -> bool | None:
+        # An empty ladder (no plan) has nothing to select: Enter goes on to the screen's own Next.
+        if action == "select" and not self.option_count:
+            return False
+        return super().check_action(action, parameters)
+
     @property
     def highlighted_key(self) -> str | None:
         if self.highlighted is None or not self.option_count:
