@@ -1,7 +1,7 @@
 """N preflight node agents on this machine over loopback (issue 41): the real rendezvous, handshake, fail-fast
 judgement, aggregation, ranking and report of `wizard preflight`, at a scale no test box has machines for.
 
-Each agent is a thread running `wizard.preflight.run.preflight` as machine rank r of an N-machine config, connecting
+Each agent is a thread running `wizard.preflight.meet.preflight` as machine rank r of an N-machine config, connecting
 from its own loopback address (127.0.0.10 + r: as N hosts would, and so the main node's per-address bound sees N
 addresses). Two parts are stood in for, through the Options the harness alone sets:
 - the facts: this machine's real facts, gathered once by the real node child, handed to every agent as its own with
@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from wizard.preflight import collective, measure, run
+from wizard.preflight import collective, measure, meet, run
 from wizard.preflight.secret import Secret
 from wizard.probe.ports import free_port
 
@@ -161,7 +161,7 @@ def run_agents(tmp: Path, n: int, *, throttled: set[int] = frozenset(), skew: in
                            collective_runner=runner)
         out.progress[rank] = []
         try:
-            out.results[rank] = run.preflight(opts, out.progress[rank].append)
+            out.results[rank] = meet.preflight(opts, out.progress[rank].append)
         except BaseException as exc:      # reported by the test, with the agent's progress
             out.errors[rank] = exc
             ring.barrier.abort()

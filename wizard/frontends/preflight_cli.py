@@ -151,7 +151,7 @@ def secret_from_stdin():
 def run_node(opts, progress, local_only: bool = False):
     """This node's preflight; on the main node of a config whose DeepSpeed launcher starts every node from it
     over ssh (pdsh, openmpi, mvapich, mpich), with the other hosts' started from here the same way."""
-    from wizard.preflight.run import preflight
+    from wizard.preflight.meet import preflight
     if not local_only and not opts.machine_rank and opts.config_file and os.path.isfile(opts.config_file):
         from wizard.fsutil import read_yaml_mapping
         from wizard.preflight.fanout import SSH_LAUNCHERS, fan_out, main_starts_every_node

@@ -299,7 +299,7 @@ def rank0_row(hosts: list[str], main_ip: str | None, config_file: str) -> Row | 
 
 def fan_out(opts, accel: dict[str, Any], launcher: str, run: Callable, progress: Callable[[str], None]):
     """The main node's preflight for a launcher that starts every node from here: each other host of the hostfile
-    runs its own over ssh while this one runs `run(opts)` (wizard.preflight.run.preflight) as rank 0."""
+    runs its own over ssh while this one runs `run(opts)` (wizard.preflight.meet.preflight) as rank 0."""
     from wizard.preflight import report
     from wizard.preflight.expect import expectation
     hosts, problem = plan_hosts(accel, opts.config_file)

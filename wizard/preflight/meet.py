@@ -1,5 +1,6 @@
-"""The nodes meet at the main port, decide and measure: the main node's side and the others' (rendezvous.py carries
-the messages; run.py gathers the facts and runs the children).
+"""One node's preflight from start to end (`preflight`): alone, or the nodes meet at the main port, decide and
+measure: the main node's side and the others' (rendezvous.py carries the messages; run.py gathers the facts, runs
+the children and turns facts into rows).
 
 Fail fast on the cause. The main node judges each node's facts as it joins: a finding that stops the run (another
 version, an interface that does not exist, a limit too low, a main host that does not resolve) is known within a
@@ -19,6 +20,7 @@ from typing import Any, Callable
 
 from wizard.preflight import checks, figures, report, run
 from wizard.preflight.checks import FAIL, Expectation, Row
+from wizard.preflight.expect import class_default_gbps, expectation
 
 STOP_WAIT_S = 15.0          # after a stop, how long the main node waits for the others to say they stopped
 VERDICT_WAIT_S = 30.0
@@ -289,3 +291,49 @@ def _node_result(rank: int, host: str, exp: Expectation, facts: dict[str, Any], 
         result.exit_code = max(result.exit_code, msg.exit_code)
         result.verdict = msg.verdict or result.verdict
     return result
+
+
+# ----------------------------------------------------------------------------- the entry
+# Here, not in run.py: the entry picks the main node's side or another's, and run.py's pieces must not import them.
+
+
+def preflight(opts: run.Options, progress: Callable[[str], None] = lambda s: None) -> run.Result:
+    from wizard.errors import InputError
+    exp = expectation(opts.config_file, opts.main_ip, opts.main_port, opts.checkpoint_dir, opts.checkpoint_dir_from)
+    rank = opts.machine_rank or 0
+    if rank >= exp.num_machines:
+        raise InputError("--machine-rank", f"{rank}, but the config has num_machines {exp.num_machines}",
+                         f"0-{exp.num_machines - 1}")
+    if exp.num_machines > 1 and not exp.main_ip:
+        raise InputError("--main-process-ip", "the config leaves the main node's address to the launch",
+                         "--main-process-ip ADDRESS (under SLURM it is found from the allocation)")
+    if exp.main_port is None:
+        exp.main_port = 29500                          # accelerate's default when the config leaves it
+    if exp.num_machines > 1 and opts.secret is None:
+        from wizard.preflight.secret import resolve
+        opts.secret = resolve()                        # before any work: a missing or unsafe one is exit 2
+    progress(f"node {rank}: gathering this node's facts")
+    facts = run.node_facts(opts, exp)
+    backend = checks.backend_for(exp, {rank: facts})        # the main node decides for all, from every node's
+    if exp.assumed_gbps is None and exp.num_machines > 1:
+        exp.assumed_gbps, exp.assumed_source = class_default_gbps(exp, facts)
+    if exp.num_machines == 1:
+        return single(opts, exp, facts, backend, progress)
+    if rank == 0:
+        return main_node(opts, exp, facts, progress)
+    return other_node(opts, exp, rank, facts, progress)
+
+
+def single(opts: run.Options, exp: Expectation, facts: dict[str, Any], backend: str, progress) -> run.Result:
+    rows = run.local_rows(0, exp, facts)
+    collective = None
+    if opts.collective and exp.processes_per_node > 1 and not facts.get("failed"):
+        if any(r.status == FAIL for r in rows):          # it would fail for the same cause, or hang on it
+            collective = None
+        else:
+            from wizard.probe.ports import free_port
+            progress(f"node 0 ({facts.get('host')}): timed {backend} collectives within the node")
+            collective = run.run_collective(opts, exp, 0, "127.0.0.1", free_port(), backend,
+                                            run.default_nbytes(opts, backend))
+    rows += run.collective_node_rows(0, exp, facts, collective, backend)
+    return run.finish(0, True, rows, exp, {0: facts}, {0: collective or {}}, backend)

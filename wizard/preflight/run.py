@@ -1,7 +1,7 @@
-"""One node's preflight, start to end: read what the config expects (expect.py), gather this node's facts (a child,
-killed past its deadline), meet the other nodes at main_process_ip:main_process_port and run the collectives
-(meet.py), and, on the main node, turn every node's facts into rows (checks, limits, health, figures) ordered by
-cause (report.py). No torch here: the children import it.
+"""A node's pieces of the preflight (meet.preflight runs them from start to end): its options and result, this
+node's facts (a child, killed past its deadline), the collectives (a child), and, on the main node, every node's
+facts turned into rows (checks, limits, health, figures) ordered by cause (report.py). No torch here: the children
+import it.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from typing import Any, Callable
 
 from wizard.preflight import checks, children, figures, health, limits, measure, report
 from wizard.preflight.checks import FAIL, Expectation, Row
-from wizard.preflight.expect import class_default_gbps, expectation
 from wizard.preflight.secret import Secret
 
 DEFAULT_JOIN_TIMEOUT_S = 60.0
@@ -217,51 +216,6 @@ def finish(rank: int, main: bool, rows: list[Row], exp: Expectation, facts: dict
     hosts = {n: str(f.get("host") or "?") for n, f in facts.items()}
     return Result(rank, main, rows, report.exit_code(rows), report.verdict(rows, exp.num_machines), exp, facts,
                   collectives, across, backend, reached, hosts)
-
-
-# ----------------------------------------------------------------------------- the entry
-
-
-def preflight(opts: Options, progress: Callable[[str], None] = lambda s: None) -> Result:
-    from wizard.errors import InputError
-    exp = expectation(opts.config_file, opts.main_ip, opts.main_port, opts.checkpoint_dir, opts.checkpoint_dir_from)
-    rank = opts.machine_rank or 0
-    if rank >= exp.num_machines:
-        raise InputError("--machine-rank", f"{rank}, but the config has num_machines {exp.num_machines}",
-                         f"0-{exp.num_machines - 1}")
-    if exp.num_machines > 1 and not exp.main_ip:
-        raise InputError("--main-process-ip", "the config leaves the main node's address to the launch",
-                         "--main-process-ip ADDRESS (under SLURM it is found from the allocation)")
-    if exp.main_port is None:
-        exp.main_port = 29500                          # accelerate's default when the config leaves it
-    if exp.num_machines > 1 and opts.secret is None:
-        from wizard.preflight.secret import resolve
-        opts.secret = resolve()                        # before any work: a missing or unsafe one is exit 2
-    progress(f"node {rank}: gathering this node's facts")
-    facts = node_facts(opts, exp)
-    backend = checks.backend_for(exp, {rank: facts})        # the main node decides for all, from every node's
-    if exp.assumed_gbps is None and exp.num_machines > 1:
-        exp.assumed_gbps, exp.assumed_source = class_default_gbps(exp, facts)
-    if exp.num_machines == 1:
-        return single(opts, exp, facts, backend, progress)
-    from wizard.preflight import meet
-    if rank == 0:
-        return meet.main_node(opts, exp, facts, progress)
-    return meet.other_node(opts, exp, rank, facts, progress)
-
-
-def single(opts: Options, exp: Expectation, facts: dict[str, Any], backend: str, progress) -> Result:
-    rows = local_rows(0, exp, facts)
-    collective = None
-    if opts.collective and exp.processes_per_node > 1 and not facts.get("failed"):
-        if any(r.status == FAIL for r in rows):          # it would fail for the same cause, or hang on it
-            collective = None
-        else:
-            from wizard.probe.ports import free_port
-            progress(f"node 0 ({facts.get('host')}): timed {backend} collectives within the node")
-            collective = run_collective(opts, exp, 0, "127.0.0.1", free_port(), backend, default_nbytes(opts, backend))
-    rows += collective_node_rows(0, exp, facts, collective, backend)
-    return finish(0, True, rows, exp, {0: facts}, {0: collective or {}}, backend)
 
 
 # ----------------------------------------------------------------------------- SLURM
