@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from wizard.preflight import collective, measure, meet, run
+from wizard.preflight import collective, expect, measure, meet, run
 from wizard.preflight.secret import Secret
 from wizard.probe.ports import free_port
 
@@ -133,7 +133,7 @@ def run_agents(tmp: Path, n: int, *, throttled: set[int] = frozenset(), skew: in
     """N agents through one preflight; the main node's result, every agent's, and the seconds to the verdict."""
     port = free_port()
     cfg = config(tmp, n, port)
-    base = run.node_facts(run.Options(config_file=str(cfg)), run.expectation(str(cfg)))   # the real child, once
+    base = run.node_facts(run.Options(config_file=str(cfg)), expect.expectation(str(cfg)))   # the real child, once
     secret = Secret(b"the-agents-shared-preflight-secret", "the harness's")
     ring = Ring(n, set(throttled))
     out = Agents(n)

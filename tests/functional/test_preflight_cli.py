@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.launch_support import env
-from wizard.preflight import children, rendezvous, run
+from wizard.preflight import children, expect, rendezvous, run
 from wizard.preflight.secret import Secret
 from wizard.probe.ports import free_port
 
@@ -40,7 +40,7 @@ def offload_config(tmp_path):
 
 
 def test_expectation_reads_the_config_its_deepspeed_file_and_the_plan(offload_config):
-    e = run.expectation(str(offload_config))
+    e = expect.expectation(str(offload_config))
     assert (e.num_machines, e.processes_per_node, e.uses_gpus) == (2, 1, True)
     assert (e.main_ip, e.main_port) == ("127.0.0.1", 29555)
     assert e.pinned_blocks == ["optimizer"]          # the wizard writes pin_memory: true for CPU offload
