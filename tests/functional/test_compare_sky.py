@@ -222,6 +222,9 @@ def test_every_miss_names_the_closest_rung_and_measure_as_plan_does(job, capsys)
     doc = json.loads(capsys.readouterr().out)
     assert len({r["global_batch"] for r in doc["rows"] if r["fits"]}) == 1
     misses = [r for r in doc["rows"] if not r["fits"] and not r["error"]]
+    if job == "7b-qlora":               # about 6 GiB a GPU: every machine of the set fits it, the 1xL4 included
+        assert not misses and len(doc["rows"]) >= 50 and all(r["fits"] for r in doc["rows"])
+        return
     assert misses and all(r["shortfall_rung"] for r in misses)
     for row in misses:
         code = main(["plan", *flags, "--assume", row["assume"], "--global-batch", str(doc["global_batch"])])
