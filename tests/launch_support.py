@@ -112,3 +112,13 @@ def kill_verified(procs: dict[int, float | None]) -> None:
                 p.kill()
         except psutil.Error:
             pass
+
+
+def outputs_of(procs: list, timeout: float) -> list[str]:
+    """Each process's whole output once all have ended (within `timeout` each); any still running then is killed."""
+    try:
+        return [p.communicate(timeout=timeout)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()

@@ -459,6 +459,17 @@ def shortfall(rung: Rung, plan: Plan, hw, strategy: StrategyOptions) -> tuple[fl
     return (1.0, "fits in GPU memory and host RAM but needs an NVMe path (--nvme-path)")
 
 
+def closest_shortfall(plan: Plan, hw, strategy: StrategyOptions) -> tuple[float, str, Rung] | None:
+    """(need / have, the phrase, the rung) of the rung closest to fitting: exit 3's first sentence, and every
+    front end that names why a machine does not fit (`wizard compare`'s rows) says the same. None when a rung fits
+    or there is none."""
+    misses = [(shortfall(r, plan, hw, strategy), r) for r in plan.rungs if not r.fits]
+    if not misses:
+        return None
+    (ratio, phrase), rung = min(misses, key=lambda m: m[0][0])
+    return ratio, phrase, rung
+
+
 _MAX_MACHINES_TRIED = 128
 _MAX_SPLITS_TRIED = 24
 
@@ -605,12 +616,12 @@ def _host_ram_is_short(plan: Plan, hw, model, training: TrainingOptions, strateg
 def explain_nothing_fits(plan: Plan, hw, model, training: TrainingOptions, strategy: StrategyOptions,
                          topology: Topology) -> str:
     """For exit 3: how far the closest rung is from fitting, and what would fit (each one verified)."""
-    misses = [(shortfall(r, plan, hw, strategy), r) for r in plan.rungs if not r.fits]
+    closest = closest_shortfall(plan, hw, strategy)
     lines = []
     phrase = ""
     ram_text = _host_ram_is_short(plan, hw, model, training, strategy, topology)
-    if misses:
-        (_, phrase), best = min(misses, key=lambda m: m[0][0])
+    if closest is not None:
+        _, phrase, best = closest
         lines.append(f"Nothing fits. The closest rung, {best.name}, {phrase}.")
     else:
         lines.append("Nothing fits.")

@@ -17,5 +17,6 @@ from wizard.check.rules import (  # noqa: F401
     methods,
     planned,
     sequence_parallel,
+    sky_task,
 )
 from wizard.check.rules.common import FIXERS, RULES, CheckContext, Rule  # noqa: F401
