@@ -161,10 +161,11 @@ def _pct(predicted: float, measured: float) -> float:
 
 
 def given_for_row(row: dict[str, Any], model_dir: str) -> dict[str, Any]:
+    # every row was measured with the HF model's own loss (the full logits): --loss auto would count a fused one
     if row["kind"] == "tune":
-        return {**row["given"], "model": model_dir}
+        return {"loss": "full", **row["given"], "model": model_dir}
     from bench.gpu.cases import given_for
-    return given_for(model_dir, row["backend"], row["seq_len"], row["micro_batch"], row["gc"])
+    return {"loss": "full", **given_for(model_dir, row["backend"], row["seq_len"], row["micro_batch"], row["gc"])}
 
 
 def plan_row(row: dict[str, Any], hw, model_dirs: dict[str, str]):

@@ -189,7 +189,10 @@ def _options(entry: dict[str, Any]):
     elif spec.backend == "single":
         strategy = StrategyOptions(backend="auto", headroom=0.0)
     else:
-        strategy = StrategyOptions(backend=spec.backend, headroom=0.0, fsdp_version=entry.get("fsdp_version", 2))
+        # a published context-parallel run names its size: the plan's ladder for that size (a compact plan shows
+        # only the smallest split that fits)
+        strategy = StrategyOptions(backend=spec.backend, headroom=0.0, fsdp_version=entry.get("fsdp_version", 2),
+                                   cp_size=spec.cp_size if spec.cp_size > 1 else None)
     return training, strategy, checkpointing
 
 

@@ -175,7 +175,7 @@ def _generic_regions(model):
     return out
 
 
-class _Tracker:
+class Tracker:
     """Follows every storage an operator outputs until it is freed; records alloc/free events by region."""
 
     def __init__(self, ignore: set[int]):
@@ -218,7 +218,7 @@ class _Tracker:
         return self.entries
 
 
-def _dispatch_mode(tracker: _Tracker):
+def dispatch_mode(tracker: Tracker):
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_flatten
@@ -240,13 +240,14 @@ def measure(shape: Shape) -> Measured:
     return measure_model(build_model(shape), shape)
 
 
-def measure_model(model, shape: Shape) -> Measured:
-    """measure() for a model already built (train mode, on CPU); `shape` gives seq, batch and vocab."""
+def measure_model(model, shape: Shape, inputs: dict | None = None) -> Measured:
+    """measure() for a model already built (train mode, on CPU); `shape` gives seq, batch and vocab. `inputs`: the
+    forward's keyword arguments instead of random ids as their own labels (a sequence-parallel shard)."""
     import torch
 
     param_ptrs = {p.untyped_storage().data_ptr() for p in model.parameters()}
     result = Measured(shape)
-    tracker = _Tracker(param_ptrs)
+    tracker = Tracker(param_ptrs)
     state = {"region": "other", "forward": True}
     seen: set[int] = set()
     saved_refs = []
@@ -281,12 +282,12 @@ def measure_model(model, shape: Shape) -> Measured:
 
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(0, shape.vocab, (shape.batch, shape.seq), generator=g)
-    with _dispatch_mode(tracker):
+    with dispatch_mode(tracker):
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             if shape.fused_shards:
                 hidden = model.model(input_ids=ids).last_hidden_state
             else:
-                out = model(input_ids=ids, labels=ids)
+                out = model(**(inputs or {"input_ids": ids, "labels": ids}))
         if shape.fused_shards:
             # Outside the hooks: pack() keeps what it sees alive until the forward ends, and the fused loss runs
             # each shard's backward inside its forward, freeing that shard's saved tensors at once.

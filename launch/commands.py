@@ -106,7 +106,8 @@ def register(subparsers, config_findings: Callable[..., list] | None = None,
     """`config_findings(path, here=True)`: the front end's check of an accelerate config (the wizard passes `wizard
     check`, against this machine's probe when `here`), run before accelerate starts: its errors stop the launch,
     whatever else it returns is shown; launch itself knows no rules. `preflight(config_file, machine_rank, main_ip,
-    main_port, join_timeout)`: the front end's `wizard preflight` for this node, (0 to go on, its verdict) (the wizard passes
+    main_port, join_timeout, script_args=)`: the front end's `wizard preflight` for this node (the training's
+    arguments say where it saves checkpoints), (0 to go on, its verdict) (the wizard passes
     frontends.preflight_cli.launch_preflight)."""
     p = subparsers.add_parser("launch", help="run accelerate launch under a supervisor (restarts, stalls, live view)",
                               description="wizard launch [OPTIONS] -- SCRIPT [ARGS...]")
@@ -363,7 +364,8 @@ def run_preflight(args, config_file: str | None, accel: dict[str, Any] | None) -
         return 0, None
     print("[wizard] phase 1/2: preflight (--no-preflight skips it)", flush=True)
     code, verdict = runner(config_file, args.machine_rank, args.main_process_ip, args.main_process_port,
-                           getattr(args, "preflight_timeout", DEFAULT_PREFLIGHT_JOIN_S))
+                           getattr(args, "preflight_timeout", DEFAULT_PREFLIGHT_JOIN_S),
+                           script_args=list(getattr(args, "command", None) or []))
     if code:
         print("[wizard] preflight: a finding stops the run (table above); not launching. Fix it, or launch with "
               "--no-preflight", file=sys.stderr, flush=True)

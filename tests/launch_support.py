@@ -131,3 +131,13 @@ def wizard_here(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     finally:
         os.chdir(before)
     return subprocess.CompletedProcess(["wizard", *args], code, out.getvalue(), err.getvalue())
+
+
+def outputs_of(procs: list, timeout: float) -> list[str]:
+    """Each process's whole output once all have ended (within `timeout` each); any still running then is killed."""
+    try:
+        return [p.communicate(timeout=timeout)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()

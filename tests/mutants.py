@@ -139,7 +139,7 @@ MUTANTS = (
            (("    if est.per_gpu > x.usable:\n", "    if est.per_gpu > x.capacity:\n"),),
            ("tests/unit/test_plan.py::test_a_rung_fits_only_within_the_capacity_less_the_headroom",),
            "a rung fits when its estimate is within the whole GPU, headroom ignored"),
-    Mutant("plan-batch-search-ignores-headroom", "wizard/planning/plan.py",
+    Mutant("plan-batch-search-ignores-headroom", "wizard/planning/fit.py",
            (("    return est.per_gpu <= x.usable and est.load <= x.usable\n",
              "    return est.per_gpu <= x.capacity and est.load <= x.usable\n"),),
            ("tests/unit/test_plan.py::test_a_rung_fits_only_within_the_capacity_less_the_headroom",),
@@ -279,7 +279,7 @@ MUTANTS = (
            (("            text = after_progress_bar(text)\n", "            pass\n"),),
            ("tests/unit/test_launch_logs.py::test_a_traceback_glued_to_a_progress_bar_is_still_a_traceback",),
            "a rank's traceback that starts on its last tqdm bar's line is not seen: the crash is 'unknown'"),
-    Mutant("slurm-mem-is-the-bare-plan-figure", "launch/slurm.py",
+    Mutant("slurm-mem-is-the-bare-plan-figure", "wizard/host_memory.py",
            (("max(1, math.ceil(plan_gib + margin + rss))", "max(1, math.ceil(plan_gib))"),),
            ("tests/functional/test_launch_cli.py::"
             "test_emit_slurm_asks_for_the_plans_host_ram_plus_the_processes_rss_and_says_how",),
@@ -289,6 +289,33 @@ MUTANTS = (
            ("tests/functional/test_launch_cli.py::"
             "test_emit_slurm_asks_no_gpu_for_a_config_the_wizard_wrote_for_cpu_processes",),
            "the wizard's DeepSpeed CPU config (use_cpu: false on purpose) asks SLURM for GPUs"),
+    # ---- issue 41: the preflight at 64 machines (fail fast, no leftovers, the cause first, /dev/shm's free space)
+    Mutant("preflight-collective-despite-a-finding", "wizard/preflight/meet.py",
+           (("        if everyone and blocking is None and opts.collective:\n",
+             "        if everyone and opts.collective:\n"),),
+           ("tests/functional/test_preflight_scale.py::"
+            "test_a_version_skew_on_one_agent_is_the_cause_everywhere_before_any_collective",),
+           "the collectives run on a version skew: every node waits on them, and the symptom is named"),
+    Mutant("preflight-children-outlive-a-kill", "wizard/preflight/children.py",
+           (('        "ctypes.CDLL(None).prctl(1, 9, 0, 0, 0)\\n"\n', ""),),
+           ("tests/functional/test_preflight_signals.py::"
+            "test_sigkill_during_the_collectives_ends_the_collective_and_the_ranks_it_spawned",
+            "tests/functional/test_preflight_signals.py::"
+            "test_a_signal_while_the_node_gathers_its_facts_ends_the_facts_child[KILL]"),
+           "a killed preflight leaves its children running (no PR_SET_PDEATHSIG)"),
+    Mutant("preflight-no-stop-on-a-failure", "wizard/preflight/meet.py",
+           (("        if not stop:\n            stop.update(", "        if False:\n            stop.update("),),
+           ("tests/functional/test_preflight_failfast.py::"
+            "test_a_node_whose_collectives_fail_stops_every_nodes_within_seconds",),
+           "the first node whose collectives fail stops nothing: the main node waits out the collective timeout"),
+    Mutant("preflight-findings-by-node", "wizard/preflight/report.py",
+           (("key=lambda r: (tier(r), r.node, index[id(r)]))", "key=lambda r: (r.node, index[id(r)]))"),),
+           ("tests/unit/test_preflight_report.py::test_the_cause_comes_before_the_symptom_whatever_the_node_order",),
+           "findings sorted by node: the verdict's first is node 0's symptom, not node 1's cause"),
+    Mutant("preflight-shm-by-size", "wizard/preflight/limits.py",
+           (("    free = total if free is None else free\n", "    free = total\n"),),
+           ("tests/unit/test_preflight_limits.py::test_dev_shm_is_judged_by_its_free_space_and_whether_it_takes_a_file",),
+           "a full /dev/shm passes on its size"),
     # ---- issue 22: the planner's figures and the layers (tests/unit/test_memory.py, test_speed.py, test_plan_lora.py,
     #      test_layers.py)
     Mutant("memory-gemma2-softcap-dropped", "wizard/sizing/memory.py",

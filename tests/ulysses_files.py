@@ -1,65 +1,44 @@
-"""The accelerate YAML and ds_config.json of a DeepSpeed run with Ulysses sequence parallelism (issue 38), as the
-tests write them until the wizard emits them itself (`wizard --non-interactive ... --parallelism-config-sp-size N`):
-then `sp_files` is the one place to switch over. bench/results/ulysses-cpu.md says where each key comes from.
+"""The accelerate YAML and ds_config.json of a DeepSpeed run with Ulysses sequence parallelism (issue 38), written by
+the wizard's own writer (wizard.config.emit, as `wizard --non-interactive ... --parallelism-config-sp-size N` writes
+them) for a one-rung CPU plan: the slow launch test (tests/functional/test_ulysses_launch.py) thereby trains the
+planner's files. bench/results/ulysses-cpu.md says where each key comes from.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-import yaml
+from tests.plans import make_plan
+from wizard.config import emit
+from wizard.config.parallelism import PREFIX, SP_SIZE_ID
 
 
-def sp_files(out_dir: Path, num_processes: int, sp_size: int, zero_stage: int = 2, dp_shard_size: int = 1,
+def sp_files(out_dir: Path, num_processes: int, sp_size: int, zero_stage: int = 2, dp_shard_size: int | None = None,
              attn: str = "sdpa") -> Path:
     """Write `default_config.yaml` and `ds_config.json` into out_dir; return the YAML's path.
 
-    ds_config.json is the wizard's own DeepSpeed file for ZeRO-`zero_stage` on a CPU (the trainer fills every
-    "auto"; no `train_batch_size`: accelerate computes it, for SP as micro x accumulation x (dp_replicate x
-    dp_shard)), and nothing in it is about SP: DeepSpeed learns the SP group from the `mpu` accelerate passes to
+    ds_config.json is the wizard's DeepSpeed file for ZeRO-`zero_stage` on a CPU (the trainer fills every "auto"; no
+    `train_batch_size`: accelerate computes it, for SP as micro x accumulation x (dp_replicate x dp_shard)), and
+    nothing in it is about SP: DeepSpeed learns the SP group from the `mpu` accelerate passes to
     `deepspeed.initialize`.
 
     The YAML is the wizard's DeepSpeed YAML (`distributed_type: DEEPSPEED`, `deepspeed_config_file`, no
-    `mixed_precision`) and, for sp_size > 1, accelerate's `parallelism_config:` section with exactly these keys
-    (accelerate 1.13-1.16: `accelerate launch` copies them onto `--parallelism_config_*` and exports
-    ACCELERATE_USE_PARALLELISM_CONFIG=true and PARALLELISM_CONFIG_*; the section is the only way a launch turns
-    SP on for a DeepSpeed config):
+    `mixed_precision`) and, for sp_size > 1, accelerate's `parallelism_config:` section as
+    wizard.config.parallelism.sp_section writes it (accelerate 1.13-1.16: `accelerate launch` copies its keys onto
+    `--parallelism_config_*` and exports ACCELERATE_USE_PARALLELISM_CONFIG=true and PARALLELISM_CONFIG_*; the
+    section is the only way a launch turns SP on for a DeepSpeed config): dp_replicate 1, dp_shard = processes / sp,
+    tp 1, cp 1, sp_size, sp_backend deepspeed, sp_seq_length_is_variable true, sp_attn_implementation = the model's.
 
-        parallelism_config:
-          parallelism_config_dp_replicate_size: 1
-          parallelism_config_dp_shard_size: <dp_shard_size>   # dp_replicate x dp_shard x sp = num_processes
-          parallelism_config_sp_size: <sp_size>
-          parallelism_config_sp_backend: deepspeed
-          parallelism_config_sp_attn_implementation: sdpa     # = the model's attn_implementation
+    `dp_shard_size` given: written over the writer's, for the tests of sizes the wizard would not write.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
-    zero: dict = {"stage": zero_stage, "overlap_comm": True, "contiguous_gradients": True,
-                  "reduce_bucket_size": "auto"}
-    if zero_stage == 3:
-        zero.update({"sub_group_size": 1_000_000_000, "stage3_prefetch_bucket_size": "auto",
-                     "stage3_param_persistence_threshold": "auto", "stage3_max_live_parameters": 1_000_000_000,
-                     "stage3_max_reuse_distance": 1_000_000_000, "stage3_gather_16bit_weights_on_model_save": True})
-    else:
-        zero.update({"allgather_partitions": True, "allgather_bucket_size": 200_000_000, "reduce_scatter": True})
-    ds = {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
-          "gradient_clipping": "auto", "bf16": {"enabled": False}, "fp16": {"enabled": False},
-          "zero_optimization": zero}
-    ds_path = out_dir / "ds_config.json"
-    ds_path.write_text(json.dumps(ds, indent=2) + "\n")
-    doc: dict = {
-        "compute_environment": "LOCAL_MACHINE", "debug": False, "distributed_type": "DEEPSPEED",
-        "deepspeed_config": {"deepspeed_config_file": str(ds_path.resolve()), "zero3_init_flag": zero_stage == 3},
-        "downcast_bf16": "no", "enable_cpu_affinity": False, "machine_rank": 0, "main_training_function": "main",
-        "num_machines": 1, "num_processes": num_processes, "rdzv_backend": "static", "same_network": True,
-        "tpu_env": [], "tpu_use_cluster": False, "tpu_use_sudo": False, "use_cpu": False,
-    }
-    if sp_size > 1:
-        doc["parallelism_config"] = {
-            "parallelism_config_dp_replicate_size": 1, "parallelism_config_dp_shard_size": dp_shard_size,
-            "parallelism_config_sp_size": sp_size, "parallelism_config_sp_backend": "deepspeed",
-            "parallelism_config_sp_attn_implementation": attn,
-        }
-    yaml_path = out_dir / "default_config.yaml"
-    yaml_path.write_text(yaml.safe_dump(doc, sort_keys=True))
-    return yaml_path
+    plan = make_plan("deepspeed", world=num_processes, stage=zero_stage, cpu=True, precision="fp32")
+    answers = {"use_cpu": True, "trainer": "hf", "num_processes": num_processes, SP_SIZE_ID: sp_size,
+               "attention": attn}
+    yaml_path, ds_path = emit.output_paths(str(out_dir))
+    Path(ds_path).write_text(emit.render_json(emit.deepspeed_config(answers, plan, None)))
+    doc = emit.accelerate_config(answers, plan, str(Path(ds_path).resolve()), None)
+    if dp_shard_size is not None and "parallelism_config" in doc:
+        doc["parallelism_config"][PREFIX + "dp_shard_size"] = dp_shard_size
+    Path(yaml_path).write_text(emit.render_yaml(doc))
+    return Path(yaml_path)

@@ -106,23 +106,28 @@ def parse_machines(text: str) -> list[Machine]:
     return machines
 
 
+# The PCIe cards people rent one to eight at a time from GPU clouds (RunPod, Lambda, AWS g5/g6/g6e, ...), beside the
+# NVLink servers: the cheap machines a LoRA or QLoRA run fits on.
+RENTED_CARDS = ("H100-PCIe-80GB", "L40S-48GB", "A10G-24GB", "L4-24GB", "RTX4090-24GB")
+
+
 def default_classes() -> list[catalogue.GpuSpec]:
     """The data-centre GPUs rented as NVLink servers, one per generation and memory size (the catalogue's first:
-    H100-80GB, not its export twin H800-80GB; A100-80GB, not A800-80GB)."""
+    H100-80GB, not its export twin H800-80GB; A100-80GB, not A800-80GB), then the rented PCIe cards."""
     out: dict[tuple[str, int], catalogue.GpuSpec] = {}
     for spec in catalogue.CATALOGUE:
         if spec.kind == "datacenter" and spec.nvlink:
             key = (catalogue.performance(spec).generation, spec.mem_tags[0])
             out.setdefault(key, spec)
-    return list(out.values())
+    return list(out.values()) + [catalogue.by_name(name) for name in RENTED_CARDS]
 
 
 def default_machines(max_gpus: int | None = None) -> list[Machine]:
-    """1, 2, 4 and 8 of each default class, and two 8-GPU servers of the one with the most memory; at most
-    `max_gpus` GPUs in all."""
+    """1, 2, 4 and 8 of each default class, and two 8-GPU servers of the NVLink class with the most memory; at
+    most `max_gpus` GPUs in all."""
     classes = default_classes()
     specs = [f"{n}x{spec.name}" for spec in classes for n in DEFAULT_COUNTS]
-    largest = max(classes, key=lambda s: s.memory)
+    largest = max((s for s in classes if s.nvlink), key=lambda s: s.memory)
     specs.append(f"2x{NODE_GPUS}x{largest.name}")
     machines = [machine(s) for s in specs]
     return [m for m in machines if max_gpus is None or m.gpus <= max_gpus]
@@ -145,21 +150,56 @@ def check_max_gpus(value: Any) -> int | None:
 @dataclass(frozen=True)
 class Prices:
     per_gpu_hour: dict[str, float] = field(default_factory=dict)   # machine label or GPU name -> price
-    date: dt.date | None = None       # the prices file's date (None: --price only)
+    date: dt.date | None = None       # the prices file's date (None: --price only); the oldest catalogue's
     source: str = ""                  # the file, for the staleness warning
     currency: str = ""
+    notes: tuple[str, ...] = ()       # what a GPU=PRICE entry priced, when the name covers several classes
+    catalogue: Any = None             # wizard.sky_catalog.Catalogue for --prices skypilot
+    spot: bool = False                # --prices skypilot-spot
 
     def for_machine(self, m: Machine) -> float | None:
-        """The machine's own price, else its GPU's (every GPU of it the same model)."""
+        """The user's price for the machine, else its GPU's (every GPU of it the same model), else the cheapest
+        catalogue offer of its GPUs per node."""
         if m.key in self.per_gpu_hour:
             return self.per_gpu_hour[m.key]
         if len(m.gpu_names) == 1 and m.gpu_names[0] in self.per_gpu_hour:
             return self.per_gpu_hour[m.gpu_names[0]]
-        return None
+        offer = self.offer_for(m)
+        return offer.per_gpu_hour(self.spot) if offer is not None else None
+
+    def offer_for(self, m: Machine) -> Any:
+        """The catalogue's cheapest instance with this machine's GPUs per node (None without a catalogue, or when
+        the user priced the machine or its GPU)."""
+        if self.catalogue is None or len(m.gpu_names) != 1 or m.key in self.per_gpu_hour \
+                or m.gpu_names[0] in self.per_gpu_hour:
+            return None
+        try:
+            names = catalogue.skypilot_names(catalogue.by_name(m.gpu_names[0]))
+        except KeyError:
+            return None
+        return self.catalogue.cheapest(names, m.gpus // m.nodes, self.spot) if names else None
+
+    @property
+    def label(self) -> str:
+        """Where the prices come from, said beside the costs: SkyPilot's catalogues or the user's."""
+        parts = []
+        if self.catalogue is not None:
+            dates = ", ".join(f"{cloud} {d.isoformat()}" for cloud, d in sorted(self.catalogue.files.items()))
+            parts.append(f"SkyPilot's catalogues ({'spot' if self.spot else 'on-demand'}; files of {dates})")
+        if self.per_gpu_hour:
+            own_file = self.source and self.catalogue is None
+            parts.append("yours (" + (f"--prices {self.source}, dated {self.date.isoformat()}" if own_file
+                                      and self.date else "--price") + ")")
+        return "Prices: " + "; ".join(parts) + "." if parts else ""
 
 
-def _price_key(key: str, field_name: str, allowed: str) -> str:
-    """A machine as --machines writes it, or a GPU by its catalogue name (H100 -> H100-80GB)."""
+SKYPILOT_PRICES = {"skypilot": False, "skypilot-spot": True}       # --prices word -> spot
+
+
+def _price_key(key: str, field_name: str, allowed: str, notes: list[str] | None = None) -> str:
+    """A machine as --machines writes it, or a GPU by its catalogue name (H100 -> H100-80GB). A model name that
+    covers several classes (A100: 80 and 40 GB, SXM and PCIe) prices the one taken for it, and `notes` says which,
+    and the others it leaves unpriced."""
     key = key.strip()
     if re.match(r"\s*\d+\s*[xX×]", key):
         try:
@@ -167,9 +207,16 @@ def _price_key(key: str, field_name: str, allowed: str) -> str:
         except InputError as exc:
             raise InputError(field_name, exc.problem, allowed) from None
     try:
-        return catalogue.lookup(key, field_name).name
+        spec, _note = catalogue.resolve(key, field_name)
     except InputError:
         raise InputError(field_name, f"{key!r} is neither a machine nor a GPU", allowed) from None
+    model = spec.name.split("-")[0]          # "A100" of A100-80GB, A100-40GB, A100-PCIe-80GB, ...
+    others = [s.name for s in catalogue.CATALOGUE if s.name.split("-")[0] == model and s is not spec]
+    if notes is not None and others and key.upper() != spec.name.upper():
+        notes.append(f"{key}= priced {spec.name} only (the class a bare {key!r} means); {', '.join(others)} "
+                     f"{'is' if len(others) == 1 else 'are'} not priced by it: name {'it' if len(others) == 1 else 'them'}"
+                     f" (e.g. {others[0]}=PRICE)")
+    return spec.name
 
 
 def _price_value(value: Any, key: str, field_name: str, allowed: str) -> float:
@@ -182,7 +229,7 @@ def _price_value(value: Any, key: str, field_name: str, allowed: str) -> float:
     return price
 
 
-def parse_price_flag(text: str) -> dict[str, float]:
+def parse_price_flag(text: str, notes: list[str] | None = None) -> dict[str, float]:
     """--price 8xA100-80GB=1.8,H100-80GB=2.5 -> {machine or GPU: price per GPU-hour}."""
     if not isinstance(text, str) or not text.strip():
         raise InputError("price", "is empty", PRICE_FORMAT)
@@ -191,22 +238,28 @@ def parse_price_flag(text: str) -> dict[str, float]:
         key, eq, value = piece.partition("=")
         if not eq or not key.strip():
             raise InputError("price", f"{piece.strip()!r} is not MACHINE=PRICE", PRICE_FORMAT)
-        out[_price_key(key, "price", PRICE_FORMAT)] = _price_value(value, key.strip(), "price", PRICE_FORMAT)
+        out[_price_key(key, "price", PRICE_FORMAT, notes)] = _price_value(value, key.strip(), "price", PRICE_FORMAT)
     return out
 
 
-def load_prices_file(path: str) -> Prices:
-    """--prices FILE: `date:` (required: prices change weekly) and `prices:` {MACHINE or GPU: per GPU-hour}."""
+def load_prices_file(path: str, today: dt.date | None = None, notes: list[str] | None = None) -> Prices:
+    """--prices FILE: `date:` (required: prices change weekly; not after today) and `prices:` {MACHINE or GPU:
+    per GPU-hour}."""
     from wizard.fsutil import loads_limited, quote_path, read_text_limited
     text = read_text_limited(path, 1 << 20, "prices", PRICES_FILE_FORMAT)
     doc = loads_limited(text, "yaml", "prices", quote_path(path), PRICES_FILE_FORMAT)
     if not isinstance(doc, dict) or not isinstance(doc.get("prices"), dict) or not doc["prices"]:
         raise InputError("prices", f"{quote_path(path)} has no `prices:` mapping", PRICES_FILE_FORMAT)
     date = _file_date(doc.get("date"), path)
-    prices = {_price_key(str(k), "prices", PRICES_FILE_FORMAT): _price_value(v, str(k), "prices", PRICES_FILE_FORMAT)
-              for k, v in doc["prices"].items()}
+    today = today or dt.date.today()
+    if date > today:
+        raise InputError("prices", f"{path} is dated {date.isoformat()}, after today ({today.isoformat()}): a price "
+                         "cannot have been true on a day still to come (a typo in the year?)", PRICES_FILE_FORMAT)
+    notes = [] if notes is None else notes
+    prices = {_price_key(str(k), "prices", PRICES_FILE_FORMAT, notes):
+              _price_value(v, str(k), "prices", PRICES_FILE_FORMAT) for k, v in doc["prices"].items()}
     currency = doc.get("currency")
-    return Prices(prices, date, path, str(currency).strip() if currency else "")
+    return Prices(prices, date, path, str(currency).strip() if currency else "", tuple(notes))
 
 
 def _file_date(value: Any, path: str) -> dt.date:
@@ -223,12 +276,19 @@ def _file_date(value: Any, path: str) -> dt.date:
                      PRICES_FILE_FORMAT)
 
 
-def prices_from(flag: str | None, path: str | None) -> Prices:
-    """The file's prices with --price's over them."""
-    prices = load_prices_file(path) if path else Prices()
+def prices_from(flag: str | None, path: str | None, today: dt.date | None = None) -> Prices:
+    """The file's prices (or SkyPilot's catalogues: --prices skypilot) with --price's over them."""
+    notes: list[str] = []
+    if path is not None and path.strip().lower() in SKYPILOT_PRICES:
+        from wizard import sky_catalog
+        cat = sky_catalog.load(today=today)
+        prices = Prices(date=cat.oldest, source=cat.directory, currency="USD", catalogue=cat,
+                        spot=SKYPILOT_PRICES[path.strip().lower()])
+    else:
+        prices = load_prices_file(path, today, notes) if path else Prices()
     if flag:
-        prices = replace(prices, per_gpu_hour={**prices.per_gpu_hour, **parse_price_flag(flag)})
-    return prices
+        prices = replace(prices, per_gpu_hour={**prices.per_gpu_hour, **parse_price_flag(flag, notes)})
+    return replace(prices, notes=tuple(dict.fromkeys(notes)))
 
 
 def stale_prices_warning(prices: Prices, today: dt.date | None = None) -> str | None:
@@ -238,6 +298,10 @@ def stale_prices_warning(prices: Prices, today: dt.date | None = None) -> str | 
     age = (today - prices.date).days
     if age <= STALE_PRICE_DAYS:
         return None
+    if prices.catalogue is not None:
+        old = sorted(cloud for cloud, d in prices.catalogue.files.items() if (today - d).days > STALE_PRICE_DAYS)
+        return (f"SkyPilot's catalogues of {', '.join(old)} in {prices.source} are dated up to {age} days ago (more "
+                f"than {STALE_PRICE_DAYS}): GPU prices change weekly; `sky show-gpus` with network refreshes them")
     return (f"the prices in {prices.source} are dated {prices.date.isoformat()}, {age} days ago (more than "
             f"{STALE_PRICE_DAYS}): GPU prices change weekly; update the file")
 
@@ -260,11 +324,20 @@ class Row:
     cost: float | None = None
     short_by: float | None = None     # does not fit: need / have of the closest rung's tightest constraint
     shortfall: str | None = None      # ... in words (the same phrase as exit 3's)
+    shortfall_rung: str | None = None     # ... that rung's name (the shortfall's first words)
     error: str | None = None          # this machine could not be planned with these answers: why
     measured: str | None = None       # the choice's speed is `wizard tune`'s measurement: trials and date
     fastest: bool = False
     cheapest: bool = False
     write_command: str | None = None  # the command that writes this row's files (fitting rows)
+    global_batch: int | None = None   # sequences per optimizer step (the plan's)
+    per_gpu_bytes: int | None = None  # the chosen rung's (a miss: the closest rung's) memory per GPU
+    gpu_memory_bytes: int | None = None   # each GPU's memory (the smallest)
+    host_ram_bytes: int | None = None     # host RAM per machine the plan assumed (--assume ...,ram=SIZE)
+    host_ram_need_bytes: int | None = None    # what the chosen rung keeps in host RAM per machine
+    offer: Any = None                 # wizard.sky_catalog.Offer that priced it (--prices skypilot)
+    offer_spot: bool = False          # ... at its spot price
+    price_source: str | None = None   # "yours" (--price, --prices FILE) or "skypilot"
     result: Result | None = field(default=None, repr=False)
 
     @property
@@ -281,8 +354,13 @@ class Row:
                 "tokens_per_second": _round(self.tokens_per_second, 1), "step_seconds": _round(self.step_seconds, 4),
                 "train_seconds": _round(self.train_seconds, 1), "price_per_gpu_hour": self.price_per_gpu_hour,
                 "cost": _round(self.cost, 2), "short_by": _round(self.short_by, 3), "shortfall": self.shortfall,
+                "shortfall_rung": self.shortfall_rung,
                 "error": self.error, "measured": self.measured, "fastest": self.fastest, "cheapest": self.cheapest,
-                "write_command": self.write_command}
+                "write_command": self.write_command, "global_batch": self.global_batch,
+                "per_gpu_bytes": self.per_gpu_bytes, "gpu_memory_bytes": self.gpu_memory_bytes,
+                "host_ram_bytes": self.host_ram_bytes, "host_ram_need_bytes": self.host_ram_need_bytes,
+                "price_source": self.price_source,
+                "offer": self.offer.to_json(self.offer_spot) if self.offer is not None else None}
 
 
 def _round(x: float | None, digits: int) -> float | None:
@@ -299,6 +377,10 @@ class Comparison:
     method: str = "full"
     warnings: list[str] = field(default_factory=list)
     currency: str = ""
+    global_batch: int | None = None   # what every row trains per optimizer step
+    global_batch_given: bool = False  # the user's --global-batch (else GLOBAL_BATCH_DEFAULT's rule)
+    price_date: dt.date | None = None
+    prices_label: str = ""
 
     @property
     def fastest(self) -> Row | None:
@@ -313,7 +395,9 @@ class Comparison:
                 "train_tokens_given": self.tokens_given, "sort": self.sort, "currency": self.currency,
                 "fastest": self.fastest.machine.label if self.fastest else None,
                 "cheapest": self.cheapest.machine.label if self.cheapest else None,
-                "caveat": CAVEAT, "warnings": list(self.warnings), "rows": [r.to_json() for r in self.rows]}
+                "caveat": CAVEAT, "warnings": list(self.warnings), "rows": [r.to_json() for r in self.rows],
+                "global_batch": self.global_batch, "global_batch_given": self.global_batch_given,
+                "price_date": self.price_date.isoformat() if self.price_date else None, "prices": self.prices_label}
 
 
 def refuse_machine_answers(given: dict[str, Any]) -> None:
@@ -338,9 +422,16 @@ def plan_row(m: Machine, given: dict[str, Any], price: float | None, calibrate: 
     row.result = result
     plan = result.plan
     c = plan.choice
+    row.gpu_memory_bytes = result.hardware.min_gpu_memory or None
+    row.host_ram_bytes = result.hardware.ram_total or None
     if c is None:
-        row.short_by, row.shortfall = closest_miss(result)
+        row.short_by, row.shortfall, row.per_gpu_bytes, row.shortfall_rung = closest_miss(result)
         return row
+    row.per_gpu_bytes, row.host_ram_need_bytes = c.per_gpu_bytes, c.cpu_bytes
+    # sequences per optimizer step: the plan's split of it (a context-parallel rung shares each sequence among
+    # cp GPUs), else micro-batch x accumulation x GPUs
+    row.global_batch = plan.batch.global_batch if plan.batch is not None else \
+        (c.micro_batch or 1) * (c.grad_accum or 1) * m.gpus
     speed = c.speed
     row.fits, row.rung_key, row.rung = True, c.key, c.name
     row.micro_batch, row.grad_accum, row.gradient_checkpointing = c.micro_batch, c.grad_accum, c.gradient_checkpointing
@@ -353,19 +444,16 @@ def plan_row(m: Machine, given: dict[str, Any], price: float | None, calibrate: 
     return row
 
 
-def closest_miss(result: Result) -> tuple[float | None, str | None]:
-    """(need / have, what it needs) of the rung closest to fitting: the sentence exit 3 starts with. A rung whose
-    only miss is a missing --nvme-path counts only when nothing else comes close."""
+def closest_miss(result: Result) -> tuple[float | None, str | None, int | None, str | None]:
+    """(need / have, what it needs, its bytes per GPU, its name) of the rung closest to fitting: the rung and the
+    measure exit 3 names (wizard.planning.plan.closest_shortfall, the one both call)."""
     from wizard.config import answers as answers_mod
-    from wizard.planning.plan import shortfall   # exit 3's own measure of a miss (see README, `wizard compare`)
-    plan = result.plan
-    strategy = answers_mod.strategy_options(result.answers)
-    misses = [(shortfall(r, plan, result.hardware, strategy), r) for r in plan.rungs if not r.fits]
-    if not misses:
-        return None, None
-    over = [m for m in misses if m[0][0] > 1.0] or misses
-    (ratio, phrase), rung = min(over, key=lambda m: m[0][0])
-    return ratio, f"{rung.name} {phrase}"
+    from wizard.planning.plan import closest_shortfall
+    closest = closest_shortfall(result.plan, result.hardware, answers_mod.strategy_options(result.answers))
+    if closest is None:
+        return None, None, None, None
+    ratio, phrase, rung = closest
+    return ratio, f"{rung.name} {phrase}", rung.per_gpu_bytes, rung.name
 
 
 def train_tokens_of(result: Result) -> int | None:
@@ -381,6 +469,8 @@ def compare(given: dict[str, Any], machines: list[Machine], prices: Prices | Non
     if not machines:
         raise InputError("max-gpus", "leaves no machine to compare", "a larger --max-gpus, or --machines")
     refuse_machine_answers(given)
+    batch, batch_given = equal_global_batch(given, machines)
+    given = {**given, "global_batch": batch} if batch is not None else given
     rows = [plan_row(m, given, None, calibrate) for m in machines]
     planned = [r for r in rows if r.result is not None]
     if not planned:
@@ -395,8 +485,26 @@ def compare(given: dict[str, Any], machines: list[Machine], prices: Prices | Non
                 r.write_command = command_for(r.machine)
     planned_only = Comparison(rows=rows, train_tokens=tokens or DEFAULT_TRAIN_TOKENS, tokens_given=tokens is not None,
                               sort=sort, model=model_name(first.answers),
-                              method=str(first.answers.get("method", "full")))
+                              method=str(first.answers.get("method", "full")), global_batch=batch,
+                              global_batch_given=batch_given)
     return priced(planned_only, prices or Prices(), today)
+
+
+def equal_global_batch(given: dict[str, Any], machines: list[Machine]) -> tuple[int | None, bool]:
+    """(the global batch every row trains, whether it is the user's). The user's --global-batch, else the
+    micro-batch x accumulation asked for (1 x 1 by default) on the machine count that every machine divides: the
+    least common multiple of their GPU counts (16 for 1, 2, 4, 8 and 2 x 8), so each row trains the same
+    sequences per optimizer step and rows differ in time and cost only. None: a value the planner will refuse."""
+    if given.get("global_batch") is not None:
+        try:
+            return int(str(given["global_batch"]).strip()), True
+        except ValueError:
+            return None, True
+    try:
+        per_gpu = int(str(given.get("micro_batch") or 1).strip()) * int(str(given.get("grad_accum") or 1).strip())
+    except ValueError:
+        return None, False
+    return per_gpu * math.lcm(*(m.gpus for m in machines)), False
 
 
 def model_name(answers: dict[str, Any]) -> str:
@@ -410,8 +518,12 @@ def model_name(answers: dict[str, Any]) -> str:
 def priced(c: Comparison, prices: Prices, today: dt.date | None = None) -> Comparison:
     """The comparison at these prices: each row's cost, the marks, the order and the warnings (no planning: the
     TUI re-prices as the user types)."""
-    rows = [replace(r, price_per_gpu_hour=prices.for_machine(r.machine), cost=None, fastest=False, cheapest=False)
+    rows = [replace(r, price_per_gpu_hour=prices.for_machine(r.machine), offer=prices.offer_for(r.machine),
+                    offer_spot=prices.spot, price_source=None, cost=None, fastest=False, cheapest=False)
             for r in c.rows]
+    for r in rows:
+        if r.price_per_gpu_hour is not None:
+            r.price_source = "skypilot" if r.offer is not None else "yours"
     for r in rows:
         if r.train_seconds and r.price_per_gpu_hour is not None:
             r.cost = r.price_per_gpu_hour * r.machine.gpus * r.train_seconds / 3600
@@ -421,9 +533,12 @@ def priced(c: Comparison, prices: Prices, today: dt.date | None = None) -> Compa
     if c.sort == "cost" and not any(r.cost is not None for r in rows):
         warnings.append("no machine has a price: give --price MACHINE=PRICE or --prices FILE to sort by cost")
     unpriced = [r.machine.label for r in rows if r.fits and r.cost is None]
-    if prices.per_gpu_hour and unpriced:
-        warnings.append(f"no price for {', '.join(unpriced)}")
-    return replace(c, rows=rows, warnings=warnings, currency=prices.currency)
+    if (prices.per_gpu_hour or prices.catalogue is not None) and unpriced:
+        warnings.append(f"no price for {', '.join(unpriced)}" +
+                        (" in SkyPilot's catalogues" if prices.catalogue is not None else ""))
+    warnings += list(prices.notes)
+    return replace(c, rows=rows, warnings=warnings, currency=prices.currency, price_date=prices.date,
+                   prices_label=prices.label)
 
 
 def mark_best(rows: list[Row]) -> None:
@@ -433,6 +548,14 @@ def mark_best(rows: list[Row]) -> None:
     priced = [r for r in fitting if r.cost is not None]
     if priced:
         min(priced, key=lambda r: (_cents(r.cost), r.train_seconds)).cheapest = True
+
+
+def fmt_cost(cost: float | None, currency: str = "") -> str:
+    """A cost as the table and the TUI show it: to the cent, always, so rows sorted by cost read in order (219.02 after
+    218.97: whole units showed both as "219", the cheaper seemingly after the dearer)."""
+    if cost is None:
+        return "-"
+    return f"{cost:,.2f} {currency}" if currency else f"${cost:,.2f}"
 
 
 def _cents(cost: float) -> float:

@@ -43,6 +43,10 @@ class Request:
     # `wizard compare`: an assumed machine of the kind `wizard tune` measured (same GPUs, same count) uses those
     # ratios too; `plan --assume` keeps the raw model (a plan for another machine is not this one's measurement).
     calibrate_assumed: bool = False
+    # How the YAML names ds_config.json (None: by its absolute path). A config set a task carries to other machines
+    # names it relative to the directory the launch runs in, as accelerate resolves it (`wizard compare --write
+    # MACHINE -- SCRIPT`: the task's workdir).
+    ds_config_ref: str | None = None
 
 
 @dataclass
@@ -61,6 +65,7 @@ class Result:
     findings: list = field(default_factory=list)
     writes: list = field(default_factory=list)
     notes: list[str] = field(default_factory=list)    # what the files alone don't tell the user
+    ds_config_ref: str | None = None                  # Request.ds_config_ref
 
     @property
     def errors(self) -> list:
@@ -112,8 +117,10 @@ def missing_for_files(hw: Hardware, answers: dict[str, Any]) -> InputError | Non
 
 
 # Details asked after the plan that its figures depend on: fsdp_version 1 changes FSDP's activation memory
-# (plan.TrainingOptions.reentrant_checkpoint_call). Checked by type here; resolve_details checks them in context.
-PLAN_DETAILS = ("fsdp_version",)
+# (plan.TrainingOptions.reentrant_checkpoint_call); a context- or sequence-parallel size given is the ladder's
+# (plan.StrategyOptions.cp_size / sp_size: honoured, or refused with the reason). Checked by type here;
+# resolve_details checks them in context.
+PLAN_DETAILS = ("fsdp_version", "parallelism_config_cp_size", "parallelism_config_sp_size")
 
 
 def with_plan_details(answers: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
@@ -328,6 +335,8 @@ def render(result: Result) -> None:
     result.ds_doc = emit.deepspeed_config(result.answers, result.plan, result.model)
     ds_path = result.ds_path if result.ds_doc is not None else None
     result.accelerate_doc = emit.accelerate_config(result.answers, result.plan, ds_path, result.model)
+    if ds_path is not None and result.ds_config_ref:
+        result.accelerate_doc["deepspeed_config"]["deepspeed_config_file"] = result.ds_config_ref
     result.yaml_text = emit.render_yaml(result.accelerate_doc)
     result.ds_text = None if result.ds_doc is None else emit.render_json(result.ds_doc)
     result.notes = list(emit.notes(result.answers, result.plan))
@@ -352,7 +361,8 @@ def validate(result: Result) -> None:
         result.findings = check_before_write(result, yaml_tmp, ds_tmp)
 
 
-TRAINING_MACHINE_ONLY = ("METHOD-BNB-MISSING", "METHOD-BNB-OLD")
+# judged on the libraries installed where the wizard runs, which the training machine may not share
+TRAINING_MACHINE_ONLY = ("METHOD-BNB-MISSING", "METHOD-BNB-OLD", "ACC-SP-ZERO12-GRADIENTS")
 
 
 def lora_options_from_answers(answers: dict[str, Any]) -> Any:
@@ -401,7 +411,7 @@ def build(request: Request, hw: Hardware | None = None) -> Result:
     answers = apply_split(answers, plan)
     result = Result(hardware=hw, model=model, plan=plan, answers=answers, output_dir=output_dir,
                     yaml_path=os.path.join(output_dir, "default_config.yaml"),
-                    ds_path=os.path.join(output_dir, "ds_config.json"))
+                    ds_path=os.path.join(output_dir, "ds_config.json"), ds_config_ref=request.ds_config_ref)
     if plan.choice is not None:
         result.answers = resolve_details(hw, model, plan, answers, request.given, conflicts, ignored)
         if conflicts:

@@ -3,6 +3,8 @@
 #
 #     bash bench/gpu/run_on_device.sh [--quick] [measure.py options...]
 #     bash bench/gpu/run_on_device.sh --diagnose     # the named misses' measurements (under 5 minutes)
+#     bash bench/gpu/run_on_device.sh --preflight    # the preflight on the GPU: NVML health against nvidia-smi,
+#                                                    # the NCCL collectives, `wizard preflight` (under 4 minutes)
 #     bash bench/gpu/run_on_device.sh --alst         # ALST's single-GPU techniques, one at a time (under 5 minutes)
 #
 # Installs nothing from the network: only the wheels of bench/gpu/wheels (prepare_wheels.sh), when carried. Says what is there (python, torch + CUDA, transformers,
@@ -20,9 +22,11 @@ LOG="$OUT/run_on_device.log"
 # The whole device call must end within 8 minutes (issue 28): about 25 s go to installing the wheels and
 # listing what is there, so measure.py gets 445 s (--quick: 330 s) and starts nothing new after 410 (300).
 DIAGNOSE=0
+PREFLIGHT=0
 NAME=gpu
 case " $* " in
   *" --diagnose "*) DIAGNOSE=1; DEFAULT_TIMEOUT=255; DEFAULT_BUDGET=200 ;;
+  *" --preflight "*) PREFLIGHT=1; DEFAULT_TIMEOUT=200; DEFAULT_BUDGET=150 ;;
   *" --alst "*) NAME=gpu-alst; DEFAULT_TIMEOUT=255; DEFAULT_BUDGET=200 ;;
   *" --quick "*) DEFAULT_TIMEOUT=330; DEFAULT_BUDGET=300 ;;
   *) DEFAULT_TIMEOUT=445; DEFAULT_BUDGET=410 ;;
@@ -104,6 +108,16 @@ if [ "$DIAGNOSE" = 1 ]; then
     --budget-s "$BUDGET" --md "$OUT/zero3-overhead-$STAMP.md" --json "$OUT/zero3-overhead-$STAMP.json"
   rc=$?
   echo "== bench_zero3_overhead.py exit $rc"
+  exit $rc
+fi
+
+if [ "$PREFLIGHT" = 1 ]; then
+  # issue 41: what the CPU box cannot show of `wizard preflight` (bench/gpu/preflight_check.py)
+  echo "== preflight_check.py (budget ${BUDGET} s, hard timeout ${GLOBAL_TIMEOUT} s)"
+  timeout -k 15 "$GLOBAL_TIMEOUT" "$PY" bench/gpu/preflight_check.py --budget-s "$BUDGET" \
+    --out "$OUT/preflight-$STAMP.md"
+  rc=$?
+  echo "== preflight_check.py exit $rc"
   exit $rc
 fi
 

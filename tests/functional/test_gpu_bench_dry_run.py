@@ -130,6 +130,23 @@ def test_run_on_device_diagnose_writes_its_two_files_into_out_even_when_nothing_
     assert json.loads(js[0].read_text())["args"]["device"] == "cuda"
 
 
+@pytest.mark.timeout(180)
+def test_the_preflights_gpu_check_runs_its_three_parts_on_the_cpu(tmp_path):
+    """bench/gpu/preflight_check.py --dry-run-cpu (issue 41): the health read through the fake NVML, every
+    operation's code path and data check in one process (--selftest, as on a machine of one GPU), and
+    `wizard preflight --json`; each part's result in the report."""
+    r = subprocess.run([sys.executable, str(GPU_DIR / "preflight_check.py"), "--dry-run-cpu", "--out",
+                        str(tmp_path / "pf.md")], capture_output=True, text=True, cwd=str(REPO), timeout=150)
+    assert r.returncode == 0, r.stderr[-3000:]
+    report = json.loads((tmp_path / "pf.json").read_text())
+    assert report["health"] and report["health"][0]["ecc_uncorrected_volatile"] == 0
+    runs = report["collective"]["result"]["scopes"]["node"]["ops"]
+    assert sorted(runs) == ["all_gather", "all_reduce", "all_to_all", "reduce_scatter"]
+    assert all(run["check"] == "ok" for op in runs.values() for run in op)
+    assert report["preflight"]["rc"] == 0 and report["preflight"]["doc"]["exit_code"] == 0
+    assert "| 0 | ecc_enabled | True |" in (tmp_path / "pf.md").read_text()
+
+
 # ----------------------------------------------------------------------------- the ALST series (issue 38)
 
 @pytest.mark.slow

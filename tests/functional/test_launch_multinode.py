@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.launch_support import env
+from tests.launch_support import env, outputs_of
 
 REPO = Path(__file__).resolve().parents[2]
 TRAIN = str(REPO / "examples" / "train.py")
@@ -262,12 +262,7 @@ def test_two_machine_ranks_on_this_machine_form_one_world_without_slurm(tmp_path
              "--machine-rank", str(node), "--run-dir", str(tmp_path / f"node-{node}"), "--grace", "10",
              "--", TRAIN, "--steps", "4"],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env(), cwd=tmp_path))
-    try:
-        outs = [p.communicate(timeout=800)[0] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
+    outs = outputs_of(procs, 800)
     assert [p.returncode for p in procs] == [0, 0], "\n".join(o[-3000:] for o in outs)
     for node in (0, 1):
         lines = engine_lines(tmp_path / f"node-{node}")

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.launch_support import env
-from wizard.preflight import rendezvous, run
+from wizard.preflight import children, expect, rendezvous, run
 from wizard.preflight.secret import Secret
 from wizard.probe.ports import free_port
 
@@ -40,7 +40,7 @@ def offload_config(tmp_path):
 
 
 def test_expectation_reads_the_config_its_deepspeed_file_and_the_plan(offload_config):
-    e = run.expectation(str(offload_config))
+    e = expect.expectation(str(offload_config))
     assert (e.num_machines, e.processes_per_node, e.uses_gpus) == (2, 1, True)
     assert (e.main_ip, e.main_port) == ("127.0.0.1", 29555)
     assert e.pinned_blocks == ["optimizer"]          # the wizard writes pin_memory: true for CPU offload
@@ -174,8 +174,8 @@ def test_a_child_past_its_deadline_is_killed_with_what_it_started():
     code = ("import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']);"
             "print('{\"grandchild\": %d}' % p.pid, flush=True); time.sleep(60)")
     start = time.monotonic()
-    lines, _, timed_out = run._run_child([sys.executable, "-c", code], timeout=3)
-    assert timed_out and time.monotonic() - start < 10
+    lines, _, why = children.run([sys.executable, "-c", code], timeout=3)
+    assert why == "timeout" and time.monotonic() - start < 10
     grandchild = lines[0]["grandchild"]
     deadline = time.monotonic() + 5
     while psutil.pid_exists(grandchild) and psutil.Process(grandchild).status() != psutil.STATUS_ZOMBIE \
@@ -200,8 +200,9 @@ def test_a_node_that_joined_gets_the_main_nodes_verdict_when_another_never_came(
                    "mixed_precision: 'no'\nuse_cpu: true\n")
     args = [sys.executable, "-m", "wizard", "preflight", "--config-file", str(cfg), "--join-timeout", "4", "--json"]
     other = subprocess.Popen(args + ["--machine-rank", "1"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                             text=True, env=env())
-    main = subprocess.run(args + ["--machine-rank", "0"], capture_output=True, text=True, env=env(), timeout=120)
+                             text=True, env=env(), cwd=tmp_path)
+    main = subprocess.run(args + ["--machine-rank", "0"], capture_output=True, text=True, env=env(), timeout=120,
+                          cwd=tmp_path)
     out1 = other.communicate(timeout=60)[0]
     doc0, doc1 = json.loads(main.stdout), json.loads(out1)
     joined = [r for r in doc0["rows"] if r["check"] == "joined"]

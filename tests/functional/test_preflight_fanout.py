@@ -6,6 +6,7 @@ client against a closed port."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -52,6 +53,11 @@ def pdsh_config(written):
     return written["pdsh"][0]
 
 
+def flat(text: str) -> str:
+    """The output's words on one line, without the nodes' labels ("[node 0 host] ") at each line's start."""
+    return " ".join(" ".join(re.sub(r"^\[node \d+ [^]]*\] ", "", line).split()) for line in text.splitlines())
+
+
 def port() -> list[str]:
     return ["--main-process-port", str(free_port())]
 
@@ -73,9 +79,9 @@ def test_the_main_node_starts_the_other_hosts_preflight_and_both_meet(pdsh_confi
     assert r.returncode == 0, r.stdout + r.stderr
     assert "starting their preflight over ssh (localhost)" in r.stderr, r.stderr
     assert "preflight: all clear on 2 nodes" in r.stdout, r.stdout
-    table = r.stdout.splitlines()
-    assert any(line.startswith("1 ") and "all-reduce across nodes" in line for line in table), r.stdout
-    assert " FAIL " not in r.stdout, r.stdout
+    table = (pdsh_config.parent / "wizard-preflight.txt").read_text().splitlines()     # the full table
+    assert any(line.startswith("1 ") and "all-reduce across nodes" in line for line in table), table
+    assert "FAIL" not in r.stdout, r.stdout
 
 
 @pytest.mark.skipif(shutil.which("ssh") is None, reason="no ssh client (apt-get install -y openssh-client)")
@@ -86,9 +92,8 @@ def test_a_host_ssh_cannot_reach_is_a_finding_named_in_ssh_s_words_without_waiti
                extra_env={"WIZARD_SSH": "ssh -p 1 -o BatchMode=yes -o ConnectTimeout=5"})
     took = time.monotonic() - start
     assert r.returncode == 1, r.stdout + r.stderr
-    row = next(line for line in r.stdout.splitlines() if line.startswith("1 localhost") and " ssh " in line)
-    assert "FAIL" in row and "ssh could not start the preflight there: ssh: connect to host localhost port 1" in \
-        " ".join(r.stdout.split()), r.stdout
+    assert "FAIL ssh node 1 (localhost): ssh could not start the preflight there: ssh: connect to host localhost " \
+           "port 1" in flat(r.stdout), r.stdout
     assert "passwordless ssh" in r.stdout and "joined" not in r.stdout, r.stdout   # one row for one cause
     assert "preflight: 1 finding that stops the run (first: node 1 ssh)" in r.stdout, r.stdout
     assert took < 100, took             # the main node stopped waiting when ssh ended: not the 120 s join
@@ -102,7 +107,7 @@ def test_a_hostfile_of_another_size_stops_it_before_any_ssh(pdsh_config, tmp_pat
                    .replace("deepspeed_multinode_launcher: pdsh", "deepspeed_multinode_launcher: openmpi"))
     r = wizard("preflight", "--config-file", str(cfg), cwd=tmp_path, extra_env={"WIZARD_SSH": "false"})
     assert r.returncode == 1, r.stdout + r.stderr
-    text = " ".join(r.stdout.split())
+    text = flat(r.stdout)
     assert f"{hostfile} gives DeepSpeed 3 hosts (a, b, c) and it starts a node on each, but num_machines is 2" in \
         text, r.stdout
     assert "over ssh" not in r.stderr, r.stderr
@@ -115,8 +120,9 @@ def test_launch_runs_the_fan_out_as_its_first_phase_and_a_finding_stops_it(pdsh_
     out = r.stdout + r.stderr
     assert r.returncode != 0, out
     assert "starting their preflight over ssh (localhost)" in out, out
-    flat = " ".join(out.split())                 # `false` exits 1: the command it was given ended, not ssh
-    assert "preflight there FAIL started over ssh, it ended (exit 1) without meeting the main node" in flat, out
+    # `false` exits 1: the command it was given ended, not ssh
+    assert "FAIL preflight there node 1 (localhost): started over ssh, it ended (exit 1) without meeting the main " \
+           "node" in flat(out), out
     assert "not launching" in out and "phase 2/2" not in out, out
 
 
@@ -126,7 +132,7 @@ def test_a_nossh_config_keeps_the_preflight_of_each_machine_by_hand(written, tmp
     r = wizard("preflight", "--config-file", str(cfg), "--join-timeout", "2", "--no-collective", *port(),
                cwd=tmp_path, extra_env={"WIZARD_SSH": "false"})
     assert r.returncode == 1 and "over ssh" not in r.stderr, r.stderr
-    assert "start `wizard preflight --machine-rank 1` on that node" in " ".join(r.stdout.split()), r.stdout
+    assert "start `wizard preflight --machine-rank 1` on that node" in flat(r.stdout), r.stdout
 
 
 def test_with_deepspeeds_slurm_launcher_the_launch_says_to_run_it_with_srun(pdsh_config, tmp_path):

@@ -34,7 +34,8 @@ def preflight(cfg: Path, rank: int, *extra: str, secret: str | None = None, json
         e["WIZARD_PREFLIGHT_SECRET"] = secret
     args = [sys.executable, "-m", "wizard", "preflight", "--config-file", str(cfg), "--machine-rank", str(rank),
             "--join-timeout", "8", "--no-collective", *(["--json"] if json_out else []), *extra]
-    return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=e)
+    return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=e,
+                            cwd=cfg.parent)        # its report file goes beside the config, never into the checkout
 
 
 def rows(doc: dict, check: str) -> list[dict]:

@@ -83,7 +83,8 @@ def test_resolve_returns_only_the_stages_asked_and_leaves_other_given_keys_alone
     given = {"seq_len": "4096", "zero3_init_flag": "maybe"}   # a details key, not looked at before the plan
     a = answers.resolve("training", Context(hardware=gpus(1)), given)
     assert set(a) == {"seq_len", "micro_batch", "grad_accum", "global_batch", "train_tokens", "dataset_tokens",
-                      "method", "precision", "gradient_checkpointing", "optimizer", "attention", "trainer",
+                      "method", "precision", "gradient_checkpointing", "optimizer", "attention", "trainer", "loss",
+                      "allow_code_changes",
                       "save_total_limit"}
 
 

@@ -197,3 +197,19 @@ def test_fsdp1_adapters_under_transformers_4_reentrant_checkpointing_are_flagged
     assert found(ta={"gradient_checkpointing": False}) is None
     assert found(ta=None) is None
     assert found(yaml_text=fsdp1.yaml_text.replace("fsdp_version: 1", "fsdp_version: 2"), ta=gc) is None
+
+
+def test_the_wizard_writes_zero2_ulysses_files_with_an_old_transformers_here(monkeypatch, tmp_path):
+    """The transformers where the wizard runs may not be the training machine's: ACC-SP-ZERO12-GRADIENTS is a
+    warning before writing (the plan's note says it too) and an error from `wizard check` on that machine."""
+    from wizard.check import doctor
+    real = doctor.library_versions
+    monkeypatch.setattr(doctor, "library_versions", lambda: {**real(), "transformers": "5.17.0"})
+    result = pipeline.build(Request(assume="8xH100-80GB", output_dir=str(tmp_path),
+                                    given={"model": LLAMA_TINY, "seq_len": 4096, "backend": "deepspeed",
+                                           "zero_stage": "2", "parallelism_config_sp_size": 2}))
+    pipeline.validate(result)
+    assert not result.errors, [f.message for f in result.errors]
+    assert [f.severity for f in result.findings if f.rule == "ACC-SP-ZERO12-GRADIENTS"] == ["warning"]
+    direct = check_texts(result.yaml_text, result.ds_text, versions={"transformers": "5.17.0"})
+    assert [f.severity for f in direct if f.rule == "ACC-SP-ZERO12-GRADIENTS"] == ["error"]

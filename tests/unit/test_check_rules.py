@@ -102,7 +102,11 @@ def test_every_rule_has_a_trigger_and_a_clean_fixture():
     method_tests = (Path(__file__).parent / "test_check_methods.py").read_text()
     assert method_ids and all(rule_id in method_tests for rule_id in method_ids)
     # The plan family judges files against the plan they were written for: test_validate.py drives it.
-    ids = {r.id for r in RULES if r.family not in ("method", "plan")} | {"PLAN-LOW-HEADROOM"}
+    # The task family judges a SkyPilot task file beside the config: test_sky_task.py drives each of its rules.
+    task_ids = {r.id for r in RULES if r.family == "task"}
+    task_tests = (Path(__file__).parent / "test_sky_task.py").read_text()
+    assert task_ids and all(rule_id in task_tests for rule_id in task_ids)
+    ids = {r.id for r in RULES if r.family not in ("method", "plan", "task")} | {"PLAN-LOW-HEADROOM"}
     with_fixture = {p.parent.name for p in CASE_DIRS if p.name == "trigger"}
     # PLAN-LOW-HEADROOM depends on the plan's arithmetic: test_check_plan.py searches for its trigger instead.
     assert ids - with_fixture == {"PLAN-LOW-HEADROOM"}
@@ -118,7 +122,7 @@ def test_every_reported_id_has_one_home_in_the_registry():
     from wizard.check.rules.planned import PLAN_FILE_IDS
 
     source = "\n".join(p.read_text() for p in (ROOT / "wizard").rglob("*.py"))
-    written = set(re.findall(r'"((?:ACC|DS|TRN|INT|PLAN|VER|METHOD|CHECK)-[A-Z0-9-]+)"', source))
+    written = set(re.findall(r'"((?:ACC|DS|TRN|INT|PLAN|VER|METHOD|CHECK|SKY)-[A-Z0-9-]+)"', source))
     known = {r.id for r in RULES} | set(PLAN_FILE_IDS) | {"CHECK-RULE-FAILED", "PLAN-LOW-HEADROOM"}
     assert written - known == set()
     assert not set(PLAN_FILE_IDS) & {r.id for r in RULES}
@@ -151,6 +155,8 @@ SEVERITY = {
     "ACC-NUM-PROCESSES-PER-NODE": "error", "ACC-PORT-IN-USE": "warning", "ACC-UNKNOWN-KEY": "error",
     "ACC-UNKNOWN-NESTED-KEY": "warning", "ACC-UNQUOTED-NO": "error", "DS-AIO-IN-ZERO": "error",
     "ACC-FP8-UNSUPPORTED-GPU": "error", "ACC-FP8-BACKEND-MISSING": "warning",
+    "ACC-SP-NEEDS-DEEPSPEED": "error", "ACC-SP-PROCESSES": "error", "ACC-SP-HEADS": "error",
+    "ACC-SP-ZERO12-GRADIENTS": "error",
     "ACC-FP8-AO-RAM-EFFICIENT-LOADING": "error", "TRN-PRECISION-OVERRIDES-FP8": "warning",
     "DS-AUTO-IN-SUBCONFIG": "error", "DS-AUTO-UNFILLED": "error", "DS-BF16-UNSUPPORTED": "error",
     "DS-DUPLICATE-KEY": "error", "DS-FLOAT-BUCKET": "error", "DS-LIBRARY-REJECTS": "error",

@@ -585,3 +585,15 @@ def test_a_killed_jit_build_leaves_no_lock_behind(tmp_path):
     new.write_text("")
     assert remove_stale_build_locks(2000, tmp_path) == [str(new)]
     assert old.exists() and not new.exists()
+
+
+def test_the_preflights_health_fields_are_read_from_nvidia_smi_as_the_wizard_holds_them():
+    from bench.gpu.preflight_check import compare_health, smi_value
+    assert smi_value("ecc_enabled", "Enabled") is True and smi_value("ecc_uncorrected_volatile", "[N/A]") is None
+    assert smi_value("remap_pending", "No") is False and smi_value("ecc_corrected_volatile", "12") == 12
+    assert smi_value("clock_events", "0x0000000000000041") == ("gpu_idle", "hw_thermal_slowdown")
+    rows = compare_health([{"index": 0, "ecc_enabled": True, "ecc_corrected_volatile": 3, "clock_events": []}],
+                          {"ecc_enabled": [True], "ecc_corrected_volatile": [4], "clock_events": [()]})
+    by = {r["field"]: r["ok"] for r in rows}
+    assert by["ecc_enabled"] is True and by["ecc_corrected_volatile"] is False and by["clock_events"] is True
+    assert by["remap_pending"] is None                          # neither side said

@@ -166,6 +166,60 @@ def test_not_supported_metrics_read_as_none(monkeypatch):
     assert drv.shutdowns == 1                                   # one init, one shutdown
 
 
+def install(monkeypatch, **funcs) -> None:
+    for name, fn in funcs.items():
+        monkeypatch.setattr(pynvml, name, fn, raising=False)
+
+
+def test_real_binding_reads_each_gpus_health(monkeypatch):
+    """ECC counters by error type and counter, retired pages by cause, remapped rows (corr, unc, pending, failure),
+    the clock event reasons' bits, each from NVML's own calls and constants."""
+    FakeDriver(monkeypatch)
+
+    def ecc(h, kind, counter):
+        return {(pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_VOLATILE_ECC): 2 if h == "h1" else 0,
+                (pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_AGGREGATE_ECC): 5,
+                (pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, pynvml.NVML_VOLATILE_ECC): 7}[(kind, counter)]
+    install(monkeypatch, nvmlDeviceGetTotalEccErrors=ecc, nvmlDeviceGetEccMode=lambda h: [1, 1],
+            nvmlDeviceGetRetiredPages=lambda h, cause: [0x1000] if cause == pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR else [],
+            nvmlDeviceGetRetiredPagesPendingStatus=lambda h: 0,
+            nvmlDeviceGetRemappedRows=lambda h: (1, 0, 1 if h == "h1" else 0, 0),
+            nvmlDeviceGetCurrentClocksEventReasons=lambda h: pynvml.nvmlClocksEventReasonHwThermalSlowdown
+            | pynvml.nvmlClocksEventReasonGpuIdle)
+    api = RealNvml()
+    h0, h1 = api.health()
+    assert (h0.ecc_enabled, h0.ecc_uncorrected_volatile, h0.ecc_uncorrected_aggregate, h0.ecc_corrected_volatile) == \
+        (True, 0, 5, 7)
+    assert h1.ecc_uncorrected_volatile == 2 and h1.remap_pending is True and h0.remap_pending is False
+    assert h0.retired_pages == 1 and h0.retired_pending is False and h0.remapped_correctable == 1
+    assert h0.clock_events == ("gpu_idle", "hw_thermal_slowdown")
+    api.close()
+
+
+def test_health_that_nvml_cannot_read_is_none_and_the_older_throttle_call_answers(monkeypatch):
+    FakeDriver(monkeypatch, failing={"nvmlDeviceGetTotalEccErrors", "nvmlDeviceGetRemappedRows",
+                                     "nvmlDeviceGetRetiredPages", "nvmlDeviceGetCurrentClocksEventReasons"})
+    install(monkeypatch, nvmlDeviceGetCurrentClocksThrottleReasons=lambda h: pynvml.nvmlClocksThrottleReasonSwPowerCap)
+    (h, _) = RealNvml().health()
+    assert h.ecc_uncorrected_volatile is None and h.remap_pending is None and h.retired_pages is None
+    assert h.clock_events == ("sw_power_cap",)
+
+
+def test_xid_events_are_read_from_nvmls_event_set(monkeypatch):
+    FakeDriver(monkeypatch)
+    events = [SimpleNamespace(device="h1", eventData=79)]
+    registered = []
+    install(monkeypatch, nvmlEventSetCreate=lambda: "set",
+            nvmlDeviceRegisterEvents=lambda h, kind, es: registered.append((h, kind)),
+            nvmlEventSetWait_v2=lambda es, ms: events.pop() if events else (_ for _ in ()).throw(
+                _err(pynvml.NVML_ERROR_TIMEOUT)),
+            nvmlDeviceGetIndex=lambda h: int(h[1]), nvmlEventSetFree=lambda es: None)
+    watch = RealNvml().xid_watch()
+    assert registered == [("h0", pynvml.nvmlEventTypeXidCriticalError), ("h1", pynvml.nvmlEventTypeXidCriticalError)]
+    assert watch.poll() == [(1, 79)] and watch.poll() == []
+    watch.close()
+
+
 def test_fallbacks_to_older_calls(monkeypatch):
     FakeDriver(monkeypatch, failing={"nvmlDeviceGetTemperatureV", "nvmlDeviceGetEnforcedPowerLimit"})
     s = RealNvml().sample()[0]

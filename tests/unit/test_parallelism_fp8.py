@@ -96,10 +96,12 @@ def test_one_machine_keeps_accelerates_default_and_several_name_hsdp_without_cho
 
 
 def test_sizes_whose_product_is_not_the_process_count_are_refused_by_accelerates_own_class():
+    # a context-parallel size is the plan's ladder (issue 38): one that cannot divide the processes is refused there,
+    # in accelerate's terms, before the files
     with pytest.raises(InputError) as err:
         build({"parallelism_config_cp_size": "3"})
     assert err.value.field == "parallelism-config-cp-size"
-    assert "ParallelismConfig total_size (6) does not match num_processes (8)" in str(err.value)
+    assert "3 does not divide the 8 processes" in str(err.value) and "ParallelismConfig" in str(err.value)
     if ACCELERATE_1_16:
         with pytest.raises(InputError) as err:
             build({"parallelism_config_tp_size": "8"})       # leaves FSDP nothing to shard across
@@ -143,7 +145,10 @@ def test_the_parallelism_config_is_written_as_accelerate_config_writes_it():
         "parallelism_config_dp_replicate_size": 1, "parallelism_config_dp_shard_size": 4,
         "parallelism_config_tp_size": 1, "parallelism_config_cp_size": 2,
         "parallelism_config_cp_comm_strategy": "alltoall"}
-    assert any("parallelism config" in n and "not model" in n for n in result.notes)
+    # the size given is the plan's rung (issue 38: honoured, not "not modelled")
+    assert result.plan.choice.key == "fsdp-cp2"
+    assert any(n.startswith("context parallel 2:") for n in result.notes)
+    assert not any("not model" in n for n in result.notes)
     assert "parallelism_config" not in build({}).accelerate_doc
 
 
@@ -425,12 +430,15 @@ def test_a_size_beside_an_answer_that_rules_the_config_out_is_a_conflict(given, 
     assert err.value.field == "parallelism-config-cp-size" and culprit in str(err.value)
 
 
-def test_a_size_given_while_the_plan_chose_another_backend_is_named_as_unused():
+def test_a_size_given_is_honoured_even_where_the_plan_would_choose_another_backend():
+    """Issue 38: --parallelism-config-cp-size 2 on a 1B model (ZeRO-2 fits) was written but "not used by this
+    plan"; the plan is now the context-parallel rung of that size, and its files carry it."""
     result = pipeline.build(pipeline.Request(given={"params": "1B", "parallelism_config_cp_size": "2"},
                                              assume="8xH100-80GB", output_dir="/tmp/unused-wizard-out",
                                              calibrate=False))
-    assert result.plan.choice.backend != "fsdp"
-    assert any("--parallelism-config-cp-size" in note for note in result.plan.notes)
+    assert result.plan.choice.key == "fsdp-cp2" and [r.key for r in result.plan.rungs] == ["fsdp-cp2"]
+    assert not any("--parallelism-config-cp-size" in note for note in result.plan.notes)
+    assert result.accelerate_doc["parallelism_config"]["parallelism_config_cp_size"] == 2
     with pytest.raises(InputError) as err:
         build({"mixed_precision": "fp8", "backend": "deepspeed"})
     assert "--backend" in str(err.value)

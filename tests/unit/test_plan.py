@@ -164,12 +164,16 @@ def test_405b_with_too_little_ram_goes_to_nvme_when_a_path_with_space_is_given()
 
 
 def test_huge_sequence_turns_on_gradient_checkpointing_at_the_first_rung_where_activations_are_the_problem():
-    plan = plan_for(gpus(8, 80), LLAMA2_7B, training=TrainingOptions(seq_len=32_768))
+    # whole sequences only (--parallelism-config-cp-size 1 --parallelism-config-sp-size 1): with the splitting rungs
+    # a context-parallel one without recomputation is faster (test_plan_long_context)
+    whole = StrategyOptions(cp_size=1, sp_size=1)
+    plan = plan_for(gpus(8, 80), LLAMA2_7B, training=TrainingOptions(seq_len=32_768), strategy=whole)
     ddp, zero2 = plan.rungs[0], plan.rungs[1]
     # DDP: model states don't fit, so checkpointing would not help and is not switched on.
     assert not ddp.fits and not ddp.gradient_checkpointing
     # ZeRO-2: states fit, activations at s = 32k do not; with GC it fits.
-    without = plan_for(gpus(8, 80), LLAMA2_7B, training=TrainingOptions(seq_len=32_768, gradient_checkpointing="off"))
+    without = plan_for(gpus(8, 80), LLAMA2_7B, training=TrainingOptions(seq_len=32_768, gradient_checkpointing="off"),
+                       strategy=whole)
     assert not rung_by_key(without, "zero2").fits
     assert states(zero2) + zero2.breakdown["buffers"] + zero2.breakdown["context"] <= plan.usable_bytes
     assert zero2.gradient_checkpointing and zero2.fits and plan.choice is zero2

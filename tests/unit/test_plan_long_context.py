@@ -18,6 +18,7 @@ from wizard.planning import speed as speed_mod
 from wizard.planning.plan import StrategyOptions, Topology, TrainingOptions, make_plan
 from wizard.probe import hardware
 from wizard.sizing import memory as mem
+from wizard.sizing import sequence as seqmem
 from wizard.sizing.model import ModelShape
 
 LLAMA31_8B = ModelShape(params=8_030_261_248, largest_layer_params=128_256 * 4096, hidden_size=4096, layers=32,
@@ -45,22 +46,35 @@ def cli(*args: str) -> tuple[int, str, str]:
 
 # --- The done-when: 8B at 64k tokens on 8xH100-80GB ---------------------------------------------------------
 
-def test_8b_at_64k_tokens_plans_a_context_parallel_rung_that_fits():
-    p = plan_8b(65536)
-    plain = [r for r in p.rungs if r.cp_size == 1]
+def test_8b_at_64k_tokens_plans_a_rung_that_splits_the_sequence():
+    """With the full logits (--loss full: issue 30's case) nothing without offload fits whole sequences; a rung that
+    splits each sequence (FSDP2's context parallelism or DeepSpeed's Ulysses) does."""
+    p = plan_8b(65536, TrainingOptions(loss="full"))
+    plain = [r for r in p.rungs if r.seq_shards == 1]
     # v3's ladder: nothing without offload fits (the logits alone are 12 B x 65,536 x 128,256 = 93.9 GiB per GPU)
     assert not any(r.fits and not r.offloads for r in plain)
     assert all(r.breakdown["logits"] == mem.logits_bytes(65536, 1, 128_256, "bf16") for r in plain)
     c = p.choice
-    assert c is not None and c.fits and c.cp_size > 1 and c.backend == "fsdp" and not c.offloads
-    # each GPU holds 1/cp of every sequence's logits and activations; the states are FSDP's over all 8
-    assert c.breakdown["logits"] == mem.logits_bytes(65536 // c.cp_size, 1, 128_256, "bf16")
-    reshard = next(r for r in plain if r.key == "fsdp-reshard") if any(r.key == "fsdp-reshard" for r in plain) \
-        else None
-    if reshard is not None:
-        assert c.breakdown["parameters"] == reshard.breakdown["parameters"]
+    assert c is not None and c.fits and c.seq_shards > 1 and not c.offloads
+    # each GPU holds 1/cp (1/sp) of every sequence's logits and activations; the states are those of the same
+    # strategy over whole sequences (FSDP2 resharding, or ZeRO at the same stage): over all 8 GPUs
+    assert c.breakdown["logits"] == mem.logits_bytes(65536 // c.seq_shards, 1, 128_256, "bf16")
+    base = plan_8b(2048, TrainingOptions(loss="full"), StrategyOptions(backend=c.backend))
+    same = next(r for r in base.rungs if (r.zero_stage, r.fsdp_reshard, r.offloads) ==
+                (c.zero_stage, c.fsdp_reshard, False) and r.seq_shards == 1)
+    assert c.breakdown["parameters"] == same.breakdown["parameters"]
     assert c.speed is not None and c.speed.tokens_per_second > 0 and c.speed.communication_seconds >= 0
     assert c.per_gpu_bytes <= p.usable_bytes
+
+
+def test_8b_at_64k_tokens_with_the_fused_loss_needs_no_split():
+    """--loss auto takes Liger there (the logits would be 93.9 GiB per GPU): its memory, not the full logits', is
+    counted, and whole sequences fit again without offload."""
+    p = plan_8b(65536)
+    assert p.loss == "liger"
+    zero2 = next(r for r in p.rungs if r.key == "zero2")
+    assert zero2.breakdown["logits"] == seqmem.loss_bytes("liger", 65536, 1, 128_256, 4096, "bf16")
+    assert any(r.fits and not r.offloads and r.seq_shards == 1 for r in p.rungs)
 
 
 def test_the_context_parallel_files_are_written_and_accepted_by_accelerate(tmp_path):
@@ -82,21 +96,38 @@ def test_the_context_parallel_files_are_written_and_accepted_by_accelerate(tmp_p
     assert "not model" not in out + err
 
 
-def test_short_sequences_keep_their_plan_without_context_parallel_rungs():
-    for seq in (2048, 8192):
-        p = plan_8b(seq)
-        assert all(r.cp_size == 1 for r in p.rungs)
-        assert p.choice.max_seq_len == 0 or p.choice.max_seq_len < 2 * seq
+def test_short_sequences_keep_their_plan_without_split_rungs():
+    p = plan_8b(2048)
+    assert all(r.seq_shards == 1 for r in p.rungs)
+    assert p.choice.max_seq_len == 0 or p.choice.max_seq_len < 2 * 2048
+
+
+def test_at_8k_tokens_a_split_rung_joins_and_wins_where_it_is_the_fastest():
+    """8B at 8,192 tokens on 8 x H100: every rung without offload needs gradient checkpointing for whole sequences,
+    so the ladder also holds rungs that split them; one needs no recomputation and is chosen, faster than ZeRO-2
+    with checkpointing by more than the tie."""
+    p = plan_8b(8192)
+    zero2 = next(r for r in p.rungs if r.key == "zero2")
+    assert zero2.fits and zero2.gradient_checkpointing
+    split = [r for r in p.rungs if r.seq_shards > 1]
+    assert {r.cp_size > 1 for r in split} == {True, False}          # context and sequence parallel both tried
+    c = p.choice
+    assert c.seq_shards > 1 and not c.gradient_checkpointing
+    assert c.tokens_per_second > zero2.tokens_per_second * (1 + plan_mod.SPEED_TIE)
+    assert c.tokens_per_second == max(r.tokens_per_second for r in p.rungs if r.fits and not r.offloads)
+    assert "chosen: the fastest rung that fits" in c.reason
 
 
 def test_context_parallelism_needs_sdpa_fsdp2_and_a_sequence_it_can_split():
-    flash = plan_8b(65536, TrainingOptions(attention="flash"))
+    full = TrainingOptions(loss="full")
+    flash = plan_8b(65536, replace(full, attention="flash"))
     assert all(r.cp_size == 1 for r in flash.rungs)
-    assert any("Context parallelism" in n and "SDPA" in n for n in flash.notes)
-    fsdp1 = plan_8b(65536, strategy=StrategyOptions(fsdp_version=1))
+    assert any(r.sp_size > 1 for r in flash.rungs)                  # Ulysses runs flash attention
+    assert any("context parallelism: they need SDPA" in n for n in flash.notes)
+    fsdp1 = plan_8b(65536, full, strategy=StrategyOptions(fsdp_version=1))
     assert all(r.cp_size == 1 for r in fsdp1.rungs)
     assert any("FSDP2" in n for n in fsdp1.notes)
-    deepspeed = plan_8b(65536, strategy=StrategyOptions(backend="deepspeed"))
+    deepspeed = plan_8b(65536, full, strategy=StrategyOptions(backend="deepspeed"))
     assert all(r.cp_size == 1 for r in deepspeed.rungs)
     # cp must divide the sequence into 2 x cp chunks (torch's causal load balancer), and fit in a machine
     assert rungs.context_parallel_keys("auto", "auto", "full", 8, 65536 + 4) == ["fsdp-cp2"]
@@ -123,13 +154,13 @@ def test_ring_attention_costs_communication_that_grows_with_cp():
 # --- The longest sequence that fits -------------------------------------------------------------------------
 
 def test_the_longest_sequence_that_fits_is_the_edge_of_fitting():
-    p = plan_8b(65536)
+    p = plan_8b(65536, TrainingOptions(loss="full"))
     c = p.choice
     assert 65536 <= c.max_seq_len < 2 * 65536
-    unit = 2 * c.cp_size
-    assert c.max_seq_len % unit == 0
     spec = rungs.BY_KEY[c.key]
-    x = plan_mod._resolve(hardware.assume("8xH100-80GB"), LLAMA31_8B, TrainingOptions(seq_len=65536),
+    unit = plan_mod.seq_unit(spec)
+    assert c.max_seq_len % unit == 0
+    x = plan_mod._resolve(hardware.assume("8xH100-80GB"), LLAMA31_8B, TrainingOptions(seq_len=65536, loss="full"),
                           StrategyOptions(), Topology(1, 8), [])
     x = replace(x, batch=c.micro_batch, grad_accum=c.grad_accum)
     assert plan_mod._fits_seq(spec, x, c.max_seq_len, c.gradient_checkpointing)
@@ -139,7 +170,7 @@ def test_the_longest_sequence_that_fits_is_the_edge_of_fitting():
 def test_the_plan_output_shows_the_longest_sequence_near_the_limit():
     args = ["plan", "--assume", "8xH100-80GB", "--params", "8B", "--hidden-size", "4096", "--layers", "32",
             "--heads", "32", "--vocab-size", "128256"]
-    _, near, _ = cli(*args, "--seq-len", "65536")
+    _, near, _ = cli(*args, "--seq-len", "65536", "--loss", "full")
     assert "Longest sequence that fits: --seq-len " in near
     _, short, _ = cli(*args, "--seq-len", "1024")
     assert "Longest sequence that fits" not in short
@@ -148,18 +179,24 @@ def test_the_plan_output_shows_the_longest_sequence_near_the_limit():
 # --- The logits, honestly -----------------------------------------------------------------------------------
 
 def test_the_logits_note_says_what_they_cost_and_what_would_avoid_them():
-    long = plan_8b(65536)
+    long = plan_8b(65536, TrainingOptions(loss="full"))
     note = next(n for n in long.notes if n.startswith("Logits:"))
-    assert "use_liger_kernel=True" in note and "counts the full logits" in note
+    assert "--loss liger" in note and "--loss full was asked" in note
     assert not any(n.startswith("Logits:") for n in plan_8b(2048).notes)
+    # where --loss auto cannot take Liger (V100: Triton needs compute capability 8.0+), the note says why
+    v100 = plan_8b(32768, assume="8xV100-32GB")
+    assert v100.loss == "full"
+    note = next(n for n in v100.notes if n.startswith("Logits:"))
+    assert "compute capability 8.0+" in note and "--loss tiled" in note
 
 
 def test_the_fused_loss_figure_follows_liger_chunking():
-    # Llama-3's V / h = 31.3 -> 32; 65,536 tokens / 32 = 2,048 per chunk
+    # Llama-3's V / h = 31.3 -> 32; 65,536 tokens / 32 = 2,048 per chunk; the input's and the head's gradients
     w = 2
-    assert mem.chunked_loss_bytes(65536, 1, 128_256, 4096, "bf16") == \
-        w * 65536 * 4096 + 2048 * 128_256 * (w + 4)
-    assert mem.chunked_loss_bytes(65536, 1, 128_256, 4096, "bf16") < mem.logits_bytes(65536, 1, 128_256, "bf16") / 20
+    assert seqmem.liger_chunk_tokens(65536, 128_256, 4096) == 2048
+    assert seqmem.loss_bytes("liger", 65536, 1, 128_256, 4096, "bf16") == \
+        w * 65536 * 4096 + w * 128_256 * 4096 + w * 2048 * 128_256 + 4 * 65536
+    assert seqmem.loss_bytes("liger", 65536, 1, 128_256, 4096, "bf16") < mem.logits_bytes(65536, 1, 128_256, "bf16") / 20
 
 
 @pytest.mark.parametrize("cp", [2, 4, 8])

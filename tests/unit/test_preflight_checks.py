@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from wizard.preflight import checks
+from wizard.preflight import checks, figures, limits, measure, report
 from wizard.preflight.checks import FAIL, INFO, OK, WARN, Expectation
 
 HGX_IFACES = ["docker0", "eno1", "ibp12s0", "ibp139s0", "ibp154s0", "ibp170s0", "ibp192s0", "ibp206s0", "ibp220s0",
@@ -128,13 +128,24 @@ def test_nccl_log_keeps_each_warning_once_and_every_interface():
     assert "enP1p1s0f1" in checks.parse_nccl_log(NCCL_TWO_IFACES)["socket"]
 
 
+def run_(nbytes, gbps, seconds=0.01, samples=10, low=None, high=None, check="ok"):
+    return {"bytes": nbytes, "samples": samples, "seconds": seconds, "busbw_gbps": gbps,
+            "low_gbps": gbps if low is None else low, "high_gbps": gbps if high is None else high, "check": check}
+
+
+def scope(ranks, gbps, **ops):
+    """A collective scope as collective.time_scope reports it: every op at 16 MiB and 256 MiB."""
+    out = {"ranks": ranks, "ops": {}}
+    for op in measure.OPS:
+        g = ops.get(op, gbps)
+        out["ops"][op] = [run_(16 << 20, g / 2), run_(256 << 20, g)]
+    return out
+
+
 def test_collective_rows_show_the_nccl_network_and_its_warnings():
-    result = {"scopes": {"node": {"ranks": 8, "bytes": 256 << 20, "iterations": 5, "seconds": 0.0012,
-                                  "busbw_gbps": 3131.0},
-                         "across": {"ranks": 2, "bytes": 256 << 20, "iterations": 5, "seconds": 0.0134,
-                                    "busbw_gbps": 160.2}},
+    result = {"scopes": {"node": scope(8, 3131.0), "across": scope(2, 160.2)},
               "nccl_log": checks.parse_nccl_log(NCCL_SOCKET_LOG + NCCL_WARN_LOG)}
-    rows = checks.collective_rows(0, "n1", exp(assumed_gbps=3200, assumed_source="8 x 400 Gb/s"), result, "nccl")
+    rows = figures.collective_rows(0, "n1", exp(assumed_gbps=3200, assumed_source="8 x 400 Gb/s"), result, "nccl")
     across = next(r for r in rows if r.check == "all-reduce across nodes")
     assert across.status == WARN and "via Socket ([0]ens7:10.128.0.31<0>)" in across.detail
     assert "5% of it" in across.detail
@@ -225,13 +236,27 @@ def test_a_differing_package_fails_on_the_node_that_differs_with_the_pin_to_inst
     assert ref.status == INFO and "node 1 differs" in ref.detail
     assert other.status == FAIL and "peft 0.0.1 (node 0: 0.21.2)" in other.detail and "/shim/peft" in other.detail
     assert other.fix.endswith("peft==0.21.2")
-    table = checks.render_versions({0: versions(), 1: versions("0.0.1")})
+    table = report.render_versions({0: versions(), 1: versions("0.0.1")})
     assert any(line.startswith("* peft") and "0.0.1" in line for line in table)
+
+
+def test_at_scale_the_node_that_differs_from_most_is_named_not_the_others():
+    per = {n: versions() for n in range(8)}
+    per[0] = versions("0.0.1", "/shim/peft")             # the main node is the odd one out
+    rows = checks.version_rows(per, {n: f"n{n}" for n in range(8)})
+    assert [r.node for r in rows if r.status == FAIL] == [0]
+    assert "differs from 7 of 8 nodes: peft 0.0.1 (7 of 8 nodes: 0.21.2)" in rows[0].detail
 
 
 def test_same_versions_are_one_ok_row_per_node_and_no_table():
     rows = checks.version_rows({0: versions(), 1: versions()}, {0: "n1", 1: "n2"})
-    assert [r.status for r in rows] == [OK, OK] and checks.render_versions({0: versions(), 1: versions()}) == []
+    assert [r.status for r in rows] == [OK, OK] and report.render_versions({0: versions(), 1: versions()}) == []
+    assert "(same on every node)" in rows[0].detail
+
+
+def test_versions_of_the_nodes_that_reported_are_not_called_every_nodes():
+    (row,) = checks.version_rows({0: versions()}, {0: "n1"}, expected=2)
+    assert "same on the 1 node that reported; 1 did not" in row.detail and "every node" not in row.detail
 
 
 # ----------------------------------------------------------------------------- GPUs
@@ -274,36 +299,35 @@ def offload_exp(**kw):
 
 def test_memlock_under_what_the_offload_pins_fails_where_deepspeed_pins_by_default():
     f = facts(versions={"deepspeed": {"version": "0.19.8"}}, limits={"memlock": 64 << 20})
-    row = checks.memlock_row(0, "n1", offload_exp(), f)
+    row = limits.memlock_row(0, "n1", offload_exp(), f)
     # 4 B x 8e9 / 16 processes = 2 GB each
     assert row.status == FAIL and "pins at least 1.9 GiB" in row.detail and "ulimit -l unlimited" in row.fix
 
 
 def test_memlock_before_deepspeed_pinned_by_default_or_unlimited_is_fine():
-    assert checks.memlock_row(0, "n1", offload_exp(), facts(versions={"deepspeed": {"version": "0.19.4"}},
+    assert limits.memlock_row(0, "n1", offload_exp(), facts(versions={"deepspeed": {"version": "0.19.4"}},
                                                            limits={"memlock": 64 << 20})).status == OK
-    assert checks.memlock_row(0, "n1", offload_exp(), facts(versions={"deepspeed": {"version": "0.19.8"}},
+    assert limits.memlock_row(0, "n1", offload_exp(), facts(versions={"deepspeed": {"version": "0.19.8"}},
                                                            limits={"memlock": None})).status == OK
 
 
 def test_host_ram_under_the_plans_offload_need_fails():
     f = facts(limits={"ram_total": 64 << 30, "ram_available": 40 << 30, "memlock": None, "shm_total": 32 << 30,
                       "cwd": "/w", "disk": {"/w": 1 << 40}})
-    rows = checks.limit_rows(0, "n1", exp(host_ram_bytes=100 << 30), f)
+    rows = limits.limit_rows(0, "n1", exp(host_ram_bytes=100 << 30), f)
     ram = next(r for r in rows if r.check == "host RAM")
     assert ram.status == FAIL and "100.0 GiB" in ram.detail and "--mem" in ram.fix
 
 
 def test_a_containers_64_mib_shm_fails_with_several_gpus_per_node():
-    row = checks.shm_row(0, "n1", exp(), {"shm_total": 64 << 20})
+    row = limits.shm_row(0, "n1", exp(), {"shm_total": 64 << 20})
     assert row.status == FAIL and "--shm-size" in row.fix
-    assert checks.shm_row(0, "n1", exp(processes_per_node=1), {"shm_total": 64 << 20}).status == WARN
+    assert limits.shm_row(0, "n1", exp(processes_per_node=1), {"shm_total": 64 << 20}).status == WARN
 
 
 def test_nvme_disk_short_of_the_plan_fails():
-    rows = checks.disk_rows(0, "n1", exp(nvme_path="/nvme", nvme_bytes=2 << 40),
-                            {"cwd": "/w", "disk": {"/w": 1 << 40, "/nvme": 1 << 40}})
-    nvme = next(r for r in rows if r.check == "NVMe offload disk")
+    nvme = limits.nvme_row(0, "n1", exp(nvme_path="/nvme", nvme_bytes=2 << 40),
+                           {"cwd": "/w", "disk": {"/w": 1 << 40, "/nvme": 1 << 40}})
     assert nvme.status == FAIL and "the plan needs 2.0 TiB" in nvme.detail
 
 
@@ -311,26 +335,29 @@ def test_nvme_disk_short_of_the_plan_fails():
 
 
 def test_bus_bandwidth_is_nccl_tests_definition():
-    assert checks.busbw_gbps(1 << 30, 1.0, 2) == pytest.approx((1 << 30) * 8 / 1e9)      # 2 ranks: busbw = algbw
-    assert checks.busbw_gbps(1 << 30, 1.0, 8) == pytest.approx((1 << 30) * 8 / 1e9 * 1.75)
-    assert checks.busbw_gbps(1 << 30, 1.0, 1) == 0.0
+    gbps = (1 << 30) * 8 / 1e9
+    assert measure.busbw_gbps("all_reduce", 1 << 30, 1.0, 2) == pytest.approx(gbps)     # 2 ranks: busbw = algbw
+    assert measure.busbw_gbps("all_reduce", 1 << 30, 1.0, 8) == pytest.approx(gbps * 1.75)
+    for op in ("all_gather", "reduce_scatter", "all_to_all"):           # (n-1)/n of the op's size
+        assert measure.busbw_gbps(op, 1 << 30, 1.0, 8) == pytest.approx(gbps * 7 / 8)
+    assert measure.busbw_gbps("all_reduce", 1 << 30, 1.0, 1) == 0.0
 
 
 def test_a_hung_collective_is_a_finding():
-    (row,) = checks.collective_rows(0, "n1", exp(), {"timeout": 150.0}, "nccl")
+    (row,) = figures.collective_rows(0, "n1", exp(), {"timeout": 150.0}, "nccl")
     assert row.status == FAIL and "did not finish within 150 s" in row.detail
 
 
 def test_verdict_and_exit_code():
     rows = [checks.Row(0, "n1", "a", OK, "x"), checks.Row(1, "n2", "b", WARN, "y", "z")]
-    assert checks.exit_code(rows) == 0 and checks.verdict(rows, 2) == "preflight: all clear on 2 nodes, 1 warning"
+    assert report.exit_code(rows) == 0 and report.verdict(rows, 2) == "preflight: all clear on 2 nodes, 1 warning"
     rows.append(checks.Row(1, "n2", "reach main port", FAIL, "no", "fix it"))
-    assert checks.exit_code(rows) == 1
-    assert checks.verdict(rows, 2).startswith("preflight: 1 finding that stops the run (first: node 1 reach main port)")
+    assert report.exit_code(rows) == 1
+    assert report.verdict(rows, 2).startswith("preflight: 1 finding that stops the run (first: node 1 reach main port)")
 
 
 def test_the_table_puts_each_fix_under_its_finding():
-    lines = checks.render_table([checks.Row(0, "n1", "GPUs", OK, "8 x H100"),
+    lines = report.render_table([checks.Row(0, "n1", "GPUs", OK, "8 x H100"),
                                  checks.Row(1, "n2", "reach main port", FAIL, "refused", "open the port")])
     assert lines[0].split() == ["node", "check", "result"]
     assert "FAIL" in lines[2] and lines[3].strip() == "fix: open the port"

@@ -1,19 +1,22 @@
 """Issue 37, the preflight rendezvous in-process: the handshake (secret.py), bounds on what a peer can make the main
-node hold (finding 7), and the schemas every message passes (messages.py, finding 5)."""
+node hold (finding 7), and the schemas every message passes (messages.py, finding 5). Issue 41: 64 nodes arriving at
+once all join, and a name that does not resolve or a network without a route is told apart from a firewall."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import stat
 import threading
 import time
 from dataclasses import fields
+from pathlib import Path
 
 import pytest
 
 from wizard.errors import InputError
-from wizard.preflight import checks, messages, rendezvous, secret
+from wizard.preflight import checks, messages, rendezvous, report, secret
 from wizard.preflight.secret import Secret
 from wizard.probe.ports import free_port
 
@@ -159,6 +162,69 @@ def test_connections_from_one_address_are_bounded(server):
         s.close()
 
 
+def test_sixty_four_nodes_arriving_at_once_all_join():
+    """At 64 machines more than MAX_GREETING nodes are being greeted at the same moment (here each takes half a
+    second to answer the banner, as a loaded node might): past the bound the server stops accepting (the kernel's
+    backlog holds them) instead of refusing them, and every one joins."""
+    n = 64
+    server = rendezvous.Server(free_port(), SHARED, machines=n + 1, host="127.0.0.1")
+    joined, errors = [], []
+
+    def node(rank: int) -> None:
+        sock, reader, outcome = rendezvous.probe_connect("127.0.0.1", server.port, time.monotonic() + 30,
+                                                         source=f"127.0.0.{10 + rank}")
+        if sock is None:
+            errors.append((rank, outcome))
+            return
+        time.sleep(0.5)
+        ok, why = rendezvous.join(sock, reader, outcome["token"], rank, SHARED, time.monotonic() + 30)
+        if ok:
+            rendezvous.send(sock, {"facts": {"host": f"n{rank}"}, "reach": {"kind": "ok"}})
+            joined.append(rank)
+        else:
+            errors.append((rank, why))
+    try:
+        threads = [threading.Thread(target=node, args=(r,)) for r in range(1, n + 1)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        server.wait_for(set(range(1, n + 1)), time.monotonic() + 20)
+        assert errors == [] and sorted(server.joined()) == list(range(1, n + 1))
+        assert server.refusals() == ([], 0)
+    finally:
+        server.close()
+
+
+def test_a_name_that_does_not_resolve_is_said_at_once_not_retried_until_the_deadline():
+    start = time.monotonic()
+    sock, _, outcome = rendezvous.probe_connect("nosuch.invalid", 29500, time.monotonic() + 30)
+    assert sock is None and outcome["kind"] == "unresolved" and time.monotonic() - start < 15
+    row = checks.reach_row(1, "n2", "nosuch.invalid", 29500, outcome)
+    assert "does not resolve on this node (DNS" in row.detail and "firewall" not in row.detail + row.fix
+
+
+def test_no_route_to_the_network_is_told_apart_from_a_firewall(tmp_path):
+    """In a network namespace of its own (no route at all), connecting fails with ENETUNREACH: said at once, as
+    no route, with no port to open."""
+    import shutil
+    import subprocess
+    import sys
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        pytest.skip("a network namespace of its own takes root and unshare")
+    code = ("import json, time; from wizard.preflight import rendezvous; "
+            "print(json.dumps(rendezvous.probe_connect('10.255.1.2', 29500, time.monotonic() + 20)[2]))")
+    r = subprocess.run(["unshare", "-n", sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+    if r.returncode != 0 and "unshare" in r.stderr:
+        pytest.skip(f"unshare -n refused here: {r.stderr.strip()[-200:]}")
+    outcome = json.loads(r.stdout)
+    assert outcome["kind"] == "noroute" and outcome["seconds"] < 5, outcome
+    row = checks.reach_row(1, "n2", "10.255.1.2", 29500, outcome)
+    assert "no route to 10.255.1.2's network" in row.detail and "ip route get 10.255.1.2" in row.fix
+    assert "open TCP port" not in row.fix
+
+
 def test_a_stranger_s_garbage_is_refused_and_counted(server):
     sock, reader, token = _connect(server)
     rendezvous.send(sock, {"rank": 1, "facts": {"host": "copied"}})       # the old protocol: no proof
@@ -189,16 +255,21 @@ def test_the_facts_schema_follows_what_a_node_sends(monkeypatch, gpus):
 
 
 def test_a_collective_result_is_checked_before_its_figures_are_read():
-    ok = {"scopes": {"node": {"ranks": 1}, "across": {"ranks": 2, "bytes": 16 << 20, "iterations": 5,
-                                                      "seconds": 0.01, "busbw_gbps": 13.4}}}
+    run = {"bytes": 16 << 20, "samples": 7, "seconds": 0.01, "busbw_gbps": 13.4, "low_gbps": 12.0,
+           "high_gbps": 14.0, "check": "ok"}
+    ok = {"scopes": {"node": {"ranks": 1}, "across": {"ranks": 2, "ops": {"all_reduce": [run]}}},
+          "ring": [{"k": 1, "to": 1, "from": 1, "bytes": 4 << 20, "gbps": 9.5}], "xids": [[0, 79]]}
     assert messages.check(messages.Collective, ok)[1] is None
-    assert messages.check(messages.Collective, {"scopes": {"across": {"ranks": 2}}})[1] == \
-        "scopes['across'].bytes: missing"
+    assert messages.check(messages.Collective, {"scopes": {"across": {"ranks": 2, "ops": {"all_reduce": [{}]}}}})[1] \
+        == "scopes['across'].ops['all_reduce'][0].bytes: missing"
+    assert messages.check(messages.Collective, {"ring": [{"k": 1, "to": 1, "from": -1, "bytes": 1, "gbps": 1}]})[1] \
+        == "ring[0].from: -1 is not a machine rank (0-65536)"
+    assert "xids[0]" in messages.check(messages.Collective, {"xids": [[0]]})[1]
 
 
 def test_the_table_escapes_what_a_node_said():
     row = checks.Row(1, "n2\x1b[2J\nFAKE  versions  ok", "versions", checks.FAIL, "x\ry\x9b", "fix\x1b")
-    lines = checks.render_table([row])
+    lines = report.render_table([row])
     assert len(lines) == 3 and not any(c in "".join(lines) for c in "\x1b\r\n\x9b")
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import pathlib
+from dataclasses import replace
 
 import pytest
 
@@ -33,13 +34,17 @@ def plan_with(key: str, method: str = "full", world: int = 4):
     """A real plan whose ladder holds `key`, chosen by hand (as the TUI's pick does)."""
     spec = rungs.BY_KEY[key]
     flags = {k: v for k, v in spec.flags().items() if v is not None}
+    # A context- or sequence-parallel rung is the ladder when its size is given (StrategyOptions.cp_size / sp_size),
+    # within a machine; Ulysses over 64 GPUs needs 64 heads.
     strategy = StrategyOptions(backend=flags["backend"], zero_stage=flags.get("zero_stage", "auto"),
-                               offload=flags.get("offload", "auto"), nvme_path="/nvme")
-    # A context-parallel rung is on the ladder where nothing without offload fits the sequence, within a machine.
-    seq = 131072 if spec.cp_size > 1 else TrainingOptions().seq_len
-    world = max(world, spec.cp_size)
+                               offload=flags.get("offload", "auto"), nvme_path="/nvme",
+                               cp_size=spec.cp_size if spec.cp_size > 1 else None,
+                               sp_size=spec.sp_size if spec.sp_size > 1 else None)
+    seq = 131072 if spec.splits_sequence else TrainingOptions().seq_len
+    world = max(world, spec.seq_shards)
+    model = replace(LLAMA2_7B, heads=64, kv_heads=64) if spec.sp_size > 32 else LLAMA2_7B
     # HSDP is on the ladder with two machines or more
-    plan = make_plan(hardware(world), LLAMA2_7B, TrainingOptions(method=method, seq_len=seq), strategy,
+    plan = make_plan(hardware(world), model, TrainingOptions(method=method, seq_len=seq), strategy,
                      Topology(num_machines=2 if spec.replicate else 1, processes_per_machine=world))
     plan.choice = next(r for r in plan.rungs if r.key == key)
     return plan

@@ -240,7 +240,7 @@ def _one_line(exc: BaseException) -> str:
 def build_context(config_file: str | None = None, ds_config: str | None = None, training_args: str | None = None,
                   model: str | None = None, hardware: Any = None, trainer: str = "hf", seq_len: int = 2048,
                   versions: dict[str, str | None] | None = None, use_default_config: bool = True,
-                  port_in_use=None, method: Any = None, memlock_limit=None):
+                  port_in_use=None, method: Any = None, memlock_limit=None, sky_task: str | None = None):
     """Read every input. InputError (exit 2) for anything unreadable; problems inside readable files are
     left for the rules. `port_in_use` (port -> bool) and `memlock_limit` (() -> bytes, None for unlimited) stand
     for the live machine; None probes this one.
@@ -272,6 +272,8 @@ def build_context(config_file: str | None = None, ds_config: str | None = None, 
         ctx.ta, ctx.ta_ignored = load_training_args(training_args)
 
     _load_ds(ctx, ds_config)
+    if sky_task is not None:
+        ctx.sky_path, ctx.sky = sky_task, load_sky_task(sky_task)
 
     if model is not None:
         from wizard.sizing.model import size_model
@@ -279,6 +281,22 @@ def build_context(config_file: str | None = None, ds_config: str | None = None, 
         ctx.model = size_model(model)
         ctx.module_classes = model_module_classes(model)
     return ctx
+
+
+def load_sky_task(path: str) -> dict[str, Any]:
+    """A SkyPilot task YAML (one mapping, SkyPilot's own loader is yaml.safe_load too), for the task rules."""
+    from wizard.fsutil import YamlExpansionError, yaml_load, yaml_load_errors
+    text = read_input(path, "sky-task")
+    try:
+        data = yaml_load(text)
+    except YamlExpansionError as exc:
+        raise InputError("sky-task", f"{path} is refused: {exc}") from None
+    except (RecursionError, ValueError, *yaml_load_errors()) as exc:
+        raise InputError("sky-task", f"{path} is not valid YAML ({_one_line(exc)})") from None
+    if not isinstance(data, dict):
+        raise InputError("sky-task", f"{path} is not a SkyPilot task (a YAML mapping with resources, num_nodes, run)")
+    check_shape(data, path, "sky-task")
+    return data
 
 
 def _load_ds(ctx, ds_config: str | None) -> None:

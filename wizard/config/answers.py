@@ -259,7 +259,8 @@ def _transformers_reenters_call() -> bool:
 
 
 def strategy_options(a: dict[str, Any]) -> StrategyOptions:
-    return _take(StrategyOptions, a, {"cuda_context": "cuda_context_bytes"})
+    return _take(StrategyOptions, a, {"cuda_context": "cuda_context_bytes", "parallelism_config_cp_size": "cp_size",
+                                      "parallelism_config_sp_size": "sp_size"})
 
 
 def topology(a: dict[str, Any], hw: Hardware) -> Topology:

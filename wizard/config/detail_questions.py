@@ -13,7 +13,7 @@ import os
 import re
 
 from wizard.config import fp8
-from wizard.config.parallelism import CP_COMM_ID, SIZE_IDS
+from wizard.config.parallelism import CP_COMM_ID, SIZE_IDS, SP_SIZE_ID
 from wizard.config.question_base import (
     Context,
     Question,
@@ -88,6 +88,15 @@ def _check_cp_size(value: int, ctx: Context, f: str) -> None:
         # "Context parallelism is supported only with SDPA attention" for any other implementation.
         raise InputError(f, f"context parallelism splits SDPA attention only, and --attention is {attention}",
                          "1, or --attention sdpa (or auto)")
+
+
+def _check_sp_size(value: int, ctx: Context, f: str) -> None:
+    _positive(value, ctx, f)
+    attention = _a(ctx, "attention", "auto")
+    if value > 1 and attention == "eager":
+        # UlyssesSPAttentionHF.register_with_transformers: eager "requires a 4D attention_mask (O(n²) memory)"
+        raise InputError(f, "DeepSpeed's Ulysses refuses eager attention (its 4D mask), and --attention is eager",
+                         "1, or --attention sdpa, flash or auto")
 
 
 def check_details(answers: dict, ctx: Context) -> None:
@@ -289,6 +298,20 @@ def _cp_why(ctx: Context) -> str:
     if cp > 1:
         return (f"{cp}: the plan's rung splits each sequence over {cp} GPUs; nothing without it (or offload) fits "
                 "the sequence.")
+    return "1: the plan fits the sequence without splitting it."
+
+
+def _plan_sp(ctx: Context) -> int:
+    """The chosen rung's Ulysses size (1 when the plan did not choose sequence parallelism)."""
+    choice = ctx.plan.choice if ctx.plan is not None else None
+    return int(getattr(choice, "sp_size", 1) or 1) if choice is not None else 1
+
+
+def _sp_why(ctx: Context) -> str:
+    sp = _plan_sp(ctx)
+    if sp > 1:
+        return (f"{sp}: the plan's rung splits each sequence over {sp} GPUs (Ulysses); written with the rest data "
+                "parallel, so replicate x shard x sp = the processes.")
     return "1: the plan fits the sequence without splitting it."
 
 
@@ -566,6 +589,14 @@ DETAIL_QUESTIONS: tuple[Question, ...] = (
        choices=PARALLELISM_CP_COMM_STRATEGIES, default="allgather",
        when=lambda ctx: _parallelism(ctx) and int(_a(ctx, SIZE_IDS[3]) or 1) > 1,
        why="allgather, accelerate's default.", **_details("parallelism")),
+
+    _q(SP_SIZE_ID, "Sequence-parallel size (DeepSpeed Ulysses)",
+       "Splits every sequence over this many GPUs: each runs 1/sp of its tokens through every layer and, between two "
+       "all-to-alls per layer, attention over all of them for heads/sp heads (DeepSpeed's ALST). For sequences whose "
+       "activations and logits do not fit; it needs SDPA or flash attention and a head count it divides, and the HF "
+       "Trainer and TRL do the rest (a custom loop: the lines the files' notes give).", "int", default=_plan_sp,
+       check=_check_sp_size, when=lambda ctx: _is_deepspeed(ctx) and not _use_cpu(ctx), allowed="a whole number >= 1",
+       why=_sp_why, help_default="the plan's (1 unless it is sequence parallel)", **_details("parallelism")),
 
     # ---------------------------------------------------------------- details: precision
     _q("mixed_precision", "Mixed precision",

@@ -174,6 +174,10 @@ def accelerate_config(answers: dict, plan, ds_config_path: str | None, model=Non
 
     if dtype == "DEEPSPEED":
         doc["deepspeed_config"] = _deepspeed_section(answers, plan, ds_config_path, num_machines, model)
+        sp = sequence_parallel_size(answers, plan)
+        if sp > 1:
+            from wizard.config.parallelism import sp_section
+            doc["parallelism_config"] = sp_section(sp, num_processes, str(answers.get("attention") or "auto"))
     else:
         doc["mixed_precision"] = _mixed_precision(answers, plan, use_cpu)
         if doc["mixed_precision"] == "fp8":
@@ -186,6 +190,17 @@ def accelerate_config(answers: dict, plan, ds_config_path: str | None, model=Non
                                                    "config asks it there, accelerate launch refuses it elsewhere)",
                          "no, or --backend fsdp")
     return _drop_empty(doc)
+
+
+def sequence_parallel_size(answers: dict, plan) -> int:
+    """The Ulysses size the files carry: the answer (--parallelism-config-sp-size), else the chosen rung's."""
+    from wizard.config.parallelism import SP_SIZE_ID
+
+    given = answers.get(SP_SIZE_ID)
+    if given is not None:
+        return int(given)
+    choice = plan.choice if plan is not None else None
+    return int(getattr(choice, "sp_size", 1) or 1) if choice is not None else 1
 
 
 def _fp8_section(answers: dict) -> dict:

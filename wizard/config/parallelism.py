@@ -23,6 +23,13 @@ SIZES = ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size")
 PREFIX = "parallelism_config_"
 SIZE_IDS = tuple(PREFIX + name for name in SIZES)
 CP_COMM_ID = PREFIX + "cp_comm_strategy"
+# DeepSpeed's Ulysses (ALST), in the same section: accelerate 1.13-1.16's launch reads parallelism_config_sp_size,
+# _sp_backend, _sp_seq_length, _sp_seq_length_is_variable and _sp_attn_implementation (commands/launch.py) and
+# exports them as PARALLELISM_CONFIG_SP_*; `accelerate config` asks none of them.
+SP_SIZE_ID = PREFIX + "sp_size"
+# The attention implementation the Ulysses wrapper replaces: it must be the model's own (register_with_transformers
+# refuses a mismatch), so the files name what --attention selects (auto: transformers' default, SDPA).
+SP_ATTENTION = {"auto": "sdpa", "sdpa": "sdpa", "flash": "flash_attention_2"}
 
 
 def _accelerate():
@@ -65,6 +72,39 @@ def problem(sizes: dict[str, int], num_processes: int, fsdp_version: int | None 
                                    cp_handler=handler)
         verdict(config, num_processes, fsdp_version)
     except (ValueError, TypeError, AssertionError) as exc:
+        return f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+    return None
+
+
+def sp_section(sp: int, num_processes: int, attention: str = "auto") -> dict[str, Any]:
+    """`parallelism_config:` for DeepSpeed's Ulysses over `sp` GPUs: the rest data parallel (dp_shard_size =
+    processes / sp: the HF Trainer and accelerate size DeepSpeed's train_batch_size with replicate x shard, so the
+    product must be the data-parallel world, as the HF blog's "dp_replicate x dp_shard x sp = num_processes"),
+    sequences of variable length (sp_seq_length_is_variable: true, accelerate's default), and the attention the
+    model runs (SP_ATTENTION)."""
+    return {PREFIX + "dp_replicate_size": 1, PREFIX + "dp_shard_size": max(1, num_processes // max(sp, 1)),
+            PREFIX + "tp_size": 1, PREFIX + "cp_size": 1, SP_SIZE_ID: int(sp), PREFIX + "sp_backend": "deepspeed",
+            PREFIX + "sp_seq_length_is_variable": True,
+            PREFIX + "sp_attn_implementation": SP_ATTENTION.get(attention, "sdpa")}
+
+
+def sp_problem(section: dict[str, Any], num_processes: int) -> str | None:
+    """accelerate's own verdict on a DeepSpeed sequence-parallel section for a launch of `num_processes`: the
+    real ParallelismConfig and DeepSpeedSequenceParallelConfig built from it and checked against a DeepSpeed
+    launch; None when accepted, else its message."""
+    ParallelismConfig, _, _ = _accelerate()
+    from accelerate.utils.dataclasses import DeepSpeedSequenceParallelConfig
+
+    try:
+        handler = DeepSpeedSequenceParallelConfig(
+            sp_seq_length=section.get(PREFIX + "sp_seq_length"),
+            sp_seq_length_is_variable=bool(section.get(PREFIX + "sp_seq_length_is_variable", True)),
+            sp_attn_implementation=section.get(PREFIX + "sp_attn_implementation"))
+        config = ParallelismConfig(**{name: int(section.get(PREFIX + name) or 1) for name in SIZES},
+                                   cp_backend="torch", sp_size=int(section[SP_SIZE_ID]),
+                                   sp_backend=str(section.get(PREFIX + "sp_backend", "deepspeed")), sp_handler=handler)
+        verdict(config, num_processes, None, "DEEPSPEED")
+    except (ValueError, TypeError, AssertionError, KeyError) as exc:
         return f"{type(exc).__name__}: {' '.join(str(exc).split())}"
     return None
 

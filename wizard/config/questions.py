@@ -15,9 +15,9 @@ the parallelism sizes are judged by accelerate's own ParallelismConfig (wizard/c
 offered only on GPUs of compute capability 8.9+ with a backend where the files will run (wizard/config/fp8.py).
 
 Out of scope, never asked: SageMaker, TPU/XLA, Megatron-LM, non-NVIDIA accelerators, DeepSpeed with fp8 (the
-wizard's DeepSpeed configs keep precision in ds_config.json, where accelerate asks no mixed precision either),
-and the parallelism config's sequence-parallel (DeepSpeed ALST/Ulysses) sizes, which `accelerate config` does not
-ask.
+wizard's DeepSpeed configs keep precision in ds_config.json, where accelerate asks no mixed precision either).
+The parallelism config's sequence-parallel (DeepSpeed ALST/Ulysses) size, which `accelerate config` does not ask,
+is asked for DeepSpeed (detail_questions.py).
 
 The machinery (`Question`, `Context`, coercion, `_q`) is in question_base.py; the questions asked after the
 plan (stage "details") are in detail_questions.py. This module holds the pre-plan questions, the whole
@@ -60,6 +60,7 @@ from wizard.planning.plan import (
     BACKENDS,
     GC_MODES,
     HEADROOM_ALLOWED,
+    LOSS_CHOICES,
     MAX_HEADROOM,
     METHODS,
     OFFLOADS,
@@ -473,6 +474,21 @@ QUESTIONS: tuple[Question, ...] = (
        "Accelerate loop fills fewer, so concrete values are written where it can't.", "choice",
        "training", choices=TRAINERS, default="hf",
        why="hf: the Trainer keeps DeepSpeed's batch, clipping and optimizer settings in step with your arguments."),
+
+    _q("loss", "Loss computation",
+       "A causal LM's loss materialises its logits: 12 bytes per token x vocabulary element at its peak, gigabytes "
+       "at long sequences with 128k-150k vocabularies. liger: Liger Kernel's fused linear cross-entropy never "
+       "materialises them (the Trainer's use_liger_kernel; Triton, NVIDIA GPUs of compute capability 8.0+; pip "
+       "install liger-kernel); tiled: DeepSpeed's TiledFusedLogitsLoss, one slice of the logits at a time (lines in "
+       "the training script).", "choice", "training", choices=LOSS_CHOICES, default="auto", advanced=True,
+       why="auto: the full logits, unless they take a fifth of a GPU's usable memory; then Liger where it runs, else "
+           "DeepSpeed's tiled loss where code changes are allowed."),
+    _q("allow_code_changes", "Allow changes to the training script",
+       "ALST's long-sequence techniques that no config file turns on: DeepSpeed's TiledMLP, the activation "
+       "checkpoints offloaded to host RAM, DeepSpeed's tiled loss. Allowed, the plan uses them where a rung needs "
+       "them to fit (like gradient checkpointing), sizes and times them, and prints the lines to add.", "bool",
+       "training", default=False, advanced=True,
+       why="no: the plan uses only what the files and the TrainingArguments turn on."),
 
     # ---------------------------------------------------------------- strategy
     _q("backend", "Distributed backend",

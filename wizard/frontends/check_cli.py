@@ -45,6 +45,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lora-rank", default=16, metavar="R", help="LoRA rank for the memory check (default 16)")
     p.add_argument("--lora-targets", default=None, metavar="T",
                    help="LoRA target modules: default (peft's for the model), all-linear, or names")
+    p.add_argument("--sky-task", metavar="P", default=None,
+                   help="a SkyPilot task `wizard compare --write MACHINE -- SCRIPT` wrote: its nodes, GPUs and launch "
+                        "line against the config")
     p.add_argument("--json", action="store_true", help="print the findings as a JSON list")
     p.add_argument("--fix", action="store_true",
                    help="rewrite the files for findings with a safe automatic fix (atomic, .bak kept), then re-check")
@@ -80,7 +83,8 @@ def run(args: argparse.Namespace) -> int:
         return build_context(config_file=args.config_file, ds_config=args.ds_config,
                              training_args=args.training_args, model=args.model, hardware=hw,
                              trainer=args.trainer, seq_len=args.seq_len,
-                             method=method_options(args.method, args.lora_rank, args.lora_targets))
+                             method=method_options(args.method, args.lora_rank, args.lora_targets),
+                             sky_task=args.sky_task)
 
     try:
         with _stdout_to_stderr():

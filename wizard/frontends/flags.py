@@ -92,4 +92,5 @@ def request(ns: argparse.Namespace):
     refuse_empty_values(ns)
     return Request(given=given(ns), hardware_file=getattr(ns, "hardware", None), assume=getattr(ns, "assume", None),
                    output_dir=getattr(ns, "output_dir", None), dry_run=bool(getattr(ns, "dry_run", False)),
-                   calibrate=not getattr(ns, "no_calibration", False))
+                   calibrate=not getattr(ns, "no_calibration", False),
+                   ds_config_ref=getattr(ns, "ds_config_ref", None))

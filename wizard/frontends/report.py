@@ -124,7 +124,7 @@ def print_plan(result, file: TextIO | None = None) -> None:
     for r in plan.rungs:
         mark = "=>" if plan.choice is not None and r.key == plan.choice.key else "  "
         verdict = "fits" if r.fits else "does not fit"
-        gc = " +GC" if r.gradient_checkpointing else ""
+        gc = r.suffix
         rate = f"{fmt_rate(r.tokens_per_second):>14}" if r.speed else ""
         split = f"  (micro-batch {r.micro_batch} x {r.grad_accum})" if applied and r.micro_batch else ""
         print(f"{mark} {r.name + gc:<{width + 4}} {fmt_bytes(r.per_gpu_bytes):>10} {unit}   {verdict:<12} {rate}{split}",
@@ -148,6 +148,9 @@ def print_plan(result, file: TextIO | None = None) -> None:
             print(f"          {line}", file=out)
         for line in checkpoint_lines(plan):
             print(f"          {line}", file=out)
+        print_script_lines(result, out)
+    elif longest_text(plan):
+        print(f"Limit:    {longest_text(plan)}", file=out)
     out.flush()
 
 
@@ -187,6 +190,9 @@ def speed_lines(plan) -> list[str]:
         lines.append(f"Longest sequence that fits: --seq-len {c.max_seq_len} at micro-batch {c.micro_batch or 1}"
                      + (" with gradient checkpointing" if c.gradient_checkpointing else "")
                      + " (the asked length is near the limit)")
+    longest = longest_text(plan)
+    if longest:
+        lines.append(longest)
     b = plan.batch
     if b is not None and b.applied:
         gc = " with gradient checkpointing" if b.gradient_checkpointing else ""
@@ -212,6 +218,31 @@ def speed_lines(plan) -> list[str]:
     if c.train_seconds is not None and plan.train_tokens:
         lines.append(f"Time to train {fmt_count(plan.train_tokens)} tokens: {fmt_duration(c.train_seconds)}")
     return lines
+
+
+def print_script_lines(result, out) -> None:
+    """What the training script must do for the choice that no written file carries (snippets.script_requirements),
+    and the lines to add (snippets.script_code)."""
+    from wizard.frontends.snippets import script_code, script_requirements
+    needs = script_requirements(result.plan, result.answers, result.model)
+    for i, line in enumerate(needs):
+        print(f"{'Script:  ' if i == 0 else '         '} {line}", file=out)
+    code = script_code(result.plan, result.answers, result.model)
+    if code:
+        print("          The lines to add to the training script:", file=out)
+        for line in code.splitlines():
+            print(f"              {line}" if line else "", file=out)
+
+
+def longest_text(plan) -> str:
+    """"Longest sequence this machine takes: ...": the machine's limit over every rung the options allow (not only
+    the chosen rung's), and how it is reached; "" when the plan has none."""
+    longest = getattr(plan, "longest", None)
+    if longest is None:
+        return ""
+    return (f"Longest sequence this machine takes: --seq-len {longest.seq_len:,} at micro-batch 1, on {longest.name} "
+            f"with {longest.how} (every rung the options allow; --backend, --offload and --allow-code-changes widen "
+            "or narrow them)")
 
 
 def nothing_fits_message(result, alternatives_shown: bool = False) -> str:

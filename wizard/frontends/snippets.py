@@ -77,6 +77,13 @@ def training_arguments(answers: dict[str, Any], plan, ds_path: str | None) -> di
     kwargs["optim"] = script_settings.HF_OPTIM.get(answers.get("optimizer") or "adamw", "adamw_torch")
     if answers.get("save_total_limit"):     # what plan.checkpoint sized the disk for
         kwargs["save_total_limit"] = int(answers["save_total_limit"])
+    if getattr(plan, "loss", "full") == "liger" and (answers.get("trainer") or "hf") == "hf":
+        kwargs["use_liger_kernel"] = True
+        if choice.tiled_mlp:
+            kwargs["liger_kernel_config"] = {"swiglu": False}     # TiledMLP patches the MLP (script_code)
+    if choice.checkpoint_offload:
+        # reentrant checkpointing saves each layer's input through autograd, where save_on_cpu moves it (script_code)
+        kwargs[script_settings.checkpointing_argument() + "_kwargs"] = {"use_reentrant": True}
     gc = bool(choice.gradient_checkpointing)
     checkpointing = script_settings.checkpointing_argument()
     if choice.backend == "deepspeed":
@@ -219,5 +226,154 @@ def setup_snippet(answers: dict[str, Any], plan, model, ds_path: str | None) -> 
     """What the Done screen and the text front ends print: the adapter setup for LoRA / QLoRA, else the
     TrainingArguments alone."""
     if uses_adapters(answers):
-        return adapter_snippet(answers, plan, model, ds_path)
-    return training_arguments_code(answers, plan, ds_path)
+        text = adapter_snippet(answers, plan, model, ds_path)
+    else:
+        text = training_arguments_code(answers, plan, ds_path)
+    code = script_code(plan, answers, model)
+    return text + ("\n\n" + code if code else "")
+
+
+# --- Long sequences: what the training script must do or hold beyond the files -------------------------------------
+
+def _mlp_class(model) -> str:
+    """The model's MLP class as transformers names it: its decoder layer's prefix + MLP (LlamaDecoderLayer ->
+    LlamaMLP); the Llama class when the layer is not known."""
+    layer = getattr(model, "layer_class", None) or "LlamaDecoderLayer"
+    return layer.replace("DecoderLayer", "") + "MLP"
+
+
+def _modeling_module(model) -> str:
+    kind = (getattr(model, "model_type", None) or "llama").replace("-", "_")
+    return f"transformers.models.{kind}.modeling_{kind}"
+
+
+def script_requirements(plan, answers: dict[str, Any], model=None) -> list[str]:
+    """What the training script must do for the chosen rung and loss that no written file carries, in sentences
+    (empty when nothing): Ulysses' batches, Liger, and the code options (script_code has their lines)."""
+    c = plan.choice
+    if c is None:
+        return []
+    hf = (answers.get("trainer") or "hf") == "hf"
+    out = []
+    if c.sp_size > 1:
+        from wizard.config.parallelism import SP_ATTENTION
+        attn = SP_ATTENTION.get(str(answers.get("attention") or "auto"), "sdpa")
+        who = ("The HF Trainer (and TRL's SFTTrainer) wraps the data loader with DeepSpeed's UlyssesSPDataLoaderAdapter "
+               "(each batch sharded over the group, the labels shifted first) and averages the loss over the group by "
+               "its tokens" if hf else
+               "accelerator.prepare wraps the data loader with DeepSpeed's UlyssesSPDataLoaderAdapter (each batch "
+               "sharded over the group, the labels shifted into batch['shift_labels']); the loop must average the "
+               "loss over the group by its tokens (the lines below)")
+        out.append(f"Ulysses SP {c.sp_size}: {who}. The batches must carry position_ids (the adapter refuses batches "
+                   f"without them), each sequence a multiple of {c.sp_size} tokens (TRL: SFTConfig(pad_to_multiple_of="
+                   f"{c.sp_size})), and the model must be loaded with attn_implementation={attn!r}, the files' "
+                   "sp_attn_implementation (DeepSpeed refuses a mismatch).")
+    loss = getattr(plan, "loss", "full")
+    if loss == "liger":
+        out.append("Loss: Liger Kernel's fused linear cross-entropy (pip install liger-kernel on the training machine; "
+                   "NVIDIA GPUs of compute capability 8.0+): "
+                   + ("use_liger_kernel=True in the TrainingArguments." if hf else
+                      "build the model with Liger's AutoLigerKernelForCausalLM (the lines below)."))
+    elif loss == "tiled":
+        out.append("Loss: DeepSpeed's TiledFusedLogitsLoss, the logits one slice at a time (the lines below).")
+    if c.tiled_mlp:
+        out.append(f"Tiled MLP: DeepSpeed's TiledMLP in every {_mlp_class(model)}, patched before the model is built "
+                   "(the lines below)" + ("; Liger's SwiGLU is left off (liger_kernel_config), as ALST does, since it "
+                                          "would replace the patched MLP." if loss == "liger" else "."))
+    if c.checkpoint_offload:
+        out.append("Activation checkpoints to host RAM: each decoder layer checkpointed reentrantly, and what autograd "
+                   "saves in the forward kept on the CPU (torch.autograd.graph.save_on_cpu: the standard-API "
+                   "equivalent of ALST's patch of torch.utils.checkpoint; the lines below).")
+    return out
+
+
+def script_code(plan, answers: dict[str, Any], model=None) -> str:
+    """The lines to add to the training script for what script_requirements names; "" when none are needed."""
+    c = plan.choice
+    if c is None:
+        return ""
+    hf = (answers.get("trainer") or "hf") == "hf"
+    loss = getattr(plan, "loss", "full")
+    blocks: list[str] = []
+    if c.tiled_mlp:
+        blocks.append(f"""# Tiled MLP (DeepSpeed's TiledMLP; before the model is built)
+import math
+import deepspeed
+from deepspeed.runtime.sequence_parallel.ulysses_sp import TiledMLP
+import {_modeling_module(model)} as modeling
+
+def tiled_mlp_forward(self, x):
+    shards = torch.tensor(math.ceil(x.shape[-2] / x.shape[-1]), device=x.device)
+    deepspeed.comm.all_reduce(shards, op=deepspeed.comm.ReduceOp.MAX)   # every rank the same count
+    params = [self.down_proj.weight, self.gate_proj.weight, self.up_proj.weight]
+    return TiledMLP.apply(lambda mlp, x: mlp.down_proj(mlp.act_fn(mlp.gate_proj(x)) * mlp.up_proj(x)),
+                          self, x, int(shards.item()), params)
+
+modeling.{_mlp_class(model)}.forward = tiled_mlp_forward""")
+    if loss == "liger" and not hf:
+        blocks.append("""# Liger Kernel's fused loss (and its norms and SwiGLU)
+from liger_kernel.transformers import AutoLigerKernelForCausalLM
+model = AutoLigerKernelForCausalLM.from_pretrained(MODEL, dtype=torch.bfloat16)""")
+    if loss == "tiled" or c.checkpoint_offload or (c.sp_size > 1 and not hf):
+        blocks.append(_loss_code(plan, hf, loss == "tiled", c.checkpoint_offload, c.sp_size))
+    if not blocks:
+        return ""
+    return "import torch\n\n" + "\n\n".join(blocks)
+
+
+def _loss_code(plan, hf: bool, tiled: bool, offload: bool, sp: int) -> str:
+    """The loss step: DeepSpeed's tiled loss over the model's hidden states, the checkpoints kept on the CPU during
+    the forward, and under Ulysses the loss as transformers' deepspeed_sp_compute_loss makes it: the value the mean
+    over the whole sequence, each rank backpropagating its own tokens' share (DeepSpeed sums the gradients over the
+    group)."""
+    head = ("class LongSequenceTrainer(Trainer):\n    def compute_loss(self, model, inputs, return_outputs=False, "
+            "num_items_in_batch=None):" if hf else "def training_loss(model, inputs):")
+    body = ["# the labels shifted once over the whole sequence (under Ulysses the data-loader adapter did it)",
+            "labels = inputs.pop(\"shift_labels\", None)",
+            "if labels is None:",
+            "    labels = torch.nn.functional.pad(inputs[\"labels\"], (0, 1), value=-100)[..., 1:]",
+            "inputs.pop(\"labels\", None)",
+            "good = (labels != -100).sum()",
+            "tokens = good.float()             # the tokens the mean is over"]
+    if sp > 1:
+        body += ["from deepspeed.utils import groups",
+                 "group = groups._get_sequence_parallel_group()   # DeepSpeed's Ulysses group",
+                 "tokens = tokens.clone()",
+                 "torch.distributed.all_reduce(tokens, group=group)   # the whole sequence's",
+                 "# (ZeRO-3 before DeepSpeed 0.20.2 averages the group's gradients: multiply `local` by sp there)"]
+    context = "torch.autograd.graph.save_on_cpu(pin_memory=True)" if offload else "contextlib.nullcontext()"
+    body.append(f"with {context}:" + ("   # the checkpoints (use_reentrant=True) to host RAM" if offload else ""))
+    if tiled:
+        body += ["    unwrapped = getattr(model, \"module\", model)",
+                 "    hidden = unwrapped.model(**inputs).last_hidden_state",
+                 "    vocab = unwrapped.config.vocab_size",
+                 "    shards = max(1, math.ceil(labels.numel() * vocab * 4 / 2**30))   # ~1 GiB of fp32 logits each",
+                 "",
+                 "    def shard_loss(m, h, y):   # the shard's share of the mean: its backward runs in the forward",
+                 "        return m.loss_function(logits=m.lm_head(h), labels=None, vocab_size=vocab, shift_labels=y,",
+                 "                               num_items_in_batch=1) / tokens",
+                 "",
+                 "    local = TiledFusedLogitsLoss.apply(shard_loss, unwrapped, hidden, labels, None, shards,",
+                 "                                       [unwrapped.lm_head.weight], \"sum\")"]
+    else:
+        body += ["    out = model(**inputs, labels=labels, shift_labels=labels)",
+                 "    local = torch.where(good > 0, out.loss.float(), 0.0) * good / tokens.clamp(min=1)"]
+    if sp > 1:
+        body += ["total = local.detach().clone()",
+                 "torch.distributed.all_reduce(total, group=group)",
+                 "loss = local + (total - local.detach())   # the whole mean; this rank's share backpropagates"]
+    else:
+        body.append("loss = local")
+    body.append("return (loss, None) if return_outputs else loss" if hf else "return loss")
+    indent = "        " if hf else "    "
+    imports = ["import contextlib", "import math"]
+    if tiled:
+        imports.append("from deepspeed.runtime.sequence_parallel.ulysses_sp import TiledFusedLogitsLoss")
+    text = "\n".join(imports) + "\n\n" + head + "\n" + "\n".join(indent + b if b else "" for b in body)
+    if offload:
+        text += (f"\n# and in the TrainingArguments: {script_settings.checkpointing_argument()}_kwargs={{\"use_reentrant\": True}}"
+                 if hf else "\n# and model.gradient_checkpointing_enable(gradient_checkpointing_kwargs="
+                            "{\"use_reentrant\": True})")
+    if hf:
+        text += "\n# trainer = LongSequenceTrainer(model=model, args=args, train_dataset=your_dataset)"
+    return text

@@ -342,8 +342,10 @@ def network_for(key: str, path: Path | None = None, now: float | None = None) ->
 
 
 def record_network(gpu_names: list[str], processes_per_machine: int, cpu: bool, gbps: float, machines: int,
-                   backend: str, path: Path | None = None, now: float | None = None) -> tuple[Path, str]:
-    """Store a measured network (replacing the earlier one for these machines); (the file, the machine key)."""
+                   backend: str, path: Path | None = None, now: float | None = None,
+                   spread: dict[str, Any] | None = None) -> tuple[Path, str]:
+    """Store a measured network (replacing the earlier one for these machines); (the file, the machine key).
+    `gbps` is the median of the preflight's samples; `spread` says how they ranged (low, high, samples, bytes)."""
     path = path or calibration_file()
     now = time.time() if now is None else now
     key = network_key(gpu_names, processes_per_machine, cpu)
@@ -354,5 +356,7 @@ def record_network(gpu_names: list[str], processes_per_machine: int, cpu: bool, 
         network = {}
     network[key] = {"gbps": round(float(gbps), 4), "machines": int(machines), "backend": backend, "updated": now,
                     "date": date_of(now)}
+    if spread:
+        network[key]["spread"] = spread
     _write(path, network=network)
     return path, key

@@ -12,7 +12,36 @@ from wizard.planning import speed as speed_mod
 from wizard.planning.rungs import RungSpec
 from wizard.planning.plan_types import Rung
 from wizard.sizing import memory as mem
+from wizard.sizing import sequence as seqmem
 from wizard.units import fmt_bytes, fmt_bytes_apart
+
+
+@dataclass(frozen=True)
+class CodeOptions:
+    """ALST's options that need lines in the training script (off unless --allow-code-changes): DeepSpeed's TiledMLP
+    and the activation checkpoints offloaded to host RAM. A rung switches them on like gradient checkpointing, only
+    where it does not fit without them (_evaluate)."""
+
+    checkpoint_offload: bool = False
+    tiled_mlp: bool = False
+
+    @property
+    def any(self) -> bool:
+        return self.checkpoint_offload or self.tiled_mlp
+
+
+NO_CODE = CodeOptions()
+
+
+def code_of(rung: Rung) -> CodeOptions:
+    """The code options an evaluated rung runs with."""
+    return CodeOptions(checkpoint_offload=rung.checkpoint_offload, tiled_mlp=rung.tiled_mlp)
+# What a DeepSpeed rung tries, in order, when it does not fit with gradient checkpointing and code changes are
+# allowed: the offload first (at long sequences its PCIe traffic hides behind the attention's compute), then the
+# tiled MLP (one more forward of every MLP), then both (ALST's Table 1: 2.4M with the offload, 1.2M with the tiled
+# MLP, 3.7M with both on 8 x H100, from 1.1M).
+CODE_STEPS = (CodeOptions(checkpoint_offload=True), CodeOptions(tiled_mlp=True),
+              CodeOptions(checkpoint_offload=True, tiled_mlp=True))
 
 
 # --- Evaluating a rung ------------------------------------------------------------------------------
@@ -62,6 +91,8 @@ class _Inputs:
     calibration: Any = None              # calibration.Calibration for this machine (None: the raw model)
     fsdp_version: int = 2
     fsdp1_retains_checkpoints: bool = False   # FSDP rungs: memory.fsdp1_retained_checkpoint_bytes applies
+    loss: str = "full"                   # how a causal LM's loss is computed (sequence.LOSSES), resolved
+    code_changes: bool = False           # --allow-code-changes: ALST's TiledMLP and checkpoint offload may be used
 
     def ratios(self, rung_key: str) -> calibration_mod.Ratios | None:
         """`wizard tune`'s ratios for this rung and method on this machine, or None."""
@@ -177,15 +208,16 @@ def _loader(spec: RungSpec, x: _Inputs) -> str:
     return "every"
 
 
-def _host_ram(spec: RungSpec, x: _Inputs, states: mem.ModelStates) -> int:
+def _host_ram(spec: RungSpec, x: _Inputs, states: mem.ModelStates, checkpoints: int = 0) -> int:
     """Host RAM per machine: the larger of loading the checkpoint and the states an offload rung keeps
-    there (they happen one after the other: the weights are loaded before the optimizer exists)."""
+    there (they happen one after the other: the weights are loaded before the optimizer exists), plus the
+    activation checkpoints ALST's offload keeps there during the step (`checkpoints`)."""
     load = mem.load_host_bytes(x.params, x.weights_bytes, x.per_machine, _loader(spec, x),
                                largest_module_params=max(x.largest_layer, x.vocab * x.hidden))
     offloaded = mem.offloaded_host_bytes(states, x.params, x.precision, _rung_optimizer(spec, x), x.machines,
                                          spec.zero_stage,
                                          spec.offload_optimizer != "none", spec.offload_param != "none")
-    return max(load, offloaded)
+    return max(load, offloaded + checkpoints)
 
 
 def _autocast(spec: RungSpec, x: _Inputs, gc: bool) -> int:
@@ -201,15 +233,22 @@ def _autocast(spec: RungSpec, x: _Inputs, gc: bool) -> int:
     return mem.autocast_weight_bytes(x.matmul_params, x.layer_params, x.head_params, x.precision, gc)
 
 
-def _estimate(spec: RungSpec, x: _Inputs, gc: bool) -> _Estimate:
+def _estimate(spec: RungSpec, x: _Inputs, gc: bool, code: CodeOptions = NO_CODE) -> _Estimate:
     states = _states(spec, x)
     precision = _activation_precision(spec, x)
     full_seq = x.seq
-    if spec.cp_size > 1:
-        # Context parallelism: each GPU runs 1/cp of every sequence (its activations and its logits); the model
-        # states are FSDP's over every process (accelerate shards over dp_shard x cp).
-        x = replace(x, seq=x.seq // spec.cp_size)
-    kept, recomputed = mem.stack_activation_parts(x.stack, x.seq, x.batch, x.flash, gc, precision)
+    if spec.splits_sequence:
+        # Context or sequence parallelism: each GPU runs 1/cp (1/sp) of every sequence (its activations and its
+        # logits); the model states are FSDP's over every process (accelerate shards over dp_shard x cp), or ZeRO's
+        # over every process (DeepSpeed partitions over its sequence-data-parallel group, all of them).
+        x = replace(x, seq=x.seq // spec.seq_shards)
+    offload_checkpoints = code.checkpoint_offload and gc
+    if spec.sp_size > 1 or code.any:
+        kept, recomputed = seqmem.layer_parts(x.stack, x.seq, x.batch, x.flash, gc, precision,
+                                              tiled_mlp=code.tiled_mlp, sp=spec.sp_size,
+                                              checkpoint_offload=offload_checkpoints)
+    else:
+        kept, recomputed = mem.stack_activation_parts(x.stack, x.seq, x.batch, x.flash, gc, precision)
     if x.adapters is not None:
         adapters = _adapter_activation_bytes(x, gc)     # one recomputed layer's worth under checkpointing
         if gc:
@@ -219,7 +258,7 @@ def _estimate(spec: RungSpec, x: _Inputs, gc: bool) -> _Estimate:
     if gc and spec.backend == "fsdp" and x.fsdp1_retains_checkpoints:
         recomputed += mem.fsdp1_retained_checkpoint_bytes(x.seq * x.batch, x.hidden, x.layers, precision)
     if spec.cp_size > 1:
-        kv = mem.context_parallel_kv_bytes(full_seq, x.batch, x.kv_heads * (x.hidden // max(x.heads, 1)), precision)
+        kv = seqmem.context_parallel_kv_bytes(full_seq, x.batch, x.kv_heads * (x.hidden // max(x.heads, 1)), precision)
         if gc:
             recomputed += kv
         else:
@@ -239,9 +278,11 @@ def _estimate(spec: RungSpec, x: _Inputs, gc: bool) -> _Estimate:
     ratios = x.ratios(spec.key)
     if ratios is not None and ratios.memory_applied > 1:
         breakdown["margin"] += round(sum(breakdown.values()) * (ratios.memory_applied - 1))
+    checkpoints = (seqmem.checkpoint_offload_host_bytes(x.seq, x.batch, x.hidden, x.layers, precision, x.per_machine)
+                   if offload_checkpoints else 0)
     # CPU processes: everything is already host RAM inside the per-process figure.
-    return _Estimate(breakdown, sum(breakdown.values()), 0 if x.cpu else _host_ram(spec, x, states), states.nvme,
-                     _load_bytes(spec, x))
+    return _Estimate(breakdown, sum(breakdown.values()), 0 if x.cpu else _host_ram(spec, x, states, checkpoints),
+                     states.nvme, _load_bytes(spec, x))
 
 
 def _activation_precision(spec: RungSpec, x: _Inputs) -> str:
@@ -277,6 +318,9 @@ def _head_output_bytes(x: _Inputs) -> int:
     labels = max(x.num_labels, 1)
     width, tokens = {"sequence-classification": (labels, 1), "token-classification": (labels, x.seq),
                      "question-answering": (2, x.seq), "base": (0, 0)}.get(x.task, (x.vocab, x.seq))
+    if x.task == "causal-lm" and x.loss != "full":
+        # a fused / tiled loss over the LM head (sequence.loss_bytes): the plan's --loss
+        return seqmem.loss_bytes(x.loss, x.seq, x.batch, x.vocab, x.hidden, x.precision)
     return mem.logits_bytes(tokens, x.batch, width, x.precision)
 
 
@@ -339,6 +383,27 @@ def _capacity_text(x: _Inputs) -> str:
     return f"{fmt_bytes(x.capacity)} - {pct} headroom"
 
 
+def code_words(code: CodeOptions) -> str:
+    """"checkpoints offloaded to the CPU and the MLP tiled": the code options a rung runs with, in words."""
+    parts = (["checkpoints offloaded to the CPU"] if code.checkpoint_offload else []) + \
+        (["the MLP tiled"] if code.tiled_mlp else [])
+    return " and ".join(parts)
+
+
+def _with_code(spec: RungSpec, x: _Inputs, est: _Estimate, gc: bool) -> tuple[_Estimate, CodeOptions]:
+    """A DeepSpeed rung that does not fit with gradient checkpointing, where code changes are allowed: the first of
+    CODE_STEPS that fits, else the last (the most saving); unchanged elsewhere. Only the activations shrink, so
+    nothing is tried where the model states alone do not fit."""
+    if not (gc and x.code_changes and spec.backend == "deepspeed" and not x.cpu) or not _problems(spec, est, x) \
+            or est.fixed > x.usable:
+        return est, NO_CODE
+    for code in CODE_STEPS:
+        trial = _estimate(spec, x, True, code)
+        if not _problems(spec, trial, x):
+            break
+    return trial, code
+
+
 def _evaluate(spec: RungSpec, x: _Inputs, gc_mode: str) -> tuple[Rung, int | None]:
     """The rung with its breakdown and fit; also its per-GPU bytes without GC when GC was switched on."""
     gc = gc_mode == "on"
@@ -348,6 +413,7 @@ def _evaluate(spec: RungSpec, x: _Inputs, gc_mode: str) -> tuple[Rung, int | Non
         # Model states fit but the total does not: activations are the problem, so checkpoint them.
         without_gc, gc = est.per_gpu, True
         est = _estimate(spec, x, True)
+    est, code = _with_code(spec, x, est, gc)
     name = "Single process" if x.cpu and spec.key == "single" else spec.label
     # Like with like: a rung that runs without GC also says what it needs with it, as the rungs that switched
     # it on do (their reason gives the figure without it).
@@ -356,18 +422,21 @@ def _evaluate(spec: RungSpec, x: _Inputs, gc_mode: str) -> tuple[Rung, int | Non
                 offload_optimizer=spec.offload_optimizer, offload_param=spec.offload_param,
                 fsdp_reshard=spec.fsdp_reshard, gradient_checkpointing=gc, per_gpu_bytes=est.per_gpu,
                 cpu_bytes=est.cpu, nvme_bytes=est.nvme, breakdown=est.breakdown, load_bytes=est.load,
-                why=rung_table.why(spec.key, x.world), per_gpu_bytes_gc=with_gc, cp_size=spec.cp_size)
+                why=rung_table.why(spec.key, x.world), per_gpu_bytes_gc=with_gc, cp_size=spec.cp_size,
+                sp_size=spec.sp_size, checkpoint_offload=code.checkpoint_offload, tiled_mlp=code.tiled_mlp)
     ratios = x.ratios(spec.key)
     if ratios is not None:
         extra = 0 if ratios.memory_applied <= 1 else est.per_gpu - _estimate(spec, replace(x, calibration=None),
-                                                                             gc).per_gpu
+                                                                             gc, code).per_gpu
         rung.calibration = {"speed_ratio": ratios.speed, "memory_ratio": ratios.memory, "memory_bytes": extra,
                             "trials": ratios.trials, "date": calibration_mod.date_of(ratios.updated),
                             "model": ratios.model}
     problems = _problems(spec, est, x)
     rung.fits = not problems
     if problems:
-        gc_text = " even with gradient checkpointing" if without_gc is not None else ""
+        gc_text = " even with gradient checkpointing" if without_gc is not None or (gc and code.any) else ""
+        if code.any:
+            gc_text += f" and {code_words(code)}"
         first = problems[0]
         if gc_text and first.startswith("needs ") and " per " in first and "while loading" not in first:
             first = first.replace(f" per {x.unit} ", f" per {x.unit}{gc_text} ", 1)

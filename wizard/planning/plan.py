@@ -19,7 +19,8 @@ from wizard.planning.rungs import BY_KEY, RungSpec
 # The plan is split along its seams (plan_types, ladder, evaluate, reasons, resolve); every name stays importable
 # from here, where callers and tests have always imported it.
 from wizard.planning.plan_types import (  # noqa: F401
-    Alternative, ATTENTIONS, BACKENDS, BatchSplit, COMPONENTS, GC_MODES, HEADROOM_ALLOWED, MAX_HEADROOM, METHODS,
+    Alternative, ATTENTIONS, BACKENDS, BatchSplit, COMPONENTS, GC_MODES, HEADROOM_ALLOWED, LOSS_CHOICES, MAX_HEADROOM,
+    METHODS,
     OFFLOADS, OPTIMIZERS, Plan, PRECISIONS, Rung, _scaled_speed, SPLITS, StrategyOptions, Topology, TRAINERS,
     TrainingOptions, ZERO_STAGES,
 )
@@ -31,15 +32,23 @@ from wizard.planning.evaluate import (  # noqa: F401
 )
 from wizard.planning.reasons import (  # noqa: F401
     choose, _fit_reason, _rung_class, _slower_because, _smaller_micro_batch, SPEED_TIE, _starved_threads,
-    passed_for_room,
+    passed_for_room, tight_rung_passed,
     _threads_clause,
 )
+from wizard.planning.fit import (  # noqa: F401
+    _fits_gpu, _fits_seq, _layout, largest_micro_batch, longest_seq_len, MAX_MICRO_BATCH, MAX_SEQ_LEN, _mlp_params,
+    _speed, seq_unit,
+)
+from wizard.planning.evaluate import code_of, CodeOptions, NO_CODE  # noqa: F401
+from wizard.planning import split as split_mod
 from wizard.planning.resolve import (  # noqa: F401
     activation_estimate, _active_params, ADAPTER_SAVE_BYTES, _available_host_ram, _fsdp1_note, _fsdp_version,
+    liger_problem, LOSS_SHARE,
     layer_stack, method_json, nvme_free_bytes, _positive, _resolve, resolve_attention, resolve_precision, _task,
     _with_adapters,
 )
 from wizard.sizing import memory as mem
+from wizard.sizing import sequence as seqmem
 from wizard.sizing.checkpoint import checkpoint_size
 from wizard.units import GiB, fmt_bytes
 
@@ -105,22 +114,23 @@ def _make_plan(hw, model, training: TrainingOptions, strategy: StrategyOptions, 
         x = replace(x, calibration=calibration)      # a variant on another machine (what_would_fit) stays raw
     train_tokens = _train_tokens(training)
     global_batch = _global_batch(training, x.world)
-    keys = _steppable_by(training.optimizer, strategy, ladder_keys(strategy, x.world, x.cpu, training.method))
+    ladder = ladder_keys(strategy, x.world, x.cpu, training.method)
+    requested = split_mod.requested_keys(strategy, training, x)
+    keys = _steppable_by(training.optimizer, strategy, requested if requested is not None else ladder)
     notes.extend(_fsdp1_note(x, keys))
     evaluated = [_evaluate(BY_KEY[k], x, training.gradient_checkpointing) for k in keys]
-    cp_keys = _context_parallel_keys(strategy, training, x, evaluated, notes)
-    if strategy.fsdp_version == 2 and not x.cpu:
-        cp_keys += rung_table.hsdp_keys(strategy.backend, strategy.offload, training.method, x.machines)
-    if cp_keys:
-        # Before the offload rungs: they are the same class as the rungs without offload.
-        cp_evaluated = [_evaluate(BY_KEY[k], x, training.gradient_checkpointing) for k in cp_keys]
-        # Context parallelism splits the sequence, not the states: where even its states do not fit (70B on one
-        # machine), its rungs say nothing the others do not, and the ladder stays as it was.
-        kept = [i for i, (r, _) in enumerate(cp_evaluated) if r.cp_size == 1 or _states_fit(r, x)]
-        cp_keys, cp_evaluated = [cp_keys[i] for i in kept], [cp_evaluated[i] for i in kept]
+    extra = split_mod.split_rungs(strategy, training, x, evaluated, notes)
+    if requested is None and strategy.fsdp_version == 2 and not x.cpu:
+        # HSDP stays even where its states do not fit: the network note compares it with full sharding
+        extra += [_evaluate(BY_KEY[k], x, training.gradient_checkpointing)
+                  for k in rung_table.hsdp_keys(strategy.backend, strategy.offload, training.method, x.machines)]
+    if extra:
+        # Before the offload rungs: those without offload are the same class as the rungs without offload.
         at_offload = next((i for i, k in enumerate(keys) if BY_KEY[k].offloads), len(keys))
-        keys[at_offload:at_offload] = cp_keys
-        evaluated[at_offload:at_offload] = cp_evaluated
+        evaluated[at_offload:at_offload] = [e for e in extra if not e[0].offloads]
+        at_nvme = next((i for i, (r, _) in enumerate(evaluated) if BY_KEY[r.key].uses_nvme), len(evaluated))
+        evaluated[at_nvme:at_nvme] = [e for e in extra if e[0].offloads]
+        keys = [r.key for r, _ in evaluated]
     at: dict[str, _Inputs] = {k: x for k in keys}        # the inputs (micro-batch x accumulation) each rung runs
     splits: dict[str, BatchSplit] = {}
     if auto_split:
@@ -128,7 +138,8 @@ def _make_plan(hw, model, training: TrainingOptions, strategy: StrategyOptions, 
         # fine-tuning) are compared as each would really run, and the choice's figures are the split's.
         for i, (rung, _) in enumerate(evaluated):
             spec = BY_KEY[rung.key]
-            split = fastest_split(spec, x, global_batch, training.gradient_checkpointing, None) if rung.fits else None
+            split = fastest_split(spec, x, global_batch, training.gradient_checkpointing, None,
+                                  code_of(rung)) if rung.fits else None
             if split is None:
                 continue
             splits[rung.key] = replace(split, applied=True)
@@ -139,13 +150,14 @@ def _make_plan(hw, model, training: TrainingOptions, strategy: StrategyOptions, 
         spec = BY_KEY[rung.key]
         rx = at[rung.key]
         rung.micro_batch, rung.grad_accum = rx.batch, rx.grad_accum
-        rung.speed = _speed(spec, rx, rx.batch, rx.grad_accum, rung.gradient_checkpointing)
+        code = code_of(rung)
+        rung.speed = _speed(spec, rx, rx.batch, rx.grad_accum, rung.gradient_checkpointing, code)
         if train_tokens:
             rung.train_seconds = rung.speed.train_seconds(train_tokens)
         if training.gradient_checkpointing != "on":
             rung.max_micro_batch = largest_micro_batch(spec, x, gc=False)
         if training.gradient_checkpointing != "off":
-            rung.max_micro_batch_gc = largest_micro_batch(spec, x, gc=True)
+            rung.max_micro_batch_gc = largest_micro_batch(spec, x, gc=True, code=code)
     choice = choose(rungs, x.usable)
     if choice is not None:
         tie = any(r.fits and _rung_class(r) == _rung_class(choice) and r.tokens_per_second > choice.tokens_per_second
@@ -153,17 +165,20 @@ def _make_plan(hw, model, training: TrainingOptions, strategy: StrategyOptions, 
         forced = (strategy.offload if strategy.offload in ("cpu", "nvme")
                   and not any(_rung_class(r) < _rung_class(choice) for r in rungs) else None)
         passed = passed_for_room(rungs, choice, x.usable)
+        tight_passed = tight_rung_passed(rungs, choice, x.usable)
         for rung, without_gc in evaluated:
             if rung.fits:
-                rung.reason = _fit_reason(rung, x, without_gc, choice, tie, forced, passed)
+                rung.reason = _fit_reason(rung, x, without_gc, choice, tie, forced, passed, tight_passed)
     if choice is not None and choice.fits:
         longest = longest_seq_len(BY_KEY[choice.key], at[choice.key], choice.gradient_checkpointing
-                                  or training.gradient_checkpointing != "off")
+                                  or training.gradient_checkpointing != "off", code_of(choice))
         if longest < NEAR_SEQ_LIMIT * x.seq:
             choice.max_seq_len = longest
+    longest = split_mod.machine_longest(strategy, training, x, ladder, getattr(model, "model_type", None), hw)
     notes.extend(_omp_threads_note(rungs, choice, at))
-    notes.extend(_logits_note(rungs, choice, at))
+    notes.extend(_logits_note(rungs, choice, at, hw, model, training))
     notes.extend(_network_note(rungs, choice, at))
+    notes.extend(split_mod.ulysses_gradients_note(choice, hw))
     if x.nvme_path and x.nvme_free is None and any(BY_KEY[k].uses_nvme for k in keys):
         notes.append(f"Free space at the NVMe path {x.nvme_path} is unknown, so the NVMe rung's disk need is not "
                      "checked.")
@@ -172,14 +187,16 @@ def _make_plan(hw, model, training: TrainingOptions, strategy: StrategyOptions, 
         batch = splits[choice.key]
     elif choice is not None:
         batch = fastest_split(BY_KEY[choice.key], x, global_batch,
-                              training.gradient_checkpointing, choice.speed if choice.fits else None)
+                              training.gradient_checkpointing, choice.speed if choice.fits else None,
+                              code_of(choice))
     amortised = None
     if choice is not None and choice.fits and choice.speed is not None and choice.speed.bound == "offload":
         amortised = _amortised(BY_KEY[choice.key], at[choice.key], choice, global_batch)
     plan = Plan(rungs=rungs, choice=choice, gpu_capacity_bytes=x.capacity, usable_bytes=x.usable,
                 amortised=amortised, precision=x.precision, topology=topology, notes=notes, batch=batch,
                 train_tokens=train_tokens, adapters=x.adapters, method=method_json(training, x.params, x.adapters),
-                inter_node_gbps=x.machine.inter_node_gbps if x.machines > 1 else None, calibration=calibration)
+                inter_node_gbps=x.machine.inter_node_gbps if x.machines > 1 else None, calibration=calibration,
+                loss=x.loss, longest=longest)
     plan.checkpoint = plan_checkpoint(plan, x.params, training.optimizer, training.save_total_limit)
     return plan
 
@@ -199,40 +216,6 @@ def plan_checkpoint(plan: Plan, params: int, optimizer: str, save_total_limit: i
         precision=plan.precision, optimizer=optimizer, num_machines=plan.topology.num_machines,
         processes_per_machine=plan.topology.processes_per_machine, save_total_limit=save_total_limit,
         fsdp_state_dict_type=fsdp_state_dict_type or "SHARDED_STATE_DICT", gather_16bit=gather_16bit)
-
-
-def _states_fit(rung: Rung, x: _Inputs) -> bool:
-    """Whether what does not grow with the sequence (model states, buffers, CUDA context) fits this rung's GPU."""
-    b = rung.breakdown
-    return sum(b.get(k, 0) for k in ("parameters", "gradients", "optimizer", "buffers", "context")) <= x.usable
-
-
-def _context_parallel_keys(strategy: StrategyOptions, training: TrainingOptions, x: _Inputs,
-                           evaluated: list[tuple[Rung, int | None]], notes: list[str]) -> list[str]:
-    """The context-parallel rungs to add to the ladder: only when no rung without offload fits (a sequence whose
-    activations and logits nothing else shrinks), and only where they can run: FSDP2 on GPUs, SDPA attention
-    (torch's ring attention patches F.scaled_dot_product_attention; the HF Trainer refuses any other
-    implementation), a causal LM (the Trainer splits input_ids, labels and position_ids), cp <= the GPUs of a
-    machine and the sequence a multiple of 2 x cp. Says why none is tried where one would be."""
-    if x.cpu or any(r.fits and not r.offloads for r, _ in evaluated):
-        return []
-    keys = rung_table.context_parallel_keys(strategy.backend, strategy.offload, training.method, x.per_machine,
-                                            x.seq)
-    if not keys:
-        return []
-    why_not = None
-    if strategy.fsdp_version != 2:
-        why_not = "they need FSDP2 (--fsdp-version 2)"
-    elif training.attention in ("flash", "eager") or not x.flash:
-        why_not = (f"they need SDPA attention (--attention sdpa or auto), and the attention here is "
-                   f"{training.attention if training.attention != 'auto' else 'eager or unfused'}")
-    elif x.task != "causal-lm":
-        why_not = f"the HF Trainer splits causal-LM batches only, and the task is {x.task}"
-    if why_not:
-        notes.append(f"Context parallelism (splitting each sequence over GPUs) could shrink what grows with "
-                     f"--seq-len {x.seq}, but {why_not}.")
-        return []
-    return keys
 
 
 def _network_note(rungs: list[Rung], choice: Rung | None, at: dict[str, _Inputs]) -> list[str]:
@@ -281,32 +264,43 @@ def _network_note(rungs: list[Rung], choice: Rung | None, at: dict[str, _Inputs]
             f"{fastest.name} is the fastest here: {why}.{memory}"]
 
 
-# The logits are worth a note when they take at least this share of a GPU's usable memory on the rung shown.
-LOGITS_NOTE_SHARE = 0.2
+# The logits are worth a note when they take at least this share of a GPU's usable memory on the rung shown (the
+# share at which --loss auto takes a fused loss, resolve.LOSS_SHARE).
+LOGITS_NOTE_SHARE = LOSS_SHARE
 
 
-def _logits_note(rungs: list[Rung], choice: Rung | None, at: dict[str, _Inputs]) -> list[str]:
-    """What the loss's logits cost at this sequence length (the chosen rung's, else the smallest rung's), and what
-    would avoid them: nothing installed with transformers computes the causal-LM loss without materialising the
-    full logits (ForCausalLMLoss upcasts them with logits.float()); Liger Kernel's fused linear cross-entropy
-    does, under TrainingArguments(use_liger_kernel=True). The plan counts the full logits."""
+def _logits_note(rungs: list[Rung], choice: Rung | None, at: dict[str, _Inputs], hw=None, model=None,
+                 training: TrainingOptions | None = None) -> list[str]:
+    """What the loss's full logits cost at this sequence length (the chosen rung's, else the smallest rung's), where
+    the plan counts them (--loss full, or auto where no fused loss can run), and what would avoid them: Liger
+    Kernel's fused linear cross-entropy (--loss liger) or DeepSpeed's tiled loss (--loss tiled, code changes); and,
+    where --loss auto could not take Liger, why."""
     rung = choice if choice is not None else min(rungs, key=lambda r: r.per_gpu_bytes, default=None)
     if rung is None:
         return []
     x = at[rung.key]
     logits = rung.breakdown.get("logits", 0)
-    if x.task != "causal-lm" or x.usable <= 0 or logits < LOGITS_NOTE_SHARE * x.usable:
+    if x.task != "causal-lm" or x.loss != "full" or x.usable <= 0 or logits < LOGITS_NOTE_SHARE * x.usable:
         return []
-    seq = x.seq // max(rung.cp_size, 1)
-    fused = mem.chunked_loss_bytes(seq, x.batch, x.vocab, x.hidden, x.precision)
-    split = f" (1/{rung.cp_size} of each sequence: context parallel)" if rung.cp_size > 1 else ""
+    seq = x.seq // max(rung.seq_shards, 1)
+    fused = seqmem.loss_bytes("liger", seq, x.batch, x.vocab, x.hidden, x.precision)
+    split = f" (1/{rung.seq_shards} of each sequence)" if rung.seq_shards > 1 else ""
+    asked = training is not None and training.loss == "full"
+    problem = liger_problem(getattr(model, "model_type", None), hw, x.cpu) if hw is not None else None
+    if asked:
+        why = "--loss full was asked, so the plan counts them."
+    elif problem:
+        why = (f"--loss auto did not take Liger: {problem}; DeepSpeed's tiled loss (--loss tiled) runs anywhere, "
+               "with lines in the training script (--allow-code-changes yes).")
+    else:
+        why = ("--loss auto did not take Liger: with your own Accelerate loop it needs a line in the script "
+               "(--allow-code-changes yes, or --loss liger with it).")
     return [f"Logits: the loss materialises {seq:,} tokens{split} x micro-batch {x.batch} x {x.vocab:,} vocabulary "
             f"logits per GPU, {fmt_bytes(logits)} at its peak on {rung.name} (12 B each: transformers' loss upcasts "
             f"the 16-bit logits to fp32, and backward holds the log-softmax with the incoming and outgoing "
             f"gradients; measured, bench/measure_activations.py --logits). A fused linear cross-entropy never "
-            f"materialises them: Liger Kernel's would hold about {fmt_bytes(fused)} (pip install liger-kernel on the "
-            f"training machine, then TrainingArguments(use_liger_kernel=True)). transformers has no such loss of its "
-            f"own, and the files do not turn Liger on, so the plan counts the full logits."]
+            f"materialises them: Liger Kernel's would hold about {fmt_bytes(fused)} (--loss liger; measured with a "
+            f"port of it, bench/measure_sequence_memory.py). {why}"]
 
 
 def _omp_threads_note(rungs: list[Rung], choice: Rung | None, at: dict[str, _Inputs]) -> list[str]:
@@ -335,87 +329,6 @@ def _omp_threads_note(rungs: list[Rung], choice: Rung | None, at: dict[str, _Inp
 
 # --- Speed: the fastest rung that fits, the largest micro-batch, the best batch split ----------------
 
-def _layout(spec: RungSpec, x: _Inputs) -> speed_mod.Layout:
-    return speed_mod.Layout(backend=spec.backend, zero_stage=spec.zero_stage,
-                            offload_optimizer=spec.offload_optimizer, offload_param=spec.offload_param,
-                            fsdp_reshard=spec.fsdp_reshard, per_machine=x.per_machine, machines=x.machines,
-                            replicate=spec.replicate)
-
-
-def _speed(spec: RungSpec, x: _Inputs, batch: int, grad_accum: int, gc: bool) -> speed_mod.Speed:
-    a = x.adapters
-    work = speed_mod.Workload(matmul_params=x.active_params, params=x.params, layers=x.layers, hidden=x.hidden,
-                              seq=x.seq, micro_batch=batch, grad_accum=grad_accum, precision=x.precision,
-                              flash=x.flash, gradient_checkpointing=gc,
-                              trainable_params=None if a is None else a.trainable_params,
-                              dequant_params=a.quantized_params if a is not None and a.method == "qlora" else 0,
-                              weight_bytes=a.frozen_bytes(mem.working_bytes(x.precision)) +
-                              a.trainable_params * mem.working_bytes(x.precision) if a is not None else None,
-                              adapter_modules=0 if a is None else a.adapted_modules,
-                              adapter_io_elements=0 if a is None else a.trainable_params // max(a.rank, 1),
-                              seq_shards=spec.cp_size, kv_width=x.kv_heads * (x.hidden // max(x.heads, 1)))
-    speed = speed_mod.estimate(x.machine, work, _layout(spec, x))
-    ratios = x.ratios(spec.key)
-    return _scaled_speed(speed, ratios.speed) if ratios is not None and ratios.speed else speed
-
-
-def _fits_gpu(spec: RungSpec, x: _Inputs, batch: int, gc: bool) -> bool:
-    est = _estimate(spec, replace(x, batch=batch), gc)
-    return est.per_gpu <= x.usable and est.load <= x.usable
-
-
-# Above this a micro-batch is not a planning question any more; the search stops there.
-MAX_MICRO_BATCH = 1 << 20
-
-
-def largest_micro_batch(spec: RungSpec, x: _Inputs, gc: bool) -> int:
-    """The largest micro-batch whose per-GPU estimate fits (0 when even 1 does not), by doubling then
-    bisection over the memory model: about 2 log2(answer) estimates, never a linear scan."""
-    if not _fits_gpu(spec, x, 1, gc):
-        return 0
-    low, high = 1, 2
-    while high <= MAX_MICRO_BATCH and _fits_gpu(spec, x, high, gc):
-        low, high = high, high * 2
-    if high > MAX_MICRO_BATCH:
-        return MAX_MICRO_BATCH
-    while high - low > 1:                     # low fits, high does not
-        mid = (low + high) // 2
-        if _fits_gpu(spec, x, mid, gc):
-            low = mid
-        else:
-            high = mid
-    return low
-
-
-# Above this a sequence length is not a planning question any more; the search stops there.
-MAX_SEQ_LEN = 1 << 24
-
-
-def _fits_seq(spec: RungSpec, x: _Inputs, seq: int, gc: bool) -> bool:
-    return _fits_gpu(spec, replace(x, seq=seq), x.batch, gc)
-
-
-def longest_seq_len(spec: RungSpec, x: _Inputs, gc: bool) -> int:
-    """The longest --seq-len whose per-GPU estimate fits at this micro-batch (0 when even one step of the length's
-    unit does not), by the same doubling and bisection as largest_micro_batch. The unit is 1, or 2 x cp on a
-    context-parallel rung (the load balancer cuts each sequence into 2 x cp chunks)."""
-    unit = 2 * spec.cp_size if spec.cp_size > 1 else 1
-    if not _fits_seq(spec, x, unit, gc):
-        return 0
-    low, high = 1, 2                          # in units
-    while high * unit <= MAX_SEQ_LEN and _fits_seq(spec, x, high * unit, gc):
-        low, high = high, high * 2
-    if high * unit > MAX_SEQ_LEN:
-        return MAX_SEQ_LEN
-    while high - low > 1:
-        mid = (low + high) // 2
-        if _fits_seq(spec, x, mid * unit, gc):
-            low = mid
-        else:
-            high = mid
-    return low * unit
-
-
 # The plan shows the longest sequence that fits when the asked one is within this factor of it: near the limit.
 NEAR_SEQ_LIMIT = 2
 
@@ -438,7 +351,7 @@ def _amortised(spec: RungSpec, x: _Inputs, choice: Rung, global_batch: int) -> B
     if largest <= x.batch:
         return None
     gc = largest > choice.max_micro_batch
-    speed = _speed(spec, x, largest, x.grad_accum, gc)
+    speed = _speed(spec, x, largest, x.grad_accum, gc, code_of(choice) if gc else NO_CODE)
     return BatchSplit(largest * x.grad_accum * x.world, largest, x.grad_accum, gc, speed, choice.speed)
 
 
@@ -500,19 +413,20 @@ def _divisors_up_to(n: int, limit: int) -> list[int]:
 
 
 def fastest_split(spec: RungSpec, x: _Inputs, global_batch: int, gc_mode: str,
-                  current: speed_mod.Speed | None) -> BatchSplit | None:
+                  current: speed_mod.Speed | None, code: CodeOptions = NO_CODE) -> BatchSplit | None:
     """Among micro-batch x accumulation splits of `global_batch` that fit on this rung, the fastest.
 
     Gradient checkpointing follows the mode: off/on as asked; auto uses it only for micro-batches that do
-    not fit without it. None when no split fits (not even micro-batch 1). A context-parallel rung's micro-batch is
-    each group of cp GPUs' (they share every sequence): the global batch splits over world / cp of them."""
-    per_gpu = global_batch // (x.world // spec.cp_size)
+    not fit without it (the rung's code options with it). None when no split fits (not even micro-batch 1). A rung
+    that splits each sequence over sp (cp) GPUs has each group's micro-batch (they share every sequence): the
+    global batch splits over world / sp of them."""
+    per_gpu = global_batch // (x.world // spec.seq_shards)
     limits = {False: largest_micro_batch(spec, x, False) if gc_mode != "on" else 0,
-              True: largest_micro_batch(spec, x, True) if gc_mode != "off" else 0}
+              True: largest_micro_batch(spec, x, True, code) if gc_mode != "off" else 0}
     best: BatchSplit | None = None
     for b in _divisors_up_to(per_gpu, max(limits.values())):
         gc = not (b <= limits[False])
-        speed = _speed(spec, x, b, per_gpu // b, gc)
+        speed = _speed(spec, x, b, per_gpu // b, gc, code if gc else NO_CODE)
         if best is None or speed.tokens_per_second > best.speed.tokens_per_second * (1 + 1e-9):
             best = BatchSplit(global_batch, b, per_gpu // b, gc, speed, current)
     return best
@@ -563,6 +477,17 @@ def shortfall(rung: Rung, plan: Plan, hw, strategy: StrategyOptions) -> tuple[fl
                 f"needs {fmt_bytes(rung.nvme_bytes)} on NVMe at {path}, {fmt_bytes(rung.nvme_bytes - free)} "
                 f"({(rung.nvme_bytes / free - 1) * 100:.0f}%) more than the {fmt_bytes(free)} free")
     return (1.0, "fits in GPU memory and host RAM but needs an NVMe path (--nvme-path)")
+
+
+def closest_shortfall(plan: Plan, hw, strategy: StrategyOptions) -> tuple[float, str, Rung] | None:
+    """(need / have, the phrase, the rung) of the rung closest to fitting: exit 3's first sentence, and every
+    front end that names why a machine does not fit (`wizard compare`'s rows) says the same. None when a rung fits
+    or there is none."""
+    misses = [(shortfall(r, plan, hw, strategy), r) for r in plan.rungs if not r.fits]
+    if not misses:
+        return None
+    (ratio, phrase), rung = min(misses, key=lambda m: m[0][0])
+    return ratio, phrase, rung
 
 
 _MAX_MACHINES_TRIED = 128
@@ -711,12 +636,12 @@ def _host_ram_is_short(plan: Plan, hw, model, training: TrainingOptions, strateg
 def explain_nothing_fits(plan: Plan, hw, model, training: TrainingOptions, strategy: StrategyOptions,
                          topology: Topology) -> str:
     """For exit 3: how far the closest rung is from fitting, and what would fit (each one verified)."""
-    misses = [(shortfall(r, plan, hw, strategy), r) for r in plan.rungs if not r.fits]
+    closest = closest_shortfall(plan, hw, strategy)
     lines = []
     phrase = ""
     ram_text = _host_ram_is_short(plan, hw, model, training, strategy, topology)
-    if misses:
-        (_, phrase), best = min(misses, key=lambda m: m[0][0])
+    if closest is not None:
+        _, phrase, best = closest
         lines.append(f"Nothing fits. The closest rung, {best.name}, {phrase}.")
     else:
         lines.append("Nothing fits.")
@@ -773,3 +698,25 @@ def with_host_ram(hw, total: int):
     ram = _available_host_ram(hw) or total
     share = ram / (hw.ram_total or ram)
     return replace(hw, ram_total=total, ram_available=int(total * share))
+
+
+@dataclass
+class RungAt:
+    """One rung at given options outside any ladder (bench/bench_long_sequence.py compares it with published runs):
+    its per-GPU and host bytes, its speed, and the longest sequence it takes at micro-batch 1."""
+
+    per_gpu_bytes: int
+    cpu_bytes: int
+    breakdown: dict
+    speed: speed_mod.Speed
+    longest: int
+
+
+def rung_at(hw, model, training: TrainingOptions, strategy: StrategyOptions, topology: Topology, key: str,
+            code: CodeOptions = NO_CODE, gc: bool = True) -> RungAt:
+    """The rung `key` at exactly these options (its size, its loss, its code options, gradient checkpointing)."""
+    x = _resolve(hw, model, training, strategy, topology, [])
+    spec = BY_KEY[key]
+    est = _estimate(spec, x, gc, code)
+    return RungAt(est.per_gpu, est.cpu, est.breakdown, _speed(spec, x, x.batch, x.grad_accum, gc, code),
+                  longest_seq_len(spec, replace(x, batch=1), gc, code))

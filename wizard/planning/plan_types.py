@@ -21,6 +21,7 @@ BACKENDS = ("auto", "ddp", "deepspeed", "fsdp")
 ZERO_STAGES = ("auto", "1", "2", "3")
 OFFLOADS = ("auto", "none", "cpu", "nvme")
 METHODS = ("full", "lora", "qlora")
+LOSS_CHOICES = ("auto", "full", "liger", "tiled")
 # Keeping more than 90 % of a GPU free is a typo, not a plan: one rule for the flag and for make_plan.
 MAX_HEADROOM = 0.9
 HEADROOM_ALLOWED = f"a fraction 0 <= x < {MAX_HEADROOM}, such as 0.10 or 10%"
@@ -60,6 +61,10 @@ class TrainingOptions:
     # training_options sets it from the installed transformers). Under FSDP1 with adapters it keeps every layer's
     # input and gradient to the end of backward (memory.fsdp1_retained_checkpoint_bytes).
     reentrant_checkpoint_call: bool = False
+    # How a causal LM's loss is computed (sequence.LOSSES, or auto: a fused loss where the logits are a large share
+    # of memory and one can run), and whether ALST's options that need lines in the training script may be used.
+    loss: str = "auto"
+    allow_code_changes: bool = False
 
 
 SPLITS = ("given", "auto", "micro", "accum")
@@ -74,6 +79,10 @@ class StrategyOptions:
     headroom: float = 0.10
     cuda_context_bytes: int = mem.CUDA_CONTEXT_BYTES   # per process (configurable); the measurement in memory.py
     fsdp_version: int = 2                 # the FSDP the files select (1: the older wrapper API)
+    # accelerate's parallelism_config_cp_size / _sp_size when given: honoured (the ladder holds only rungs of that
+    # size; 1 holds none that splits the sequence) or refused with the reason; None: the plan decides.
+    cp_size: int | None = None
+    sp_size: int | None = None
 
 
 @dataclass
@@ -119,6 +128,9 @@ class Rung:
     calibration: dict[str, Any] | None = None
     cp_size: int = 1                      # context parallelism: GPUs each sequence is split over
     max_seq_len: int = 0                  # the longest --seq-len that fits at this micro-batch (the choice only)
+    sp_size: int = 1                      # Ulysses sequence parallelism: GPUs each sequence is split over
+    checkpoint_offload: bool = False      # ALST's activation-checkpoint offload to host RAM (needs code)
+    tiled_mlp: bool = False               # DeepSpeed's TiledMLP (needs code)
 
     @property
     def offloads(self) -> bool:
@@ -129,9 +141,26 @@ class Rung:
         return self.speed.tokens_per_second if self.speed else 0.0
 
     @property
+    def seq_shards(self) -> int:
+        """The GPUs one sequence is split over (context or sequence parallel; 1 otherwise)."""
+        return max(self.cp_size, self.sp_size)
+
+    @property
+    def suffix(self) -> str:
+        """" +GC +ckpt→CPU +tiled MLP": what the rung switched on, as the ladder lists it."""
+        return ((" +GC" if self.gradient_checkpointing else "") + (" +ckpt→CPU" if self.checkpoint_offload else "")
+                + (" +tiled MLP" if self.tiled_mlp else ""))
+
+    @property
     def name_with_gc(self) -> str:
         """"DeepSpeed ZeRO-3 with gradient checkpointing": the rung as the plan runs it."""
-        return self.name + (" with gradient checkpointing" if self.gradient_checkpointing else "")
+        extras = (["gradient checkpointing"] if self.gradient_checkpointing else []) + \
+            (["its checkpoints offloaded to the CPU"] if self.checkpoint_offload else []) + \
+            (["tiled MLP"] if self.tiled_mlp else [])
+        if not extras:
+            return self.name
+        return self.name + " with " + (extras[0] if len(extras) == 1 else
+                                       ", ".join(extras[:-1]) + " and " + extras[-1])
 
     def uncalibrated(self) -> Rung:
         """This rung's figures as the raw model gives them (what `wizard tune` measures against); fit and
@@ -156,7 +185,8 @@ class Rung:
                 d["speed"]["train_seconds"] = round(self.train_seconds, 1)
         del d["train_seconds"]
         # Written only where they say something, so the JSON of plans without them is unchanged.
-        for key, absent in (("cp_size", 1), ("max_seq_len", 0)):
+        for key, absent in (("cp_size", 1), ("max_seq_len", 0), ("sp_size", 1), ("checkpoint_offload", False),
+                            ("tiled_mlp", False)):
             if d[key] == absent:
                 del d[key]
         return d
@@ -246,6 +276,10 @@ class Plan:
     calibration: Any = field(default=None, repr=False)
     calibrated_from: str | None = None    # the raw model's choice (key) when the calibration changed it
     checkpoint: Any = None                # wizard.sizing.checkpoint.CheckpointSize of the choice (None: no choice)
+    loss: str = "full"                    # how the loss is counted (sequence.LOSSES): --loss, resolved
+    # The longest --seq-len over every rung the options allow and how it is reached (split.Longest); None when none
+    # takes a token.
+    longest: Any = None
 
     def to_json(self) -> dict[str, Any]:
         c = self.choice
@@ -260,6 +294,9 @@ class Plan:
                 "micro_batch": c.micro_batch, "grad_accum": c.grad_accum,
                 # only where they say something (a context-parallel rung; a --seq-len near its limit)
                 **({"cp_size": c.cp_size} if c.cp_size > 1 else {}),
+                **({"sp_size": c.sp_size} if c.sp_size > 1 else {}),
+                **({"checkpoint_offload": True} if c.checkpoint_offload else {}),
+                **({"tiled_mlp": True} if c.tiled_mlp else {}),
                 **({"max_seq_len": c.max_seq_len} if c.max_seq_len else {}),
             },
             "method": dict(self.method),
@@ -277,6 +314,8 @@ class Plan:
             "calibration": None if not any(r.calibration for r in self.rungs) else {
                 "rungs": {r.key: dict(r.calibration) for r in self.rungs if r.calibration},
                 "changed_choice_from": self.calibrated_from},
+            "loss": self.loss,
+            "longest": None if self.longest is None else self.longest.to_json(),
             "notes": list(self.notes),
             "checkpoint": None if self.checkpoint is None else self.checkpoint.to_json(),
             "rungs": [r.to_json() for r in self.rungs],

@@ -10,12 +10,13 @@ from wizard.errors import InputError
 from wizard.planning import speed as speed_mod
 from wizard.planning.rungs import BY_KEY
 from wizard.planning.plan_types import (
-    ATTENTIONS, GC_MODES, HEADROOM_ALLOWED, MAX_HEADROOM, METHODS, OPTIMIZERS, PRECISIONS, StrategyOptions, Topology,
-    TrainingOptions,
+    ATTENTIONS, GC_MODES, HEADROOM_ALLOWED, LOSS_CHOICES, MAX_HEADROOM, METHODS, OPTIMIZERS, PRECISIONS,
+    StrategyOptions, Topology, TrainingOptions,
 )
 from wizard.planning.ladder import _check_choice
 from wizard.planning.evaluate import _Inputs
 from wizard.sizing import memory as mem
+from wizard.sizing import sequence as seqmem
 from wizard.units import NETWORK_GBPS_RANGE, fmt_bytes, is_network_gbps
 
 
@@ -187,6 +188,9 @@ def _resolve(hw, model, training: TrainingOptions, strategy: StrategyOptions, to
                      "2 B/param, a 16-bit checkpoint; an fp32 one needs twice that host RAM.")
     embedding = model.vocab_size * model.hidden_size
     task = _task(training, model, notes)
+    usable = mem.usable_bytes(capacity, headroom)
+    loss = resolve_loss(training, task, getattr(model, "model_type", None), hw, cpu,
+                        mem.logits_bytes(seq, batch, model.vocab_size, precision), usable, notes)
     num_labels = getattr(model, "num_labels", 0) or 2
     lm = task in ("causal-lm", "masked-lm", "seq2seq-lm")
     head_params = min(embedding, model.params) if lm else model.hidden_size * num_labels
@@ -198,15 +202,87 @@ def _resolve(hw, model, training: TrainingOptions, strategy: StrategyOptions, to
         ffn=model.intermediate_size or 4 * model.hidden_size,
         kv_heads=getattr(model, "kv_heads", None) or model.heads,
         experts_per_token=(getattr(model, "experts_per_token", 0) or 0) if getattr(model, "num_experts", 0) else 0,
-        profile=profile, stack=layer_stack(model, profile), weights_bytes=weights_bytes,
+        profile=profile, weights_bytes=weights_bytes,
+        stack=seqmem.stack_for_loss(layer_stack(model, profile), loss, getattr(model, "model_type", None)),
         matmul_params=matmul_params, head_params=head_params, layer_params=layer_params, root_params=root_params,
         seq=seq, batch=batch, precision=precision, optimizer=training.optimizer, flash=flash,
         per_machine=per_machine, machines=machines, cpu=cpu, context=context, capacity=capacity,
-        usable=mem.usable_bytes(capacity, headroom), headroom=headroom, ram=ram,
+        usable=usable, headroom=headroom, ram=ram, loss=loss, code_changes=bool(training.allow_code_changes),
         nvme_path=nvme_path, nvme_free=nvme_free,
         grad_accum=training.grad_accum, machine=machine, active_params=_active_params(model),
         task=task, num_labels=num_labels, fsdp_version=_fsdp_version(strategy.fsdp_version),
     )
+
+
+# The fused loss is recommended (--loss auto) where the full logits take at least this share of a GPU's usable
+# memory: where the plan's note has named their size and what would avoid them since issue 30.
+LOSS_SHARE = 0.2
+
+
+def liger_problem(model_type: str | None, hw, cpu: bool) -> str | None:
+    """Why Liger Kernel cannot compute this model's loss on these GPUs, or None: its kernels are Triton (NVIDIA
+    GPUs of compute capability 8.0+, sequence.LIGER_MIN_COMPUTE_CAPABILITY) and it patches the model types it
+    knows (sequence.LIGER_MODEL_TYPES)."""
+    if cpu:
+        return "Liger's kernels are Triton, which runs on GPUs only, and these are CPU processes"
+    old = sorted({g.name for g in hw.gpus if g.compute_capability is not None
+                  and tuple(g.compute_capability) < seqmem.LIGER_MIN_COMPUTE_CAPABILITY})
+    if old:
+        cc = ".".join(map(str, seqmem.LIGER_MIN_COMPUTE_CAPABILITY))
+        return (f"Liger's kernels are Triton, which needs NVIDIA GPUs of compute capability {cc}+, and "
+                f"{', '.join(old)} is older")
+    if (model_type or "") not in seqmem.LIGER_MODEL_TYPES:
+        return f"Liger Kernel does not patch {model_type or 'this'} models (it keeps their full logits)"
+    return None
+
+
+def resolve_loss(training: TrainingOptions, task: str, model_type: str | None, hw, cpu: bool, full_logits: int,
+                 usable: int, notes: list[str]) -> str:
+    """The loss the plan counts (sequence.LOSSES) for --loss: as given, refused with the reason where it cannot run
+    or needs code that --allow-code-changes has not allowed; auto is the full logits unless they take LOSS_SHARE of
+    the usable memory, then Liger where it runs without code (the HF Trainer's use_liger_kernel), else DeepSpeed's
+    tiled loss where code changes are allowed."""
+    loss = training.loss
+    _check_choice(loss, LOSS_CHOICES, "--loss")
+    code = bool(training.allow_code_changes)
+    if loss == "full":
+        return "full"
+    if task != "causal-lm":
+        if loss != "auto":
+            raise InputError("--loss", f"{loss!r} fuses a causal LM's head with its loss, and the task is {task}",
+                             "full or auto")
+        return "full"
+    problem = liger_problem(model_type, hw, cpu)
+    needs_code = training.trainer != "hf"
+    if loss == "liger":
+        if problem:
+            raise InputError("--loss", f"'liger' cannot run here: {problem}", "full, auto, or tiled")
+        if needs_code and not code:
+            raise InputError("--loss", "'liger' with your own Accelerate loop needs a line in the training script "
+                                       "(the HF Trainer's use_liger_kernel is a TrainingArguments field), and code "
+                                       "changes are not allowed", "full, auto, or --allow-code-changes yes")
+        return "liger"
+    if loss == "tiled":
+        if not code:
+            raise InputError("--loss", "'tiled' (DeepSpeed's TiledFusedLogitsLoss) needs lines in the training "
+                                       "script, and code changes are not allowed",
+                             "full, liger, auto, or --allow-code-changes yes")
+        return "tiled"
+    if full_logits < LOSS_SHARE * usable:
+        return "full"
+    if not problem and (not needs_code or code):
+        notes.append(f"Loss: the full logits would take {fmt_bytes(full_logits)} per GPU, so the plan counts Liger "
+                     "Kernel's fused linear cross-entropy instead (--loss auto; --loss full keeps them): "
+                     "pip install liger-kernel on the training machine (Triton: NVIDIA GPUs of compute capability "
+                     "8.0+)" + ("; the TrainingArguments turn it on (use_liger_kernel=True)." if not needs_code else
+                                "; the script's lines are printed with the files."))
+        return "liger"
+    if code:
+        notes.append(f"Loss: the full logits would take {fmt_bytes(full_logits)} per GPU, so the plan counts "
+                     f"DeepSpeed's TiledFusedLogitsLoss (code changes allowed; {problem or 'Liger needs code here'}); "
+                     "the lines for the training script are printed with the files.")
+        return "tiled"
+    return "full"
 
 
 def _fsdp_version(value: Any) -> int:

@@ -54,6 +54,17 @@ class RungSpec:
     oom_next: str | None = None           # after a CUDA OOM on it and no saved plan: the next key to try
     cp_size: int = 1                      # context parallelism: GPUs each sequence is split over (FSDP2 + SDPA)
     replicate: bool = False               # HSDP: sharded within each machine, one replica per machine
+    sp_size: int = 1                      # Ulysses sequence parallelism: GPUs each sequence is split over (DeepSpeed)
+
+    @property
+    def splits_sequence(self) -> bool:
+        """Context or sequence parallel: each sequence is split over several GPUs."""
+        return self.cp_size > 1 or self.sp_size > 1
+
+    @property
+    def seq_shards(self) -> int:
+        """The GPUs one sequence is split over (1: each GPU runs whole sequences)."""
+        return max(self.cp_size, self.sp_size)
 
     @property
     def offloads(self) -> bool:
@@ -88,8 +99,15 @@ class RungSpec:
                 out += [f"--{name.replace('_', '-')}", value]
         if self.cp_size > 1:
             out += ["--parallelism-config-cp-size", str(self.cp_size)]
+        if self.sp_size > 1:
+            out += ["--parallelism-config-sp-size", str(self.sp_size)]
         return out
 
+
+# The Ulysses sizes the table holds: DeepSpeed allows any divisor of the heads (sequence.ulysses_sizes_allowed); the
+# table keeps the powers of two that divide the usual head counts, up to 64 (ALST trained Llama-70B's 64 heads on
+# 64 GPUs, arXiv 2506.13996 5.3.2).
+ULYSSES_SIZES = (2, 4, 8, 16, 32, 64)
 
 RUNGS: tuple[RungSpec, ...] = (
     RungSpec("single", "Single GPU", "Single GPU", "single", methods=ALL_METHODS, oom_next="zero2-offload-opt",
@@ -148,6 +166,26 @@ RUNGS: tuple[RungSpec, ...] = (
              oom_next="fsdp-reshard",
              why="sharded within each machine, one replica per machine: only a gradient all-reduce crosses the "
                  "network"),
+    # Ulysses sequence parallelism (DeepSpeed ALST: accelerate's ParallelismConfig sp_size with sp_backend deepspeed,
+    # DeepSpeed's UlyssesSPAttentionHF): each sequence is split over sp GPUs, which run 1/sp of its tokens through
+    # every layer and, between two all-to-alls, attention over all of them for heads / sp heads. ZeRO partitions the
+    # states over every process (DeepSpeed's sequence-data-parallel group). Not in the plain walk: the plan tries
+    # them (sequence_parallel_keys) where the sequence is what costs memory, within a machine first. Optimizer
+    # offload for full fine-tuning only, as the adapter ladder has none (the adapters' states are tiny).
+    *(RungSpec(f"{base}-sp{sp}", f"{label} + Ulysses SP {sp}", f"{short} +SP{sp}", "deepspeed", stage, offload,
+               memory=f"zero{stage}", methods=ALL_METHODS if offload == "none" else FULL, auto=(), one_gpu=(),
+               sp_size=sp,
+               oom_next=f"{base}-sp{sp * 2}" if sp < ULYSSES_SIZES[-1] else None,
+               why=f"each sequence split over {sp} GPUs (Ulysses: two all-to-alls per layer, attention on heads/{sp} "
+                   f"heads each): 1/{sp} of the activations and logits each; {why}")
+      for base, label, short, stage, offload, why in (
+          ("zero2", "DeepSpeed ZeRO-2", "ZeRO-2", 2, "none", "optimizer states and gradients partitioned"),
+          ("zero3", "DeepSpeed ZeRO-3", "ZeRO-3", 3, "none", "weights partitioned too"),
+          ("zero2-offload-opt", "ZeRO-2 + CPU optimizer offload", "ZeRO-2 +opt→CPU", 2, "cpu",
+           "the optimizer on the CPU"),
+          ("zero3-offload-opt", "ZeRO-3 + CPU optimizer offload", "ZeRO-3 +opt→CPU", 3, "cpu",
+           "weights partitioned and the optimizer on the CPU"))
+      for sp in ULYSSES_SIZES),
 )
 
 BY_KEY: dict[str, RungSpec] = {r.key: r for r in RUNGS}
@@ -163,7 +201,7 @@ def ladder(backend: str, zero_stage: str, offload: str, method: str, world_size:
     base = "single" if world_size == 1 else "ddp"
     out = []
     for r in RUNGS:
-        if method not in r.methods or r.cp_size > 1 or r.replicate:
+        if method not in r.methods or r.splits_sequence or r.replicate:
             continue
         if r.backend in ("single", "ddp"):
             if r.key == base and (backend == "ddp" or (backend == "auto" and zero_stage == "auto"
@@ -200,6 +238,29 @@ def context_parallel_keys(backend: str, offload: str, method: str, per_machine: 
             and seq_len % (2 * r.cp_size) == 0]
 
 
+def sequence_parallel_keys(backend: str, zero_stage: str, offload: str, method: str, allowed_sizes, world: int,
+                           seq_len: int) -> list[str]:
+    """The Ulysses entries these options allow, in table order (family, then size): DeepSpeed (--backend auto or
+    deepspeed) at ZeRO-2 or 3 (--zero-stage auto, 2 or 3), without offload or with the optimizer on the CPU
+    (--offload auto, none or cpu), at the sizes the model's heads allow (`allowed_sizes`,
+    sequence.ulysses_sizes_allowed) that divide the processes (DeepSpeed's initialize_sequence_parallel) and the
+    sequence (UlyssesSPDataLoaderAdapter: "seqlen ... isn't divisible by sp-size"). The attention and the task are the
+    plan's to check."""
+    if backend not in ("auto", "deepspeed") or offload == "nvme" or zero_stage not in ("auto", "2", "3"):
+        return []
+    out = []
+    for r in RUNGS:
+        if r.sp_size <= 1 or method not in r.methods:
+            continue
+        if zero_stage != "auto" and str(r.zero_stage) != zero_stage:
+            continue
+        if (offload == "none" and r.offloads) or (offload == "cpu" and not r.offloads):
+            continue
+        if r.sp_size in allowed_sizes and world % r.sp_size == 0 and seq_len % r.sp_size == 0:
+            out.append(r.key)
+    return out
+
+
 def hsdp_keys(backend: str, offload: str, method: str, machines: int) -> list[str]:
     """The HSDP entries these options allow: FSDP2 (--backend auto or fsdp, no offload asked) over two machines or
     more. The FSDP version is the plan's to check."""
@@ -228,6 +289,7 @@ class Strategy:
     offload_fsdp: bool = False            # fsdp_offload_params
     cp_size: int = 1                      # parallelism_config_cp_size
     replicate: int = 1                    # parallelism_config_dp_replicate_size
+    sp_size: int = 1                      # parallelism_config_sp_size (DeepSpeed's Ulysses)
 
 
 def fsdp_reshards(value: Any) -> bool:
@@ -260,19 +322,12 @@ def strategy_from_files(accel_config: dict[str, Any] | None, ds_config: dict[str
                 value = inline.get(f"offload_{which}_device")
             return str(value).lower() if value else "none"
 
-        return Strategy("deepspeed", stage, device("optimizer"), device("param"))
+        return Strategy("deepspeed", stage, device("optimizer"), device("param"),
+                        sp_size=parallelism_size(acc, "sp_size"))
     if dtype == "FSDP":
         fsdp = {k[5:] if k.startswith("fsdp_") else k: v for k, v in (acc.get("fsdp_config") or {}).items()}
         s = fsdp_strategy(fsdp)
-        section = acc.get("parallelism_config") or {}
-
-        def size(name: str) -> int:
-            try:
-                return int(section.get(f"parallelism_config_{name}") or 1)
-            except (TypeError, ValueError):
-                return 1
-
-        cp, replicate = size("cp_size"), size("dp_replicate_size")
+        cp, replicate = parallelism_size(acc, "cp_size"), parallelism_size(acc, "dp_replicate_size")
         return Strategy(s.backend, fsdp_reshard=s.fsdp_reshard, offload_fsdp=s.offload_fsdp, cp_size=cp,
                         replicate=replicate) if cp > 1 or replicate > 1 else s
     if dtype.startswith("MULTI_"):
@@ -280,6 +335,17 @@ def strategy_from_files(accel_config: dict[str, Any] | None, ds_config: dict[str
     if dtype == "NO" or (dtype == "" and acc):
         return Strategy("single")
     return None
+
+
+def parallelism_size(accel_config: dict[str, Any], name: str) -> int:
+    """`parallelism_config_<name>` of accelerate's YAML as a whole number >= 1 (1 when absent or unreadable)."""
+    section = accel_config.get("parallelism_config") or {}
+    if not isinstance(section, dict):
+        return 1
+    try:
+        return max(int(section.get(f"parallelism_config_{name}") or 1), 1)
+    except (TypeError, ValueError):
+        return 1
 
 
 def fsdp_strategy(options: dict[str, Any]) -> Strategy:
@@ -307,7 +373,9 @@ def key_for(s: Strategy, processes: int | None = None, exact: bool = True) -> st
         if s.replicate > 1:
             return next(r.key for r in RUNGS if r.replicate)
         return "fsdp-reshard" if s.fsdp_reshard else "fsdp-noreshard"
-    same = [r for r in RUNGS if r.backend == "deepspeed" and r.zero_stage == s.zero_stage]
+    same = [r for r in RUNGS if r.backend == "deepspeed" and r.zero_stage == s.zero_stage and r.sp_size == s.sp_size]
+    if not same and s.sp_size > 1 and not exact:
+        same = [r for r in RUNGS if r.backend == "deepspeed" and r.zero_stage == s.zero_stage and r.sp_size == 1]
     found = next((r.key for r in same if (r.offload_optimizer, r.offload_param) == (s.offload_optimizer,
                                                                                      s.offload_param)), None)
     if found or exact:

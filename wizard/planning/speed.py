@@ -247,8 +247,13 @@ class Workload:
     weight_bytes: int | None = None    # bytes of all weights as gathered (QLoRA: NF4); None: params x dtype
     adapter_modules: int = 0           # LoRA / QLoRA: Linear modules given an adapter, whole model
     adapter_io_elements: int = 0       # LoRA / QLoRA: sum of the adapted modules' input + output features
-    seq_shards: int = 1                # context parallelism: GPUs each sequence is split over (cp_size)
+    seq_shards: int = 1                # context / sequence parallelism: GPUs each sequence is split over
     kv_width: int = 0                  # kv_heads x head_dim: what ring attention passes per token and layer
+    ulysses: bool = False              # the split is Ulysses' (all-to-alls), not ring attention's
+    q_width: int = 0                   # heads x head_dim: the queries and the attention's output per token (Ulysses)
+    mlp_params: int = 0                # the MLPs' matmul parameters (TiledMLP runs their forward once more)
+    tiled_mlp: bool = False            # DeepSpeed's TiledMLP (ALST)
+    checkpoint_offload: bool = False   # ALST's activation checkpoints to host RAM and back every micro-step
 
     @property
     def tokens(self) -> int:
@@ -508,6 +513,11 @@ def compute_seconds(m: Machine, w: Workload) -> tuple[float, float]:
                     / (m.hbm_bytes_per_s * HBM_EFFICIENCY))
         fwd += fwd_passes * per_pass
         bwd += 2.0 * per_pass
+    if w.tiled_mlp and w.mlp_params:
+        # TiledMLP runs the MLP without grad in the forward and again, with grad, in backward: one more forward of
+        # the MLPs' matmuls (DeepSpeed's TiledMLP docstring: "the forward occurs twice each iteration. And if you're
+        # using activation checkpointing it then occurs trice").
+        bwd += 2.0 * w.mlp_params * w.tokens / (m.peak_flops * eff)
     if w.dequant_params:
         # bitsandbytes dequantises each NF4 weight to 16 bits before its matmul, in every forward (and
         # recomputed forward) and for the input gradient in backward: read 0.5 B, write 2 B, read 2 B again,
@@ -610,7 +620,7 @@ def _parts(m: Machine, w: Workload, layout: Layout) -> _Parts:
         reduce = collective_seconds(wb * trained, world, bw)
         micro_comm = max(gather + reduce - OVERLAP["fsdp"] * compute, 0.0)
     if w.seq_shards > 1:
-        micro_comm += ring_attention_seconds(m, w)
+        micro_comm += ulysses_seconds(m, w, layout) if w.ulysses else ring_attention_seconds(m, w)
 
     step_overhead = 0.0
     if layout.backend == "deepspeed":
@@ -627,6 +637,8 @@ def _parts(m: Machine, w: Workload, layout: Layout) -> _Parts:
         step_off = wb * local_trained / m.host_link
     else:
         step_optimizer = OPTIMIZER_BYTES_PER_PARAM * local_trained / (m.hbm_bytes_per_s * HBM_EFFICIENCY)
+    if w.checkpoint_offload:
+        micro_off += max(checkpoint_offload_seconds(m, w) - OFFLOAD_OVERLAP * compute, 0.0)
     if layout.offload_param in ("cpu", "nvme"):
         # the weights' own bytes: a QLoRA base crosses the link as 4-bit codes
         micro_off += 2.0 * weights / world / m.host_link
@@ -660,6 +672,32 @@ def ring_attention_seconds(m: Machine, w: Workload) -> float:
     comm = passes * w.layers * collective_seconds(kv, cp, m.intra_busbw)
     attention = 12.0 * w.layers * w.hidden * w.seq * w.tokens / (m.peak_flops * efficiency(m, w))
     return max(comm - CP_OVERLAP * attention, 0.0)
+
+
+def ulysses_seconds(m: Machine, w: Workload, layout: Layout) -> float:
+    """Ulysses' all-to-alls in one micro-step, per GPU, none of it hidden (ALST 3.2: "communications of the attention
+    head projections cannot be overlapped with compute"). Each layer's forward sends (sp - 1)/sp of its local
+    queries, keys and values (_combine_local_sequences; keys and values at the replicated width when sp > kv heads)
+    and of the attention's output (_partition_global_sequence); backward sends their gradients, and gradient
+    checkpointing's recomputation the forward's again. Inside a machine at its bus bandwidth; a group wider than a
+    machine sends the share bound for other machines through the machine's network, shared by its GPUs."""
+    sp = w.seq_shards
+    if sp <= 1:
+        return 0.0
+    passes = (2.0 if w.gradient_checkpointing else 1.0) + 1.0
+    per_layer = _w(w.precision) * w.tokens * (2.0 * w.q_width + 2.0 * w.kv_width)
+    sent = passes * w.layers * per_layer * (sp - 1) / sp
+    per_machine = max(layout.per_machine, 1)
+    if sp <= per_machine or layout.machines <= 1:
+        return sent / m.intra_busbw
+    outside = (sp - per_machine) / (sp - 1)
+    return max(sent * (1 - outside) / m.intra_busbw, sent * outside * per_machine / m.inter_busbw)
+
+
+def checkpoint_offload_seconds(m: Machine, w: Workload) -> float:
+    """ALST's activation-checkpoint offload in one micro-step: every layer's input to host RAM in the forward and back
+    in the backward, over the GPU's host link (w x tokens x h x L each way)."""
+    return 2.0 * _w(w.precision) * w.tokens * w.hidden * w.layers / m.host_link
 
 
 def network_bytes_per_step(w: Workload, layout: Layout) -> float:

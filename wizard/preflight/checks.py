@@ -22,17 +22,6 @@ OK, INFO, WARN, FAIL = "ok", "info", "warn", "fail"
 # first collective, or deadlocks in it); distribution name -> the module the training imports.
 PACKAGES = {"torch": "torch", "accelerate": "accelerate", "deepspeed": "deepspeed", "transformers": "transformers",
             "peft": "peft"}
-# /dev/shm: NCCL's intra-node transport and the DataLoader's workers map their buffers there; containers default
-# to 64 MiB, where NCCL fails with "Error while creating shared memory segment" (NCCL troubleshooting docs,
-# "Docker": "--shm-size=1g").
-SHM_FAIL_BYTES = 256 << 20
-SHM_WARN_BYTES = 1 << 30
-# A measured bus bandwidth below this share of what the plan assumed is worth a warning: the plan's step times
-# (and its choice between rungs that trade compute for communication) assume the faster network.
-BANDWIDTH_WARN_SHARE = 0.5
-# A full fine-tuning checkpoint: 16-bit weights + fp32 master, Adam's two moments (2 + 4 + 4 + 4 B per parameter),
-# what a ZeRO checkpoint with optimizer states holds; each node is counted its share.
-CHECKPOINT_BYTES_PER_PARAM = 14
 
 
 @dataclass
@@ -67,7 +56,9 @@ class Expectation:
     params: int | None = None                  # the model's parameters (full fine-tuning), for pinned bytes
     nvme_path: str | None = None
     nvme_bytes: int | None = None              # the plan's NVMe need
-    checkpoint_bytes: int | None = None        # per node
+    checkpoint_bytes: int | None = None        # what one node must have free for the checkpoints the run keeps
+    checkpoint_dir: str | None = None          # where the Trainer saves them (None: the working directory)
+    checkpoint_dir_from: str = "the working directory"
     assumed_gbps: float | None = None          # the network per machine the plan's speeds assume
     assumed_source: str = ""
 
@@ -110,54 +101,82 @@ def port_free_row(node: int, host: str, port: int, holder: str | None) -> Row:
 
 
 def reach_row(node: int, host: str, ip: str, port: int, outcome: dict[str, Any]) -> Row:
-    """From this node to main_process_ip:main_process_port. outcome["kind"]: "ok" (the main node's preflight
-    answered), "refused" / "timeout" / "unreachable" (nothing reached within the deadline), "foreign" (something
-    answers there that is not the main node's rendezvous: a rank would connect to it and hang)."""
+    """From this node to main_process_ip:main_process_port. outcome["kind"] (rendezvous.probe_connect): "ok" (the
+    main node's preflight answered); "unresolved" (DNS), "noroute" (no route to that network), "unreachable" (the
+    host does not answer on its network), "refused" (nothing listens), "timeout" (the packets are dropped: a
+    firewall), each told apart with its own fix; "foreign" (something answers there that is not the main node's
+    rendezvous: a rank would connect to it and hang); "version", "self"."""
     kind = outcome.get("kind")
     where = f"{ip}:{port}"
     seconds = outcome.get("seconds")
     waited = f" (tried for {seconds:.0f} s)" if isinstance(seconds, (int, float)) else ""
+    detail = outcome.get("detail")
     if kind == "ok":
         return Row(node, host, "reach main port", OK, f"{where} answered as the main node's rendezvous")
+    if kind == "skipped":
+        return Row(node, host, "reach main port", INFO, f"{where} not tried: {detail}")
     if kind == "foreign":
         return Row(node, host, "reach main port", FAIL,
-                   f"{where} is held by another program ({outcome.get('detail') or 'not the main node'}): this "
+                   f"{where} is held by another program ({detail or 'not the main node'}): this "
                    "node's ranks would connect to it instead of the main node's store and hang",
                    "stop the program listening on that port on the main node's address, or choose another "
                    "main_process_port for every node")
     if kind == "refused":
         return Row(node, host, "reach main port", FAIL, f"{where} refused the connection{waited}: the main node "
-                   "is not listening there (not started, another address, or it could not bind the port)",
-                   "start every node within the join timeout, and check main_process_ip is the main node's address")
+                   "is not listening there (not started, another address, or it stopped on a finding of its own)",
+                   "start every node within the join timeout, check main_process_ip is the main node's address, "
+                   "and look at the main node's output")
     if kind == "version":
         return Row(node, host, "reach main port", FAIL,
-                   f"{where} answered with another wizard version's preflight ({outcome.get('detail')})",
+                   f"{where} answered with another wizard version's preflight ({detail})",
                    "install the same wizard version on every node (one environment)")
     if kind == "self":
         return Row(node, host, "reach main port", FAIL,
                    f"{where} is not this (main) node: its rendezvous answered with another node's token",
                    "main_process_ip must be an address of the machine with machine_rank 0")
+    if kind == "unresolved":
+        return Row(node, host, "reach main port", FAIL, f"{ip} does not resolve on this node (DNS: {detail})",
+                   "use the main node's IP address as main_process_ip, or make this node resolve the name "
+                   "(/etc/hosts, its DNS search domain)")
+    if kind == "noroute":
+        return Row(node, host, "reach main port", FAIL,
+                   f"this node has no route to {ip}'s network ({detail}): no firewall is involved, the address is "
+                   "on a network this node is not on", f"main_process_ip must be an address of the main node on a "
+                   f"network every node is on (`ip route get {ip}` on this node shows there is none; with several "
+                   "networks, the cluster's internal address)")
+    if kind == "unreachable":
+        return Row(node, host, "reach main port", FAIL,
+                   f"{where}: no route to the host{waited} ({detail}): nothing answers at {ip} on its network (the "
+                   "main node is down, or at another address), or a firewall rejects with host-prohibited",
+                   f"check the main node is up at {ip} (ping it from here), or open TCP port {port} in its firewall")
     return Row(node, host, "reach main port", FAIL,
-               f"{where} could not be reached{waited}: {outcome.get('detail') or 'no answer'} (a firewall, or an "
-               "address this node has no route to)",
+               f"{where} could not be reached{waited}: {detail or 'no answer'}: the packets are dropped on the way "
+               "(a firewall that drops them), or nothing is at that address",
                f"open TCP port {port} (and the ephemeral ports the collectives use) between the nodes, or use an "
-               "address of the main node this node can route to")
+               "address of the main node this node can reach")
 
 
 def joined_rows(expected: int, joined: dict[int, str], duplicates: list[int], waited: float,
-                main_host: str) -> list[Row]:
-    """On the main node: which machine ranks met it at the port (every one of 1..N-1 must)."""
+                main_host: str, stopped_for: str | None = None) -> list[Row]:
+    """On the main node: which machine ranks met it at the port (every one of 1..N-1 must). `stopped_for`: the
+    finding for which the main node stopped waiting early; a node missing then is its consequence, not a finding."""
     rows = []
     for rank in duplicates:
         rows.append(Row(rank, joined.get(rank, "?"), "joined", FAIL,
                         f"two nodes say they are machine_rank {rank}",
                         "give each node its own --machine-rank (under SLURM: $SLURM_NODEID)"))
     for rank in range(1, expected):
-        if rank not in joined:
-            rows.append(Row(rank, "?", "joined", FAIL,
-                            f"node {rank} did not reach the main node ({main_host}) within {waited:g} s",
-                            f"start `wizard preflight --machine-rank {rank}` on that node within --join-timeout, "
-                            "and look at its own table: it names what it could not reach"))
+        if rank in joined:
+            continue
+        if stopped_for:
+            rows.append(Row(rank, "?", "joined", INFO, f"node {rank} had not reached the main node when it stopped "
+                            f"waiting on a finding that stops the run ({stopped_for}); its own output says what it "
+                            "found"))
+            continue
+        rows.append(Row(rank, "?", "joined", FAIL,
+                        f"node {rank} did not reach the main node ({main_host}) within {waited:g} s",
+                        f"start `wizard preflight --machine-rank {rank}` on that node within --join-timeout, "
+                        "and look at its own table: it names what it could not reach"))
     return rows
 
 
@@ -206,35 +225,51 @@ def version_table(per_node: dict[int, dict[str, Any]]) -> tuple[list[str], dict[
     return names, table, differ
 
 
-def version_rows(per_node: dict[int, dict[str, Any]], hosts: dict[int, str]) -> list[Row]:
-    """One row per node: the same versions as the main node, or which packages differ from it and where the
-    node's own interpreter imports them from."""
+def _reference(table: dict[int, dict[str, str]], differ: set[str]) -> tuple[dict[str, str], list[int]]:
+    """The versions most nodes have (node 0's on a tie) and the nodes that have them: at 64 nodes the one that
+    differs is named, not the 63 that differ from it."""
+    from collections import Counter
+    keys = {n: tuple(row[p] for p in sorted(differ)) for n, row in table.items()}
+    counts = Counter(keys.values())
+    best = max(counts.values())
+    ref_node = min(n for n, k in keys.items() if counts[k] == best)
+    return table[ref_node], sorted(n for n, k in keys.items() if k == keys[ref_node])
+
+
+def version_rows(per_node: dict[int, dict[str, Any]], hosts: dict[int, str], expected: int | None = None
+                 ) -> list[Row]:
+    """One row per node that reported: the versions most nodes have, or which packages differ from them and where
+    the node's own interpreter imports them from. `expected`: how many nodes the run has (a node that did not report
+    is not counted as "the same")."""
     names, table, differ = version_table(per_node)
-    base = min(table) if table else 0
     rows = []
+    missing = (expected or len(table)) - len(table)
+    ref, ref_nodes = _reference(table, differ) if differ else ({}, sorted(table))
+    label = f"node {ref_nodes[0]}" if len(ref_nodes) == 1 else f"{len(ref_nodes)} of {len(table)} nodes"
     for node in sorted(table):
         mine = table[node]
         if not differ:
+            every = ("same on every node" if not missing else
+                     f"same on the {len(table)} node{'s' if len(table) != 1 else ''} that reported; {missing} did not")
             rows.append(Row(node, hosts.get(node, "?"), "versions", OK,
                             f"python {mine['python']}, torch {mine['torch']}, deepspeed {mine['deepspeed']}, "
                             f"accelerate {mine['accelerate']}, transformers {mine['transformers']}, peft {mine['peft']}"
-                            " (same on every node)"))
+                            f" ({every})"))
             continue
-        diff = [n for n in names if n in differ and mine[n] != table[base][n]]
-        where = ((per_node[node].get("versions") or {}).get(diff[0]) or {}).get("path") if diff else None
+        diff = [n for n in names if n in differ and mine[n] != ref[n]]
         if not diff:
-            others = [n for n in sorted(table) if n != base and any(table[n][p] != mine[p] for p in differ)]
-            reference = (f"the reference: node{'s' if len(others) > 1 else ''} {', '.join(map(str, others))} "
-                         f"differ{'s' if len(others) == 1 else ''} (versions table below)")
-            rows.append(Row(node, hosts.get(node, "?"), "versions", INFO if node == base else OK,
-                            reference if node == base else "same as node 0"))
+            others = [n for n in sorted(table) if n not in ref_nodes]
+            text = (f"the reference: node{'s' if len(others) > 1 else ''} {', '.join(map(str, others))} "
+                    f"differ{'s' if len(others) == 1 else ''} (versions below)")
+            rows.append(Row(node, hosts.get(node, "?"), "versions", INFO if node == ref_nodes[0] else OK,
+                            text if node == ref_nodes[0] else f"same as {label}"))
             continue
+        where = ((per_node[node].get("versions") or {}).get(diff[0]) or {}).get("path")
         rows.append(Row(node, hosts.get(node, "?"), "versions", FAIL,
-                        "differs from node 0: " + ", ".join(f"{n} {mine[n]} (node 0: {table[base][n]})" for n in diff)
+                        f"differs from {label}: " + ", ".join(f"{n} {mine[n]} ({label}: {ref[n]})" for n in diff)
                         + (f"; imported from {where}" if where else ""),
                         "install the same versions on every node (one image or one environment): " +
-                        " ".join(f"{n}=={table[base][n]}" for n in diff if n in PACKAGES
-                                 and table[base][n] != "not installed")))
+                        " ".join(f"{n}=={ref[n]}" for n in diff if n in PACKAGES and ref[n] != "not installed")))
     return rows
 
 
@@ -352,118 +387,6 @@ def p2p_row(node: int, host: str, facts: dict[str, Any], copies: dict[str, str] 
     return Row(node, host, "GPU P2P", OK, f"{len(copies)} pair{'s' if len(copies) != 1 else ''} copied over {link}")
 
 
-# ----------------------------------------------------------------------------- limits
-
-
-def _version_tuple(text: str | None) -> tuple[int, ...]:
-    return tuple(int(x) for x in re.findall(r"\d+", text or "")[:3])
-
-
-def pins_by_default(deepspeed_version: str | None) -> bool:
-    """The node's DeepSpeed defaults pin_memory to true (DeepSpeed 0.19.5 on, as check rule DS-PIN-MEMORY-MEMLOCK
-    says): read from the node's version, as the node's DeepSpeed is not imported."""
-    from wizard.check.rules.deepspeed_json import PIN_MEMORY_DEFAULT_TRUE_SINCE
-    since = _version_tuple(PIN_MEMORY_DEFAULT_TRUE_SINCE)
-    return bool(deepspeed_version) and _version_tuple(deepspeed_version) >= since
-
-
-def pinned_bytes_per_process(params: int | None, processes: int, blocks: list[str]) -> int | None:
-    """At least the host memory each process page-locks for these offload blocks: check rule DS-PIN-MEMORY-MEMLOCK's
-    lower bound (4 B per parameter of fp32 gradient partition with optimizer offload, 2 B of 16-bit parameter
-    partition with ZeRO-3 parameter offload, over the processes). None: the model is not known."""
-    from wizard.check.rules.deepspeed_json import pinned_bytes_per_process as check_bound
-    return check_bound(params, processes, blocks) if params and blocks else None
-
-
-def limit_rows(node: int, host: str, exp: Expectation, facts: dict[str, Any]) -> list[Row]:
-    lim = facts.get("limits") or {}
-    rows: list[Row] = []
-    if lim.get("timeout"):
-        return [Row(node, host, "limits", FAIL, f"reading the limits hung for {lim['timeout']:g} s (a stuck mount?)",
-                    "check the disks (df) on this node")]
-    ram_total, ram_avail = lim.get("ram_total"), lim.get("ram_available")
-    if exp.host_ram_bytes and ram_avail is not None:
-        need = exp.host_ram_bytes
-        if need > ram_avail:
-            rows.append(Row(node, host, "host RAM", FAIL, f"the plan keeps {fmt_bytes(need)} in host RAM on a node; "
-                            f"{fmt_bytes(ram_avail)} available of {fmt_bytes(ram_total)}",
-                            "free host memory, ask SLURM for more (--mem), or plan a rung that offloads less"))
-        else:
-            rows.append(Row(node, host, "host RAM", OK, f"{fmt_bytes(ram_avail)} available, the plan keeps "
-                            f"{fmt_bytes(need)} there"))
-    elif ram_avail is not None:
-        rows.append(Row(node, host, "host RAM", OK, f"{fmt_bytes(ram_avail)} available of {fmt_bytes(ram_total)}"))
-    rows.append(memlock_row(node, host, exp, facts))
-    rows.extend(disk_rows(node, host, exp, lim))
-    rows.append(shm_row(node, host, exp, lim))
-    return [r for r in rows if r is not None]
-
-
-def memlock_row(node: int, host: str, exp: Expectation, facts: dict[str, Any]) -> Row | None:
-    """ulimit -l against what the offload pins: only GPU processes page-lock host memory (DeepSpeed's CPU
-    accelerator's pin_memory does nothing)."""
-    lim = facts.get("limits") or {}
-    limit = lim.get("memlock")            # bytes; None: unlimited
-    shown = "unlimited" if limit is None else fmt_bytes(limit)
-    ds = ((facts.get("versions") or {}).get("deepspeed") or {}).get("version")
-    blocks = [b for b in exp.pinned_blocks]
-    blocks += [b for b in exp.pin_default_blocks if pins_by_default(ds) and b not in blocks]
-    if not blocks or not exp.uses_gpus:
-        return Row(node, host, "ulimit -l", OK, f"{shown} (nothing pinned by the config)")
-    need = pinned_bytes_per_process(exp.params, exp.processes_per_node * exp.num_machines, blocks)
-    from wizard.check.rules.deepspeed_json import MEMLOCK_FLOOR
-    if limit is None or (need is not None and limit >= need) or (need is None and limit >= MEMLOCK_FLOOR):
-        return Row(node, host, "ulimit -l", OK, f"{shown}" + (f", each process pins at least {fmt_bytes(need)}"
-                                                            if need else ""))
-    why = f"each process pins at least {fmt_bytes(need)}" if need else f"below {fmt_bytes(MEMLOCK_FLOOR)}"
-    return Row(node, host, "ulimit -l", FAIL,
-               f"{shown}: CPU offload ({', '.join('offload_' + b for b in blocks)}) pins its host buffers "
-               f"(DeepSpeed {ds or '?'}), and {why}",
-               "`ulimit -l unlimited` before the launch (SLURM: PropagateResourceLimits, or the node's "
-               "limits.conf `* - memlock unlimited`), or \"pin_memory\": false in the offload block")
-
-
-def disk_rows(node: int, host: str, exp: Expectation, lim: dict[str, Any]) -> list[Row]:
-    rows = []
-    disks = lim.get("disk") or {}
-    for label, path, need in (("checkpoint disk", lim.get("cwd"), exp.checkpoint_bytes),
-                              ("NVMe offload disk", exp.nvme_path, exp.nvme_bytes)):
-        if not path:
-            continue
-        free = disks.get(path)
-        if free is None:
-            rows.append(Row(node, host, label, FAIL if label.startswith("NVMe") else WARN,
-                            f"{path}: cannot read its free space (missing?)",
-                            "create the directory on this node (a local path exists per node)"))
-            continue
-        if need and free < need:
-            what = "the plan needs" if label.startswith("NVMe") else "a checkpoint with optimizer states takes"
-            rows.append(Row(node, host, label, FAIL if label.startswith("NVMe") else WARN,
-                            f"{fmt_bytes(free)} free at {path}; {what} {fmt_bytes(need)}",
-                            "free space there, or point the output/NVMe path at a larger disk"))
-        else:
-            rows.append(Row(node, host, label, OK, f"{fmt_bytes(free)} free at {path}"
-                            + (f" (needs {fmt_bytes(need)})" if need else "")))
-    return rows
-
-
-def shm_row(node: int, host: str, exp: Expectation, lim: dict[str, Any]) -> Row:
-    shm = lim.get("shm_total")
-    if shm is None:
-        return Row(node, host, "/dev/shm", WARN, "no /dev/shm here",
-                   "mount a tmpfs at /dev/shm (docker: --shm-size=8g)")
-    text = f"{fmt_bytes(shm)}"
-    several = exp.uses_gpus and exp.processes_per_node > 1
-    if several and shm < SHM_FAIL_BYTES:
-        return Row(node, host, "/dev/shm", FAIL, f"{text}: NCCL's shared-memory transport between this node's "
-                   "GPUs fails to create its segments", "docker --shm-size=8g (or --ipc=host); in Kubernetes an "
-                   "emptyDir with medium: Memory at /dev/shm")
-    if shm < SHM_WARN_BYTES:
-        return Row(node, host, "/dev/shm", WARN, f"{text}: DataLoader workers (and NCCL between GPUs) run short",
-                   "--shm-size=8g (docker), or fewer dataloader_num_workers")
-    return Row(node, host, "/dev/shm", OK, text)
-
-
 # ----------------------------------------------------------------------------- NCCL / gloo environment
 
 
@@ -558,118 +481,4 @@ def parse_nccl_log(text: str) -> dict[str, Any]:
                     out["warnings"].append(m.group(1).strip())
             else:
                 out.setdefault(key, m.group(1).strip())
-    return out
-
-
-# ----------------------------------------------------------------------------- collectives
-
-
-def busbw_gbps(nbytes: int, seconds: float, ranks: int) -> float:
-    """An all-reduce's bus bandwidth in Gb/s (nccl-tests' definition: algbw x 2(n-1)/n), comparable with a link's
-    line rate whatever the number of ranks."""
-    if seconds <= 0 or ranks < 2:
-        return 0.0
-    return nbytes / seconds * 2 * (ranks - 1) / ranks * 8 / 1e9
-
-
-def collective_rows(node: int, host: str, exp: Expectation, result: dict[str, Any] | None,
-                    backend: str) -> list[Row]:
-    """The all-reduce rows this node ran: within the node (its own processes) and across the nodes (one process
-    per node: the network between machines, what the plan's inter-node figure stands for)."""
-    if result is None:
-        return []
-    if result.get("timeout"):
-        return [Row(node, host, f"all-reduce ({backend})", FAIL,
-                    f"the {backend} all-reduce did not finish within {result['timeout']:g} s: a collective that hangs "
-                    "here hangs training (the NCCL watchdog would abort it after 30 min)",
-                    "look at the NCCL_SOCKET_IFNAME / firewall rows above; NCCL_DEBUG=INFO shows where it waits")]
-    if result.get("error"):
-        return [Row(node, host, f"all-reduce ({backend})", FAIL, f"{backend} failed: {result['error']}",
-                    "the NCCL_/GLOO_ interface rows and the reach row say why; NCCL_DEBUG=INFO says more")]
-    rows = []
-    nccl = result.get("nccl_log") or {}
-    via = f" via {nccl['network']} ({nccl.get('socket') or nccl.get('ib') or '?'})" if nccl.get("network") else ""
-    for scope in ("node", "across"):
-        s = (result.get("scopes") or {}).get(scope)
-        if not s:
-            continue
-        label = f"all-reduce {'within node' if scope == 'node' else 'across nodes'}"
-        if s.get("ranks", 0) < 2:
-            rows.append(Row(node, host, label, INFO, f"{s.get('ranks', 1)} process: nothing to measure"))
-            continue
-        gbps = s["busbw_gbps"]
-        text = (f"{backend}, {s['ranks']} ranks, {fmt_bytes(s['bytes'])} x {s['iterations']}: {s['seconds'] * 1e3:.1f} "
-                f"ms each, bus bandwidth {gbps:.2f} Gb/s ({gbps / 8:.2f} GB/s){via if scope == 'across' else ''}")
-        if scope == "across" and exp.assumed_gbps:
-            share = gbps / exp.assumed_gbps
-            text += f"; the plan assumed {exp.assumed_gbps:g} Gb/s ({exp.assumed_source})"
-            if share < BANDWIDTH_WARN_SHARE:
-                rows.append(Row(node, host, label, WARN, text + f": {share:.0%} of it",
-                                "the plan's step times are too fast for this network: `wizard preflight --record` "
-                                "stores the measurement and the next `wizard plan` uses it (or --inter-node-gbps)"))
-                continue
-        rows.append(Row(node, host, label, OK, text))
-    for w in nccl.get("warnings") or []:
-        rows.append(Row(node, host, "NCCL warning", WARN, w, "NCCL_DEBUG=INFO on this node shows the context"))
-    return rows
-
-
-# ----------------------------------------------------------------------------- verdict and table
-
-
-def exit_code(rows: list[Row]) -> int:
-    return 1 if any(r.status == FAIL for r in rows) else 0
-
-
-def verdict(rows: list[Row], nodes: int) -> str:
-    fails = [r for r in rows if r.status == FAIL]
-    warns = [r for r in rows if r.status == WARN]
-    if fails:
-        first = fails[0]
-        return (f"preflight: {len(fails)} finding{'s' if len(fails) != 1 else ''} that "
-                f"stop{'s' if len(fails) == 1 else ''} the run "
-                f"(first: node {first.node} {first.check}); fix {'it' if len(fails) == 1 else 'them'} before "
-                "launching")
-    tail = f", {len(warns)} warning{'s' if len(warns) != 1 else ''}" if warns else ""
-    return f"preflight: all clear on {nodes} node{'s' if nodes != 1 else ''}{tail}"
-
-
-MARK = {OK: "ok", INFO: "--", WARN: "WARN", FAIL: "FAIL"}
-
-
-def render_table(rows: list[Row], width: int = 120) -> list[str]:
-    """One row per check per node: node, check, status, what was found; the fix on the line below a finding."""
-    import textwrap
-    # every cell may hold what another node sent (its host name, versions, paths, NCCL's words): escaped, so no
-    # control character or newline from the network reaches the terminal or starts a line of its own
-    cells = [(printable(f"{r.node} {r.host}", 80), printable(r.check, 60), r.status, printable(r.detail, 2000),
-              printable(r.fix, 2000) if r.fix else None) for r in rows]
-    head = ("node", "check", "", "result")
-    cw = [max([len(head[0])] + [len(c[0]) for c in cells]), max([len(head[1])] + [len(c[1]) for c in cells]), 4]
-    indent = cw[0] + cw[1] + cw[2] + 6
-    wrap = max(40, width - indent)
-    out = [f"{head[0]:<{cw[0]}}  {head[1]:<{cw[1]}}  {head[2]:<{cw[2]}}  {head[3]}"]
-    for who, check, status, detail, fix in cells:
-        lines = textwrap.wrap(detail, wrap) or [""]
-        out.append(f"{who:<{cw[0]}}  {check:<{cw[1]}}  {MARK[status]:<{cw[2]}}  {lines[0]}")
-        out += [" " * indent + line for line in lines[1:]]
-        if fix and status in (WARN, FAIL):
-            out += [" " * indent + line for line in textwrap.wrap("fix: " + fix, wrap)]
-    return out
-
-
-def render_versions(per_node: dict[int, dict[str, Any]]) -> list[str]:
-    """The versions table, only when nodes differ: package x node, the differing rows marked."""
-    names, table, differ = version_table(per_node)
-    if not differ:
-        return []
-    table = {n: {p: printable(v, 60) for p, v in row.items()} for n, row in table.items()}    # another node's words
-    nodes = sorted(table)
-    w = max(len(n) for n in names) + 2
-    cols = [max(len(f"node {n}"), *(len(table[n][p]) for p in names)) + 2 for n in nodes]
-    out = ["versions (differing rows marked *):",
-           (" " * (w + 2) + "".join(f"{'node ' + str(n):<{c}}" for n, c in zip(nodes, cols))).rstrip()]
-    for p in names:
-        out.append((f"{'*' if p in differ else ' '} {p:<{w}}" +
-                    "".join(f"{table[n][p]:<{c}}" for n, c in zip(nodes, cols))).rstrip())
     return out

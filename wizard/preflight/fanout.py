@@ -172,26 +172,25 @@ class Remote:
         return self.log.read().decode("utf-8", "replace")
 
     def stop(self) -> None:
+        """SIGTERM first (ssh closes the remote session), then the session is killed and forgotten."""
+        from wizard.preflight import children
         if self.proc.poll() is None:
             try:
                 os.killpg(self.proc.pid, signal.SIGTERM)
                 self.proc.wait(5)
             except (OSError, subprocess.TimeoutExpired):
-                try:
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                except OSError:
-                    pass
-                self.proc.wait()
+                pass
+        children.end(self.proc)
 
 
 def start_remotes(argvs: dict[int, tuple[str, list[str]]], secret: Secret) -> list[Remote]:
     """Start each host's preflight; the run's secret goes down ssh's stdin (one line, then EOF): ssh carries it
     encrypted, and no command line (which `ps` shows every user, here and there) ever holds it."""
+    from wizard.preflight import children
     remotes = []
     for rank, (host, argv) in sorted(argvs.items()):
         log = tempfile.TemporaryFile()
-        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = children.spawn(argv, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT)
         try:
             assert proc.stdin is not None
             proc.stdin.write(secret.key + b"\n")
@@ -300,18 +299,18 @@ def rank0_row(hosts: list[str], main_ip: str | None, config_file: str) -> Row | 
 
 def fan_out(opts, accel: dict[str, Any], launcher: str, run: Callable, progress: Callable[[str], None]):
     """The main node's preflight for a launcher that starts every node from here: each other host of the hostfile
-    runs its own over ssh while this one runs `run(opts)` (wizard.preflight.run.preflight) as rank 0."""
-    from wizard.preflight import checks
-    from wizard.preflight.run import expectation
+    runs its own over ssh while this one runs `run(opts)` (wizard.preflight.meet.preflight) as rank 0."""
+    from wizard.preflight import report
+    from wizard.preflight.expect import expectation
     hosts, problem = plan_hosts(accel, opts.config_file)
     if problem is None:
         problem = rank0_row(hosts, opts.main_ip or str(accel.get("main_process_ip") or "") or None,
                             opts.config_file)
     if problem is not None:
         exp = expectation(opts.config_file, opts.main_ip, opts.main_port)
-        from wizard.preflight.run import Result
-        rows = [problem]
-        return Result(0, True, rows, checks.exit_code(rows), checks.verdict(rows, exp.num_machines), exp)
+        from wizard.preflight.run import finish
+        here = {"host": socket.gethostname()}
+        return finish(0, True, [problem], exp, {0: here}, {}, "gloo")
     main_ip = opts.main_ip or str(accel.get("main_process_ip") or "") or hosts[0]
     try:
         port = opts.main_port or int(accel.get("main_process_port") or 29500)
@@ -356,9 +355,9 @@ def fan_out(opts, accel: dict[str, Any], launcher: str, run: Callable, progress:
             row.fix = (f"it was started over ssh from here and ran without reaching the main node at "
                        f"{main_ip}:{port}: what it said is above the table")
         kept.append(row)
-    result.rows = sorted(kept + extra, key=lambda row: row.node)
-    result.exit_code = checks.exit_code(result.rows)
-    result.verdict = checks.verdict(result.rows, result.expectation.num_machines)
+    result.rows = report.ordered(kept + extra)
+    result.exit_code = report.exit_code(result.rows)
+    result.verdict = report.verdict(result.rows, result.expectation.num_machines)
     for r in remotes:
         r.log.close()
     return result

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from wizard.preflight import measure
 from wizard.schema import (
     INT64_MAX,
     Bad,
@@ -92,6 +93,37 @@ class Gpu:
     name: str = spec(text, required=True)
     memory_total: int = spec(size, required=True)
     memory_free: int | None = spec(size)
+    pci_bus_id: str | None = spec(text)
+
+
+@dataclass(frozen=True)
+class Health:
+    """nvml_api.GpuHealth, by the GPU's CUDA index."""
+    index: int = spec(small, required=True)
+    ecc_enabled: bool | None = spec(flag)
+    ecc_uncorrected_volatile: int | None = spec(size)
+    ecc_uncorrected_aggregate: int | None = spec(size)
+    ecc_corrected_volatile: int | None = spec(size)
+    retired_pages: int | None = spec(size)
+    retired_pending: bool | None = spec(flag)
+    remapped_correctable: int | None = spec(size)
+    remapped_uncorrectable: int | None = spec(size)
+    remap_pending: bool | None = spec(flag)
+    remap_failed: bool | None = spec(flag)
+    clock_events: tuple | None = spec(list_of(text, "reasons", most=64))
+
+
+@dataclass(frozen=True)
+class Xid:
+    pci: str = spec(text, required=True)
+    xid: int = spec(small, required=True)
+    text: str | None = spec(text)
+
+
+@dataclass(frozen=True)
+class KernelXids:
+    xids: tuple | None = spec(list_of(record(Xid), "XID records", most=100_000))
+    unreadable: str | None = spec(text)
 
 
 @dataclass(frozen=True)
@@ -103,6 +135,33 @@ class Gpus:
     p2p: tuple | None = spec(list_of(list_of(text, "links"), "rows", most=4096))
     consumer: bool = spec(flag, False)
     reason: str | None = spec(text)
+    health: tuple = spec(list_of(record(Health), "GPUs' health", most=4096), factory=tuple)
+    kernel_xids: KernelXids | None = spec(record(KernelXids))
+
+
+@dataclass(frozen=True)
+class Space:
+    """node.space(): a directory's file system."""
+    path: str | None = spec(text)
+    at: str | None = spec(text)
+    total: int | None = spec(size)
+    free: int | None = spec(size)
+    writable: bool | None = spec(flag)
+    write_error: str | None = spec(text)
+    error: str | None = spec(text)
+
+
+def _soft_hard(v: Any) -> tuple:
+    """[soft, hard], each a count or null (unlimited)."""
+    if not (isinstance(v, list) and len(v) == 2):
+        raise Bad("[soft, hard]")
+    return tuple(nullable(size)(x) for x in v)
+
+
+def _pids(v: Any) -> tuple:
+    if not (isinstance(v, list) and len(v) == 2):
+        raise Bad("[pids.max, pids.current]")
+    return tuple(size(x) for x in v)
 
 
 @dataclass(frozen=True)
@@ -113,6 +172,13 @@ class Limits:
     cwd: str | None = spec(text)
     disk: dict = spec(map_of(_text_key, nullable(size), "paths to free bytes"), factory=dict)
     shm_total: int | None = spec(size)
+    shm: Space | None = spec(record(Space))
+    checkpoint: Space | None = spec(record(Space))
+    nofile: tuple | None = spec(_soft_hard)
+    nproc: tuple | None = spec(_soft_hard)
+    user_threads: int | None = spec(size)
+    pids: tuple | None = spec(_pids)
+    root: bool | None = spec(flag)
 
 
 @dataclass(frozen=True)
@@ -149,22 +215,47 @@ class Facts:
 # ----------------------------------------------------------------------------- the collective's result
 
 
-def _scope(v: Any) -> dict:
-    """One all-reduce scope: {"ranks": 1} when there was nothing to measure, else every figure."""
-    if not isinstance(v, dict):
-        raise Bad("an object")
-    ranks = small(v.get("ranks"))
-    if ranks < 2:
-        return {"ranks": ranks}
-    return {"ranks": ranks, **build_fields(Scope, v)}
+bandwidth = number(0.0, 1e12, "a bandwidth in Gb/s")
+
+
+@dataclass(frozen=True)
+class OpRun:
+    """One operation at one size (collective.time_op): its figures, or why it could not run."""
+    bytes: int = spec(size, required=True)
+    samples: int | None = spec(small)
+    seconds: float | None = spec(seconds)
+    busbw_gbps: float | None = spec(bandwidth)
+    low_gbps: float | None = spec(bandwidth)
+    high_gbps: float | None = spec(bandwidth)
+    check: str | None = spec(text)
+    unsupported: str | None = spec(text)
 
 
 @dataclass(frozen=True)
 class Scope:
+    ranks: int = spec(small, required=True)
+    ops: dict = spec(map_of(one_of(*measure.OPS), list_of(record(OpRun), "sizes", most=64), "operations to runs"),
+                     factory=dict)
+
+
+@dataclass(frozen=True)
+class Link:
+    """One measurement of the ring pass (collective.ring_pass)."""
+    k: int = spec(small, required=True)
+    to: int = spec(rank, required=True)
+    frm: int = spec(rank, required=True, key="from")
     bytes: int = spec(size, required=True)
-    iterations: int = spec(small, required=True)
-    seconds: float = spec(seconds, required=True)
-    busbw_gbps: float = spec(number(0.0, 1e12, "a bandwidth in Gb/s"), required=True)
+    gbps: float = spec(bandwidth, required=True)
+    low_gbps: float | None = spec(bandwidth)
+    high_gbps: float | None = spec(bandwidth)
+    samples: int | None = spec(small)
+    check: str | None = spec(text)
+
+
+def _xid_event(v: Any) -> tuple:
+    if not (isinstance(v, list) and len(v) == 2):
+        raise Bad("[GPU index, XID]")
+    return integer(-1, 1 << 16, "a GPU index")(v[0]), small(v[1])
 
 
 @dataclass(frozen=True)
@@ -185,14 +276,12 @@ class Collective:
     torch: str | None = spec(text)
     nccl_version: str | None = spec(text)
     p2p: dict = spec(map_of(_text_key, text, "GPU pairs to what their copy did"), factory=dict)
-    scopes: dict = spec(map_of(one_of("node", "across"), _scope, "scopes to figures"), factory=dict)
+    scopes: dict = spec(map_of(one_of("node", "across"), record(Scope), "scopes to figures"), factory=dict)
+    ring: tuple = spec(list_of(record(Link), "ring measurements", most=64), factory=tuple)
+    xids: tuple = spec(list_of(_xid_event, "XID events", most=10_000), factory=tuple)
+    what: str | None = spec(text)
     nccl_log: NcclLog | None = spec(record(NcclLog))
-
-
-def build_fields(cls: type, v: dict[str, Any]) -> dict[str, Any]:
-    """cls's checked fields of v, as a dict (for a check that returns plain data)."""
-    from dataclasses import asdict
-    return asdict(record(cls)(v))
+    cancelled: str | None = spec(text)
 
 
 # ----------------------------------------------------------------------------- the messages
@@ -208,8 +297,8 @@ class Hello:
 
 @dataclass(frozen=True)
 class Reach:
-    kind: str = spec(one_of("ok", "refused", "timeout", "unreachable", "foreign", "self", "version",
-                            "unauthenticated"), required=True)
+    kind: str = spec(one_of("ok", "refused", "timeout", "unreachable", "noroute", "unresolved", "foreign", "self",
+                            "version", "unauthenticated"), required=True)
     seconds: float | None = spec(seconds)
     detail: str | None = spec(text)
     pid: int | None = spec(small)
@@ -230,14 +319,28 @@ class Go:
 
 
 @dataclass(frozen=True)
+class RowMsg:
+    """A row of the table (checks.Row), as the main node sends a node the ones about it and the cause."""
+    node: int = spec(rank, required=True)
+    host: str = spec(text, required=True)
+    check: str = spec(text, required=True)
+    status: str = spec(one_of("ok", "info", "warn", "fail"), required=True)
+    detail: str = spec(text, required=True)
+    fix: str | None = spec(text)
+
+
+@dataclass(frozen=True)
 class FromMain:
-    """What the main node sends a node after it joined: the collective's go (or why it is skipped), an abort, the
-    verdict."""
+    """What the main node sends a node after it joined: the collective's go (or why it is skipped), a stop of the
+    collective under way (another node's failed: the cause), an abort, the verdict with the rows about this node
+    and the cause."""
     go: Go | None = spec(record(Go))
     skip: str | None = spec(text)
+    stop: str | None = spec(text)
     abort: str | None = spec(text)
     verdict: str | None = spec(text)
     exit_code: int | None = spec(integer(0, 255, "an exit code (0-255)"))
+    rows: tuple = spec(list_of(record(RowMsg), "rows", most=10_000), factory=tuple)
     welcome: str | None = spec(hexdigest)
 
 

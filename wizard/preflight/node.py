@@ -1,5 +1,5 @@
 """One node's facts, gathered by the node's own interpreter: `python -m wizard.preflight.node --main-host H
-[--path P ...] [--timeout S]` prints one JSON object.
+[--path P ...] [--checkpoint-dir D] [--timeout S]` prints one JSON object.
 
 It runs as a child of `wizard preflight` (which kills it past its deadline) with the environment the launch would
 give the training, so the versions are those the node's training would import: the module `find_spec` locates
@@ -113,19 +113,77 @@ def versions() -> dict[str, Any]:
 
 
 def gpus() -> dict[str, Any]:
-    """Through the NVML interface (the fake one where WIZARD_FAKE_NVML is set), as `wizard probe` reads them."""
+    """Through the NVML interface (the fake one where WIZARD_FAKE_NVML is set), as `wizard probe` reads them, with
+    each GPU's health (health.py judges it) and the XID errors the kernel log holds since boot."""
     from wizard.probe import hardware
     from wizard.probe.catalogue import match_device
     hw = hardware.Hardware(source="probe")
     hardware._probe_gpus(hw)
     consumer = any(getattr(match_device(g.name, g.memory_total), "consumer", False) for g in hw.gpus)
-    return {"gpus": [{"index": g.index, "name": g.name, "memory_total": g.memory_total, "memory_free": g.memory_free}
-                     for g in hw.gpus],
-            "driver": hw.driver_version, "cuda": hw.cuda_version, "nvlink": hw.nvlink, "p2p": hw.p2p,
-            "consumer": consumer, "reason": hw.gpu_reason}
+    out = {"gpus": [{"index": g.index, "name": g.name, "memory_total": g.memory_total, "memory_free": g.memory_free,
+                     "pci_bus_id": g.pci_bus_id} for g in hw.gpus],
+           "driver": hw.driver_version, "cuda": hw.cuda_version, "nvlink": hw.nvlink, "p2p": hw.p2p,
+           "consumer": consumer, "reason": hw.gpu_reason}
+    if hw.gpus:
+        out["health"] = gpu_health({g.nvml_index: g.index for g in hw.gpus if g.nvml_index is not None})
+        out["kernel_xids"] = kernel_xids()
+    return out
 
 
-def limits(paths: list[str]) -> dict[str, Any]:
+def gpu_health(cuda_index_of: dict[int, int]) -> list[dict[str, Any]]:
+    """NVML's health of the GPUs the training sees, by their CUDA index."""
+    from dataclasses import asdict
+
+    from wizard.probe.nvml import open_nvml
+    api = open_nvml()
+    try:
+        out = []
+        for h in api.health():
+            if h.index in cuda_index_of:
+                entry = asdict(h)
+                entry["index"] = cuda_index_of[h.index]
+                entry["clock_events"] = list(h.clock_events) if h.clock_events is not None else None
+                out.append(entry)
+        return out
+    finally:
+        api.close()
+
+
+KMSG = "/dev/kmsg"
+KMSG_MAX_RECORDS = 200_000
+
+
+def kernel_xids(path: str | None = None) -> dict[str, Any]:
+    """The NVIDIA driver's XID lines in the kernel log since boot (health.parse_xids reads them); {"unreadable":
+    why} where this user may not read it (kernel.dmesg_restrict, a container)."""
+    from wizard.preflight.health import parse_xids
+    path = path or KMSG
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        return {"unreadable": f"{path}: {exc.strerror or exc}"}
+    lines = []
+    try:
+        for _ in range(KMSG_MAX_RECORDS):
+            try:
+                record = os.read(fd, 8192)
+            except BlockingIOError:          # the end of the buffer
+                break
+            except OSError as exc:
+                if exc.errno == 32:          # EPIPE: records overwritten while reading; go on from the next
+                    continue
+                break
+            if not record:
+                break
+            text = record.decode("utf-8", "replace")
+            if "Xid" in text:
+                lines.append(text.split(";", 1)[-1].strip())
+    finally:
+        os.close(fd)
+    return {"xids": parse_xids(lines)}
+
+
+def limits(paths: list[str], checkpoint_dir: str | None = None, shm_path: str = "/dev/shm") -> dict[str, Any]:
     import shutil
 
     import psutil
@@ -144,12 +202,89 @@ def limits(paths: list[str]) -> dict[str, Any]:
             disk[p] = shutil.disk_usage(p).free
         except OSError:
             disk[p] = None
-    try:
-        shm = shutil.disk_usage("/dev/shm").total
-    except OSError:
-        shm = None
+    shm = space(shm_path)
     return {"ram_total": total, "ram_available": avail, "memlock": memlock_limit(), "cwd": cwd, "disk": disk,
-            "shm_total": shm}
+            "shm_total": shm.get("total"), "shm": shm, "checkpoint": space(checkpoint_dir or cwd),
+            **process_limits()}
+
+
+def space(path: str) -> dict[str, Any]:
+    """A directory's file system: its size, what this user may still write there (statvfs' f_bavail: the root
+    reserve excluded) and whether a file can be created in it. A directory that does not exist yet (the Trainer
+    makes its output_dir) is judged by the nearest one above it that does."""
+    from wizard.fsutil import nearest_existing
+    at = nearest_existing(path)
+    out: dict[str, Any] = {"path": path, "at": at}
+    try:
+        st = os.statvfs(at)
+    except OSError as exc:
+        return {**out, "error": exc.strerror or str(exc)}
+    out.update(total=st.f_blocks * st.f_frsize, free=st.f_bavail * st.f_frsize)
+    out["writable"], out["write_error"] = _can_write(at)
+    return out
+
+
+def _can_write(directory: str) -> tuple[bool, str | None]:
+    """Create, write one byte to and remove a file there (a read-only or full file system says so here)."""
+    import tempfile
+    try:
+        with tempfile.NamedTemporaryFile(dir=directory, prefix=".wizard-preflight-") as f:
+            f.write(b"\0")
+            f.flush()
+    except OSError as exc:
+        return False, exc.strerror or str(exc)
+    return True, None
+
+
+def process_limits() -> dict[str, Any]:
+    """Open files per process (RLIMIT_NOFILE) and processes per user (RLIMIT_NPROC, which counts threads), soft and
+    hard (None: unlimited), with this user's threads now; the cgroup's pids.max (a container's, a SLURM job's)."""
+    import resource
+    out: dict[str, Any] = {}
+    for key, which in (("nofile", resource.RLIMIT_NOFILE), ("nproc", resource.RLIMIT_NPROC)):
+        soft, hard = resource.getrlimit(which)
+        out[key] = [None if soft == resource.RLIM_INFINITY else soft, None if hard == resource.RLIM_INFINITY else hard]
+    out["user_threads"] = user_threads()
+    out["root"] = os.geteuid() == 0             # RLIMIT_NPROC does not hold root
+    out["pids"] = cgroup_pids()
+    return out
+
+
+def user_threads() -> int | None:
+    import psutil
+    me, count = os.getuid(), 0
+    try:
+        for p in psutil.process_iter(["uids", "num_threads"]):
+            uids = p.info.get("uids")
+            if uids and uids.real == me:
+                count += p.info.get("num_threads") or 1
+    except psutil.Error:
+        return None
+    return count
+
+
+def cgroup_pids(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup") -> list[int] | None:
+    """[pids.max, pids.current] of this process's cgroup (v2, or v1's pids controller) when it is limited."""
+    try:
+        with open(proc_cgroup, encoding="utf-8") as f:
+            entries = [line.strip().split(":", 2) for line in f]
+    except OSError:
+        return None
+    for parts in entries:
+        if len(parts) != 3 or not (parts[0] == "0" or "pids" in parts[1].split(",")):
+            continue
+        base = os.path.join(root, parts[2].lstrip("/")) if parts[0] == "0" else \
+            os.path.join(root, "pids", parts[2].lstrip("/"))
+        try:
+            with open(os.path.join(base, "pids.max"), encoding="utf-8") as f:
+                limit = f.read().strip()
+            with open(os.path.join(base, "pids.current"), encoding="utf-8") as f:
+                current = int(f.read().strip())
+        except (OSError, ValueError):
+            continue
+        if limit != "max":
+            return [int(limit), current]
+    return None
 
 
 NCCL_ENV_PREFIXES = ("NCCL_", "GLOO_", "TP_SOCKET_IFNAME")
@@ -182,9 +317,10 @@ def _resolve_or_error(host: str) -> dict[str, Any]:
         return {"error": exc.strerror or str(exc)}
 
 
-def gather(main_host: str | None, paths: list[str], timeout: float) -> dict[str, Any]:
+def gather(main_host: str | None, paths: list[str], timeout: float, checkpoint_dir: str | None = None
+           ) -> dict[str, Any]:
     facts: dict[str, Any] = {"host": socket.gethostname(), "pid": os.getpid()}
-    jobs = {"versions": versions, "gpus": gpus, "limits": lambda: limits(paths), "net": network}
+    jobs = {"versions": versions, "gpus": gpus, "limits": lambda: limits(paths, checkpoint_dir), "net": network}
     if main_host:
         jobs["resolve"] = lambda: _resolve_or_error(main_host)
     # in parallel: the deadline is per fact, and together they take the slowest one's time
@@ -206,9 +342,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m wizard.preflight.node")
     p.add_argument("--main-host", default=None)
     p.add_argument("--path", action="append", default=[])
+    p.add_argument("--checkpoint-dir", default=None)
     p.add_argument("--timeout", type=float, default=10.0)
     a = p.parse_args(argv)
-    print(json.dumps(gather(a.main_host, a.path, a.timeout), default=str))
+    print(json.dumps(gather(a.main_host, a.path, a.timeout, a.checkpoint_dir), default=str))
     sys.stdout.flush()
     os._exit(0)             # a fact thread that hangs must not keep this process alive
 

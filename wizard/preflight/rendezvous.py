@@ -14,9 +14,13 @@ BANNER_TIMEOUT_S that it is not the main node's rendezvous. Then:
 
 and the preflight's own messages (run.py). Nobody who lacks the secret joins, nor learns the facts; the secret never
 crosses the wire. Everything read is bounded (MAX_LINE_BYTES a line, read in linear time; MAX_GREETING connections
-being greeted at once, each within AUTH_TIMEOUT_S) and checked against messages.py before use. Every wait has a
-deadline. At the end the clients close first (the server waits for their EOF), so the connections' TIME_WAIT is on
-the clients' side and the main node's port is free for torch's store the moment the launch starts it.
+being greeted at once, each within AUTH_TIMEOUT_S: past that the server stops accepting until one is done, the
+kernel's backlog holding the others, so 64 nodes arriving at once all get in; MAX_GREETING_PER_ADDRESS from one
+address, past which it refuses) and checked against messages.py before use. Once a node joined, one thread per
+node reads what it sends into the server's inbox, so the main node hears a failure (or a node's end: EOF) the
+moment it comes, whatever it waits for. Every wait has a deadline. At the end the clients close first (the server
+waits for their EOF), so the connections' TIME_WAIT is on the clients' side and the main node's port is free for
+torch's store the moment the launch starts it.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import queue
 import socket
 import threading
 import time
@@ -34,7 +39,7 @@ from wizard.preflight import messages
 from wizard.preflight.secret import Secret, nonce, proof, verify
 
 PROTOCOL = "wizard-preflight/"
-BANNER = PROTOCOL + "2"
+BANNER = PROTOCOL + "3"           # 3: the main node stops a collective under way, and sends each node its rows
 BANNER_TIMEOUT_S = 3.0
 AUTH_TIMEOUT_S = 10.0           # a connection proves the secret within this, or is closed
 JOIN_MESSAGE_TIMEOUT_S = 30.0   # a proven node sends its facts within this
@@ -42,11 +47,55 @@ RETRY_S = 0.5
 MAX_LINE_BYTES = 1 << 20        # a node's facts are a few KiB; nothing the preflight sends comes near
 MAX_GREETING = 32               # connections being greeted at once (each holds a thread and up to a line)...
 MAX_GREETING_PER_ADDRESS = 4    # ...and from one address: a flood from one host cannot take every slot
+BACKLOG = 1024                  # connections the kernel holds while MAX_GREETING are being greeted
 MAX_REFUSALS_KEPT = 20
 
 
 def send(sock: socket.socket, msg: dict[str, Any]) -> None:
     sock.sendall((json.dumps(msg, default=str) + "\n").encode())
+
+
+class Inbox:
+    """A node's side after it joined: what the main node sends, read by a thread into a queue and checked against
+    messages.FromMain, so the node hears a stop while its collective runs."""
+
+    def __init__(self, reader: "LineReader"):
+        self.reader = reader
+        self.queue: queue.Queue = queue.Queue()
+        self.ended = False          # the main node's end closed (or the connection broke)
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        while True:
+            try:
+                raw = self.reader.read(time.monotonic() + 3600)
+            except ValueError as exc:
+                self.queue.put((None, f"the main node sent a message that is not valid ({exc})"))
+                return
+            if raw is None:
+                if self.reader.eof:
+                    self.ended = True
+                    self.queue.put((None, None))
+                    return
+                continue
+            msg, problem = messages.check(messages.FromMain, raw)
+            self.queue.put((msg, f"the main node sent a message that is not valid ({problem})" if problem else None))
+            if problem:
+                return
+
+    def next(self, deadline: float, wanted: Callable[[Any], bool] = lambda m: True) -> tuple[Any, str | None]:
+        """The next message `wanted` takes, by the deadline: (it, None); (None, None) at EOF or the deadline; (None,
+        what is wrong) for a message that is not valid."""
+        while True:
+            try:
+                msg, bad = self.queue.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                return None, None
+            if bad or msg is None:
+                self.queue.put((msg, bad))          # EOF and a bad message stay for the next reader
+                return None, bad
+            if wanted(msg):
+                return msg, None
 
 
 class LineReader:
@@ -57,6 +106,7 @@ class LineReader:
         self.buf = bytearray()
         self.scanned = 0            # bytes of buf already known to hold no newline
         self.limit = limit
+        self.eof = False            # the other end closed (or the connection broke): nothing more will come
 
     def read(self, deadline: float) -> dict[str, Any] | None:
         """The next JSON line before the (monotonic) deadline; None on EOF or timeout; ValueError on a line that
@@ -71,14 +121,16 @@ class LineReader:
             left = deadline - time.monotonic()
             if left <= 0:
                 return None
-            self.sock.settimeout(left)
             try:
+                self.sock.settimeout(left)
                 chunk = self.sock.recv(65536)
             except (socket.timeout, TimeoutError):
                 return None
             except OSError:
+                self.eof = True
                 return None
             if not chunk:
+                self.eof = True
                 return None
             self.buf += chunk
         line = bytes(self.buf[:nl])
@@ -132,7 +184,7 @@ class Server:
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             self.sock.bind((host, port))
-            self.sock.listen(64)
+            self.sock.listen(BACKLOG)
         except OSError:
             self.sock.close()
             raise
@@ -143,13 +195,20 @@ class Server:
         self.refused_count = 0
         self.greeting: dict[str, int] = {}      # address -> connections being greeted from it
         self.lock = threading.Lock()
-        self.closed = False
+        self.slot = threading.Condition(self.lock)     # a greeting ended
+        self.inbox: queue.Queue = queue.Queue()         # (rank, message or None at EOF) from joined nodes
+        self.ended: set[int] = set()                    # joined nodes whose connection ended
+        self.accepting = True                           # until finish(): the port is torch's from then on
+        self.closed = False                             # until close(): the nodes' readers stop
         self.thread = threading.Thread(target=self._accept, daemon=True)
         self.thread.start()
 
     def _accept(self) -> None:
         self.sock.settimeout(0.5)
-        while not self.closed:
+        while self.accepting:
+            with self.slot:             # every greeting slot taken: the kernel's backlog holds the next ones
+                while sum(self.greeting.values()) >= MAX_GREETING and self.accepting:
+                    self.slot.wait(0.5)
             try:
                 conn, addr = self.sock.accept()
             except (socket.timeout, TimeoutError):
@@ -158,11 +217,10 @@ class Server:
                 return
             where = str(addr[0]) if isinstance(addr, tuple) else "?"
             with self.lock:
-                busy = (sum(self.greeting.values()) >= MAX_GREETING
-                        or self.greeting.get(where, 0) >= MAX_GREETING_PER_ADDRESS)
+                busy = self.greeting.get(where, 0) >= MAX_GREETING_PER_ADDRESS
                 if not busy:
                     self.greeting[where] = self.greeting.get(where, 0) + 1
-            if busy:                    # a flood: each connection would hold a thread and a buffer
+            if busy:                    # a flood from one host: each connection would hold a thread and a buffer
                 self._refuse(addr, "too many connections at once")
                 conn.close()
                 continue
@@ -178,10 +236,33 @@ class Server:
         try:
             joined = self._handshake(conn, where)
         finally:
-            with self.lock:
+            with self.slot:
                 self.greeting[where] -= 1
+                self.slot.notify()
         if not joined:
             conn.close()
+            return
+        with self.lock:
+            rank = next(r for r, (c, _, _) in self.clients.items() if c is conn)
+            reader = self.clients[rank][1]
+        self._read(rank, reader)
+
+    def _read(self, rank: int, reader: "LineReader") -> None:
+        """A joined node's messages into the inbox, to its EOF (then None), until the server closes."""
+        while not self.closed:
+            try:
+                msg = reader.read(time.monotonic() + 1.0)
+            except ValueError as exc:
+                self.inbox.put((rank, {"invalid": str(exc)}))
+                continue
+            if msg is None:
+                if reader.eof:
+                    with self.lock:
+                        self.ended.add(rank)
+                    self.inbox.put((rank, None))
+                    return
+                continue
+            self.inbox.put((rank, msg))
 
     def _handshake(self, conn: socket.socket, addr: str) -> bool:
         """The main node's half of the handshake (the module docstring); True when the node joined."""
@@ -238,9 +319,11 @@ class Server:
         except OSError:
             pass
 
-    def wait_for(self, ranks: set[int], deadline: float, lost: Callable[[], set[int]] | None = None) -> None:
-        """Until every rank of `ranks` joined, or the deadline; or until those missing are all `lost()`."""
-        while time.monotonic() < deadline:
+    def wait_for(self, ranks: set[int], deadline: float | Callable[[], float],
+                 lost: Callable[[], set[int]] | None = None) -> None:
+        """Until every rank of `ranks` joined, or the deadline (a number, or a function of what is known so far: the
+        main node shortens it on a finding that stops the run); or until those missing are all `lost()`."""
+        while time.monotonic() < (deadline() if callable(deadline) else deadline):
             with self.lock:
                 missing = ranks - set(self.clients)
             if not missing or (lost is not None and missing <= lost()):
@@ -264,51 +347,82 @@ class Server:
             except OSError:
                 pass
 
-    def collect(self, key: str, deadline: float, schema: type | None = None) -> dict[int, Any]:
-        """Each client's next message's `key` (clients read in parallel, all by the same deadline); with a schema,
-        a value that does not pass it is {"error": what is wrong with it}."""
+    def next(self, deadline: float) -> tuple[int, dict[str, Any] | None] | None:
+        """The next (rank, message) a joined node sent (message None: its connection ended), or None by the
+        deadline."""
+        try:
+            return self.inbox.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            return None
+
+    def collect(self, key: str, deadline: float | Callable[[], float], schema: type | None = None,
+                on_value: Callable[[int, Any], None] | None = None, ranks: set[int] | None = None) -> dict[int, Any]:
+        """Each node's next message's `key` (of `ranks`: default every joined node; the main node puts its own in the
+        inbox as rank 0), by the deadline (a number, or a function: the main node shortens it once it stops the
+        collectives); with a schema, a value that does not pass it is {"error": what is wrong with it}; a node whose
+        connection ends first gets {"error": ...}. `on_value` hears each as it comes."""
         out: dict[int, Any] = {}
         with self.lock:
-            conns = list(self.clients.items())
-
-        def one(rank: int, reader: LineReader) -> None:
-            try:
-                msg = reader.read(deadline)
-            except ValueError as exc:
-                out[rank] = {"error": f"its message is not valid ({exc})"}
-                return
-            if msg is None or key not in msg:
-                return
-            value = msg[key]
-            if schema is not None:
-                _, problem = messages.check(schema, value)
-                if problem:
-                    value = {"error": f"its {key} result is not valid ({problem})"}
+            waiting = set(self.clients) if ranks is None else set(ranks)
+        while waiting:
+            got = self.next(min(time.monotonic() + 0.5, deadline() if callable(deadline) else deadline))
+            if got is None:
+                if time.monotonic() >= (deadline() if callable(deadline) else deadline):
+                    break
+                continue
+            rank, msg = got
+            if rank not in waiting:
+                continue
+            if msg is None:
+                value: Any = {"error": "the node's preflight ended (its connection closed) before it sent its result",
+                              "ended": True}
+            elif "invalid" in msg and key not in msg:
+                value = {"error": f"its message is not valid ({msg['invalid']})"}
+            elif key not in msg:
+                continue
+            else:
+                value = msg[key]
+                if schema is not None:
+                    _, problem = messages.check(schema, value)
+                    if problem:
+                        value = {"error": f"its {key} result is not valid ({problem})"}
             out[rank] = value
-        threads = [threading.Thread(target=one, args=(r, rd), daemon=True) for r, (_, rd, _) in conns]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(max(0.0, deadline - time.monotonic()) + 1)
+            waiting.discard(rank)
+            if on_value:
+                on_value(rank, value)
         return out
 
-    def finish(self, msg: dict[str, Any], deadline: float) -> None:
-        """Stop listening (the port is torch's from now on), send the verdict, and wait for each client to close."""
-        self._stop_listening()
-        self.broadcast(msg)
+    def send_to(self, rank: int, msg: dict[str, Any]) -> None:
         with self.lock:
-            conns = list(self.clients.values())
-        for conn, reader, _ in conns:
-            try:
-                reader.read(deadline)           # EOF (None) once the client has closed
-            except (ValueError, OSError):
-                pass
+            entry = self.clients.get(rank)
+        if entry:
+            self._tell(entry[0], msg)
+
+    def finish(self, msg: dict[str, Any] | Callable[[int], dict[str, Any]], deadline: float) -> None:
+        """Stop listening (the port is torch's from now on), send the verdict (one message for all, or each node's
+        own: msg(rank)), and wait for each client to close."""
+        self._stop_listening()
+        with self.lock:
+            ranks = list(self.clients)
+        for rank in ranks:
+            self.send_to(rank, msg(rank) if callable(msg) else msg)
+        while True:
+            with self.lock:
+                if set(ranks) <= self.ended:
+                    break
+            if self.next(deadline) is None:     # EOFs arrive through the inbox (each node's reader)
+                break
+        with self.lock:
+            conns = [c for c, _, _ in self.clients.values()]
+        for conn in conns:
             conn.close()
 
     def _stop_listening(self) -> None:
         """Close the listening socket for good: shutdown wakes the accept thread (a plain close from another thread
         leaves the socket listening until its accept returns), and it is joined."""
-        self.closed = True
+        self.accepting = False
+        with self.slot:
+            self.slot.notify_all()
         for step in (lambda: self.sock.shutdown(socket.SHUT_RDWR), self.sock.close):
             try:
                 step()
@@ -319,17 +433,24 @@ class Server:
 
     def close(self) -> None:
         self._stop_listening()
+        self.closed = True
         with self.lock:
             for conn, _, _ in self.clients.values():
                 conn.close()
 
 
-def probe_connect(ip: str, port: int, deadline: float, expect_token: str | None = None
+NAME_RETRY_S = 3.0      # a temporary DNS failure (EAI_AGAIN) is retried this long; a name that does not exist is not
+
+
+def probe_connect(ip: str, port: int, deadline: float, expect_token: str | None = None, source: str | None = None
                   ) -> tuple[socket.socket | None, LineReader | None, dict[str, Any]]:
-    """Connect to ip:port, retrying a refused or unreachable connection until the deadline (the main node may
-    start later), and read the banner. (socket, reader, outcome): outcome["kind"] is "ok" (outcome["token"]: the
-    banner's nonce, for `join`), "refused", "timeout", "unreachable", "foreign" (something else answers), "version"
-    (another wizard's preflight protocol) or "self" (the main node's own test reached another node's rendezvous)."""
+    """Connect to ip:port, retrying a refused connection or a host that does not answer until the deadline (the main
+    node may start later), and read the banner. (socket, reader, outcome): outcome["kind"] is "ok" (outcome["token"]:
+    the banner's nonce, for `join`), "refused", "timeout" (no answer at all: dropped on the way), "unreachable" (no
+    route to that host: it is down, or a firewall rejects), "noroute" (no route to its network from this node: at
+    once, retrying cannot help), "unresolved" (the name does not resolve: at once), "foreign" (something else
+    answers), "version" (another wizard's preflight protocol) or "self" (the main node's own test reached another
+    node's rendezvous). `source`: the local address to connect from."""
     start = time.monotonic()
     last: dict[str, Any] = {"kind": "timeout", "detail": "no answer"}
     while True:
@@ -338,16 +459,27 @@ def probe_connect(ip: str, port: int, deadline: float, expect_token: str | None 
             last["seconds"] = time.monotonic() - start
             return None, None, last
         try:
-            sock = socket.create_connection((ip, port), timeout=min(left, 5.0))
+            sock = socket.create_connection((ip, port), timeout=min(left, 5.0),
+                                            source_address=(source, 0) if source else None)
         except ConnectionRefusedError:
             last = {"kind": "refused", "detail": "connection refused"}
             time.sleep(min(RETRY_S, max(0.0, deadline - time.monotonic())))
             continue
         except (socket.timeout, TimeoutError):
-            last = {"kind": "timeout", "detail": "the connection timed out (packets dropped: a firewall?)"}
+            last = {"kind": "timeout", "detail": "every attempt timed out: the packets are dropped on the way"}
+            continue
+        except socket.gaierror as exc:
+            last = {"kind": "unresolved", "detail": exc.strerror or str(exc)}
+            if exc.errno != socket.EAI_AGAIN or time.monotonic() - start > NAME_RETRY_S:
+                last["seconds"] = time.monotonic() - start
+                return None, None, last
+            time.sleep(min(RETRY_S, max(0.0, deadline - time.monotonic())))
             continue
         except OSError as exc:
-            kind = "unreachable" if exc.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH) else "timeout"
+            if exc.errno == errno.ENETUNREACH:
+                return None, None, {"kind": "noroute", "detail": exc.strerror or str(exc),
+                                    "seconds": time.monotonic() - start}
+            kind = "unreachable" if exc.errno == errno.EHOSTUNREACH else "timeout"
             last = {"kind": kind, "detail": exc.strerror or str(exc)}
             time.sleep(min(RETRY_S, max(0.0, deadline - time.monotonic())))
             continue

@@ -254,3 +254,52 @@ PERFORMANCE: dict[str, GpuPerf] = {
 
 def performance(spec: GpuSpec) -> GpuPerf:
     return PERFORMANCE[spec.name]
+
+
+# --- SkyPilot's names ------------------------------------------------------------------------
+#
+# What SkyPilot calls each part, in its task YAML (`resources.accelerators`) and in the AcceleratorName column of
+# its price catalogues (~/.sky/catalogs/<version>/<cloud>/vms.csv). Sources: SkyPilot 0.14.1's canonical list
+# (sky/utils/gpu_names.py: 'H100', 'A100-80GB', 'A100' = 40 GB, 'V100' = 16 GB, 'V100-32GB', 'L40S', 'A10G',
+# 'RTX6000-Ada', 'A6000', ...) and the names its catalogue fetchers write (sky/catalog/data_fetchers: AWS, GCP,
+# Azure and Lambda use the canonical names; RunPod writes 'H100-SXM', 'A100-80GB-SXM', 'H200-SXM', 'RTX4090',
+# 'RTX5090', 'RTX3090-Ti', 'RTXA6000', ...). The first name is the one a task asks for; every name counts as an
+# offer of the part in a catalogue. SkyPilot's 'H100' is the SXM board on AWS, GCP and Azure and the PCIe card
+# on Lambda and RunPod: the PCIe entry shares it (an H100 of either kind runs what a PCIe card's plan needs).
+# A part SkyPilot's catalogues do not sell (H800, A800, export parts) has no entry: no task names it.
+SKYPILOT_NAMES: dict[str, tuple[str, ...]] = {
+    "B200-180GB": ("B200",),
+    "GH200-96GB": ("GH200",),
+    "H200-141GB": ("H200", "H200-SXM"),
+    "H100-80GB": ("H100", "H100-SXM"),
+    "H100-PCIe-80GB": ("H100",),
+    "H100-NVL-94GB": ("H100-NVL",),
+    "A100-80GB": ("A100-80GB", "A100-80GB-SXM"),
+    "A100-40GB": ("A100",),
+    "A100-PCIe-80GB": ("A100-80GB",),
+    "A100-PCIe-40GB": ("A100",),
+    "A40-48GB": ("A40",),
+    "A30-24GB": ("A30",),
+    "A10-24GB": ("A10",),
+    "A10G-24GB": ("A10G",),
+    "L40S-48GB": ("L40S",),
+    "L40-48GB": ("L40",),
+    "L4-24GB": ("L4",),
+    "V100-32GB": ("V100-32GB", "V100-SXM2-32GB"),
+    "V100-16GB": ("V100", "V100-SXM2"),
+    "T4-16GB": ("T4",),
+    "RTX6000Ada-48GB": ("RTX6000-Ada",),
+    "RTXA6000-48GB": ("A6000", "RTXA6000"),
+    "RTXA5000-24GB": ("A5000", "RTXA5000"),
+    "RTXA4000-16GB": ("A4000", "RTXA4000"),
+    "RTX5090-32GB": ("RTX5090",),
+    "RTX4090-24GB": ("RTX4090",),
+    "RTX4080-16GB": ("RTX4080",),
+    "RTX3090Ti-24GB": ("RTX3090-Ti",),
+    "RTX3090-24GB": ("RTX3090",),
+}
+
+
+def skypilot_names(spec: GpuSpec) -> tuple[str, ...]:
+    """SkyPilot's names for the part (the first is what a task asks for); () when SkyPilot sells none."""
+    return SKYPILOT_NAMES.get(spec.name, ())

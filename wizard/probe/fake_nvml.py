@@ -8,7 +8,7 @@ WIZARD_FAKE_NVML (empty or unset: the real NVML):
     "2xRTX4090,driver=535.104.05"       options after commas: seed=N, frozen[=yes], idle[=yes],
                                         driver=V, cuda=V, nvlink=yes|no
     "none"                              no NVML at all (available=False), like a box without a driver
-    "/path/fake.json"                   full control, see `_fake_from_json`
+    "/path/fake.json"                   full control (health and XID errors too), see `_fake_from_json`
 Samples move (utilisation oscillates, power and temperature follow it, memory is ~60 % used, as
 in a training run) one step per sample() call, deterministically from the seed; `frozen` keeps
 every sample identical, for snapshots; `idle` gives an idle machine (0 % busy, memory nearly
@@ -30,11 +30,13 @@ from wizard.probe.nvml_api import (
     FAKE_ENV,
     SAMPLE_METRICS,
     STATIC_METRICS,
+    GpuHealth,
     GpuProcess,
     GpuSample,
     GpuStatic,
     NvmlApi,
     UnavailableNvml,
+    XidWatch,
     parse_gpu_groups,
     parse_yes_no,
 )
@@ -49,6 +51,23 @@ class FakeDevice:
     fixed: dict[str, Any] = field(default_factory=dict)   # metric -> constant value
     fail: set[str] = field(default_factory=set)           # metrics that read as None
     processes: list[GpuProcess] = field(default_factory=list)
+    health: dict[str, Any] = field(default_factory=dict)  # GpuHealth fields that differ from a healthy GPU's
+    xids: list[int] = field(default_factory=list)          # XID errors that occur while a watch is open
+
+
+HEALTH_FIELDS = tuple(f for f in GpuHealth.__dataclass_fields__ if f != "index")
+
+
+class _FakeXidWatch:
+    def __init__(self, events: list[tuple[int, int]]) -> None:
+        self.events = events
+
+    def poll(self) -> list[tuple[int, int]]:
+        out, self.events = self.events, []
+        return out
+
+    def close(self) -> None:
+        pass
 
 
 class FakeNvml:
@@ -147,6 +166,24 @@ class FakeNvml:
                 values[metric] = [] if metric == "processes" else None
         return GpuSample(index=d.static.index, **values)
 
+    def health(self) -> list[GpuHealth]:
+        """A healthy GPU (ECC on for data-centre parts, no error, nothing pending, no slowdown) unless the device's
+        `health` says otherwise."""
+        out = []
+        for d in self._devices:
+            base = GpuHealth(d.static.index, ecc_enabled=not d.consumer, ecc_uncorrected_volatile=0,
+                             ecc_uncorrected_aggregate=0, ecc_corrected_volatile=0, retired_pages=0,
+                             retired_pending=False, remapped_correctable=0, remapped_uncorrectable=0,
+                             remap_pending=False, remap_failed=False,
+                             clock_events=("gpu_idle",) if self.idle else ())
+            for key, value in d.health.items():
+                setattr(base, key, tuple(value) if key == "clock_events" and value is not None else value)
+            out.append(base)
+        return out
+
+    def xid_watch(self) -> XidWatch:
+        return _FakeXidWatch([(d.static.index, x) for d in self._devices for x in d.xids])
+
     def close(self) -> None:
         pass
 
@@ -226,7 +263,10 @@ def _fake_from_json(data: Any, where: str) -> NvmlApi:
                   "uuid": "...", "pci_bus_id": "...", "power_limit_w": 700,
                   "util": 50, "mem_used": "10GB", "power_w": 300, "temp_c": 60, "sm_clock_mhz": 1980,
                   "fail": ["power_w", "temp_c", "uuid", ...],
-                  "processes": [{"pid": 1234, "used_memory": "10GB" | bytes | null}]}, ...]}
+                  "processes": [{"pid": 1234, "used_memory": "10GB" | bytes | null}],
+                  "health": {"ecc_uncorrected_volatile": 2, "remap_pending": true, "clock_events": ["hw_slowdown"],
+                             ...: any GpuHealth field, null where NVML cannot say},
+                  "xid": [79, ...]                 (XID errors an xid_watch() sees)}, ...]}
     A metric given a value stays at that value; the others move with the tick count.
     """
     from wizard.probe import catalogue
@@ -277,6 +317,12 @@ def _fake_from_json(data: Any, where: str) -> NvmlApi:
             fixed["mem_used"] = size(raw["mem_used"], "mem_used")
         procs = [GpuProcess(int(p["pid"]), size(p.get("used_memory"), "used_memory"))
                  for p in raw.get("processes", [])]
+        health = raw.get("health", {})
+        if not isinstance(health, dict) or any(k not in HEALTH_FIELDS for k in health):
+            raise bad(f"devices[{index}].health takes {', '.join(HEALTH_FIELDS)}")
+        xids = raw.get("xid", [])
+        if not isinstance(xids, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in xids):
+            raise bad(f"devices[{index}].xid must be a list of XID numbers")
         devices.append(FakeDevice(
             static=GpuStatic(index, name, memory, raw.get("uuid", _fake_uuid(seed, index)),
                              raw.get("pci_bus_id", _fake_bus_id(index)),
@@ -284,7 +330,7 @@ def _fake_from_json(data: Any, where: str) -> NvmlApi:
             power_limit_w=float(raw.get("power_limit_w", spec.power_limit_w if spec else 300)),
             nvlink=spec.nvlink if spec else False,
             consumer=spec.consumer if spec else "GeForce" in name,
-            fixed=fixed, fail=set(fail), processes=procs))
+            fixed=fixed, fail=set(fail), processes=procs, health=health, xids=xids))
     p2p = data.get("p2p")
     if isinstance(p2p, list) and (len(p2p) != len(devices) or any(len(r) != len(devices) for r in p2p)):
         raise bad("p2p must be a square matrix with one row per device")

@@ -21,11 +21,15 @@ from wizard.probe.nvml_api import (  # noqa: F401 - the interface, importable fr
     FAKE_ENV,
     SAMPLE_METRICS,
     STATIC_METRICS,
+    GpuHealth,
     GpuProcess,
     GpuSample,
     GpuStatic,
+    NoXids,
     NvmlApi,
     UnavailableNvml,
+    XidWatch,
+    clock_event_names,
     parse_gpu_groups,
     parse_yes_no,
 )
@@ -233,16 +237,16 @@ class RealNvml:
         chosen = range(len(self._handles)) if indices is None else indices
         return [(i, self._handles[i]) for i in chosen if 0 <= i < len(self._handles)]
 
-    def _p2p_index(self, name: str, default: int) -> int:
+    def _const(self, name: str, default: int) -> int:
+        """A pynvml constant (nvidia-ml-py 13.x defines some as one-element tuples: NVML_P2P_CAPS_INDEX_READ = 0,)."""
         value = getattr(self._nvml, name, default) if self._nvml is not None else default
-        # nvidia-ml-py 13.x defines NVML_P2P_CAPS_INDEX_READ = 0, (a one-element tuple).
         return int(value[0] if isinstance(value, tuple) else value)
 
     def p2p_matrix(self, indices: list[int] | None = None) -> list[list[str]] | None:
         picked = self._pick(indices)
         if not picked:
             return None
-        cap = self._p2p_index("NVML_P2P_CAPS_INDEX_READ", 0)
+        cap = self._const("NVML_P2P_CAPS_INDEX_READ", 0)
         matrix: list[list[str]] = []
         answered = False
         for i, hi in picked:
@@ -262,7 +266,7 @@ class RealNvml:
         if len(picked) < 2:
             return None
         # The direct question first: can each pair do P2P over NVLink?
-        cap = self._p2p_index("NVML_P2P_CAPS_INDEX_NVLINK", 2)
+        cap = self._const("NVML_P2P_CAPS_INDEX_NVLINK", 2)
         pairs = [(hi, hj) for a, (_, hi) in enumerate(picked) for (_, hj) in picked[a + 1:]]
         answers = [self._call("nvmlDeviceGetP2PStatus", hi, hj, cap) for hi, hj in pairs]
         if all(a is not None for a in answers):
@@ -329,6 +333,67 @@ class RealNvml:
                        for p in (procs or []) if getattr(p, "pid", None) is not None],
         )
 
+    # -- health --------------------------------------------------------------------------
+
+    def health(self) -> list[GpuHealth]:
+        if not self.available:
+            return []
+        return [self._health_one(i, h) for i, h in enumerate(self._handles)]
+
+    def _health_one(self, index: int, handle: Any) -> GpuHealth:
+        unc = self._const("NVML_MEMORY_ERROR_TYPE_UNCORRECTED", 1)
+        cor = self._const("NVML_MEMORY_ERROR_TYPE_CORRECTED", 0)
+        volatile, aggregate = self._const("NVML_VOLATILE_ECC", 0), self._const("NVML_AGGREGATE_ECC", 1)
+        mode = self._call("nvmlDeviceGetEccMode", handle)            # [current, pending]
+        ecc_on = bool(mode[0]) if isinstance(mode, (list, tuple)) and mode else None
+        retired = None
+        for cause in ("NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR",
+                      "NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS"):
+            pages = self._call("nvmlDeviceGetRetiredPages", handle, self._const(cause, 0 if "DOUBLE" in cause else 1))
+            if pages is not None:
+                retired = (retired or 0) + len(pages)
+        pending = self._call("nvmlDeviceGetRetiredPagesPendingStatus", handle)
+        rows = self._call("nvmlDeviceGetRemappedRows", handle)      # (correctable, uncorrectable, pending, failed)
+        rows = tuple(rows) if isinstance(rows, (list, tuple)) and len(rows) == 4 else (None,) * 4
+        reasons = self._first(("nvmlDeviceGetCurrentClocksEventReasons", handle),
+                              ("nvmlDeviceGetCurrentClocksThrottleReasons", handle))
+        return GpuHealth(
+            index=index, ecc_enabled=ecc_on,
+            ecc_uncorrected_volatile=_int_or_none(self._call("nvmlDeviceGetTotalEccErrors", handle, unc, volatile)),
+            ecc_uncorrected_aggregate=_int_or_none(self._call("nvmlDeviceGetTotalEccErrors", handle, unc, aggregate)),
+            ecc_corrected_volatile=_int_or_none(self._call("nvmlDeviceGetTotalEccErrors", handle, cor, volatile)),
+            retired_pages=retired, retired_pending=_flag(pending),
+            remapped_correctable=_int_or_none(rows[0]), remapped_uncorrectable=_int_or_none(rows[1]),
+            remap_pending=_flag(rows[2]), remap_failed=_flag(rows[3]),
+            clock_events=clock_event_names(int(reasons)) if isinstance(reasons, int) else None)
+
+    def xid_watch(self) -> XidWatch:
+        """NVML's critical-error (XID) events of every GPU from now on; NoXids where NVML cannot register them."""
+        if not self.available:
+            return NoXids()
+        event_set = self._call("nvmlEventSetCreate")
+        kind = self._const("nvmlEventTypeXidCriticalError", 8)
+        if event_set is None:
+            return NoXids()
+        registered = [i for i, h in enumerate(self._handles)
+                      if self._call_or_error("nvmlDeviceRegisterEvents", h, kind, event_set) is None]
+        if not registered:
+            self._call("nvmlEventSetFree", event_set)
+            return NoXids()
+        return _RealXidWatch(self, event_set)
+
+    def _call_or_error(self, name: str, *args: Any) -> BaseException | None:
+        """pynvml.<name>(*args) for a call that answers nothing: None when it worked, else the error."""
+        fn = getattr(self._nvml, name, None) if self._nvml is not None else None
+        if fn is None:
+            return AttributeError(name)
+        try:
+            with _PYNVML_LOCK:
+                fn(*args)
+        except Exception as exc:        # NotSupported on a GPU without events: that GPU is not watched
+            return exc
+        return None
+
     def close(self) -> None:
         if not self._closed:
             self._closed = True
@@ -336,9 +401,33 @@ class RealNvml:
             self.available = False
 
 
+class _RealXidWatch:
+    def __init__(self, nvml: RealNvml, event_set: Any) -> None:
+        self.nvml = nvml
+        self.event_set = event_set
+
+    def poll(self) -> list[tuple[int, int]]:
+        """Every XID event waiting in the set (a wait of 0 ms each: nothing blocks)."""
+        out: list[tuple[int, int]] = []
+        for _ in range(1000):
+            data = self.nvml._call("nvmlEventSetWait_v2", self.event_set, 0)
+            if data is None:            # NVML_ERROR_TIMEOUT: no more events
+                break
+            index = _int_or_none(self.nvml._call("nvmlDeviceGetIndex", getattr(data, "device", None)))
+            out.append((index if index is not None else -1, int(getattr(data, "eventData", 0) or 0)))
+        return out
+
+    def close(self) -> None:
+        self.nvml._call("nvmlEventSetFree", self.event_set)
+
+
 def _int_or_none(value: Any) -> int | None:
     return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
-__all__ = ["FAKE_ENV", "GpuProcess", "GpuSample", "GpuStatic", "NvmlApi", "RealNvml", "UnavailableNvml",
+def _flag(value: Any) -> bool | None:
+    return bool(value) if isinstance(value, int) else None
+
+
+__all__ = ["FAKE_ENV", "GpuHealth", "GpuProcess", "GpuSample", "GpuStatic", "NvmlApi", "RealNvml", "UnavailableNvml",
            "init_failure_reason", "open_nvml", "parse_gpu_groups", "parse_yes_no", "visible_devices"]

@@ -47,6 +47,54 @@ class GpuSample:
     processes: list[GpuProcess] = field(default_factory=list)
 
 
+# NVML's clock event ("throttle") reasons, bit -> name (nvml.h nvmlClocksEventReason*; the same bits as the older
+# nvmlClocksThrottleReason*). Idle, application clocks, sync boost and display clocks are not slowdowns.
+CLOCK_EVENT_REASONS = {
+    0x1: "gpu_idle", 0x2: "applications_clocks_setting", 0x4: "sw_power_cap", 0x8: "hw_slowdown",
+    0x10: "sync_boost", 0x20: "sw_thermal_slowdown", 0x40: "hw_thermal_slowdown", 0x80: "hw_power_brake_slowdown",
+    0x100: "display_clock_setting",
+}
+
+
+def clock_event_names(mask: int) -> tuple[str, ...]:
+    """The reasons set in NVML's bitmask, by name (unknown bits as hex)."""
+    names = [name for bit, name in CLOCK_EVENT_REASONS.items() if mask & bit]
+    rest = mask & ~sum(CLOCK_EVENT_REASONS)
+    return tuple(names + ([hex(rest)] if rest else []))
+
+
+@dataclass
+class GpuHealth:
+    """What NVML says of a GPU's health; None where it cannot say (an older GPU, a driver without the call)."""
+    index: int
+    ecc_enabled: bool | None = None
+    ecc_uncorrected_volatile: int | None = None       # uncorrectable ECC errors since the driver loaded
+    ecc_uncorrected_aggregate: int | None = None      # over the GPU's life
+    ecc_corrected_volatile: int | None = None
+    retired_pages: int | None = None                  # pages retired for ECC errors (before Ampere)
+    retired_pending: bool | None = None               # a retirement that waits for the next GPU reset
+    remapped_uncorrectable: int | None = None         # rows remapped for uncorrectable errors (Ampere on)
+    remapped_correctable: int | None = None
+    remap_pending: bool | None = None                 # a remap that waits for the next GPU reset
+    remap_failed: bool | None = None                  # a row could not be remapped: the GPU needs service
+    clock_events: tuple[str, ...] | None = None       # the active clock event (throttle) reasons, by name
+
+
+class XidWatch(Protocol):
+    """XID errors (NVML's critical error events) from the moment it was opened: poll() -> [(GPU index, XID)]."""
+
+    def poll(self) -> list[tuple[int, int]]: ...
+    def close(self) -> None: ...
+
+
+class NoXids:
+    def poll(self) -> list[tuple[int, int]]:
+        return []
+
+    def close(self) -> None:
+        pass
+
+
 class NvmlApi(Protocol):
     available: bool                                   # False: no driver / no NVML
     reason: str | None                                # why unavailable, one line
@@ -59,6 +107,8 @@ class NvmlApi(Protocol):
     def p2p_matrix(self, indices: list[int] | None = None) -> list[list[str]] | None: ...
     def nvlink_all(self, indices: list[int] | None = None) -> bool | None: ...  # every pair NVLinked
     def sample(self) -> list[GpuSample]: ...          # never raises
+    def health(self) -> list[GpuHealth]: ...          # never raises; a field NVML cannot read is None
+    def xid_watch(self) -> XidWatch: ...              # never raises; NoXids where NVML cannot watch
     def close(self) -> None: ...
 
 
@@ -91,6 +141,12 @@ class UnavailableNvml:
 
     def sample(self) -> list[GpuSample]:
         return []
+
+    def health(self) -> list[GpuHealth]:
+        return []
+
+    def xid_watch(self) -> XidWatch:
+        return NoXids()
 
     def close(self) -> None:
         pass

@@ -940,35 +940,11 @@ def logits_bytes(seq_len: int, micro_batch: int, vocab_size: int, precision: str
     LogSoftmaxBackward then holds the saved log-softmax, the incoming and the outgoing fp32 gradients:
     12 B per element, the larger of the two (MEASURED on CPU, bench/measure_activations.py). In fp32
     the forward moment is 8 B and the backward one is the same 12 B. Megatron's output-layer term
-    (4*s*b*h*(1 + V/h)) counts 4 B per element. A fused / chunked cross-entropy (Liger) avoids most of it.
+    (4*s*b*h*(1 + V/h)) counts 4 B per element. A fused / chunked cross-entropy (Liger) avoids most of it
+    (sequence.loss_bytes).
     """
     del precision
     return seq_len * micro_batch * vocab_size * LOGITS_PEAK_BYTES_PER_ELEMENT
-
-
-def chunked_loss_bytes(seq_len: int, micro_batch: int, vocab_size: int, hidden_size: int, precision: str) -> int:
-    """What a fused linear cross-entropy that never materialises the logits holds at its peak, as Liger Kernel's
-    LigerFusedLinearCrossEntropyFunction computes it (liger_kernel/ops/fused_linear_cross_entropy.py, read, not
-    run here: it needs Triton on a GPU): the gradient of the LM head's input (s*b*h in the working dtype, computed
-    in forward), and one chunk of chunk_size = next_power_of_2(ceil(s*b / ceil(V / h))) tokens' logits in the
-    working dtype with their fp32 softmax gradient (w + 4 B per element). The head's weight gradient is counted
-    with the model states (it is the parameter's .grad)."""
-    w = working_bytes(precision)
-    tokens = seq_len * micro_batch
-    if tokens <= 0 or vocab_size <= 0:
-        return 0
-    inc = -(-vocab_size // max(hidden_size, 1))
-    chunk = 1 << max(0, (-(-tokens // inc) - 1).bit_length())
-    return w * tokens * hidden_size + min(chunk, tokens) * vocab_size * (w + 4)
-
-
-def context_parallel_kv_bytes(seq_len: int, micro_batch: int, kv_width: int, precision: str) -> int:
-    """Context parallelism with accelerate's default cp_comm_strategy allgather: torch's ring attention gathers the
-    whole sequence's keys and values for the layer it computes (rotate_method ALL_GATHER), and its backward holds
-    their gradients as long: 2 (k, v) x 2 (values, gradients) x s x b x kv_width in the working dtype, transient,
-    one layer at a time (kv_width = kv_heads x head_dim). Read from torch's _context_parallel/_attention.py,
-    not measured (it needs several processes with a device mesh)."""
-    return 4 * seq_len * micro_batch * kv_width * working_bytes(precision)
 
 
 # --- Framework buffers ----------------------------------------------------------------------------
@@ -1103,7 +1079,7 @@ __all__ = [
     "checkpoint_reenters_call",
     "LayerProfile", "GATED_PROFILE", "PLAIN_PROFILE", "TANH_GELU_PROFILE", "layer_profile", "mlp_is_gated",
     "norm_bytes_per_token", "attention_score_bytes", "backward_working_bytes_per_token",
-    "LOGITS_PEAK_BYTES_PER_ELEMENT", "chunked_loss_bytes", "context_parallel_kv_bytes", "T5_PROFILE",
+    "LOGITS_PEAK_BYTES_PER_ELEMENT", "T5_PROFILE",
     "GEMMA2_PROFILE", "LayerStack", "stack_activation_bytes",
     "ssm_bytes_per_token", "autocast_weight_bytes", "load_host_bytes", "offloaded_host_bytes",
     "deepspeed_bucket_settings", "ddp_buffers", "zero12_buffers", "zero3_buffers", "zero3_step_bytes",

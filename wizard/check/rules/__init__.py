@@ -16,5 +16,7 @@ from wizard.check.rules import (  # noqa: F401
     machines,
     methods,
     planned,
+    sequence_parallel,
+    sky_task,
 )
 from wizard.check.rules.common import FIXERS, RULES, CheckContext, Rule  # noqa: F401

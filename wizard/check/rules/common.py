@@ -100,6 +100,9 @@ class CheckContext:
     port_in_use: Callable[[int], bool] | None = None
     # () -> this machine's RLIMIT_MEMLOCK (soft) in bytes, None when unlimited; None: read this machine
     memlock_limit: Callable[[], int | None] | None = None
+    # a SkyPilot task file (`--sky-task`) that runs this config (check/rules/sky_task.py)
+    sky_path: str | None = None
+    sky: dict[str, Any] | None = None
     # files the wizard is about to write, with the plan they were written for (check/rules/planned.py)
     planned: "PlannedFiles | None" = None
     # the wizard_plan.json the wizard wrote beside the YAML, when there is one (what it planned the files for)

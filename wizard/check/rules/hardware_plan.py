@@ -21,8 +21,10 @@ def configured_rung_key(ctx: CheckContext) -> tuple[str, str] | None:
     from wizard.planning import rungs
 
     if ctx.uses_deepspeed:
+        # a Ulysses rung: the sequence split over sp GPUs (parallelism_config_sp_size beside the DeepSpeed config)
+        sp = as_int(ctx.acc_get("parallelism_config", "parallelism_config_sp_size"), 1) or 1
         strategy = rungs.Strategy("deepspeed", ctx.zero_stage(), ctx.offload_device("optimizer"),
-                                  ctx.offload_device("param"))
+                                  ctx.offload_device("param"), sp_size=max(sp, 1))
     elif ctx.uses_fsdp:
         strategy = rungs.fsdp_strategy(ctx.fsdp_options())
         cp = as_int(ctx.acc_get("parallelism_config", "parallelism_config_cp_size"), 1) or 1

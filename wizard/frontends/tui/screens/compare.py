@@ -36,11 +36,7 @@ def bar(value: float, most: float, width: int) -> str:
     return BAR * filled + BAR_EMPTY * (width - filled)
 
 
-def money(cost: float | None, currency: str = "") -> str:
-    if cost is None:
-        return "-"
-    text = f"{cost:,.0f}" if cost >= 100 else f"{cost:,.2f}"
-    return f"{text} {currency}" if currency else f"${text}"
+money = compare_mod.fmt_cost     # one format for the table and the screen
 
 
 def chart_lines(comparison: compare_mod.Comparison, width: int, rows: int) -> list[str]:

@@ -19,6 +19,7 @@ from textual.widget import Widget
 from textual.widgets import OptionList, Static
 
 from wizard.config.questions import for_stage
+from wizard.frontends.report import longest_text
 from wizard.frontends.tui.screens.base import WizardScreen, first_sentence
 from wizard.frontends.tui.screens.details import asked_on_details
 from wizard.frontends.session import measure_unavailable
@@ -109,7 +110,8 @@ def choice_status_parts(plan) -> tuple[str, str, str, str]:
     """The chosen rung for the one-line status: its name (+GC), speed, split (the --global-batch split, else the
     largest micro-batch that fits) and time to train; "" where there is none."""
     c = plan.choice
-    name = f"[b]{c.name}[/b]" + (" +GC" if c.gradient_checkpointing else "")
+    name = f"[b]{c.name}[/b]" + (" +GC" if c.gradient_checkpointing else "") + \
+        (" +code" if c.checkpoint_offload or c.tiled_mlp else "")
     rate = f"≈{fmt_rate(c.speed.tokens_per_second)}" if c.speed is not None else ""
     if plan.batch is not None and plan.batch.applied:
         split = f"batch {c.micro_batch}x{c.grad_accum}"
@@ -146,6 +148,14 @@ def short_micro_batch_text(rung) -> str:
     gc = (f" ({rung.max_micro_batch_gc} +GC)" if rung.max_micro_batch_gc
           and rung.max_micro_batch_gc != rung.max_micro_batch else "")
     return f"micro-batch ≤{rung.max_micro_batch}{gc}"
+
+
+def near_limit(plan) -> bool:
+    """Whether the Plan screen shows the machine's longest sequence under the ladder: where the asked length is near
+    the chosen rung's limit (its max_seq_len is shown) or beyond what the chosen rung allows (the explanation pane,
+    F1 on the ladder, always shows it)."""
+    c = plan.choice
+    return plan.longest is not None and c is not None and bool(c.max_seq_len)
 
 
 class PlanScreen(WizardScreen):
@@ -234,6 +244,8 @@ class PlanScreen(WizardScreen):
             warning.update(Text(f"✗ {in_words(state.error)}", "red"))
         elif plan is not None and plan.alternatives:
             warning.update(alternatives_text(plan))
+        elif plan is not None and near_limit(plan):
+            warning.update(Text(longest_text(plan) + "."))
         else:
             warning.update("")
         warning.display = bool(str(warning.render()))
@@ -327,6 +339,8 @@ class PlanScreen(WizardScreen):
                 lines.append(f"  {biggest}")
             if rung.max_seq_len:
                 lines.append(f"  longest sequence that fits: --seq-len {rung.max_seq_len} (the asked one is near it)")
+        if plan.longest is not None:
+            lines += ["", f"  {longest_text(plan)}."]
             if plan.batch is not None and plan.batch.applied and rung.micro_batch:
                 lines.append(f"  batch            micro-batch {rung.micro_batch} x accumulation {rung.grad_accum} x "
                              f"{plan.topology.world_size} processes = {plan.batch.global_batch} (its fastest split)")

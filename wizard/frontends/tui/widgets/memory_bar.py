@@ -60,7 +60,8 @@ def short_name(rung: Rung) -> str:
     spec = BY_KEY.get(rung.key)
     # A rung the plan renamed (one CPU process is "Single process") keeps its own name.
     name = spec.short if spec is not None and rung.name == spec.label else rung.name
-    return name + (" +GC" if rung.gradient_checkpointing else "")
+    code = "+code" if rung.checkpoint_offload or rung.tiled_mlp else ""
+    return name + (" +GC" + code if rung.gradient_checkpointing else (" " + code if code else ""))
 
 
 def label_width(plan: Plan) -> int:
@@ -72,7 +73,8 @@ def fit_label(label: str, room: int) -> str:
     """The label in `room` cells; cut before its " +GC" (never through it) when it must be cut."""
     if len(label) <= room:
         return label
-    base, gc = (label[:-4], " +GC") if label.endswith(" +GC") else (label, "")
+    at = label.rfind(" +")
+    base, gc = (label[:at], label[at:]) if at > 0 and label[at:].startswith((" +GC", " +code")) else (label, "")
     return base[:max(1, room - len(gc) - 1)] + "…" + gc
 
 
