@@ -34,6 +34,31 @@ def pytest_collection_modifyitems(config, items):
     items[:] = [by_id[n] for n in longest_files_first(list(by_id))]
 
 
+CPU_LOG = os.environ.get("WIZARD_TEST_CPU_LOG")
+
+
+def _cpu_seconds() -> float:
+    """This worker's CPU time and that of the children it has reaped (a launch's whole tree: each waits for its own)."""
+    import resource
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+if CPU_LOG:
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_protocol(item, nextitem):
+        """WIZARD_TEST_CPU_LOG=FILE: a JSON line per test with its wall and CPU seconds (setup, call and teardown).
+        CPU time barely moves with the box's load, so a run on a busy box still says where the suite's time goes
+        (`python -m tests.file_order --cpu FILE` sums it per file)."""
+        import json
+        import time
+        start, cpu = time.monotonic(), _cpu_seconds()
+        yield
+        with open(CPU_LOG, "a") as f:
+            f.write(json.dumps({"id": item.nodeid, "wall": round(time.monotonic() - start, 2),
+                                "cpu": round(_cpu_seconds() - cpu, 2)}) + "\n")
+
+
 @pytest.fixture(autouse=True)
 def _no_user_calibration(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("WIZARD_CALIBRATION_FILE", str(tmp_path_factory.mktemp("calibration") / "calibration.json"))

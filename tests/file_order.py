@@ -86,7 +86,25 @@ def table_from_junit(path: str, at_least: float = 10.0) -> str:
     return "FILE_SECONDS = {\n" + "\n".join(rows) + "\n}"
 
 
+def cpu_table(path: str, top: int = 40) -> str:
+    """Per file, from a WIZARD_TEST_CPU_LOG file (conftest.py): wall and CPU seconds, the costliest CPU first, and
+    the totals (CPU / 2 is about the least wall time two workers can take)."""
+    import json
+
+    wall: Counter[str] = Counter()
+    cpu: Counter[str] = Counter()
+    for line in open(path):
+        row = json.loads(line)
+        wall[file_of(row["id"])] += row["wall"]
+        cpu[file_of(row["id"])] += row["cpu"]
+    rows = [f"{cpu[f]:8.1f} {wall[f]:8.1f}  {f}" for f, _ in cpu.most_common(top)]
+    return "\n".join(["     cpu     wall  file"] + rows + [f"{sum(cpu.values()):8.1f} {sum(wall.values()):8.1f}  total"])
+
+
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit("usage: python -m tests.file_order JUNIT.xml")
-    print(table_from_junit(sys.argv[1]))
+    if len(sys.argv) == 3 and sys.argv[1] == "--cpu":
+        print(cpu_table(sys.argv[2]))
+    elif len(sys.argv) == 2:
+        print(table_from_junit(sys.argv[1]))
+    else:
+        sys.exit("usage: python -m tests.file_order JUNIT.xml | --cpu CPU_LOG")

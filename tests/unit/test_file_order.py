@@ -31,3 +31,14 @@ def test_every_listed_file_exists():
     from pathlib import Path
     root = Path(file_order.__file__).resolve().parents[1]
     assert [f for f in file_order.FILE_SECONDS if not (root / f).is_file()] == []
+
+
+def test_the_cpu_table_sums_each_files_tests_costliest_first(tmp_path):
+    log = tmp_path / "cpu.jsonl"
+    log.write_text('{"id": "tests/unit/test_x.py::a", "wall": 9.0, "cpu": 2.0}\n'
+                   '{"id": "tests/unit/test_x.py::b[1]", "wall": 1.0, "cpu": 1.5}\n'
+                   '{"id": "tests/functional/test_y.py::c", "wall": 20.0, "cpu": 30.0}\n')
+    lines = file_order.cpu_table(str(log)).splitlines()
+    assert lines[1].split() == ["30.0", "20.0", "tests/functional/test_y.py"]
+    assert lines[2].split() == ["3.5", "10.0", "tests/unit/test_x.py"]
+    assert lines[-1].split() == ["33.5", "30.0", "total"]
