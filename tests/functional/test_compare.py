@@ -277,10 +277,11 @@ def test_measured_machines_are_marked_and_planned_with_the_measurement(capsys):
 
 
 def test_compare_imports_no_heavy_library():
-    """A comparison of a --params model over the default set, like `wizard plan`, imports no torch & co. Up to 4
-    GPUs: on 8 L4s a 7B picks context parallelism, whose sizes accelerate's own ParallelismConfig judges as the
-    plan is made (wizard/config/parallelism.py), importing torch there as `wizard plan` does."""
-    code = ("import sys, runpy\nsys.argv = ['wizard', 'compare', '--params', '7B', '--max-gpus', '4', '--json']\n"
+    """A comparison of a --params model over the default set, like `wizard plan`, imports no torch & co. One GPU
+    each: from 2 GPUs a 7B picks context parallelism where it is the fastest rung (2xH100: FSDP2 + cp 2), whose
+    sizes accelerate's own ParallelismConfig judges as the plan is made (wizard/config/parallelism.py), importing
+    torch there as `wizard plan` does."""
+    code = ("import sys, runpy\nsys.argv = ['wizard', 'compare', '--params', '7B', '--max-gpus', '1', '--json']\n"
             "try:\n    runpy.run_module('wizard', run_name='__main__')\nexcept SystemExit:\n    pass\n"
             "sys.stdout.flush()\nsys.stderr.write('\\nHEAVY=' + ','.join(m for m in ('torch', 'transformers', "
             "'deepspeed', 'peft', 'textual') if m in sys.modules))\n")

@@ -14,6 +14,8 @@ import pytest
 
 from bench.gpu.report import CASE_COLUMNS
 
+pytestmark = pytest.mark.bench    # the GPU bench's own harness: CI runs it with the newest libraries only (.ci/run)
+
 REPO = Path(__file__).resolve().parents[2]
 GPU_DIR = REPO / "bench" / "gpu"
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300), pytest.mark.ui]
 
 TMUX = shutil.which("tmux")
 REPO = Path(__file__).resolve().parents[2]

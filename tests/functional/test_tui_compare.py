@@ -13,7 +13,7 @@ from textual.widgets import DataTable, Input
 from tests.functional.test_tui_snapshots import SIZES, _deterministic, a100_app, go_to, settle  # noqa: F401
 from wizard import compare as compare_mod
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.timeout(180), pytest.mark.ui]
 
 PRICES = "H100-80GB=2.5,8xA100-80GB=1.8,B200-180GB=4.5,H200-141GB=3.2"
 

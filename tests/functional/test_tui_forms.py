@@ -19,7 +19,7 @@ from wizard.frontends.tui.widgets.question_field import QuestionField
 from wizard.frontends.tui.widgets.rung_list import RungList
 from wizard.probe import hardware
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.timeout(180), pytest.mark.ui]
 
 NO_GPU = str(ROOT / "snapshots" / "hardware" / "no-gpu.json")
 FLAG = re.compile(r"(?<![\w-])--[a-z][a-z-]+")

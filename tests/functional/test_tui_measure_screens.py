@@ -18,7 +18,7 @@ from wizard.frontends.tui.widgets.rung_list import RungList
 from wizard.probe import hardware
 from wizard.tune import Candidate
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.timeout(180), pytest.mark.ui]
 
 NO_GPU = str(ROOT / "snapshots" / "hardware" / "no-gpu.json")
 LLAMA_8B = str(ROOT / "tests" / "fixtures" / "models" / "llama-3.1-8b")

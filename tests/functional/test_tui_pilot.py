@@ -25,7 +25,7 @@ from wizard.frontends.tui.widgets.rung_list import RungList
 from wizard.pipeline import Request
 from wizard.probe import hardware
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.timeout(180), pytest.mark.ui]
 
 ROOT = Path(__file__).resolve().parents[2]
 MODELS = ROOT / "tests" / "fixtures" / "models"

@@ -15,7 +15,7 @@ from tests.functional.test_tui_pilot import app_for, reach, screen_name, settle,
 from wizard.frontends.tui.widgets.rung_list import RungList
 from wizard.probe import hardware
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.timeout(180), pytest.mark.ui]
 
 # Full fine-tuning of 70B on two 80 GB GPUs with 256 GiB of RAM: no rung fits; QLoRA does, so do 14 GPUs
 # or more host RAM (each one verified by the planner itself below).
@@ -144,14 +144,15 @@ async def test_a_method_change_drops_a_rung_picked_on_the_old_ladder(tmp_path):
 
 
 async def test_the_plan_screen_shows_the_longest_sequence_that_fits_near_the_limit(tmp_path):
-    """Issue 30: 8B at 64k tokens on 8 x H100 plans a context-parallel rung; the Plan screen's explanation of the
-    chosen rung gives the longest --seq-len that fits beside its largest micro-batch."""
+    """Issue 30: 8B at 128k tokens on 8 x H100 plans a context-parallel rung; the Plan screen's explanation of the
+    chosen rung gives the longest --seq-len that fits beside its largest micro-batch (shown within 2x of the
+    limit: at 64k the plan now takes context parallel 8, far from its limit)."""
     app = app_for(tmp_path, hardware.assume("8xH100-80GB"), params="8B", hidden_size="4096", layers="32",
-                  heads="32", vocab_size="128256", seq_len="65536")
+                  heads="32", vocab_size="128256", seq_len="131072")
     async with app.run_test(size=(100, 40)) as pilot:
         await reach(pilot, "PlanScreen")
         choice = app.state.plan.choice
-        assert choice is not None and choice.cp_size > 1 and choice.max_seq_len >= 65536
+        assert choice is not None and choice.cp_size > 1 and choice.max_seq_len >= 131072
         app.screen.query_one(RungList).focus()
         await settle(pilot)
         _, text = app.screen.explanation()

@@ -12,6 +12,7 @@ files, and an answer only the Details screen asks never leaves the user on a Pla
 
 from __future__ import annotations
 
+import pytest
 import yaml
 from textual.widgets import Static
 
@@ -27,6 +28,8 @@ from tests.functional.test_tui_pilot import (  # noqa: F401 - _isolated: the sam
     type_into,
     wait_until,
 )
+
+pytestmark = pytest.mark.ui       # the screens: the oldest-libraries leg skips them (.ci/run)
 
 
 async def _tab_after(pilot, qid: str, text: str) -> None:

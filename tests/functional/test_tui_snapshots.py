@@ -24,7 +24,7 @@ from wizard.frontends.tui.app import make_app
 from wizard.pipeline import Request
 from wizard.probe import hardware
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.timeout(180), pytest.mark.ui]
 
 ROOT = Path(__file__).resolve().parents[2]
 SNAPSHOT_DIR = ROOT / "snapshots" / "tui"

@@ -18,7 +18,7 @@ from textual.widgets import Collapsible, Select
 from tests.functional.test_tui_pilot import a100s, app_for, field, reach, settle
 from wizard.probe import hardware
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.timeout(180), pytest.mark.ui]
 
 BSPACE = "backspace"
 SLOW_PAUSE_S = 0.3     # long enough for the key's re-plan (well under 50 ms) and the screen's sync to be shown

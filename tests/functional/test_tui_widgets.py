@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import itertools
 
+import pytest
+
 from rich.color import Color, ColorSystem
 
 from wizard import pipeline
@@ -24,6 +26,8 @@ from wizard.planning.plan import COMPONENTS
 from wizard.probe import hardware
 from wizard.sizing import model
 from wizard.units import GiB
+
+pytestmark = pytest.mark.ui       # the screens: the oldest-libraries leg skips them (.ci/run)
 
 
 def a_plan():

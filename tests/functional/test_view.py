@@ -53,7 +53,7 @@ from launch.view import (
 )
 from wizard.probe.nvml import open_nvml
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.ui]
 
 ROOT = Path(__file__).resolve().parents[2]
 SNAPSHOT_DIR = ROOT / "snapshots" / "launch_view"

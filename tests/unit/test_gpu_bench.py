@@ -38,6 +38,8 @@ from bench.gpu.smi import (
     parse_smi_samples,
 )
 
+pytestmark = pytest.mark.bench    # the GPU bench's own harness: CI runs it with the newest libraries only (.ci/run)
+
 REPO = Path(__file__).resolve().parents[2]
 GPU_DIR = REPO / "bench" / "gpu"
 GiB = 1024 ** 3

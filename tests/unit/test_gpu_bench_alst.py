@@ -15,6 +15,8 @@ from bench.gpu.cases import Planner, alst_cases, write_models
 from bench.gpu.environment import blocking
 from bench.gpu.memory_check import train_command
 
+pytestmark = pytest.mark.bench    # the GPU bench's own harness: CI runs it with the newest libraries only (.ci/run)
+
 GPU_DIR = Path(__file__).resolve().parents[2] / "bench" / "gpu"
 
 
