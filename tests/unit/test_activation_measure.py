@@ -6,27 +6,17 @@ saved_tensors_hooks for the tensors saved in forward, a live-storage tracker for
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 import torch  # noqa: E402  hard dependencies: a broken install fails here, never skips
 import transformers  # noqa: E402,F401
 
+from tests.bench_modules import measure_activations
 from wizard.sizing import memory as mem
-
-_BENCH = Path(__file__).resolve().parents[2] / "bench" / "measure_activations.py"
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("measure_activations", _BENCH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("measure_activations", module)
-    spec.loader.exec_module(module)
-    torch.set_num_threads(2)
-    return module
+    return measure_activations()
 
 
 # The bounds README.md states (keep the two in step). Synthetic Llama / Mixtral / GPT-2 shapes, the grid of

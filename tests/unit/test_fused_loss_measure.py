@@ -4,26 +4,15 @@ gradient (bench/results/fused-loss.md) where the full loss holds 12 B per elemen
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
-import torch
 
+from tests.bench_modules import measure_activations
 from wizard.sizing import memory as mem
-
-_BENCH = Path(__file__).resolve().parents[2] / "bench" / "measure_activations.py"
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("measure_activations", _BENCH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("measure_activations", module)
-    spec.loader.exec_module(module)
-    torch.set_num_threads(2)
-    return module
+    return measure_activations()
 
 
 SMALL = dict(hidden=128, heads=4, kv_heads=2, layers=1, vocab=4000, seq=256, batch=2, gc=True)
