@@ -91,7 +91,7 @@ def test_fp32_within_tolerance(bench):
     dict(hidden=512, heads=8, kv_heads=2, layers=4, seq=256, batch=2, attn="sdpa", gc=True),
     dict(hidden=1024, heads=16, kv_heads=4, layers=4, seq=128, batch=1, attn="sdpa"),
     dict(hidden=1024, heads=16, kv_heads=4, layers=4, seq=128, batch=1, attn="eager"),
-    dict(hidden=256, heads=4, layers=2, vocab=152064, seq=256, batch=1),
+    dict(hidden=256, heads=4, layers=2, vocab=152064, seq=64, batch=1),       # Qwen2's vocabulary: the logits dominate
     dict(hidden=256, heads=4, layers=2, seq=512, attn="eager", gc=True, dtype="fp32"),
     dict(hidden=256, heads=4, layers=2, seq=256, attn="eager", attention_dropout=0.1),
     dict(model_type="mixtral", hidden=256, heads=4, layers=2, seq=256),
