@@ -119,13 +119,14 @@ def sources() -> dict[str, str]:
 def write(ns: argparse.Namespace, p: Prepared) -> str | None:
     """Render the task from the written set and write it (0600); None with --dry-run."""
     from wizard.fsutil import read_json_object, read_yaml_mapping, replace_file
-    from wizard.pipeline import PLAN_FILE
+    from wizard.paths import plan_file_beside
     if getattr(ns, "dry_run", False):
         print(f"A SkyPilot task would be written to {os.path.join(p.output_dir, p.name)}.",
               file=sys.stderr if getattr(ns, "json", False) else sys.stdout)
         return None
-    accel = read_yaml_mapping(os.path.join(p.output_dir, "default_config.yaml")) or {}
-    plan = read_json_object(os.path.join(p.output_dir, PLAN_FILE))
+    config_file = os.path.join(p.output_dir, "default_config.yaml")
+    accel = read_yaml_mapping(config_file) or {}
+    plan = read_json_object(plan_file_beside(config_file))
     given = (plan or {}).get("given") or {}
     nodes = int(accel.get("num_machines") or 1)
     per_node = int(accel.get("num_processes") or 1) // max(1, nodes)
