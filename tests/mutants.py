@@ -133,15 +133,15 @@ MUTANTS = (
            ("tests/unit/test_fsutil.py::test_a_waiter_that_locked_a_file_already_unlinked_locks_the_new_one",),
            "dir_lock goes ahead on a lock file the previous holder already unlinked (two writers at once)"),
     # ---- the fit rule (tests/unit/test_plan.py)
-    # The fit decision (evaluate._problems) and the micro-batch search (plan._fits_gpu) live apart since the
+    # The fit decision (evaluate._problems) and the searches (fit._slack) live apart since the
     # split of plan.py: one mutant each.
     Mutant("plan-fit-ignores-headroom", "wizard/planning/evaluate.py",
            (("    if est.per_gpu > x.usable:\n", "    if est.per_gpu > x.capacity:\n"),),
            ("tests/unit/test_plan.py::test_a_rung_fits_only_within_the_capacity_less_the_headroom",),
            "a rung fits when its estimate is within the whole GPU, headroom ignored"),
     Mutant("plan-batch-search-ignores-headroom", "wizard/planning/fit.py",
-           (("    return est.per_gpu <= x.usable and est.load <= x.usable\n",
-             "    return est.per_gpu <= x.capacity and est.load <= x.usable\n"),),
+           (("    slack = min(x.usable - est.per_gpu, x.usable - est.load)\n",
+             "    slack = min(x.capacity - est.per_gpu, x.usable - est.load)\n"),),
            ("tests/unit/test_plan.py::test_a_rung_fits_only_within_the_capacity_less_the_headroom",),
            "the largest micro-batch that fits is searched within the whole GPU, headroom ignored"),
     # ---- check rules: near misses and severity (tests/unit/test_check_rules.py)

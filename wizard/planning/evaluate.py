@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from wizard.planning import calibration as calibration_mod
@@ -94,6 +94,17 @@ class _Inputs:
     loss: str = "full"                   # how a causal LM's loss is computed (sequence.LOSSES), resolved
     code_changes: bool = False           # --allow-code-changes: ALST's TiledMLP and checkpoint offload may be used
 
+    def but(self, **changes) -> "_Inputs":
+        """A copy with these fields changed: dataclasses.replace without its __init__ call, which the plan's
+        searches made about half of a plan's time (thousands of copies of these 45 fields; there is no
+        __post_init__ to run)."""
+        if not changes.keys() <= _INPUT_FIELDS:
+            raise TypeError(f"_Inputs has no field {sorted(changes.keys() - _INPUT_FIELDS)}")
+        new = object.__new__(_Inputs)
+        new.__dict__.update(self.__dict__)
+        new.__dict__.update(changes)
+        return new
+
     def ratios(self, rung_key: str) -> calibration_mod.Ratios | None:
         """`wizard tune`'s ratios for this rung and method on this machine, or None."""
         if self.calibration is None:
@@ -107,6 +118,9 @@ class _Inputs:
     @property
     def unit(self) -> str:
         return "process" if self.cpu else "GPU"
+
+
+_INPUT_FIELDS = frozenset(f.name for f in fields(_Inputs))
 
 
 def _rung_optimizer(spec: RungSpec, x: _Inputs) -> str:
@@ -125,7 +139,7 @@ def _states(spec: RungSpec, x: _Inputs) -> mem.ModelStates:
     """The model states of the rung's memory family (rungs.RungSpec.memory). HSDP shards within a machine only:
     its states are one machine's FSDP (each machine holds a whole replica)."""
     if spec.replicate:
-        x = replace(x, machines=1)
+        x = x.but(machines=1)
     if x.adapters is not None:
         from wizard.sizing import lora
         return lora.adapter_model_states(x.adapters, _adapter_strategy(spec), x.precision, x.optimizer,
@@ -241,7 +255,7 @@ def _estimate(spec: RungSpec, x: _Inputs, gc: bool, code: CodeOptions = NO_CODE)
         # Context or sequence parallelism: each GPU runs 1/cp (1/sp) of every sequence (its activations and its
         # logits); the model states are FSDP's over every process (accelerate shards over dp_shard x cp), or ZeRO's
         # over every process (DeepSpeed partitions over its sequence-data-parallel group, all of them).
-        x = replace(x, seq=x.seq // spec.seq_shards)
+        x = x.but(seq=x.seq // spec.seq_shards)
     offload_checkpoints = code.checkpoint_offload and gc
     if spec.sp_size > 1 or code.any:
         kept, recomputed = seqmem.layer_parts(x.stack, x.seq, x.batch, x.flash, gc, precision,

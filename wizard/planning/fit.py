@@ -4,8 +4,6 @@ micro-batch, the longest sequence). Split from plan.py, which re-exports every n
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from wizard.planning import speed as speed_mod
 from wizard.planning.evaluate import _estimate, _Inputs, CodeOptions, NO_CODE
 from wizard.planning.plan_types import _scaled_speed
@@ -55,11 +53,104 @@ def _mlp_params(x: _Inputs) -> int:
     return matrices * x.hidden * ffn * x.layers
 
 
+def gpu_slack(spec: RungSpec, x: _Inputs, batch: int, gc: bool, code: CodeOptions = NO_CODE) -> int:
+    """Bytes left at this micro-batch by the tightest limit: the usable GPU memory (during the step and while the
+    model loads) and, for checkpoints offloaded to the host, its RAM. It fits when this is >= 0."""
+    est = _estimate(spec, x.but(batch=batch) if batch != x.batch else x, gc, code)
+    # the offloaded checkpoints grow with the batch and the sequence: host RAM counts
+    return _slack(x, est, host=code.checkpoint_offload)
+
+
+def _slack(x: _Inputs, est, host: bool) -> int:
+    slack = min(x.usable - est.per_gpu, x.usable - est.load)
+    if host and x.ram is not None:
+        slack = min(slack, x.ram - est.cpu)
+    return slack
+
+
 def _fits_gpu(spec: RungSpec, x: _Inputs, batch: int, gc: bool, code: CodeOptions = NO_CODE) -> bool:
-    est = _estimate(spec, replace(x, batch=batch), gc, code)
-    if code.checkpoint_offload and x.ram is not None and est.cpu > x.ram:
-        return False            # the offloaded checkpoints grow with the batch and the sequence: host RAM counts
-    return est.per_gpu <= x.usable and est.load <= x.usable
+    return gpu_slack(spec, x, batch, gc, code) >= 0
+
+
+def largest_fitting(slack, top: int) -> int:
+    """The largest k in 1..top with slack(k) >= 0, for a slack that never grows with k (0 when even 1 does not fit).
+
+    The memory model is close to linear in the micro-batch and the sequence (quadratic where eager attention keeps
+    its scores), so the slack's own values say where it crosses zero: the curve through the last three points lands
+    there or next to it, and the neighbour on the other side closes the bracket. A step that does not cut the bracket
+    by a quarter is followed by a bisection, so a slack with no slope to follow (a cliff) still takes a logarithmic
+    number: 4-8 estimates where doubling and bisection took 2 log2(answer), 30-50 for a million tokens, for every
+    rung of every plan."""
+    lo, s_lo = 1, slack(1)
+    if s_lo < 0:
+        return 0
+    seen = [(lo, s_lo)]
+    # Bracketing: extrapolate the line through the last two fitting points to its zero; double while there is no
+    # slope yet (or the slack does not fall), and at least double after two extrapolations that fell short.
+    short = 0
+    hi = s_hi = None
+    while hi is None:
+        if lo >= top:
+            return top
+        if len(seen) < 2 or seen[-2][1] <= s_lo:
+            guess = 2 * lo
+        else:
+            k0, s0 = seen[-2]
+            guess = lo + s_lo * (lo - k0) // (s0 - s_lo) + 1
+            if short >= 2:
+                guess = max(guess, 2 * lo)
+        guess = min(max(guess, lo + 1), top)
+        s = slack(guess)
+        seen.append((guess, s))
+        if s >= 0:
+            lo, s_lo = guess, s
+            short += 1
+        else:
+            hi, s_hi = guess, s
+    # Closing: lo fits, hi does not.
+    while hi - lo > 1:
+        width = hi - lo
+        guess = _zero_between(seen, lo, s_lo, hi, s_hi)
+        for k in (guess, guess + 1) if guess + 1 < hi else (guess,):
+            s = slack(k)
+            seen.append((k, s))
+            if s >= 0:
+                lo, s_lo = k, s
+            else:
+                hi, s_hi = k, s
+                break
+        if hi - lo > 1 and 4 * (hi - lo) > 3 * width:
+            mid = (lo + hi) // 2              # a step that did not cut a quarter: bisect once
+            s = slack(mid)
+            seen.append((mid, s))
+            if s >= 0:
+                lo, s_lo = mid, s
+            else:
+                hi, s_hi = mid, s
+    return lo
+
+
+def _zero_between(seen: list[tuple[int, int]], lo: int, s_lo: int, hi: int, s_hi: int) -> int:
+    """The last k in (lo, hi) before the slack's zero, by the parabola through lo, hi and the latest other point
+    (exact for a slack linear or quadratic in k), else by the line through lo and hi."""
+    third = next(((k, s) for k, s in reversed(seen) if k not in (lo, hi)), None)
+    root = None
+    if third is not None:
+        # p(t) = s_lo + d1 t + d2 t (t - th), t = k - lo: Newton's form through (0, s_lo), (th, s_h), (tc, s_c)
+        th, tc = hi - lo, third[0] - lo
+        d1 = (s_hi - s_lo) / th
+        d2 = ((third[1] - s_hi) / (tc - th) - d1) / tc
+        a, b = d2, d1 - d2 * th
+        if a == 0:
+            root = -s_lo / b if b else None
+        else:
+            disc = b * b - 4 * a * s_lo
+            if disc >= 0:
+                inside = [t for t in ((-b - disc ** 0.5) / (2 * a), (-b + disc ** 0.5) / (2 * a)) if 0 <= t <= th]
+                root = inside[0] if inside else None
+    if root is None:
+        root = s_lo * (hi - lo) / (s_lo - s_hi)
+    return min(max(lo + int(root), lo + 1), hi - 1)
 
 
 # Above this a micro-batch is not a planning question any more; the search stops there.
@@ -67,22 +158,9 @@ MAX_MICRO_BATCH = 1 << 20
 
 
 def largest_micro_batch(spec: RungSpec, x: _Inputs, gc: bool, code: CodeOptions = NO_CODE) -> int:
-    """The largest micro-batch whose per-GPU estimate fits (0 when even 1 does not), by doubling then
-    bisection over the memory model: about 2 log2(answer) estimates, never a linear scan."""
-    if not _fits_gpu(spec, x, 1, gc, code):
-        return 0
-    low, high = 1, 2
-    while high <= MAX_MICRO_BATCH and _fits_gpu(spec, x, high, gc, code):
-        low, high = high, high * 2
-    if high > MAX_MICRO_BATCH:
-        return MAX_MICRO_BATCH
-    while high - low > 1:                     # low fits, high does not
-        mid = (low + high) // 2
-        if _fits_gpu(spec, x, mid, gc, code):
-            low = mid
-        else:
-            high = mid
-    return low
+    """The largest micro-batch whose per-GPU estimate fits (0 when even 1 does not), searched over the memory
+    model by largest_fitting, never a linear scan."""
+    return largest_fitting(lambda batch: gpu_slack(spec, x, batch, gc, code), MAX_MICRO_BATCH)
 
 
 # Above this a sequence length is not a planning question any more; the search stops there (2^27: 134M tokens, nine
@@ -90,13 +168,15 @@ def largest_micro_batch(spec: RungSpec, x: _Inputs, gc: bool, code: CodeOptions 
 MAX_SEQ_LEN = 1 << 27
 
 
+def seq_slack(spec: RungSpec, x: _Inputs, seq: int, gc: bool, code: CodeOptions = NO_CODE) -> int:
+    """gpu_slack at this sequence length, and the host's RAM for what the rung keeps there: a rung whose host RAM
+    does not hold it (70B's CPU optimizer on a machine with too little RAM) takes no sequence at all."""
+    x = x.but(seq=seq)
+    return _slack(x, _estimate(spec, x, gc, code), host=not x.cpu)
+
+
 def _fits_seq(spec: RungSpec, x: _Inputs, seq: int, gc: bool, code: CodeOptions = NO_CODE) -> bool:
-    """Whether `seq` fits the GPU and the host: a rung whose host RAM does not hold it (70B's CPU optimizer on a
-    machine with too little RAM) takes no sequence at all."""
-    x = replace(x, seq=seq)
-    if x.ram is not None and not x.cpu and _estimate(spec, x, gc, code).cpu > x.ram:
-        return False
-    return _fits_gpu(spec, x, x.batch, gc, code)
+    return seq_slack(spec, x, seq, gc, code) >= 0
 
 
 def seq_unit(spec: RungSpec) -> int:
@@ -109,19 +189,6 @@ def seq_unit(spec: RungSpec) -> int:
 
 def longest_seq_len(spec: RungSpec, x: _Inputs, gc: bool, code: CodeOptions = NO_CODE) -> int:
     """The longest --seq-len whose per-GPU estimate fits at this micro-batch (0 when even one step of the length's
-    unit does not), by the same doubling and bisection as largest_micro_batch, in steps of seq_unit."""
+    unit does not), by largest_fitting over whole units (seq_unit)."""
     unit = seq_unit(spec)
-    if not _fits_seq(spec, x, unit, gc, code):
-        return 0
-    low, high = 1, 2                          # in units
-    while high * unit <= MAX_SEQ_LEN and _fits_seq(spec, x, high * unit, gc, code):
-        low, high = high, high * 2
-    if high * unit > MAX_SEQ_LEN:
-        return MAX_SEQ_LEN // unit * unit
-    while high - low > 1:
-        mid = (low + high) // 2
-        if _fits_seq(spec, x, mid * unit, gc, code):
-            low = mid
-        else:
-            high = mid
-    return low * unit
+    return unit * largest_fitting(lambda k: seq_slack(spec, x, k * unit, gc, code), MAX_SEQ_LEN // unit)
