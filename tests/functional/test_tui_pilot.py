@@ -652,6 +652,20 @@ async def test_launch_now_exits_with_the_wizard_launch_command(tmp_path):
     assert "Wrote" in summary and "Next:" not in summary     # `wizard launch` reports the run itself
 
 
+async def test_a_path_typed_right_after_l_lands_in_the_script_field(tmp_path):
+    """`l` and the keys after it queued together, as a terminal delivers a fast typist's (or tmux's) keys: the
+    focus moves before the next key is handled (Widget.focus() deferred it behind them, and they were lost)."""
+    from textual import events
+    app = app_for(tmp_path, a100s(), model=QWEN_7B)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await reach(pilot, "DoneScreen")
+        for ch in "lrun.py":
+            app.post_message(events.Key(ch, ch))
+        await settle(pilot)
+        assert app.focused.id == "launch-script"
+        assert app.screen.query_one("#launch-script", Input).value == "run.py"
+
+
 async def test_done_screen_placeholders_read_as_hints_not_values(tmp_path):
     app = app_for(tmp_path, a100s(), model=QWEN_7B)
     async with app.run_test(size=(80, 24)) as pilot:

@@ -57,7 +57,14 @@ class DoneScreen(WizardScreen):
     AUTO_FOCUS = "#next"
     # One key to the script field, wherever the focus is (but in a field, where `l` is typed): Shift+Tab four
     # times from Finish is how far it is otherwise, and a count that depends on where the focus started.
-    BINDINGS = [Binding("l", "launch_field", "Launch now")]
+    # A priority binding: the app checks it as the key arrives, so the keys typed (or pasted) right after `l` go to
+    # the field; bubbling up from the focused button, it ran after they had gone to the button and were lost.
+    BINDINGS = [Binding("l", "launch_field", "Launch now", priority=True)]
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "launch_field" and isinstance(self.focused, Input):
+            return False                # in a field `l` is a letter
+        return super().check_action(action, parameters)
 
     def compose_body(self) -> Iterable[Widget]:
         yield Static("", id="done-files")
@@ -160,7 +167,8 @@ class DoneScreen(WizardScreen):
             super().button_pressed(button_id)
 
     def action_launch_field(self) -> None:
-        self.query_one("#launch-script", Input).focus()     # focus() scrolls it into view
+        # At once, not Widget.focus(), which defers the change to a callback queued behind the keys already waiting
+        self.set_focus(self.query_one("#launch-script", Input))     # scrolls it into view
 
     def launch(self) -> None:
         from wizard.frontends.tui.messages import Outcome
