@@ -251,7 +251,7 @@ def _as_launched(config_file: str, main_process_ip: str | None):
 
 
 def make_spec(args, run_dir: Path, headless: bool) -> "Any":
-    from launch.supervisor import LaunchSpec
+    from launch.spec import LaunchSpec
     script, script_args = _script_and_args(args.command)
     return LaunchSpec(
         script=script, script_args=script_args,
@@ -338,7 +338,7 @@ def script_plan_lines(config_file: str | None, script: str, script_args: list[st
     """What the plan beside the config (wizard_plan.json) needs from the script that no written file carries, and
     whether the script visibly does it (launch.script_check: gradient checkpointing)."""
     from launch.script_check import checkpointing_lines
-    from launch.supervisor import load_plan_near
+    from launch.spec import load_plan_near
     return checkpointing_lines(load_plan_near(config_file), script, script_args)
 
 
@@ -432,7 +432,7 @@ def _wait_started(run_dir: Path, timeout: float = 30.0, child: subprocess.Popen 
 def emit_slurm(args, script: str, script_args: list[str], config_file: str | None,
                accel: dict[str, Any] | None) -> int:
     from launch.slurm import node_resources, render_sbatch, write_sbatch
-    from launch.supervisor import load_plan_near
+    from launch.spec import load_plan_near
     flags: list[str] = []
     if args.max_restarts:
         flags += ["--max-restarts", str(args.max_restarts)]

@@ -45,37 +45,32 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO, Callable
+from typing import Any, BinaryIO
 
 from launch import classify as cls
 from launch.accel_config import ds_config_path, world_size_of
 from launch.logs import StreamCapture
+from launch.processes import ProcessGroup, create_time, parent_death_signal, set_parent_death_signal
+from launch.record import RunRecord
 from launch.rundir import (
     CONTROL_FILE,
-    DEFAULT_STALL_TIMEOUT_S,
-    JSONL_CAP_BYTES,
-    LOG_CAP_BYTES,
     EventLog,
     RotatingLog,
     RunState,
     attempt_dir,
-    attempts_allowed,
     launcher_log_path,
     rank_log_path,
     tail_lines,
 )
+from launch.spec import LaunchSpec, build_command, free_port_instead, load_plan_near, rendezvous_port
 from launch.trust import peer_problem
 from wizard.fsutil import read_json_object, read_yaml_mapping
 from wizard.paths import accelerate_default_config_file
-from wizard.probe.ports import free_port, port_in_use
 from wizard.units import fmt_clock, printable
 
-WORKER = str(Path(__file__).with_name("_worker.py"))
 ENV_SOCKET = "WIZARD_LAUNCH_SOCKET"
 SCAN_EVERY_S = 0.5
-STATE_FLUSH_EVERY_S = 0.5
 DRAIN_AFTER_EXIT_S = 2.0
 STALL_EXIT_CODE = 124
 STOPPED_EXIT_CODE = 130
@@ -95,141 +90,6 @@ _SHIM = (
     "if os.getppid() != int(sys.argv[1]): sys.exit(143)\n"
     "os.execv(sys.argv[2], sys.argv[2:])\n"
 )
-
-
-@dataclass
-class LaunchSpec:
-    script: str
-    script_args: list[str] = field(default_factory=list)
-    config_file: str | None = None        # None: accelerate's default (if it exists)
-    run_dir: str = ""
-    max_restarts: int = 0
-    stall_timeout: float | None = DEFAULT_STALL_TIMEOUT_S    # None: no stall detection
-    grace: float = 30.0
-    headless: bool = True
-    detached: bool = False
-    echo: bool = True                     # headless: rank-prefixed lines on stdout
-    status_interval: float = 30.0
-    machine_rank: int | None = None
-    main_process_ip: str | None = None
-    main_process_port: int | None = None
-    metrics_interval: float = 1.0
-    log_cap_bytes: int = LOG_CAP_BYTES
-    jsonl_cap_bytes: int = JSONL_CAP_BYTES
-    accelerate_args: list[str] = field(default_factory=list)
-    cwd: str = ""
-    env: dict[str, str] = field(default_factory=dict)       # for every attempt's ranks (--resume's WIZARD_RESUME)
-    resume: dict[str, Any] | None = None    # what --resume found and did (run.json's "resume")
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls_, d: dict[str, Any]) -> "LaunchSpec":
-        known = {k: v for k, v in d.items() if k in cls_.__dataclass_fields__}
-        return cls_(**known)
-
-
-# ------------------------------------------------------------------ configs and the command
-
-def yaml_only_flags(accel: dict[str, Any] | None) -> list[str]:
-    """accelerate launch ignores these YAML keys (its CLI defaults win): pass them explicitly."""
-    a = accel or {}
-    flags: list[str] = []
-    rdzv = a.get("rdzv_backend")
-    if rdzv and str(rdzv) != "static":
-        flags += ["--rdzv_backend", str(rdzv)]
-    if a.get("same_network") is True:
-        flags.append("--same_network")
-    if a.get("enable_cpu_affinity") is True:
-        flags.append("--enable_cpu_affinity")
-    if str(a.get("downcast_bf16", "no")).lower() in ("yes", "true"):
-        flags.append("--downcast_bf16")
-    return flags
-
-
-# accelerate's launchers that rendezvous through torchrun on main_process_port (and check that it is free)
-TORCHRUN_TYPES = ("MULTI_GPU", "FSDP", "DEEPSPEED", "MEGATRON_LM")
-DEFAULT_PORT = 29500          # accelerate's when neither the config nor the command line names one
-
-
-def _int_or(value: Any, default: int | None) -> int | None:
-    if value is None:
-        return default
-    if isinstance(value, bool):
-        return None
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return None
-
-
-def _own_flag(spec: LaunchSpec, *flags: str) -> bool:
-    return any(a == f or a.startswith(f + "=") for a in spec.accelerate_args for f in flags)
-
-
-def rendezvous_port(spec: LaunchSpec, accel: dict[str, Any] | None) -> int | None:
-    """The port this run's processes meet on (--main-process-port, else the config's main_process_port, else
-    accelerate's 29500; 0: accelerate picks one), or None when the run meets on none (a single process outside
-    the torchrun launchers) or the user passes accelerate a port of their own (--accelerate-arg)."""
-    a = accel or {}
-    if not a or _own_flag(spec, "--main_process_port"):
-        return None
-    multi = (_int_or(a.get("num_machines"), 1) or 1) > 1
-    if not multi and str(a.get("distributed_type") or "") not in TORCHRUN_TYPES and (world_size_of(a) or 1) <= 1:
-        return None
-    if spec.main_process_port is not None:
-        return spec.main_process_port
-    return _int_or(a.get("main_process_port"), DEFAULT_PORT)
-
-
-def free_port_instead(spec: LaunchSpec, accel: dict[str, Any] | None, busy: Callable[[int], bool] = port_in_use,
-                      pick: Callable[[], int] = free_port) -> tuple[int, int] | None:
-    """(busy port, free port) when a single-machine run's port is in use as an attempt starts: accelerate would
-    warn and fall back to torchrun --standalone on a port of its own; passing a free one ourselves keeps the
-    launch as configured and the port known (run.json, events.jsonl). None otherwise: a free port, port 0
-    (accelerate picks one), and every multi-machine run (all machines must agree on the port: the config's
-    ACC-PORT-IN-USE finding says so) or one whose --num_machines the user passes accelerate."""
-    port = rendezvous_port(spec, accel)
-    if not port or (_int_or((accel or {}).get("num_machines"), 1) or 1) > 1 or _own_flag(spec, "--num_machines"):
-        return None
-    if not busy(port):
-        return None
-    return port, pick()
-
-
-def build_command(spec: LaunchSpec, accel: dict[str, Any] | None, config_file: str | None,
-                  main_process_port: int | None = None) -> list[str]:
-    """`main_process_port`: the port this attempt passes instead of spec's (free_port_instead)."""
-    cmd = [sys.executable, "-m", "accelerate.commands.launch"]
-    if config_file:
-        cmd += ["--config_file", config_file]
-    cmd += ["--max_restarts", "0"]
-    cmd += yaml_only_flags(accel)
-    if spec.machine_rank is not None:
-        cmd += ["--machine_rank", str(spec.machine_rank)]
-    if spec.main_process_ip:
-        cmd += ["--main_process_ip", spec.main_process_ip]
-    port = main_process_port if main_process_port is not None else spec.main_process_port
-    if port is not None:
-        cmd += ["--main_process_port", str(port)]
-    cmd += list(spec.accelerate_args)
-    cmd += [WORKER, spec.script, *spec.script_args]
-    return cmd
-
-
-PLAN_FILES = ("wizard_plan.json", "plan.json")
-
-
-def load_plan_near(config_file: str | None) -> dict[str, Any] | None:
-    """The plan the wizard saved next to default_config.yaml (wizard_plan.json), if any."""
-    if not config_file:
-        return None
-    for name in PLAN_FILES:
-        plan = read_json_object(Path(config_file).with_name(name))
-        if plan:
-            return plan
-    return None
 
 
 def read_dmesg() -> str | None:
@@ -266,106 +126,6 @@ def open_nvml_safely():
         return _NoNvml(f"NVML unavailable: {type(exc).__name__}: {exc}".rstrip(": "))
 
 
-# ------------------------------------------------------------------ the run's record
-
-class RunRecord:
-    """run.json (RunState) and events.jsonl (EventLog): what clients (the view, attach, stop) know of
-    the run. The supervisor and its attempts write them only through these methods, so each key and
-    each event has one home.
-
-    Run-level changes (update) are saved at once; an attempt's frequent ones (processes, progress)
-    mark the state dirty and reach the disk with the loop's flush(), at most every STATE_FLUSH_EVERY_S.
-    """
-
-    def __init__(self, state: RunState, events: EventLog):
-        self._state = state
-        self._events = events
-        self._dirty = False
-        self._last_flush = 0.0
-        self._last_progress_event = 0.0
-
-    # ---------------------------------------------------------------- run level (saved at once)
-
-    def get(self, key: str, default: Any = None) -> Any:
-        return self._state.get(key, default)
-
-    def update(self, **fields: Any) -> None:
-        self._state.update(**fields)
-
-    def emit(self, type_: str, attempt: int | None, **fields: Any) -> None:
-        self._events.emit(type_, attempt, **fields)
-
-    def attempts_allowed(self) -> int:
-        return attempts_allowed(self._state.data)
-
-    # ---------------------------------------------------------------- an attempt's processes
-
-    def record_process(self, pid: int, create_time: float) -> None:
-        """A process of the run: from now on (pid, create time) is what may be signalled."""
-        self._state.data.setdefault("process_times", {})[str(pid)] = create_time
-        self._dirty = True
-
-    def record_rank(self, rank: int, pid: int) -> None:
-        self._state.data["pids"][str(rank)] = pid
-        self._dirty = True
-
-    def record_tracked(self, alive_pids: list[int], tracked_pids: list[int]) -> None:
-        """The attempt's processes still running (tracked_pids) and every one it ever had (seen_pids)."""
-        self._state.data["tracked_pids"] = sorted(alive_pids)
-        seen = self._state.data.setdefault("seen_pids", [])
-        seen.extend(pid for pid in tracked_pids if pid not in seen)
-        self._dirty = True
-
-    def record_stopping(self, attempt: int, why: str, grace_s: float) -> None:
-        if self._state.get("status") not in ("stopping",):
-            self._state.update(status="stopping")
-        self._events.emit("stop", attempt, reason=why, grace_s=grace_s)
-
-    def record_launcher_exit(self, attempt: int, exit_code: int) -> None:
-        self._events.emit("status", attempt, status="launcher_exited", exit_code=exit_code)
-
-    def record_stall(self, attempt: int, timeout_s: float, silent: str, gpus_idle: bool | None) -> None:
-        self._events.emit("stall", attempt, timeout_s=timeout_s, silent=silent, gpus_idle=gpus_idle)
-
-    # ---------------------------------------------------------------- training progress
-
-    def progress(self) -> dict[str, Any]:
-        return dict(self._state.data["progress"])
-
-    def record_train_log(self, attempt: int, rank: int | None, d: dict[str, Any]) -> None:
-        prog = self._state.data["progress"]
-        for k in ("loss", "learning_rate", "grad_norm", "epoch"):
-            if k in d:
-                prog[k] = d[k]
-        self._dirty = True
-        self._events.emit("train_log", attempt, rank=rank, step=prog.get("step"),
-                          **{k: d.get(k) for k in ("loss", "learning_rate", "grad_norm", "epoch")})
-
-    def record_progress(self, attempt: int, rank: int | None, p: dict[str, Any]) -> None:
-        prog = self._state.data["progress"]
-        changed = prog.get("step") != p["step"] or prog.get("total") != p["total"]
-        rate = p.get("rate")
-        eta = p.get("eta_s")
-        if eta is None and rate and p["total"]:
-            eta = (p["total"] - p["step"]) / rate
-        prog.update(step=p["step"], total=p["total"], rate=rate, eta_s=eta)
-        self._dirty = True
-        now = time.monotonic()
-        final = p["total"] and p["step"] >= p["total"]
-        # events.jsonl gets at most one progress event a second (and always the last step)
-        if changed and (now - self._last_progress_event >= 1.0 or final):
-            self._last_progress_event = now
-            self._events.emit("progress", attempt, rank=rank, step=p["step"], total=p["total"],
-                              rate=rate, eta_s=eta)
-
-    def flush(self, force: bool = False) -> None:
-        now = time.monotonic()
-        if self._dirty and (force or now - self._last_flush >= STATE_FLUSH_EVERY_S):
-            self._state.save()
-            self._dirty = False
-            self._last_flush = now
-
-
 # ------------------------------------------------------------------ the supervisor
 
 class Supervisor:
@@ -389,7 +149,7 @@ class Supervisor:
             "script_args": list(spec.script_args), "config_file": self.config_file,
             "ds_config": self.ds_config_file, "cwd": spec.cwd or os.getcwd(), "run_dir": str(self.run_dir),
             "attempt": 0, "max_restarts": spec.max_restarts, "status": "starting",
-            "supervisor_pid": os.getpid(), "supervisor_create_time": _create_time(os.getpid()),
+            "supervisor_pid": os.getpid(), "supervisor_create_time": create_time(os.getpid()),
             "launcher_pid": None, "pids": {}, "tracked_pids": [], "seen_pids": [], "process_times": {},
             "user_restarts": 0, "started_at": now,
             "attempt_started_at": None, "ended_at": None, "exit_code": None, "classification": None,
@@ -754,83 +514,9 @@ class Supervisor:
                 f"{step} | {loss} | {rate} | {eta} | {self._peak_gpu_text()}")
 
 
-def _create_time(pid: int) -> float | None:
-    import psutil
-    try:
-        return psutil.Process(pid).create_time()
-    except psutil.Error:
-        return None
-
-
-class _ProcessGroup:
-    """The processes one attempt owns, each known by pid *and* create time, so that a reused pid is
-    never signalled. Every process is handed to `on_tracked` the moment it is found (the supervisor
-    records it and tells the reaper) and to `on_forgotten` when the attempt is over."""
-
-    def __init__(self, on_tracked: Callable[[int, float], None], on_forgotten: Callable[[int], None]):
-        self.tracked: dict[int, Any] = {}          # pid -> psutil.Process
-        self._on_tracked = on_tracked
-        self._on_forgotten = on_forgotten
-
-    def track(self, pid: int) -> None:
-        if pid in self.tracked:
-            return
-        import psutil
-        try:
-            p = psutil.Process(pid)
-            ctime = p.create_time()
-            self.tracked[pid] = p
-            self._on_tracked(pid, ctime)
-        except psutil.Error:       # gone (or not ours) before we could look
-            pass
-
-    def track_descendants(self, roots: list[int]) -> None:
-        import psutil
-        for root in roots:
-            try:
-                for c in psutil.Process(root).children(recursive=True):
-                    self.track(c.pid)
-            except psutil.Error:
-                continue
-
-    def alive(self) -> list[Any]:
-        """Tracked processes still running as themselves (psutil's is_running compares the start
-        time recorded when we tracked the pid, so a reused pid is not one of them)."""
-        import psutil
-        out = []
-        for p in self.tracked.values():
-            try:
-                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
-                    out.append(p)
-            except psutil.Error:
-                pass
-        return out
-
-    @staticmethod
-    def signal_verified(p: Any, sig: int) -> None:
-        import psutil
-        try:
-            if p.is_running():         # same pid *and* the start time we recorded
-                p.send_signal(sig)
-        except psutil.Error:
-            pass
-
-    def terminate_all(self) -> None:
-        for p in self.alive():
-            self.signal_verified(p, signal.SIGTERM)
-
-    def kill_all(self) -> None:
-        for p in self.alive():
-            self.signal_verified(p, signal.SIGKILL)
-
-    def forget_all(self) -> None:
-        for pid in list(self.tracked):
-            self._on_forgotten(pid)
-
-
 class _Attempt:
     """One `accelerate launch` run: its streams, teardown and outcome. Its processes are a
-    _ProcessGroup; what it learns goes to the run's RunRecord; of the supervisor it uses only the
+    ProcessGroup; what it learns goes to the run's RunRecord; of the supervisor it uses only the
     public methods (own_process, rank_connected, poll_control, say, ...) and reads its requests."""
 
     def __init__(self, sup: Supervisor, number: int, echo: BinaryIO | None):
@@ -842,7 +528,7 @@ class _Attempt:
         self.proc: subprocess.Popen | None = None
         self.launcher_capture: StreamCapture | None = None
         self.ranks: dict[int, StreamCapture] = {}
-        self.processes = _ProcessGroup(on_tracked=sup.own_process, on_forgotten=sup.disown_process)
+        self.processes = ProcessGroup(on_tracked=sup.own_process, on_forgotten=sup.disown_process)
         self.started_at = time.time()
         self.launcher_exit: int | None = None
         self.launcher_exited_at: float | None = None
@@ -1187,42 +873,6 @@ class _Attempt:
 
 
 # ------------------------------------------------------------------ background entry point
-
-def set_parent_death_signal(sig: int) -> None:
-    """PR_SET_PDEATHSIG: the kernel sends `sig` to us when our parent dies (0 clears it).
-
-    A failure is not fatal (the reaper still ends the run's processes) but is written to stderr, which
-    is the supervisor's log: without it a foreground run would outlive a killed `wizard launch`.
-    """
-    why = prctl_pdeathsig(sig)
-    if why:
-        print(f"wizard launch: PR_SET_PDEATHSIG({int(sig)}) failed: {why}; the run will not end with its "
-              "parent, only the reaper or `wizard stop` ends it", file=sys.stderr, flush=True)
-
-
-def prctl_pdeathsig(sig: int) -> str | None:
-    """prctl(PR_SET_PDEATHSIG, sig); None when it took, else why not."""
-    import ctypes
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(1, int(sig), 0, 0, 0) != 0:        # 1 = PR_SET_PDEATHSIG; prctl sets errno
-            return os.strerror(ctypes.get_errno())
-    except (OSError, AttributeError) as exc:              # no libc to load, or no prctl (not Linux)
-        return f"{type(exc).__name__}: {exc}"
-    return None
-
-
-PARENT_DEATH_OFFSET = 7     # SIGRTMIN + 7 (the ranks' stack dump is SIGRTMIN + 6)
-
-
-def parent_death_signal() -> int:
-    """The signal a foreground supervisor gets when the `wizard launch` that started it dies.
-
-    Not SIGHUP: under nohup SIGHUP is ignored, the supervisor inherits that, and the kernel's
-    parent-death SIGHUP would then be dropped. No one ignores a real-time signal nobody else uses,
-    and the supervisor installs its handler itself (Supervisor._install_signals)."""
-    return int(signal.SIGRTMIN) + PARENT_DEATH_OFFSET
-
 
 def run_from_spec_file(run_dir: str, daemon: bool, parent: int | None = None, lock_fd: int | None = None) -> int:
     spec = LaunchSpec.from_json(json.loads((Path(run_dir) / "spec.json").read_text()))

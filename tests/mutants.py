@@ -193,7 +193,7 @@ MUTANTS = (
             ("                if drained and not leftovers:\n", "                if drained:\n")),
            (LEFTOVER_TEST,),
            "processes left after the launcher exits are not ended"),
-    Mutant("launch-kill-all-sends-nothing", "launch/supervisor.py",
+    Mutant("launch-kill-all-sends-nothing", "launch/processes.py",
            (("            self.signal_verified(p, signal.SIGKILL)\n", "            pass\n"),),
            (LEFTOVER_TEST,),
            "kill_all sends no SIGKILL"),

@@ -412,7 +412,7 @@ def run_trial(trial: Trial, config_file: str, opts: TuneOptions, run_dir: Path, 
               world: int, progress: Progress, settings: dict[str, str] | None = None) -> None:
     from launch.commands import start_supervisor
     from launch.rundir import create_run_dir, read_state
-    from launch.supervisor import LaunchSpec
+    from launch.spec import LaunchSpec
     path, lock_fd = create_run_dir(run_dir)
     trial.run_dir = str(path)
     probe_dir = path / "probe"

@@ -282,7 +282,7 @@ def test_import_is_light():
 
 
 def test_command_carries_yaml_only_flags():
-    from launch.supervisor import LaunchSpec, build_command
+    from launch.spec import LaunchSpec, build_command
     spec = LaunchSpec(script="t.py", script_args=["--x"], machine_rank=1, main_process_ip="10.0.0.1",
                       main_process_port=1234)
     accel = {"rdzv_backend": "c10d", "same_network": True, "enable_cpu_affinity": True}

@@ -340,7 +340,7 @@ FOREGROUND_PARENT = """import sys, time
 from pathlib import Path
 from launch.commands import _wait_started, spawn_foreground
 from launch.rundir import create_run_dir
-from launch.supervisor import LaunchSpec
+from launch.spec import LaunchSpec
 run_dir, fd = create_run_dir(sys.argv[1])
 spec = LaunchSpec(script=sys.argv[2], config_file=sys.argv[3], run_dir=str(run_dir), grace=3, headless=False)
 spawn_foreground(spec, fd)

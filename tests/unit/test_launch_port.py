@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import socket
 
-from launch.supervisor import LaunchSpec, build_command, free_port_instead
+from launch.spec import LaunchSpec, build_command, free_port_instead
 
 DDP = {"distributed_type": "MULTI_GPU", "num_machines": 1, "num_processes": 2, "main_process_port": 29511}
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import json
 
-from launch.supervisor import LaunchSpec, Supervisor, _Attempt
+from launch.spec import LaunchSpec
+from launch.supervisor import Supervisor, _Attempt
 
 
 def test_loss_comes_from_the_rank_that_reports_progress(tmp_path):

@@ -1,5 +1,5 @@
 """The supervisor's RunRecord (run.json + events.jsonl, one home for each key and event) and an attempt's
-_ProcessGroup (pid + create time, told to the supervisor the moment a process is found) (issue 15)."""
+ProcessGroup (pid + create time, told to the supervisor the moment a process is found) (issue 15)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,12 @@ import sys
 import psutil
 import pytest
 
-from launch import supervisor as sv
+from launch import record as record_mod
 from launch.rundir import EventLog, RunState
-from launch.supervisor import LaunchSpec, RunRecord, Supervisor, _ProcessGroup
+from launch.processes import ProcessGroup
+from launch.record import RunRecord
+from launch.spec import LaunchSpec
+from launch.supervisor import Supervisor
 
 
 def make_record(tmp_path, **extra):
@@ -44,7 +47,7 @@ class Clock:
 @pytest.fixture
 def clock(monkeypatch):
     c = Clock()
-    monkeypatch.setattr(sv.time, "monotonic", c)
+    monkeypatch.setattr(record_mod.time, "monotonic", c)
     return c
 
 
@@ -70,10 +73,10 @@ def test_an_attempts_changes_reach_the_disk_at_most_every_flush_interval(tmp_pat
     rec.flush()
     assert on_disk(tmp_path)["process_times"] == {"111": 5.5}
     rec.record_rank(0, 111)
-    clock.t += sv.STATE_FLUSH_EVERY_S / 2
+    clock.t += record_mod.STATE_FLUSH_EVERY_S / 2
     rec.flush()
     assert on_disk(tmp_path)["pids"] == {}                    # too soon after the last save
-    clock.t += sv.STATE_FLUSH_EVERY_S / 2
+    clock.t += record_mod.STATE_FLUSH_EVERY_S / 2
     rec.flush()
     assert on_disk(tmp_path)["pids"] == {"0": 111}
 
@@ -139,7 +142,7 @@ def test_process_group_reports_each_process_once_with_its_create_time_and_kills_
     try:
         tracked: list[tuple[int, float]] = []
         forgotten: list[int] = []
-        group = _ProcessGroup(on_tracked=lambda pid, ct: tracked.append((pid, ct)), on_forgotten=forgotten.append)
+        group = ProcessGroup(on_tracked=lambda pid, ct: tracked.append((pid, ct)), on_forgotten=forgotten.append)
         group.track(child.pid)
         group.track(child.pid)
         assert tracked == [(child.pid, psutil.Process(child.pid).create_time())]
@@ -159,7 +162,7 @@ def test_process_group_ignores_a_pid_that_is_gone(tmp_path):
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     child.wait()
     tracked: list[tuple[int, float]] = []
-    group = _ProcessGroup(on_tracked=lambda pid, ct: tracked.append((pid, ct)), on_forgotten=lambda pid: None)
+    group = ProcessGroup(on_tracked=lambda pid, ct: tracked.append((pid, ct)), on_forgotten=lambda pid: None)
     group.track(child.pid)
     assert tracked == [] and group.tracked == {}
 

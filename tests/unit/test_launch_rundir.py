@@ -341,7 +341,7 @@ def test_mark_lost_leaves_a_live_or_locked_or_garbage_run_alone(tmp_path):
 
 
 def test_a_failed_parent_death_signal_is_logged_not_ignored(capsys):
-    from launch.supervisor import prctl_pdeathsig, set_parent_death_signal
+    from launch.processes import prctl_pdeathsig, set_parent_death_signal
     set_parent_death_signal(999)               # no such signal: the kernel refuses with EINVAL
     assert "PR_SET_PDEATHSIG(999) failed: Invalid argument" in capsys.readouterr().err
     assert prctl_pdeathsig(0) is None          # and a valid one (0 clears it) takes, silently

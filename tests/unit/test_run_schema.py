@@ -23,7 +23,8 @@ def _body(**over):
 
 def test_what_the_supervisor_writes_passes(tmp_path):
     """The supervisor's own run.json (its first save, then a failure and a lost record as they are written)."""
-    from launch.supervisor import LaunchSpec, Supervisor
+    from launch.spec import LaunchSpec
+    from launch.supervisor import Supervisor
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     Supervisor(LaunchSpec(script="t.py", run_dir=str(run_dir), config_file=None), out=None)

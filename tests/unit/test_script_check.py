@@ -9,7 +9,7 @@ import json
 import pytest
 
 from launch.script_check import checkpointing_lines, flag_in_args, mentioned, needed_checkpointing
-from launch.supervisor import load_plan_near
+from launch.spec import load_plan_near
 
 NEEDS = {"script_settings": [{"key": "gradient_checkpointing", "value": True,
                               "how": "TrainingArguments(activation_checkpointing=True)"},
