@@ -108,25 +108,23 @@ def largest_fitting(slack, top: int) -> int:
         else:
             hi, s_hi = guess, s
     # Closing: lo fits, hi does not.
+    def probe(k: int) -> bool:
+        nonlocal lo, s_lo, hi, s_hi
+        s = slack(k)
+        seen.append((k, s))
+        if s >= 0:
+            lo, s_lo = k, s
+        else:
+            hi, s_hi = k, s
+        return s >= 0
+
     while hi - lo > 1:
         width = hi - lo
         guess = _zero_between(seen, lo, s_lo, hi, s_hi)
-        for k in (guess, guess + 1) if guess + 1 < hi else (guess,):
-            s = slack(k)
-            seen.append((k, s))
-            if s >= 0:
-                lo, s_lo = k, s
-            else:
-                hi, s_hi = k, s
-                break
+        if probe(guess) and guess + 1 < hi:
+            probe(guess + 1)                  # the neighbour across the edge
         if hi - lo > 1 and 4 * (hi - lo) > 3 * width:
-            mid = (lo + hi) // 2              # a step that did not cut a quarter: bisect once
-            s = slack(mid)
-            seen.append((mid, s))
-            if s >= 0:
-                lo, s_lo = mid, s
-            else:
-                hi, s_hi = mid, s
+            probe((lo + hi) // 2)             # a step that did not cut a quarter: bisect once
     return lo
 
 
