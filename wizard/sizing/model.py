@@ -715,12 +715,12 @@ def sizing_cache_dir() -> Path:
 def _sizing_libraries() -> str | None:
     """The libraries a sizing depends on, read once a process (importlib.metadata parses each package's METADATA:
     about 9 ms a plan, as much as the plan's own arithmetic; a process keeps the transformers it imported)."""
-    from importlib import metadata
+    from wizard.versions import installed_version
 
-    try:
-        return f"transformers={metadata.version('transformers')};torch={metadata.version('torch')}"
-    except metadata.PackageNotFoundError:
+    found = {name: installed_version(name) for name in ("transformers", "torch")}
+    if None in found.values():
         return None
+    return ";".join(f"{name}={version}" for name, version in found.items())
 
 
 def _sizing_cache_file(data: dict[str, Any]) -> Path | None:
